@@ -1,0 +1,38 @@
+# bulwark's build. `make test` is what CI runs (.ci/run); it must stay well
+# under ten minutes on two cores. Longer runs live behind soak, fuzz, bench.
+
+GO          ?= go
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# Every module in the repository: the library at the root and the nested
+# modules (examples, bench) that keep their dependencies out of its go.mod.
+MODULES     := $(patsubst %/go.mod,%,$(shell find . -name go.mod -not -path './.git/*' | sort))
+FUZZTIME    ?= 20s
+
+.PHONY: test vet staticcheck unit demo bench fuzz soak
+
+test: vet staticcheck unit
+
+vet:
+	@for m in $(MODULES); do echo "go vet $$m"; (cd $$m && $(GO) vet ./...) || exit 1; done
+
+staticcheck:
+	@for m in $(MODULES); do echo "staticcheck $$m"; (cd $$m && $(GO) run $(STATICCHECK) ./...) || exit 1; done
+
+unit:
+	@for m in $(MODULES); do echo "go test $$m"; (cd $$m && $(GO) test -race -count=1 -timeout 8m ./...) || exit 1; done
+
+# The main job. Until the resilience lab lands it runs the quick-start
+# example against a server of its own on 127.0.0.1.
+demo:
+	cd examples && $(GO) run ./quickstart
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -cpu 1,2 -count 1 .
+
+# Each fuzz target for a bounded time ($(FUZZTIME) each).
+fuzz:
+	@for f in $$($(GO) test -list '^Fuzz' . | grep '^Fuzz'); do \
+		echo "fuzz $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) . || exit 1; done
+
+soak:
+	$(GO) test -race -count=1 -timeout 30m -run 'Soak' -tags soak ./...

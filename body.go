@@ -1,0 +1,127 @@
+package bulwark
+
+import (
+	"io"
+	"net/http"
+	"sync/atomic"
+)
+
+// bodyEnder is work that must run once when a response body is finished:
+// read to EOF, failed while reading, or closed. Layers register it with
+// onBodyEnd. It is an interface rather than a func so that a layer can hand
+// over a pointer it already holds (or a context.CancelFunc) without the
+// allocation a fresh closure would cost on every request.
+type bodyEnder interface{ bodyEnd() }
+
+// cancelOnEnd adapts a context.CancelFunc; a func value is pointer-shaped,
+// so the conversion to bodyEnder does not allocate.
+type cancelOnEnd func()
+
+func (c cancelOnEnd) bodyEnd() { c() }
+
+// maxEnders is how many layers can hang work on one body before a second
+// wrapper is needed: deadline, bulkhead, breaker and tracing fit.
+const maxEnders = 4
+
+// body is the one response-body wrapper of the stack. Every layer that must
+// act when the caller is done with a response adds its work to the same
+// wrapper, so a response costs one allocation however many layers watch it.
+// The work runs exactly once, in registration order (innermost layer first),
+// at the first of EOF, a read error, or Close.
+type body struct {
+	rc     io.ReadCloser
+	done   atomic.Bool
+	n      int
+	enders [maxEnders]bodyEnder
+}
+
+func (b *body) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	if err != nil {
+		b.finish()
+	}
+	return n, err
+}
+
+func (b *body) Close() error {
+	err := b.rc.Close()
+	b.finish()
+	return err
+}
+
+func (b *body) finish() {
+	if !b.done.CompareAndSwap(false, true) {
+		return
+	}
+	for i := 0; i < b.n; i++ {
+		b.enders[i].bodyEnd()
+		b.enders[i] = nil
+	}
+}
+
+// rwBody keeps io.Writer for 101 Switching Protocols responses, whose Body
+// net/http documents as an io.ReadWriteCloser the caller may type-assert.
+type rwBody struct{ body }
+
+func (b *rwBody) Write(p []byte) (int, error) { return b.rc.(io.Writer).Write(p) }
+
+// onBodyEnd arranges for e to run once when resp's body is finished. If the
+// body is already bulwark's wrapper with room left, e joins it; otherwise the
+// body is wrapped. A nil or http.NoBody body has nothing to read, so e runs
+// now. It must be called before resp is handed to an outer layer, and never
+// on a body whose reading has started.
+func onBodyEnd(resp *http.Response, e bodyEnder) {
+	switch rb := resp.Body.(type) {
+	case nil:
+		e.bodyEnd()
+		return
+	case *body:
+		if rb.n < maxEnders && !rb.done.Load() {
+			rb.enders[rb.n] = e
+			rb.n++
+			return
+		}
+	case *rwBody:
+		if rb.n < maxEnders && !rb.done.Load() {
+			rb.enders[rb.n] = e
+			rb.n++
+			return
+		}
+	}
+	if resp.Body == http.NoBody {
+		e.bodyEnd()
+		return
+	}
+	if _, ok := resp.Body.(io.Writer); ok && resp.StatusCode == http.StatusSwitchingProtocols {
+		w := &rwBody{body{rc: resp.Body, n: 1}}
+		w.enders[0] = e
+		resp.Body = w
+		return
+	}
+	w := &body{rc: resp.Body, n: 1}
+	w.enders[0] = e
+	resp.Body = w
+}
+
+// maxDrain bounds how much of a discarded response bulwark reads so that its
+// connection can go back to the pool; past it, closing is cheaper than
+// reading.
+const maxDrain = 4 << 10
+
+// discard drains a response that will not reach the caller (up to maxDrain)
+// and closes it, which also runs its body-end work.
+func discard(resp *http.Response) {
+	if resp == nil || resp.Body == nil {
+		return
+	}
+	_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
+	_ = resp.Body.Close()
+}
+
+// closeBody closes a request body on the paths where bulwark rejects a
+// request without handing it to the base, as the RoundTripper contract asks.
+func closeBody(req *http.Request) {
+	if req.Body != nil && req.Body != http.NoBody {
+		_ = req.Body.Close()
+	}
+}

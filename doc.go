@@ -1,0 +1,24 @@
+// Package bulwark is HTTP client middleware that keeps a slow or failing
+// dependency from taking down the service that calls it.
+//
+// Each resilience concern is an http.RoundTripper that wraps the next. New
+// composes them once per upstream host, from the Policy configured for it:
+//
+//	#  layer             per       does
+//	1  router            request   picks the upstream's policy and per-host state
+//	3  total deadline    request   bounds the whole call, retries included
+//	8  attempt deadline  attempt   bounds one attempt; writes the deadline header
+//	9  base              -         a clone of http.DefaultTransport by default
+//
+// The numbering is the full stack's (fallback, retry, pushback, breaker and
+// bulkhead take the places between); each issue that builds a layer slots it
+// in at its number.
+//
+// Every layer keeps the http.RoundTripper contract: it never modifies the
+// caller's request, always closes the request body (rejections included),
+// and returns a response or an error, never both. A context the stack
+// creates ends when the caller closes the response body or reads it to EOF.
+//
+// On the server side, DeadlineHandler turns an incoming deadline header back
+// into a context deadline, so a deadline crosses every hop.
+package bulwark

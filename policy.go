@@ -1,0 +1,79 @@
+package bulwark
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Policy is the resilience policy for one upstream. Each field configures one
+// layer of the stack. A zero field inherits the Default policy's value, and
+// Default's zero fields take the package defaults that each field documents,
+// so Policy{} is a complete, sensible policy.
+type Policy struct {
+	// Timeout bounds the call and each attempt, and names the deadline
+	// header sent upstream.
+	Timeout Timeout
+}
+
+// inherit fills p's zero fields from parent.
+func (p Policy) inherit(parent Policy) Policy {
+	p.Timeout = p.Timeout.inherit(parent.Timeout)
+	return p
+}
+
+// withDefaults fills the zero fields left after inheritance with the
+// package defaults. Later layers' defaults may depend on earlier ones (the
+// breaker's slow-call threshold on the attempt timeout), so the order here
+// is the order of dependence.
+func (p Policy) withDefaults() Policy {
+	p.Timeout = p.Timeout.withDefaults()
+	return p
+}
+
+// validate reports the first invalid field of a policy after inheritance
+// and defaults.
+func (p Policy) validate() error {
+	return p.Timeout.validate()
+}
+
+// ErrInvalidConfig is matched by every error New returns for a bad Config.
+var ErrInvalidConfig = errors.New("bulwark: invalid config")
+
+// ConfigError reports one invalid Config value: which upstream (empty for
+// Default), which field, the value given and why it was refused.
+type ConfigError struct {
+	Upstream string // the Upstreams key; empty for Config.Default or Config itself
+	Field    string // e.g. "Retry.MaxAttempts"
+	Value    any
+	Reason   string
+}
+
+func (e *ConfigError) Error() string {
+	where := "Default"
+	if e.Upstream != "" {
+		where = fmt.Sprintf("upstream %q", e.Upstream)
+	}
+	if e.Field == "" {
+		return fmt.Sprintf("bulwark: %s: %s", where, e.Reason)
+	}
+	return fmt.Sprintf("bulwark: %s: %s = %v: %s", where, e.Field, e.Value, e.Reason)
+}
+
+// Is makes every ConfigError match ErrInvalidConfig.
+func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+
+// fieldError is what a sub-policy's validate returns; New adds the upstream.
+func fieldError(field string, value any, reason string) error {
+	return &ConfigError{Field: field, Value: value, Reason: reason}
+}
+
+// inUpstream labels a validation error with the upstream it came from.
+func inUpstream(err error, upstream string) error {
+	var ce *ConfigError
+	if errors.As(err, &ce) {
+		c := *ce
+		c.Upstream = upstream
+		return &c
+	}
+	return err
+}

@@ -1,0 +1,395 @@
+package bulwark
+
+import (
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Package defaults for the per-host state.
+const (
+	// DefaultMaxHosts caps how many hosts have state (a breaker, a bulkhead,
+	// a budget) at once when Config.MaxHosts is zero.
+	DefaultMaxHosts = 1024
+	// DefaultHostIdle is how long a host's state is kept without a request
+	// once the cap is reached, when Config.HostIdle is zero.
+	DefaultHostIdle = 10 * time.Minute
+)
+
+// Config configures a Transport. The zero value is a working configuration:
+// http.DefaultTransport's settings underneath and the package defaults for
+// every layer.
+type Config struct {
+	// Base sends each attempt. Nil means a clone of http.DefaultTransport
+	// (or http.DefaultTransport itself when it has been replaced by
+	// something other than an *http.Transport).
+	Base http.RoundTripper
+
+	// Default is the policy for every host that no Upstreams key names, and
+	// the parent an upstream's zero fields inherit from.
+	Default Policy
+
+	// Upstreams holds per-upstream policies keyed by "host" or "host:port"
+	// (no scheme, no path; case does not matter). A request's URL picks the
+	// exact host:port key first, then the host key, then Default; the port
+	// of a URL without one is the scheme's (80 or 443). Zero fields inherit
+	// from Default.
+	Upstreams map[string]Policy
+
+	// TracerProvider and MeterProvider are where bulwark's spans and metrics
+	// go. Nil means the global providers from go.opentelemetry.io/otel.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
+
+	// Logger receives state changes at Info and retries at Debug. Nil means
+	// no logging.
+	Logger *slog.Logger
+
+	// MaxHosts caps the number of hosts with live state. Every distinct
+	// scheme, host and port gets its own breaker, bulkhead and budget; once
+	// the cap is reached, adding a host first evicts hosts idle for longer
+	// than HostIdle and then the least recently used, so a stream of
+	// distinct hosts cannot grow memory without bound. A request in flight
+	// keeps the state it started with. Zero means DefaultMaxHosts.
+	MaxHosts int
+
+	// HostIdle is how long without a request makes a host's state the first
+	// to be evicted when MaxHosts is reached. Zero means DefaultHostIdle.
+	HostIdle time.Duration
+}
+
+// Transport is bulwark's http.RoundTripper: the router that picks each
+// request's upstream policy and per-host state, in front of the stack of
+// layers built for that host. Build it with New; use it as an
+// http.Client's Transport, or use NewClient. It is safe for concurrent use.
+//
+// The stack, outer to inner, for one request:
+//
+//	router → total deadline → attempt deadline → base
+//
+// Each host's stack is composed once, when the host is first seen, never per
+// call.
+type Transport struct {
+	base   http.RoundTripper
+	logger *slog.Logger
+	tp     trace.TracerProvider
+	mp     metric.MeterProvider
+	// now is the clock every decision reads; tests replace it.
+	now func() time.Time
+
+	def      *route
+	exact    map[hostPort]*route
+	byHost   map[string]*route
+	maxHosts int
+	idle     time.Duration
+
+	mu    sync.RWMutex
+	hosts map[hostKey]*hostState
+}
+
+// route is a compiled policy and the upstream label it goes by.
+type route struct {
+	upstream string // the Upstreams key, or "default"
+	policy   Policy
+}
+
+type hostPort struct{ host, port string }
+
+// hostKey is an authority as http.Transport pools connections by it:
+// scheme, lower-case host, and port (the scheme's default when absent). Its
+// strings are slices of the request URL's, so a lookup allocates nothing.
+type hostKey struct{ scheme, host, port string }
+
+// hostState is everything bulwark keeps for one host: its policy, the stack
+// built for it, and the per-host layers' state inside that stack.
+type hostState struct {
+	t        *Transport
+	key      hostKey
+	name     string // "host:port", for errors and logs
+	upstream string
+	policy   *Policy
+	rt       http.RoundTripper
+	lastUsed atomic.Int64 // unix nanoseconds, updated at most once a second
+}
+
+// New validates cfg and builds a Transport. Every invalid value is a
+// *ConfigError (matching ErrInvalidConfig) naming the upstream and field.
+func New(cfg Config) (*Transport, error) {
+	t := &Transport{
+		base:     cfg.Base,
+		logger:   cfg.Logger,
+		tp:       cfg.TracerProvider,
+		mp:       cfg.MeterProvider,
+		now:      time.Now,
+		exact:    make(map[hostPort]*route),
+		byHost:   make(map[string]*route),
+		maxHosts: cfg.MaxHosts,
+		idle:     cfg.HostIdle,
+		hosts:    make(map[hostKey]*hostState),
+	}
+	switch {
+	case cfg.MaxHosts < 0:
+		return nil, &ConfigError{Field: "MaxHosts", Value: cfg.MaxHosts, Reason: "must be ≥ 0"}
+	case cfg.MaxHosts == 0:
+		t.maxHosts = DefaultMaxHosts
+	}
+	switch {
+	case cfg.HostIdle < 0:
+		return nil, &ConfigError{Field: "HostIdle", Value: cfg.HostIdle, Reason: "must be ≥ 0"}
+	case cfg.HostIdle == 0:
+		t.idle = DefaultHostIdle
+	}
+	if t.base == nil {
+		if dt, ok := http.DefaultTransport.(*http.Transport); ok {
+			t.base = dt.Clone()
+		} else {
+			t.base = http.DefaultTransport
+		}
+	}
+	if t.logger == nil {
+		t.logger = slog.New(slog.DiscardHandler)
+	}
+
+	def := cfg.Default.withDefaults()
+	if err := def.validate(); err != nil {
+		return nil, err
+	}
+	t.def = &route{upstream: "default", policy: def}
+
+	// Sorted so that the first error reported does not depend on map order.
+	keys := make([]string, 0, len(cfg.Upstreams))
+	for k := range cfg.Upstreams {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	seen := make(map[string]string, len(keys))
+	for _, k := range keys {
+		host, port, err := parseUpstreamKey(k)
+		if err != nil {
+			return nil, &ConfigError{Upstream: k, Reason: err.Error()}
+		}
+		canon := host
+		if port != "" {
+			canon = net.JoinHostPort(host, port)
+		}
+		if other, dup := seen[canon]; dup {
+			return nil, &ConfigError{Upstream: k, Reason: "names the same upstream as " + strconvQuote(other)}
+		}
+		seen[canon] = k
+		p := cfg.Upstreams[k].inherit(cfg.Default).withDefaults()
+		if err := p.validate(); err != nil {
+			return nil, inUpstream(err, k)
+		}
+		r := &route{upstream: k, policy: p}
+		if port != "" {
+			t.exact[hostPort{host, port}] = r
+		} else {
+			t.byHost[host] = r
+		}
+	}
+	return t, nil
+}
+
+func strconvQuote(s string) string { return `"` + s + `"` }
+
+// parseUpstreamKey splits an Upstreams key into a lower-case host and a port
+// (empty when the key has none), refusing anything that is not exactly
+// "host" or "host:port".
+func parseUpstreamKey(k string) (host, port string, err error) {
+	if k == "" {
+		return "", "", errString("empty upstream key")
+	}
+	if strings.Contains(k, "://") {
+		return "", "", errString("upstream key must be host or host:port, without a scheme")
+	}
+	if strings.ContainsAny(k, "/?#@ \t") {
+		return "", "", errString("upstream key must be host or host:port, without path, query, userinfo or spaces")
+	}
+	u, perr := url.Parse("//" + k)
+	if perr != nil || u.Host != k {
+		return "", "", errString("upstream key must be host or host:port")
+	}
+	host, port = strings.ToLower(u.Hostname()), u.Port()
+	if host == "" {
+		return "", "", errString("upstream key has no host")
+	}
+	if strings.HasSuffix(k, ":") {
+		return "", "", errString("upstream key has an empty port")
+	}
+	if port != "" {
+		n := 0
+		for _, c := range port {
+			n = n*10 + int(c-'0')
+			if n > 65535 {
+				break
+			}
+		}
+		if n == 0 || n > 65535 {
+			return "", "", errString("upstream key's port must be 1..65535")
+		}
+	}
+	return host, port, nil
+}
+
+type errString string
+
+func (e errString) Error() string { return string(e) }
+
+// NewClient returns an *http.Client whose Transport is New(cfg): a drop-in
+// for http.DefaultClient. The client's own Timeout is left at zero, since
+// Timeout.Total bounds each call (each redirect hop is a call of its own);
+// redirects and cookies behave as with a zero http.Client.
+func NewClient(cfg Config) (*http.Client, error) {
+	t, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &http.Client{Transport: t}, nil
+}
+
+// RoundTrip sends req through the stack for its host. It implements
+// http.RoundTripper: it never modifies req, always closes req.Body, and
+// returns either a response or an error.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL == nil {
+		closeBody(req)
+		return nil, errNilURL
+	}
+	if err := req.Context().Err(); err != nil {
+		closeBody(req)
+		return nil, doneError(req.Context())
+	}
+	return t.host(req.URL).rt.RoundTrip(req)
+}
+
+// CloseIdleConnections closes the base's idle connections, when the base
+// can, as http.Client.CloseIdleConnections expects of a transport.
+func (t *Transport) CloseIdleConnections() {
+	type closeIdler interface{ CloseIdleConnections() }
+	if ci, ok := t.base.(closeIdler); ok {
+		ci.CloseIdleConnections()
+	}
+}
+
+func defaultPort(scheme string) string {
+	switch scheme {
+	case "https", "wss":
+		return "443"
+	case "http", "ws":
+		return "80"
+	}
+	return ""
+}
+
+// host returns u's per-host state, creating it on first use.
+func (t *Transport) host(u *url.URL) *hostState {
+	k := hostKey{scheme: strings.ToLower(u.Scheme), host: strings.ToLower(u.Hostname()), port: u.Port()}
+	if k.port == "" {
+		k.port = defaultPort(k.scheme)
+	}
+	now := t.now().UnixNano()
+	t.mu.RLock()
+	hs := t.hosts[k]
+	t.mu.RUnlock()
+	if hs != nil {
+		// Written at most once a second, so hot hosts do not bounce the
+		// cache line between cores on every request.
+		if now-hs.lastUsed.Load() > int64(time.Second) {
+			hs.lastUsed.Store(now)
+		}
+		return hs
+	}
+	return t.addHost(k, now)
+}
+
+func (t *Transport) addHost(k hostKey, now int64) *hostState {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if hs := t.hosts[k]; hs != nil {
+		return hs
+	}
+	if len(t.hosts) >= t.maxHosts {
+		t.evictLocked(now)
+	}
+	// The key's strings are slices of a caller's URL: copy them so the map
+	// does not keep that URL alive.
+	k = hostKey{strings.Clone(k.scheme), strings.Clone(k.host), strings.Clone(k.port)}
+	r := t.route(k)
+	hs := &hostState{t: t, key: k, name: net.JoinHostPort(k.host, k.port), upstream: r.upstream, policy: &r.policy}
+	hs.lastUsed.Store(now)
+	hs.rt = t.buildStack(hs)
+	t.hosts[k] = hs
+	return hs
+}
+
+// evictLocked makes room: it drops hosts idle past t.idle, then, if that is
+// not enough, the least recently used down to 7/8 of the cap, so the next
+// inserts do not each pay for a scan.
+func (t *Transport) evictLocked(now int64) {
+	for k, hs := range t.hosts {
+		if now-hs.lastUsed.Load() > int64(t.idle) {
+			delete(t.hosts, k)
+		}
+	}
+	if len(t.hosts) < t.maxHosts {
+		return
+	}
+	all := make([]*hostState, 0, len(t.hosts))
+	for _, hs := range t.hosts {
+		all = append(all, hs)
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].lastUsed.Load() < all[j].lastUsed.Load() })
+	keep := t.maxHosts - t.maxHosts/8 - 1
+	for _, hs := range all[:len(all)-keep] {
+		delete(t.hosts, hs.key)
+	}
+	t.logger.Debug("bulwark: evicted per-host state", "hosts", len(all)-keep, "cap", t.maxHosts)
+}
+
+// route picks the compiled policy for a host: exact host:port, then host,
+// then Default.
+func (t *Transport) route(k hostKey) *route {
+	if r := t.exact[hostPort{k.host, k.port}]; r != nil {
+		return r
+	}
+	if r := t.byHost[k.host]; r != nil {
+		return r
+	}
+	return t.def
+}
+
+// hostCount reports how many hosts have live state.
+func (t *Transport) hostCount() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.hosts)
+}
+
+// buildStack composes a host's layers, outer to inner, once. See the stack
+// table in the package documentation for why they are in this order.
+func (t *Transport) buildStack(hs *hostState) http.RoundTripper {
+	p := hs.policy
+	var rt http.RoundTripper = t.base
+
+	// 8. Attempt deadline and per-attempt headers, innermost.
+	a := &attemptRT{next: rt, t: t}
+	if !p.Timeout.Disabled {
+		a.attempt, a.header = p.Timeout.Attempt, p.Timeout.Header
+	}
+	rt = a
+
+	// 3. Total deadline.
+	if !p.Timeout.Disabled && p.Timeout.Total > 0 {
+		rt = &totalDeadlineRT{next: rt, t: t, total: p.Timeout.Total}
+	}
+	return rt
+}
