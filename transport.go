@@ -118,8 +118,13 @@ type hostState struct {
 	upstream string
 	policy   *Policy
 	rt       http.RoundTripper
-	lastUsed atomic.Int64 // unix nanoseconds, updated at most once a second
+	lastUsed atomic.Int64 // unix nanoseconds, updated at most every touchEvery
 }
+
+// touchEvery is the resolution of a host's last-used time: fine enough for
+// least-recently-used eviction to tell a host in steady use from churn,
+// coarse enough that a busy host's state is not written on every request.
+const touchEvery = 10 * time.Millisecond
 
 // New validates cfg and builds a Transport. Every invalid value is a
 // *ConfigError (matching ErrInvalidConfig) naming the upstream and field.
@@ -301,9 +306,9 @@ func (t *Transport) host(u *url.URL) *hostState {
 	hs := t.hosts[k]
 	t.mu.RUnlock()
 	if hs != nil {
-		// Written at most once a second, so hot hosts do not bounce the
+		// Written at most every touchEvery, so hot hosts do not bounce the
 		// cache line between cores on every request.
-		if now-hs.lastUsed.Load() > int64(time.Second) {
+		if now-hs.lastUsed.Load() > int64(touchEvery) {
 			hs.lastUsed.Store(now)
 		}
 		return hs

@@ -1,0 +1,67 @@
+package bulwark
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// benchBase is the cheapest honest base: a fixed response, body included,
+// like a transport that answers from memory.
+type benchBase struct{}
+
+func (benchBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), Request: req}, nil
+}
+
+func benchRoundTrips(b *testing.B, rt http.RoundTripper, url string) {
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	req.Header.Set("Accept", "application/json")
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			resp, err := rt.RoundTrip(req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	})
+}
+
+func mustNew(b *testing.B, cfg Config) *Transport {
+	tr, err := New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return tr
+}
+
+// BenchmarkTransport compares the bare base with bulwark's router and
+// deadline layers over it: stub is the pure middleware cost, loopback a real
+// HTTP exchange with an httptest server on 127.0.0.1. Compare ratios within
+// one run; the absolute figures depend on the machine.
+func BenchmarkTransport(b *testing.B) {
+	b.Run("stub/bare", func(b *testing.B) { benchRoundTrips(b, benchBase{}, "http://stub.internal/x") })
+	b.Run("stub/router", func(b *testing.B) {
+		benchRoundTrips(b, mustNew(b, Config{Base: benchBase{}, Default: Policy{Timeout: Timeout{Disabled: true}}}), "http://stub.internal/x")
+	})
+	b.Run("stub/router+deadlines", func(b *testing.B) {
+		benchRoundTrips(b, mustNew(b, Config{Base: benchBase{}}), "http://stub.internal/x")
+	})
+
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	defer srv.Close()
+	base := http.DefaultTransport.(*http.Transport).Clone()
+	base.MaxIdleConnsPerHost = 64
+	defer base.CloseIdleConnections()
+	b.Run("loopback/bare", func(b *testing.B) { benchRoundTrips(b, base, srv.URL) })
+	b.Run("loopback/bulwark", func(b *testing.B) { benchRoundTrips(b, mustNew(b, Config{Base: base}), srv.URL) })
+}

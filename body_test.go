@@ -1,0 +1,96 @@
+package bulwark
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+type countEnd struct{ n int }
+
+func (c *countEnd) bodyEnd() { c.n++ }
+
+type rwc struct {
+	io.Reader
+	wrote strings.Builder
+}
+
+func (r *rwc) Write(p []byte) (int, error) { return r.wrote.Write(p) }
+func (r *rwc) Close() error                { return nil }
+
+type errReader struct{}
+
+func (errReader) Read([]byte) (int, error) { return 0, errors.New("connection cut mid-body") }
+func (errReader) Close() error             { return nil }
+
+func TestBodyEndRunsOnce(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		body io.ReadCloser
+		use  func(io.ReadCloser)
+	}{
+		{"eof then close", io.NopCloser(strings.NewReader("abc")), func(b io.ReadCloser) { io.ReadAll(b); b.Close(); b.Close() }},
+		{"close only", io.NopCloser(strings.NewReader("abc")), func(b io.ReadCloser) { b.Close() }},
+		{"read error", errReader{}, func(b io.ReadCloser) { io.ReadAll(b); b.Close() }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var a, b countEnd
+			resp := &http.Response{StatusCode: 200, Body: tt.body}
+			onBodyEnd(resp, &a)
+			onBodyEnd(resp, &b) // joins the same wrapper
+			if _, ok := resp.Body.(*body); !ok {
+				t.Fatalf("Body is %T, want the shared wrapper", resp.Body)
+			}
+			tt.use(resp.Body)
+			if a.n != 1 || b.n != 1 {
+				t.Errorf("body-end work ran %d and %d times, want once each", a.n, b.n)
+			}
+		})
+	}
+}
+
+func TestBodyEndManyLayers(t *testing.T) {
+	ends := make([]countEnd, maxEnders+2)
+	resp := &http.Response{StatusCode: 200, Body: io.NopCloser(strings.NewReader("x"))}
+	for i := range ends {
+		onBodyEnd(resp, &ends[i])
+	}
+	resp.Body.Close()
+	for i, e := range ends {
+		if e.n != 1 {
+			t.Errorf("ender %d ran %d times, want 1", i, e.n)
+		}
+	}
+}
+
+func TestBodyEndNoBody(t *testing.T) {
+	for _, b := range []io.ReadCloser{nil, http.NoBody} {
+		var e countEnd
+		onBodyEnd(&http.Response{StatusCode: 204, Body: b}, &e)
+		if e.n != 1 {
+			t.Errorf("Body %v: body-end work ran %d times at once, want 1", b, e.n)
+		}
+	}
+}
+
+func TestBodyKeepsWriterFor101(t *testing.T) {
+	conn := &rwc{Reader: strings.NewReader("")}
+	resp := &http.Response{StatusCode: http.StatusSwitchingProtocols, Body: conn}
+	var e countEnd
+	onBodyEnd(resp, &e)
+	w, ok := resp.Body.(io.ReadWriteCloser)
+	if !ok {
+		t.Fatalf("101 body is %T, lost io.Writer", resp.Body)
+	}
+	io.WriteString(w, "ping")
+	if conn.wrote.String() != "ping" {
+		t.Errorf("write reached %q, want ping", conn.wrote.String())
+	}
+	onBodyEnd(resp, &e) // joins the rw wrapper
+	w.Close()
+	if e.n != 2 {
+		t.Errorf("body-end work ran %d times, want 2", e.n)
+	}
+}

@@ -1,0 +1,229 @@
+package bulwark
+
+import (
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+		want string // substring of the error
+	}{
+		{"negative total", Config{Default: Policy{Timeout: Timeout{Total: -1}}},
+			`bulwark: Default: Timeout.Total = -1ns: must be ≥ 0`},
+		{"negative attempt in upstream", Config{Upstreams: map[string]Policy{"tax.internal": {Timeout: Timeout{Attempt: -time.Second}}}},
+			`bulwark: upstream "tax.internal": Timeout.Attempt = -1s: must be ≥ 0`},
+		{"attempt longer than total", Config{Upstreams: map[string]Policy{"tax.internal": {Timeout: Timeout{Total: time.Second, Attempt: 2 * time.Second}}}},
+			`bulwark: upstream "tax.internal": Timeout.Attempt = 2s: must not exceed Timeout.Total (1s)`},
+		{"attempt longer than inherited total", Config{Default: Policy{Timeout: Timeout{Total: time.Second}}, Upstreams: map[string]Policy{"a:81": {Timeout: Timeout{Attempt: 2 * time.Second}}}},
+			`upstream "a:81": Timeout.Attempt = 2s: must not exceed Timeout.Total (1s)`},
+		{"bad header name", Config{Default: Policy{Timeout: Timeout{Header: "X Bad"}}},
+			`Timeout.Header = "X Bad": not a valid header name`},
+		{"scheme in key", Config{Upstreams: map[string]Policy{"http://tax.internal": {}}}, `upstream "http://tax.internal": upstream key must be host or host:port, without a scheme`},
+		{"path in key", Config{Upstreams: map[string]Policy{"tax.internal/rate": {}}}, `without path`},
+		{"userinfo in key", Config{Upstreams: map[string]Policy{"u:p@tax.internal": {}}}, `without path, query, userinfo`},
+		{"empty key", Config{Upstreams: map[string]Policy{"": {}}}, `empty upstream key`},
+		{"empty port", Config{Upstreams: map[string]Policy{"tax.internal:": {}}}, `empty port`},
+		{"port zero", Config{Upstreams: map[string]Policy{"tax.internal:0": {}}}, `port must be 1..65535`},
+		{"port too big", Config{Upstreams: map[string]Policy{"tax.internal:70000": {}}}, `port must be 1..65535`},
+		{"port not numeric", Config{Upstreams: map[string]Policy{"tax.internal:http": {}}}, `upstream key must be host or host:port`},
+		{"duplicate by case", Config{Upstreams: map[string]Policy{"Tax.internal": {}, "tax.internal": {}}}, `names the same upstream as`},
+		{"negative MaxHosts", Config{MaxHosts: -1}, `MaxHosts = -1: must be ≥ 0`},
+		{"negative HostIdle", Config{HostIdle: -time.Minute}, `HostIdle = -1m0s: must be ≥ 0`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tr, err := New(tt.cfg)
+			if err == nil {
+				t.Fatalf("New(%s) = %v, nil; want an error", tt.name, tr)
+			}
+			if !errors.Is(err, ErrInvalidConfig) {
+				t.Errorf("New error %v does not match ErrInvalidConfig", err)
+			}
+			var ce *ConfigError
+			if !errors.As(err, &ce) {
+				t.Errorf("New error %T is not a *ConfigError", err)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("New error = %q, want it to contain %q", err, tt.want)
+			}
+			if _, cerr := NewClient(tt.cfg); cerr == nil {
+				t.Errorf("NewClient accepted what New refused")
+			}
+		})
+	}
+}
+
+func TestNewAcceptsGoodConfig(t *testing.T) {
+	for _, cfg := range []Config{
+		{},
+		{Default: Policy{Timeout: Timeout{Disabled: true}}},
+		{Upstreams: map[string]Policy{"tax.internal": {}, "tax.internal:8443": {}, "[::1]:8080": {}, "127.0.0.1": {}}},
+		{Default: Policy{Timeout: Timeout{Total: time.Second, Attempt: time.Second, Header: "x-deadline-ms"}}},
+	} {
+		if _, err := New(cfg); err != nil {
+			t.Errorf("New(%+v) = %v, want nil error", cfg, err)
+		}
+	}
+}
+
+func TestPolicyInheritance(t *testing.T) {
+	tr, err := New(Config{
+		Default: Policy{Timeout: Timeout{Total: 4 * time.Second, Header: "X-Deadline"}},
+		Upstreams: map[string]Policy{
+			"tax.internal":      {Timeout: Timeout{Attempt: 150 * time.Millisecond}},
+			"tax.internal:8443": {Timeout: Timeout{Disabled: true}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		url      string
+		upstream string
+		want     Timeout
+	}{
+		// Default: Attempt takes the package default, capped at Total.
+		{"http://other.internal/", "default", Timeout{Total: 4 * time.Second, Attempt: 4 * time.Second, Header: "X-Deadline"}},
+		// Host key, any port; inherits Total and Header from Default.
+		{"http://tax.internal/rate", "tax.internal", Timeout{Total: 4 * time.Second, Attempt: 150 * time.Millisecond, Header: "X-Deadline"}},
+		{"https://TAX.internal:9000/rate", "tax.internal", Timeout{Total: 4 * time.Second, Attempt: 150 * time.Millisecond, Header: "X-Deadline"}},
+		// Exact host:port wins over the host key.
+		{"https://tax.internal:8443/rate", "tax.internal:8443", Timeout{Total: 4 * time.Second, Attempt: 4 * time.Second, Header: "X-Deadline", Disabled: true}},
+	}
+	for _, tt := range tests {
+		u, _ := url.Parse(tt.url)
+		hs := tr.host(u)
+		if hs.upstream != tt.upstream {
+			t.Errorf("route(%s) = upstream %q, want %q", tt.url, hs.upstream, tt.upstream)
+		}
+		if hs.policy.Timeout != tt.want {
+			t.Errorf("route(%s).Timeout = %+v, want %+v", tt.url, hs.policy.Timeout, tt.want)
+		}
+	}
+}
+
+func TestDefaultPortRouting(t *testing.T) {
+	tr, err := New(Config{Upstreams: map[string]Policy{
+		"tax.internal:80": {Timeout: Timeout{Attempt: time.Second}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		url, upstream string
+	}{
+		{"http://tax.internal/", "tax.internal:80"},
+		{"http://tax.internal:80/", "tax.internal:80"},
+		{"https://tax.internal/", "default"}, // port 443
+	} {
+		u, _ := url.Parse(tt.url)
+		if got := tr.host(u).upstream; got != tt.upstream {
+			t.Errorf("route(%s) = %q, want %q", tt.url, got, tt.upstream)
+		}
+	}
+}
+
+// Per authority: two ports of one host are two hosts with two states.
+func TestHostStatePerAuthority(t *testing.T) {
+	tr, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := url.Parse("http://127.0.0.1:8080/x")
+	b, _ := url.Parse("http://127.0.0.1:9090/x")
+	a2, _ := url.Parse("http://127.0.0.1:8080/y?q=1")
+	c, _ := url.Parse("https://127.0.0.1:8080/x")
+	if tr.host(a) == tr.host(b) {
+		t.Error("127.0.0.1:8080 and 127.0.0.1:9090 share state")
+	}
+	if tr.host(a) != tr.host(a2) {
+		t.Error("two URLs of one authority got two states")
+	}
+	if tr.host(a) == tr.host(c) {
+		t.Error("http and https on one host:port share state")
+	}
+	if n := tr.hostCount(); n != 3 {
+		t.Errorf("hostCount = %d, want 3", n)
+	}
+}
+
+func TestHostStateBounded(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1_000_000, 0)}
+	tr, err := New(Config{MaxHosts: 64, HostIdle: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.now = clock.Now
+	hot, _ := url.Parse("http://hot.internal/")
+	hotState := tr.host(hot)
+	for i := 0; i < 10_000; i++ {
+		// A churn of one new host per millisecond, while the hot host is
+		// used every 20 ms.
+		clock.Advance(time.Millisecond)
+		tr.host(&url.URL{Scheme: "http", Host: "h" + itoa(i) + ".example:80"})
+		if i%20 == 0 {
+			if tr.host(hot) != hotState {
+				t.Fatalf("after %d hosts, a host in steady use lost its state to the churn", i+1)
+			}
+		}
+		if n := tr.hostCount(); n > 64 {
+			t.Fatalf("after %d hosts, hostCount = %d > MaxHosts 64", i+1, n)
+		}
+	}
+	// Fill to the cap exactly; then, after HostIdle with no requests, one new
+	// host clears every idle one instead of the least recently used alone.
+	for i := 0; tr.hostCount() < 64; i++ {
+		tr.host(&url.URL{Scheme: "http", Host: "fill" + itoa(i) + ".example"})
+	}
+	clock.Advance(2 * time.Minute)
+	tr.host(&url.URL{Scheme: "http", Host: "fresh.example"})
+	if n := tr.hostCount(); n != 1 {
+		t.Errorf("after HostIdle at the cap, hostCount = %d, want 1 (the new host only)", n)
+	}
+}
+
+func TestRoundTripBadInput(t *testing.T) {
+	base := &stubBase{}
+	tr, err := New(Config{Base: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bs bodies
+	req := &http.Request{Method: "POST", Header: http.Header{}, Body: bs.make("x")}
+	resp, err := tr.RoundTrip(req)
+	if resp != nil || !errors.Is(err, errNilURL) {
+		t.Errorf("nil URL: RoundTrip = %v, %v; want nil, errNilURL", resp, err)
+	}
+	if !bs.allClosed() {
+		t.Error("nil URL: request body not closed")
+	}
+	if base.calls.Load() != 0 {
+		t.Error("nil URL: base was called")
+	}
+}
+
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) Now() time.Time          { return c.t }
+func (c *fakeClock) Advance(d time.Duration) { c.t = c.t.Add(d) }
+
+func itoa(i int) string {
+	if i == 0 {
+		return "0"
+	}
+	var b [20]byte
+	n := len(b)
+	for i > 0 {
+		n--
+		b[n] = byte('0' + i%10)
+		i /= 10
+	}
+	return string(b[n:])
+}

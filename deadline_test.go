@@ -1,0 +1,372 @@
+package bulwark
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// recordBase records the headers and context of each attempt it is sent.
+type recordBase struct {
+	mu      sync.Mutex
+	headers []http.Header
+	ctxs    []context.Context
+	// hold, if set, is how long each attempt takes before answering 503.
+	hold time.Duration
+}
+
+func (r *recordBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	r.mu.Lock()
+	r.headers = append(r.headers, req.Header.Clone())
+	r.ctxs = append(r.ctxs, req.Context())
+	r.mu.Unlock()
+	closeBody(req)
+	if r.hold > 0 {
+		select {
+		case <-time.After(r.hold):
+		case <-req.Context().Done():
+			return nil, req.Context().Err()
+		}
+	}
+	return &http.Response{StatusCode: 503, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("busy")), Request: req}, nil
+}
+
+// twice is a stand-in for a retry layer: it sends each call twice through
+// next, numbering the attempts in the call state as the retry layer does.
+type twice struct {
+	next http.RoundTripper
+	t    *Transport
+}
+
+func (w *twice) RoundTrip(req *http.Request) (*http.Response, error) {
+	req, st := withCall(req, w.t)
+	var resp *http.Response
+	for i := 1; i <= 2; i++ {
+		st.attempt = i
+		if resp != nil {
+			discard(resp)
+		}
+		var err error
+		if resp, err = w.next.RoundTrip(req); err != nil {
+			return nil, err
+		}
+	}
+	return resp, nil
+}
+
+// stackWithTwice builds total → twice → attempt → base for policy p, the
+// order the retry layer will sit in.
+func stackWithTwice(t *testing.T, base http.RoundTripper, to Timeout) http.RoundTripper {
+	tr, err := New(Config{Base: base, Default: Policy{Timeout: to}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := tr.def.policy.Timeout
+	var rt http.RoundTripper = &attemptRT{next: base, t: tr, attempt: p.Attempt, header: p.Header}
+	rt = &twice{next: rt, t: tr}
+	return &totalDeadlineRT{next: rt, t: tr, total: p.Total}
+}
+
+func headerMillis(t *testing.T, h http.Header, name string) int64 {
+	t.Helper()
+	v := h.Get(name)
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		t.Fatalf("%s = %q, want milliseconds", name, v)
+	}
+	return n
+}
+
+func TestDeadlineHeaderShrinksPerAttempt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &recordBase{hold: 300 * time.Millisecond}
+		rt := stackWithTwice(t, base, Timeout{Total: time.Second, Attempt: 800 * time.Millisecond})
+		req, _ := http.NewRequest("GET", "http://tax.internal/rate", nil)
+		resp, err := rt.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if len(base.headers) != 2 {
+			t.Fatalf("base saw %d attempts, want 2", len(base.headers))
+		}
+		// First attempt: Attempt (800 ms) is sooner than Total (1 s).
+		// Second, 300 ms later: Total's 700 ms left is sooner than 800 ms.
+		want := []int64{800 - 5, 700 - 5}
+		for i, h := range base.headers {
+			if got := headerMillis(t, h, DefaultDeadlineHeader); got != want[i] {
+				t.Errorf("attempt %d: %s = %d, want %d", i+1, DefaultDeadlineHeader, got, want[i])
+			}
+			if got := h.Get(AttemptHeader); got != strconv.Itoa(i+1) {
+				t.Errorf("attempt %d: %s = %q, want %d", i+1, AttemptHeader, got, i+1)
+			}
+		}
+		if req.Header.Get(DefaultDeadlineHeader) != "" || req.Header.Get(AttemptHeader) != "" {
+			t.Error("the caller's request got bulwark's headers")
+		}
+	})
+}
+
+func TestDeadlineHeaderFollowsCallerDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &recordBase{}
+		tr, err := New(Config{Base: base, Default: Policy{Timeout: Timeout{Header: "X-Budget-Ms"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 250*time.Millisecond)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://tax.internal/rate", nil)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if got := headerMillis(t, base.headers[0], "X-Budget-Ms"); got != 245 {
+			t.Errorf("X-Budget-Ms = %d, want 245 (the caller's 250 ms less the margin)", got)
+		}
+		// The caller's deadline was the soonest: bulwark made no context of
+		// its own, so the base saw the caller's.
+		if d, _ := base.ctxs[0].Deadline(); !d.Equal(func() time.Time { d, _ := ctx.Deadline(); return d }()) {
+			t.Errorf("attempt deadline %v, want the caller's", d)
+		}
+	})
+}
+
+func TestDeadlineTooShortFailsFast(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &stubBase{}
+		tr, err := New(Config{Base: base})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 9*time.Millisecond)
+		defer cancel()
+		var bs bodies
+		req := newContractRequest(t, ctx, "http://tax.internal/", contractRequests[1], &bs)
+		_, _, err = checkContract(t, tr, req, &bs)
+		if !errors.Is(err, ErrDeadlineTooShort) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("err = %v, want ErrDeadlineTooShort wrapping context.DeadlineExceeded", err)
+		}
+		if n := base.calls.Load(); n != 0 {
+			t.Errorf("base called %d times, want 0", n)
+		}
+	})
+}
+
+func TestAttemptTimeoutIsOurs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr, err := New(Config{Base: &stubBase{block: true}, Default: Policy{Timeout: Timeout{Attempt: 100 * time.Millisecond}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		req, _ := http.NewRequest("GET", "http://slow.internal/", nil)
+		_, err = tr.RoundTrip(req)
+		if !errors.Is(err, ErrAttemptTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("err = %v, want ErrAttemptTimeout", err)
+		}
+		if el := time.Since(start); el != 100*time.Millisecond {
+			t.Errorf("attempt ended after %v, want 100ms", el)
+		}
+
+		// The caller's own deadline, sooner than Attempt, is not ours.
+		ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+		defer cancel()
+		req, _ = http.NewRequestWithContext(ctx, "GET", "http://slow.internal/", nil)
+		_, err = tr.RoundTrip(req)
+		if errors.Is(err, ErrAttemptTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("caller's deadline: err = %v, want context.DeadlineExceeded and not ErrAttemptTimeout", err)
+		}
+	})
+}
+
+func TestTotalBoundsTheCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &recordBase{hold: 400 * time.Millisecond}
+		rt := stackWithTwice(t, base, Timeout{Total: 600 * time.Millisecond, Attempt: 500 * time.Millisecond})
+		start := time.Now()
+		req, _ := http.NewRequest("GET", "http://tax.internal/", nil)
+		_, err := rt.RoundTrip(req)
+		if !errors.Is(err, ErrAttemptTimeout) {
+			t.Errorf("err = %v, want ErrAttemptTimeout from Total", err)
+		}
+		if el := time.Since(start); el != 600*time.Millisecond {
+			t.Errorf("call took %v, want Total = 600ms", el)
+		}
+	})
+}
+
+// The context bulwark makes for an attempt lives until the caller is done
+// with the body, not until RoundTrip returns.
+func TestAttemptContextEndsWithBody(t *testing.T) {
+	for _, end := range []string{"close", "eof"} {
+		t.Run(end, func(t *testing.T) {
+			base := &recordBase{}
+			tr, err := New(Config{Base: base})
+			if err != nil {
+				t.Fatal(err)
+			}
+			req, _ := http.NewRequest("GET", "http://tax.internal/", nil)
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			actx := base.ctxs[0]
+			if actx.Err() != nil {
+				t.Fatal("attempt context ended when RoundTrip returned")
+			}
+			if end == "close" {
+				resp.Body.Close()
+			} else if _, err := io.ReadAll(resp.Body); err != nil {
+				t.Fatal(err)
+			}
+			if !errors.Is(actx.Err(), context.Canceled) {
+				t.Errorf("after %s, attempt context err = %v, want Canceled", end, actx.Err())
+			}
+			resp.Body.Close()
+		})
+	}
+}
+
+func TestDoneContextSendsNothing(t *testing.T) {
+	base := &stubBase{}
+	tr, err := New(Config{Base: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cause := errors.New("caller gave up")
+	ctx, cancel := context.WithCancelCause(t.Context())
+	cancel(cause)
+	var bs bodies
+	req := newContractRequest(t, ctx, "http://tax.internal/", contractRequests[1], &bs)
+	_, _, err = checkContract(t, tr, req, &bs)
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, cause) {
+		t.Errorf("err = %v, want it to wrap context.Canceled and the cause", err)
+	}
+	if base.calls.Load() != 0 {
+		t.Error("base was called for a done context")
+	}
+}
+
+func TestDisabledTimeoutSendsNoHeader(t *testing.T) {
+	base := &recordBase{}
+	tr, err := New(Config{Base: base, Default: Policy{Timeout: Timeout{Disabled: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest("GET", "http://tax.internal/", nil)
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if v := base.headers[0].Get(DefaultDeadlineHeader); v != "" {
+		t.Errorf("Timeout disabled, yet %s = %q", DefaultDeadlineHeader, v)
+	}
+	if _, ok := base.ctxs[0].Deadline(); ok {
+		t.Error("Timeout disabled, yet the attempt had a deadline")
+	}
+}
+
+func TestDeadlineLayersContract(t *testing.T) {
+	for _, to := range []Timeout{{}, {Disabled: true}, {Total: time.Second, Attempt: 100 * time.Millisecond}} {
+		runContract(t, func(base http.RoundTripper) http.RoundTripper {
+			tr, err := New(Config{Base: base, Default: Policy{Timeout: to}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return tr
+		})
+	}
+}
+
+func TestDeadlineHandler(t *testing.T) {
+	tests := []struct {
+		name      string
+		header    http.Header
+		want      time.Duration // 0: no deadline set
+		malformed []string
+	}{
+		{"none", http.Header{}, 0, nil},
+		{"ours", http.Header{"Bulwark-Timeout-Ms": {"1500"}}, 1500 * time.Millisecond, nil},
+		{"grpc seconds", http.Header{"Grpc-Timeout": {"2S"}}, 2 * time.Second, nil},
+		{"grpc millis", http.Header{"Grpc-Timeout": {"250m"}}, 250 * time.Millisecond, nil},
+		{"grpc hours capped", http.Header{"Grpc-Timeout": {"99999999H"}}, 5 * time.Second, nil},
+		{"envoy", http.Header{"X-Envoy-Expected-Rq-Timeout-Ms": {"700"}}, 700 * time.Millisecond, nil},
+		{"smallest wins", http.Header{"Bulwark-Timeout-Ms": {"3000"}, "Grpc-Timeout": {"900m"}, "X-Envoy-Expected-Rq-Timeout-Ms": {"1200"}}, 900 * time.Millisecond, nil},
+		{"capped", http.Header{"Bulwark-Timeout-Ms": {"1000000000000"}}, 5 * time.Second, nil},
+		{"beyond int64 capped", http.Header{"Bulwark-Timeout-Ms": {"99999999999999999999999"}}, 5 * time.Second, nil},
+		{"zero ignored", http.Header{"Bulwark-Timeout-Ms": {"0"}}, 0, []string{"Bulwark-Timeout-Ms"}},
+		{"negative ignored", http.Header{"Bulwark-Timeout-Ms": {"-5"}}, 0, []string{"Bulwark-Timeout-Ms"}},
+		{"plus sign ignored", http.Header{"Bulwark-Timeout-Ms": {"+5"}}, 0, []string{"Bulwark-Timeout-Ms"}},
+		{"garbage ignored", http.Header{"Bulwark-Timeout-Ms": {"soon"}}, 0, []string{"Bulwark-Timeout-Ms"}},
+		{"two values ignored", http.Header{"Bulwark-Timeout-Ms": {"100", "200"}}, 0, []string{"Bulwark-Timeout-Ms"}},
+		{"grpc bad unit", http.Header{"Grpc-Timeout": {"5s"}}, 0, []string{"Grpc-Timeout"}},
+		{"grpc too many digits", http.Header{"Grpc-Timeout": {"123456789m"}}, 0, []string{"Grpc-Timeout"}},
+		{"grpc zero", http.Header{"Grpc-Timeout": {"0S"}}, 0, []string{"Grpc-Timeout"}},
+		{"bad one, good other", http.Header{"Bulwark-Timeout-Ms": {"x"}, "X-Envoy-Expected-Rq-Timeout-Ms": {"400"}}, 400 * time.Millisecond, []string{"Bulwark-Timeout-Ms"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var got time.Duration
+				var malformed []string
+				h := DeadlineHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					if d, ok := r.Context().Deadline(); ok {
+						got = time.Until(d)
+					}
+					w.WriteHeader(http.StatusNoContent)
+				}), DeadlineOptions{Max: 5 * time.Second, OnMalformed: func(name string) { malformed = append(malformed, name) }})
+				req := httptest.NewRequest("GET", "/", nil)
+				req.Header = tt.header
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, req)
+				if rec.Code != http.StatusNoContent {
+					t.Errorf("status = %d, want 204: a bad header must never fail the request", rec.Code)
+				}
+				if got != tt.want {
+					t.Errorf("deadline = %v, want %v", got, tt.want)
+				}
+				if strings.Join(malformed, ",") != strings.Join(tt.malformed, ",") {
+					t.Errorf("malformed = %v, want %v", malformed, tt.malformed)
+				}
+			})
+		})
+	}
+}
+
+// End to end on loopback: the client's time left becomes the server's
+// context deadline.
+func TestDeadlineCrossesAHop(t *testing.T) {
+	var left time.Duration
+	srv := httptest.NewServer(DeadlineHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if d, ok := r.Context().Deadline(); ok {
+			left = time.Until(d)
+		}
+	}), DeadlineOptions{}))
+	defer srv.Close()
+	client, err := NewClient(Config{Default: Policy{Timeout: Timeout{Total: 2 * time.Second, Attempt: time.Second}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.CloseIdleConnections()
+	resp, err := client.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	// Loose on purpose: only that a deadline arrived and is no more than the
+	// attempt timeout; how much of it the hop used depends on the machine.
+	if left <= 0 || left > time.Second {
+		t.Errorf("server's deadline was %v away, want within (0, 1s]", left)
+	}
+}
