@@ -280,11 +280,15 @@ func (a *attemptRT) RoundTrip(req *http.Request) (*http.Response, error) {
 func (a *attemptRT) outgoing(req *http.Request, ctx context.Context, hasDL bool, left time.Duration, attemptNo int) *http.Request {
 	out := req.WithContext(ctx)
 	out.Header = cloneHeader(req.Header, 2)
+	// Both values share one backing array: one allocation, not two.
+	vals := make([]string, 0, 2)
 	if hasDL {
-		out.Header[a.header] = []string{strconv.FormatInt(int64((left-deadlineMargin)/time.Millisecond), 10)}
+		vals = append(vals, strconv.FormatInt(int64((left-deadlineMargin)/time.Millisecond), 10))
+		out.Header[a.header] = vals[0:1:1]
 	}
 	if attemptNo > 0 {
-		out.Header[AttemptHeader] = []string{strconv.Itoa(attemptNo)}
+		vals = append(vals, strconv.Itoa(attemptNo))
+		out.Header[AttemptHeader] = vals[len(vals)-1 : len(vals) : len(vals)]
 	}
 	return out
 }
