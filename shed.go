@@ -146,11 +146,14 @@ type ShedConfig struct {
 	// DefaultMaxQueueWait; negative is an error.
 	MaxQueueWait time.Duration
 
-	// ReservedCritical is the fraction of Workers, in [0, 1), that only
-	// PriorityCritical requests may use; the other priorities share the
-	// rest. It is rounded up to a whole worker and always leaves at least
-	// one worker to the other priorities. Zero means DefaultReservedCritical;
-	// negative means no reserve.
+	// ReservedCritical is the fraction of Workers, in [0, 1), held back for
+	// PriorityCritical requests: the other priorities start (or leave the
+	// queue) only while more than the reserve is free, so a critical
+	// arrival finds a worker even when reads and writes have taken all they
+	// may. Critical requests may use every worker. The reserve is rounded up
+	// to a whole worker and always leaves at least one worker to the other
+	// priorities. Zero means DefaultReservedCritical; negative means no
+	// reserve.
 	ReservedCritical float64
 
 	// RetryAfter is the wait a refusal's Retry-After header asks for,
