@@ -426,15 +426,7 @@ func (s *Shedder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, p, ShedQueueFull)
 		return
 	}
-	var timer <-chan time.Time
-	if !byDeadline {
-		// The context's Done ends a wait bounded by its deadline; a wait
-		// bounded by MaxQueueWait needs a timer of its own.
-		t := time.NewTimer(s.maxWait)
-		defer t.Stop()
-		timer = t.C
-	}
-	s.wait(w, r, wt, timer)
+	s.wait(w, r, wt, !byDeadline)
 }
 
 // serve runs the wrapped handler on a worker this request holds.
@@ -587,15 +579,28 @@ func (s *Shedder) dispatchLocked() {
 
 // wait blocks a queued request until it is granted a worker, displaced, or
 // its patience or context runs out, and then serves or refuses it.
-func (s *Shedder) wait(w http.ResponseWriter, r *http.Request, wt *waiter, timer <-chan time.Time) {
+// The context's Done ends a wait bounded by its deadline; a wait bounded by
+// MaxQueueWait (useTimer) needs a timer of its own.
+func (s *Shedder) wait(w http.ResponseWriter, r *http.Request, wt *waiter, useTimer bool) {
 	ctx := r.Context()
-	var why ShedReason
+	var (
+		t     *time.Timer
+		timer <-chan time.Time // nil, and never ready, without a timer
+		why   ShedReason
+	)
+	if useTimer {
+		t = time.NewTimer(s.maxWait)
+		timer = t.C
+	}
 	select {
 	case <-wt.ready:
 	case <-ctx.Done():
 		why = doneReason(ctx)
 	case <-timer:
 		why = ShedWaitedTooLong
+	}
+	if t != nil {
+		t.Stop()
 	}
 	s.mu.Lock()
 	st := wt.state
