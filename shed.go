@@ -1,0 +1,647 @@
+// Load shedding: the callee's half of bulwark.
+//
+// The Shedder lives in the root package rather than in a subpackage of its
+// own for three reasons. A service is usually both a callee and a caller, and
+// one import gives it both halves. It shares DeadlineHandler's context
+// deadline: the patience a queued request is allowed is the deadline the
+// caller sent, which DeadlineHandler (deadline_rt.go) turns back into a
+// context deadline upstream of the Shedder. And it shares the NoRetryHeader
+// marker with bulwark's own client, so the two halves agree on one name
+// without an import between packages.
+
+package bulwark
+
+import (
+	"context"
+	"math"
+	"net/http"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// NoRetryHeader is the response header by which a server says "do not retry
+// this request now": a Shedder sets it, with value "1", on every 503 it
+// writes. It is bulwark's client's marker too: its retry layer does not
+// retry a response that carries it (and the pushback layer still honours
+// Retry-After), because retrying into an overloaded server is exactly how a
+// blip becomes a retry storm.
+//
+// The retry layer defines the same name; the two are one constant once both
+// halves are merged.
+const NoRetryHeader = "Bulwark-No-Retry"
+
+// PriorityHeader is the request header DefaultClassify reads a request's
+// Priority from: "critical", "high", "normal", "low" or "test" (any case).
+const PriorityHeader = "Bulwark-Priority"
+
+// Priority is how critical a request is to the service: under overload a
+// Shedder refuses lower priorities first. A smaller value is more important;
+// PriorityCritical is the most important and PriorityTest the least. A value
+// beyond PriorityTest is treated as PriorityTest.
+type Priority uint8
+
+// The priorities, most important first. They follow Stripe's order for its
+// last line of defence (the reference note): critical methods, then writes
+// (POST), then reads (GET), then test-mode traffic, with PriorityLow between
+// reads and test traffic for work that can always wait (batch, prefetch).
+const (
+	PriorityCritical Priority = iota
+	PriorityHigh
+	PriorityNormal
+	PriorityLow
+	PriorityTest
+
+	numPriorities = int(PriorityTest) + 1
+)
+
+var priorityNames = [numPriorities]string{"critical", "high", "normal", "low", "test"}
+
+// String returns the priority's lower-case name, as PriorityHeader spells it.
+func (p Priority) String() string {
+	if int(p) < numPriorities {
+		return priorityNames[p]
+	}
+	return "Priority(" + strconv.Itoa(int(p)) + ")"
+}
+
+// clamp maps an out-of-range priority to the least important one, so that a
+// classifier's mistake can never buy a request the critical reserve.
+func (p Priority) clamp() Priority { return min(p, PriorityTest) }
+
+// DefaultClassify is the Shedder's default classifier. A PriorityHeader
+// naming a priority wins; otherwise the method decides, in Stripe's order:
+// requests that change state (POST, PUT, PATCH, DELETE and any other
+// unsafe method) are PriorityHigh, safe ones (GET, HEAD, OPTIONS, TRACE)
+// are PriorityNormal.
+//
+// The header is trusted as sent. A service reachable by callers who should
+// not choose their own priority must strip or overwrite it at its edge, or
+// configure ShedConfig.Classify with a function of something it trusts
+// (the route, an authenticated principal).
+func DefaultClassify(r *http.Request) Priority {
+	if v := r.Header[PriorityHeader]; len(v) > 0 {
+		for i, name := range priorityNames {
+			if strings.EqualFold(v[0], name) {
+				return Priority(i)
+			}
+		}
+	}
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, "":
+		return PriorityNormal
+	}
+	return PriorityHigh
+}
+
+// Package defaults for ShedConfig.
+const (
+	// DefaultMaxQueueWait bounds a queued request's wait when its context
+	// has no sooner deadline. It is CoDel's interval: a queue that has not
+	// drained within 100 ms is a standing queue, not a burst being absorbed,
+	// and the requests at its back are better refused than served late.
+	DefaultMaxQueueWait = 100 * time.Millisecond
+
+	// DefaultReservedCritical is the share of workers only PriorityCritical
+	// requests may use, so that a flood of reads cannot crowd out the work
+	// that must go on (Stripe reserves capacity for creating charges).
+	DefaultReservedCritical = 0.1
+
+	// DefaultShedRetryAfter is the Retry-After a Shedder's 503 carries: long
+	// enough for a burst to pass, short enough that a caller who honours it
+	// is not kept away from a recovered server.
+	DefaultShedRetryAfter = time.Second
+)
+
+// DefaultWorkers returns the concurrency limit used when ShedConfig.Workers
+// is zero: twice GOMAXPROCS. A CPU-bound handler saturates the machine at
+// GOMAXPROCS; the second share keeps the CPUs busy while handlers block
+// briefly on a database or a downstream call, without letting so much work
+// in that every request slows down together. Handlers that mostly wait on
+// I/O should set Workers from Little's law: the target rate times the
+// healthy latency (1,000 req/s × 50 ms = 50 workers).
+func DefaultWorkers() int { return 2 * runtime.GOMAXPROCS(0) }
+
+// ShedConfig configures a Shedder. The zero value is ready to use.
+type ShedConfig struct {
+	// Workers is how many requests the wrapped handler serves at once.
+	// Zero means DefaultWorkers().
+	Workers int
+
+	// Queue is how many requests may wait for a worker. Zero means half of
+	// Workers, at least one: the SRE book's figure for steady traffic, so
+	// that overload turns into fast refusals rather than a growing backlog.
+	// Negative means no queue: a request that finds no free worker is
+	// refused at once.
+	Queue int
+
+	// MaxQueueWait is the longest a request waits in the queue. A request
+	// whose context has a sooner deadline (DeadlineHandler sets one from the
+	// caller's deadline header) waits at most until that deadline. Either
+	// way, a request whose patience ran out is refused, never handed to the
+	// handler: its caller has stopped waiting for the answer. Zero means
+	// DefaultMaxQueueWait; negative is an error.
+	MaxQueueWait time.Duration
+
+	// ReservedCritical is the fraction of Workers, in [0, 1), held back for
+	// PriorityCritical requests: the other priorities start (or leave the
+	// queue) only while more than the reserve is free, so a critical
+	// arrival finds a worker even when reads and writes have taken all they
+	// may. Critical requests may use every worker. The reserve is rounded up
+	// to a whole worker and always leaves at least one worker to the other
+	// priorities. Zero means DefaultReservedCritical; negative means no
+	// reserve.
+	ReservedCritical float64
+
+	// RetryAfter is the wait a refusal's Retry-After header asks for,
+	// rounded up to whole seconds. Zero means DefaultShedRetryAfter;
+	// negative is an error.
+	RetryAfter time.Duration
+
+	// Classify gives a request's priority. It runs on every request, so it
+	// must be cheap and must not read the body. Nil means DefaultClassify.
+	Classify func(*http.Request) Priority
+}
+
+// ShedReason says why a Shedder refused a request.
+type ShedReason uint8
+
+// The reasons a request is refused.
+const (
+	// ShedQueueFull: no free worker and no room in the queue for the
+	// request's priority.
+	ShedQueueFull ShedReason = iota
+	// ShedWaitedTooLong: the request waited in the queue past its patience
+	// (its context's deadline or MaxQueueWait), or arrived with its deadline
+	// already past.
+	ShedWaitedTooLong
+	// ShedDisplaced: the request was queued, and a more important one took
+	// its place when the queue was full.
+	ShedDisplaced
+	// ShedCanceled: the request's context was canceled (its caller went
+	// away) while it waited.
+	ShedCanceled
+
+	numShedReasons = int(ShedCanceled) + 1
+)
+
+var shedReasonNames = [numShedReasons]string{"queue_full", "waited_too_long", "displaced", "canceled"}
+
+// String returns the reason's snake_case name, suitable as a metric label.
+func (r ShedReason) String() string {
+	if int(r) < numShedReasons {
+		return shedReasonNames[r]
+	}
+	return "ShedReason(" + strconv.Itoa(int(r)) + ")"
+}
+
+// ShedStats is a snapshot of a Shedder's state and counters. The counters
+// only grow; subtract two snapshots for a rate. Arrays are indexed by
+// Priority and ShedReason.
+type ShedStats struct {
+	InFlight int // requests in the wrapped handler now
+	Queued   int // requests waiting for a worker now
+
+	// Served counts the requests handed to the wrapped handler, by priority.
+	Served [numPriorities]uint64
+	// Shed counts refused requests by reason, then priority.
+	Shed [numShedReasons][numPriorities]uint64
+}
+
+// ShedTotal is the number of refused requests, all reasons and priorities.
+func (s ShedStats) ShedTotal() uint64 {
+	var n uint64
+	for _, byPrio := range s.Shed {
+		for _, c := range byPrio {
+			n += c
+		}
+	}
+	return n
+}
+
+// Shedder is an http.Handler middleware that protects the handler it wraps
+// from more work than it can do. It lets at most Workers requests into the
+// handler at once and keeps a short queue, ordered by Priority, in front of
+// it. Past that it answers 503 Service Unavailable at once, with
+// Retry-After and NoRetryHeader, without calling the wrapped handler: a 503
+// in a millisecond lets the caller fall back or go elsewhere, where a 200 in
+// forty seconds helps nobody.
+//
+// Under pressure lower priorities go first: a full queue gives a more
+// important arrival the place of its least important waiter, freed workers
+// go to the most important waiter, and a share of the workers is reserved
+// for PriorityCritical. A queued request whose caller's patience has run out
+// is dropped before it is served (queue-time shedding, as CoDel does for
+// packets).
+//
+// Build one with NewShedder. It is safe for concurrent use; Stats reports
+// what it is doing.
+type Shedder struct {
+	next     http.Handler
+	classify func(*http.Request) Priority
+	workers  int // limit for PriorityCritical
+	shared   int // limit for every other priority: workers minus the reserve
+	queueCap int
+	maxWait  time.Duration
+	// retryAfter is the Retry-After value, shared by every refusal so that
+	// writing one allocates nothing. Its capacity equals its length, so a
+	// later Header().Add copies rather than writing into it.
+	retryAfter []string
+	// now is the clock queue-wait decisions read; tests replace it.
+	now func() time.Time
+
+	mu       sync.Mutex
+	inflight int                     // guarded by mu
+	queue    [numPriorities]waitList // guarded by mu; FIFO per priority
+	queued   int                     // guarded by mu; sum of the lists' lengths
+
+	// Mirrors of inflight and queued, written under mu, so Stats reads
+	// them without contending with the hot path.
+	statInflight atomic.Int64
+	statQueued   atomic.Int64
+	served       [numPriorities]atomic.Uint64
+	shed         [numShedReasons][numPriorities]atomic.Uint64
+}
+
+// Header values shared by every refusal, allocated once.
+var (
+	shedNoRetryValue   = []string{"1"}
+	shedContentType    = []string{"text/plain; charset=utf-8"}
+	shedNoSniff        = []string{"nosniff"}
+	shedBody           = []byte("bulwark: server overloaded, retry later\n")
+	shedContentLength  = []string{strconv.Itoa(len(shedBody))}
+	shedReasonHdrValue = func() (v [numShedReasons][]string) {
+		for i, n := range shedReasonNames {
+			v[i] = []string{n}
+		}
+		return v
+	}()
+)
+
+// ShedReasonHeader is the response header on a Shedder's 503 that names the
+// ShedReason, for logs and debugging; clients should not branch on it.
+const ShedReasonHeader = "Bulwark-Shed-Reason"
+
+// NewShedder returns a Shedder that serves next under cfg. A bad cfg is an
+// error matching ErrInvalidConfig, never a panic.
+func NewShedder(next http.Handler, cfg ShedConfig) (*Shedder, error) {
+	if next == nil {
+		return nil, &shedError{ce: &ConfigError{Reason: "NewShedder: nil handler"}}
+	}
+	if cfg.Workers < 0 {
+		return nil, shedFieldError("Workers", cfg.Workers, "must be ≥ 0")
+	}
+	if cfg.MaxQueueWait < 0 {
+		return nil, shedFieldError("MaxQueueWait", cfg.MaxQueueWait, "must be ≥ 0")
+	}
+	if math.IsNaN(cfg.ReservedCritical) || cfg.ReservedCritical >= 1 {
+		return nil, shedFieldError("ReservedCritical", cfg.ReservedCritical, "must be < 1")
+	}
+	if cfg.RetryAfter < 0 {
+		return nil, shedFieldError("RetryAfter", cfg.RetryAfter, "must be ≥ 0")
+	}
+
+	workers := cfg.Workers
+	if workers == 0 {
+		workers = DefaultWorkers()
+	}
+	queue := cfg.Queue
+	switch {
+	case queue == 0:
+		queue = max(1, workers/2)
+	case queue < 0:
+		queue = 0
+	}
+	reserved := 0
+	switch frac := cfg.ReservedCritical; {
+	case frac == 0:
+		frac = DefaultReservedCritical
+		fallthrough
+	case frac > 0:
+		reserved = min(int(math.Ceil(frac*float64(workers))), workers-1)
+	}
+	maxWait := cfg.MaxQueueWait
+	if maxWait == 0 {
+		maxWait = DefaultMaxQueueWait
+	}
+	retryAfter := cfg.RetryAfter
+	if retryAfter == 0 {
+		retryAfter = DefaultShedRetryAfter
+	}
+	// Whole seconds, rounded up: a Retry-After of 0 would invite the
+	// immediate retry the refusal is meant to prevent.
+	secs := int64((retryAfter + time.Second - 1) / time.Second)
+	classify := cfg.Classify
+	if classify == nil {
+		classify = DefaultClassify
+	}
+	return &Shedder{
+		next:       next,
+		classify:   classify,
+		workers:    workers,
+		shared:     workers - reserved,
+		queueCap:   queue,
+		maxWait:    maxWait,
+		retryAfter: []string{strconv.FormatInt(secs, 10)},
+		now:        time.Now,
+	}, nil
+}
+
+// shedError reports a bad ShedConfig. It unwraps to a *ConfigError, so it
+// matches ErrInvalidConfig, but reads without the client's "Default" scope.
+type shedError struct{ ce *ConfigError }
+
+func (e *shedError) Error() string {
+	if e.ce.Field == "" {
+		return "bulwark: " + e.ce.Reason
+	}
+	return "bulwark: ShedConfig." + e.ce.Field + " = " + formatValue(e.ce.Value) + ": " + e.ce.Reason
+}
+func (e *shedError) Unwrap() error { return e.ce }
+
+func shedFieldError(field string, value any, reason string) error {
+	return &shedError{ce: &ConfigError{Field: field, Value: value, Reason: reason}}
+}
+
+func formatValue(v any) string {
+	switch v := v.(type) {
+	case int:
+		return strconv.Itoa(v)
+	case float64:
+		return strconv.FormatFloat(v, 'g', -1, 64)
+	case time.Duration:
+		return v.String()
+	case string:
+		return v
+	}
+	return "?"
+}
+
+// ServeHTTP serves r through the wrapped handler if a worker is free or
+// becomes free within r's patience, and refuses it with a 503 otherwise.
+func (s *Shedder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p := s.classify(r).clamp()
+	limit := s.shared
+	if p == PriorityCritical {
+		limit = s.workers
+	}
+
+	s.mu.Lock()
+	// Every change of state hands free workers to the waiters who may use
+	// them (dispatchLocked), so a free worker this request may use means no
+	// waiter of its priority or above is being passed over.
+	if s.inflight < limit {
+		s.inflight++
+		s.statInflight.Store(int64(s.inflight))
+		s.mu.Unlock()
+		s.serve(w, r, p)
+		return
+	}
+	// No worker: queue, unless the request's patience is already spent.
+	// Patience is the caller's deadline if sooner than MaxQueueWait.
+	ctx := r.Context()
+	if err := ctx.Err(); err != nil {
+		s.mu.Unlock()
+		s.refuse(w, p, doneReason(ctx))
+		return
+	}
+	now := s.now()
+	patience := now.Add(s.maxWait)
+	d, ok := ctx.Deadline()
+	byDeadline := ok && d.Before(patience)
+	if byDeadline {
+		patience = d
+	}
+	if !now.Before(patience) {
+		s.mu.Unlock()
+		s.refuse(w, p, ShedWaitedTooLong)
+		return
+	}
+	wt, ok := s.enqueueLocked(p, patience)
+	s.mu.Unlock()
+	if !ok {
+		s.refuse(w, p, ShedQueueFull)
+		return
+	}
+	s.wait(w, r, wt, !byDeadline)
+}
+
+// serve runs the wrapped handler on a worker this request holds.
+func (s *Shedder) serve(w http.ResponseWriter, r *http.Request, p Priority) {
+	s.served[p].Add(1)
+	// Deferred so that a panicking handler (net/http recovers it) still
+	// gives its worker back.
+	defer s.release()
+	s.next.ServeHTTP(w, r)
+}
+
+// release gives a worker back and hands it on.
+func (s *Shedder) release() {
+	s.mu.Lock()
+	s.inflight--
+	s.dispatchLocked()
+	s.statInflight.Store(int64(s.inflight))
+	s.mu.Unlock()
+}
+
+// refuse writes the 503. It never touches the wrapped handler, and on the
+// hot rejection path allocates nothing of its own: every header value is
+// shared.
+func (s *Shedder) refuse(w http.ResponseWriter, p Priority, why ShedReason) {
+	s.shed[why][p].Add(1)
+	h := w.Header()
+	h["Retry-After"] = s.retryAfter
+	h[NoRetryHeader] = shedNoRetryValue
+	h[ShedReasonHeader] = shedReasonHdrValue[why]
+	h["Content-Type"] = shedContentType
+	h["Content-Length"] = shedContentLength
+	h["X-Content-Type-Options"] = shedNoSniff
+	w.WriteHeader(http.StatusServiceUnavailable)
+	w.Write(shedBody)
+}
+
+// doneReason tells a deadline that passed from a caller that went away.
+func doneReason(ctx context.Context) ShedReason {
+	if ctx.Err() == context.Canceled {
+		return ShedCanceled
+	}
+	return ShedWaitedTooLong
+}
+
+// A waiter's state moves once, under Shedder.mu, from waiting to one of the
+// others; whoever moves it is the only one to send on ready.
+const (
+	waiting = iota
+	granted // holds a worker
+	dropped // displaced by a more important arrival
+	expired // its patience ran out before a worker was free
+	left    // gave up on its own (context done or timer); not signalled
+)
+
+// waiter is one queued request.
+type waiter struct {
+	prio       Priority
+	state      uint8
+	ready      chan struct{} // buffered: the one send never blocks
+	patience   time.Time     // the instant it stops waiting
+	prev, next *waiter
+}
+
+// waitList is a FIFO of waiters, linked so that one leaving from the middle
+// costs O(1).
+type waitList struct{ head, tail *waiter }
+
+func (l *waitList) push(w *waiter) {
+	w.prev, w.next = l.tail, nil
+	if l.tail != nil {
+		l.tail.next = w
+	} else {
+		l.head = w
+	}
+	l.tail = w
+}
+
+func (l *waitList) remove(w *waiter) {
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		l.head = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	} else {
+		l.tail = w.prev
+	}
+	w.prev, w.next = nil, nil
+}
+
+// enqueueLocked queues a request of priority p and the given patience, displacing a less important
+// waiter if the queue is full. It reports false when there is no room.
+func (s *Shedder) enqueueLocked(p Priority, patience time.Time) (*waiter, bool) {
+	if s.queued >= s.queueCap {
+		// The least important waiter gives way to a more important arrival:
+		// the newest of the lowest priority, so that those who have waited
+		// longest keep their place.
+		victim := (*waiter)(nil)
+		for q := numPriorities - 1; q > int(p); q-- {
+			if victim = s.queue[q].tail; victim != nil {
+				break
+			}
+		}
+		if victim == nil {
+			return nil, false
+		}
+		s.settleLocked(victim, dropped)
+	}
+	w := &waiter{prio: p, patience: patience, ready: make(chan struct{}, 1)}
+	s.queue[p].push(w)
+	s.queued++
+	s.statQueued.Store(int64(s.queued))
+	return w, true
+}
+
+// settleLocked takes w out of the queue in state st and wakes it.
+func (s *Shedder) settleLocked(w *waiter, st uint8) {
+	s.queue[w.prio].remove(w)
+	s.queued--
+	s.statQueued.Store(int64(s.queued))
+	w.state = st
+	if st != left {
+		w.ready <- struct{}{}
+	}
+}
+
+// dispatchLocked hands free workers to waiters, most important first. A
+// waiter whose patience has run out is dropped rather than served: its
+// caller has stopped waiting for the answer, so serving it is pure waste.
+func (s *Shedder) dispatchLocked() {
+	for s.queued > 0 && s.inflight < s.workers {
+		var w *waiter
+		if w = s.queue[PriorityCritical].head; w == nil && s.inflight < s.shared {
+			for q := 1; q < numPriorities && w == nil; q++ {
+				w = s.queue[q].head
+			}
+		}
+		if w == nil {
+			return // only the critical reserve is free, and no critical waiter
+		}
+		if !s.now().Before(w.patience) {
+			s.settleLocked(w, expired)
+			continue
+		}
+		s.inflight++
+		s.settleLocked(w, granted)
+	}
+}
+
+// wait blocks a queued request until it is granted a worker, displaced, or
+// its patience or context runs out, and then serves or refuses it.
+// The context's Done ends a wait bounded by its deadline; a wait bounded by
+// MaxQueueWait (useTimer) needs a timer of its own.
+func (s *Shedder) wait(w http.ResponseWriter, r *http.Request, wt *waiter, useTimer bool) {
+	ctx := r.Context()
+	var (
+		t     *time.Timer
+		timer <-chan time.Time // nil, and never ready, without a timer
+		why   ShedReason
+	)
+	if useTimer {
+		t = time.NewTimer(s.maxWait)
+		timer = t.C
+	}
+	select {
+	case <-wt.ready:
+	case <-ctx.Done():
+		why = doneReason(ctx)
+	case <-timer:
+		why = ShedWaitedTooLong
+	}
+	if t != nil {
+		t.Stop()
+	}
+	s.mu.Lock()
+	st := wt.state
+	if st == waiting {
+		s.settleLocked(wt, left)
+	}
+	s.mu.Unlock()
+
+	switch st {
+	case granted:
+		if ctx.Err() != nil {
+			// Granted as the context ended: the caller is gone, so give
+			// the worker to someone still waiting for an answer.
+			s.release()
+			s.refuse(w, wt.prio, doneReason(ctx))
+			return
+		}
+		s.serve(w, r, wt.prio)
+	case dropped:
+		s.refuse(w, wt.prio, ShedDisplaced)
+	case expired:
+		s.refuse(w, wt.prio, ShedWaitedTooLong)
+	default: // left on its own
+		s.refuse(w, wt.prio, why)
+	}
+}
+
+// Stats returns a snapshot of the Shedder's state and counters. It takes no
+// lock: each number is exact, but they are read one after another.
+func (s *Shedder) Stats() ShedStats {
+	st := ShedStats{
+		InFlight: int(s.statInflight.Load()),
+		Queued:   int(s.statQueued.Load()),
+	}
+	for p := range st.Served {
+		st.Served[p] = s.served[p].Load()
+	}
+	for r := range st.Shed {
+		for p := range st.Shed[r] {
+			st.Shed[r][p] = s.shed[r][p].Load()
+		}
+	}
+	return st
+}
