@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -30,7 +31,9 @@ var ErrRateLimited = errors.New("bulwark: client-side rate limit reached")
 // Bulkhead bounds how much of the caller one upstream host may hold: at most
 // MaxConcurrent requests in flight, at most MaxQueue more waiting in FIFO
 // order, and optionally at most Rate requests a second. Every host has its
-// own bulkhead; hosts never share slots.
+// own bulkhead, keyed like http.Transport's connection pools by scheme, host
+// and port; hosts never share slots. A policy set for a "host" key gives
+// each of that host's ports a bulkhead of its own, each of this size.
 //
 // A slot is held from the moment a request is admitted until its response
 // body is read to EOF, fails while reading, or is closed (the connection is
@@ -158,9 +161,11 @@ func (e *RateLimitError) Unwrap() []error { return []error{ErrRateLimited, ErrBu
 // golang.org/x/sync/semaphore because the layer needs what that package does
 // not give: a queue length cap with an immediate refusal, counts to observe,
 // and release at body end through the bodyEnder the layer itself is (no
-// closure per request). The whole state is one mutex, so a release handing
-// its slot straight to the first waiter cannot race with that waiter giving
-// up: whichever takes the lock first decides, and the other sees it.
+// closure per request). With a queue, its state and the slot count change
+// under one mutex, so a release handing its slot straight to the first
+// waiter cannot race with that waiter giving up: whichever takes the lock
+// first decides, and the other sees it. Without one, there is nobody to hand
+// to, and a compare-and-swap counter is all it takes.
 type bulkheadRT struct {
 	next     http.RoundTripper
 	t        *Transport
@@ -171,11 +176,17 @@ type bulkheadRT struct {
 	full     *BulkheadFullError
 	limited  *RateLimitError
 
-	mu       sync.Mutex
-	inFlight int // slots held, including ones handed to waiters
-	queued   int
-	head     *waiter // FIFO of waiters, oldest first
-	tail     *waiter
+	// inFlight is the number of slots held, including ones handed to
+	// waiters. Without a queue (MaxQueue 0, the default) it is the whole
+	// state, taken and given back with atomics alone, so the common
+	// configuration never contends on a lock. With a queue it changes only
+	// under mu, where the queue is, so hand-offs stay race-free.
+	inFlight atomic.Int64
+
+	mu     sync.Mutex
+	queued int
+	head   *waiter // FIFO of waiters, oldest first
+	tail   *waiter
 }
 
 // waiter is one queued request. granted and the links are guarded by the
@@ -230,12 +241,23 @@ func (b *bulkheadRT) bodyEnd() { b.release() }
 
 // acquire takes a slot, queueing for one if the bulkhead allows it.
 func (b *bulkheadRT) acquire(req *http.Request) error {
+	if b.maxQueue == 0 {
+		for {
+			n := b.inFlight.Load()
+			if n >= int64(b.max) {
+				return b.full
+			}
+			if b.inFlight.CompareAndSwap(n, n+1) {
+				return nil
+			}
+		}
+	}
 	b.mu.Lock()
 	// A free slot goes to the queue first: taking it past waiters would
 	// break FIFO order (and a releaser hands slots to waiters directly, so
 	// a free slot with waiters only exists for an instant anyway).
-	if b.inFlight < b.max && b.head == nil {
-		b.inFlight++
+	if n := b.inFlight.Load(); n < int64(b.max) && b.head == nil {
+		b.inFlight.Store(n + 1)
 		b.mu.Unlock()
 		return nil
 	}
@@ -306,6 +328,10 @@ func (b *bulkheadRT) waitBound(ctx context.Context) (wait time.Duration, bounded
 // changes hands without ever being free, so nobody can jump the queue),
 // else to the pool.
 func (b *bulkheadRT) release() {
+	if b.maxQueue == 0 {
+		b.inFlight.Add(-1)
+		return
+	}
 	b.mu.Lock()
 	if w := b.head; w != nil {
 		b.remove(w)
@@ -314,7 +340,7 @@ func (b *bulkheadRT) release() {
 		close(w.ready)
 		return
 	}
-	b.inFlight--
+	b.inFlight.Add(-1)
 	b.mu.Unlock()
 }
 
@@ -349,11 +375,9 @@ func (b *bulkheadRT) remove(w *waiter) {
 // request waiting for its turn holds no slot.
 func (b *bulkheadRT) waitRate(req *http.Request) error {
 	ctx := req.Context()
-	// A bulkhead that would refuse anyway should not spend a token.
-	b.mu.Lock()
-	refuse := b.inFlight >= b.max && b.queued >= b.maxQueue
-	b.mu.Unlock()
-	if refuse {
+	// A bulkhead that would refuse anyway should not spend a token. (With
+	// a queue, a waiter may leave any moment: let acquire decide.)
+	if b.maxQueue == 0 && b.inFlight.Load() >= int64(b.max) {
 		return b.full
 	}
 	now := b.t.now()
@@ -387,7 +411,7 @@ func (b *bulkheadRT) waitRate(req *http.Request) error {
 func (b *bulkheadRT) stats() (inFlight, queued int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.inFlight, b.queued
+	return int(b.inFlight.Load()), b.queued
 }
 
 // BulkheadState is one host's bulkhead as BulkheadStates reports it.

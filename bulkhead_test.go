@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -354,13 +355,20 @@ func (b *countedBody) Close() error {
 }
 
 func TestBulkheadNoLeak(t *testing.T) {
+	// Both implementations: the lock-free counter (no queue) and the queue.
+	for _, queue := range []int{0, 8} {
+		t.Run("MaxQueue="+strconv.Itoa(queue), func(t *testing.T) { testBulkheadNoLeak(t, queue) })
+	}
+}
+
+func testBulkheadNoLeak(t *testing.T, queue int) {
 	const (
 		workers = 16
 		each    = 625 // 10,000 requests in all
 		slots   = 8
 	)
 	base := &countingBase{}
-	tr := newBulkheadTransport(t, base, Bulkhead{MaxConcurrent: slots, MaxQueue: 8, MaxWait: 2 * time.Millisecond})
+	tr := newBulkheadTransport(t, base, Bulkhead{MaxConcurrent: slots, MaxQueue: queue, MaxWait: 2 * time.Millisecond})
 	var (
 		wg       sync.WaitGroup
 		outcomes [3]atomic.Int64 // ok, full, cancelled
@@ -571,22 +579,33 @@ func TestBulkheadConfig(t *testing.T) {
 	}
 }
 
-// benchBase answers at once with a fresh response, as cheaply as a base can.
+// benchBase answers at once with a fresh response, as cheaply as a base
+// can. It puts the shared body wrapper on, as the attempt-deadline layer
+// below the bulkhead does in the real stack, so that the admitted path's
+// cost over it is the bulkhead's alone.
 type benchBase struct{}
+
+type noopEnder struct{}
+
+func (noopEnder) bodyEnd() {}
 
 var benchBody = io.NopCloser(bytes.NewReader(nil))
 
 func (benchBase) RoundTrip(req *http.Request) (*http.Response, error) {
-	return &http.Response{StatusCode: 200, Body: benchBody, Request: req}, nil
+	resp := &http.Response{StatusCode: 200, Body: benchBody, Request: req}
+	onBodyEnd(resp, noopEnder{})
+	return resp, nil
 }
 
+// BenchmarkBulkhead measures the layer over benchBase (bare is benchBase
+// alone), then the whole stack with the bulkhead off and on.
 func BenchmarkBulkhead(b *testing.B) {
 	tr, err := New(Config{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	layer := func(max int) *bulkheadRT {
-		p := Policy{Bulkhead: Bulkhead{MaxConcurrent: max}}.withDefaults()
+	layer := func(bh Bulkhead) *bulkheadRT {
+		p := Policy{Bulkhead: bh}.withDefaults()
 		return newBulkheadRT(benchBase{}, &hostState{t: tr, name: "bench.test:80", policy: &p})
 	}
 	req, _ := http.NewRequest(http.MethodGet, "http://bench.test/", nil)
@@ -604,18 +623,57 @@ func BenchmarkBulkhead(b *testing.B) {
 			}
 		})
 	}
-	// bare is the base alone: what the admitted path is measured against.
-	b.Run("bare", func(b *testing.B) { run(b, benchBase{}, false) })
-	b.Run("admitted", func(b *testing.B) { run(b, layer(1<<20), false) })
-	b.Run("rejected", func(b *testing.B) {
-		full := layer(1)
-		held, err := full.RoundTrip(req)
+	rejecting := func(b *testing.B, rt http.RoundTripper) {
+		held, err := rt.RoundTrip(req)
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer held.Body.Close()
-		run(b, full, true)
+		run(b, rt, true)
+	}
+	b.Run("bare", func(b *testing.B) { run(b, benchBase{}, false) })
+	b.Run("admitted", func(b *testing.B) { run(b, layer(Bulkhead{MaxConcurrent: 1 << 20}), false) })
+	b.Run("admitted-queue", func(b *testing.B) {
+		run(b, layer(Bulkhead{MaxConcurrent: 1 << 20, MaxQueue: 1}), false)
 	})
+	b.Run("rejected", func(b *testing.B) { rejecting(b, layer(Bulkhead{MaxConcurrent: 1})) })
+	b.Run("rejected-queue", func(b *testing.B) {
+		// The queue is full too: a waiter holds the one place in it.
+		rt := layer(Bulkhead{MaxConcurrent: 1, MaxQueue: 1})
+		held, err := rt.RoundTrip(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if resp, err := rt.RoundTrip(req.WithContext(ctx)); err == nil {
+				resp.Body.Close()
+			}
+		}()
+		for {
+			if _, q := rt.stats(); q == 1 {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		run(b, rt, true)
+		cancel()
+		<-done
+		held.Body.Close()
+	})
+
+	stack := func(bh Bulkhead) *Transport {
+		t, err := New(Config{Base: benchBase{}, Default: Policy{Bulkhead: bh}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return t
+	}
+	b.Run("stack-off", func(b *testing.B) { run(b, stack(Bulkhead{Disabled: true}), false) })
+	b.Run("stack-on", func(b *testing.B) { run(b, stack(Bulkhead{MaxConcurrent: 1 << 20}), false) })
+	b.Run("stack-rejected", func(b *testing.B) { rejecting(b, stack(Bulkhead{MaxConcurrent: 1})) })
 }
 
 // TestBulkheadHandOffRace releases the slot at the very instant the waiter's
