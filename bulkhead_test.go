@@ -636,6 +636,19 @@ func BenchmarkBulkhead(b *testing.B) {
 	b.Run("admitted-queue", func(b *testing.B) {
 		run(b, layer(Bulkhead{MaxConcurrent: 1 << 20, MaxQueue: 1}), false)
 	})
+	// slot is the bulkhead's own cost, without a base: take and give back.
+	b.Run("slot", func(b *testing.B) {
+		rt := layer(Bulkhead{MaxConcurrent: 1 << 20})
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if err := rt.acquire(req); err != nil {
+					b.Fatal(err)
+				}
+				rt.release()
+			}
+		})
+	})
 	b.Run("rejected", func(b *testing.B) { rejecting(b, layer(Bulkhead{MaxConcurrent: 1})) })
 	b.Run("rejected-queue", func(b *testing.B) {
 		// The queue is full too: a waiter holds the one place in it.
@@ -674,6 +687,15 @@ func BenchmarkBulkhead(b *testing.B) {
 	b.Run("stack-off", func(b *testing.B) { run(b, stack(Bulkhead{Disabled: true}), false) })
 	b.Run("stack-on", func(b *testing.B) { run(b, stack(Bulkhead{MaxConcurrent: 1 << 20}), false) })
 	b.Run("stack-rejected", func(b *testing.B) { rejecting(b, stack(Bulkhead{MaxConcurrent: 1})) })
+	b.Run("stack-rejected-no-timeout", func(b *testing.B) {
+		// Without the total-deadline layer's per-call state, which is what
+		// the two allocations of stack-rejected are.
+		t, err := New(Config{Base: benchBase{}, Default: Policy{Bulkhead: Bulkhead{MaxConcurrent: 1}, Timeout: Timeout{Disabled: true}}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		rejecting(b, t)
+	})
 }
 
 // TestBulkheadHandOffRace releases the slot at the very instant the waiter's
