@@ -665,9 +665,12 @@ func BenchmarkBulkhead(b *testing.B) {
 				resp.Body.Close()
 			}
 		}()
-		for {
+		for i := 0; ; i++ {
 			if _, q := rt.stats(); q == 1 {
 				break
+			}
+			if i == 5000 {
+				b.Fatal("the waiter never queued")
 			}
 			time.Sleep(time.Millisecond)
 		}
