@@ -7,6 +7,7 @@
 //	#  layer             per       does
 //	1  router            request   picks the upstream's policy and per-host state
 //	3  total deadline    request   bounds the whole call, retries included
+//	7  bulkhead          host      bounded concurrency, short FIFO queue, rate limit
 //	8  attempt deadline  attempt   bounds one attempt; writes the deadline header
 //	9  base              -         a clone of http.DefaultTransport by default
 //

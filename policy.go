@@ -13,11 +13,16 @@ type Policy struct {
 	// Timeout bounds the call and each attempt, and names the deadline
 	// header sent upstream.
 	Timeout Timeout
+
+	// Bulkhead bounds the requests in flight to each host of the upstream,
+	// queues a few, and can rate-limit them; see Bulkhead.
+	Bulkhead Bulkhead
 }
 
 // inherit fills p's zero fields from parent.
 func (p Policy) inherit(parent Policy) Policy {
 	p.Timeout = p.Timeout.inherit(parent.Timeout)
+	p.Bulkhead = p.Bulkhead.inherit(parent.Bulkhead)
 	return p
 }
 
@@ -27,12 +32,16 @@ func (p Policy) inherit(parent Policy) Policy {
 // is the order of dependence.
 func (p Policy) withDefaults() Policy {
 	p.Timeout = p.Timeout.withDefaults()
+	p.Bulkhead = p.Bulkhead.withDefaults()
 	return p
 }
 
 // validate reports the first invalid field of a policy after inheritance
 // and defaults.
 func (p Policy) validate() error {
+	if err := p.Bulkhead.validate(); err != nil {
+		return err
+	}
 	return p.Timeout.validate()
 }
 

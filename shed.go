@@ -34,7 +34,7 @@ import (
 // halves are merged.
 const NoRetryHeader = "Bulwark-No-Retry"
 
-// PriorityHeader is the request header DefaultClassify reads a request's
+// PriorityHeader is the request header DefaultPriority reads a request's
 // Priority from: "critical", "high", "normal", "low" or "test" (any case).
 const PriorityHeader = "Bulwark-Priority"
 
@@ -72,7 +72,7 @@ func (p Priority) String() string {
 // classifier's mistake can never buy a request the critical reserve.
 func (p Priority) clamp() Priority { return min(p, PriorityTest) }
 
-// DefaultClassify is the Shedder's default classifier. A PriorityHeader
+// DefaultPriority is the Shedder's default classifier. A PriorityHeader
 // naming a priority wins; otherwise the method decides, in Stripe's order:
 // requests that change state (POST, PUT, PATCH, DELETE and any other
 // unsafe method) are PriorityHigh, safe ones (GET, HEAD, OPTIONS, TRACE)
@@ -82,7 +82,7 @@ func (p Priority) clamp() Priority { return min(p, PriorityTest) }
 // not choose their own priority must strip or overwrite it at its edge, or
 // configure ShedConfig.Classify with a function of something it trusts
 // (the route, an authenticated principal).
-func DefaultClassify(r *http.Request) Priority {
+func DefaultPriority(r *http.Request) Priority {
 	if v := r.Header[PriorityHeader]; len(v) > 0 {
 		for i, name := range priorityNames {
 			if strings.EqualFold(v[0], name) {
@@ -162,7 +162,7 @@ type ShedConfig struct {
 	RetryAfter time.Duration
 
 	// Classify gives a request's priority. It runs on every request, so it
-	// must be cheap and must not read the body. Nil means DefaultClassify.
+	// must be cheap and must not read the body. Nil means DefaultPriority.
 	Classify func(*http.Request) Priority
 }
 
@@ -336,7 +336,7 @@ func NewShedder(next http.Handler, cfg ShedConfig) (*Shedder, error) {
 	secs := int64((retryAfter + time.Second - 1) / time.Second)
 	classify := cfg.Classify
 	if classify == nil {
-		classify = DefaultClassify
+		classify = DefaultPriority
 	}
 	return &Shedder{
 		next:       next,

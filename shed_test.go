@@ -508,7 +508,7 @@ func TestShedderDefaults(t *testing.T) {
 	}
 }
 
-func TestDefaultClassify(t *testing.T) {
+func TestDefaultPriority(t *testing.T) {
 	for _, tc := range []struct {
 		method, header string
 		want           Priority
@@ -528,8 +528,8 @@ func TestDefaultClassify(t *testing.T) {
 		{"POST", "normal", PriorityNormal},
 		{"GET", "urgent!!", PriorityNormal}, // unknown: the method decides
 	} {
-		if got := DefaultClassify(newReq(tc.method, "/", tc.header)); got != tc.want {
-			t.Errorf("DefaultClassify(%s, %s: %q) = %v, want %v", tc.method, PriorityHeader, tc.header, got, tc.want)
+		if got := DefaultPriority(newReq(tc.method, "/", tc.header)); got != tc.want {
+			t.Errorf("DefaultPriority(%s, %s: %q) = %v, want %v", tc.method, PriorityHeader, tc.header, got, tc.want)
 		}
 	}
 	// A classifier's out-of-range answer counts as the least important.

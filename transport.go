@@ -74,7 +74,7 @@ type Config struct {
 //
 // The stack, outer to inner, for one request:
 //
-//	router → total deadline → attempt deadline → base
+//	router → total deadline → bulkhead → attempt deadline → base
 //
 // Each host's stack is composed once, when the host is first seen, never per
 // call.
@@ -118,6 +118,7 @@ type hostState struct {
 	upstream string
 	policy   *Policy
 	rt       http.RoundTripper
+	bulkhead *bulkheadRT  // nil when the upstream's bulkhead is disabled
 	lastUsed atomic.Int64 // unix nanoseconds, updated at most every touchEvery
 }
 
@@ -391,6 +392,13 @@ func (t *Transport) buildStack(hs *hostState) http.RoundTripper {
 		a.attempt, a.header = p.Timeout.Attempt, p.Timeout.Header
 	}
 	rt = a
+
+	// 7. Bulkhead: outside the attempt deadline, so a slot covers exactly
+	// one attempt, and inside the retry layer, so a backoff holds none.
+	if !p.Bulkhead.Disabled {
+		hs.bulkhead = newBulkheadRT(rt, hs)
+		rt = hs.bulkhead
+	}
 
 	// 3. Total deadline.
 	if !p.Timeout.Disabled && p.Timeout.Total > 0 {

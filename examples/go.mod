@@ -9,6 +9,7 @@ require (
 	go.opentelemetry.io/otel v1.47.0 // indirect
 	go.opentelemetry.io/otel/metric v1.47.0 // indirect
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
+	golang.org/x/time v0.16.0 // indirect
 )
 
 replace github.com/bulwark-http/bulwark => ../

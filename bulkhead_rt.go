@@ -1,0 +1,473 @@
+package bulwark
+
+import (
+	"context"
+	"errors"
+	"math"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// DefaultMaxConcurrent is the per-host bulkhead size when
+// Bulkhead.MaxConcurrent is zero. It is http.DefaultTransport's MaxIdleConns:
+// past about that many requests in flight to one host, connections stop
+// being reused and every extra request pays for a new one, so a healthy
+// upstream rarely needs more. At the reference note's 40 ms it still serves
+// 2,500 requests a second, while a 10 s outage strands at most 100 goroutines
+// and connections. Size it per upstream from its latency and your share of
+// the caller's capacity (the note's 40 for tax, 20 for recommendations).
+const DefaultMaxConcurrent = 100
+
+// ErrRateLimited reports that the host's client-side rate limit
+// (Bulkhead.Rate) had no token for the request before its deadline, so the
+// request was not sent. A *RateLimitError matches it and ErrBulkheadFull.
+var ErrRateLimited = errors.New("bulwark: client-side rate limit reached")
+
+// Bulkhead bounds how much of the caller one upstream host may hold: at most
+// MaxConcurrent requests in flight, at most MaxQueue more waiting in FIFO
+// order, and optionally at most Rate requests a second. Every host has its
+// own bulkhead, keyed like http.Transport's connection pools by scheme, host
+// and port; hosts never share slots. A policy set for a "host" key gives
+// each of that host's ports a bulkhead of its own, each of this size.
+//
+// A slot is held from the moment a request is admitted until its response
+// body is read to EOF, fails while reading, or is closed (the connection is
+// busy until then), or until the attempt fails with an error. A caller that
+// never closes a body keeps its slot, as it would keep the connection.
+type Bulkhead struct {
+	// MaxConcurrent is how many requests to one host may be in flight at
+	// once. Zero inherits from Default, then DefaultMaxConcurrent.
+	MaxConcurrent int
+
+	// MaxQueue is how many requests may wait, in arrival order, for a slot
+	// when all MaxConcurrent are taken; one more is refused with
+	// ErrBulkheadFull at once. Zero inherits from Default, then 0: a full
+	// bulkhead refuses immediately, which is the point of a bulkhead. Keep
+	// it short. (Because zero inherits, an upstream cannot set 0 to undo a
+	// Default queue.)
+	MaxQueue int
+
+	// MaxWait is how long a queued request may wait for a slot before it is
+	// refused with ErrBulkheadFull. Whatever it says, a wait never outlasts
+	// the call's deadline (the context's or Timeout.Total's, less the
+	// minimum worth sending), and a waiter whose context ends leaves at once.
+	// Zero inherits from Default, then 0: the call's deadline is the only
+	// bound, since the caller's patience is what a queue must not outlast.
+	MaxWait time.Duration
+
+	// Rate, when positive, limits requests to the host to Rate a second on
+	// the client side (golang.org/x/time/rate's token bucket), before a slot
+	// is taken. A request without a token waits for one only if its turn
+	// comes before the call's deadline (less the minimum worth sending);
+	// otherwise it fails at once with a *RateLimitError. A request the
+	// bulkhead then refuses keeps the token it took. Zero inherits from
+	// Default, then no rate limit.
+	Rate float64
+
+	// Burst is how many requests may go at once above the steady Rate (the
+	// bucket's size). Zero inherits from Default, then 1: requests are spaced
+	// evenly, 1/Rate apart. Ignored when Rate is zero.
+	Burst int
+
+	// Disabled turns off this layer for the upstream: no concurrency bound,
+	// no queue and no rate limit. An upstream inherits Disabled from
+	// Default; it cannot turn back on what Default disabled.
+	Disabled bool
+}
+
+func (b Bulkhead) inherit(parent Bulkhead) Bulkhead {
+	if b.MaxConcurrent == 0 {
+		b.MaxConcurrent = parent.MaxConcurrent
+	}
+	if b.MaxQueue == 0 {
+		b.MaxQueue = parent.MaxQueue
+	}
+	if b.MaxWait == 0 {
+		b.MaxWait = parent.MaxWait
+	}
+	if b.Rate == 0 {
+		b.Rate = parent.Rate
+	}
+	if b.Burst == 0 {
+		b.Burst = parent.Burst
+	}
+	b.Disabled = b.Disabled || parent.Disabled
+	return b
+}
+
+func (b Bulkhead) withDefaults() Bulkhead {
+	if b.MaxConcurrent == 0 {
+		b.MaxConcurrent = DefaultMaxConcurrent
+	}
+	if b.Rate > 0 && b.Burst == 0 {
+		b.Burst = 1
+	}
+	return b
+}
+
+func (b Bulkhead) validate() error {
+	switch {
+	case b.MaxConcurrent < 0:
+		return fieldError("Bulkhead.MaxConcurrent", b.MaxConcurrent, "must be ≥ 0")
+	case b.MaxQueue < 0:
+		return fieldError("Bulkhead.MaxQueue", b.MaxQueue, "must be ≥ 0")
+	case b.MaxWait < 0:
+		return fieldError("Bulkhead.MaxWait", b.MaxWait, "must be ≥ 0")
+	case b.Rate < 0 || math.IsNaN(b.Rate) || math.IsInf(b.Rate, 0):
+		return fieldError("Bulkhead.Rate", b.Rate, "must be a finite number ≥ 0")
+	case b.Burst < 0:
+		return fieldError("Bulkhead.Burst", b.Burst, "must be ≥ 0")
+	}
+	return nil
+}
+
+// BulkheadFullError reports a request the host's bulkhead refused: every
+// slot was taken and the queue was full, or the queue wait ran out. It
+// matches ErrBulkheadFull. One value is made per host and returned for every
+// refusal, so refusing allocates nothing; do not modify it.
+type BulkheadFullError struct {
+	Host string // "host:port"
+}
+
+func (e *BulkheadFullError) Error() string { return "bulwark: bulkhead full for " + e.Host }
+
+// Unwrap returns ErrBulkheadFull.
+func (e *BulkheadFullError) Unwrap() error { return ErrBulkheadFull }
+
+// RateLimitError reports a request the host's client-side rate limit
+// refused because its turn would come too late for its deadline. It matches
+// ErrRateLimited and also ErrBulkheadFull: like a full bulkhead it is a local
+// refusal of a request that was never sent, so code that falls back or
+// backs off on one does the same on the other. One value is made per host
+// and shared; do not modify it.
+type RateLimitError struct {
+	Host string // "host:port"
+}
+
+func (e *RateLimitError) Error() string { return "bulwark: rate limit reached for " + e.Host }
+
+// Unwrap returns ErrRateLimited and ErrBulkheadFull.
+func (e *RateLimitError) Unwrap() []error { return []error{ErrRateLimited, ErrBulkheadFull} }
+
+// bulkheadRT is layer 7: per host, just outside the attempt deadline, so a
+// slot covers exactly one attempt and a retry's backoff holds none.
+//
+// The semaphore and its FIFO queue are written here rather than taken from
+// golang.org/x/sync/semaphore because the layer needs what that package does
+// not give: a queue length cap with an immediate refusal, counts to observe,
+// and release at body end through the bodyEnder the layer itself is (no
+// closure per request). With a queue, its state and the slot count change
+// under one mutex, so a release handing its slot straight to the first
+// waiter cannot race with that waiter giving up: whichever takes the lock
+// first decides, and the other sees it. Without one, there is nobody to hand
+// to, and a compare-and-swap counter is all it takes.
+type bulkheadRT struct {
+	next     http.RoundTripper
+	t        *Transport
+	max      int
+	maxQueue int
+	maxWait  time.Duration
+	limiter  *rate.Limiter // nil: no rate limit
+	full     *BulkheadFullError
+	limited  *RateLimitError
+
+	// inFlight is the number of slots held, including ones handed to
+	// waiters. Without a queue (MaxQueue 0, the default) it is the whole
+	// state, taken and given back with atomics alone, so the common
+	// configuration never contends on a lock. With a queue it changes only
+	// under mu, where the queue is, so hand-offs stay race-free.
+	inFlight atomic.Int64
+
+	mu     sync.Mutex
+	queued int
+	head   *slotWaiter // FIFO of waiters, oldest first
+	tail   *slotWaiter
+}
+
+// slotWaiter is one queued request. granted and the links are guarded by the
+// bulkhead's mu; ready is closed once, by the releaser that grants it.
+type slotWaiter struct {
+	ready      chan struct{}
+	granted    bool
+	prev, next *slotWaiter
+}
+
+func newBulkheadRT(next http.RoundTripper, hs *hostState) *bulkheadRT {
+	p := hs.policy.Bulkhead
+	b := &bulkheadRT{
+		next:     next,
+		t:        hs.t,
+		max:      p.MaxConcurrent,
+		maxQueue: p.MaxQueue,
+		maxWait:  p.MaxWait,
+		full:     &BulkheadFullError{Host: hs.name},
+		limited:  &RateLimitError{Host: hs.name},
+	}
+	if p.Rate > 0 {
+		b.limiter = rate.NewLimiter(rate.Limit(p.Rate), p.Burst)
+	}
+	return b
+}
+
+func (b *bulkheadRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	if b.limiter != nil {
+		if err := b.waitRate(req); err != nil {
+			closeBody(req)
+			return nil, err
+		}
+	}
+	if err := b.acquire(req); err != nil {
+		closeBody(req)
+		return nil, err
+	}
+	resp, err := b.next.RoundTrip(req)
+	if err != nil {
+		b.release()
+		return nil, err
+	}
+	// The bulkhead itself is the bodyEnder: registering a pointer we hold
+	// costs nothing, where a closure would allocate on every request.
+	onBodyEnd(resp, b)
+	return resp, nil
+}
+
+// bodyEnd releases the slot of a response whose body is finished.
+func (b *bulkheadRT) bodyEnd() { b.release() }
+
+// acquire takes a slot, queueing for one if the bulkhead allows it.
+func (b *bulkheadRT) acquire(req *http.Request) error {
+	if b.maxQueue == 0 {
+		for {
+			n := b.inFlight.Load()
+			if n >= int64(b.max) {
+				return b.full
+			}
+			if b.inFlight.CompareAndSwap(n, n+1) {
+				return nil
+			}
+		}
+	}
+	b.mu.Lock()
+	// A free slot goes to the queue first: taking it past waiters would
+	// break FIFO order (and a releaser hands slots to waiters directly, so
+	// a free slot with waiters only exists for an instant anyway).
+	if n := b.inFlight.Load(); n < int64(b.max) && b.head == nil {
+		b.inFlight.Store(n + 1)
+		b.mu.Unlock()
+		return nil
+	}
+	if b.queued >= b.maxQueue {
+		b.mu.Unlock()
+		return b.full
+	}
+	ctx := req.Context()
+	if ctx.Err() != nil {
+		b.mu.Unlock()
+		return doneError(ctx)
+	}
+	wait, bounded := b.waitBound(ctx)
+	if bounded && wait <= 0 {
+		b.mu.Unlock()
+		return b.full
+	}
+	w := &slotWaiter{ready: make(chan struct{})}
+	b.push(w)
+	b.mu.Unlock()
+
+	var timeout <-chan time.Time
+	if bounded {
+		tm := time.NewTimer(wait)
+		defer tm.Stop()
+		timeout = tm.C
+	}
+	var err error
+	select {
+	case <-w.ready:
+		return nil
+	case <-ctx.Done():
+		err = doneError(ctx)
+	case <-timeout:
+		err = b.full
+	}
+	b.mu.Lock()
+	if w.granted {
+		// A releaser handed us its slot while we were giving up, so it is
+		// ours. If only the wait bound ran out, use it; if the caller is
+		// gone, pass it on (to the next waiter, or back to the pool).
+		b.mu.Unlock()
+		if err == b.full {
+			return nil
+		}
+		b.release()
+		return err
+	}
+	b.remove(w)
+	b.mu.Unlock()
+	return err
+}
+
+// waitBound is how long a waiter may queue: MaxWait, cut to the call's
+// deadline less the minimum worth sending. bounded is false when neither
+// applies and only the context can end the wait.
+func (b *bulkheadRT) waitBound(ctx context.Context) (wait time.Duration, bounded bool) {
+	wait, bounded = b.maxWait, b.maxWait > 0
+	if dl, ok := callDeadline(ctx, b.t); ok {
+		if left := dl.Sub(b.t.now()) - minSendTime; !bounded || left < wait {
+			wait, bounded = left, true
+		}
+	}
+	return wait, bounded
+}
+
+// release returns a slot: to the first waiter if there is one (the slot
+// changes hands without ever being free, so nobody can jump the queue),
+// else to the pool.
+func (b *bulkheadRT) release() {
+	if b.maxQueue == 0 {
+		b.inFlight.Add(-1)
+		return
+	}
+	b.mu.Lock()
+	if w := b.head; w != nil {
+		b.remove(w)
+		w.granted = true
+		b.mu.Unlock()
+		close(w.ready)
+		return
+	}
+	b.inFlight.Add(-1)
+	b.mu.Unlock()
+}
+
+func (b *bulkheadRT) push(w *slotWaiter) {
+	w.prev = b.tail
+	if b.tail != nil {
+		b.tail.next = w
+	} else {
+		b.head = w
+	}
+	b.tail = w
+	b.queued++
+}
+
+func (b *bulkheadRT) remove(w *slotWaiter) {
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		b.head = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	} else {
+		b.tail = w.prev
+	}
+	w.prev, w.next = nil, nil
+	b.queued--
+}
+
+// waitRate takes a rate-limit token, waiting for it only when the wait ends
+// in time for the call's deadline. It runs before a slot is taken, so a
+// request waiting for its turn holds no slot.
+func (b *bulkheadRT) waitRate(req *http.Request) error {
+	ctx := req.Context()
+	// A bulkhead that would refuse anyway should not spend a token. (With
+	// a queue, a waiter may leave any moment: let acquire decide.)
+	if b.maxQueue == 0 && b.inFlight.Load() >= int64(b.max) {
+		return b.full
+	}
+	now := b.t.now()
+	r := b.limiter.ReserveN(now, 1)
+	if !r.OK() {
+		return b.limited
+	}
+	delay := r.DelayFrom(now)
+	if delay == 0 {
+		return nil
+	}
+	if dl, ok := callDeadline(ctx, b.t); ok && now.Add(delay+minSendTime).After(dl) {
+		// Our turn comes too late to be worth anything: give the token
+		// back and fail now rather than hold the caller until it is
+		// useless.
+		r.CancelAt(now)
+		return b.limited
+	}
+	tm := time.NewTimer(delay)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return nil
+	case <-ctx.Done():
+		r.CancelAt(b.t.now())
+		return doneError(ctx)
+	}
+}
+
+// stats reports the slots held and the requests queued.
+func (b *bulkheadRT) stats() (inFlight, queued int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return int(b.inFlight.Load()), b.queued
+}
+
+// BulkheadState is one host's bulkhead as BulkheadStates reports it.
+type BulkheadState struct {
+	// Host is the host's "host:port": lower-case, the port always present
+	// (the scheme's default when the URL has none), an IPv6 address in
+	// brackets; the same string errors carry.
+	Host string
+	// Scheme is the URL scheme; one host:port reached over two schemes has
+	// two bulkheads.
+	Scheme string
+	// Upstream is the Config.Upstreams key whose policy the host uses, or
+	// "default".
+	Upstream string
+	// InFlight is the number of slots held, Queued the number of requests
+	// waiting for one.
+	InFlight, Queued int
+	// MaxConcurrent and MaxQueue are the host's limits.
+	MaxConcurrent, MaxQueue int
+}
+
+// BulkheadStats reports the slots held and the requests queued at the
+// bulkhead of host, given as "host:port" (see BulkheadState.Host; case does
+// not matter). ok is false when the host has no live state or its bulkhead
+// is disabled. Should one host:port be reached over two schemes, the counts
+// are summed. It takes a lock per host and is meant for metrics scrapes, not
+// for the request path.
+func (t *Transport) BulkheadStats(host string) (inFlight, queued int, ok bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	for _, hs := range t.hosts {
+		if hs.bulkhead == nil || !strings.EqualFold(hs.name, host) {
+			continue
+		}
+		f, q := hs.bulkhead.stats()
+		inFlight, queued, ok = inFlight+f, queued+q, true
+	}
+	return inFlight, queued, ok
+}
+
+// BulkheadStates reports every live host's bulkhead (hosts whose bulkhead
+// is disabled are left out), in no particular order, for export as metrics.
+func (t *Transport) BulkheadStates() []BulkheadState {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	out := make([]BulkheadState, 0, len(t.hosts))
+	for _, hs := range t.hosts {
+		b := hs.bulkhead
+		if b == nil {
+			continue
+		}
+		f, q := b.stats()
+		out = append(out, BulkheadState{
+			Host: hs.name, Scheme: hs.key.scheme, Upstream: hs.upstream,
+			InFlight: f, Queued: q, MaxConcurrent: b.max, MaxQueue: b.maxQueue,
+		})
+	}
+	return out
+}
