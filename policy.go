@@ -13,11 +13,22 @@ type Policy struct {
 	// Timeout bounds the call and each attempt, and names the deadline
 	// header sent upstream.
 	Timeout Timeout
+
+	// Breaker stops calls to a host whose failure rate or slow-call rate
+	// has reached its threshold, and probes it gently before letting
+	// traffic back; see Breaker.
+	Breaker Breaker
+
+	// Fallback answers from something local when a call has finally
+	// failed; see Fallback. The zero value has no fallback.
+	Fallback Fallback
 }
 
 // inherit fills p's zero fields from parent.
 func (p Policy) inherit(parent Policy) Policy {
 	p.Timeout = p.Timeout.inherit(parent.Timeout)
+	p.Breaker = p.Breaker.inherit(parent.Breaker)
+	p.Fallback = p.Fallback.inherit(parent.Fallback)
 	return p
 }
 
@@ -27,12 +38,20 @@ func (p Policy) inherit(parent Policy) Policy {
 // is the order of dependence.
 func (p Policy) withDefaults() Policy {
 	p.Timeout = p.Timeout.withDefaults()
+	p.Breaker = p.Breaker.withDefaults(p.Timeout)
+	p.Fallback = p.Fallback.withDefaults()
 	return p
 }
 
 // validate reports the first invalid field of a policy after inheritance
 // and defaults.
 func (p Policy) validate() error {
+	if err := p.Breaker.validate(); err != nil {
+		return err
+	}
+	if err := p.Fallback.validate(); err != nil {
+		return err
+	}
 	return p.Timeout.validate()
 }
 
