@@ -71,7 +71,9 @@ func (o Outcome) String() string {
 // another OpenFor.
 //
 // Rates are computed only once MinCalls calls have completed within the
-// window, so a quiet endpoint's occasional failure never trips it.
+// window, so a quiet endpoint's occasional failure never trips it. Each
+// attempt's verdict is taken when its response headers arrive (or its
+// error does): an error while the caller reads the body is not counted.
 type Breaker struct {
 	// FailureRate is the share of counted calls (0 < FailureRate ≤ 1) that
 	// were failures at which the breaker opens: it trips when failures ÷
@@ -426,6 +428,14 @@ func (b *breakerRT) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, ErrBreakerOpen
 	}
+	reported := false
+	defer func() {
+		if !reported {
+			// next panicked. Give a verdict anyway, or a half-open probe
+			// slot would stay taken for good; the panic carries on.
+			done(errVerdictFailure)
+		}
+	}()
 	start := b.hs.t.now()
 	resp, err := b.next.RoundTrip(req)
 	end := b.hs.t.now()
@@ -449,6 +459,7 @@ func (b *breakerRT) RoundTrip(req *http.Request) (*http.Response, error) {
 			verdict = errVerdictSlow
 		}
 	}
+	reported = true
 	done(verdict)
 	if b.pending.Load() {
 		b.flush()
@@ -491,8 +502,11 @@ func (b *breakerRT) tripped() bool {
 	if c.calls == 0 || c.calls < b.minCalls {
 		return false
 	}
+	// Divide rather than multiply the threshold: a quotient is correctly
+	// rounded, so 7 of 25 is exactly the float 0.28 and trips at 0.28,
+	// where 0.28*25 rounds to just above 7 and would not.
 	n := float64(c.calls)
-	return float64(c.failures) >= b.failRate*n || float64(c.slow) >= b.slowRate*n
+	return float64(c.failures)/n >= b.failRate || float64(c.slow)/n >= b.slowRate
 }
 
 // onStateChange is gobreaker's OnStateChange hook, under its mutex: it

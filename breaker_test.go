@@ -14,6 +14,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/sony/gobreaker/v2"
 )
 
 // fakeClock is an injected clock for Transport.now.
@@ -174,6 +176,9 @@ func TestBreakerTrips(t *testing.T) {
 		{"threshold reached after MinCalls", Breaker{MinCalls: 10}, "SSSSSSFFFFFF", 12},
 		{"a success reaching MinCalls at the rate", Breaker{MinCalls: 10}, "FFFFFSSSSS", 10},
 		{"rate 0.3 exact", Breaker{MinCalls: 10, FailureRate: 0.3}, "SSSSSSSFFF", 10},
+		{"rate 0.7 exact", Breaker{MinCalls: 10, FailureRate: 0.7}, "SSSFFFFFFF", 10},
+		{"rate 0.7 under", Breaker{MinCalls: 10, FailureRate: 0.7}, "SSSSFFFFFF", 0},
+		{"rate 0.28, 7 of 25", Breaker{MinCalls: 25, FailureRate: 0.28}, strings.Repeat("S", 18) + "FFFFFFF", 25},
 		{"rate 0.3 under", Breaker{MinCalls: 10, FailureRate: 0.3}, "SSSSSSSSFF", 0},
 		{"transport errors, timeouts and 429 fail", Breaker{MinCalls: 4, FailureRate: 1}, "ETRF", 4},
 		{"4xx, 501 and cancellations ignored", Breaker{MinCalls: 10}, "4444NNCCCCSSSSSFFFF44CC", 0},
@@ -597,6 +602,24 @@ func BenchmarkBreaker(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			rt.RoundTrip(req)
+		}
+	})
+	b.Run("gobreaker-alone", func(b *testing.B) {
+		// The floor: gobreaker's Allow and done, which read time.Now twice
+		// and allocate the done closure.
+		cb := gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{Interval: time.Minute, BucketPeriod: 6 * time.Second})
+		b.ReportAllocs()
+		for b.Loop() {
+			done, err := cb.Allow()
+			if err != nil {
+				b.Fatal(err)
+			}
+			done(nil)
+		}
+	})
+	b.Run("time.Now", func(b *testing.B) {
+		for b.Loop() {
+			tr.now()
 		}
 	})
 	b.Run("closed", func(b *testing.B) {

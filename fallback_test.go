@@ -443,3 +443,41 @@ func TestFallbackContract(t *testing.T) {
 		}
 	})
 }
+
+// TestStaleCacheStreams checks that the tee never reads ahead of the
+// caller: each chunk reaches the caller while the upstream is still
+// writing, and the whole is stored once the caller reaches EOF.
+func TestStaleCacheStreams(t *testing.T) {
+	pr, pw := io.Pipe()
+	var sick atomic.Bool
+	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		if sick.Load() {
+			return (&stubBase{status: 503}).RoundTrip(req)
+		}
+		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: pr, ContentLength: -1, Request: req}, nil
+	})
+	tr := mustNew(t, Config{Base: base, Default: Policy{Breaker: Breaker{Disabled: true},
+		Fallback: Fallback{Stale: StaleCache{MaxAge: time.Hour}}}})
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://stream.test/events", nil)
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 16)
+	for _, chunk := range []string{"one,", "two,", "three"} {
+		go pw.Write([]byte(chunk))
+		n, err := io.ReadFull(resp.Body, buf[:len(chunk)])
+		if err != nil || string(buf[:n]) != chunk {
+			t.Fatalf("chunk %q: got %q, %v", chunk, buf[:n], err)
+		}
+	}
+	pw.Close()
+	if n, err := resp.Body.Read(buf); n != 0 || err != io.EOF {
+		t.Fatalf("after the stream: %d, %v; want EOF", n, err)
+	}
+	resp.Body.Close()
+	sick.Store(true)
+	if r := get(t, tr, "http://stream.test/events"); r.body != "one,two,three" || r.header.Get(FallbackHeader) != "stale" {
+		t.Errorf("stale stream: %+v", r)
+	}
+}
