@@ -36,13 +36,6 @@ func benchRoundTrips(b *testing.B, rt http.RoundTripper, url string) {
 	})
 }
 
-func mustNew(b *testing.B, cfg Config) *Transport {
-	tr, err := New(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return tr
-}
 
 // BenchmarkTransport compares the bare base with bulwark's router and
 // deadline layers over it: stub is the pure middleware cost, loopback a real

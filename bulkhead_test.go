@@ -26,7 +26,7 @@ func newBulkheadTransport(t testing.TB, base http.RoundTripper, bh Bulkhead) *Tr
 	return tr
 }
 
-func send(t testing.TB, ctx context.Context, rt http.RoundTripper, url string) (*http.Response, error) {
+func bhSend(t testing.TB, ctx context.Context, rt http.RoundTripper, url string) (*http.Response, error) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -48,7 +48,7 @@ func TestBulkheadFullRejectsAtOnce(t *testing.T) {
 	tr := newBulkheadTransport(t, base, Bulkhead{MaxConcurrent: 40})
 	var held []*http.Response
 	for i := 0; i < 40; i++ {
-		resp, err := send(t, t.Context(), tr, "http://tax.test/rate")
+		resp, err := bhSend(t, t.Context(), tr, "http://tax.test/rate")
 		if err != nil {
 			t.Fatalf("call %d: %v", i+1, err)
 		}
@@ -73,7 +73,7 @@ func TestBulkheadFullRejectsAtOnce(t *testing.T) {
 
 	// Another host, and another port of the same host, have slots of their own.
 	for _, u := range []string{"http://inventory.test/", "http://tax.test:8080/"} {
-		resp, err := send(t, t.Context(), tr, u)
+		resp, err := bhSend(t, t.Context(), tr, u)
 		if err != nil {
 			t.Fatalf("%s while tax.test is full: %v", u, err)
 		}
@@ -85,7 +85,7 @@ func TestBulkheadFullRejectsAtOnce(t *testing.T) {
 		r.Body.Close()
 	}
 	wantStats(t, tr, "tax.test:80", 0, 0)
-	resp, err := send(t, t.Context(), tr, "http://tax.test/rate")
+	resp, err := bhSend(t, t.Context(), tr, "http://tax.test/rate")
 	if err != nil {
 		t.Fatalf("after the bodies closed: %v", err)
 	}
@@ -94,11 +94,11 @@ func TestBulkheadFullRejectsAtOnce(t *testing.T) {
 
 func TestBulkheadReleaseAtEOFAndClose(t *testing.T) {
 	tr := newBulkheadTransport(t, &stubBase{}, Bulkhead{MaxConcurrent: 1})
-	resp, err := send(t, t.Context(), tr, "http://a.test/")
+	resp, err := bhSend(t, t.Context(), tr, "http://a.test/")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := send(t, t.Context(), tr, "http://a.test/"); !errors.Is(err, ErrBulkheadFull) {
+	if _, err := bhSend(t, t.Context(), tr, "http://a.test/"); !errors.Is(err, ErrBulkheadFull) {
 		t.Fatalf("second call while the body is open: err = %v, want ErrBulkheadFull", err)
 	}
 	if _, err := io.ReadAll(resp.Body); err != nil {
@@ -109,11 +109,11 @@ func TestBulkheadReleaseAtEOFAndClose(t *testing.T) {
 	wantStats(t, tr, "a.test:80", 0, 0) // and Close did not release it twice
 
 	// Exactly one slot exists still: one admitted, the next refused.
-	resp, err = send(t, t.Context(), tr, "http://a.test/")
+	resp, err = bhSend(t, t.Context(), tr, "http://a.test/")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := send(t, t.Context(), tr, "http://a.test/"); !errors.Is(err, ErrBulkheadFull) {
+	if _, err := bhSend(t, t.Context(), tr, "http://a.test/"); !errors.Is(err, ErrBulkheadFull) {
 		t.Fatalf("err = %v, want ErrBulkheadFull: a double release would have made room", err)
 	}
 	resp.Body.Close()
@@ -123,7 +123,7 @@ func TestBulkheadReleaseAtEOFAndClose(t *testing.T) {
 func TestBulkheadReleaseOnError(t *testing.T) {
 	tr := newBulkheadTransport(t, &stubBase{err: errStub}, Bulkhead{MaxConcurrent: 1})
 	for i := 0; i < 3; i++ {
-		if _, err := send(t, t.Context(), tr, "http://a.test/"); !errors.Is(err, errStub) {
+		if _, err := bhSend(t, t.Context(), tr, "http://a.test/"); !errors.Is(err, errStub) {
 			t.Fatalf("call %d: err = %v, want the base's error", i+1, err)
 		}
 	}
@@ -154,7 +154,7 @@ func TestBulkheadSlowBodyHoldsSlot(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		sb := &slowBody{feed: make(chan []byte)}
 		tr := newBulkheadTransport(t, &slowBodyBase{body: sb}, Bulkhead{MaxConcurrent: 1})
-		resp, err := send(t, t.Context(), tr, "http://slow.test/")
+		resp, err := bhSend(t, t.Context(), tr, "http://slow.test/")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -189,9 +189,9 @@ func TestBulkheadReleaseOnCancel(t *testing.T) {
 		ctx1, cancel1 := context.WithCancel(t.Context())
 		ctx2, cancel2 := context.WithCancel(t.Context())
 		errs := make(chan error, 2)
-		go func() { _, err := send(t, ctx1, tr, "http://a.test/"); errs <- err }()
+		go func() { _, err := bhSend(t, ctx1, tr, "http://a.test/"); errs <- err }()
 		synctest.Wait()
-		go func() { _, err := send(t, ctx2, tr, "http://a.test/"); errs <- err }()
+		go func() { _, err := bhSend(t, ctx2, tr, "http://a.test/"); errs <- err }()
 		synctest.Wait()
 		wantStats(t, tr, "a.test:80", 1, 1)
 
@@ -214,7 +214,7 @@ func TestBulkheadReleaseOnCancel(t *testing.T) {
 func TestBulkheadQueueFIFO(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tr := newBulkheadTransport(t, &stubBase{}, Bulkhead{MaxConcurrent: 1, MaxQueue: 3, MaxWait: time.Second})
-		first, err := send(t, t.Context(), tr, "http://q.test/")
+		first, err := bhSend(t, t.Context(), tr, "http://q.test/")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -225,7 +225,7 @@ func TestBulkheadQueueFIFO(t *testing.T) {
 		)
 		for i := 1; i <= 3; i++ {
 			wg.Go(func() {
-				resp, err := send(t, t.Context(), tr, "http://q.test/")
+				resp, err := bhSend(t, t.Context(), tr, "http://q.test/")
 				if err != nil {
 					t.Errorf("waiter %d: %v", i, err)
 					return
@@ -239,7 +239,7 @@ func TestBulkheadQueueFIFO(t *testing.T) {
 		}
 		wantStats(t, tr, "q.test:80", 1, 3)
 		start := time.Now()
-		if _, err := send(t, t.Context(), tr, "http://q.test/"); !errors.Is(err, ErrBulkheadFull) {
+		if _, err := bhSend(t, t.Context(), tr, "http://q.test/"); !errors.Is(err, ErrBulkheadFull) {
 			t.Fatalf("with the queue full: err = %v, want ErrBulkheadFull", err)
 		}
 		if d := time.Since(start); d != 0 {
@@ -273,7 +273,7 @@ func TestBulkheadQueueTimeout(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				held, err := send(t, t.Context(), tr, "http://q.test/")
+				held, err := bhSend(t, t.Context(), tr, "http://q.test/")
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -284,7 +284,7 @@ func TestBulkheadQueueTimeout(t *testing.T) {
 					defer cancel()
 				}
 				start := time.Now()
-				_, err = send(t, ctx, tr, "http://q.test/")
+				_, err = bhSend(t, ctx, tr, "http://q.test/")
 				if !errors.Is(err, ErrBulkheadFull) {
 					t.Fatalf("err = %v, want ErrBulkheadFull", err)
 				}
@@ -432,7 +432,7 @@ func TestBulkheadRateLimit(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), within)
 			defer cancel()
 			start := time.Now()
-			resp, err := send(t, ctx, tr, "http://rl.test/")
+			resp, err := bhSend(t, ctx, tr, "http://rl.test/")
 			if err == nil {
 				resp.Body.Close()
 			}
@@ -482,7 +482,7 @@ func TestBulkheadRateLimit(t *testing.T) {
 		// A caller that gives up while waiting for its turn leaves at once.
 		ctx, cancel = context.WithCancel(t.Context())
 		errc := make(chan error)
-		go func() { _, err := send(t, ctx, tr, "http://rl.test/"); errc <- err }()
+		go func() { _, err := bhSend(t, ctx, tr, "http://rl.test/"); errc <- err }()
 		synctest.Wait()
 		cancel()
 		if err := <-errc; !errors.Is(err, context.Canceled) {
@@ -503,7 +503,7 @@ func TestBulkheadContract(t *testing.T) {
 	})
 	t.Run("full", func(t *testing.T) {
 		tr := newBulkheadTransport(t, &stubBase{}, Bulkhead{MaxConcurrent: 1})
-		held, err := send(t, t.Context(), tr, "http://contract.test/")
+		held, err := bhSend(t, t.Context(), tr, "http://contract.test/")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -549,7 +549,7 @@ func TestBulkheadConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, u := range []string{"http://tax.test/", "http://recs.test/", "http://other.test/"} {
-		resp, err := send(t, t.Context(), tr, u)
+		resp, err := bhSend(t, t.Context(), tr, u)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -579,11 +579,11 @@ func TestBulkheadConfig(t *testing.T) {
 	}
 }
 
-// benchBase answers at once with a fresh response, as cheaply as a base
+// wrappedBenchBase answers at once with a fresh response, as cheaply as a base
 // can. It puts the shared body wrapper on, as the attempt-deadline layer
 // below the bulkhead does in the real stack, so that the admitted path's
 // cost over it is the bulkhead's alone.
-type benchBase struct{}
+type wrappedBenchBase struct{}
 
 type noopEnder struct{}
 
@@ -591,13 +591,13 @@ func (noopEnder) bodyEnd() {}
 
 var benchBody = io.NopCloser(bytes.NewReader(nil))
 
-func (benchBase) RoundTrip(req *http.Request) (*http.Response, error) {
+func (wrappedBenchBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp := &http.Response{StatusCode: 200, Body: benchBody, Request: req}
 	onBodyEnd(resp, noopEnder{})
 	return resp, nil
 }
 
-// BenchmarkBulkhead measures the layer over benchBase (bare is benchBase
+// BenchmarkBulkhead measures the layer over wrappedBenchBase (bare is wrappedBenchBase
 // alone), then the whole stack with the bulkhead off and on.
 func BenchmarkBulkhead(b *testing.B) {
 	tr, err := New(Config{})
@@ -606,7 +606,7 @@ func BenchmarkBulkhead(b *testing.B) {
 	}
 	layer := func(bh Bulkhead) *bulkheadRT {
 		p := Policy{Bulkhead: bh}.withDefaults()
-		return newBulkheadRT(benchBase{}, &hostState{t: tr, name: "bench.test:80", policy: &p})
+		return newBulkheadRT(wrappedBenchBase{}, &hostState{t: tr, name: "bench.test:80", policy: &p})
 	}
 	req, _ := http.NewRequest(http.MethodGet, "http://bench.test/", nil)
 	run := func(b *testing.B, rt http.RoundTripper, wantErr bool) {
@@ -631,7 +631,7 @@ func BenchmarkBulkhead(b *testing.B) {
 		defer held.Body.Close()
 		run(b, rt, true)
 	}
-	b.Run("bare", func(b *testing.B) { run(b, benchBase{}, false) })
+	b.Run("bare", func(b *testing.B) { run(b, wrappedBenchBase{}, false) })
 	b.Run("admitted", func(b *testing.B) { run(b, layer(Bulkhead{MaxConcurrent: 1 << 20}), false) })
 	b.Run("admitted-queue", func(b *testing.B) {
 		run(b, layer(Bulkhead{MaxConcurrent: 1 << 20, MaxQueue: 1}), false)
@@ -681,7 +681,7 @@ func BenchmarkBulkhead(b *testing.B) {
 	})
 
 	stack := func(bh Bulkhead) *Transport {
-		t, err := New(Config{Base: benchBase{}, Default: Policy{Bulkhead: bh}})
+		t, err := New(Config{Base: wrappedBenchBase{}, Default: Policy{Bulkhead: bh}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -693,7 +693,7 @@ func BenchmarkBulkhead(b *testing.B) {
 	b.Run("stack-rejected-no-timeout", func(b *testing.B) {
 		// Without the total-deadline layer's per-call state, which is what
 		// the two allocations of stack-rejected are.
-		t, err := New(Config{Base: benchBase{}, Default: Policy{Bulkhead: Bulkhead{MaxConcurrent: 1}, Timeout: Timeout{Disabled: true}}})
+		t, err := New(Config{Base: wrappedBenchBase{}, Default: Policy{Bulkhead: Bulkhead{MaxConcurrent: 1}, Timeout: Timeout{Disabled: true}}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -711,13 +711,13 @@ func TestBulkheadHandOffRace(t *testing.T) {
 		tr := newBulkheadTransport(t, &stubBase{}, Bulkhead{MaxConcurrent: 1, MaxQueue: 1, MaxWait: wait})
 		var admitted, refused int
 		for range 200 {
-			held, err := send(t, t.Context(), tr, "http://race.test/")
+			held, err := bhSend(t, t.Context(), tr, "http://race.test/")
 			if err != nil {
 				t.Fatal(err)
 			}
 			errc := make(chan error)
 			go func() {
-				resp, err := send(t, t.Context(), tr, "http://race.test/")
+				resp, err := bhSend(t, t.Context(), tr, "http://race.test/")
 				if err == nil {
 					resp.Body.Close()
 				}

@@ -155,18 +155,18 @@ func TestHostStatePerAuthority(t *testing.T) {
 }
 
 func TestHostStateBounded(t *testing.T) {
-	clock := &fakeClock{t: time.Unix(1_000_000, 0)}
+	clock := newFakeClock()
 	tr, err := New(Config{MaxHosts: 64, HostIdle: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr.now = clock.Now
+	tr.now = clock.now
 	hot, _ := url.Parse("http://hot.internal/")
 	hotState := tr.host(hot)
 	for i := 0; i < 10_000; i++ {
 		// A churn of one new host per millisecond, while the hot host is
 		// used every 20 ms.
-		clock.Advance(time.Millisecond)
+		clock.advance(time.Millisecond)
 		tr.host(&url.URL{Scheme: "http", Host: "h" + itoa(i) + ".example:80"})
 		if i%20 == 0 {
 			if tr.host(hot) != hotState {
@@ -182,7 +182,7 @@ func TestHostStateBounded(t *testing.T) {
 	for i := 0; tr.hostCount() < 64; i++ {
 		tr.host(&url.URL{Scheme: "http", Host: "fill" + itoa(i) + ".example"})
 	}
-	clock.Advance(2 * time.Minute)
+	clock.advance(2 * time.Minute)
 	tr.host(&url.URL{Scheme: "http", Host: "fresh.example"})
 	if n := tr.hostCount(); n != 1 {
 		t.Errorf("after HostIdle at the cap, hostCount = %d, want 1 (the new host only)", n)
@@ -208,11 +208,6 @@ func TestRoundTripBadInput(t *testing.T) {
 		t.Error("nil URL: base was called")
 	}
 }
-
-type fakeClock struct{ t time.Time }
-
-func (c *fakeClock) Now() time.Time          { return c.t }
-func (c *fakeClock) Advance(d time.Duration) { c.t = c.t.Add(d) }
 
 func itoa(i int) string {
 	if i == 0 {

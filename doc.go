@@ -6,7 +6,9 @@
 //
 //	#  layer             per       does
 //	1  router            request   picks the upstream's policy and per-host state
+//	2  fallback          host      on a final failure, answers from something local
 //	3  total deadline    request   bounds the whole call, retries included
+//	6  breaker           host      trips on failure rate and slow-call rate
 //	7  bulkhead          host      bounded concurrency, short FIFO queue, rate limit
 //	8  attempt deadline  attempt   bounds one attempt; writes the deadline header
 //	9  base              -         a clone of http.DefaultTransport by default

@@ -3,6 +3,7 @@ module github.com/bulwark-http/bulwark
 go 1.26.0
 
 require (
+	github.com/sony/gobreaker/v2 v2.4.0
 	go.opentelemetry.io/otel/metric v1.47.0
 	go.opentelemetry.io/otel/trace v1.47.0
 	go.uber.org/goleak v1.3.0

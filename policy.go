@@ -14,6 +14,15 @@ type Policy struct {
 	// header sent upstream.
 	Timeout Timeout
 
+	// Breaker stops calls to a host whose failure rate or slow-call rate
+	// has reached its threshold, and probes it gently before letting
+	// traffic back; see Breaker.
+	Breaker Breaker
+
+	// Fallback answers from something local when a call has finally
+	// failed; see Fallback. The zero value has no fallback.
+	Fallback Fallback
+
 	// Bulkhead bounds the requests in flight to each host of the upstream,
 	// queues a few, and can rate-limit them; see Bulkhead.
 	Bulkhead Bulkhead
@@ -23,6 +32,8 @@ type Policy struct {
 func (p Policy) inherit(parent Policy) Policy {
 	p.Timeout = p.Timeout.inherit(parent.Timeout)
 	p.Bulkhead = p.Bulkhead.inherit(parent.Bulkhead)
+	p.Breaker = p.Breaker.inherit(parent.Breaker)
+	p.Fallback = p.Fallback.inherit(parent.Fallback)
 	return p
 }
 
@@ -33,6 +44,8 @@ func (p Policy) inherit(parent Policy) Policy {
 func (p Policy) withDefaults() Policy {
 	p.Timeout = p.Timeout.withDefaults()
 	p.Bulkhead = p.Bulkhead.withDefaults()
+	p.Breaker = p.Breaker.withDefaults(p.Timeout)
+	p.Fallback = p.Fallback.withDefaults()
 	return p
 }
 
@@ -40,6 +53,12 @@ func (p Policy) withDefaults() Policy {
 // and defaults.
 func (p Policy) validate() error {
 	if err := p.Bulkhead.validate(); err != nil {
+		return err
+	}
+	if err := p.Breaker.validate(); err != nil {
+		return err
+	}
+	if err := p.Fallback.validate(); err != nil {
 		return err
 	}
 	return p.Timeout.validate()

@@ -74,7 +74,7 @@ type Config struct {
 //
 // The stack, outer to inner, for one request:
 //
-//	router → total deadline → bulkhead → attempt deadline → base
+//	router → fallback → total deadline → breaker → bulkhead → attempt deadline → base
 //
 // Each host's stack is composed once, when the host is first seen, never per
 // call.
@@ -118,6 +118,7 @@ type hostState struct {
 	upstream string
 	policy   *Policy
 	rt       http.RoundTripper
+	breaker  *breakerRT   // nil when the upstream's breaker is disabled
 	bulkhead *bulkheadRT  // nil when the upstream's bulkhead is disabled
 	lastUsed atomic.Int64 // unix nanoseconds, updated at most every touchEvery
 }
@@ -400,9 +401,21 @@ func (t *Transport) buildStack(hs *hostState) http.RoundTripper {
 		rt = hs.bulkhead
 	}
 
+	// 6. Breaker: sees every attempt, outside the bulkhead so an open
+	// breaker refuses before a slot is taken.
+	if !p.Breaker.Disabled {
+		hs.breaker = newBreakerRT(rt, hs)
+		rt = hs.breaker
+	}
+
 	// 3. Total deadline.
 	if !p.Timeout.Disabled && p.Timeout.Total > 0 {
 		rt = &totalDeadlineRT{next: rt, t: t, total: p.Timeout.Total}
+	}
+
+	// 2. Fallback, outermost: it sees only the call's final outcome.
+	if p.Fallback.enabled() {
+		rt = newFallbackRT(rt, hs)
 	}
 	return rt
 }

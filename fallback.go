@@ -1,0 +1,498 @@
+package bulwark
+
+import (
+	"bytes"
+	"container/list"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// FallbackHeader is the response header that marks an answer bulwark made
+// up locally instead of getting it from the upstream. Its value says which
+// fallback answered: "stale", "constant" or "func".
+const FallbackHeader = "Bulwark-Fallback"
+
+// Package defaults for StaleCache, applied when StaleCache.MaxAge is set.
+const (
+	DefaultStaleEntries    = 1000
+	DefaultStaleBytes      = 16 << 20
+	DefaultStaleEntryBytes = 256 << 10
+)
+
+// Fallback answers a call that has finally failed from something local, so
+// that a sick dependency degrades a feature instead of failing it. It runs
+// on the call's final outcome only, after the retries: an error (breaker
+// open, bulkhead full, pushback, retry budget spent, bulwark's attempt or
+// total timeout, a transport error) or a final 5xx (other than 501) or 429
+// response, which is then drained and closed. It never runs when the
+// caller's own context has ended: nobody would read the answer.
+//
+// The fallbacks are tried in order, Stale, Func, Constant; the first that
+// has an answer gives it, and when none has, the caller gets the original
+// outcome untouched. Every answer carries the FallbackHeader.
+//
+// A fallback never makes a network call of its own. The reference note's
+// rule is that a fallback must be cheaper and more reliable than what it
+// replaces: a second network call is a second dependency, untested, with
+// no breaker around it, failing at the very moment the first one did. So
+// the built-ins read memory only, and a Func should too.
+//
+// The zero Fallback has no fallback at all.
+type Fallback struct {
+	// Stale serves the last successful response to the same GET. Zero
+	// MaxAge inherits from Default, then means no stale cache.
+	Stale StaleCache
+
+	// Func is asked for an answer when there is no stale one. cause is the
+	// final error, or an *UpstreamStatusError for a final failing response.
+	// It returns a response to serve, an error to return instead of the
+	// original, or (nil, nil) to decline. It runs for every method, so it
+	// must decide itself what an unsafe method's degraded answer is. Nil
+	// inherits from Default, then means no function.
+	Func func(req *http.Request, cause error) (*http.Response, error)
+
+	// Constant answers GET and HEAD requests when nothing before it did.
+	// Other methods never get it: a made-up "200 OK" to a POST would tell
+	// the caller that something happened that did not. Nil inherits from
+	// Default, then means no constant.
+	Constant *ConstantResponse
+
+	// Disabled turns every fallback off for this upstream. An upstream
+	// inherits Disabled from Default.
+	Disabled bool
+}
+
+// StaleCache configures the stale cache: per host, it keeps the last 2xx
+// response (other than 206) to each GET URL that was read in full, and
+// serves it, marked "Bulwark-Fallback: stale" and with an Age header (the
+// upstream's Age plus the seconds bulwark has held it, RFC 9111), when a
+// later GET to that URL finally fails.
+//
+// It never shares one caller's answer with another: requests carrying
+// Authorization, Cookie or Range are neither stored nor served, responses
+// marked Cache-Control no-store or private, or Vary: *, are not stored, and
+// a stored response is served only to requests whose headers named by its
+// Vary match the stored request's. Caching never slows a stream down: the
+// body is copied as the caller reads it, and kept only if the caller read
+// it to the end within MaxEntryBytes.
+type StaleCache struct {
+	// MaxAge is how long after receiving a response it may still be served;
+	// never beyond. Zero inherits from Default, then means no stale cache.
+	MaxAge time.Duration
+
+	// MaxEntries caps the URLs kept per host, least recently stored dropped
+	// first. Zero inherits from Default, then DefaultStaleEntries.
+	MaxEntries int
+
+	// MaxBytes caps the bytes (bodies, headers and URLs) kept per host.
+	// Zero inherits from Default, then DefaultStaleBytes.
+	MaxBytes int64
+
+	// MaxEntryBytes caps one response's body; a larger one is not kept.
+	// Zero inherits from Default, then DefaultStaleEntryBytes, capped at
+	// MaxBytes.
+	MaxEntryBytes int64
+}
+
+// ConstantResponse is a fixed answer. Its fields are copied when New
+// builds a host's stack; changing them afterwards has no effect.
+type ConstantResponse struct {
+	// StatusCode is the answer's status, 200..599. Zero means 200.
+	StatusCode int
+	// Header is the answer's header, copied for every answer; nil means
+	// none besides the FallbackHeader.
+	Header http.Header
+	// Body is the answer's body; nil means empty.
+	Body []byte
+}
+
+// UpstreamStatusError is the cause a Fallback.Func gets for a call whose
+// final response had a failing status (5xx other than 501, or 429).
+type UpstreamStatusError struct {
+	Host       string // "host:port"
+	StatusCode int
+}
+
+func (e *UpstreamStatusError) Error() string {
+	return "bulwark: " + e.Host + " answered " + strconv.Itoa(e.StatusCode) + " " + http.StatusText(e.StatusCode)
+}
+
+func (f Fallback) inherit(parent Fallback) Fallback {
+	f.Stale = f.Stale.inherit(parent.Stale)
+	if f.Func == nil {
+		f.Func = parent.Func
+	}
+	if f.Constant == nil {
+		f.Constant = parent.Constant
+	}
+	f.Disabled = f.Disabled || parent.Disabled
+	return f
+}
+
+func (s StaleCache) inherit(parent StaleCache) StaleCache {
+	if s.MaxAge == 0 {
+		s.MaxAge = parent.MaxAge
+	}
+	if s.MaxEntries == 0 {
+		s.MaxEntries = parent.MaxEntries
+	}
+	if s.MaxBytes == 0 {
+		s.MaxBytes = parent.MaxBytes
+	}
+	if s.MaxEntryBytes == 0 {
+		s.MaxEntryBytes = parent.MaxEntryBytes
+	}
+	return s
+}
+
+func (f Fallback) withDefaults() Fallback {
+	if f.Stale.MaxAge > 0 {
+		if f.Stale.MaxEntries == 0 {
+			f.Stale.MaxEntries = DefaultStaleEntries
+		}
+		if f.Stale.MaxBytes == 0 {
+			f.Stale.MaxBytes = DefaultStaleBytes
+		}
+		if f.Stale.MaxEntryBytes == 0 {
+			f.Stale.MaxEntryBytes = min(DefaultStaleEntryBytes, f.Stale.MaxBytes)
+		}
+	}
+	return f
+}
+
+func (f Fallback) validate() error {
+	s := f.Stale
+	switch {
+	case s.MaxAge < 0:
+		return fieldError("Fallback.Stale.MaxAge", s.MaxAge, "must be ≥ 0")
+	case s.MaxEntries < 0:
+		return fieldError("Fallback.Stale.MaxEntries", s.MaxEntries, "must be ≥ 0")
+	case s.MaxBytes < 0:
+		return fieldError("Fallback.Stale.MaxBytes", s.MaxBytes, "must be ≥ 0")
+	case s.MaxEntryBytes < 0:
+		return fieldError("Fallback.Stale.MaxEntryBytes", s.MaxEntryBytes, "must be ≥ 0")
+	case s.MaxBytes > 0 && s.MaxEntryBytes > s.MaxBytes:
+		return fieldError("Fallback.Stale.MaxEntryBytes", s.MaxEntryBytes, "must not exceed Fallback.Stale.MaxBytes")
+	}
+	if c := f.Constant; c != nil && c.StatusCode != 0 && (c.StatusCode < 200 || c.StatusCode > 599) {
+		return fieldError("Fallback.Constant.StatusCode", c.StatusCode, "must be 200..599")
+	}
+	return nil
+}
+
+// enabled reports whether the policy has any fallback to run.
+func (f Fallback) enabled() bool {
+	return !f.Disabled && (f.Stale.MaxAge > 0 || f.Func != nil || f.Constant != nil)
+}
+
+// fallbackRT is layer 2, the outermost of a host's stack: it sees the
+// call's final outcome, records good GET answers for the stale cache and
+// answers bad ones from a fallback.
+type fallbackRT struct {
+	next     http.RoundTripper
+	hs       *hostState
+	stale    *staleCache // nil: no stale cache
+	fn       func(*http.Request, error) (*http.Response, error)
+	constant *ConstantResponse // a private copy; nil: none
+}
+
+func newFallbackRT(next http.RoundTripper, hs *hostState) *fallbackRT {
+	p := hs.policy.Fallback
+	f := &fallbackRT{next: next, hs: hs, fn: p.Func}
+	if p.Stale.MaxAge > 0 {
+		f.stale = newStaleCache(p.Stale)
+	}
+	if c := p.Constant; c != nil {
+		cc := &ConstantResponse{StatusCode: c.StatusCode, Header: c.Header.Clone(), Body: bytes.Clone(c.Body)}
+		if cc.StatusCode == 0 {
+			cc.StatusCode = http.StatusOK
+		}
+		if cc.Header == nil {
+			cc.Header = make(http.Header, 1)
+		}
+		cc.Header.Set(FallbackHeader, "constant")
+		f.constant = cc
+	}
+	return f
+}
+
+func (f *fallbackRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := f.next.RoundTrip(req)
+	var cause error
+	if err == nil {
+		if !failureStatus(resp.StatusCode) {
+			if f.stale != nil {
+				f.stale.watch(req, resp, f.hs.t.now())
+			}
+			return resp, nil
+		}
+		cause = &UpstreamStatusError{Host: f.hs.name, StatusCode: resp.StatusCode}
+	} else {
+		cause = err
+	}
+	if callerGaveUp(req, err) {
+		return resp, err
+	}
+	fb, ferr := f.answer(req, cause)
+	if fb == nil && ferr == nil {
+		return resp, err
+	}
+	discard(resp)
+	return fb, ferr
+}
+
+// callerGaveUp reports whether the call ended because of the caller's own
+// context, not because of the upstream or bulwark.
+func callerGaveUp(req *http.Request, err error) bool {
+	if req.Context().Err() != nil {
+		return true
+	}
+	return err != nil && !errors.Is(err, ErrAttemptTimeout) && !errors.Is(err, ErrDeadlineTooShort) &&
+		(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
+}
+
+// answer asks the fallbacks in order; (nil, nil) means none had an answer.
+func (f *fallbackRT) answer(req *http.Request, cause error) (*http.Response, error) {
+	if f.stale != nil {
+		if resp := f.stale.serve(req, f.hs.t.now()); resp != nil {
+			return resp, nil
+		}
+	}
+	if f.fn != nil {
+		resp, err := f.fn(req, cause)
+		if err != nil {
+			if resp != nil && resp.Body != nil {
+				// The RoundTripper contract forbids both; the error wins.
+				_ = resp.Body.Close()
+			}
+			return nil, err
+		}
+		if resp != nil {
+			if resp.Header == nil {
+				resp.Header = make(http.Header, 1)
+			}
+			resp.Header.Set(FallbackHeader, "func")
+			if resp.Body == nil {
+				resp.Body = http.NoBody
+			}
+			if resp.Request == nil {
+				resp.Request = req
+			}
+			return resp, nil
+		}
+	}
+	if c := f.constant; c != nil && (req.Method == http.MethodGet || req.Method == http.MethodHead) {
+		body := c.Body
+		if req.Method == http.MethodHead {
+			body = nil
+		}
+		return localResponse(req, c.StatusCode, c.Header.Clone(), body), nil
+	}
+	return nil, nil
+}
+
+// localResponse builds a response served from memory.
+func localResponse(req *http.Request, code int, h http.Header, body []byte) *http.Response {
+	var rc io.ReadCloser = http.NoBody
+	if len(body) > 0 {
+		rc = io.NopCloser(bytes.NewReader(body))
+	}
+	return &http.Response{
+		Status: strconv.Itoa(code) + " " + http.StatusText(code), StatusCode: code,
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: h, Body: rc, ContentLength: int64(len(body)), Request: req,
+	}
+}
+
+// staleCache is one host's stale responses: a map by URL and a list in
+// storing order (front newest) for eviction, under one mutex.
+type staleCache struct {
+	cfg StaleCache
+
+	mu      sync.Mutex
+	entries map[string]*list.Element // of *staleEntry
+	order   list.List
+	bytes   int64
+}
+
+type staleEntry struct {
+	key      string
+	status   int
+	header   http.Header
+	body     []byte
+	received time.Time     // when the response headers arrived
+	age      time.Duration // the upstream's own Age header
+	vary     []string      // canonical header names from Vary
+	varyVals []string      // the stored request's values for them
+	size     int64
+}
+
+func newStaleCache(cfg StaleCache) *staleCache {
+	return &staleCache{cfg: cfg, entries: make(map[string]*list.Element)}
+}
+
+// cacheableRequest reports whether req may be stored or served: a GET that
+// is not personal (no credentials, no cookies) and not partial.
+func cacheableRequest(req *http.Request) bool {
+	if req.Method != http.MethodGet || req.URL == nil {
+		return false
+	}
+	for _, h := range [...]string{"Authorization", "Cookie", "Range"} {
+		if _, ok := req.Header[h]; ok {
+			return false
+		}
+	}
+	return true
+}
+
+// watch arranges for resp to be stored once the caller has read it all.
+func (c *staleCache) watch(req *http.Request, resp *http.Response, now time.Time) {
+	if resp.StatusCode < 200 || resp.StatusCode > 299 || resp.StatusCode == http.StatusPartialContent ||
+		!cacheableRequest(req) {
+		return
+	}
+	if resp.ContentLength > c.cfg.MaxEntryBytes {
+		return
+	}
+	for _, v := range resp.Header.Values("Cache-Control") {
+		v = strings.ToLower(v)
+		if strings.Contains(v, "no-store") || strings.Contains(v, "private") {
+			return
+		}
+	}
+	e := &staleEntry{key: req.URL.String(), status: resp.StatusCode, header: resp.Header.Clone(), received: now}
+	if a, err := strconv.ParseInt(strings.TrimSpace(resp.Header.Get("Age")), 10, 64); err == nil && a > 0 {
+		e.age = time.Duration(a) * time.Second
+	}
+	for _, v := range resp.Header.Values("Vary") {
+		for name := range strings.SplitSeq(v, ",") {
+			name = strings.TrimSpace(name)
+			if name == "*" {
+				return
+			}
+			if name != "" {
+				name = http.CanonicalHeaderKey(name)
+				e.vary = append(e.vary, name)
+				e.varyVals = append(e.varyVals, strings.Join(req.Header.Values(name), ","))
+			}
+		}
+	}
+	if resp.Body == nil || resp.Body == http.NoBody {
+		c.store(e)
+		return
+	}
+	t := &teeBody{rc: resp.Body, c: c, e: e, limit: c.cfg.MaxEntryBytes}
+	if resp.ContentLength > 0 {
+		t.buf = make([]byte, 0, resp.ContentLength)
+	}
+	resp.Body = t
+}
+
+// teeBody copies a response body as the caller reads it and stores the
+// response when the caller reaches EOF. A body closed early, failing, or
+// longer than limit is not stored. It never reads ahead of the caller, so
+// a stream flows exactly as it would without the cache.
+type teeBody struct {
+	rc    io.ReadCloser
+	c     *staleCache
+	e     *staleEntry
+	buf   []byte
+	limit int64
+	over  bool // longer than limit, or already stored: keep nothing more
+}
+
+func (t *teeBody) Read(p []byte) (int, error) {
+	n, err := t.rc.Read(p)
+	if !t.over {
+		if int64(len(t.buf)+n) > t.limit {
+			t.over, t.buf = true, nil
+		} else {
+			t.buf = append(t.buf, p[:n]...)
+		}
+		if err == io.EOF && !t.over {
+			t.e.body = t.buf
+			t.over, t.buf = true, nil
+			t.c.store(t.e)
+		}
+	}
+	return n, err
+}
+
+// Close closes the body. Whatever was read so far is dropped unless the
+// caller had already reached EOF. It touches nothing Read uses, since
+// net/http allows Close to be called while a Read is under way.
+func (t *teeBody) Close() error { return t.rc.Close() }
+
+// store adds e, replacing any entry for its URL, then evicts the oldest
+// entries until the caps hold.
+func (c *staleCache) store(e *staleEntry) {
+	e.size = int64(len(e.key) + len(e.body))
+	for k, vv := range e.header {
+		e.size += int64(len(k))
+		for _, v := range vv {
+			e.size += int64(len(v))
+		}
+	}
+	if e.size > c.cfg.MaxBytes {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.entries[e.key]; ok {
+		c.removeLocked(old)
+	}
+	c.entries[e.key] = c.order.PushFront(e)
+	c.bytes += e.size
+	for len(c.entries) > c.cfg.MaxEntries || c.bytes > c.cfg.MaxBytes {
+		c.removeLocked(c.order.Back())
+	}
+}
+
+func (c *staleCache) removeLocked(el *list.Element) {
+	e := c.order.Remove(el).(*staleEntry)
+	delete(c.entries, e.key)
+	c.bytes -= e.size
+}
+
+// serve returns the stored answer to req, or nil when there is none within
+// MaxAge (an expired one is dropped) or it does not match req's Vary
+// headers.
+func (c *staleCache) serve(req *http.Request, now time.Time) *http.Response {
+	if !cacheableRequest(req) {
+		return nil
+	}
+	key := req.URL.String()
+	c.mu.Lock()
+	el, ok := c.entries[key]
+	if !ok {
+		c.mu.Unlock()
+		return nil
+	}
+	e := el.Value.(*staleEntry)
+	held := now.Sub(e.received)
+	if held > c.cfg.MaxAge {
+		c.removeLocked(el)
+		c.mu.Unlock()
+		return nil
+	}
+	c.mu.Unlock()
+	// e is never changed once stored, so it can be read without the lock.
+	for i, name := range e.vary {
+		if strings.Join(req.Header.Values(name), ",") != e.varyVals[i] {
+			return nil
+		}
+	}
+	h := e.header.Clone()
+	if h == nil {
+		h = make(http.Header, 2)
+	}
+	h.Set(FallbackHeader, "stale")
+	h.Set("Age", strconv.FormatInt(int64((e.age+max(held, 0))/time.Second), 10))
+	return localResponse(req, e.status, h, e.body)
+}

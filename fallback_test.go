@@ -1,0 +1,483 @@
+package bulwark
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/iotest"
+	"time"
+)
+
+// contentBase serves GETs from a map of path to body with status 200, or
+// fails every call with code (or err) once sick is set.
+type contentBase struct {
+	pages  map[string]string
+	header http.Header // added to every good answer
+	sick   atomic.Int32
+	err    error // when sick and set: a transport error instead of a status
+	calls  atomic.Int64
+}
+
+func (c *contentBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	c.calls.Add(1)
+	closeBody(req)
+	code, body := 200, c.pages[req.URL.Path]
+	if s := c.sick.Load(); s != 0 {
+		if c.err != nil {
+			return nil, c.err
+		}
+		code, body = int(s), "sick"
+	}
+	h := c.header.Clone()
+	if h == nil {
+		h = http.Header{}
+	}
+	return &http.Response{
+		StatusCode: code, Status: http.StatusText(code), Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: h, Body: io.NopCloser(strings.NewReader(body)), ContentLength: int64(len(body)), Request: req,
+	}, nil
+}
+
+type result struct {
+	code   int
+	body   string
+	header http.Header
+	err    error
+}
+
+// get sends a GET through rt and reads the whole answer.
+func get(t testing.TB, rt http.RoundTripper, url string, hdr ...string) result {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		return result{err: err}
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return result{code: resp.StatusCode, body: string(b), header: resp.Header}
+}
+
+func TestStaleFallbackWhileOpen(t *testing.T) {
+	const maxAge = 5 * time.Minute
+	clk := newFakeClock()
+	base := &contentBase{pages: map[string]string{"/rate": "7.25%"}, header: http.Header{"Age": {"3"}}}
+	tr := mustNew(t, Config{Base: base, Default: Policy{
+		Breaker:  Breaker{MinCalls: 1},
+		Fallback: Fallback{Stale: StaleCache{MaxAge: maxAge}},
+	}})
+	tr.now = clk.now
+	const url = "http://tax.test/rate"
+
+	if r := get(t, tr, url); r.err != nil || r.body != "7.25%" || r.header.Get(FallbackHeader) != "" {
+		t.Fatalf("healthy: %+v", r)
+	}
+	base.sick.Store(503)
+	clk.advance(time.Minute)
+	// The 503 trips the breaker and is replaced by the stale answer.
+	r := get(t, tr, url)
+	if r.err != nil || r.code != 200 || r.body != "7.25%" || r.header.Get(FallbackHeader) != "stale" || r.header.Get("Age") != "63" {
+		t.Fatalf("503 with a stale entry: %+v", r)
+	}
+	if s, _ := tr.BreakerState("tax.test:80"); s != CircuitOpen {
+		t.Fatalf("breaker %v, want open", s)
+	}
+	calls := base.calls.Load()
+	steps := []struct {
+		advance   time.Duration
+		wantStale bool
+	}{
+		{0, true},
+		{maxAge - time.Minute - time.Second, true},
+		{time.Second, true}, // exactly MaxAge old
+		{time.Nanosecond, false},
+		{0, false}, // dropped, not served again
+	}
+	for _, st := range steps {
+		clk.advance(st.advance)
+		r := get(t, tr, url)
+		switch {
+		case st.wantStale && (r.err != nil || r.body != "7.25%" || r.header.Get(FallbackHeader) != "stale"):
+			t.Errorf("+%v: %+v, want the stale answer", st.advance, r)
+		case !st.wantStale && !errors.Is(r.err, ErrBreakerOpen):
+			t.Errorf("+%v: %+v, want ErrBreakerOpen past MaxAge", st.advance, r)
+		}
+	}
+	if n := base.calls.Load(); n != calls {
+		t.Errorf("%d requests reached the host while open", n-calls)
+	}
+	// A different URL has no entry.
+	if r := get(t, tr, "http://tax.test/other"); !errors.Is(r.err, ErrBreakerOpen) {
+		t.Errorf("uncached URL: %+v, want ErrBreakerOpen", r)
+	}
+}
+
+func TestStaleCacheStoring(t *testing.T) {
+	tests := []struct {
+		name    string
+		header  http.Header     // on the good response
+		reqHdr  []string        // on both requests
+		read    func(io.Reader) // how the caller reads the first answer
+		want    bool
+		lookHdr []string // on the failing request, when different
+	}{
+		{name: "read to EOF", want: true},
+		{name: "read in one-byte steps", read: func(r io.Reader) { io.ReadAll(iotest.OneByteReader(r)) }, want: true},
+		{name: "closed early", read: func(r io.Reader) { r.Read(make([]byte, 3)) }},
+		{name: "not read", read: func(io.Reader) {}},
+		{name: "no-store", header: http.Header{"Cache-Control": {"max-age=0, no-store"}}},
+		{name: "private", header: http.Header{"Cache-Control": {"Private"}}},
+		{name: "vary star", header: http.Header{"Vary": {"*"}}},
+		{name: "authorization", reqHdr: []string{"Authorization", "Bearer x"}},
+		{name: "cookie", reqHdr: []string{"Cookie", "a=b"}},
+		{name: "vary match", header: http.Header{"Vary": {"Accept-Language"}}, reqHdr: []string{"Accept-Language", "fr"}, want: true},
+		{name: "vary mismatch", header: http.Header{"Vary": {"accept-language"}}, reqHdr: []string{"Accept-Language", "fr"},
+			lookHdr: []string{"Accept-Language", "de"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			base := &contentBase{pages: map[string]string{"/p": "0123456789"}, header: tt.header}
+			tr := mustNew(t, Config{Base: base, Default: Policy{
+				Breaker: Breaker{Disabled: true}, Fallback: Fallback{Stale: StaleCache{MaxAge: time.Hour}},
+			}})
+			req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://s.test/p", nil)
+			for i := 0; i+1 < len(tt.reqHdr); i += 2 {
+				req.Header.Set(tt.reqHdr[i], tt.reqHdr[i+1])
+			}
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.read != nil {
+				tt.read(resp.Body)
+			} else {
+				io.ReadAll(resp.Body)
+			}
+			resp.Body.Close()
+			base.sick.Store(502)
+			look := tt.lookHdr
+			if look == nil {
+				look = tt.reqHdr
+			}
+			r := get(t, tr, "http://s.test/p", look...)
+			if got := r.header.Get(FallbackHeader) == "stale"; got != tt.want {
+				t.Errorf("served stale = %v, want %v (%+v)", got, tt.want, r)
+			}
+			if tt.want && r.body != "0123456789" {
+				t.Errorf("stale body %q", r.body)
+			}
+			if !tt.want && (r.code != 502 || r.body != "sick") {
+				t.Errorf("without an entry: %+v, want the original 502 intact", r)
+			}
+		})
+	}
+}
+
+func TestStaleCacheBounds(t *testing.T) {
+	clk := newFakeClock()
+	c := newStaleCache((Fallback{Stale: StaleCache{MaxAge: time.Hour, MaxEntries: 3, MaxBytes: 100, MaxEntryBytes: 40}}).withDefaults().Stale)
+	put := func(path string, n int) {
+		c.store(&staleEntry{key: "http://b.test" + path, status: 200, body: bytes.Repeat([]byte("x"), n), received: clk.now()})
+	}
+	has := func(path string) bool {
+		req, _ := http.NewRequest(http.MethodGet, "http://b.test"+path, nil)
+		return c.serve(req, clk.now()) != nil
+	}
+	put("/a", 10)
+	put("/b", 10)
+	put("/c", 10)
+	put("/d", 10) // four entries: /a goes
+	if has("/a") || !has("/b") || !has("/d") {
+		t.Errorf("entries cap: a=%v b=%v d=%v", has("/a"), has("/b"), has("/d"))
+	}
+	put("/e", 60) // 15+15+15+... bytes over 100: oldest go until it fits
+	if c.bytes > 100 || len(c.entries) > 3 || !has("/e") || has("/b") {
+		t.Errorf("bytes cap: %d bytes, %d entries, e=%v b=%v", c.bytes, len(c.entries), has("/e"), has("/b"))
+	}
+	put("/huge", 200) // larger than MaxBytes: not stored, nothing evicted for it
+	if has("/huge") || !has("/e") {
+		t.Errorf("oversized entry: huge=%v e=%v", has("/huge"), has("/e"))
+	}
+	put("/e", 5) // replacing keeps one entry per URL
+	if n := len(c.entries); n != 2 || c.bytes != int64(2*len("http://b.test/e")+5+10) {
+		t.Errorf("replace: %d entries, %d bytes", n, c.bytes)
+	}
+
+	// A body over MaxEntryBytes is not kept, whether its length is known
+	// in advance or not.
+	base := &contentBase{pages: map[string]string{"/big": strings.Repeat("y", 50)}}
+	tr := mustNew(t, Config{Base: base, Default: Policy{Breaker: Breaker{Disabled: true},
+		Fallback: Fallback{Stale: StaleCache{MaxAge: time.Hour, MaxEntryBytes: 40}}}})
+	for _, known := range []bool{true, false} {
+		base.sick.Store(0)
+		rt := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			resp, err := base.RoundTrip(req)
+			if err == nil && !known {
+				resp.ContentLength = -1
+			}
+			return resp, err
+		})
+		tr := mustNew(t, Config{Base: rt, Default: tr.def.policy})
+		if r := get(t, tr, "http://s.test/big"); len(r.body) != 50 {
+			t.Fatalf("big body read %d bytes", len(r.body))
+		}
+		base.sick.Store(500)
+		if r := get(t, tr, "http://s.test/big"); r.code != 500 {
+			t.Errorf("length known=%v: over MaxEntryBytes served %+v", known, r)
+		}
+	}
+}
+
+func TestFallbackKinds(t *testing.T) {
+	var gotCause error
+	fn := func(req *http.Request, cause error) (*http.Response, error) {
+		gotCause = cause
+		switch req.URL.Path {
+		case "/decline":
+			return nil, nil
+		case "/error":
+			return nil, errors.New("fn: no answer")
+		}
+		return &http.Response{StatusCode: 200, Body: io.NopCloser(strings.NewReader("from fn"))}, nil
+	}
+	constant := &ConstantResponse{Header: http.Header{"Content-Type": {"text/plain"}}, Body: []byte("default")}
+	tests := []struct {
+		name     string
+		fb       Fallback
+		method   string
+		path     string
+		sick     int32
+		err      error
+		wantBody string
+		wantKind string // FallbackHeader value; empty: no fallback
+		wantErr  bool
+	}{
+		{name: "constant on 503", fb: Fallback{Constant: constant}, sick: 503, wantBody: "default", wantKind: "constant"},
+		{name: "constant on 429", fb: Fallback{Constant: constant}, sick: 429, wantBody: "default", wantKind: "constant"},
+		{name: "constant on transport error", fb: Fallback{Constant: constant}, err: errStub, wantBody: "default", wantKind: "constant"},
+		{name: "constant on attempt timeout", fb: Fallback{Constant: constant}, err: &timeoutError{cause: errStub}, wantBody: "default", wantKind: "constant"},
+		{name: "constant on bulkhead full", fb: Fallback{Constant: constant}, err: ErrBulkheadFull, wantBody: "default", wantKind: "constant"},
+		{name: "not on 404", fb: Fallback{Constant: constant}, sick: 404, wantBody: "sick"},
+		{name: "not on 501", fb: Fallback{Constant: constant}, sick: 501, wantBody: "sick"},
+		{name: "not on success", fb: Fallback{Constant: constant}, wantBody: "page"},
+		{name: "constant not for POST", fb: Fallback{Constant: constant}, method: http.MethodPost, sick: 503, wantBody: "sick"},
+		{name: "constant HEAD", fb: Fallback{Constant: constant}, method: http.MethodHead, sick: 503, wantKind: "constant"},
+		{name: "func first", fb: Fallback{Func: fn, Constant: constant}, sick: 503, wantBody: "from fn", wantKind: "func"},
+		{name: "func for POST", fb: Fallback{Func: fn}, method: http.MethodPost, err: errStub, wantBody: "from fn", wantKind: "func"},
+		{name: "func declines, constant answers", fb: Fallback{Func: fn, Constant: constant}, path: "/decline", sick: 503, wantBody: "default", wantKind: "constant"},
+		{name: "func declines alone", fb: Fallback{Func: fn}, path: "/decline", sick: 503, wantBody: "sick"},
+		{name: "func error", fb: Fallback{Func: fn}, path: "/error", sick: 503, wantErr: true},
+		{name: "disabled", fb: Fallback{Constant: constant, Disabled: true}, sick: 503, wantBody: "sick"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			gotCause = nil
+			base := &contentBase{pages: map[string]string{"/": "page"}, err: tt.err}
+			base.sick.Store(tt.sick)
+			if tt.err != nil {
+				base.sick.Store(1)
+			}
+			tr := mustNew(t, Config{Base: base, Default: Policy{Breaker: Breaker{Disabled: true}, Fallback: tt.fb}})
+			method, path := tt.method, tt.path
+			if method == "" {
+				method = http.MethodGet
+			}
+			if path == "" {
+				path = "/"
+			}
+			var bs bodies
+			cr := contractRequest{method: method, body: "x"}
+			if method == http.MethodGet || method == http.MethodHead {
+				cr.body = ""
+			}
+			req := newContractRequest(t, t.Context(), "http://f.test"+path, cr, &bs)
+			resp, err := tr.RoundTrip(req)
+			if tt.wantErr {
+				if err == nil {
+					resp.Body.Close()
+					t.Fatalf("got a response, want an error")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("err = %v", err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if string(b) != tt.wantBody || resp.Header.Get(FallbackHeader) != tt.wantKind {
+				t.Errorf("got %d %q kind %q, want %q kind %q", resp.StatusCode, b, resp.Header.Get(FallbackHeader), tt.wantBody, tt.wantKind)
+			}
+			if tt.wantKind == "func" && tt.sick == 503 {
+				var se *UpstreamStatusError
+				if !errors.As(gotCause, &se) || se.StatusCode != 503 || se.Host != "f.test:80" {
+					t.Errorf("cause = %v, want an *UpstreamStatusError 503", gotCause)
+				}
+			}
+			if tt.wantKind == "func" && tt.err != nil && !errors.Is(gotCause, tt.err) {
+				t.Errorf("cause = %v, want %v", gotCause, tt.err)
+			}
+			if !bs.allClosed() {
+				t.Error("request body left open")
+			}
+		})
+	}
+}
+
+func TestFallbackNotOnCallerCancel(t *testing.T) {
+	var asked atomic.Int32
+	fn := func(*http.Request, error) (*http.Response, error) {
+		asked.Add(1)
+		return &http.Response{StatusCode: 200}, nil
+	}
+	for _, block := range []bool{false, true} {
+		base := &stubBase{block: block, status: 503}
+		tr := mustNew(t, Config{Base: base, Default: Policy{Fallback: Fallback{Func: fn, Constant: &ConstantResponse{}}}})
+		ctx, cancel := context.WithCancel(t.Context())
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://c.test/", nil)
+		if block {
+			go cancel()
+		} else {
+			cancel()
+		}
+		resp, err := tr.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("block=%v: err = %v, want context.Canceled", block, err)
+		}
+	}
+	// The fallback layer alone, with the caller's context ended after a 503.
+	f := &fallbackRT{next: roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		resp, err := (&stubBase{status: 503}).RoundTrip(req)
+		return resp, err
+	}), hs: &hostState{t: mustNew(t, Config{}), name: "c.test:80"}, fn: fn}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://c.test/", nil)
+	if resp, err := f.RoundTrip(req); err != nil || resp.StatusCode != 503 {
+		t.Errorf("cancelled caller: %v, %v; want the 503 as it was", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	if n := asked.Load(); n != 0 {
+		t.Errorf("fallback asked %d times for a caller that gave up", n)
+	}
+}
+
+func TestFallbackValidate(t *testing.T) {
+	tests := []struct {
+		fb    Fallback
+		field string
+	}{
+		{Fallback{Stale: StaleCache{MaxAge: -1}}, "Fallback.Stale.MaxAge"},
+		{Fallback{Stale: StaleCache{MaxAge: time.Second, MaxEntries: -1}}, "Fallback.Stale.MaxEntries"},
+		{Fallback{Stale: StaleCache{MaxAge: time.Second, MaxBytes: -1}}, "Fallback.Stale.MaxBytes"},
+		{Fallback{Stale: StaleCache{MaxAge: time.Second, MaxEntryBytes: -1}}, "Fallback.Stale.MaxEntryBytes"},
+		{Fallback{Stale: StaleCache{MaxAge: time.Second, MaxBytes: 10, MaxEntryBytes: 11}}, "Fallback.Stale.MaxEntryBytes"},
+		{Fallback{Constant: &ConstantResponse{StatusCode: 99}}, "Fallback.Constant.StatusCode"},
+	}
+	for _, tt := range tests {
+		_, err := New(Config{Default: Policy{Fallback: tt.fb}})
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Field != tt.field {
+			t.Errorf("New(%+v) = %v, want a ConfigError for %s", tt.fb, err, tt.field)
+		}
+	}
+	// Small MaxBytes caps the default MaxEntryBytes rather than failing.
+	if _, err := New(Config{Default: Policy{Fallback: Fallback{Stale: StaleCache{MaxAge: time.Second, MaxBytes: 1000}}}}); err != nil {
+		t.Errorf("MaxBytes under the default entry cap: %v", err)
+	}
+	if (Fallback{}).enabled() || (Fallback{Constant: &ConstantResponse{}, Disabled: true}).enabled() {
+		t.Error("zero or disabled Fallback enabled")
+	}
+	// The constant is copied: changing it after New changes nothing.
+	c := &ConstantResponse{Body: []byte("one")}
+	tr := mustNew(t, Config{Base: &stubBase{status: 503}, Default: Policy{Fallback: Fallback{Constant: c}}})
+	r := get(t, tr, "http://k.test/")
+	c.Body[0] = 'X'
+	if r2 := get(t, tr, "http://k.test/"); r.body != "one" || r2.body != "one" {
+		t.Errorf("constant bodies %q then %q, want \"one\"", r.body, r2.body)
+	}
+}
+
+func TestFallbackContract(t *testing.T) {
+	fb := Fallback{Stale: StaleCache{MaxAge: time.Minute}, Constant: &ConstantResponse{Body: []byte("hello")},
+		Func: func(req *http.Request, _ error) (*http.Response, error) {
+			if req.Method == http.MethodGet {
+				return nil, nil
+			}
+			return &http.Response{StatusCode: 200, Body: io.NopCloser(strings.NewReader("hello"))}, nil
+		}}
+	t.Run("layer", func(t *testing.T) {
+		runContract(t, func(base http.RoundTripper) http.RoundTripper {
+			p := Policy{Fallback: fb}.withDefaults()
+			return newFallbackRT(base, &hostState{t: mustNew(t, Config{}), name: "contract.test:80", policy: &p})
+		})
+	})
+	t.Run("stack", func(t *testing.T) {
+		runContract(t, func(base http.RoundTripper) http.RoundTripper {
+			return mustNew(t, Config{Base: base, Default: Policy{Fallback: fb, Breaker: Breaker{MinCalls: 1}}})
+		})
+	})
+	t.Run("open breaker", func(t *testing.T) {
+		tr := mustNew(t, Config{Base: &stubBase{status: 503}, Default: Policy{Breaker: Breaker{MinCalls: 1}}})
+		get(t, tr, "http://contract.test/")
+		for _, cr := range contractRequests {
+			var bs bodies
+			_, _, err := checkContract(t, tr, newContractRequest(t, t.Context(), "http://contract.test/x", cr, &bs), &bs)
+			if !errors.Is(err, ErrBreakerOpen) {
+				t.Errorf("%s: err = %v, want ErrBreakerOpen", cr.name, err)
+			}
+		}
+	})
+}
+
+// TestStaleCacheStreams checks that the tee never reads ahead of the
+// caller: each chunk reaches the caller while the upstream is still
+// writing, and the whole is stored once the caller reaches EOF.
+func TestStaleCacheStreams(t *testing.T) {
+	pr, pw := io.Pipe()
+	var sick atomic.Bool
+	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		if sick.Load() {
+			return (&stubBase{status: 503}).RoundTrip(req)
+		}
+		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: pr, ContentLength: -1, Request: req}, nil
+	})
+	tr := mustNew(t, Config{Base: base, Default: Policy{Breaker: Breaker{Disabled: true},
+		Fallback: Fallback{Stale: StaleCache{MaxAge: time.Hour}}}})
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://stream.test/events", nil)
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 16)
+	for _, chunk := range []string{"one,", "two,", "three"} {
+		go pw.Write([]byte(chunk))
+		n, err := io.ReadFull(resp.Body, buf[:len(chunk)])
+		if err != nil || string(buf[:n]) != chunk {
+			t.Fatalf("chunk %q: got %q, %v", chunk, buf[:n], err)
+		}
+	}
+	pw.Close()
+	if n, err := resp.Body.Read(buf); n != 0 || err != io.EOF {
+		t.Fatalf("after the stream: %d, %v; want EOF", n, err)
+	}
+	resp.Body.Close()
+	sick.Store(true)
+	if r := get(t, tr, "http://stream.test/events"); r.body != "one,two,three" || r.header.Get(FallbackHeader) != "stale" {
+		t.Errorf("stale stream: %+v", r)
+	}
+}
