@@ -222,3 +222,34 @@ func itoa(i int) string {
 	}
 	return string(b[n:])
 }
+
+// Eviction spares a host whose requests still hold bulkhead slots, so its
+// next request does not get a second bulkhead beside the first.
+func TestEvictionSparesBusyHosts(t *testing.T) {
+	clock := newFakeClock()
+	base := &stubBase{}
+	tr, err := New(Config{Base: base, MaxHosts: 16, HostIdle: time.Minute, Default: Policy{Timeout: Timeout{Disabled: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.now = clock.now
+	busyURL, _ := url.Parse("http://busy.internal/")
+	req, _ := http.NewRequest("GET", busyURL.String(), nil)
+	resp, err := tr.RoundTrip(req) // holds a slot until the body is closed
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy := tr.host(busyURL)
+	clock.advance(2 * time.Minute) // idle by the clock, but busy
+	for i := 0; i < 200; i++ {
+		clock.advance(time.Millisecond)
+		tr.host(&url.URL{Scheme: "http", Host: "churn" + itoa(i) + ".example"})
+	}
+	if tr.host(busyURL) != busy {
+		t.Error("a host with a slot held was evicted")
+	}
+	if in, _, _ := tr.BulkheadStats("busy.internal:80"); in != 1 {
+		t.Errorf("in flight = %d, want 1", in)
+	}
+	resp.Body.Close()
+}

@@ -340,26 +340,49 @@ func (t *Transport) addHost(k hostKey, now int64) *hostState {
 
 // evictLocked makes room: it drops hosts idle past t.idle, then, if that is
 // not enough, the least recently used down to 7/8 of the cap, so the next
-// inserts do not each pay for a scan.
+// inserts do not each pay for a scan. A host with requests in flight is
+// evicted last: its next request would otherwise get a fresh bulkhead
+// beside the one its running requests still hold, and the host would see
+// twice its limit.
 func (t *Transport) evictLocked(now int64) {
 	for k, hs := range t.hosts {
-		if now-hs.lastUsed.Load() > int64(t.idle) {
+		if now-hs.lastUsed.Load() > int64(t.idle) && !hs.busy() {
 			delete(t.hosts, k)
 		}
 	}
 	if len(t.hosts) < t.maxHosts {
 		return
 	}
-	all := make([]*hostState, 0, len(t.hosts))
-	for _, hs := range t.hosts {
-		all = append(all, hs)
+	type entry struct {
+		hs   *hostState
+		busy bool
+		used int64
 	}
-	sort.Slice(all, func(i, j int) bool { return all[i].lastUsed.Load() < all[j].lastUsed.Load() })
+	all := make([]entry, 0, len(t.hosts))
+	for _, hs := range t.hosts {
+		all = append(all, entry{hs, hs.busy(), hs.lastUsed.Load()})
+	}
+	sort.Slice(all, func(i, j int) bool {
+		if all[i].busy != all[j].busy {
+			return !all[i].busy
+		}
+		return all[i].used < all[j].used
+	})
 	keep := t.maxHosts - t.maxHosts/8 - 1
-	for _, hs := range all[:len(all)-keep] {
-		delete(t.hosts, hs.key)
+	for _, e := range all[:len(all)-keep] {
+		delete(t.hosts, e.hs.key)
 	}
 	t.logger.Debug("bulwark: evicted per-host state", "hosts", len(all)-keep, "cap", t.maxHosts)
+}
+
+// busy reports whether the host has requests holding bulkhead slots or
+// queued for one. Without a bulkhead nothing counts requests, so it is false.
+func (hs *hostState) busy() bool {
+	if hs.bulkhead == nil {
+		return false
+	}
+	in, queued := hs.bulkhead.stats()
+	return in > 0 || queued > 0
 }
 
 // route picks the compiled policy for a host: exact host:port, then host,
