@@ -7,6 +7,8 @@
 //	#  layer             per       does
 //	1  router            request   picks the upstream's policy and per-host state
 //	3  total deadline    request   bounds the whole call, retries included
+//	4  retry             request   backoff with jitter, attempt cap, budget, Retry-After; replayable requests only
+//	5  pushback          host      a Retry-After on 429/503 pauses every request to the host
 //	8  attempt deadline  attempt   bounds one attempt; writes the deadline header
 //	9  base              -         a clone of http.DefaultTransport by default
 //

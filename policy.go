@@ -13,11 +13,16 @@ type Policy struct {
 	// Timeout bounds the call and each attempt, and names the deadline
 	// header sent upstream.
 	Timeout Timeout
+
+	// Retry configures retries (backoff, jitter, attempt cap, budget,
+	// Retry-After) and the host-wide pushback a Retry-After triggers.
+	Retry Retry
 }
 
 // inherit fills p's zero fields from parent.
 func (p Policy) inherit(parent Policy) Policy {
 	p.Timeout = p.Timeout.inherit(parent.Timeout)
+	p.Retry = p.Retry.inherit(parent.Retry)
 	return p
 }
 
@@ -27,13 +32,22 @@ func (p Policy) inherit(parent Policy) Policy {
 // is the order of dependence.
 func (p Policy) withDefaults() Policy {
 	p.Timeout = p.Timeout.withDefaults()
+	p.Retry = p.Retry.withDefaults()
 	return p
 }
 
 // validate reports the first invalid field of a policy after inheritance
 // and defaults.
 func (p Policy) validate() error {
-	return p.Timeout.validate()
+	for _, err := range []error{
+		p.Timeout.validate(),
+		p.Retry.validate(),
+	} {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ErrInvalidConfig is matched by every error New returns for a bad Config.

@@ -74,7 +74,7 @@ type Config struct {
 //
 // The stack, outer to inner, for one request:
 //
-//	router → total deadline → attempt deadline → base
+//	router → total deadline → retry → pushback → attempt deadline → base
 //
 // Each host's stack is composed once, when the host is first seen, never per
 // call.
@@ -85,6 +85,8 @@ type Transport struct {
 	mp     metric.MeterProvider
 	// now is the clock every decision reads; tests replace it.
 	now func() time.Time
+	// retry holds the retry layers' randomness, sleep and counters.
+	retry retryShared
 
 	def      *route
 	exact    map[hostPort]*route
@@ -119,6 +121,7 @@ type hostState struct {
 	policy   *Policy
 	rt       http.RoundTripper
 	lastUsed atomic.Int64 // unix nanoseconds, updated at most once a second
+	pushback *pushbackRT  // layer 5, nil when off; the retry layer reads its pause
 }
 
 // New validates cfg and builds a Transport. Every invalid value is a
@@ -386,6 +389,18 @@ func (t *Transport) buildStack(hs *hostState) http.RoundTripper {
 		a.attempt, a.header = p.Timeout.Attempt, p.Timeout.Header
 	}
 	rt = a
+
+	// 5. Pushback: a Retry-After pauses every request to the host.
+	if !p.Retry.NoPushback {
+		hs.pushback = newPushbackRT(rt, hs)
+		rt = hs.pushback
+	}
+
+	// 4. Retry, outside pushback, breaker and bulkhead, so that a waiting
+	// retry holds no permit and every attempt is seen below.
+	if !p.Retry.Disabled {
+		rt = newRetryRT(rt, hs)
+	}
 
 	// 3. Total deadline.
 	if !p.Timeout.Disabled && p.Timeout.Total > 0 {
