@@ -376,7 +376,8 @@ type retryRT struct {
 	bufferBody int64
 	check      retryablehttp.CheckRetry
 	backoff    retryablehttp.Backoff
-	budget     *retryBudget // nil: no budget
+	budget     *retryBudget  // nil: no budget
+	total      time.Duration // Timeout.Total when layer 3 runs, else zero
 }
 
 func newRetryRT(next http.RoundTripper, hs *hostState) *retryRT {
@@ -388,6 +389,9 @@ func newRetryRT(next http.RoundTripper, hs *hostState) *retryRT {
 	}
 	if !p.Budget.Disabled {
 		r.budget = newRetryBudget(p.Budget)
+	}
+	if !hs.policy.Timeout.Disabled {
+		r.total = hs.policy.Timeout.Total
 	}
 	return r
 }
@@ -409,7 +413,7 @@ func (r *retryRT) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	if r.budget != nil {
-		r.budget.call(r.t.now())
+		r.budget.call(r.callStart(st))
 	}
 	cur := first
 	prevWait := r.base // Decorrelated jitter's "previous sleep" before the first
@@ -439,6 +443,18 @@ func (r *retryRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 }
 
+// callStart is when the call began, in unix nanoseconds. Layer 3 read the
+// clock an instant ago to set the call's total deadline, so when it did, the
+// start is that deadline less Timeout.Total, and the success path reads no
+// clock of its own (on some virtual machines a clock read costs more than
+// the rest of this layer).
+func (r *retryRT) callStart(st *callState) int64 {
+	if r.total > 0 && !st.total.IsZero() {
+		return st.total.UnixNano() - int64(r.total)
+	}
+	return r.t.now().UnixNano()
+}
+
 // finish hands the caller the last attempt's outcome: a response untouched,
 // or an error that says how many attempts were made.
 func (r *retryRT) finish(attempts int, resp *http.Response, err error, budget bool) (*http.Response, error) {
@@ -464,6 +480,10 @@ func (r *retryRT) logRetry(ctx context.Context, attempt int, wait time.Duration,
 // checks in a fixed order, the first that applies settling it. It returns
 // how long to wait when the verdict is retryAgain.
 func (r *retryRT) decide(ctx context.Context, replayable bool, attempt int, resp *http.Response, err error, prevWait *time.Duration) (verdict, time.Duration) {
+	// 0. A success is final (unless the user's CheckRetry judges it).
+	if err == nil && resp.StatusCode < 400 && r.check == nil {
+		return giveUp, 0
+	}
 	// 1. A request that is not safe to send twice is never sent twice,
 	// whatever happened to it: a lost response to a POST may hide a charge.
 	if !replayable {
@@ -646,8 +666,8 @@ func newRetryBudget(b Budget) *retryBudget {
 // advance moves the window so that its newest bucket holds now, emptying
 // the buckets it slides past. A clock that steps back counts into the
 // newest bucket.
-func (b *retryBudget) advance(now time.Time) int {
-	e := now.UnixNano() / b.width
+func (b *retryBudget) advance(now int64) int {
+	e := now / b.width
 	if !b.started {
 		b.epoch, b.started = e, true
 	}
@@ -668,8 +688,8 @@ func (b *retryBudget) advance(now time.Time) int {
 	return int((b.epoch%budgetBuckets + budgetBuckets) % budgetBuckets)
 }
 
-// call records a call (its first attempt).
-func (b *retryBudget) call(now time.Time) {
+// call records a call (its first attempt) made at now, in unix nanoseconds.
+func (b *retryBudget) call(now int64) {
 	b.mu.Lock()
 	i := b.advance(now)
 	b.calls[i]++
@@ -681,7 +701,7 @@ func (b *retryBudget) call(now time.Time) {
 func (b *retryBudget) withdraw(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	i := b.advance(now)
+	i := b.advance(now.UnixNano())
 	r := float64(b.sumR + 1)
 	ok := r <= b.ratio*float64(b.sumC) ||
 		(b.floor != nil && r <= b.floorMax && b.floor.AllowN(now, 1))

@@ -774,3 +774,89 @@ func TestRetryBodyBuffering(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkRetry measures the success path, where no retry happens: the
+// base alone, the Transport without the retry and pushback layers, and the
+// Transport with them (the defaults). The difference between the last two
+// is what the layers cost.
+func BenchmarkRetry(b *testing.B) {
+	off := Policy{Retry: Retry{Disabled: true, NoPushback: true}}
+	for _, bc := range []struct {
+		name  string
+		build func(base http.RoundTripper) http.RoundTripper
+	}{
+		{"bare", func(base http.RoundTripper) http.RoundTripper { return base }},
+		{"stack-without-retry", func(base http.RoundTripper) http.RoundTripper {
+			tr, _ := New(Config{Base: base, Default: off})
+			return tr
+		}},
+		{"stack-with-retry", func(base http.RoundTripper) http.RoundTripper {
+			tr, _ := New(Config{Base: base})
+			return tr
+		}},
+		{"retry-layer-alone", func(base http.RoundTripper) http.RoundTripper {
+			tr, _ := New(Config{Base: base, Default: Policy{Timeout: Timeout{Disabled: true}}})
+			return tr
+		}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			rt := bc.build(&stubBase{})
+			req, _ := http.NewRequestWithContext(context.Background(), "GET", "http://api.test/x", nil)
+			b.ReportAllocs()
+			for b.Loop() {
+				resp, err := rt.RoundTrip(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				resp.Body.Close()
+			}
+		})
+	}
+}
+
+// BenchmarkRetryAmplification reports, as upstream/offered, the load an
+// always-failing upstream sees per call offered at 1000 calls a second for
+// 10 s, with the default policy (three attempts, default budget).
+func BenchmarkRetryAmplification(b *testing.B) {
+	var ratio float64
+	for b.Loop() {
+		ratio, _ = amplification(b, always(503), 1000, 10*time.Second)
+	}
+	b.ReportMetric(ratio, "upstream/offered")
+}
+
+// staticBase answers every request with the same response and allocates
+// nothing, so that a benchmark over it measures only the layers above.
+type staticBase struct{ resp *http.Response }
+
+func (s *staticBase) RoundTrip(*http.Request) (*http.Response, error) { return s.resp, nil }
+
+// BenchmarkRetryLayers measures the retry and pushback layers alone on the
+// success path, over a base that costs nothing, with the call state an
+// outer layer (the total deadline) would have made.
+func BenchmarkRetryLayers(b *testing.B) {
+	tr, err := New(Config{Base: &stubBase{}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	base := &staticBase{resp: &http.Response{StatusCode: 200, Body: http.NoBody, Header: http.Header{}}}
+	hs := &hostState{t: tr, name: "api.test:80", policy: &tr.def.policy}
+	hs.pushback = newPushbackRT(base, hs)
+	layers := newRetryRT(hs.pushback, hs)
+	req, _ := http.NewRequestWithContext(context.Background(), "GET", "http://api.test/x", nil)
+	req, st := withCall(req, tr)
+	st.total = tr.now().Add(tr.def.policy.Timeout.Total) // as layer 3 sets it
+	for _, bc := range []struct {
+		name string
+		rt   http.RoundTripper
+	}{{"bare", base}, {"retry+pushback", layers}} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := bc.rt.RoundTrip(req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
