@@ -2,6 +2,7 @@ package bulwark
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -147,19 +148,34 @@ func TestPushbackCappedAndOff(t *testing.T) {
 	}
 }
 
-// TestPushbackTerminalForRetry: a pause set by another request is not
-// retried around: the call fails at once with the pushback error.
+// TestPushbackTerminalForRetry: a pause another request set is the answer,
+// not a failure to retry around: the call fails at once, nothing sent, no
+// sleep. A call that gets the 503 itself waits out the pause and retries.
 func TestPushbackTerminalForRetry(t *testing.T) {
-	base := &scriptBase{step: always(503, "Retry-After", "10")}
-	tr, _, waits := newTestTransport(t, base, Policy{Retry: Retry{MaxAttempts: 1}})
-	resp, _ := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://a.test/", noBody, ""))
+	base := &scriptBase{step: func(n int, req *http.Request) (*http.Response, error) {
+		if n == 1 {
+			return response(req, 503, "Retry-After", "10"), nil
+		}
+		return response(req, 200), nil
+	}}
+	tr, clk, waits := newTestTransport(t, base, Policy{})
+	resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://a.test/", noBody, ""))
+	if err != nil || resp.StatusCode != 200 || base.calls() != 2 || fmt.Sprint(*waits) != "[10s]" {
+		t.Fatalf("got %v, %v after %d sends and waits %v; want 200 after 2 sends and a 10s wait", resp, err, base.calls(), *waits)
+	}
 	resp.Body.Close()
-	tr2 := tr
-	tr2.host(resp.Request.URL).rt = newRetryRT(tr.host(resp.Request.URL).pushback, tr.host(resp.Request.URL))
-	_, err := tr2.RoundTrip(testRequest(t, t.Context(), "GET", "http://a.test/", noBody, ""))
+
+	// Another request's 503 paused the host: no retry, no wait.
+	tr.host(resp.Request.URL).pushback.pause(clk.now().Add(5 * time.Second))
+	*waits = nil
+	_, err = tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://a.test/", noBody, ""))
 	var pe *PushbackError
-	if !errors.As(err, &pe) || base.calls() != 1 || len(*waits) != 0 {
-		t.Errorf("err = %v, sends %d, waits %v; want the *PushbackError at once", err, base.calls(), *waits)
+	if !errors.As(err, &pe) || base.calls() != 2 || len(*waits) != 0 {
+		t.Errorf("err = %v, sends %d, waits %v; want the *PushbackError at once", err, base.calls()-2, *waits)
+	}
+	var re *RetryError
+	if errors.As(err, &re) {
+		t.Errorf("err = %v: a single refused attempt should come back unwrapped", err)
 	}
 }
 
