@@ -837,7 +837,7 @@ func BenchmarkRetry(b *testing.B) {
 			tr, _ := New(Config{Base: base})
 			return tr
 		}},
-		{"retry-layer-alone", func(base http.RoundTripper) http.RoundTripper {
+		{"stack-with-retry-no-timeout", func(base http.RoundTripper) http.RoundTripper {
 			tr, _ := New(Config{Base: base, Default: Policy{Timeout: Timeout{Disabled: true}}})
 			return tr
 		}},
