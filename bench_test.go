@@ -36,7 +36,6 @@ func benchRoundTrips(b *testing.B, rt http.RoundTripper, url string) {
 	})
 }
 
-
 // BenchmarkTransport compares the bare base with bulwark's router and
 // deadline layers over it: stub is the pure middleware cost, loopback a real
 // HTTP exchange with an httptest server on 127.0.0.1. Compare ratios within

@@ -164,7 +164,7 @@ func TestDeadlineTooShortFailsFast(t *testing.T) {
 
 func TestAttemptTimeoutIsOurs(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tr, err := New(Config{Base: &stubBase{block: true}, Default: Policy{Timeout: Timeout{Attempt: 100 * time.Millisecond}}})
+		tr, err := New(Config{Base: &stubBase{block: true}, Default: Policy{Timeout: Timeout{Attempt: 100 * time.Millisecond}, Retry: Retry{Disabled: true}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -211,7 +211,8 @@ func TestAttemptContextEndsWithBody(t *testing.T) {
 	for _, end := range []string{"close", "eof"} {
 		t.Run(end, func(t *testing.T) {
 			base := &recordBase{}
-			tr, err := New(Config{Base: base})
+			// Retries off: recordBase answers 503, which would be retried.
+			tr, err := New(Config{Base: base, Default: Policy{Retry: Retry{Disabled: true}}})
 			if err != nil {
 				t.Fatal(err)
 			}

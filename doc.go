@@ -8,6 +8,8 @@
 //	1  router            request   picks the upstream's policy and per-host state
 //	2  fallback          host      on a final failure, answers from something local
 //	3  total deadline    request   bounds the whole call, retries included
+//	4  retry             request   backoff with jitter, attempt cap, budget, Retry-After; replayable requests only
+//	5  pushback          host      a Retry-After on 429/503 pauses every request to the host
 //	6  breaker           host      trips on failure rate and slow-call rate
 //	7  bulkhead          host      bounded concurrency, short FIFO queue, rate limit
 //	8  attempt deadline  attempt   bounds one attempt; writes the deadline header

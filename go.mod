@@ -3,6 +3,7 @@ module github.com/bulwark-http/bulwark
 go 1.26.0
 
 require (
+	github.com/hashicorp/go-retryablehttp v0.7.8
 	github.com/sony/gobreaker/v2 v2.4.0
 	go.opentelemetry.io/otel/metric v1.47.0
 	go.opentelemetry.io/otel/trace v1.47.0
@@ -12,5 +13,6 @@ require (
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
 	go.opentelemetry.io/otel v1.47.0 // indirect
 )

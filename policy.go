@@ -26,6 +26,10 @@ type Policy struct {
 	// Bulkhead bounds the requests in flight to each host of the upstream,
 	// queues a few, and can rate-limit them; see Bulkhead.
 	Bulkhead Bulkhead
+
+	// Retry configures retries (backoff, jitter, attempt cap, budget,
+	// Retry-After) and the host-wide pushback a Retry-After triggers.
+	Retry Retry
 }
 
 // inherit fills p's zero fields from parent.
@@ -34,6 +38,7 @@ func (p Policy) inherit(parent Policy) Policy {
 	p.Bulkhead = p.Bulkhead.inherit(parent.Bulkhead)
 	p.Breaker = p.Breaker.inherit(parent.Breaker)
 	p.Fallback = p.Fallback.inherit(parent.Fallback)
+	p.Retry = p.Retry.inherit(parent.Retry)
 	return p
 }
 
@@ -46,22 +51,25 @@ func (p Policy) withDefaults() Policy {
 	p.Bulkhead = p.Bulkhead.withDefaults()
 	p.Breaker = p.Breaker.withDefaults(p.Timeout)
 	p.Fallback = p.Fallback.withDefaults()
+	p.Retry = p.Retry.withDefaults()
 	return p
 }
 
 // validate reports the first invalid field of a policy after inheritance
 // and defaults.
 func (p Policy) validate() error {
-	if err := p.Bulkhead.validate(); err != nil {
-		return err
+	for _, err := range []error{
+		p.Timeout.validate(),
+		p.Retry.validate(),
+		p.Breaker.validate(),
+		p.Bulkhead.validate(),
+		p.Fallback.validate(),
+	} {
+		if err != nil {
+			return err
+		}
 	}
-	if err := p.Breaker.validate(); err != nil {
-		return err
-	}
-	if err := p.Fallback.validate(); err != nil {
-		return err
-	}
-	return p.Timeout.validate()
+	return nil
 }
 
 // ErrInvalidConfig is matched by every error New returns for a bad Config.

@@ -23,16 +23,8 @@ import (
 	"time"
 )
 
-// NoRetryHeader is the response header by which a server says "do not retry
-// this request now": a Shedder sets it, with value "1", on every 503 it
-// writes. It is bulwark's client's marker too: its retry layer does not
-// retry a response that carries it (and the pushback layer still honours
-// Retry-After), because retrying into an overloaded server is exactly how a
-// blip becomes a retry storm.
-//
-// The retry layer defines the same name; the two are one constant once both
-// halves are merged.
-const NoRetryHeader = "Bulwark-No-Retry"
+// A Shedder sets NoRetryHeader (defined with the retry layer that reads it)
+// to "1" on every 503 it writes.
 
 // PriorityHeader is the request header DefaultPriority reads a request's
 // Priority from: "critical", "high", "normal", "low" or "test" (any case).

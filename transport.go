@@ -74,7 +74,7 @@ type Config struct {
 //
 // The stack, outer to inner, for one request:
 //
-//	router → fallback → total deadline → breaker → bulkhead → attempt deadline → base
+//	router → fallback → total deadline → retry → pushback → breaker → bulkhead → attempt deadline → base
 //
 // Each host's stack is composed once, when the host is first seen, never per
 // call.
@@ -85,6 +85,8 @@ type Transport struct {
 	mp     metric.MeterProvider
 	// now is the clock every decision reads; tests replace it.
 	now func() time.Time
+	// retry holds the retry layers' randomness, sleep and counters.
+	retry retryShared
 
 	def      *route
 	exact    map[hostPort]*route
@@ -118,6 +120,7 @@ type hostState struct {
 	upstream string
 	policy   *Policy
 	rt       http.RoundTripper
+	pushback *pushbackRT  // layer 5, nil when off; the retry layer reads its pause
 	breaker  *breakerRT   // nil when the upstream's breaker is disabled
 	bulkhead *bulkheadRT  // nil when the upstream's bulkhead is disabled
 	lastUsed atomic.Int64 // unix nanoseconds, updated at most every touchEvery
@@ -429,6 +432,18 @@ func (t *Transport) buildStack(hs *hostState) http.RoundTripper {
 	if !p.Breaker.Disabled {
 		hs.breaker = newBreakerRT(rt, hs)
 		rt = hs.breaker
+	}
+
+	// 5. Pushback: a Retry-After pauses every request to the host.
+	if !p.Retry.NoPushback {
+		hs.pushback = newPushbackRT(rt, hs)
+		rt = hs.pushback
+	}
+
+	// 4. Retry, outside pushback, breaker and bulkhead, so that a waiting
+	// retry holds no permit and every attempt is seen below.
+	if !p.Retry.Disabled {
+		rt = newRetryRT(rt, hs)
 	}
 
 	// 3. Total deadline.

@@ -1,0 +1,880 @@
+package bulwark
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	mrand "math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httptrace"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// sent is what a scripted base saw of one attempt.
+type sent struct {
+	host, method, body string
+	attempt, key       string
+}
+
+// scriptBase answers each attempt with the outcome its step function gives
+// for that attempt's number (from 1), recording what was sent.
+type scriptBase struct {
+	mu   sync.Mutex
+	sent []sent
+	step func(n int, req *http.Request) (*http.Response, error)
+}
+
+func (s *scriptBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	var b []byte
+	if req.Body != nil {
+		b, _ = io.ReadAll(req.Body)
+		req.Body.Close()
+	}
+	s.mu.Lock()
+	s.sent = append(s.sent, sent{host: req.URL.Host, method: req.Method, body: string(b),
+		attempt: req.Header.Get(AttemptHeader), key: req.Header.Get(IdempotencyKeyHeader)})
+	n := len(s.sent)
+	s.mu.Unlock()
+	return s.step(n, req)
+}
+
+func (s *scriptBase) calls() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.sent)
+}
+
+func (s *scriptBase) all() []sent {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]sent(nil), s.sent...)
+}
+
+// response builds a response with the given status, headers (name, value
+// pairs) and a small body.
+func response(req *http.Request, status int, kv ...string) *http.Response {
+	h := http.Header{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		h.Add(kv[i], kv[i+1])
+	}
+	body := fmt.Sprintf("status %d", status)
+	return &http.Response{
+		StatusCode: status, Status: http.StatusText(status), Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: h, Body: io.NopCloser(strings.NewReader(body)), ContentLength: int64(len(body)), Request: req,
+	}
+}
+
+func always(status int, kv ...string) func(int, *http.Request) (*http.Response, error) {
+	return func(_ int, req *http.Request) (*http.Response, error) { return response(req, status, kv...), nil }
+}
+
+func alwaysErr(err error) func(int, *http.Request) (*http.Response, error) {
+	return func(int, *http.Request) (*http.Response, error) { return nil, err }
+}
+
+var (
+	errReset = &net.OpError{Op: "read", Net: "tcp", Err: &os_SyscallError{"read", syscall.ECONNRESET}}
+	// What attemptRT returns when an attempt runs past Timeout.Attempt.
+	errAttemptTO = &timeoutError{cause: context.DeadlineExceeded}
+)
+
+// os_SyscallError mirrors *os.SyscallError without importing os for one type.
+type os_SyscallError struct {
+	Syscall string
+	Err     error
+}
+
+func (e *os_SyscallError) Error() string { return e.Syscall + ": " + e.Err.Error() }
+func (e *os_SyscallError) Unwrap() error { return e.Err }
+
+// newTestTransport builds a Transport over base with an injected clock, a
+// random source that always picks the top of the range, and a sleep that
+// advances the clock instead of waiting. It returns the waits slept.
+func newTestTransport(t testing.TB, base http.RoundTripper, p Policy) (*Transport, *fakeClock, *[]time.Duration) {
+	t.Helper()
+	if reflect.ValueOf(p.Breaker).IsZero() {
+		// These tests are about the retry layer: a breaker opening under
+		// their sustained failures would hide what retry does.
+		p.Breaker.Disabled = true
+	}
+	tr, err := New(Config{Base: base, Default: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := newFakeClock()
+	tr.now = clk.now
+	var mu sync.Mutex
+	waits := new([]time.Duration)
+	tr.retry.randN = func(n int64) int64 { return n - 1 }
+	tr.retry.sleep = func(ctx context.Context, d time.Duration) error {
+		mu.Lock()
+		*waits = append(*waits, d)
+		mu.Unlock()
+		clk.advance(d)
+		return ctx.Err()
+	}
+	return tr, clk, waits
+}
+
+type bodyKind int
+
+const (
+	noBody bodyKind = iota
+	replayableBody
+	oneShotBody
+)
+
+func testRequest(t testing.TB, ctx context.Context, method, url string, kind bodyKind, body string, kv ...string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		req.Header.Set(kv[i], kv[i+1])
+	}
+	switch kind {
+	case replayableBody:
+		req.Body = io.NopCloser(strings.NewReader(body))
+		req.ContentLength = int64(len(body))
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(body)), nil }
+	case oneShotBody:
+		// No GetBody and no length: what a streamed body looks like.
+		req.Body = io.NopCloser(strings.NewReader(body))
+	}
+	return req
+}
+
+// TestRetryWhatIsRetried is the table of which requests and outcomes are
+// sent again, and how many times.
+func TestRetryWhatIsRetried(t *testing.T) {
+	certErr := &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}
+	noHost := &net.DNSError{Err: "no such host", Name: "x.invalid", IsNotFound: true}
+	dnsTimeout := &net.DNSError{Err: "i/o timeout", Name: "x.test", IsTimeout: true}
+	tests := []struct {
+		name      string
+		method    string
+		url       string
+		kind      bodyKind
+		body      string
+		headers   []string
+		policy    Retry
+		step      func(int, *http.Request) (*http.Response, error)
+		wantCalls int
+	}{
+		{name: "POST no key 503", method: "POST", kind: replayableBody, body: "charge", step: always(503), wantCalls: 1},
+		{name: "POST no key reset", method: "POST", kind: replayableBody, body: "charge", step: alwaysErr(errReset), wantCalls: 1},
+		{name: "POST no key attempt timeout", method: "POST", kind: replayableBody, body: "charge", step: alwaysErr(errAttemptTO), wantCalls: 1},
+		{name: "POST Idempotency-Key 503", method: "POST", kind: replayableBody, body: "charge", headers: []string{"Idempotency-Key", "k1"}, step: always(503), wantCalls: 3},
+		{name: "POST X-Idempotency-Key reset", method: "POST", kind: replayableBody, body: "charge", headers: []string{"X-Idempotency-Key", "k1"}, step: alwaysErr(errReset), wantCalls: 3},
+		{name: "POST KeyPOST 503", method: "POST", kind: replayableBody, body: "charge", policy: Retry{KeyPOST: true}, step: always(503), wantCalls: 3},
+		{name: "POST KeyPOST one-shot body", method: "POST", kind: oneShotBody, body: "charge", policy: Retry{KeyPOST: true}, step: always(503), wantCalls: 1},
+		{name: "PATCH no key 503", method: "PATCH", kind: replayableBody, body: "x", step: always(503), wantCalls: 1},
+		{name: "PUT 503", method: "PUT", kind: replayableBody, body: "doc", step: always(503), wantCalls: 3},
+		{name: "PUT reset", method: "PUT", kind: replayableBody, body: "doc", step: alwaysErr(errReset), wantCalls: 3},
+		{name: "PUT attempt timeout", method: "PUT", kind: replayableBody, body: "doc", step: alwaysErr(errAttemptTO), wantCalls: 3},
+		{name: "PUT one-shot body", method: "PUT", kind: oneShotBody, body: "doc", step: always(503), wantCalls: 1},
+		{name: "PUT one-shot buffered", method: "PUT", kind: oneShotBody, body: "doc", policy: Retry{BufferBody: 16}, step: always(503), wantCalls: 3},
+		{name: "PUT one-shot over buffer", method: "PUT", kind: oneShotBody, body: "a body longer than sixteen bytes", policy: Retry{BufferBody: 16}, step: always(503), wantCalls: 1},
+		{name: "DELETE 504", method: "DELETE", step: always(504), wantCalls: 3},
+		{name: "GET 502", method: "GET", step: always(502), wantCalls: 3},
+		{name: "GET 429", method: "GET", step: always(429), wantCalls: 3},
+		{name: "GET 400", method: "GET", step: always(400), wantCalls: 1},
+		{name: "GET 401", method: "GET", step: always(401), wantCalls: 1},
+		{name: "GET 404", method: "GET", step: always(404), wantCalls: 1},
+		{name: "GET 409", method: "GET", step: always(409), wantCalls: 1},
+		{name: "GET 422", method: "GET", step: always(422), wantCalls: 1},
+		{name: "GET 500", method: "GET", step: always(500), wantCalls: 1},
+		{name: "GET 200", method: "GET", step: always(200), wantCalls: 1},
+		{name: "GET 503 no-retry marker", method: "GET", step: always(503, NoRetryHeader, "1"), wantCalls: 1},
+		{name: "GET cert error", method: "GET", step: alwaysErr(&net.OpError{Op: "remote error", Err: certErr}), wantCalls: 1},
+		{name: "GET hostname error", method: "GET", step: alwaysErr(x509.HostnameError{Certificate: &x509.Certificate{}, Host: "x"}), wantCalls: 1},
+		{name: "GET no such host", method: "GET", step: alwaysErr(noHost), wantCalls: 1},
+		{name: "GET DNS timeout", method: "GET", step: alwaysErr(dnsTimeout), wantCalls: 3},
+		{name: "GET EOF", method: "GET", step: alwaysErr(io.ErrUnexpectedEOF), wantCalls: 3},
+		{name: "GET breaker open", method: "GET", step: alwaysErr(fmt.Errorf("breaker_rt: %w", ErrBreakerOpen)), wantCalls: 1},
+		{name: "GET bulkhead full", method: "GET", step: alwaysErr(fmt.Errorf("bulkhead_rt: %w", ErrBulkheadFull)), wantCalls: 1},
+		{name: "GET deadline too short", method: "GET", step: alwaysErr(ErrDeadlineTooShort), wantCalls: 1},
+		{name: "GET unsupported scheme", method: "GET", url: "ftp://files.test/x", step: alwaysErr(errors.New("unsupported protocol scheme")), wantCalls: 1},
+		{name: "GET 503 then 200", method: "GET", step: func(n int, req *http.Request) (*http.Response, error) {
+			if n == 1 {
+				return response(req, 503), nil
+			}
+			return response(req, 200), nil
+		}, wantCalls: 2},
+		{name: "GET MaxAttempts 1", method: "GET", policy: Retry{MaxAttempts: 1}, step: always(503), wantCalls: 1},
+		{name: "GET MaxAttempts 5", method: "GET", policy: Retry{MaxAttempts: 5}, step: always(503), wantCalls: 5},
+		{name: "GET Disabled", method: "GET", policy: Retry{Disabled: true}, step: always(503), wantCalls: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			base := &scriptBase{step: tt.step}
+			tr, _, _ := newTestTransport(t, base, Policy{Retry: tt.policy})
+			url := tt.url
+			if url == "" {
+				url = "http://api.test/v1/thing"
+			}
+			req := testRequest(t, t.Context(), tt.method, url, tt.kind, tt.body, tt.headers...)
+			callerKey := req.Header.Get(IdempotencyKeyHeader)
+			status, _, err := checkContract(t, tr, req, nil)
+			if got := base.calls(); got != tt.wantCalls {
+				t.Fatalf("sent %d times, want %d (status %d, err %v)", got, tt.wantCalls, status, err)
+			}
+			if req.Header.Get(IdempotencyKeyHeader) != callerKey {
+				t.Errorf("caller's Idempotency-Key changed")
+			}
+			for i, s := range base.all() {
+				if s.body != tt.body {
+					t.Errorf("attempt %d body = %q, want %q", i+1, s.body, tt.body)
+				}
+				if want := fmt.Sprint(i + 1); !tt.policy.Disabled && s.attempt != want {
+					t.Errorf("attempt %d: %s = %q, want %q", i+1, AttemptHeader, s.attempt, want)
+				}
+				if tt.policy.KeyPOST && tt.wantCalls > 1 && (s.key == "" || s.key != base.all()[0].key) {
+					t.Errorf("attempt %d key = %q, want the first attempt's %q", i+1, s.key, base.all()[0].key)
+				}
+			}
+			if err != nil && tt.wantCalls > 1 {
+				var re *RetryError
+				if !errors.As(err, &re) || re.Attempts != tt.wantCalls {
+					t.Errorf("err = %v, want a *RetryError with Attempts %d", err, tt.wantCalls)
+				}
+				if want := fmt.Sprintf("bulwark: failed after %d attempts: ", tt.wantCalls); !strings.HasPrefix(err.Error(), want) {
+					t.Errorf("err = %q, want prefix %q", err, want)
+				}
+			}
+			if err != nil && tt.wantCalls == 1 {
+				if _, werr := tt.step(1, req); err != werr {
+					t.Errorf("single attempt: err = %v, want the base's error untouched (%v)", err, werr)
+				}
+			}
+		})
+	}
+}
+
+func TestRetryErrorsWrapCause(t *testing.T) {
+	base := &scriptBase{step: alwaysErr(errReset)}
+	tr, _, _ := newTestTransport(t, base, Policy{})
+	_, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("err = %v, want one wrapping ECONNRESET", err)
+	}
+	var op *net.OpError
+	if !errors.As(err, &op) {
+		t.Errorf("err = %v, want errors.As to find the *net.OpError", err)
+	}
+	if errors.Is(err, ErrRetryBudget) {
+		t.Errorf("err = %v matches ErrRetryBudget with the budget untouched", err)
+	}
+}
+
+// TestRetryFinalResponseUntouched: the caller gets the last attempt's
+// response itself, body unread.
+func TestRetryFinalResponseUntouched(t *testing.T) {
+	var last *http.Response
+	base := &scriptBase{step: func(n int, req *http.Request) (*http.Response, error) {
+		last = response(req, 503, "X-N", fmt.Sprint(n))
+		return last, nil
+	}}
+	tr, _, _ := newTestTransport(t, base, Policy{})
+	resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp != last || resp.Header.Get("X-N") != "3" {
+		t.Fatalf("got response %d (X-N %q), want the third attempt's, untouched", resp.StatusCode, resp.Header.Get("X-N"))
+	}
+	if b, _ := io.ReadAll(resp.Body); string(b) != "status 503" {
+		t.Errorf("body = %q", b)
+	}
+}
+
+func TestRetryHooks(t *testing.T) {
+	base := &scriptBase{step: always(500)}
+	var backoffCalls []int
+	tr, _, waits := newTestTransport(t, base, Policy{Retry: Retry{
+		CheckRetry: func(ctx context.Context, resp *http.Response, err error) (bool, error) {
+			return resp != nil && resp.StatusCode == 500, errors.New("ignored")
+		},
+		Backoff: func(lo, hi time.Duration, n int, resp *http.Response) time.Duration {
+			backoffCalls = append(backoffCalls, n)
+			return 7 * time.Millisecond
+		},
+	}})
+	resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if base.calls() != 3 || fmt.Sprint(backoffCalls) != "[0 1]" || fmt.Sprint(*waits) != "[7ms 7ms]" {
+		t.Errorf("calls %d, Backoff called with %v, waits %v; want 3, [0 1], [7ms 7ms]", base.calls(), backoffCalls, *waits)
+	}
+	// The safety checks still come first: a POST is still sent once.
+	base2 := &scriptBase{step: always(500)}
+	tr2, _, _ := newTestTransport(t, base2, Policy{Retry: Retry{CheckRetry: func(context.Context, *http.Response, error) (bool, error) { return true, nil }}})
+	resp, err = tr2.RoundTrip(testRequest(t, t.Context(), "POST", "http://api.test/", replayableBody, "x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if base2.calls() != 1 {
+		t.Errorf("POST with a permissive CheckRetry sent %d times, want 1", base2.calls())
+	}
+}
+
+func TestRetryBackoffJitter(t *testing.T) {
+	const base, cap = 100 * time.Millisecond, time.Second
+	tests := []struct {
+		jitter Jitter
+		pick   string // "top" or "bottom" of each random range
+		want   []time.Duration
+	}{
+		{None, "top", []time.Duration{100e6, 200e6, 400e6, 800e6, 1e9, 1e9}},
+		{Full, "top", []time.Duration{100e6, 200e6, 400e6, 800e6, 1e9, 1e9}},
+		{Full, "bottom", []time.Duration{0, 0, 0, 0, 0, 0}},
+		{Equal, "top", []time.Duration{100e6, 200e6, 400e6, 800e6, 1e9, 1e9}},
+		{Equal, "bottom", []time.Duration{50e6, 100e6, 200e6, 400e6, 500e6, 500e6}},
+		// random(base, 3 × previous), previous starting at base.
+		{Decorrelated, "top", []time.Duration{300e6, 900e6, 1e9, 1e9, 1e9, 1e9}},
+		{Decorrelated, "bottom", []time.Duration{100e6, 100e6, 100e6, 100e6, 100e6, 100e6}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.jitter.String()+"/"+tt.pick, func(t *testing.T) {
+			tr, err := New(Config{Base: &stubBase{}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr.retry.randN = func(n int64) int64 {
+				if tt.pick == "top" {
+					return n - 1
+				}
+				return 0
+			}
+			r := &retryRT{t: tr, base: base, cap: cap, jitter: tt.jitter}
+			prev := base
+			for n, want := range tt.want {
+				if got := r.backoffWait(n, nil, &prev); got != want {
+					t.Errorf("backoffWait(%d) = %v, want %v", n, got, want)
+				}
+			}
+		})
+	}
+	// Huge Base and many retries must not overflow.
+	tr, _ := New(Config{Base: &stubBase{}})
+	r := &retryRT{t: tr, base: time.Hour, cap: 2 * time.Hour, jitter: None}
+	prev := r.base
+	if got := r.backoffWait(9, nil, &prev); got != 2*time.Hour {
+		t.Errorf("backoffWait with a huge base = %v, want the cap", got)
+	}
+}
+
+func TestRetryConfig(t *testing.T) {
+	bad := []struct {
+		p     Retry
+		field string
+	}{
+		{Retry{MaxAttempts: -1}, "Retry.MaxAttempts"},
+		{Retry{MaxAttempts: 11}, "Retry.MaxAttempts"},
+		{Retry{Base: -time.Second}, "Retry.Base"},
+		{Retry{Base: time.Second, Cap: time.Millisecond}, "Retry.Cap"},
+		{Retry{MaxRetryAfter: -1}, "Retry.MaxRetryAfter"},
+		{Retry{Jitter: None + 1}, "Retry.Jitter"},
+		{Retry{BufferBody: -1}, "Retry.BufferBody"},
+		{Retry{BufferBody: MaxBufferBody + 1}, "Retry.BufferBody"},
+		{Retry{Budget: Budget{Ratio: 1.5}}, "Retry.Budget.Ratio"},
+		{Retry{Budget: Budget{Ratio: -0.1}}, "Retry.Budget.Ratio"},
+		{Retry{Budget: Budget{Window: time.Millisecond}}, "Retry.Budget.Window"},
+	}
+	for _, b := range bad {
+		_, err := New(Config{Default: Policy{Retry: b.p}})
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Field != b.field || !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("New with %+v: err = %v, want a ConfigError for %s", b.p, err, b.field)
+		}
+		_, err = New(Config{Upstreams: map[string]Policy{"api.test": {Retry: b.p}}})
+		if !errors.As(err, &ce) || ce.Upstream != "api.test" {
+			t.Errorf("New with upstream %+v: err = %v, want it to name the upstream", b.p, err)
+		}
+	}
+	// Defaults, and inheritance of zero fields and OR-wise booleans.
+	tr, err := New(Config{
+		Default:   Policy{Retry: Retry{MaxAttempts: 5, Jitter: Equal, KeyPOST: true, Budget: Budget{Ratio: 0.5}}},
+		Upstreams: map[string]Policy{"api.test": {Retry: Retry{Base: 20 * time.Millisecond, NoPushback: true}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := tr.byHost["api.test"].policy.Retry
+	want := Retry{MaxAttempts: 5, Base: 20 * time.Millisecond, Cap: DefaultRetryCap, MaxRetryAfter: DefaultMaxRetryAfter,
+		Jitter: Equal, KeyPOST: true, NoPushback: true,
+		Budget: Budget{Ratio: 0.5, Window: DefaultBudgetWindow, MinPerSecond: DefaultBudgetMinPerSecond}}
+	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
+		t.Errorf("inherited policy\n got %+v\nwant %+v", got, want)
+	}
+	if d := tr.def.policy.Retry; d.MaxAttempts != 5 || d.Base != DefaultRetryBase || d.Jitter != Equal {
+		t.Errorf("default policy = %+v", d)
+	}
+}
+
+// TestRetryAfterHonoured runs with real timers inside a synctest bubble:
+// the wait between attempts is exactly what Retry-After asked for, capped.
+func TestRetryAfterHonoured(t *testing.T) {
+	tests := []struct {
+		name       string
+		status     int
+		retryAfter func(now time.Time) string
+		policy     Policy
+		wantCalls  int
+		wantGap    time.Duration // between the first and second attempt
+	}{
+		{name: "503 seconds", status: 503, retryAfter: func(time.Time) string { return "2" }, wantCalls: 2, wantGap: 2 * time.Second},
+		{name: "429 seconds", status: 429, retryAfter: func(time.Time) string { return "3" }, wantCalls: 2, wantGap: 3 * time.Second},
+		{name: "503 zero", status: 503, retryAfter: func(time.Time) string { return "0" }, wantCalls: 2, wantGap: 0},
+		{name: "503 date", status: 503, retryAfter: func(now time.Time) string { return now.Add(5 * time.Second).UTC().Format(http.TimeFormat) }, wantCalls: 2, wantGap: 5 * time.Second},
+		{name: "503 past date", status: 503, retryAfter: func(now time.Time) string { return now.Add(-time.Hour).UTC().Format(http.TimeFormat) }, wantCalls: 2, wantGap: 0},
+		{name: "capped at MaxRetryAfter", status: 503, retryAfter: func(time.Time) string { return "120" },
+			policy: Policy{Timeout: Timeout{Total: 2 * time.Minute}}, wantCalls: 2, wantGap: DefaultMaxRetryAfter},
+		{name: "capped, custom", status: 503, retryAfter: func(time.Time) string { return "120" },
+			policy: Policy{Retry: Retry{MaxRetryAfter: 4 * time.Second}}, wantCalls: 2, wantGap: 4 * time.Second},
+		{name: "past the deadline: return now", status: 503, retryAfter: func(time.Time) string { return "20" },
+			policy: Policy{Timeout: Timeout{Total: 10 * time.Second}}, wantCalls: 1},
+		{name: "no pushback layer", status: 503, retryAfter: func(time.Time) string { return "2" },
+			policy: Policy{Retry: Retry{NoPushback: true}}, wantCalls: 2, wantGap: 2 * time.Second},
+		{name: "500 ignores Retry-After", status: 500, retryAfter: func(time.Time) string { return "2" }, wantCalls: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var times []time.Time
+				base := &scriptBase{step: func(n int, req *http.Request) (*http.Response, error) {
+					times = append(times, time.Now())
+					if n == 1 {
+						return response(req, tt.status, "Retry-After", tt.retryAfter(time.Now())), nil
+					}
+					return response(req, 200), nil
+				}}
+				tr, err := New(Config{Base: base, Default: tt.policy})
+				if err != nil {
+					t.Fatal(err)
+				}
+				start := time.Now()
+				resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if len(times) != tt.wantCalls {
+					t.Fatalf("sent %d times, want %d", len(times), tt.wantCalls)
+				}
+				if tt.wantCalls == 1 {
+					if resp.StatusCode != tt.status || time.Since(start) != 0 {
+						t.Errorf("got %d after %v, want the %d at once", resp.StatusCode, time.Since(start), tt.status)
+					}
+					return
+				}
+				if gap := times[1].Sub(times[0]); gap != tt.wantGap {
+					t.Errorf("retried after %v, want %v", gap, tt.wantGap)
+				}
+				if tr.RetryAfterIgnored() != 0 {
+					t.Errorf("RetryAfterIgnored = %d, want 0", tr.RetryAfterIgnored())
+				}
+			})
+		})
+	}
+}
+
+func TestRetryAfterIgnoredCounted(t *testing.T) {
+	for _, np := range []bool{false, true} {
+		base := &scriptBase{step: always(503, "Retry-After", "soon")}
+		tr, _, waits := newTestTransport(t, base, Policy{Retry: Retry{NoPushback: np}})
+		resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		// Counted once per response, whichever layer parsed it; the
+		// backoff (top of the range: 100ms, 200ms) applied instead.
+		// Without pushback the last response is not parsed: no retry
+		// follows it.
+		want := uint64(3)
+		if np {
+			want = 2
+		}
+		if got := tr.RetryAfterIgnored(); got != want {
+			t.Errorf("NoPushback=%v: RetryAfterIgnored = %d, want %d", np, got, want)
+		}
+		if fmt.Sprint(*waits) != "[100ms 200ms]" {
+			t.Errorf("NoPushback=%v: waits = %v, want the backoff's", np, *waits)
+		}
+	}
+}
+
+// TestRetryDeadlineNeverOverrun: no sleep ends past the call's deadline,
+// whether it is Timeout.Total's or the caller's, whatever the jitter picks.
+func TestRetryDeadlineNeverOverrun(t *testing.T) {
+	for _, jitter := range []Jitter{None, Full, Equal, Decorrelated} {
+		for _, callerDL := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/callerDeadline=%v", jitter, callerDL), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					const limit = 2 * time.Second
+					base := &scriptBase{step: always(503)}
+					p := Policy{Retry: Retry{MaxAttempts: 10, Base: 300 * time.Millisecond, Jitter: jitter, Budget: Budget{Disabled: true}}}
+					ctx := t.Context()
+					if callerDL {
+						var cancel context.CancelFunc
+						ctx, cancel = context.WithTimeout(ctx, limit)
+						defer cancel()
+					} else {
+						p.Timeout.Total = limit
+					}
+					tr, err := New(Config{Base: base, Default: p})
+					if err != nil {
+						t.Fatal(err)
+					}
+					// Seeded, so that each run picks the same waits.
+					tr.retry.randN = mrand.New(mrand.NewPCG(1, uint64(jitter))).Int64N
+					start := time.Now()
+					resp, err := tr.RoundTrip(testRequest(t, ctx, "GET", "http://api.test/", noBody, ""))
+					if err != nil {
+						t.Fatalf("err = %v, want the last 503 returned before the deadline", err)
+					}
+					resp.Body.Close()
+					if el := time.Since(start); el > limit-minSendTime || resp.StatusCode != 503 {
+						t.Errorf("returned %d after %v, want the 503 before %v", resp.StatusCode, el, limit-minSendTime)
+					}
+					if base.calls() < 2 {
+						t.Errorf("sent %d times, want retries", base.calls())
+					}
+				})
+			})
+		}
+	}
+	// The worked case with no jitter: waits 300ms and 600ms end at 900ms;
+	// the next, 1.2s, would end at 2.1s, past the 2s deadline.
+	synctest.Test(t, func(t *testing.T) {
+		base := &scriptBase{step: always(503)}
+		tr, _ := New(Config{Base: base, Default: Policy{Timeout: Timeout{Total: 2 * time.Second},
+			Retry: Retry{MaxAttempts: 10, Base: 300 * time.Millisecond, Jitter: None}}})
+		start := time.Now()
+		resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if base.calls() != 3 || time.Since(start) != 900*time.Millisecond {
+			t.Errorf("sent %d times over %v, want 3 over 900ms", base.calls(), time.Since(start))
+		}
+	})
+}
+
+// TestRetryRealAttemptTimeout: the attempt deadline layer's own timeout is
+// retried for a GET and never for a POST without a key.
+func TestRetryRealAttemptTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		method string
+		kind   bodyKind
+		want   int64
+	}{{"GET", noBody, 3}, {"POST", replayableBody, 1}} {
+		t.Run(tc.method, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &stubBase{block: true}
+				tr, err := New(Config{Base: base, Default: Policy{Timeout: Timeout{Attempt: time.Second}}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, err = tr.RoundTrip(testRequest(t, t.Context(), tc.method, "http://api.test/", tc.kind, "x"))
+				if !errors.Is(err, ErrAttemptTimeout) || base.calls.Load() != tc.want {
+					t.Errorf("sent %d times, err %v; want %d and ErrAttemptTimeout", base.calls.Load(), err, tc.want)
+				}
+			})
+		})
+	}
+}
+
+// TestRetryCancelDuringSleep: a caller that gives up while the retry layer
+// waits gets its cancellation at once.
+func TestRetryCancelDuringSleep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &scriptBase{step: always(503)}
+		tr, _ := New(Config{Base: base, Default: Policy{Retry: Retry{Base: 5 * time.Second, Jitter: None}}})
+		ctx, cancel := context.WithCancel(t.Context())
+		time.AfterFunc(time.Second, cancel)
+		start := time.Now()
+		_, err := tr.RoundTrip(testRequest(t, ctx, "GET", "http://api.test/", noBody, ""))
+		if !errors.Is(err, context.Canceled) || errors.Is(err, ErrAttemptTimeout) {
+			t.Errorf("err = %v, want context.Canceled (and not ErrAttemptTimeout)", err)
+		}
+		if el := time.Since(start); el != time.Second || base.calls() != 1 {
+			t.Errorf("returned after %v with %d sends, want 1s and 1", el, base.calls())
+		}
+	})
+}
+
+// TestRetryBudget: under a sustained outage, requests reaching the upstream
+// stay within 1.2× those offered with the default budget (the naive three
+// attempts would give 3×, the reference note's three retries 4×).
+func TestRetryBudget(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		step func(int, *http.Request) (*http.Response, error)
+	}{{"503", always(503)}, {"reset", alwaysErr(errReset)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ratio, lastErr := amplification(t, tc.step, 1000, 30*time.Second)
+			t.Logf("upstream/offered = %.6f at 1000 rps for 30s", ratio)
+			if ratio > 1.2 {
+				t.Errorf("upstream/offered = %.4f, want ≤ 1.2", ratio)
+			}
+			if lastErr != nil && !errors.Is(lastErr, ErrRetryBudget) {
+				t.Errorf("last call's err = %v, want one matching ErrRetryBudget", lastErr)
+			}
+		})
+	}
+	// At light traffic the floor lets every call be retried: 2 calls a
+	// second need 4 retries a second, under the 10/s floor.
+	ratio, _ := amplification(t, always(503), 2, 30*time.Second)
+	if ratio != 3 {
+		t.Errorf("at 2 rps upstream/offered = %.3f, want 3 (the floor covers every retry)", ratio)
+	}
+	// And the floor is a floor: at 20 rps (40 retries/s wanted, ratio 4/s)
+	// retries are held to about 10/s.
+	ratio, _ = amplification(t, always(503), 20, 30*time.Second)
+	if ratio < 1.4 || ratio > 1.55 {
+		t.Errorf("at 20 rps upstream/offered = %.3f, want about 1.5 (10 retries/s over 20 calls/s)", ratio)
+	}
+	// Without the floor, light traffic gets the ratio alone.
+	ratio, _ = amplification(t, always(503), 2, 30*time.Second, Policy{Retry: Retry{Budget: Budget{MinPerSecond: -1}}})
+	if ratio > 1.2 {
+		t.Errorf("no floor, at 2 rps: upstream/offered = %.3f, want ≤ 1.2", ratio)
+	}
+	// A disabled budget leaves MaxAttempts as the only bound.
+	ratio, _ = amplification(t, always(503), 100, 5*time.Second, Policy{Retry: Retry{Budget: Budget{Disabled: true}}})
+	if ratio != 3 {
+		t.Errorf("budget disabled: upstream/offered = %.3f, want 3", ratio)
+	}
+}
+
+// amplification offers calls at rps, evenly spaced on an injected clock,
+// to an upstream that always fails, and returns upstream sends ÷ calls.
+func amplification(t testing.TB, step func(int, *http.Request) (*http.Response, error), rps int, d time.Duration, p ...Policy) (float64, error) {
+	base := &scriptBase{step: step}
+	tr, clk, _ := newTestTransport(t, base, append(p, Policy{})[0])
+	tr.retry.sleep = func(context.Context, time.Duration) error { return nil }
+	n := int(d.Seconds()) * rps
+	var lastErr error
+	for i := 0; i < n; i++ {
+		resp, err := tr.RoundTrip(testRequest(t, context.Background(), "GET", "http://api.test/", noBody, ""))
+		if err == nil {
+			resp.Body.Close()
+		}
+		lastErr = err
+		clk.advance(time.Second / time.Duration(rps))
+	}
+	return float64(base.calls()) / float64(n), lastErr
+}
+
+// TestRetryDrainsDiscarded: a retried response is drained and closed, so its
+// connection is reused: three attempts, one connection.
+func TestRetryDrainsDiscarded(t *testing.T) {
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hits.Add(1) < 3 {
+			w.WriteHeader(503)
+			w.Write(bytes.Repeat([]byte("x"), 2000))
+			return
+		}
+		w.Write([]byte("ok"))
+	}))
+	defer srv.Close()
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	tr, _, _ := newTestTransport(t, base, Policy{})
+	var newConns, reused atomic.Int32
+	ctx := httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{GotConn: func(ci httptrace.GotConnInfo) {
+		if ci.Reused {
+			reused.Add(1)
+		} else {
+			newConns.Add(1)
+		}
+	}})
+	req := testRequest(t, ctx, "GET", srv.URL, noBody, "")
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != "ok" || hits.Load() != 3 {
+		t.Fatalf("body %q after %d hits, want ok after 3", b, hits.Load())
+	}
+	if newConns.Load() != 1 || reused.Load() != 2 {
+		t.Errorf("new connections %d, reused %d; want 1 and 2", newConns.Load(), reused.Load())
+	}
+}
+
+func TestRetryContract(t *testing.T) {
+	for _, p := range []Policy{{}, {Timeout: Timeout{Disabled: true}}, {Retry: Retry{KeyPOST: true, BufferBody: 64}}} {
+		runContract(t, func(base http.RoundTripper) http.RoundTripper {
+			tr, _, _ := newTestTransport(t, base, p)
+			return tr
+		})
+	}
+	// The layer alone, over the base, without the Transport's other layers.
+	runContract(t, func(base http.RoundTripper) http.RoundTripper {
+		tr, _, _ := newTestTransport(t, base, Policy{})
+		hs := &hostState{t: tr, name: "contract.test:80", policy: &tr.def.policy}
+		hs.pushback = newPushbackRT(base, hs)
+		return newRetryRT(hs.pushback, hs)
+	})
+}
+
+// TestRetryBodyBuffering: a one-shot body under the limit is replayed byte
+// for byte and the original closed; one over the limit arrives whole, once.
+func TestRetryBodyBuffering(t *testing.T) {
+	for _, size := range []int{0, 1, 100, 101, 5000} {
+		t.Run(fmt.Sprint(size), func(t *testing.T) {
+			payload := strings.Repeat("b", size)
+			base := &scriptBase{step: always(503)}
+			tr, _, _ := newTestTransport(t, base, Policy{Retry: Retry{BufferBody: 100}})
+			var bs bodies
+			req, _ := http.NewRequestWithContext(t.Context(), "PUT", "http://api.test/", nil)
+			req.Body = bs.make(payload)
+			checkContract(t, tr, req, &bs)
+			want := 3
+			if size > 100 {
+				want = 1
+			}
+			if base.calls() != want {
+				t.Fatalf("sent %d times, want %d", base.calls(), want)
+			}
+			for _, s := range base.all() {
+				if s.body != payload {
+					t.Errorf("sent %d bytes, want %d", len(s.body), size)
+				}
+			}
+		})
+	}
+}
+
+// Example_retry: a GET that meets a 503 is sent again once the server's
+// Retry-After (here zero) has passed; the caller sees only the success.
+func Example_retry() {
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hits.Add(1) == 1 {
+			w.Header().Set("Retry-After", "0")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintf(w, "served attempt %s", r.Header.Get(AttemptHeader))
+	}))
+	defer srv.Close()
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+
+	client, err := NewClient(Config{Base: base, Default: Policy{Retry: Retry{MaxAttempts: 3}}})
+	if err != nil {
+		panic(err)
+	}
+	resp, err := client.Get(srv.URL)
+	if err != nil {
+		panic(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	fmt.Println(resp.StatusCode, string(b))
+	// Output: 200 served attempt 2
+}
+
+// BenchmarkRetry measures the success path, where no retry happens: the
+// base alone, the Transport without the retry and pushback layers, and the
+// Transport with them (the defaults). The difference between the last two
+// is what the layers cost.
+func BenchmarkRetry(b *testing.B) {
+	off := Policy{Retry: Retry{Disabled: true, NoPushback: true}}
+	for _, bc := range []struct {
+		name  string
+		build func(base http.RoundTripper) http.RoundTripper
+	}{
+		{"bare", func(base http.RoundTripper) http.RoundTripper { return base }},
+		{"stack-without-retry", func(base http.RoundTripper) http.RoundTripper {
+			tr, _ := New(Config{Base: base, Default: off})
+			return tr
+		}},
+		{"stack-with-retry", func(base http.RoundTripper) http.RoundTripper {
+			tr, _ := New(Config{Base: base})
+			return tr
+		}},
+		{"stack-with-retry-no-timeout", func(base http.RoundTripper) http.RoundTripper {
+			tr, _ := New(Config{Base: base, Default: Policy{Timeout: Timeout{Disabled: true}}})
+			return tr
+		}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			rt := bc.build(&stubBase{})
+			req, _ := http.NewRequestWithContext(context.Background(), "GET", "http://api.test/x", nil)
+			b.ReportAllocs()
+			for b.Loop() {
+				resp, err := rt.RoundTrip(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				resp.Body.Close()
+			}
+		})
+	}
+}
+
+// BenchmarkRetryAmplification reports, as upstream/offered, the load an
+// always-failing upstream sees per call offered at 1000 calls a second for
+// 10 s, with the default policy (three attempts, default budget).
+func BenchmarkRetryAmplification(b *testing.B) {
+	var ratio float64
+	for b.Loop() {
+		ratio, _ = amplification(b, always(503), 1000, 10*time.Second)
+	}
+	b.ReportMetric(ratio, "upstream/offered")
+}
+
+// BenchmarkRetryLayers measures the retry and pushback layers alone on the
+// success path, over a base that costs nothing, with the call state an
+// outer layer (the total deadline) would have made.
+func BenchmarkRetryLayers(b *testing.B) {
+	tr, err := New(Config{Base: &stubBase{}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	base := &staticBase{resp: &http.Response{StatusCode: 200, Body: http.NoBody, Header: http.Header{}}}
+	hs := &hostState{t: tr, name: "api.test:80", policy: &tr.def.policy}
+	hs.pushback = newPushbackRT(base, hs)
+	layers := newRetryRT(hs.pushback, hs)
+	req, _ := http.NewRequestWithContext(context.Background(), "GET", "http://api.test/x", nil)
+	req, st := withCall(req, tr)
+	st.total = tr.now().Add(tr.def.policy.Timeout.Total) // as layer 3 sets it
+	for _, bc := range []struct {
+		name string
+		rt   http.RoundTripper
+	}{{"bare", base}, {"retry+pushback", layers}} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := bc.rt.RoundTrip(req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

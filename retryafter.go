@@ -1,0 +1,176 @@
+package bulwark
+
+import (
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// maxRetryAfterHeader is the longest Retry-After bulwark believes. A server
+// asking callers to stay away for more than a day is broken or hostile; such
+// a value is ignored (and counted), not obeyed nor capped, since it tells us
+// nothing about when the server will have room.
+const maxRetryAfterHeader = 24 * time.Hour
+
+// retryAfterResult is what parseRetryAfter made of a header.
+type retryAfterResult uint8
+
+const (
+	retryAfterAbsent retryAfterResult = iota
+	retryAfterValid
+	retryAfterIgnored // malformed, negative or absurd
+)
+
+// parseRetryAfter reads a Retry-After header (RFC 9110 §10.2.3): either
+// delta-seconds or an HTTP-date in any of the three formats http.ParseTime
+// knows, the date read against now. A date in the past means "now" (zero).
+// Several values, a sign, a fraction, a value past maxRetryAfterHeader or
+// anything else that does not parse is ignored.
+func parseRetryAfter(v []string, now time.Time) (time.Duration, retryAfterResult) {
+	if len(v) == 0 {
+		return 0, retryAfterAbsent
+	}
+	if len(v) > 1 {
+		return 0, retryAfterIgnored
+	}
+	s := trimOWS(v[0])
+	if s == "" {
+		return 0, retryAfterIgnored
+	}
+	if allDigits(s) {
+		// Ten digits are already past a day: refusing them before
+		// converting means no overflow to think about.
+		if len(s) > 9 {
+			return 0, retryAfterIgnored
+		}
+		n, _ := strconv.Atoi(s)
+		d := time.Duration(n) * time.Second
+		if d > maxRetryAfterHeader {
+			return 0, retryAfterIgnored
+		}
+		return d, retryAfterValid
+	}
+	t, err := http.ParseTime(s)
+	if err != nil {
+		return 0, retryAfterIgnored
+	}
+	d := t.Sub(now)
+	switch {
+	case d <= 0:
+		return 0, retryAfterValid
+	case d > maxRetryAfterHeader:
+		return 0, retryAfterIgnored
+	}
+	return d, retryAfterValid
+}
+
+// trimOWS trims the optional whitespace HTTP allows around a field value.
+func trimOWS(s string) string {
+	for s != "" && (s[0] == ' ' || s[0] == '\t') {
+		s = s[1:]
+	}
+	for s != "" && (s[len(s)-1] == ' ' || s[len(s)-1] == '\t') {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// pushbackStatus reports whether a response with this status may carry a
+// Retry-After that bulwark obeys: 429 (rate limited) and 503 (overloaded).
+func pushbackStatus(code int) bool {
+	return code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable
+}
+
+// retryAfter returns the wait a 429 or 503 response asks for, counting a
+// header that had to be ignored in t's counter when count is set.
+func (t *Transport) retryAfter(resp *http.Response, now time.Time, count bool) (time.Duration, bool) {
+	if !pushbackStatus(resp.StatusCode) {
+		return 0, false
+	}
+	d, res := parseRetryAfter(resp.Header["Retry-After"], now)
+	if res == retryAfterIgnored && count {
+		t.retry.ignoredRetryAfter.Add(1)
+	}
+	return d, res == retryAfterValid
+}
+
+// RetryAfterIgnored reports how many Retry-After headers on 429 and 503
+// responses this Transport has ignored because they were malformed,
+// negative, or asked for more than a day. A growing count means an upstream
+// sends headers bulwark cannot obey.
+func (t *Transport) RetryAfterIgnored() uint64 { return t.retry.ignoredRetryAfter.Load() }
+
+// PushbackError is the error for a request refused, without being sent,
+// because its host answered an earlier request with 429 or 503 and a
+// Retry-After that has not yet run out. It matches ErrPushback.
+type PushbackError struct {
+	Host  string    // "host:port"
+	Until time.Time // when the host said it will have room again
+}
+
+func (e *PushbackError) Error() string {
+	return ErrPushback.Error() + ": " + e.Host + " until " + e.Until.UTC().Format(time.RFC3339Nano)
+}
+
+// Unwrap returns ErrPushback.
+func (e *PushbackError) Unwrap() error { return ErrPushback }
+
+// pushbackRT is layer 5, per host, below the retry layer: a 429 or 503 with
+// a valid Retry-After pauses every request to the host (not only the one
+// that got it) until the time the server named, capped at
+// Retry.MaxRetryAfter. During the pause requests fail at once with a
+// *PushbackError and nothing is sent: the server has told every caller when
+// it will have room, and guessing earlier only adds to its load.
+type pushbackRT struct {
+	next http.RoundTripper
+	hs   *hostState
+	max  time.Duration
+
+	// paused is the current pause, nil before the first. The error value is
+	// made once per pause, so rejecting costs no allocation.
+	paused atomic.Pointer[PushbackError]
+	mu     sync.Mutex // serialises writers of paused
+}
+
+func newPushbackRT(next http.RoundTripper, hs *hostState) *pushbackRT {
+	return &pushbackRT{next: next, hs: hs, max: hs.policy.Retry.MaxRetryAfter}
+}
+
+func (p *pushbackRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	if e := p.pausedNow(); e != nil {
+		closeBody(req)
+		return nil, e
+	}
+	resp, err := p.next.RoundTrip(req)
+	if err != nil || !pushbackStatus(resp.StatusCode) {
+		return resp, err
+	}
+	now := p.hs.t.now()
+	if d, ok := p.hs.t.retryAfter(resp, now, true); ok && d > 0 {
+		p.pause(now.Add(min(d, p.max)))
+	}
+	return resp, nil
+}
+
+// pausedNow returns the pause in force now, or nil. A host that never asked
+// for a pause costs one atomic load, without reading the clock.
+func (p *pushbackRT) pausedNow() *PushbackError {
+	if e := p.paused.Load(); e != nil && p.hs.t.now().Before(e.Until) {
+		return e
+	}
+	return nil
+}
+
+// pause extends the pause to until; a shorter Retry-After arriving later
+// (from a request already in flight) does not cut the pause short.
+func (p *pushbackRT) pause(until time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if e := p.paused.Load(); e != nil && !until.After(e.Until) {
+		return
+	}
+	p.paused.Store(&PushbackError{Host: p.hs.name, Until: until})
+	p.hs.t.logger.Info("bulwark: host asked callers to back off", "host", p.hs.name, "until", until)
+}
