@@ -36,16 +36,28 @@ func benchRoundTrips(b *testing.B, rt http.RoundTripper, url string) {
 	})
 }
 
-// BenchmarkTransport compares the bare base with bulwark's router and
-// deadline layers over it: stub is the pure middleware cost, loopback a real
-// HTTP exchange with an httptest server on 127.0.0.1. Compare ratios within
-// one run; the absolute figures depend on the machine.
+// BenchmarkTransport compares the bare base with bulwark over it: the router
+// alone (every layer off), the router with the deadline layers, and the
+// default stack. stub is the pure middleware cost, loopback a real HTTP
+// exchange with an httptest server on 127.0.0.1. Compare ratios within one
+// run; the absolute figures depend on the machine.
 func BenchmarkTransport(b *testing.B) {
 	b.Run("stub/bare", func(b *testing.B) { benchRoundTrips(b, benchBase{}, "http://stub.internal/x") })
+	off := Policy{
+		Timeout:  Timeout{Disabled: true},
+		Retry:    Retry{Disabled: true, NoPushback: true},
+		Breaker:  Breaker{Disabled: true},
+		Bulkhead: Bulkhead{Disabled: true},
+	}
 	b.Run("stub/router", func(b *testing.B) {
-		benchRoundTrips(b, mustNew(b, Config{Base: benchBase{}, Default: Policy{Timeout: Timeout{Disabled: true}}}), "http://stub.internal/x")
+		benchRoundTrips(b, mustNew(b, Config{Base: benchBase{}, Default: off}), "http://stub.internal/x")
 	})
+	deadlines := off
+	deadlines.Timeout = Timeout{}
 	b.Run("stub/router+deadlines", func(b *testing.B) {
+		benchRoundTrips(b, mustNew(b, Config{Base: benchBase{}, Default: deadlines}), "http://stub.internal/x")
+	})
+	b.Run("stub/defaults", func(b *testing.B) {
 		benchRoundTrips(b, mustNew(b, Config{Base: benchBase{}}), "http://stub.internal/x")
 	})
 

@@ -279,28 +279,30 @@ func (a *attemptRT) RoundTrip(req *http.Request) (*http.Response, error) {
 // outgoing copies req with context ctx and the per-attempt headers.
 func (a *attemptRT) outgoing(req *http.Request, ctx context.Context, hasDL bool, left time.Duration, attemptNo int) *http.Request {
 	out := req.WithContext(ctx)
-	out.Header = cloneHeader(req.Header, 2)
-	// Both values share one backing array: one allocation, not two.
-	vals := make([]string, 0, 2)
+	// The new values share the copied header's backing array: one
+	// allocation for every value, old and new.
+	var vals []string
+	out.Header, vals = cloneHeader(req.Header, 2)
 	if hasDL {
-		vals = append(vals, strconv.FormatInt(int64((left-deadlineMargin)/time.Millisecond), 10))
+		vals[0] = strconv.FormatInt(int64((left-deadlineMargin)/time.Millisecond), 10)
 		out.Header[a.header] = vals[0:1:1]
 	}
 	if attemptNo > 0 {
-		vals = append(vals, strconv.Itoa(attemptNo))
-		out.Header[AttemptHeader] = vals[len(vals)-1 : len(vals) : len(vals)]
+		vals[1] = strconv.Itoa(attemptNo)
+		out.Header[AttemptHeader] = vals[1:2:2]
 	}
 	return out
 }
 
 // cloneHeader copies h with room for extra more keys, with all values in one
-// backing array, as http.Header.Clone does.
-func cloneHeader(h http.Header, extra int) http.Header {
+// backing array, as http.Header.Clone does, and returns extra spare slots of
+// that array for the caller's own values.
+func cloneHeader(h http.Header, extra int) (http.Header, []string) {
 	nv := 0
 	for _, vv := range h {
 		nv += len(vv)
 	}
-	sv := make([]string, nv)
+	sv := make([]string, nv+extra)
 	h2 := make(http.Header, len(h)+extra)
 	for k, vv := range h {
 		if vv == nil {
@@ -311,7 +313,7 @@ func cloneHeader(h http.Header, extra int) http.Header {
 		h2[k] = sv[:n:n]
 		sv = sv[n:]
 	}
-	return h2
+	return h2, sv
 }
 
 // doneError reports a call whose context ended before bulwark sent it. It

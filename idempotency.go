@@ -82,8 +82,10 @@ func (r *retryRT) prepare(req *http.Request) (*http.Request, bool, error) {
 		if out == req {
 			out = shallowCopy(req)
 		}
-		out.Header = cloneHeader(req.Header, 1)
-		out.Header[IdempotencyKeyHeader] = []string{rand.Text()}
+		var vals []string
+		out.Header, vals = cloneHeader(req.Header, 1)
+		vals[0] = rand.Text()
+		out.Header[IdempotencyKeyHeader] = vals[0:1:1]
 	}
 	return out, true, nil
 }
