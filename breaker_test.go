@@ -18,7 +18,6 @@ import (
 	"github.com/sony/gobreaker/v2"
 )
 
-
 // opBase answers by the request's X-Op header, one letter:
 //
 //	S 200   F 503   4 404   N 501   R 429   E transport error
@@ -507,8 +506,8 @@ func TestBreakerPerHost(t *testing.T) {
 	}))
 	h := &reentrantHandler{Handler: slog.NewTextHandler(&logs, nil), host: "sick.test:80"}
 	tr = mustNew(t, Config{
-		Base:    base,
-		Logger:  slog.New(h),
+		Base:   base,
+		Logger: slog.New(h),
 		// Retries off: each call is one verdict, so the counts are exact.
 		Default: Policy{Breaker: Breaker{MinCalls: 5}, Retry: Retry{Disabled: true}},
 	})
