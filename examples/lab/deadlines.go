@@ -105,7 +105,7 @@ func (l *lab) deadlines(ctx context.Context) (*scenario, error) {
 			{"503s (no worker free)", strconv.FormatInt(r.rejected.Load(), 10)},
 			{"most workers held by hung calls", fmt.Sprintf("%d of %d", r.maxHung.Load(), cap(r.workers))},
 		}
-		out.metrics = map[string]float64{"errors": 1 - all}
+		out.metrics = map[string]float64{"errors": 1 - all, "last": 1 - last}
 		sc.runs = append(sc.runs, out)
 	}
 	return sc, nil

@@ -172,9 +172,10 @@ func openLoop(ctx context.Context, rate float64, d time.Duration, maxInFlight in
 				continue
 			}
 			inFlight.Add(1)
+			n := i // i is shared by the loops; each arrival keeps its own number
 			wg.Go(func() {
 				defer inFlight.Add(-1)
-				fire(ctx, i, at, false)
+				fire(ctx, n, at, false)
 			})
 		}
 	}

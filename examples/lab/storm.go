@@ -157,7 +157,7 @@ func (l *lab) storm(ctx context.Context) (*scenario, error) {
 	blipFrom := length * 20 / 100
 	blipTo := blipFrom + blip
 	svc := s.ref(refServiceTime)
-	workers := max(1, int(math.Ceil(capacityFactor*s.load*svc.Seconds())))
+	workers := stormWorkers(s)
 	capacity := float64(workers) / svc.Seconds()
 	sc := &scenario{
 		key:    "storm",
@@ -181,6 +181,12 @@ func (l *lab) storm(ctx context.Context) (*scenario, error) {
 		sc.runs = append(sc.runs, r)
 	}
 	return sc, nil
+}
+
+// stormWorkers sizes the service so its capacity is capacityFactor times
+// the offered load.
+func stormWorkers(s settings) int {
+	return max(1, int(math.Ceil(capacityFactor*s.load*s.ref(refServiceTime).Seconds())))
 }
 
 func (l *lab) stormRun(ctx context.Context, st stormStrategy, length, drain, blipFrom, blipTo time.Duration, workers int) (*run, error) {

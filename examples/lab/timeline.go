@@ -64,18 +64,6 @@ func (s *series) value(i, j int, width time.Duration) (float64, bool) {
 	}
 }
 
-// total is the series' raw count over buckets [i, j).
-func (s *series) total(i, j int) (num, den int64) {
-	i, j = max(i, 0), min(j, len(s.num))
-	for k := i; k < j; k++ {
-		num += s.num[k]
-		if s.den != nil {
-			den += s.den[k]
-		}
-	}
-	return num, den
-}
-
 // percentile returns the q-quantile (nearest rank) of xs; it sorts xs.
 func percentile(xs []float64, q float64) float64 {
 	if len(xs) == 0 {

@@ -283,7 +283,7 @@ func (l *lab) tuesdayRun(ctx context.Context, r *tuesdayRun, start time.Time, le
 func (r *tuesdayRun) checkoutMux(srv *server, s settings) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /checkout", func(w http.ResponseWriter, req *http.Request) {
-		if !r.acquire(w, req) {
+		if !r.acquire(w, srv.stop) {
 			return
 		}
 		defer func() { <-r.workers }()
@@ -311,7 +311,7 @@ func (r *tuesdayRun) checkoutMux(srv *server, s settings) http.Handler {
 		http.Error(w, "tax unavailable", http.StatusBadGateway)
 	})
 	mux.HandleFunc("GET /orders/{id}", func(w http.ResponseWriter, req *http.Request) {
-		if !r.acquire(w, req) {
+		if !r.acquire(w, srv.stop) {
 			return
 		}
 		defer func() { <-r.workers }()
@@ -324,9 +324,12 @@ func (r *tuesdayRun) checkoutMux(srv *server, s settings) http.Handler {
 	return mux
 }
 
-// acquire takes a worker, waiting in the accept queue while the user still
-// waits; a full queue is an immediate 503.
-func (r *tuesdayRun) acquire(w http.ResponseWriter, req *http.Request) bool {
+// acquire takes a worker, waiting in the accept queue for one; a full
+// queue is an immediate 503. Like the note's accept queue it does not
+// notice that the user behind a queued request gave up: the request still
+// gets a worker when its turn comes (a dead order then costs nothing, a
+// dead checkout still makes its tax call).
+func (r *tuesdayRun) acquire(w http.ResponseWriter, stop <-chan struct{}) bool {
 	if r.queued.Add(1) > r.maxQueue {
 		r.queued.Add(-1)
 		http.Error(w, "accept queue full", http.StatusServiceUnavailable)
@@ -336,7 +339,7 @@ func (r *tuesdayRun) acquire(w http.ResponseWriter, req *http.Request) bool {
 	select {
 	case r.workers <- struct{}{}:
 		return true
-	case <-req.Context().Done():
+	case <-stop:
 		return false
 	}
 }
