@@ -35,24 +35,48 @@ td:first-child,th:first-child{text-align:left}
 			fmt.Fprintf(&b, "<p>%s</p>\n", html.EscapeString(line))
 		}
 		headlineTable(&b, sc)
+		// One y scale for every load chart of a scenario, so runs compare
+		// at a glance.
+		loadMax := 1.0
+		for _, r := range sc.runs {
+			for _, s := range r.tl.order {
+				if s.kind == kindLoad {
+					loadMax = max(loadMax, seriesMax(s, r.tl.at(sc.length), r.tl.width))
+				}
+			}
+		}
+		loadMax = niceCeil(loadMax)
+		if len(sc.runs) > 2 {
+			// Many runs: first the reference note's picture, one row per run
+			// of what the upstream received.
+			for _, s0 := range sc.runs[0].tl.order {
+				if s0.kind != kindLoad || !s0.spark {
+					continue
+				}
+				var ls []line
+				for _, r := range sc.runs {
+					ls = append(ls, line{r.short, r.tl.get(s0.name)})
+				}
+				fmt.Fprintf(&b, "<h3>%s, every run</h3>\n", html.EscapeString(s0.name))
+				chart(&b, sc, sc.runs[0].tl, ls, "req/s", loadMax)
+			}
+		}
 		for _, r := range sc.runs {
 			fmt.Fprintf(&b, "<h3>%s</h3>\n", html.EscapeString(r.name))
 			for _, n := range r.notes {
 				fmt.Fprintf(&b, "<p class=\"note\">%s</p>\n", html.EscapeString(n))
 			}
-			var loads, rates []*series
+			var loads, rates []line
 			for _, s := range r.tl.order {
-				switch s.kind {
-				case kindLoad:
-					loads = append(loads, s)
-				case kindRate:
-					if s.spark || s.table {
-						rates = append(rates, s)
-					}
+				switch {
+				case s.kind == kindLoad:
+					loads = append(loads, line{s.name, s})
+				case s.kind == kindRate && (s.spark || s.table):
+					rates = append(rates, line{s.name, s})
 				}
 			}
-			chart(&b, sc, r, loads, "req/s")
-			chart(&b, sc, r, rates, "success %")
+			chart(&b, sc, r.tl, loads, "req/s", loadMax)
+			chart(&b, sc, r.tl, rates, "success %", 1)
 		}
 	}
 	b.WriteString("</body></html>\n")
@@ -83,10 +107,27 @@ func headlineTable(b *strings.Builder, sc *scenario) {
 	b.WriteString("</table>\n")
 }
 
-// chart draws series over the scenario's length as an inline SVG line
-// chart, shading the scenario's marks.
-func chart(b *strings.Builder, sc *scenario, r *run, ss []*series, unit string) {
-	if len(ss) == 0 {
+// line is one labelled polyline of a chart.
+type line struct {
+	label string
+	s     *series
+}
+
+// seriesMax is the largest bucket value of s among the first n.
+func seriesMax(s *series, n int, width time.Duration) float64 {
+	m := 0.0
+	for i := range min(n, len(s.num)) {
+		v, _ := s.value(i, i+1, width)
+		m = max(m, v)
+	}
+	return m
+}
+
+// chart draws lines over the scenario's length as an inline SVG line
+// chart from 0 to ymax, shading the scenario's marks. Rates (ymax 1) are
+// labelled in per cent.
+func chart(b *strings.Builder, sc *scenario, tl *timeline, ls []line, unit string, ymax float64) {
+	if len(ls) == 0 {
 		return
 	}
 	const (
@@ -95,24 +136,14 @@ func chart(b *strings.Builder, sc *scenario, r *run, ss []*series, unit string) 
 		top, bottom  = 10.0, 25.0
 		plotW, plotH = W - left - right, H - top - bottom
 	)
-	n := r.tl.at(sc.length)
-	ymax := 1.0
-	rate := ss[0].kind == kindRate
-	if !rate {
-		for _, s := range ss {
-			for i := range n {
-				v, _ := s.value(i, i+1, r.tl.width)
-				ymax = max(ymax, v)
-			}
-		}
-		ymax = niceCeil(ymax)
-	}
+	n := tl.at(sc.length)
+	rate := ls[0].s.kind == kindRate
 	x := func(i float64) float64 { return left + plotW*i/float64(max(n, 1)) }
-	y := func(v float64) float64 { return top + plotH*(1-v/ymax) }
-	fmt.Fprintf(b, "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" role=\"img\" aria-label=\"%s: %s\">\n",
-		W, H, W, H, html.EscapeString(r.short), unit)
+	y := func(v float64) float64 { return top + plotH*(1-min(v, ymax)/ymax) }
+	fmt.Fprintf(b, "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" role=\"img\" aria-label=\"%s\">\n",
+		W, H, W, H, html.EscapeString(unit))
 	for _, m := range sc.marks {
-		x0, x1 := x(float64(m.from)/float64(r.tl.width)), x(float64(m.to)/float64(r.tl.width))
+		x0, x1 := x(float64(m.from)/float64(tl.width)), x(float64(m.to)/float64(tl.width))
 		fmt.Fprintf(b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#fdd\"/><text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" fill=\"#a33\">%s</text>\n",
 			x0, top, max(x1-x0, 1), plotH, x0+2, top+10, html.EscapeString(m.label))
 	}
@@ -126,13 +157,13 @@ func chart(b *strings.Builder, sc *scenario, r *run, ss []*series, unit string) 
 			left, left+plotW, y(v), y(v), left-4, y(v)+3, label)
 	}
 	for s := 0; s <= int(sc.length/time.Second); s++ {
-		xs := x(float64(time.Duration(s)*time.Second) / float64(r.tl.width))
+		xs := x(float64(time.Duration(s)*time.Second) / float64(tl.width))
 		fmt.Fprintf(b, "<text x=\"%.1f\" y=\"%.0f\" font-size=\"10\" text-anchor=\"middle\">%ds</text>\n", xs, H-8, s)
 	}
-	for k, s := range ss {
+	for k, l := range ls {
 		var pts strings.Builder
 		for i := range n {
-			v, ok := s.value(i, i+1, r.tl.width)
+			v, ok := l.s.value(i, i+1, tl.width)
 			if !ok {
 				continue
 			}
@@ -140,16 +171,17 @@ func chart(b *strings.Builder, sc *scenario, r *run, ss []*series, unit string) 
 		}
 		color := palette[k%len(palette)]
 		fmt.Fprintf(b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"%s\"/>\n", color, strings.TrimSpace(pts.String()))
-		fmt.Fprintf(b, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"11\" fill=\"%s\">%s</text>\n", left+plotW+8, top+12+14*float64(k), color, html.EscapeString(s.name))
+		fmt.Fprintf(b, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"11\" fill=\"%s\">%s</text>\n", left+plotW+8, top+12+14*float64(k), color, html.EscapeString(l.label))
 	}
 	fmt.Fprintf(b, "<text x=\"%.0f\" y=\"%.0f\" font-size=\"10\" fill=\"#666\">%s</text>\n", left+plotW+8, top+plotH, unit)
 	b.WriteString("</svg>\n")
 }
 
-// niceCeil rounds v up to 1, 2 or 5 times a power of ten.
+// niceCeil rounds v up to a round number for an axis: 1, 1.5, 2, 2.5, 3,
+// 4, 5, 6 or 8 times a power of ten.
 func niceCeil(v float64) float64 {
 	p := math.Pow(10, math.Floor(math.Log10(v)))
-	for _, m := range []float64{1, 2, 5, 10} {
+	for _, m := range []float64{1, 1.5, 2, 2.5, 3, 4, 5, 6, 8} {
 		if m*p >= v {
 			return m * p
 		}

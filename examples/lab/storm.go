@@ -152,10 +152,14 @@ func stormStrategies() []stormStrategy {
 
 func (l *lab) storm(ctx context.Context) (*scenario, error) {
 	s := l.set
-	length := s.runLen(4500 * time.Millisecond)
 	blip := s.ref(refStormBlip)
+	// By default a fifth of the run before the blip and six blips after it.
+	length := s.runLen(time.Duration(float64(7*blip) / 0.8))
 	blipFrom := length * 20 / 100
 	blipTo := blipFrom + blip
+	if blipTo+time.Second > length {
+		return nil, fmt.Errorf("storm: -duration %v leaves under a second after a %v blip at -scale %g", length, blip, s.scale)
+	}
 	svc := s.ref(refServiceTime)
 	workers := stormWorkers(s)
 	capacity := float64(workers) / svc.Seconds()
