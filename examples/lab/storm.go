@@ -197,6 +197,7 @@ func (l *lab) stormRun(ctx context.Context, st stormStrategy, length, drain, bli
 	s := l.set
 	start := time.Now().Add(50 * time.Millisecond)
 	tl := newTimeline(start, 100*time.Millisecond, length+drain)
+	tl.define("calls", kindLoad, false, false) // first attempts: the offered load
 	tl.define("recv", kindLoad, true, true)
 	tl.define("ok", kindRate, true, true)
 	stallFrom, stallTo := start.Add(blipFrom), start.Add(blipTo)
@@ -271,6 +272,7 @@ func (l *lab) stormRun(ctx context.Context, st stormStrategy, length, drain, bli
 					return
 				}
 				at := time.Now()
+				tl.count("calls", at)
 				tl.outcome("ok", at, c.call(ctx, srv.url+"/work"))
 			}
 		})
