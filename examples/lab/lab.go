@@ -87,7 +87,7 @@ func startServer(h func(s *server) http.Handler) (*server, error) {
 	s := &server{stop: make(chan struct{}), host: ln.Addr().String()}
 	s.url = "http://" + s.host
 	s.ctx, s.end = context.WithCancel(context.Background())
-	s.srv = &http.Server{Handler: h(s), ReadHeaderTimeout: 5 * time.Second, ErrorLog: nil}
+	s.srv = &http.Server{Handler: h(s), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = s.srv.Serve(ln) }()
 	return s, nil
 }
@@ -126,8 +126,8 @@ func loopbackTransport() *http.Transport {
 	return t
 }
 
-// get sends one request and reports whether it got a 200, draining and
-// closing the body so the connection is reused.
+// send sends one request and returns its status and (at most 4 KiB of)
+// its body, closing the body so the connection is reused.
 func send(ctx context.Context, c *http.Client, method, url string) (int, []byte, error) {
 	req, err := http.NewRequestWithContext(ctx, method, url, nil)
 	if err != nil {

@@ -46,19 +46,26 @@ func protectedTaxClient(base http.RoundTripper, taxHost string, attempt time.Dur
 				Timeout: bulwark.Timeout{Attempt: attempt, Total: 2 * attempt},
 
 				// ---- TODO(lead): fill in after merging the layers --------
+				// Field names as in DESIGN.md; values scaled like the rest
+				// of the lab (the caller passes scaled durations).
 				// Breaker: bulwark.Breaker{
 				// 	SlowCall:      attempt / 2, // slower than this counts as slow
 				// 	SlowCallRate:  0.5,         // trip when half the window is slow
 				// 	FailureRate:   0.5,
 				// 	MinCalls:      20,
-				// 	Window:        time.Second,        // scaled, see settings.ref
-				// 	OpenFor:       time.Second,        // the note's 60 s is too long for a lab run
+				// 	Window:        time.Second, // lab time
+				// 	OpenFor:       time.Second, // the note's 60 s would outlast a run
 				// 	HalfOpenCalls: 10,
 				// },
-				// Bulkhead: bulwark.Bulkhead{MaxConcurrent: bulkhead}, // the note's 40 of 200
-				// Fallback: the last good tax rate (stale rate), then delete
-				//           the STAND-IN fallback in checkoutHandler.
-				// Also: report the breaker's state per bucket (tuesdayRun.breaker).
+				// Bulkhead: bulwark.Bulkhead{MaxConcurrent: bulkhead},
+				// 	// bulkhead = the note's 40 of 200 threads, scaled with the
+				// 	// pool: 8 of the lab's 40 workers (40 of 40 would isolate
+				// 	// nothing).
+				// Fallback: the last good tax rate (stale rate).
+				// Then: delete the STAND-IN fallback in checkoutMux's
+				// POST /checkout handler, add a "breaker open" series to the
+				// run's timeline (table, sparkline and HTML pick it up), and
+				// update the notes set for the bulwark run in (*lab).tuesday.
 				// ------------------------------------------------------------
 			},
 		},
