@@ -2,7 +2,10 @@ module github.com/bulwark-http/bulwark/examples
 
 go 1.26.0
 
-require github.com/bulwark-http/bulwark v0.0.0
+require (
+	github.com/bulwark-http/bulwark v0.0.0
+	go.uber.org/goleak v1.3.0
+)
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect

@@ -1,0 +1,198 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// These tests run the scenarios for real, on 127.0.0.1, with short
+// settings, and assert only the direction of each result: the margins are
+// wide enough to hold on a loaded two-core machine under -race. If bulwark
+// (or the lab's stand-in for a layer not merged yet) stops protecting, they
+// fail.
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func testLab(set settings) *lab {
+	return &lab{set: set, out: io.Discard, progress: io.Discard}
+}
+
+func byShort(t *testing.T, sc *scenario, short string) *run {
+	t.Helper()
+	for _, r := range sc.runs {
+		if r.short == short {
+			return r
+		}
+	}
+	t.Fatalf("no run %q in %s", short, sc.key)
+	return nil
+}
+
+func TestTuesdayProtectsOrders(t *testing.T) {
+	l := testLab(settings{scale: 0.1, load: 300, duration: 6 * time.Second})
+	sc, err := l.tuesday(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	l.render(&buf, sc)
+	t.Log("\n" + buf.String())
+	plain, prot := byShort(t, sc, "plain"), byShort(t, sc, "bulwark")
+	po, bo := plain.metrics["orders_sick"], prot.metrics["orders_sick"]
+	if bo < po+0.3 {
+		t.Errorf("orders ok while tax sick: bulwark %.1f%%, plain %.1f%%; want bulwark ahead by at least 30 points", 100*bo, 100*po)
+	}
+	pc, bc := plain.metrics["checkout_sick"], prot.metrics["checkout_sick"]
+	if bc <= pc {
+		t.Errorf("checkout ok while tax sick: bulwark %.1f%%, plain %.1f%%; want bulwark ahead", 100*bc, 100*pc)
+	}
+}
+
+func TestStormBudgetCapsLoad(t *testing.T) {
+	l := testLab(settings{scale: 0.2, load: 200, duration: 3 * time.Second})
+	var imm, bud stormStrategy
+	for _, st := range stormStrategies() {
+		switch st.short {
+		case "imm×3":
+			imm = st
+		case "jit+bud":
+			bud = st
+		}
+	}
+	length := l.set.duration
+	blip := l.set.ref(refStormBlip)
+	from := length * 20 / 100
+	workers := stormWorkers(l.set)
+	sc := &scenario{key: "storm", length: length, marks: []mark{{from, from + blip, "blip"}}}
+	for _, st := range []stormStrategy{imm, bud} {
+		r, err := l.stormRun(t.Context(), st, length, 2*time.Second, from, from+blip, workers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc.runs = append(sc.runs, r)
+	}
+	var buf bytes.Buffer
+	l.render(&buf, sc)
+	t.Log("\n" + buf.String())
+	ip, bp := sc.runs[0].metrics["peak"], sc.runs[1].metrics["peak"]
+	if bp >= ip {
+		t.Errorf("peak load during and after the blip: jitter+budget %.0f req/s, immediate retries %.0f req/s; want jitter+budget lower", bp, ip)
+	}
+	if io, bo := sc.runs[0].metrics["ok"], sc.runs[1].metrics["ok"]; bo <= io {
+		t.Errorf("calls ok: jitter+budget %.1f%%, immediate retries %.1f%%; want jitter+budget higher", 100*bo, 100*io)
+	}
+}
+
+func TestDeadlinesShortBeatsLong(t *testing.T) {
+	l := testLab(settings{scale: 0.2, load: 400, duration: 4 * time.Second})
+	sc, err := l.deadlines(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	l.render(&buf, sc)
+	t.Log("\n" + buf.String())
+	long, short := byShort(t, sc, "100s").metrics["last"], byShort(t, sc, "p99.9").metrics["last"]
+	if long < short+0.3 {
+		t.Errorf("error rate in the last second: 100 s-style %.1f%%, near p99.9 %.1f%%; want the long deadline worse by at least 30 points", 100*long, 100*short)
+	}
+}
+
+func TestFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string // in the error; empty: flag.ErrHelp
+	}{
+		{[]string{"-h"}, ""},
+		{[]string{"-scale", "0"}, "-scale"},
+		{[]string{"-load", "1e9"}, "-load"},
+		{[]string{"-duration", "1ms"}, "-duration"},
+		{[]string{"-scenario", "friday"}, "-scenario"},
+		{[]string{"extra"}, "unexpected"},
+	} {
+		var stderr bytes.Buffer
+		err := mainErr(tc.args, io.Discard, &stderr)
+		switch {
+		case tc.want == "" && !errors.Is(err, flag.ErrHelp):
+			t.Errorf("mainErr(%q) = %v, want flag.ErrHelp", tc.args, err)
+		case tc.want == "" && !strings.Contains(stderr.String(), "-scenario"):
+			t.Errorf("mainErr(%q) usage does not document -scenario:\n%s", tc.args, stderr.String())
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("mainErr(%q) = %v, want an error about %s", tc.args, err, tc.want)
+		}
+	}
+}
+
+// report runs the shortest real scenario and writes the HTML report.
+func report(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "lab.html")
+	var out bytes.Buffer
+	args := []string{"-scenario", "deadlines", "-duration", "1s", "-load", "100", "-scale", "0.1", "-html", path}
+	if err := mainErr(args, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), path) {
+		t.Errorf("output does not name the report path %s:\n%s", path, out.String())
+	}
+	return path
+}
+
+func TestReportSelfContained(t *testing.T) {
+	b, err := os.ReadFile(report(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	if n := strings.Count(s, "<svg"); n < 4 {
+		t.Errorf("report has %d <svg> charts, want at least 4 (two per run)", n)
+	}
+	for _, bad := range []string{"<script", " src=", "href=", "url(", "@import"} {
+		if strings.Contains(s, bad) {
+			t.Errorf("report contains %q: it must not load anything", bad)
+		}
+	}
+}
+
+// TestReportInChromium opens the report in headless Chromium and checks
+// that the charts are in the DOM it built. CI installs Chromium; where it
+// is absent the test is skipped and says so.
+func TestReportInChromium(t *testing.T) {
+	const chromium = "/usr/bin/chromium"
+	if _, err := os.Stat(chromium); err != nil {
+		t.Skip("skipped: " + chromium + " not found, so the HTML report was not checked in a browser")
+	}
+	path := report(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, chromium,
+		"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync",
+		"--user-data-dir="+t.TempDir(), "--dump-dom", "file://"+path)
+	cmd.WaitDelay = 5 * time.Second
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	dom, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("chromium: %v\n%s", err, stderr.String())
+	}
+	if n := strings.Count(string(dom), "<svg"); n < 4 {
+		t.Errorf("chromium's DOM has %d <svg> elements, want at least 4:\n%.2000s", n, dom)
+	}
+	if !strings.Contains(string(dom), "<polyline") {
+		t.Errorf("chromium's DOM has no <polyline>: the charts drew no lines")
+	}
+}
