@@ -6,6 +6,7 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"time"
 
 	"github.com/bulwark-http/bulwark"
@@ -66,4 +67,53 @@ func ExampleDeadlineHandler() {
 	// Output:
 	// deadline set: true within 250ms: true
 	// deadline set: false within 250ms: false
+}
+
+// A policy per upstream, every layer on: the reference note's tax call, with
+// a timeout near its healthy p99.9, a breaker that trips on slowness, a
+// 40-slot bulkhead, budgeted retries, and the last good rate when all else
+// fails.
+func Example_taxPolicy() {
+	var sick atomic.Bool
+	tax := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if sick.Load() {
+			http.Error(w, "database on fire", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprint(w, "rate=0.0725")
+	}))
+	defer tax.Close()
+
+	client, err := bulwark.NewClient(bulwark.Config{
+		Upstreams: map[string]bulwark.Policy{
+			tax.Listener.Addr().String(): {
+				Timeout:  bulwark.Timeout{Total: time.Second, Attempt: 150 * time.Millisecond},
+				Breaker:  bulwark.Breaker{SlowCall: 100 * time.Millisecond, SlowCallRate: 0.5, MinCalls: 20},
+				Bulkhead: bulwark.Bulkhead{MaxConcurrent: 40},
+				Retry:    bulwark.Retry{MaxAttempts: 2, Base: 10 * time.Millisecond},
+				Fallback: bulwark.Fallback{Stale: bulwark.StaleCache{MaxAge: 6 * time.Hour}},
+			},
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.CloseIdleConnections()
+
+	get := func() {
+		resp, err := client.Get(tax.URL + "/rate?jurisdiction=CA")
+		if err != nil {
+			fmt.Println("error:", err)
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		fmt.Printf("%d %s (fallback: %q)\n", resp.StatusCode, b, resp.Header.Get(bulwark.FallbackHeader))
+	}
+	get() // healthy: cached as the last good answer
+	sick.Store(true)
+	get() // retried once, then answered from the stale cache
+	// Output:
+	// 200 rate=0.0725 (fallback: "")
+	// 200 rate=0.0725 (fallback: "stale")
 }
