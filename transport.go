@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -50,6 +51,10 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 	MeterProvider  metric.MeterProvider
 
+	// Propagator injects each attempt's trace context into its request.
+	// Nil means the global propagator, otel.GetTextMapPropagator().
+	Propagator propagation.TextMapPropagator
+
 	// Logger receives state changes at Info and retries at Debug. Nil means
 	// no logging.
 	Logger *slog.Logger
@@ -74,7 +79,7 @@ type Config struct {
 //
 // The stack, outer to inner, for one request:
 //
-//	router → total deadline → attempt deadline → base
+//	router → total deadline → attempt deadline → attempt span → base
 //
 // Each host's stack is composed once, when the host is first seen, never per
 // call.
@@ -83,6 +88,7 @@ type Transport struct {
 	logger *slog.Logger
 	tp     trace.TracerProvider
 	mp     metric.MeterProvider
+	obs    *observer // instruments and providers, made once (observe.go)
 	// now is the clock every decision reads; tests replace it.
 	now func() time.Time
 
@@ -119,6 +125,7 @@ type hostState struct {
 	policy   *Policy
 	rt       http.RoundTripper
 	lastUsed atomic.Int64 // unix nanoseconds, updated at most every touchEvery
+	obs      hostObs      // cached metric attribute sets (observe.go)
 }
 
 // touchEvery is the resolution of a host's last-used time: fine enough for
@@ -163,6 +170,7 @@ func New(cfg Config) (*Transport, error) {
 	if t.logger == nil {
 		t.logger = slog.New(slog.DiscardHandler)
 	}
+	t.obs = newObserver(cfg, t.logger)
 
 	def := cfg.Default.withDefaults()
 	if err := def.validate(); err != nil {
@@ -273,7 +281,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody(req)
 		return nil, doneError(req.Context())
 	}
-	return t.host(req.URL).rt.RoundTrip(req)
+	return t.host(req.URL).roundTrip(req)
 }
 
 // CloseIdleConnections closes the base's idle connections, when the base
@@ -385,11 +393,16 @@ func (t *Transport) buildStack(hs *hostState) http.RoundTripper {
 	p := hs.policy
 	var rt http.RoundTripper = t.base
 
+	// 8½. Attempt span, trace context and attempt duration (observe.go).
+	obs := &observeRT{next: rt, hs: hs}
+	rt = obs
+
 	// 8. Attempt deadline and per-attempt headers, innermost.
-	a := &attemptRT{next: rt, t: t}
+	a := &attemptRT{next: rt, t: t, hs: hs}
 	if !p.Timeout.Disabled {
 		a.attempt, a.header = p.Timeout.Attempt, p.Timeout.Header
 	}
+	obs.a = a
 	rt = a
 
 	// 3. Total deadline.
