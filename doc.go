@@ -8,6 +8,7 @@
 //	1  router            request   picks the upstream's policy and per-host state
 //	3  total deadline    request   bounds the whole call, retries included
 //	8  attempt deadline  attempt   bounds one attempt; writes the deadline header
+//	8½ attempt span      attempt   one OpenTelemetry client span per attempt; injects its trace context
 //	9  base              -         a clone of http.DefaultTransport by default
 //
 // The numbering is the full stack's (fallback, retry, pushback, breaker and

@@ -913,14 +913,27 @@ func TestGlobalProvidersSetAfterNew(t *testing.T) {
 	}
 	base := &seqBase{statuses: []int{200}}
 	tr := mustTransport(t, Config{Base: base})
+	now := time.Now()
+	tr.now = func() time.Time { return now }
 	if tr.obs.tracing() || tr.obs.metering() || tr.obs.propagator() != nil {
 		t.Fatal("observer on before any global provider was set")
 	}
+	// A host seen before the globals are set...
+	const target = "http://tax.internal/rate"
+	resp, err := get(t, tr, t.Context(), target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
 	k := newOtelKit(t)
 	otel.SetTracerProvider(k.tp)
 	otel.SetMeterProvider(k.mp)
-	otel.SetTextMapPropagator(propagation.TraceContext{})
-	resp, err := get(t, tr, t.Context(), "http://tax.internal/rate")
+	// A composite propagator is a slice: comparing it with the placeholder
+	// must not panic.
+	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
+	// ...is observed from its first request once touchEvery has passed.
+	now = now.Add(touchEvery + time.Millisecond)
+	resp, err = get(t, tr, t.Context(), target)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -928,8 +941,9 @@ func TestGlobalProvidersSetAfterNew(t *testing.T) {
 	if n := len(spansNamed(k.sr, "GET")); n != 1 {
 		t.Errorf("%d attempt spans after the globals were set, want 1", n)
 	}
-	if base.headers[0].Get("Traceparent") == "" {
-		t.Error("no traceparent injected with the global propagator")
+	if base.headers[0].Get("Traceparent") != "" || base.headers[1].Get("Traceparent") == "" {
+		t.Errorf("traceparent before and after the globals were set: %q, %q; want none, then one",
+			base.headers[0].Get("Traceparent"), base.headers[1].Get("Traceparent"))
 	}
 	if got := counter(t, k.collect(t), "bulwark.requests", upDefault, keyOutcome.String("success")); got != 1 {
 		t.Errorf("bulwark.requests{success} = %d, want 1", got)

@@ -47,7 +47,21 @@ type Config struct {
 	Upstreams map[string]Policy
 
 	// TracerProvider and MeterProvider are where bulwark's spans and metrics
-	// go. Nil means the global providers from go.opentelemetry.io/otel.
+	// go. Nil means the global providers from go.opentelemetry.io/otel,
+	// looked up again as requests arrive, so setting them after New works.
+	// Each attempt
+	// gets a client span (HTTP semantic conventions, URL redacted) that is a
+	// child of the span in the request's context; with none there, bulwark
+	// starts one "bulwark.request" span for the call. Retries, rejections
+	// and fallbacks are events on that parent span. Metrics are named
+	// bulwark.* with a bulwark.upstream attribute (the Upstreams key or
+	// "default").
+	//
+	// With otelhttp, wrap bulwark: otelhttp.NewTransport(bulwarkTransport)
+	// gives one logical span with bulwark's attempt spans as its children.
+	// If otelhttp must sit inside, as Base, it already makes a span per
+	// attempt: set TracerProvider to noop.NewTracerProvider() so there is
+	// one span per attempt, not two.
 	TracerProvider trace.TracerProvider
 	MeterProvider  metric.MeterProvider
 
@@ -318,6 +332,7 @@ func (t *Transport) host(u *url.URL) *hostState {
 		// cache line between cores on every request.
 		if now-hs.lastUsed.Load() > int64(touchEvery) {
 			hs.lastUsed.Store(now)
+			t.obs.refresh() // a global provider may have been set since
 		}
 		return hs
 	}
@@ -341,6 +356,7 @@ func (t *Transport) addHost(k hostKey, now int64) *hostState {
 	hs.lastUsed.Store(now)
 	hs.rt = t.buildStack(hs)
 	t.hosts[k] = hs
+	t.obs.refresh()
 	return hs
 }
 
