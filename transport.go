@@ -49,13 +49,12 @@ type Config struct {
 	// TracerProvider and MeterProvider are where bulwark's spans and metrics
 	// go. Nil means the global providers from go.opentelemetry.io/otel,
 	// looked up again as requests arrive, so setting them after New works.
-	// Each attempt
-	// gets a client span (HTTP semantic conventions, URL redacted) that is a
-	// child of the span in the request's context; with none there, bulwark
-	// starts one "bulwark.request" span for the call. Retries, rejections
-	// and fallbacks are events on that parent span. Metrics are named
-	// bulwark.* with a bulwark.upstream attribute (the Upstreams key or
-	// "default").
+	// Each attempt gets a client span (HTTP semantic conventions, URL
+	// redacted) that is a child of the span in the request's context; with
+	// none there, bulwark starts one "bulwark.request" span for the call.
+	// Retries, rejections and fallbacks are events on that parent span.
+	// Metrics are named bulwark.* with a bulwark.upstream attribute (the
+	// Upstreams key or "default").
 	//
 	// With otelhttp, wrap bulwark: otelhttp.NewTransport(bulwarkTransport)
 	// gives one logical span with bulwark's attempt spans as its children.
