@@ -216,6 +216,7 @@ type attemptRT struct {
 	t       *Transport
 	attempt time.Duration // zero: no per-attempt bound
 	header  string        // empty: no deadline header (Timeout disabled)
+	hs      *hostState    // where refusals are reported (observe.go)
 }
 
 func (a *attemptRT) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -255,6 +256,7 @@ func (a *attemptRT) RoundTrip(req *http.Request) (*http.Response, error) {
 		left = dl.Sub(now)
 		if left < minSendTime {
 			closeBody(req)
+			a.hs.deadlineTooShort(ctx)
 			return nil, ErrDeadlineTooShort
 		}
 	}

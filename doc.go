@@ -13,6 +13,7 @@
 //	6  breaker           host      trips on failure rate and slow-call rate
 //	7  bulkhead          host      bounded concurrency, short FIFO queue, rate limit
 //	8  attempt deadline  attempt   bounds one attempt; writes the deadline header
+//	8½ attempt span      attempt   one OpenTelemetry client span per attempt; injects its trace context
 //	9  base              -         a clone of http.DefaultTransport by default
 //
 // The numbering is the full stack's (fallback, retry, pushback, breaker and

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -46,9 +47,26 @@ type Config struct {
 	Upstreams map[string]Policy
 
 	// TracerProvider and MeterProvider are where bulwark's spans and metrics
-	// go. Nil means the global providers from go.opentelemetry.io/otel.
+	// go. Nil means the global providers from go.opentelemetry.io/otel,
+	// looked up again as requests arrive, so setting them after New works.
+	// Each attempt gets a client span (HTTP semantic conventions, URL
+	// redacted) that is a child of the span in the request's context; with
+	// none there, bulwark starts one "bulwark.request" span for the call.
+	// Retries, rejections and fallbacks are events on that parent span.
+	// Metrics are named bulwark.* with a bulwark.upstream attribute (the
+	// Upstreams key or "default").
+	//
+	// With otelhttp, wrap bulwark: otelhttp.NewTransport(bulwarkTransport)
+	// gives one logical span with bulwark's attempt spans as its children.
+	// If otelhttp must sit inside, as Base, it already makes a span per
+	// attempt: set TracerProvider to noop.NewTracerProvider() so there is
+	// one span per attempt, not two.
 	TracerProvider trace.TracerProvider
 	MeterProvider  metric.MeterProvider
+
+	// Propagator injects each attempt's trace context into its request.
+	// Nil means the global propagator, otel.GetTextMapPropagator().
+	Propagator propagation.TextMapPropagator
 
 	// Logger receives state changes at Info and retries at Debug. Nil means
 	// no logging.
@@ -74,7 +92,7 @@ type Config struct {
 //
 // The stack, outer to inner, for one request:
 //
-//	router → fallback → total deadline → retry → pushback → breaker → bulkhead → attempt deadline → base
+//	router → fallback → total deadline → retry → pushback → breaker → bulkhead → attempt deadline → attempt span → base
 //
 // Each host's stack is composed once, when the host is first seen, never per
 // call.
@@ -83,6 +101,7 @@ type Transport struct {
 	logger *slog.Logger
 	tp     trace.TracerProvider
 	mp     metric.MeterProvider
+	obs    *observer // instruments and providers, made once (observe.go)
 	// now is the clock every decision reads; tests replace it.
 	now func() time.Time
 	// retry holds the retry layers' randomness, sleep and counters.
@@ -124,6 +143,7 @@ type hostState struct {
 	breaker  *breakerRT   // nil when the upstream's breaker is disabled
 	bulkhead *bulkheadRT  // nil when the upstream's bulkhead is disabled
 	lastUsed atomic.Int64 // unix nanoseconds, updated at most every touchEvery
+	obs      hostObs      // cached metric attribute sets (observe.go)
 }
 
 // touchEvery is the resolution of a host's last-used time: fine enough for
@@ -168,6 +188,7 @@ func New(cfg Config) (*Transport, error) {
 	if t.logger == nil {
 		t.logger = slog.New(slog.DiscardHandler)
 	}
+	t.obs = newObserver(cfg, t.logger)
 
 	def := cfg.Default.withDefaults()
 	if err := def.validate(); err != nil {
@@ -278,7 +299,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody(req)
 		return nil, doneError(req.Context())
 	}
-	return t.host(req.URL).rt.RoundTrip(req)
+	return t.host(req.URL).roundTrip(req)
 }
 
 // CloseIdleConnections closes the base's idle connections, when the base
@@ -315,6 +336,7 @@ func (t *Transport) host(u *url.URL) *hostState {
 		// cache line between cores on every request.
 		if now-hs.lastUsed.Load() > int64(touchEvery) {
 			hs.lastUsed.Store(now)
+			t.obs.refresh() // a global provider may have been set since
 		}
 		return hs
 	}
@@ -338,6 +360,7 @@ func (t *Transport) addHost(k hostKey, now int64) *hostState {
 	hs.lastUsed.Store(now)
 	hs.rt = t.buildStack(hs)
 	t.hosts[k] = hs
+	t.obs.refresh()
 	return hs
 }
 
@@ -413,11 +436,16 @@ func (t *Transport) buildStack(hs *hostState) http.RoundTripper {
 	p := hs.policy
 	var rt http.RoundTripper = t.base
 
+	// 8½. Attempt span, trace context and attempt duration (observe.go).
+	obs := &observeRT{next: rt, hs: hs}
+	rt = obs
+
 	// 8. Attempt deadline and per-attempt headers, innermost.
-	a := &attemptRT{next: rt, t: t}
+	a := &attemptRT{next: rt, t: t, hs: hs}
 	if !p.Timeout.Disabled {
 		a.attempt, a.header = p.Timeout.Attempt, p.Timeout.Header
 	}
+	obs.a = a
 	rt = a
 
 	// 7. Bulkhead: outside the attempt deadline, so a slot covers exactly

@@ -1,0 +1,905 @@
+package bulwark
+
+// Observability: OpenTelemetry spans, events and metrics, and log lines, for
+// every decision the stack makes. Only the OpenTelemetry API is used here;
+// the SDK is the application's choice.
+//
+// # Spans
+//
+// Layer 8½ (observeRT, between the attempt deadline and the base) starts one
+// CLIENT span per attempt, following the OpenTelemetry HTTP client semantic
+// conventions: http.request.method, server.address, server.port, url.full
+// (redacted: see redactURL), http.response.status_code, error.type, and
+// http.request.resend_count on every resend (callState.attempt > 1). It sits
+// below the attempt deadline on purpose: the span covers exactly what goes
+// on the wire, from handing the request to the base until the response body
+// is read to EOF or closed (onBodyEnd), so the span of a discarded attempt
+// ends when bulwark drains it; and an attempt the deadline layer refuses to
+// send has no span, only an event on the caller's span. The trace context is
+// injected there too, per attempt, with Config.Propagator (nil: the global
+// propagator), into the request copy attemptRT already made when it made
+// one (see headerOwned).
+//
+// The parent of every attempt span is the span in the caller's context. When
+// that context has no span at all, the router starts one INTERNAL span for
+// the whole call ("bulwark.request"), so that the attempts of one call share
+// a trace and the layers' events have a span to land on.
+//
+// # Stacking with otelhttp
+//
+// Recommended: otelhttp.NewTransport(bulwarkTransport). otelhttp's span is
+// then the logical request, bulwark's attempt spans are its children and the
+// layers' events (retries, rejections, fallbacks) go on otelhttp's span;
+// otelhttp injects first and each attempt re-injects its own span context,
+// so the upstream sees the attempt as its parent. There is no duplicate:
+// bulwark starts its logical span only when the caller's context has none.
+//
+// With otelhttp inside, as Config.Base, otelhttp already makes a span for
+// every attempt; set Config.TracerProvider to noop.NewTracerProvider() so
+// that bulwark does not make a second one per attempt. Events still go on
+// the caller's span, and metrics are unaffected.
+//
+// # The observer API, for the layers
+//
+// Every layer reports its decisions through methods on *hostState, which
+// know the upstream label and the Transport's providers:
+//
+//	hs.retryScheduled(ctx, attempt, delay, reason, fromRetryAfter) // before sleeping; attempt is the one about to be sent
+//	hs.rejected(ctx, layer)         // layerBreaker, layerBulkhead, layerPushback, layerBudget, layerDeadline
+//	hs.fallbackServed(ctx, kind)    // "cached", "constant", "func", …
+//	hs.deadlineTooShort(ctx)        // = rejected(ctx, layerDeadline)
+//	hs.breakerStateChanged(from, to)
+//	hs.pushbackChanged(active, until)
+//	hs.event(ctx, name, attrs...)   // anything else, on the caller's span
+//	t.registerGauge(name, desc, unit, agg, func(observe func(upstream string, v int64)))
+//	t.eachHost(func(*hostState))    // for gauge callbacks
+//
+// They cost a context lookup and a few atomic loads, and allocate nothing,
+// when the caller's span is not recording and no MeterProvider is set: they
+// check span.IsRecording() before building any attribute, record into
+// instruments made once in New with attribute sets cached per host, and
+// check the logger's level before logging. Call them with the layer's own
+// request context (whose span is the caller's or the logical one) and never
+// while holding a lock: they may log, and a MeterProvider's or SpanProcessor's
+// work runs inline. (gobreaker calls OnStateChange under its mutex: record
+// the change there, report it after.)
+//
+// # Metrics
+//
+// All under the bulwark. prefix, with bounded attributes: bulwark.upstream
+// is the Upstreams key or "default", never a raw host; the other attributes
+// take values from small fixed sets (and a layer-supplied value beyond
+// maxLabelValues distinct ones per host is reported as "other"):
+//
+//	bulwark.requests          counter    {bulwark.upstream, bulwark.outcome}   calls, by final outcome
+//	bulwark.retries           counter    {bulwark.upstream, bulwark.retry.reason}
+//	bulwark.rejections        counter    {bulwark.upstream, bulwark.layer}
+//	bulwark.fallbacks         counter    {bulwark.upstream, bulwark.fallback.kind}
+//	bulwark.breaker.transitions counter  {bulwark.upstream, bulwark.breaker.state} (the new state)
+//	bulwark.attempt.duration  histogram  s {bulwark.upstream, bulwark.outcome}
+//	bulwark.retry.delay       histogram  s {bulwark.upstream}
+//
+// Gauges (breaker state, bulkhead in-flight and queue, budget left) are
+// registered by their layers with registerGauge.
+//
+// # Cost with nothing configured
+//
+// Until the application sets a global provider, the globals are otel's
+// placeholders. Starting a span on one still allocates a context and a
+// span, so bulwark recognises the placeholder once in New and checks
+// whether it is still the global; while it is, bulwark starts no span,
+// injects nothing and records nothing. When the application calls
+// otel.SetTracerProvider after New, a host's next request is traced
+// (within touchEvery, 10 ms, on a host busy at that moment). Per request
+// the check is one atomic load per layer: the globals themselves are
+// looked up only when the router touches a host's last-used time (see
+// refresh). (An eBPF auto-instrumentation attached to the
+// placeholder would therefore not see bulwark's spans.)
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+)
+
+// instrumentationName names bulwark's tracer and meter.
+const instrumentationName = "github.com/bulwark-http/bulwark"
+
+// Span names and event names.
+const (
+	spanRequest    = "bulwark.request"
+	eventRetry     = "bulwark.retry"
+	eventRejected  = "bulwark.rejected"
+	eventFallback  = "bulwark.fallback"
+	otherLabel     = "other"
+	redactedMarker = "REDACTED"
+)
+
+// The layers that reject a request, as rejected() takes them and as the
+// bulwark.layer attribute reports them.
+const (
+	layerBreaker  = "breaker"
+	layerBulkhead = "bulkhead"
+	layerPushback = "pushback"
+	layerBudget   = "budget"
+	layerDeadline = "deadline"
+)
+
+// Request and attempt outcomes, the bulwark.outcome attribute.
+const (
+	outcomeSuccess     = "success"      // a response with status < 400
+	outcomeClientError = "client_error" // 4xx
+	outcomeServerError = "server_error" // 5xx
+	outcomeTimeout     = "timeout"      // bulwark's own Timeout.Attempt or Total
+	outcomeDeadline    = "deadline"     // the caller's deadline
+	outcomeCanceled    = "canceled"
+	outcomeBreaker     = "breaker_open"
+	outcomeBulkhead    = "bulkhead_full"
+	outcomePushback    = "pushback"
+	outcomeBudget      = "retry_budget"
+	outcomeTooShort    = "deadline_too_short"
+	outcomeError       = "error" // any other transport error
+)
+
+// Attribute keys bulwark adds beside the semantic conventions' ones.
+const (
+	keyUpstream       = attribute.Key("bulwark.upstream")
+	keyOutcome        = attribute.Key("bulwark.outcome")
+	keyAttempt        = attribute.Key("bulwark.attempt")
+	keyLayer          = attribute.Key("bulwark.layer")
+	keyRetryReason    = attribute.Key("bulwark.retry.reason")
+	keyRetryDelay     = attribute.Key("bulwark.retry.delay") // seconds, float
+	keyFromRetryAfter = attribute.Key("bulwark.retry.from_retry_after")
+	keyFallbackKind   = attribute.Key("bulwark.fallback.kind")
+	keyBreakerState   = attribute.Key("bulwark.breaker.state")
+)
+
+// observer holds a Transport's providers and the instruments made from them
+// once, in New.
+type observer struct {
+	tracer  trace.Tracer                  // nil: tracing is off for good
+	unsetTP trace.TracerProvider          // non-nil: tracer came from otel's placeholder; off while it is the global
+	prop    propagation.TextMapPropagator // nil: nothing is injected
+	unsetTM propagation.TextMapPropagator // like unsetTP, for the propagator
+	meterOn bool
+	unsetMP metric.MeterProvider // like unsetTP, for the meter
+	meter   metric.Meter
+
+	requests, retries, rejections, fallbacks, transitions metric.Int64Counter
+	attemptDuration, retryDelay                           metric.Float64Histogram
+
+	// state is what is on (obsTracing, …), kept by refresh; static means
+	// no placeholder is involved, so state never changes after New.
+	state  atomic.Uint32
+	static bool
+}
+
+// isPlaceholder reports whether v is one of the placeholders otel installs
+// as a global until the application sets one. They live in otel's internal
+// package, so the package path is the only way to recognise them; should it
+// ever change, bulwark treats the placeholder as a real provider, which is
+// correct, only slower.
+func isPlaceholder(v any) bool {
+	t := reflect.TypeOf(v)
+	return t != nil && t.Kind() == reflect.Pointer && t.Elem().PkgPath() == "go.opentelemetry.io/otel/internal/global"
+}
+
+func newObserver(cfg Config, logger *slog.Logger) *observer {
+	o := &observer{}
+
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	switch tp.(type) {
+	case tracenoop.TracerProvider, *tracenoop.TracerProvider:
+	default:
+		o.tracer = tp.Tracer(instrumentationName, trace.WithSchemaURL(semconv.SchemaURL))
+		if isPlaceholder(tp) {
+			o.unsetTP = tp
+		}
+	}
+
+	o.prop = cfg.Propagator
+	if o.prop == nil {
+		o.prop = otel.GetTextMapPropagator()
+	}
+	if isPlaceholder(o.prop) {
+		o.unsetTM = o.prop
+	}
+
+	mp := cfg.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	switch mp.(type) {
+	case metricnoop.MeterProvider, *metricnoop.MeterProvider:
+		mp = metricnoop.NewMeterProvider()
+	default:
+		o.meterOn = true
+		if isPlaceholder(mp) {
+			o.unsetMP = mp
+		}
+	}
+	o.meter = mp.Meter(instrumentationName, metric.WithSchemaURL(semconv.SchemaURL))
+
+	var errs []error
+	counter := func(name, desc string) metric.Int64Counter {
+		c, err := o.meter.Int64Counter(name, metric.WithDescription(desc), metric.WithUnit("{"+strings.TrimPrefix(name, "bulwark.")+"}"))
+		if err != nil {
+			errs = append(errs, err)
+			c, _ = metricnoop.Meter{}.Int64Counter(name)
+		}
+		return c
+	}
+	hist := func(name, desc string, bounds []float64) metric.Float64Histogram {
+		h, err := o.meter.Float64Histogram(name, metric.WithDescription(desc), metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(bounds...))
+		if err != nil {
+			errs = append(errs, err)
+			h, _ = metricnoop.Meter{}.Float64Histogram(name)
+		}
+		return h
+	}
+	o.requests = counter("bulwark.requests", "Calls through bulwark, by final outcome.")
+	o.retries = counter("bulwark.retries", "Retries scheduled, by reason.")
+	o.rejections = counter("bulwark.rejections", "Requests bulwark refused to send, by the layer that refused.")
+	o.fallbacks = counter("bulwark.fallbacks", "Final failures answered by a fallback, by kind.")
+	o.transitions = counter("bulwark.breaker.transitions", "Circuit breaker state changes, by the new state.")
+	// The semantic conventions' buckets for http.client.request.duration.
+	durations := []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
+	o.attemptDuration = hist("bulwark.attempt.duration", "Duration of one attempt, until its response body is read or closed.", durations)
+	o.retryDelay = hist("bulwark.retry.delay", "Wait before a retry, backoff or Retry-After.", []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60})
+	if len(errs) > 0 {
+		logger.Warn("bulwark: creating metric instruments", "err", errors.Join(errs...))
+	}
+	o.refresh()
+	o.static = o.unsetTP == nil && o.unsetMP == nil && o.unsetTM == nil
+	return o
+}
+
+// The bits of observer.state: what is on, as of the last refresh.
+const (
+	obsTracing uint32 = 1 << iota
+	obsMetering
+	obsPropagating
+)
+
+// refresh re-evaluates which providers are live and publishes the answer
+// in o.state, which the per-request checks read with one atomic load. The
+// router calls it when it creates a host and whenever it updates a host's
+// last-used time (at most every touchEvery per host), so a global provider
+// set after New is seen by a host's first request, or within touchEvery of
+// it on a busy host. Looking the three globals up on every request instead
+// costs about 4 ns each, twice per call: over 5 % of the router's own cost.
+func (o *observer) refresh() {
+	if o.static {
+		return
+	}
+	var s uint32
+	if o.tracer != nil && (o.unsetTP == nil || otel.GetTracerProvider() != o.unsetTP) {
+		s |= obsTracing
+	}
+	if o.meterOn && (o.unsetMP == nil || otel.GetMeterProvider() != o.unsetMP) {
+		s |= obsMetering
+	}
+	if o.unsetTM == nil || otel.GetTextMapPropagator() != o.unsetTM {
+		s |= obsPropagating
+	}
+	if o.state.Load() != s {
+		o.state.Store(s)
+	}
+}
+
+// tracing reports whether attempts get spans.
+func (o *observer) tracing() bool { return o.state.Load()&obsTracing != 0 }
+
+// metering reports whether measurements go anywhere.
+func (o *observer) metering() bool { return o.state.Load()&obsMetering != 0 }
+
+// propagator returns the propagator to inject with, or nil.
+func (o *observer) propagator() propagation.TextMapPropagator {
+	if o.state.Load()&obsPropagating == 0 {
+		return nil
+	}
+	return o.prop
+}
+
+// maxLabelValues bounds the distinct values of one attribute a host caches
+// measurement options for; a value past it is reported as "other", so a
+// layer passing an unbounded string cannot blow up cardinality.
+const maxLabelValues = 32
+
+// labelOpts is the measurement options for one attribute set
+// {bulwark.upstream, key=value}, in the slice shapes the instruments take,
+// so that recording passes an existing slice and allocates nothing.
+type labelOpts struct {
+	key attribute.Key
+	val string
+	add []metric.AddOption
+	rec []metric.RecordOption
+}
+
+// hostObs is a host's cache of measurement options, filled on first use of
+// each value and read without a lock.
+type hostObs struct {
+	mu   sync.Mutex // serialises additions
+	opts atomic.Pointer[[]*labelOpts]
+	bare atomic.Pointer[labelOpts] // {bulwark.upstream} alone
+}
+
+// labels returns the options for {bulwark.upstream, key=val}; an empty key
+// means the upstream alone.
+func (hs *hostState) labels(key attribute.Key, val string) *labelOpts {
+	if key == "" {
+		if l := hs.obs.bare.Load(); l != nil {
+			return l
+		}
+	} else if p := hs.obs.opts.Load(); p != nil {
+		for _, l := range *p {
+			if l.key == key && l.val == val {
+				return l
+			}
+		}
+	}
+	return hs.addLabels(key, val)
+}
+
+func (hs *hostState) addLabels(key attribute.Key, val string) *labelOpts {
+	hs.obs.mu.Lock()
+	defer hs.obs.mu.Unlock()
+	var old []*labelOpts
+	if p := hs.obs.opts.Load(); p != nil {
+		old = *p
+	}
+	find := func(v string) (*labelOpts, int) {
+		n := 0
+		for _, l := range old {
+			if l.key == key {
+				if l.val == v {
+					return l, n
+				}
+				n++
+			}
+		}
+		return nil, n
+	}
+	l, n := find(val)
+	if l != nil {
+		return l
+	}
+	if key != "" && n >= maxLabelValues {
+		val = otherLabel
+		if l, _ = find(val); l != nil {
+			return l
+		}
+	}
+	up := keyUpstream.String(hs.upstream)
+	set := attribute.NewSet(up)
+	if key != "" {
+		set = attribute.NewSet(up, key.String(val))
+	}
+	opt := metric.WithAttributeSet(set)
+	l = &labelOpts{key: key, val: strings.Clone(val), add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}}
+	if key == "" {
+		hs.obs.bare.Store(l)
+		return l
+	}
+	next := make([]*labelOpts, len(old), len(old)+1)
+	copy(next, old)
+	next = append(next, l)
+	hs.obs.opts.Store(&next)
+	return l
+}
+
+// event adds an event to the span in ctx (the caller's, or the logical
+// request span), if it is recording. The attrs slice is built by the caller
+// before this runs, so hot paths should check recording(ctx) first or use
+// a typed helper, which does.
+func (hs *hostState) event(ctx context.Context, name string, attrs ...attribute.KeyValue) {
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.AddEvent(name, trace.WithAttributes(attrs...))
+	}
+}
+
+// recording reports whether an event on ctx's span would be recorded.
+func recording(ctx context.Context) bool { return trace.SpanFromContext(ctx).IsRecording() }
+
+// retryScheduled reports that the retry layer will send attempt (the number
+// of the attempt about to be sent, 2 for the first retry) after delay, for
+// reason (a short fixed word such as "status_503", "timeout", "error"), and
+// whether delay came from the server's Retry-After.
+func (hs *hostState) retryScheduled(ctx context.Context, attempt int, delay time.Duration, reason string, fromRetryAfter bool) {
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.AddEvent(eventRetry, trace.WithAttributes(
+			keyAttempt.Int(attempt), keyRetryDelay.Float64(delay.Seconds()),
+			keyRetryReason.String(reason), keyFromRetryAfter.Bool(fromRetryAfter)))
+	}
+	if o := hs.t.obs; o.metering() {
+		o.retries.Add(ctx, 1, hs.labels(keyRetryReason, reason).add...)
+		o.retryDelay.Record(ctx, delay.Seconds(), hs.labels("", "").rec...)
+	}
+	if l := hs.t.logger; l.Enabled(ctx, slog.LevelDebug) {
+		l.LogAttrs(ctx, slog.LevelDebug, "bulwark: retry scheduled",
+			slog.String("upstream", hs.upstream), slog.String("host", hs.name),
+			slog.Int("attempt", attempt), slog.Duration("delay", delay),
+			slog.String("reason", reason), slog.Bool("retry_after", fromRetryAfter))
+	}
+}
+
+// rejected reports that layer (layerBreaker, layerBulkhead, layerPushback,
+// layerBudget, layerDeadline) refused to send the request.
+func (hs *hostState) rejected(ctx context.Context, layer string) {
+	if recording(ctx) {
+		hs.event(ctx, eventRejected, keyLayer.String(layer))
+	}
+	if o := hs.t.obs; o.metering() {
+		o.rejections.Add(ctx, 1, hs.labels(keyLayer, layer).add...)
+	}
+}
+
+// deadlineTooShort reports that the attempt deadline layer refused to send
+// because too little time was left. A nil hs (an attemptRT built outside
+// New, in tests) reports nothing.
+func (hs *hostState) deadlineTooShort(ctx context.Context) {
+	if hs != nil {
+		hs.rejected(ctx, layerDeadline)
+	}
+}
+
+// fallbackServed reports that the fallback layer answered a final failure
+// from kind ("cached", "constant", "func", …: a fixed word per kind).
+func (hs *hostState) fallbackServed(ctx context.Context, kind string) {
+	if recording(ctx) {
+		hs.event(ctx, eventFallback, keyFallbackKind.String(kind))
+	}
+	if o := hs.t.obs; o.metering() {
+		o.fallbacks.Add(ctx, 1, hs.labels(keyFallbackKind, kind).add...)
+	}
+}
+
+// breakerStateChanged reports a breaker transition ("closed", "open",
+// "half-open") at Info and counts it. It has no request context: a state
+// changes for the host, not for one call. Never call it under a lock.
+func (hs *hostState) breakerStateChanged(from, to string) {
+	ctx := context.Background()
+	if o := hs.t.obs; o.metering() {
+		o.transitions.Add(ctx, 1, hs.labels(keyBreakerState, to).add...)
+	}
+	if l := hs.t.logger; l.Enabled(ctx, slog.LevelInfo) {
+		l.LogAttrs(ctx, slog.LevelInfo, "bulwark: circuit breaker "+to,
+			slog.String("upstream", hs.upstream), slog.String("host", hs.name),
+			slog.String("from", from), slog.String("to", to))
+	}
+}
+
+// pushbackChanged reports, at Info, that the host started asking callers to
+// stay away until until (active) or that the pause is over.
+func (hs *hostState) pushbackChanged(active bool, until time.Time) {
+	ctx := context.Background()
+	if l := hs.t.logger; l.Enabled(ctx, slog.LevelInfo) {
+		msg := "bulwark: pushback ended"
+		if active {
+			msg = "bulwark: pushback started"
+		}
+		l.LogAttrs(ctx, slog.LevelInfo, msg,
+			slog.String("upstream", hs.upstream), slog.String("host", hs.name),
+			slog.Time("until", until))
+	}
+}
+
+// gaugeAgg says how a gauge combines the values of the hosts that share an
+// upstream label.
+type gaugeAgg int
+
+const (
+	gaugeSum gaugeAgg = iota // in-flight, queued: the upstream's total
+	gaugeMax                 // breaker state: the worst host
+	gaugeMin                 // budget left: the scarcest
+)
+
+// registerGauge registers an Int64ObservableGauge name (under the bulwark.
+// prefix) read at every collection: f calls observe once per host (or per
+// upstream) and registerGauge reports one point per upstream, the hosts'
+// values combined by agg. f runs on the MeterProvider's collection
+// goroutine; it must not block. The registration lives as long as the
+// MeterProvider.
+func (t *Transport) registerGauge(name, desc, unit string, agg gaugeAgg, f func(observe func(upstream string, v int64))) error {
+	g, err := t.obs.meter.Int64ObservableGauge(name, metric.WithDescription(desc), metric.WithUnit(unit))
+	if err != nil {
+		return err
+	}
+	_, err = t.obs.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		vals := make(map[string]int64)
+		f(func(upstream string, v int64) {
+			old, seen := vals[upstream]
+			switch {
+			case !seen:
+				vals[upstream] = v
+			case agg == gaugeSum:
+				vals[upstream] = old + v
+			case agg == gaugeMax && v > old, agg == gaugeMin && v < old:
+				vals[upstream] = v
+			}
+		})
+		for up, v := range vals {
+			o.ObserveInt64(g, v, metric.WithAttributes(keyUpstream.String(up)))
+		}
+		return nil
+	}, g)
+	return err
+}
+
+// eachHost calls f for every host with live state, outside the lock (on a
+// snapshot), so f may take its own locks.
+func (t *Transport) eachHost(f func(hs *hostState)) {
+	t.mu.RLock()
+	all := make([]*hostState, 0, len(t.hosts))
+	for _, hs := range t.hosts {
+		all = append(all, hs)
+	}
+	t.mu.RUnlock()
+	for _, hs := range all {
+		f(hs)
+	}
+}
+
+// roundTrip is the router's hand-off to a host's stack: it records the
+// call's outcome and, when the caller's context has no span, wraps the call
+// in a logical span so its attempts share one trace.
+func (hs *hostState) roundTrip(req *http.Request) (*http.Response, error) {
+	o := hs.t.obs
+	state := o.state.Load()
+	if state&(obsTracing|obsMetering) == 0 {
+		return hs.rt.RoundTrip(req)
+	}
+	metering := state&obsMetering != 0
+	var span trace.Span
+	if state&obsTracing != 0 && !trace.SpanContextFromContext(req.Context()).IsValid() {
+		var ctx context.Context
+		ctx, span = o.tracer.Start(req.Context(), spanRequest,
+			trace.WithSpanKind(trace.SpanKindInternal),
+			trace.WithAttributes(methodAttr(req.Method), semconv.URLFullKey.String(redactURL(req.URL)), keyUpstream.String(hs.upstream)))
+		req = req.WithContext(ctx)
+	}
+	if !metering && span == nil {
+		return hs.rt.RoundTrip(req)
+	}
+	resp, err := hs.rt.RoundTrip(req)
+	outcome := outcomeOf(resp, err)
+	if metering {
+		o.requests.Add(req.Context(), 1, hs.labels(keyOutcome, outcome).add...)
+	}
+	if span != nil {
+		span.SetAttributes(keyOutcome.String(outcome))
+		if resp != nil {
+			span.SetAttributes(semconv.HTTPResponseStatusCodeKey.Int(resp.StatusCode))
+			if resp.StatusCode >= 400 {
+				span.SetStatus(codes.Error, "")
+			}
+			onBodyEnd(resp, spanEnder{span})
+		} else {
+			span.SetStatus(codes.Error, safeError(err))
+			span.End()
+		}
+	}
+	return resp, err
+}
+
+// spanEnder ends a span when a body is done.
+type spanEnder struct{ span trace.Span }
+
+func (s spanEnder) bodyEnd() { s.span.End() }
+
+// outcomeOf classifies a call's or an attempt's result into one of the
+// bulwark.outcome values.
+func outcomeOf(resp *http.Response, err error) string {
+	if err == nil {
+		switch {
+		case resp.StatusCode >= 500:
+			return outcomeServerError
+		case resp.StatusCode >= 400:
+			return outcomeClientError
+		}
+		return outcomeSuccess
+	}
+	switch {
+	case errors.Is(err, ErrBreakerOpen):
+		return outcomeBreaker
+	case errors.Is(err, ErrBulkheadFull):
+		return outcomeBulkhead
+	case errors.Is(err, ErrPushback):
+		return outcomePushback
+	case errors.Is(err, ErrRetryBudget):
+		return outcomeBudget
+	case errors.Is(err, ErrDeadlineTooShort):
+		return outcomeTooShort
+	case errors.Is(err, ErrAttemptTimeout):
+		return outcomeTimeout
+	case errors.Is(err, context.DeadlineExceeded):
+		return outcomeDeadline
+	case errors.Is(err, context.Canceled):
+		return outcomeCanceled
+	}
+	return outcomeError
+}
+
+// observeRT is layer 8½: one CLIENT span per attempt, the attempt's trace
+// context injected into the outgoing request, and the attempt's duration.
+// It sits between the attempt deadline (a, which may already have copied
+// the request) and the base, so that it measures the exchange itself.
+type observeRT struct {
+	next http.RoundTripper
+	hs   *hostState
+	a    *attemptRT
+}
+
+// attemptObs is one attempt's observation, finished when its body is; it is
+// the only allocation observeRT makes, and only when something is on.
+type attemptObs struct {
+	hs      *hostState
+	span    trace.Span // nil: not tracing
+	start   time.Time  // zero: not metering
+	outcome string
+	carrier lazyHeader
+}
+
+func (r *observeRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	o := r.hs.t.obs
+	state := o.state.Load()
+	if state == 0 {
+		return r.next.RoundTrip(req)
+	}
+	tracing, metering := state&obsTracing != 0, state&obsMetering != 0
+	var prop propagation.TextMapPropagator
+	if state&obsPropagating != 0 {
+		prop = o.prop
+	}
+	ctx := req.Context()
+	attemptNo := 0
+	if st := callOf(ctx, r.hs.t); st != nil {
+		attemptNo = st.attempt
+	}
+	a := &attemptObs{hs: r.hs}
+	out := req
+	if tracing {
+		ctx, a.span = o.tracer.Start(ctx, spanName(req.Method),
+			trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(r.attrs(req, attemptNo)...))
+		out = req.WithContext(ctx)
+	}
+	if prop != nil {
+		owned := r.headerOwned(req.Context(), attemptNo)
+		a.carrier = lazyHeader{h: req.Header, owned: owned}
+		prop.Inject(ctx, &a.carrier)
+		if !owned && a.carrier.owned {
+			// Copied on write: the copy needs a request of its own.
+			if out == req {
+				out = req.WithContext(ctx)
+			}
+			out.Header = a.carrier.h
+		}
+	}
+	if metering {
+		a.start = r.hs.t.now()
+	}
+	resp, err := r.next.RoundTrip(out)
+	if err != nil {
+		a.outcome = attemptOutcome(nil, err)
+		if a.span != nil {
+			a.span.SetAttributes(semconv.ErrorTypeKey.String(errorType(a.outcome, err)))
+			a.span.SetStatus(codes.Error, safeError(err))
+		}
+		a.bodyEnd()
+		return nil, err
+	}
+	a.outcome = attemptOutcome(resp, nil)
+	if a.span != nil {
+		a.span.SetAttributes(semconv.HTTPResponseStatusCodeKey.Int(resp.StatusCode))
+		if resp.StatusCode >= 400 {
+			a.span.SetAttributes(semconv.ErrorTypeKey.String(strconv.Itoa(resp.StatusCode)))
+			a.span.SetStatus(codes.Error, "")
+		}
+	}
+	onBodyEnd(resp, a)
+	return resp, nil
+}
+
+// bodyEnd finishes the attempt: its span and its duration.
+func (a *attemptObs) bodyEnd() {
+	if !a.start.IsZero() {
+		d := a.hs.t.now().Sub(a.start)
+		a.hs.t.obs.attemptDuration.Record(context.Background(), d.Seconds(), a.hs.labels(keyOutcome, a.outcome).rec...)
+	}
+	if a.span != nil {
+		a.span.End()
+	}
+}
+
+// attemptOutcome is outcomeOf for one attempt. A deadline that ends an
+// attempt in flight is a timeout from the attempt's point of view, whoever
+// set it; the error reaches this layer before attemptRT tells bulwark's
+// bound (ErrAttemptTimeout) from the caller's, and the call's outcome
+// (bulwark.requests) keeps that distinction.
+func attemptOutcome(resp *http.Response, err error) string {
+	out := outcomeOf(resp, err)
+	if out == outcomeDeadline {
+		return outcomeTimeout
+	}
+	return out
+}
+
+// safeError is err's text for a span status, with the URL that a
+// *url.Error quotes redacted wherever it appears in the chain's message.
+func safeError(err error) string {
+	msg := err.Error()
+	var ue *url.Error
+	if errors.As(err, &ue) && ue.URL != "" {
+		red := redactedMarker
+		if u, perr := url.Parse(ue.URL); perr == nil {
+			red = redactURL(u)
+		}
+		msg = strings.ReplaceAll(msg, ue.URL, red)
+	}
+	return msg
+}
+
+// errorType is the error.type attribute of a failed attempt: a fixed word
+// for bulwark's classes, else the semantic conventions' _OTHER, never the
+// error text.
+func errorType(outcome string, err error) string {
+	if outcome != outcomeError {
+		return outcome
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return outcomeTimeout
+	}
+	return semconv.ErrorTypeOther.Value.AsString()
+}
+
+// headerOwned reports whether attemptRT, above, copied the request's header
+// before handing the request down, so that the propagator may write into
+// it instead of copying it a second time. attemptRT copies whenever it
+// writes a per-attempt header: an attempt number (attemptNo > 0), or the
+// time left, which it writes whenever it has a deadline header name and the
+// request a deadline (its own bound is on the context it sends with). It
+// passes the caller's request through untouched only with neither.
+func (r *observeRT) headerOwned(ctx context.Context, attemptNo int) bool {
+	if r.a == nil {
+		return false
+	}
+	if attemptNo > 0 {
+		return true
+	}
+	if r.a.header == "" {
+		return false
+	}
+	_, ok := ctx.Deadline()
+	return ok
+}
+
+// attrs are an attempt span's start attributes.
+func (r *observeRT) attrs(req *http.Request, attemptNo int) []attribute.KeyValue {
+	kv := make([]attribute.KeyValue, 0, 8)
+	kv = append(kv, methodAttr(req.Method))
+	if req.Method != "" && spanName(req.Method) == "HTTP" {
+		kv = append(kv, semconv.HTTPRequestMethodOriginalKey.String(req.Method))
+	}
+	kv = append(kv,
+		semconv.ServerAddressKey.String(req.URL.Hostname()),
+		semconv.URLFullKey.String(redactURL(req.URL)),
+		keyUpstream.String(r.hs.upstream))
+	if p, err := strconv.Atoi(r.hs.key.port); err == nil {
+		kv = append(kv, semconv.ServerPortKey.Int(p))
+	}
+	if attemptNo > 0 {
+		kv = append(kv, keyAttempt.Int(attemptNo))
+	}
+	if attemptNo > 1 {
+		kv = append(kv, semconv.HTTPRequestResendCountKey.Int(attemptNo-1))
+	}
+	return kv
+}
+
+// spanName is the semantic conventions' span name without a route
+// template: the method, or "HTTP" for a method they do not know.
+func spanName(method string) string {
+	switch method {
+	case "":
+		return http.MethodGet
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodDelete,
+		http.MethodConnect, http.MethodOptions, http.MethodTrace, http.MethodPatch:
+		return method
+	}
+	return "HTTP"
+}
+
+func methodAttr(method string) attribute.KeyValue {
+	if n := spanName(method); n != "HTTP" {
+		return semconv.HTTPRequestMethodKey.String(n)
+	}
+	return semconv.HTTPRequestMethodKey.String("_OTHER")
+}
+
+// lazyHeader is the propagator's carrier: it copies the header on the
+// first write unless it is already a private copy, so a propagator that
+// has nothing to inject costs no copy.
+type lazyHeader struct {
+	h     http.Header
+	owned bool
+}
+
+func (c *lazyHeader) Get(key string) string { return c.h.Get(key) }
+
+func (c *lazyHeader) Set(key, value string) {
+	if !c.owned {
+		c.h, _ = cloneHeader(c.h, 2)
+		c.owned = true
+	}
+	c.h.Set(key, value)
+}
+
+func (c *lazyHeader) Keys() []string {
+	keys := make([]string, 0, len(c.h))
+	for k := range c.h {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// redactURL is u for spans and logs: userinfo removed, every query value
+// replaced by REDACTED (keys kept, since they name what was asked, not
+// who asked), fragment dropped. Use it wherever a URL reaches a span
+// attribute, a log line or an error message.
+func redactURL(u *url.URL) string {
+	if u == nil {
+		return ""
+	}
+	var b strings.Builder
+	if u.Scheme != "" {
+		b.WriteString(u.Scheme)
+		b.WriteString(":")
+	}
+	if u.Opaque != "" {
+		// No authority or path to show safely: the opaque part may hold anything.
+		b.WriteString(redactedMarker)
+		return b.String()
+	}
+	if u.Host != "" || u.Scheme != "" {
+		b.WriteString("//")
+		b.WriteString(u.Host)
+	}
+	b.WriteString(u.EscapedPath())
+	if u.RawQuery != "" || u.ForceQuery {
+		b.WriteByte('?')
+		for i, part := range strings.Split(u.RawQuery, "&") {
+			if i > 0 {
+				b.WriteByte('&')
+			}
+			key, _, hasValue := strings.Cut(part, "=")
+			b.WriteString(key)
+			if hasValue {
+				b.WriteString("=" + redactedMarker)
+			}
+		}
+	}
+	return b.String()
+}

@@ -1,0 +1,1008 @@
+package bulwark
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+)
+
+// The tests in this file never set otel's global providers in this
+// process: several of them rely on the globals still being the
+// placeholders. TestGlobalProvidersSetAfterNew sets them in a child process.
+
+// otelKit is an SDK tracer and meter that keep everything in memory.
+type otelKit struct {
+	sr     *tracetest.SpanRecorder
+	tp     *sdktrace.TracerProvider
+	reader *sdkmetric.ManualReader
+	mp     *sdkmetric.MeterProvider
+}
+
+func newOtelKit(t testing.TB) *otelKit {
+	k := &otelKit{sr: tracetest.NewSpanRecorder(), reader: sdkmetric.NewManualReader()}
+	k.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(k.sr))
+	k.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(k.reader))
+	t.Cleanup(func() {
+		_ = k.tp.Shutdown(context.Background())
+		_ = k.mp.Shutdown(context.Background())
+	})
+	return k
+}
+
+func (k *otelKit) config(base http.RoundTripper) Config {
+	// The real retry layer and breaker are off: these tests drive attempts
+	// through twoAttempts-style stand-ins so each span is accounted for.
+	return Config{Base: base, TracerProvider: k.tp, MeterProvider: k.mp, Propagator: propagation.TraceContext{},
+		Default: Policy{Retry: Retry{Disabled: true, NoPushback: true}, Breaker: Breaker{Disabled: true}}}
+}
+
+// caller starts the span the application would have around its call.
+func (k *otelKit) caller(ctx context.Context) (context.Context, trace.Span) {
+	return k.tp.Tracer("app").Start(ctx, "caller")
+}
+
+func (k *otelKit) collect(t *testing.T) metricdata.ResourceMetrics {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := k.reader.Collect(t.Context(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	return rm
+}
+
+func findMetric(rm metricdata.ResourceMetrics, name string) *metricdata.Metrics {
+	for _, sm := range rm.ScopeMetrics {
+		for i := range sm.Metrics {
+			if sm.Metrics[i].Name == name {
+				return &sm.Metrics[i]
+			}
+		}
+	}
+	return nil
+}
+
+// counter returns the value of counter name at exactly the attributes kv.
+func counter(t *testing.T, rm metricdata.ResourceMetrics, name string, kv ...attribute.KeyValue) int64 {
+	t.Helper()
+	m := findMetric(rm, name)
+	if m == nil {
+		return 0
+	}
+	want := attribute.NewSet(kv...)
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		if dp.Attributes.Equals(&want) {
+			return dp.Value
+		}
+	}
+	return 0
+}
+
+// histCount returns how many values histogram name holds at exactly kv.
+func histCount(t *testing.T, rm metricdata.ResourceMetrics, name string, kv ...attribute.KeyValue) uint64 {
+	t.Helper()
+	m := findMetric(rm, name)
+	if m == nil {
+		return 0
+	}
+	want := attribute.NewSet(kv...)
+	for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+		if dp.Attributes.Equals(&want) {
+			return dp.Count
+		}
+	}
+	return 0
+}
+
+func attr(s sdktrace.ReadOnlySpan, key attribute.Key) (attribute.Value, bool) {
+	for _, kv := range s.Attributes() {
+		if kv.Key == key {
+			return kv.Value, true
+		}
+	}
+	return attribute.Value{}, false
+}
+
+func wantAttr(t *testing.T, s sdktrace.ReadOnlySpan, key attribute.Key, want any) {
+	t.Helper()
+	v, ok := attr(s, key)
+	if !ok {
+		t.Errorf("span %q: no attribute %s, want %v", s.Name(), key, want)
+		return
+	}
+	if got := v.AsInterface(); got != want {
+		t.Errorf("span %q: %s = %v (%T), want %v (%T)", s.Name(), key, got, got, want, want)
+	}
+}
+
+func spansNamed(sr *tracetest.SpanRecorder, name string) []sdktrace.ReadOnlySpan {
+	var out []sdktrace.ReadOnlySpan
+	for _, s := range sr.Ended() {
+		if s.Name() == name {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// seqBase answers with the statuses in turn (the last one repeated) and
+// records each request's headers.
+type seqBase struct {
+	mu       sync.Mutex
+	statuses []int
+	headers  []http.Header
+}
+
+func (s *seqBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	closeBody(req)
+	s.mu.Lock()
+	n := len(s.headers)
+	s.headers = append(s.headers, req.Header.Clone())
+	status := s.statuses[min(n, len(s.statuses)-1)]
+	s.mu.Unlock()
+	return &http.Response{StatusCode: status, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("body")), Request: req}, nil
+}
+
+// twoAttempts stands in for the retry layer (layer 4): it sends attempt 1
+// and, if that got a 5xx, reports the retry and sends attempt 2, numbering
+// the attempts in the call state as the retry layer does.
+type twoAttempts struct {
+	next http.RoundTripper
+	hs   *hostState
+}
+
+func (w *twoAttempts) RoundTrip(req *http.Request) (*http.Response, error) {
+	req, st := withCall(req, w.hs.t)
+	st.attempt = 1
+	resp, err := w.next.RoundTrip(req)
+	if err != nil || resp.StatusCode < 500 {
+		return resp, err
+	}
+	discard(resp)
+	w.hs.retryScheduled(req.Context(), 2, 250*time.Millisecond, "status_503", true)
+	st.attempt = 2
+	return w.next.RoundTrip(req)
+}
+
+// withTwoAttempts slots twoAttempts into rawURL's host stack where the
+// retry layer goes: below the total deadline, above the attempt deadline.
+func withTwoAttempts(t *testing.T, tr *Transport, rawURL string) {
+	t.Helper()
+	u, _ := url.Parse(rawURL)
+	hs := tr.host(u)
+	total, ok := hs.rt.(*totalDeadlineRT)
+	if !ok {
+		t.Fatalf("host stack starts with %T, want *totalDeadlineRT", hs.rt)
+	}
+	total.next = &twoAttempts{next: total.next, hs: hs}
+}
+
+func mustTransport(t testing.TB, cfg Config) *Transport {
+	t.Helper()
+	tr, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+func obsGet(t *testing.T, rt http.RoundTripper, ctx context.Context, rawURL string) (*http.Response, error) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rawURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rt.RoundTrip(req)
+}
+
+var (
+	upDefault = keyUpstream.String("default")
+)
+
+func TestObserveSuccess(t *testing.T) {
+	k := newOtelKit(t)
+	base := &seqBase{statuses: []int{200}}
+	tr := mustTransport(t, k.config(base))
+	ctx, caller := k.caller(t.Context())
+
+	resp, err := obsGet(t, tr, ctx, "http://tax.internal:8080/rate?zip=94103")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(spansNamed(k.sr, "GET")); n != 0 {
+		t.Fatalf("%d attempt spans ended before the body was read, want 0", n)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	caller.End()
+
+	attempts := spansNamed(k.sr, "GET")
+	if len(attempts) != 1 {
+		t.Fatalf("got %d attempt spans, want 1", len(attempts))
+	}
+	s := attempts[0]
+	if s.SpanKind() != trace.SpanKindClient {
+		t.Errorf("attempt span kind = %v, want client", s.SpanKind())
+	}
+	if s.Parent().SpanID() != caller.SpanContext().SpanID() {
+		t.Errorf("attempt span's parent = %v, want the caller's span %v", s.Parent().SpanID(), caller.SpanContext().SpanID())
+	}
+	wantAttr(t, s, "http.request.method", "GET")
+	wantAttr(t, s, "server.address", "tax.internal")
+	wantAttr(t, s, "server.port", int64(8080))
+	wantAttr(t, s, "url.full", "http://tax.internal:8080/rate?zip=REDACTED")
+	wantAttr(t, s, "http.response.status_code", int64(200))
+	wantAttr(t, s, keyUpstream, "default")
+	for _, key := range []attribute.Key{"error.type", "http.request.resend_count"} {
+		if v, ok := attr(s, key); ok {
+			t.Errorf("%s = %v on a first attempt that succeeded, want none", key, v.String())
+		}
+	}
+	if s.Status().Code != codes.Unset {
+		t.Errorf("status = %v, want unset", s.Status())
+	}
+	if n := len(spansNamed(k.sr, spanRequest)); n != 0 {
+		t.Errorf("%d logical spans with a caller span present, want 0", n)
+	}
+
+	// The upstream sees the attempt span as its parent.
+	tp := base.headers[0].Get("Traceparent")
+	if !strings.Contains(tp, s.SpanContext().SpanID().String()) {
+		t.Errorf("traceparent = %q, want the attempt span %s", tp, s.SpanContext().SpanID())
+	}
+
+	rm := k.collect(t)
+	if got := counter(t, rm, "bulwark.requests", upDefault, keyOutcome.String("success")); got != 1 {
+		t.Errorf("bulwark.requests{success} = %d, want 1", got)
+	}
+	if got := histCount(t, rm, "bulwark.attempt.duration", upDefault, keyOutcome.String("success")); got != 1 {
+		t.Errorf("bulwark.attempt.duration{success} count = %d, want 1", got)
+	}
+}
+
+// A request that gets a 503, is retried, and succeeds: two attempt spans
+// under the caller's span, the second a resend; a retry event on the
+// caller's span; both attempts and the retry in the metrics.
+func TestObserveRetriedThenSucceeds(t *testing.T) {
+	k := newOtelKit(t)
+	base := &seqBase{statuses: []int{503, 200}}
+	tr := mustTransport(t, k.config(base))
+	const target = "http://tax.internal/rate"
+	withTwoAttempts(t, tr, target)
+	ctx, caller := k.caller(t.Context())
+
+	resp, err := obsGet(t, tr, ctx, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 {
+		t.Fatalf("status = %d, want 200", resp.StatusCode)
+	}
+	// The discarded 503's span ended when bulwark drained it.
+	if n := len(spansNamed(k.sr, "GET")); n != 1 {
+		t.Fatalf("%d attempt spans ended before the final body was read, want 1 (the discarded one)", n)
+	}
+	resp.Body.Close()
+	caller.End()
+
+	attempts := spansNamed(k.sr, "GET")
+	if len(attempts) != 2 {
+		t.Fatalf("got %d attempt spans, want 2", len(attempts))
+	}
+	first, second := attempts[0], attempts[1]
+	for _, s := range attempts {
+		if s.Parent().SpanID() != caller.SpanContext().SpanID() {
+			t.Errorf("attempt span's parent = %v, want the caller's span", s.Parent().SpanID())
+		}
+	}
+	wantAttr(t, first, "http.response.status_code", int64(503))
+	wantAttr(t, first, "error.type", "503")
+	wantAttr(t, first, keyAttempt, int64(1))
+	if first.Status().Code != codes.Error {
+		t.Errorf("503 attempt status = %v, want error", first.Status())
+	}
+	if _, ok := attr(first, "http.request.resend_count"); ok {
+		t.Error("first attempt has http.request.resend_count, want none")
+	}
+	wantAttr(t, second, "http.response.status_code", int64(200))
+	wantAttr(t, second, "http.request.resend_count", int64(1))
+	wantAttr(t, second, keyAttempt, int64(2))
+
+	// Each attempt carried its own span context.
+	for i, s := range attempts {
+		if got := base.headers[i].Get("Traceparent"); !strings.Contains(got, s.SpanContext().SpanID().String()) {
+			t.Errorf("attempt %d traceparent = %q, want span %s", i+1, got, s.SpanContext().SpanID())
+		}
+	}
+
+	callers := spansNamed(k.sr, "caller")
+	if len(callers) != 1 || len(callers[0].Events()) != 1 {
+		t.Fatalf("caller span events = %v, want one retry event", callers)
+	}
+	ev := callers[0].Events()[0]
+	if ev.Name != eventRetry {
+		t.Errorf("event = %q, want %q", ev.Name, eventRetry)
+	}
+	want := map[attribute.Key]any{keyAttempt: int64(2), keyRetryDelay: 0.25, keyRetryReason: "status_503", keyFromRetryAfter: true}
+	for _, kv := range ev.Attributes {
+		if w, ok := want[kv.Key]; ok && kv.Value.AsInterface() != w {
+			t.Errorf("retry event %s = %v, want %v", kv.Key, kv.Value.AsInterface(), w)
+		}
+		delete(want, kv.Key)
+	}
+	if len(want) > 0 {
+		t.Errorf("retry event lacks %v", want)
+	}
+
+	rm := k.collect(t)
+	for _, c := range []struct {
+		name string
+		kv   []attribute.KeyValue
+		want int64
+	}{
+		{"bulwark.requests", []attribute.KeyValue{upDefault, keyOutcome.String("success")}, 1},
+		{"bulwark.retries", []attribute.KeyValue{upDefault, keyRetryReason.String("status_503")}, 1},
+	} {
+		if got := counter(t, rm, c.name, c.kv...); got != c.want {
+			t.Errorf("%s%v = %d, want %d", c.name, c.kv, got, c.want)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		kv   []attribute.KeyValue
+	}{
+		{"bulwark.attempt.duration", []attribute.KeyValue{upDefault, keyOutcome.String("server_error")}},
+		{"bulwark.attempt.duration", []attribute.KeyValue{upDefault, keyOutcome.String("success")}},
+		{"bulwark.retry.delay", []attribute.KeyValue{upDefault}},
+	} {
+		if got := histCount(t, rm, c.name, c.kv...); got != 1 {
+			t.Errorf("%s%v count = %d, want 1", c.name, c.kv, got)
+		}
+	}
+}
+
+// With no span in the caller's context, the router makes one logical span
+// so that the attempts share a trace and the events land somewhere.
+func TestObserveLogicalSpanWithoutCaller(t *testing.T) {
+	k := newOtelKit(t)
+	tr := mustTransport(t, k.config(&seqBase{statuses: []int{503, 200}}))
+	const target = "http://tax.internal/rate"
+	withTwoAttempts(t, tr, target)
+
+	resp, err := obsGet(t, tr, t.Context(), target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+
+	logical := spansNamed(k.sr, spanRequest)
+	if len(logical) != 1 {
+		t.Fatalf("%d logical spans, want 1", len(logical))
+	}
+	l := logical[0]
+	if l.Parent().IsValid() {
+		t.Errorf("logical span has a parent %v, want a root", l.Parent())
+	}
+	wantAttr(t, l, "http.response.status_code", int64(200))
+	wantAttr(t, l, keyOutcome, "success")
+	if len(l.Events()) != 1 || l.Events()[0].Name != eventRetry {
+		t.Errorf("logical span events = %v, want the retry", l.Events())
+	}
+	attempts := spansNamed(k.sr, "GET")
+	if len(attempts) != 2 {
+		t.Fatalf("%d attempt spans, want 2", len(attempts))
+	}
+	for _, s := range attempts {
+		if s.Parent().SpanID() != l.SpanContext().SpanID() {
+			t.Errorf("attempt's parent = %v, want the logical span", s.Parent().SpanID())
+		}
+	}
+}
+
+// An attempt refused for want of time has no span (nothing was sent), an
+// event on the caller's span and a rejection count.
+func TestObserveDeadlineTooShort(t *testing.T) {
+	k := newOtelKit(t)
+	base := &seqBase{statuses: []int{200}}
+	tr := mustTransport(t, k.config(base))
+	deadline := time.Now().Add(time.Hour)
+	// 5 ms before the caller's deadline, on bulwark's clock: under minSendTime.
+	tr.now = func() time.Time { return deadline.Add(-5 * time.Millisecond) }
+	ctx, cancel := context.WithDeadline(t.Context(), deadline)
+	defer cancel()
+	ctx, caller := k.caller(ctx)
+
+	_, err := obsGet(t, tr, ctx, "http://tax.internal/rate")
+	caller.End()
+	if !errors.Is(err, ErrDeadlineTooShort) {
+		t.Fatalf("err = %v, want ErrDeadlineTooShort", err)
+	}
+	if len(base.headers) != 0 {
+		t.Fatal("the base was called")
+	}
+	if n := len(spansNamed(k.sr, "GET")); n != 0 {
+		t.Errorf("%d attempt spans for an attempt never sent, want 0", n)
+	}
+	evs := spansNamed(k.sr, "caller")[0].Events()
+	if len(evs) != 1 || evs[0].Name != eventRejected || len(evs[0].Attributes) != 1 || evs[0].Attributes[0] != keyLayer.String(layerDeadline) {
+		t.Errorf("caller span events = %v, want one %s{%s=%s}", evs, eventRejected, keyLayer, layerDeadline)
+	}
+	rm := k.collect(t)
+	if got := counter(t, rm, "bulwark.rejections", upDefault, keyLayer.String("deadline")); got != 1 {
+		t.Errorf("bulwark.rejections{deadline} = %d, want 1", got)
+	}
+	if got := counter(t, rm, "bulwark.requests", upDefault, keyOutcome.String("deadline_too_short")); got != 1 {
+		t.Errorf("bulwark.requests{deadline_too_short} = %d, want 1", got)
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"http://a.test/x", "http://a.test/x"},
+		{"https://user:hunter2@a.test:8443/p/q?token=s3cret&x=1&flag", "https://a.test:8443/p/q?token=REDACTED&x=REDACTED&flag"},
+		{"http://a.test/p%2Fq?a=b=c&&d=", "http://a.test/p%2Fq?a=REDACTED&&d=REDACTED"},
+		{"http://a.test/x?", "http://a.test/x?"},
+		{"http://a.test/x#frag", "http://a.test/x"},
+		{"mailto:someone@example.com", "mailto:REDACTED"},
+	} {
+		u, err := url.Parse(c.in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := redactURL(u); got != c.want {
+			t.Errorf("redactURL(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
+
+// No secret from the URL reaches a span, on success or on error.
+func TestObserveRedactsSpans(t *testing.T) {
+	const target = "http://alice:hunter2@tax.internal/rate?token=s3cret"
+	for _, c := range []struct {
+		name string
+		base http.RoundTripper
+	}{
+		{"ok", &seqBase{statuses: []int{200}}},
+		{"error", roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			return nil, &url.Error{Op: "Get", URL: req.URL.String(), Err: errStub}
+		})},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			k := newOtelKit(t)
+			tr := mustTransport(t, k.config(c.base))
+			resp, err := obsGet(t, tr, t.Context(), target)
+			if err == nil {
+				resp.Body.Close()
+			}
+			if len(k.sr.Ended()) != 2 {
+				t.Fatalf("%d spans, want a logical and an attempt span", len(k.sr.Ended()))
+			}
+			for _, s := range k.sr.Ended() {
+				var all strings.Builder
+				all.WriteString(s.Name() + " " + s.Status().Description)
+				for _, kv := range s.Attributes() {
+					all.WriteString(" " + kv.Value.String())
+				}
+				for _, e := range s.Events() {
+					all.WriteString(" " + e.Name)
+					for _, kv := range e.Attributes {
+						all.WriteString(" " + kv.Value.String())
+					}
+				}
+				for _, secret := range []string{"hunter2", "alice", "s3cret"} {
+					if strings.Contains(all.String(), secret) {
+						t.Errorf("span %q holds %q: %s", s.Name(), secret, all.String())
+					}
+				}
+			}
+			if c.name == "error" {
+				s := spansNamed(k.sr, "GET")[0]
+				wantAttr(t, s, "error.type", semconvOther)
+				if s.Status().Code != codes.Error || !strings.Contains(s.Status().Description, "token=REDACTED") {
+					t.Errorf("status = %v, want an error naming the redacted URL", s.Status())
+				}
+			}
+		})
+	}
+}
+
+const semconvOther = "_OTHER"
+
+// The layer keeps the RoundTripper contract with tracing and injection on,
+// whether attemptRT copied the request (Timeout on) or passed it through
+// (Timeout off), in which case the propagator's write must copy the header.
+func TestObserveContract(t *testing.T) {
+	for _, to := range []Timeout{{}, {Disabled: true}} {
+		t.Run("disabled="+map[bool]string{false: "no", true: "yes"}[to.Disabled], func(t *testing.T) {
+			k := newOtelKit(t)
+			runContract(t, func(base http.RoundTripper) http.RoundTripper {
+				cfg := k.config(base)
+				cfg.Default.Timeout = to
+				return mustTransport(t, cfg)
+			})
+		})
+	}
+}
+
+// headerOwned's claim about attemptRT, checked against attemptRT itself:
+// whenever it says the header is a private copy, it is not the caller's.
+func TestObserveHeaderOwned(t *testing.T) {
+	for _, to := range []Timeout{{}, {Disabled: true}} {
+		for _, attemptNo := range []int{0, 1, 2} {
+			for _, withDeadline := range []bool{false, true} {
+				var (
+					got   *http.Request
+					owned bool
+					a     *attemptRT
+				)
+				probe := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+					got = req
+					owned = (&observeRT{a: a}).headerOwned(req.Context(), attemptNo)
+					return &http.Response{StatusCode: 200, Body: http.NoBody, Request: req}, nil
+				})
+				// Only the deadline layers, so findAttemptRT can walk to it.
+				tr := mustTransport(t, Config{Base: probe, Default: Policy{Timeout: to,
+					Retry: Retry{Disabled: true, NoPushback: true}, Breaker: Breaker{Disabled: true}, Bulkhead: Bulkhead{Disabled: true}}})
+				u, _ := url.Parse("http://h.test/")
+				a = findAttemptRT(tr, u)
+				ctx := t.Context()
+				if withDeadline {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, time.Hour)
+					defer cancel()
+				}
+				req, _ := http.NewRequestWithContext(ctx, "GET", u.String(), nil)
+				if attemptNo > 0 {
+					var st *callState
+					req, st = withCall(req, tr)
+					st.attempt = attemptNo
+				}
+				resp, err := a.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				shared := got.Header != nil && req.Header != nil && sameMap(got.Header, req.Header)
+				if owned && shared {
+					t.Errorf("Timeout%+v attempt %d deadline %v: headerOwned says private, but it is the caller's", to, attemptNo, withDeadline)
+				}
+				if !owned && !shared {
+					t.Logf("Timeout%+v attempt %d deadline %v: a copy not known as one (costs a second copy)", to, attemptNo, withDeadline)
+				}
+			}
+		}
+	}
+}
+
+func findAttemptRT(tr *Transport, u *url.URL) *attemptRT {
+	rt := tr.host(u).rt
+	for {
+		switch r := rt.(type) {
+		case *totalDeadlineRT:
+			rt = r.next
+		case *attemptRT:
+			return r
+		default:
+			return nil
+		}
+	}
+}
+
+// sameMap reports whether two headers are the same map, not equal ones.
+func sameMap(a, b http.Header) bool {
+	const probe = "X-Bulwark-Same-Map-Probe"
+	a[probe] = nil
+	_, same := b[probe]
+	delete(a, probe)
+	return same
+}
+
+// With the globals still otel's placeholders, the layer adds no allocation
+// and the observer API allocates nothing.
+func TestObserveNoProvidersAllocatesNothing(t *testing.T) {
+	if !isPlaceholder(otel.GetTracerProvider()) || !isPlaceholder(otel.GetMeterProvider()) || !isPlaceholder(otel.GetTextMapPropagator()) {
+		t.Skip("global providers were set in this process")
+	}
+	// Only the deadline layers, so findAttemptRT can walk to attemptRT.
+	tr := mustTransport(t, Config{Base: benchBase{}, Default: Policy{
+		Retry: Retry{Disabled: true, NoPushback: true}, Breaker: Breaker{Disabled: true}, Bulkhead: Bulkhead{Disabled: true}}})
+	if tr.obs.tracing() || tr.obs.metering() || tr.obs.propagator() != nil {
+		t.Fatalf("observer on with placeholder globals: tracing %v, metering %v", tr.obs.tracing(), tr.obs.metering())
+	}
+	u, _ := url.Parse("http://stub.internal/x")
+	hs := tr.host(u)
+	a := findAttemptRT(tr, u)
+	// The same stack without observeRT: what there was before it.
+	bare := &attemptRT{next: benchBase{}, t: tr, attempt: a.attempt, header: a.header, hs: hs}
+	var before http.RoundTripper = &totalDeadlineRT{next: bare, t: tr, total: tr.def.policy.Timeout.Total}
+	req, _ := http.NewRequest("GET", u.String(), nil)
+	run := func(rt http.RoundTripper) float64 {
+		return testing.AllocsPerRun(200, func() {
+			resp, err := rt.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		})
+	}
+	if with, without := run(tr), run(before); with != without {
+		t.Errorf("RoundTrip allocates %v times with the observer, %v without", with, without)
+	}
+	ctx := t.Context()
+	if n := testing.AllocsPerRun(200, func() {
+		hs.retryScheduled(ctx, 2, time.Second, "status_503", true)
+		hs.rejected(ctx, layerBreaker)
+		hs.fallbackServed(ctx, "cached")
+		hs.deadlineTooShort(ctx)
+		hs.breakerStateChanged("closed", "open")
+		hs.pushbackChanged(true, time.Time{})
+	}); n != 0 {
+		t.Errorf("observer API allocates %v times per call set, want 0", n)
+	}
+}
+
+// With a real SDK but a caller span that is not recording, events cost
+// nothing; counters are recorded with cached attribute sets.
+func TestObserveSDKNonRecordingAllocs(t *testing.T) {
+	k := newOtelKit(t)
+	tr := mustTransport(t, k.config(benchBase{}))
+	u, _ := url.Parse("http://stub.internal/x")
+	hs := tr.host(u)
+	ctx := t.Context()
+	hs.rejected(ctx, layerBulkhead) // warm the attribute cache
+	hs.retryScheduled(ctx, 2, time.Second, "status_503", false)
+	n := testing.AllocsPerRun(200, func() {
+		hs.rejected(ctx, layerBulkhead)
+		hs.retryScheduled(ctx, 2, time.Second, "status_503", false)
+	})
+	if n != 0 {
+		t.Errorf("observer API with an SDK meter allocates %v times, want 0", n)
+	}
+}
+
+// A layer passing unbounded label values cannot grow the metric's
+// cardinality past maxLabelValues (+ "other") per host.
+func TestObserveLabelsBounded(t *testing.T) {
+	k := newOtelKit(t)
+	tr := mustTransport(t, k.config(benchBase{}))
+	u, _ := url.Parse("http://stub.internal/x")
+	hs := tr.host(u)
+	for i := range 3 * maxLabelValues {
+		hs.retryScheduled(t.Context(), 2, 0, "reason-"+strings.Repeat("x", i), false)
+	}
+	rm := k.collect(t)
+	m := findMetric(rm, "bulwark.retries")
+	if n := len(m.Data.(metricdata.Sum[int64]).DataPoints); n != maxLabelValues+1 {
+		t.Errorf("bulwark.retries has %d series, want %d", n, maxLabelValues+1)
+	}
+	if got := counter(t, rm, "bulwark.retries", upDefault, keyRetryReason.String(otherLabel)); got != 2*maxLabelValues {
+		t.Errorf("bulwark.retries{other} = %d, want %d", got, 2*maxLabelValues)
+	}
+}
+
+func TestObserveGauge(t *testing.T) {
+	k := newOtelKit(t)
+	cfg := k.config(benchBase{})
+	cfg.Upstreams = map[string]Policy{"tax.internal": {}}
+	tr := mustTransport(t, cfg)
+	for _, h := range []string{"http://a.test/", "http://b.test/", "http://tax.internal/"} {
+		u, _ := url.Parse(h)
+		tr.host(u)
+	}
+	for _, agg := range []struct {
+		name string
+		agg  gaugeAgg
+		want int64 // for "default", from hosts a.test (1) and b.test (2)
+	}{{"bulwark.test.sum", gaugeSum, 3}, {"bulwark.test.max", gaugeMax, 2}, {"bulwark.test.min", gaugeMin, 1}} {
+		err := tr.registerGauge(agg.name, "test", "{x}", agg.agg, func(observe func(string, int64)) {
+			tr.eachHost(func(hs *hostState) {
+				v := map[string]int64{"a.test:80": 1, "b.test:80": 2, "tax.internal:80": 7}[hs.name]
+				observe(hs.upstream, v)
+			})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	rm := k.collect(t)
+	for _, c := range []struct {
+		name string
+		want int64
+	}{{"bulwark.test.sum", 3}, {"bulwark.test.max", 2}, {"bulwark.test.min", 1}} {
+		m := findMetric(rm, c.name)
+		if m == nil {
+			t.Fatalf("no metric %s", c.name)
+		}
+		got := map[string]int64{}
+		for _, dp := range m.Data.(metricdata.Gauge[int64]).DataPoints {
+			v, _ := dp.Attributes.Value(keyUpstream)
+			got[v.AsString()] = dp.Value
+		}
+		if got["default"] != c.want || got["tax.internal"] != 7 || len(got) != 2 {
+			t.Errorf("%s = %v, want default=%d tax.internal=7", c.name, got, c.want)
+		}
+	}
+}
+
+// logRecorder keeps the records a logger receives.
+type logRecorder struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (l *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	l.recs = append(l.recs, r.Clone())
+	l.mu.Unlock()
+	return nil
+}
+func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logRecorder) WithGroup(string) slog.Handler      { return l }
+
+func TestObserveLogs(t *testing.T) {
+	var lr logRecorder
+	tr := mustTransport(t, Config{Base: benchBase{}, Logger: slog.New(&lr)})
+	u, _ := url.Parse("http://stub.internal/x")
+	hs := tr.host(u)
+	hs.retryScheduled(t.Context(), 3, time.Second, "timeout", false)
+	hs.breakerStateChanged("closed", "open")
+	hs.pushbackChanged(true, time.Unix(1e9, 0))
+	want := []struct {
+		level slog.Level
+		msg   string
+	}{
+		{slog.LevelDebug, "bulwark: retry scheduled"},
+		{slog.LevelInfo, "bulwark: circuit breaker open"},
+		{slog.LevelInfo, "bulwark: pushback started"},
+	}
+	if len(lr.recs) != len(want) {
+		t.Fatalf("got %d log records, want %d", len(lr.recs), len(want))
+	}
+	for i, w := range want {
+		r := lr.recs[i]
+		if r.Level != w.level || r.Message != w.msg {
+			t.Errorf("record %d = %v %q, want %v %q", i, r.Level, r.Message, w.level, w.msg)
+		}
+		var up string
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "upstream" {
+				up = a.Value.String()
+			}
+			return true
+		})
+		if up != "default" {
+			t.Errorf("record %d upstream = %q, want default", i, up)
+		}
+	}
+}
+
+// Recommended arrangement: otelhttp outside bulwark. otelhttp's span is the
+// logical request; bulwark's attempt spans are its children; no logical
+// span of bulwark's; the server sees the attempt as its parent.
+func TestObserveOtelhttpOutside(t *testing.T) {
+	k := newOtelKit(t)
+	var mu sync.Mutex
+	var parents []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		parents = append(parents, r.Header.Get("Traceparent"))
+		n := len(parents)
+		mu.Unlock()
+		if n == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	base := http.DefaultTransport.(*http.Transport).Clone()
+	defer base.CloseIdleConnections()
+	tr := mustTransport(t, k.config(base))
+	withTwoAttempts(t, tr, srv.URL)
+	client := &http.Client{Transport: otelhttp.NewTransport(tr,
+		otelhttp.WithTracerProvider(k.tp), otelhttp.WithMeterProvider(k.mp), otelhttp.WithPropagators(propagation.TraceContext{}))}
+
+	resp, err := client.Get(srv.URL + "/rate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+
+	var outer []sdktrace.ReadOnlySpan
+	var attempts []sdktrace.ReadOnlySpan
+	for _, s := range k.sr.Ended() {
+		switch {
+		case s.InstrumentationScope().Name == instrumentationName && s.Name() == "GET":
+			attempts = append(attempts, s)
+		case s.InstrumentationScope().Name == instrumentationName:
+			t.Errorf("bulwark made span %q under otelhttp, want attempt spans only", s.Name())
+		default:
+			outer = append(outer, s)
+		}
+	}
+	if len(outer) != 1 || len(attempts) != 2 {
+		t.Fatalf("got %d otelhttp spans and %d attempt spans, want 1 and 2", len(outer), len(attempts))
+	}
+	for i, s := range attempts {
+		if s.Parent().SpanID() != outer[0].SpanContext().SpanID() {
+			t.Errorf("attempt %d's parent = %v, want otelhttp's span", i+1, s.Parent().SpanID())
+		}
+		if !strings.Contains(parents[i], s.SpanContext().SpanID().String()) {
+			t.Errorf("server saw traceparent %q for attempt %d, want span %s", parents[i], i+1, s.SpanContext().SpanID())
+		}
+	}
+	if evs := outer[0].Events(); len(evs) == 0 || evs[len(evs)-1].Name != eventRetry {
+		t.Errorf("otelhttp span events = %v, want bulwark's retry event", evs)
+	}
+}
+
+// otelhttp inside bulwark (as Config.Base) with bulwark's tracer off: one
+// client span per attempt, otelhttp's, each a child of the caller's span;
+// bulwark's events still land on the caller's span.
+func TestObserveOtelhttpInside(t *testing.T) {
+	k := newOtelKit(t)
+	inner := otelhttp.NewTransport(&seqBase{statuses: []int{503, 200}},
+		otelhttp.WithTracerProvider(k.tp), otelhttp.WithMeterProvider(k.mp), otelhttp.WithPropagators(propagation.TraceContext{}))
+	cfg := k.config(inner)
+	cfg.TracerProvider = tracenoop.NewTracerProvider()
+	tr := mustTransport(t, cfg)
+	const target = "http://tax.internal/rate"
+	withTwoAttempts(t, tr, target)
+	ctx, caller := k.caller(t.Context())
+	resp, err := obsGet(t, tr, ctx, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	caller.End()
+
+	var client []sdktrace.ReadOnlySpan
+	for _, s := range k.sr.Ended() {
+		if s.InstrumentationScope().Name == instrumentationName {
+			t.Errorf("bulwark made span %q with its tracer off", s.Name())
+		}
+		if s.SpanKind() == trace.SpanKindClient {
+			client = append(client, s)
+		}
+	}
+	if len(client) != 2 {
+		t.Fatalf("%d client spans, want 2 (one per attempt)", len(client))
+	}
+	for _, s := range client {
+		if s.Parent().SpanID() != caller.SpanContext().SpanID() {
+			t.Errorf("otelhttp span's parent = %v, want the caller's", s.Parent().SpanID())
+		}
+	}
+	if evs := spansNamed(k.sr, "caller")[0].Events(); len(evs) != 1 || evs[0].Name != eventRetry {
+		t.Errorf("caller events = %v, want the retry", evs)
+	}
+}
+
+// Providers set globally after New take effect on the next request. Run in
+// a child process: otel's globals cannot be put back once set.
+func TestGlobalProvidersSetAfterNew(t *testing.T) {
+	if os.Getenv("BULWARK_OTEL_GLOBAL_CHILD") != "1" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestGlobalProvidersSetAfterNew$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "BULWARK_OTEL_GLOBAL_CHILD=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !bytes.Contains(out, []byte("--- PASS: TestGlobalProvidersSetAfterNew")) {
+			t.Fatalf("child: %v\n%s", err, out)
+		}
+		return
+	}
+	base := &seqBase{statuses: []int{200}}
+	tr := mustTransport(t, Config{Base: base})
+	now := time.Now()
+	tr.now = func() time.Time { return now }
+	if tr.obs.tracing() || tr.obs.metering() || tr.obs.propagator() != nil {
+		t.Fatal("observer on before any global provider was set")
+	}
+	// A host seen before the globals are set...
+	const target = "http://tax.internal/rate"
+	resp, err := obsGet(t, tr, t.Context(), target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	k := newOtelKit(t)
+	otel.SetTracerProvider(k.tp)
+	otel.SetMeterProvider(k.mp)
+	// A composite propagator is a slice: comparing it with the placeholder
+	// must not panic.
+	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
+	// ...is observed from its first request once touchEvery has passed.
+	now = now.Add(touchEvery + time.Millisecond)
+	resp, err = obsGet(t, tr, t.Context(), target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if n := len(spansNamed(k.sr, "GET")); n != 1 {
+		t.Errorf("%d attempt spans after the globals were set, want 1", n)
+	}
+	if base.headers[0].Get("Traceparent") != "" || base.headers[1].Get("Traceparent") == "" {
+		t.Errorf("traceparent before and after the globals were set: %q, %q; want none, then one",
+			base.headers[0].Get("Traceparent"), base.headers[1].Get("Traceparent"))
+	}
+	if got := counter(t, k.collect(t), "bulwark.requests", upDefault, keyOutcome.String("success")); got != 1 {
+		t.Errorf("bulwark.requests{success} = %d, want 1", got)
+	}
+}
+
+// nopProcessor keeps spans recording without exporting them: the cost of
+// bulwark's spans, not of an exporter.
+type nopProcessor struct{}
+
+func (nopProcessor) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
+func (nopProcessor) OnEnd(sdktrace.ReadOnlySpan)                     {}
+func (nopProcessor) Shutdown(context.Context) error                  { return nil }
+func (nopProcessor) ForceFlush(context.Context) error                { return nil }
+
+// BenchmarkObserve is BenchmarkTransport's stub/router+deadlines with
+// OpenTelemetry off (the placeholder globals) and on (an SDK tracer that
+// samples everything into a no-op processor, an SDK meter with a manual
+// reader, the W3C propagator), with and without a caller span. The
+// difference between off and sdk is the per-request cost of observing.
+func BenchmarkObserve(b *testing.B) {
+	b.Run("off", func(b *testing.B) {
+		benchRoundTrips(b, mustNew(b, Config{Base: benchBase{}}), "http://stub.internal/x")
+	})
+	sdk := func(b *testing.B) Config {
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSpanProcessor(nopProcessor{}))
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+		b.Cleanup(func() { _ = tp.Shutdown(context.Background()); _ = mp.Shutdown(context.Background()) })
+		return Config{Base: benchBase{}, TracerProvider: tp, MeterProvider: mp, Propagator: propagation.TraceContext{}}
+	}
+	b.Run("sdk/no-caller-span", func(b *testing.B) {
+		benchRoundTrips(b, mustNew(b, sdk(b)), "http://stub.internal/x")
+	})
+	b.Run("sdk/caller-span", func(b *testing.B) {
+		cfg := sdk(b)
+		ctx, span := cfg.TracerProvider.Tracer("bench").Start(context.Background(), "caller")
+		defer span.End()
+		tr := mustNew(b, cfg)
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://stub.internal/x", nil)
+		req.Header.Set("Accept", "application/json")
+		b.ReportAllocs()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	})
+	b.Run("sdk/metrics-only", func(b *testing.B) {
+		cfg := sdk(b)
+		cfg.TracerProvider = tracenoop.NewTracerProvider()
+		benchRoundTrips(b, mustNew(b, cfg), "http://stub.internal/x")
+	})
+}
