@@ -7,6 +7,7 @@ package bulwark
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -74,6 +75,7 @@ func stress(tb testing.TB, n, workers int, seed uint64) time.Duration {
 	}
 	var f propFailure
 	var next atomic.Int64
+	var ok, fellBack, refused, failed atomic.Int64
 	var wg sync.WaitGroup
 	start := time.Now()
 	for w := 0; w < workers; w++ {
@@ -101,6 +103,16 @@ func stress(tb testing.TB, n, workers int, seed uint64) time.Duration {
 				resp, err := tr.RoundTrip(req)
 				if (resp == nil) == (err == nil) {
 					f.Fatalf("call %d: RoundTrip = %v, %v", i, resp, err)
+				}
+				switch {
+				case resp != nil && resp.Header.Get(FallbackHeader) != "":
+					fellBack.Add(1)
+				case resp != nil:
+					ok.Add(1)
+				case errors.Is(err, ErrBreakerOpen), errors.Is(err, ErrBulkheadFull), errors.Is(err, ErrPushback):
+					refused.Add(1)
+				default:
+					failed.Add(1)
 				}
 				if resp != nil {
 					_, _ = io.Copy(io.Discard, resp.Body)
@@ -137,6 +149,10 @@ func stress(tb testing.TB, n, workers int, seed uint64) time.Duration {
 			tb.Fatalf("bulkhead %s: %d in flight, %d queued after all calls", st.Host, st.InFlight, st.Queued)
 		}
 	}
+	if t, isT := tb.(*testing.T); isT {
+		t.Logf("responses %d (fallback %d), refused by breaker/bulkhead/pushback %d, errors %d",
+			ok.Load(), fellBack.Load(), refused.Load(), failed.Load())
+	}
 	sentTotal := 0
 	for _, g := range base.got {
 		sentTotal += len(g)
@@ -165,4 +181,3 @@ func BenchmarkStress(b *testing.B) {
 	took := stress(b, max(b.N, 50), 50, 2)
 	b.ReportMetric(float64(max(b.N, 50))/took.Seconds(), "req/s")
 }
-
