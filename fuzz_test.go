@@ -1,6 +1,8 @@
 package bulwark
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -76,6 +78,71 @@ func FuzzNewConfig(f *testing.F) {
 			if resp, err := tr.RoundTrip(req); err == nil {
 				resp.Body.Close()
 			}
+		}
+	})
+}
+
+// FuzzPolicyConfig builds a policy from arbitrary numbers for the retry,
+// breaker, bulkhead and fallback fields, on Default and on an upstream that
+// inherits from it: New returns a Transport or a *ConfigError, never
+// panics, and a Transport it returns serves calls without panicking or
+// hanging (the base answers at once; the deadline below bounds any wait).
+func FuzzPolicyConfig(f *testing.F) {
+	f.Add(int64(3), int64(100e6), int64(10e9), int64(30e9), uint8(1), 0.2, int64(10e9), 10.0, int64(0),
+		0.5, 0.5, int64(5e9), int64(60e9), int64(100), int64(60e9), int64(10),
+		int64(100), int64(0), int64(0), 0.0, int64(0), int64(0), int64(0), int64(0), false)
+	f.Add(int64(-1), int64(-5), int64(-9), int64(-1), uint8(9), -0.5, int64(1), -1.0, int64(-3),
+		1.5, -0.1, int64(-1), int64(-1), int64(-1), int64(-1), int64(-1),
+		int64(-1), int64(-1), int64(-1), -1.0, int64(-1), int64(-1), int64(-1), int64(-1), true)
+	f.Add(int64(10), int64(1), int64(1), int64(0), uint8(3), 1.0, int64(100e6), 0.0, int64(64<<20),
+		1.0, 1.0, int64(1), int64(100e6), int64(1), int64(1), int64(1),
+		int64(1), int64(2), int64(1e6), 1e9, int64(5), int64(1e9), int64(1), int64(1<<40), false)
+	f.Fuzz(func(t *testing.T, maxAttempts, base, capd, maxRA int64, jitter uint8, ratio float64, window int64, minPerSec float64, bufferBody int64,
+		failRate, slowRate float64, slowCall, bWindow, minCalls, openFor, halfOpen int64,
+		maxConc, maxQueue, maxWait int64, rateLimit float64, burst int64,
+		staleAge, staleEntries, staleBytes int64, constant bool) {
+		p := Policy{
+			Retry: Retry{MaxAttempts: int(maxAttempts), Base: time.Duration(base), Cap: time.Duration(capd), MaxRetryAfter: time.Duration(maxRA),
+				Jitter: Jitter(jitter), BufferBody: bufferBody,
+				Budget: Budget{Ratio: ratio, Window: time.Duration(window), MinPerSecond: minPerSec}},
+			Breaker: Breaker{FailureRate: failRate, SlowCallRate: slowRate, SlowCall: time.Duration(slowCall), Window: time.Duration(bWindow),
+				MinCalls: int(minCalls), OpenFor: time.Duration(openFor), HalfOpenCalls: int(halfOpen)},
+			Bulkhead: Bulkhead{MaxConcurrent: int(maxConc), MaxQueue: int(maxQueue), MaxWait: time.Duration(maxWait), Rate: rateLimit, Burst: int(burst)},
+			Fallback: Fallback{Stale: StaleCache{MaxAge: time.Duration(staleAge), MaxEntries: int(staleEntries), MaxBytes: staleBytes, MaxEntryBytes: staleBytes / 2}},
+		}
+		if constant {
+			p.Fallback.Constant = &ConstantResponse{StatusCode: int(maxConc), Body: []byte("fallback")}
+		}
+		for _, cfg := range []Config{
+			{Base: &stubBase{status: 503}, Default: p},
+			{Base: &stubBase{status: 503}, Upstreams: map[string]Policy{"api.test": p}},
+		} {
+			tr, err := New(cfg)
+			if err != nil {
+				var ce *ConfigError
+				if tr != nil || !errors.As(err, &ce) || !errors.Is(err, ErrInvalidConfig) {
+					t.Fatalf("New = %v, %v; want nil and a *ConfigError", tr, err)
+				}
+				continue
+			}
+			// Real retry sleeps are replaced: the wait asked for is checked
+			// against the deadline instead of slept.
+			tr.retry.sleep = func(ctx context.Context, d time.Duration) error {
+				if d < 0 {
+					t.Fatalf("negative retry wait %v", d)
+				}
+				return ctx.Err()
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			req, _ := http.NewRequestWithContext(ctx, "GET", "http://api.test/", nil)
+			resp, err := tr.RoundTrip(req)
+			if (resp == nil) == (err == nil) {
+				t.Fatalf("RoundTrip = %v, %v", resp, err)
+			}
+			if resp != nil {
+				resp.Body.Close()
+			}
+			cancel()
 		}
 	})
 }

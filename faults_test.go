@@ -1,0 +1,412 @@
+package bulwark
+
+// Real faults on real sockets: Toxiproxy runs in-process between bulwark
+// and an httptest upstream on 127.0.0.1 and breaks the TCP stream the way
+// networks do. Each test asserts the outcome the design promises, counts
+// what reached the upstream, and checks at the end that the upstream has no
+// connection left open once the client's idle ones are closed: a response
+// body bulwark forgot to drain and close would keep its connection busy and
+// fail that check.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+)
+
+// upReq is what the upstream saw of one request.
+type upReq struct {
+	method, body, key, attempt string
+}
+
+// countedUpstream is an httptest server that records every request and
+// counts its open connections.
+type countedUpstream struct {
+	srv  *httptest.Server
+	open atomic.Int64
+	mu   sync.Mutex
+	reqs []upReq
+}
+
+func newCountedUpstream(t *testing.T, h http.HandlerFunc) *countedUpstream {
+	t.Helper()
+	u := &countedUpstream{}
+	u.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		u.mu.Lock()
+		u.reqs = append(u.reqs, upReq{r.Method, string(b), r.Header.Get(IdempotencyKeyHeader), r.Header.Get(AttemptHeader)})
+		u.mu.Unlock()
+		h(w, r)
+	}))
+	u.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		switch s {
+		case http.StateNew:
+			u.open.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			u.open.Add(-1)
+		}
+	}
+	u.srv.Start()
+	t.Cleanup(u.srv.Close)
+	return u
+}
+
+func (u *countedUpstream) seen() []upReq {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]upReq(nil), u.reqs...)
+}
+
+// faultRig is bulwark → toxiproxy → upstream.
+type faultRig struct {
+	up    *countedUpstream
+	proxy *toxiproxy.Proxy
+	base  *http.Transport
+	tr    *Transport
+	url   string
+	host  string
+}
+
+// faultPolicy retries fast, trips the breaker after a few failures, and
+// keeps every timeout far above what a healthy loopback call takes.
+func faultPolicy() Policy {
+	return Policy{
+		Timeout: Timeout{Total: 10 * time.Second, Attempt: 5 * time.Second},
+		Retry:   Retry{MaxAttempts: 3, Base: time.Millisecond, Cap: 2 * time.Millisecond},
+		Breaker: Breaker{MinCalls: 3, FailureRate: 0.5, Window: 10 * time.Second, OpenFor: time.Minute, SlowCall: 5 * time.Second},
+	}
+}
+
+func newFaultRig(t *testing.T, h http.HandlerFunc, p Policy) *faultRig {
+	t.Helper()
+	up := newCountedUpstream(t, h)
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	proxy := toxiproxy.NewProxy(srv, "bulwark", "127.0.0.1:0", up.srv.Listener.Addr().String())
+	if err := proxy.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Stop closes every proxied connection and waits for the accept loop;
+	// the link goroutines then end on their own, which goleak waits for.
+	t.Cleanup(proxy.Stop)
+	base := &http.Transport{MaxIdleConnsPerHost: 8}
+	tr := mustNew(t, Config{Base: base, Default: p})
+	r := &faultRig{up: up, proxy: proxy, base: base, tr: tr, url: "http://" + proxy.Listen, host: proxy.Listen}
+	t.Cleanup(func() {
+		// Every body has been closed by now: idle connections are all the
+		// client should hold, and closing them must leave the upstream
+		// with none. The wait is for FIN packets to cross the proxy, not a
+		// timing assertion.
+		base.CloseIdleConnections()
+		for i := 0; i < 500 && up.open.Load() != 0; i++ {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if n := up.open.Load(); n != 0 {
+			t.Errorf("upstream still has %d connection(s) open after the client closed its idle ones", n)
+		}
+	})
+	return r
+}
+
+// toxic adds a toxic given as Toxiproxy's JSON.
+func (r *faultRig) toxic(t *testing.T, js string) {
+	t.Helper()
+	if _, err := r.proxy.Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
+		t.Fatalf("toxic %s: %v", js, err)
+	}
+}
+
+// call sends one request and reads the whole response; the returned error
+// is RoundTrip's, readErr the body's.
+func (r *faultRig) call(t *testing.T, method, body string, replayable bool, key string) (status int, got []byte, hdr http.Header, err, readErr error) {
+	t.Helper()
+	var bs bodies
+	req, rerr := http.NewRequestWithContext(t.Context(), method, r.url+"/x", nil)
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	if body != "" {
+		req.Body = bs.make(body)
+		req.ContentLength = int64(len(body))
+		if replayable {
+			req.GetBody = func() (io.ReadCloser, error) { return bs.make(body), nil }
+		}
+	}
+	if key != "" {
+		req.Header.Set(IdempotencyKeyHeader, key)
+	}
+	snap := snapshot(req)
+	resp, err := r.tr.RoundTrip(req)
+	if d := snap.diff(req); d != "" {
+		t.Errorf("caller's request modified: %s", d)
+	}
+	if (resp == nil) == (err == nil) {
+		t.Fatalf("RoundTrip = %v, %v: want exactly one", resp, err)
+	}
+	if resp != nil {
+		got, readErr = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		status, hdr = resp.StatusCode, resp.Header
+	}
+	if !bs.allClosed() {
+		t.Errorf("%s: a request body was left open", method)
+	}
+	return status, got, hdr, err, readErr
+}
+
+func (r *faultRig) wantBreaker(t *testing.T, want CircuitState) {
+	t.Helper()
+	if got, ok := r.tr.BreakerState(r.host); !ok || got != want {
+		t.Errorf("BreakerState(%s) = %v, %v; want %v", r.host, got, ok, want)
+	}
+}
+
+func (r *faultRig) wantBulkheadEmpty(t *testing.T) {
+	t.Helper()
+	if f, q, ok := r.tr.BulkheadStats(r.host); ok && (f != 0 || q != 0) {
+		t.Errorf("bulkhead holds %d slot(s), %d queued after every call finished", f, q)
+	}
+}
+
+// eventually waits (boundedly) for the upstream to have seen n requests, for
+// requests that may still be crossing the proxy, and returns what it saw.
+func (r *faultRig) seenAtLeast(n int) []upReq {
+	for i := 0; i < 200 && len(r.up.seen()) < n; i++ {
+		time.Sleep(5 * time.Millisecond)
+	}
+	return r.up.seen()
+}
+
+var bigBody = bytes.Repeat([]byte("0123456789abcdef"), 4096) // 64 KiB
+
+func okHandler(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/octet-stream")
+	_, _ = w.Write(bigBody)
+}
+
+func TestFaultLatencyJitter(t *testing.T) {
+	r := newFaultRig(t, okHandler, faultPolicy())
+	r.toxic(t, `{"type":"latency","stream":"downstream","attributes":{"latency":20,"jitter":10}}`)
+	for _, m := range []string{"GET", "POST"} {
+		st, got, _, err, rerr := r.call(t, m, "payload", false, "")
+		if err != nil || rerr != nil || st != 200 || !bytes.Equal(got, bigBody) {
+			t.Fatalf("%s through latency: status %d, %d bytes, err %v, read %v", m, st, len(got), err, rerr)
+		}
+	}
+	if n := len(r.up.seen()); n != 2 {
+		t.Errorf("upstream saw %d requests, want 2 (no retries of successes)", n)
+	}
+	r.wantBreaker(t, CircuitClosed)
+	r.wantBulkheadEmpty(t)
+
+	// Latency past the attempt timeout: ours, retried for GET only.
+	t.Run("past attempt timeout", func(t *testing.T) {
+		p := faultPolicy()
+		p.Timeout.Attempt = 40 * time.Millisecond
+		p.Breaker.Disabled = true
+		r := newFaultRig(t, okHandler, p)
+		r.toxic(t, `{"type":"latency","stream":"downstream","attributes":{"latency":400,"jitter":0}}`)
+		_, _, _, err, _ := r.call(t, "GET", "", false, "")
+		var re *RetryError
+		if !errors.Is(err, ErrAttemptTimeout) || !errors.As(err, &re) || re.Attempts != 3 {
+			t.Fatalf("GET err = %v; want ErrAttemptTimeout after 3 attempts", err)
+		}
+		before := len(r.seenAtLeast(3))
+		_, _, _, err, _ = r.call(t, "POST", "charge", false, "")
+		var re2 *RetryError
+		if !errors.Is(err, ErrAttemptTimeout) || errors.As(err, &re2) {
+			t.Fatalf("POST err = %v; want a bare ErrAttemptTimeout (sent once)", err)
+		}
+		time.Sleep(20 * time.Millisecond) // let a request in transit land
+		if n := len(r.up.seen()) - before; n > 1 {
+			t.Errorf("POST without key reached the upstream %d times", n)
+		}
+		if before > 3 {
+			t.Errorf("GET reached the upstream %d times, want ≤ 3", before)
+		}
+		r.wantBulkheadEmpty(t)
+	})
+}
+
+func TestFaultResetPeer(t *testing.T) {
+	r := newFaultRig(t, okHandler, faultPolicy())
+	// Each response is met by a TCP RST (linger 0) instead of its bytes.
+	r.toxic(t, `{"type":"reset_peer","stream":"downstream","attributes":{"timeout":0}}`)
+
+	_, _, _, err, _ := r.call(t, "POST", "charge", false, "")
+	if err == nil || errors.Is(err, ErrBreakerOpen) {
+		t.Fatalf("POST err = %v; want the reset", err)
+	}
+	if n := len(r.seenAtLeast(1)); n != 1 {
+		t.Errorf("POST without key reached the upstream %d times, want exactly 1", n)
+	}
+
+	_, _, _, err, _ = r.call(t, "POST", "charge-2", true, "key-1")
+	var re *RetryError
+	if !errors.As(err, &re) || re.Attempts < 2 {
+		t.Fatalf("keyed POST err = %v; want a RetryError after retries", err)
+	}
+	seen := r.seenAtLeast(1 + re.Attempts)
+	for _, s := range seen[1:] {
+		if s.body != "charge-2" || s.key != "key-1" {
+			t.Errorf("replay carried body %q key %q; want the original", s.body, s.key)
+		}
+	}
+	// A reset can also kill an attempt before it reaches the upstream, so
+	// the count is bounded, not exact.
+	if len(seen) < 2 || len(seen) > 1+re.Attempts {
+		t.Errorf("upstream saw %d requests, want 2..%d", len(seen), 1+re.Attempts)
+	}
+
+	// Four failed attempts ≥ MinCalls at 100 %: the breaker is open, and the
+	// next call is refused without reaching the upstream.
+	r.wantBreaker(t, CircuitOpen)
+	n := len(r.up.seen())
+	_, _, _, err, _ = r.call(t, "GET", "", false, "")
+	if !errors.Is(err, ErrBreakerOpen) {
+		t.Fatalf("GET with the breaker open: err = %v", err)
+	}
+	if len(r.up.seen()) != n {
+		t.Errorf("an open breaker let a request reach the upstream")
+	}
+	r.wantBulkheadEmpty(t)
+
+	t.Run("fallback", func(t *testing.T) {
+		p := faultPolicy()
+		p.Fallback.Constant = &ConstantResponse{Body: []byte("cached rate")}
+		r := newFaultRig(t, okHandler, p)
+		r.toxic(t, `{"type":"reset_peer","stream":"downstream","attributes":{"timeout":0}}`)
+		for i := 0; i < 3; i++ {
+			st, got, hdr, err, _ := r.call(t, "GET", "", false, "")
+			if err != nil || st != 200 || string(got) != "cached rate" || hdr.Get(FallbackHeader) != "constant" {
+				t.Fatalf("GET %d: %d %q %v %v; want the constant fallback", i, st, got, hdr, err)
+			}
+		}
+		r.wantBreaker(t, CircuitOpen)
+		// A POST never gets a made-up 200.
+		if _, _, _, err, _ := r.call(t, "POST", "x", false, ""); !errors.Is(err, ErrBreakerOpen) {
+			t.Errorf("POST err = %v; want ErrBreakerOpen, not a fallback", err)
+		}
+	})
+}
+
+func TestFaultBlackHole(t *testing.T) {
+	p := faultPolicy()
+	p.Timeout.Attempt = 40 * time.Millisecond
+	r := newFaultRig(t, okHandler, p)
+	// Requests vanish: nothing reaches the upstream, nothing comes back.
+	r.toxic(t, `{"type":"timeout","stream":"upstream","attributes":{"timeout":0}}`)
+	_, _, _, err, _ := r.call(t, "GET", "", false, "")
+	var re *RetryError
+	if !errors.Is(err, ErrAttemptTimeout) || !errors.As(err, &re) || re.Attempts != 3 {
+		t.Fatalf("GET err = %v; want ErrAttemptTimeout after 3 attempts", err)
+	}
+	if n := len(r.up.seen()); n != 0 {
+		t.Errorf("a black-holed request reached the upstream %d times", n)
+	}
+	r.wantBreaker(t, CircuitOpen)
+	r.wantBulkheadEmpty(t)
+
+	t.Run("responses lost", func(t *testing.T) {
+		p := faultPolicy()
+		p.Timeout.Attempt = 40 * time.Millisecond
+		p.Fallback.Constant = &ConstantResponse{Body: []byte("default")}
+		r := newFaultRig(t, okHandler, p)
+		// The request arrives and is served; its answer never comes back.
+		// This is the ambiguous timeout: a POST must not be sent again.
+		r.toxic(t, `{"type":"timeout","stream":"downstream","attributes":{"timeout":0}}`)
+		_, _, _, err, _ := r.call(t, "POST", "charge", false, "")
+		if !errors.Is(err, ErrAttemptTimeout) {
+			t.Fatalf("POST err = %v; want ErrAttemptTimeout and no fallback", err)
+		}
+		if n := len(r.seenAtLeast(1)); n != 1 {
+			t.Errorf("POST reached the upstream %d times, want exactly 1", n)
+		}
+		st, got, hdr, err, _ := r.call(t, "GET", "", false, "")
+		if err != nil || st != 200 || string(got) != "default" || hdr.Get(FallbackHeader) != "constant" {
+			t.Errorf("GET: %d %q %v; want the constant fallback", st, got, err)
+		}
+		if n := len(r.seenAtLeast(4)); n > 4 {
+			t.Errorf("upstream saw %d requests, want ≤ 4", n)
+		}
+	})
+}
+
+func TestFaultSlicer(t *testing.T) {
+	r := newFaultRig(t, okHandler, faultPolicy())
+	// Responses trickle in slices of 1..16 bytes, 10 µs apart.
+	r.toxic(t, `{"type":"slicer","stream":"downstream","attributes":{"average_size":512,"size_variation":500,"delay":10}}`)
+	r.toxic(t, `{"name":"slicer_up","type":"slicer","stream":"upstream","attributes":{"average_size":8,"size_variation":7,"delay":10}}`)
+	body := strings.Repeat("sliced request ", 200)
+	st, got, _, err, rerr := r.call(t, "POST", body, false, "")
+	if err != nil || rerr != nil || st != 200 || !bytes.Equal(got, bigBody) {
+		t.Fatalf("POST through slicer: %d, %d bytes, %v, %v", st, len(got), err, rerr)
+	}
+	seen := r.up.seen()
+	if len(seen) != 1 || seen[0].body != body {
+		t.Fatalf("upstream saw %d requests (body intact: %v)", len(seen), len(seen) == 1 && seen[0].body == body)
+	}
+	r.wantBreaker(t, CircuitClosed)
+	r.wantBulkheadEmpty(t)
+}
+
+func TestFaultLimitData(t *testing.T) {
+	r := newFaultRig(t, okHandler, faultPolicy())
+	// The connection is cut 2 KB into the response: headers arrive, the
+	// body stops mid-way.
+	r.toxic(t, `{"type":"limit_data","stream":"downstream","attributes":{"bytes":2048}}`)
+	st, got, _, err, rerr := r.call(t, "GET", "", false, "")
+	if err != nil || st != 200 {
+		t.Fatalf("GET: %d, %v; want the response whose body is cut", st, err)
+	}
+	if rerr == nil || len(got) >= len(bigBody) {
+		t.Fatalf("read %d of %d bytes, read error %v; want a cut body and an error", len(got), len(bigBody), rerr)
+	}
+	// The verdict was taken at the headers: the body's cut is not retried
+	// (the caller already has the response) and the slot is back.
+	if n := len(r.up.seen()); n != 1 {
+		t.Errorf("upstream saw %d requests, want 1", n)
+	}
+	r.wantBulkheadEmpty(t)
+	r.wantBreaker(t, CircuitClosed)
+}
+
+func TestFaultBandwidth(t *testing.T) {
+	// 256 KB/s: the 64 KiB body takes about a quarter second, inside the
+	// attempt timeout.
+	r := newFaultRig(t, okHandler, faultPolicy())
+	r.toxic(t, `{"type":"bandwidth","stream":"downstream","attributes":{"rate":256}}`)
+	st, got, _, err, rerr := r.call(t, "GET", "", false, "")
+	if err != nil || rerr != nil || st != 200 || !bytes.Equal(got, bigBody) {
+		t.Fatalf("GET through 256 KB/s: %d, %d bytes, %v, %v", st, len(got), err, rerr)
+	}
+
+	t.Run("body outlives the attempt", func(t *testing.T) {
+		p := faultPolicy()
+		p.Timeout.Attempt = 50 * time.Millisecond
+		r := newFaultRig(t, okHandler, p)
+		// 16 KB/s: the body would take four seconds; the attempt timeout,
+		// which covers reading the body, ends it.
+		r.toxic(t, `{"type":"bandwidth","stream":"downstream","attributes":{"rate":16}}`)
+		st, got, _, err, rerr := r.call(t, "GET", "", false, "")
+		if err == nil && (st != 200 || rerr == nil || !errors.Is(rerr, context.DeadlineExceeded)) {
+			t.Fatalf("GET: %d, %d bytes, read error %v; want the body cut by the attempt deadline", st, len(got), rerr)
+		}
+		if err != nil && !errors.Is(err, ErrAttemptTimeout) {
+			t.Fatalf("GET err = %v; want ErrAttemptTimeout if the headers were late too", err)
+		}
+		r.wantBulkheadEmpty(t)
+	})
+}

@@ -1,0 +1,313 @@
+package bulwark
+
+// Hostile and broken input, end to end through the Transport: each case
+// gets a clear outcome, and nothing is lost, buffered without bound, sent
+// twice or leaked.
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestHostileRetryAfter: a 503 with each broken Retry-After is retried on
+// the backoff (the header ignored and counted), never slept on for what it
+// claims, and never pauses the host.
+func TestHostileRetryAfter(t *testing.T) {
+	tests := []struct {
+		name    string
+		vals    []string
+		ignored bool
+	}{
+		{"negative", []string{"-1"}, true},
+		{"eleven digits", []string{"99999999999"}, true},
+		{"date in 1900", []string{"Mon, 01 Jan 1900 00:00:00 GMT"}, false}, // past: retry now
+		{"garbage", []string{"\x00soon™"}, true},
+		{"two conflicting", []string{"1", "3600"}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
+				resp := response(req, 503)
+				resp.Header["Retry-After"] = tt.vals
+				return resp, nil
+			}}
+			tr, _, waits := newTestTransport(t, base, Policy{Retry: Retry{MaxAttempts: 2, Base: 10 * time.Millisecond, Cap: 10 * time.Millisecond}})
+			resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
+			if err != nil {
+				t.Fatalf("err = %v; want the last 503", err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 503 || base.calls() != 2 {
+				t.Errorf("status %d after %d attempts; want 503 after 2", resp.StatusCode, base.calls())
+			}
+			for _, w := range *waits {
+				if w > 10*time.Millisecond {
+					t.Errorf("slept %v; want at most the 10ms backoff", w)
+				}
+			}
+			if got := tr.RetryAfterIgnored() > 0; got != tt.ignored {
+				t.Errorf("RetryAfterIgnored > 0 = %v, want %v", got, tt.ignored)
+			}
+			// The host is not paused: the next call is sent.
+			n := base.calls()
+			if resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, "")); err != nil {
+				t.Errorf("next call: %v; want it sent", err)
+			} else {
+				resp.Body.Close()
+			}
+			if base.calls() == n {
+				t.Error("a broken Retry-After paused the host")
+			}
+		})
+	}
+}
+
+// TestHostileDeadlineHeader: DeadlineHandler serves every request; a bad
+// header sets no deadline and is reported, an absurd one is capped.
+func TestHostileDeadlineHeader(t *testing.T) {
+	const max = 2 * time.Second
+	for _, v := range []string{"0", "-5", "1000000000000", "12abc", "NaN", "1e3"} {
+		for _, name := range []string{DefaultDeadlineHeader, envoyTimeoutHeader, grpcTimeoutHeader} {
+			var malformed []string
+			var left time.Duration
+			var has bool
+			h := DeadlineHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				var dl time.Time
+				dl, has = r.Context().Deadline()
+				left = time.Until(dl)
+			}), DeadlineOptions{Max: max, OnMalformed: func(h string) { malformed = append(malformed, h) }})
+			req := httptest.NewRequest("GET", "/", nil)
+			req.Header[name] = []string{v}
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			if rec.Code != 200 {
+				t.Errorf("%s: %q: status %d, want 200", name, v, rec.Code)
+			}
+			switch {
+			case v == "1000000000000" && name != grpcTimeoutHeader:
+				if !has || left > max {
+					t.Errorf("%s: %q: deadline %v (set %v); want capped at %v", name, v, left, has, max)
+				}
+			case has:
+				t.Errorf("%s: %q: deadline %v set from a bad header", name, v, left)
+			case len(malformed) != 1:
+				t.Errorf("%s: %q: OnMalformed called %d times, want 1", name, v, len(malformed))
+			}
+		}
+	}
+}
+
+// lazyBody yields n bytes without holding them: a 1 GB upload that costs
+// no memory to offer.
+type lazyBody struct {
+	left   int64
+	closed atomic.Bool
+}
+
+func (b *lazyBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, io.EOF
+	}
+	n := int64(len(p))
+	if n > b.left {
+		n = b.left
+	}
+	b.left -= n
+	return int(n), nil
+}
+
+func (b *lazyBody) Close() error { b.closed.Store(true); return nil }
+
+// TestHostileHugeBodyWithoutGetBody: a 1 GB body of unknown length without
+// GetBody is sent once, streamed, even with BufferBody on and a retryable
+// failure, and bulwark holds at most BufferBody of it.
+func TestHostileHugeBodyWithoutGetBody(t *testing.T) {
+	const size = 1 << 30
+	var read atomic.Int64
+	base := &scriptBase{step: always(503)}
+	counting := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		n, _ := io.Copy(io.Discard, req.Body)
+		read.Add(n)
+		req.Body.Close()
+		req.Body = http.NoBody
+		return base.RoundTrip(req)
+	})
+	tr, _, _ := newTestTransport(t, counting, Policy{Retry: Retry{BufferBody: 1 << 20}})
+	body := &lazyBody{left: size}
+	req := testRequest(t, t.Context(), "PUT", "http://api.test/upload", noBody, "")
+	req.Body, req.ContentLength = body, -1
+
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	resp, err := tr.RoundTrip(req)
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if base.calls() != 1 || read.Load() != size {
+		t.Errorf("sent %d times, %d bytes; want once, all %d", base.calls(), read.Load(), size)
+	}
+	if !body.closed.Load() {
+		t.Error("the request body was not closed")
+	}
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 64<<20 {
+		t.Errorf("allocated %d MiB to send it; want the body streamed, not buffered", grew>>20)
+	}
+}
+
+// halfBody errors after some bytes, as a connection cut mid-body does.
+type halfBody struct{ n int }
+
+func (b *halfBody) Read(p []byte) (int, error) {
+	if b.n <= 0 {
+		return 0, errors.New("connection cut mid-body")
+	}
+	n := min(len(p), b.n)
+	b.n -= n
+	return n, nil
+}
+func (b *halfBody) Close() error { return nil }
+
+// TestHostileBodyErrorsHalfway: the caller gets the response and the read
+// error; the call is not retried (it already succeeded as far as the
+// stack can know) and the bulkhead slot comes back.
+func TestHostileBodyErrorsHalfway(t *testing.T) {
+	base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
+		resp := response(req, 200)
+		resp.Body, resp.ContentLength = &halfBody{n: 100}, 1000
+		return resp, nil
+	}}
+	tr, _, _ := newTestTransport(t, base, Policy{})
+	resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, rerr := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if len(got) != 100 || rerr == nil {
+		t.Errorf("read %d bytes, error %v; want 100 and the cut", len(got), rerr)
+	}
+	if base.calls() != 1 {
+		t.Errorf("sent %d times, want 1", base.calls())
+	}
+	wantStats(t, tr, "api.test:80", 0, 0)
+}
+
+// TestHostileHeadersThenHang: a server that sends its headers and then
+// nothing is ended by the attempt timeout, which covers the body, and its
+// handler and connection are released.
+func TestHostileHeadersThenHang(t *testing.T) {
+	release := make(chan struct{})
+	up := newCountedUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "100")
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	})
+	defer close(release)
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	tr := mustNew(t, Config{Base: base, Default: Policy{Timeout: Timeout{Attempt: 50 * time.Millisecond}}})
+	req, _ := http.NewRequestWithContext(t.Context(), "GET", up.srv.URL, nil)
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("err = %v; want the headers", err)
+	}
+	_, rerr := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !errors.Is(rerr, context.DeadlineExceeded) {
+		t.Errorf("read error %v; want the attempt deadline", rerr)
+	}
+	base.CloseIdleConnections()
+	for i := 0; i < 300 && up.open.Load() != 0; i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := up.open.Load(); n != 0 {
+		t.Errorf("%d connection(s) left open to the hanging server", n)
+	}
+}
+
+// TestHostileRedirectLoop: http.Client stops a redirect loop with an error
+// after its ten hops; every hop is a bounded call of its own.
+func TestHostileRedirectLoop(t *testing.T) {
+	var hops atomic.Int64
+	up := newCountedUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		hops.Add(1)
+		http.Redirect(w, r, r.URL.Path, http.StatusFound)
+	})
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	c := &http.Client{Transport: mustNew(t, Config{Base: base})}
+	resp, err := c.Get(up.srv.URL + "/loop")
+	if err == nil {
+		resp.Body.Close()
+		t.Fatal("a redirect loop succeeded")
+	}
+	if !strings.Contains(err.Error(), "redirects") || hops.Load() > 11 {
+		t.Errorf("err = %v after %d hops; want the client's redirect limit", err, hops.Load())
+	}
+}
+
+// TestHostileUserinfoRedacted: a URL's password never shows in an error or
+// a log line, whatever layer speaks: retries (Debug), the breaker opening
+// and a pushback pause (Info), the final error.
+func TestHostileUserinfoRedacted(t *testing.T) {
+	const secret = "s3cr3t-pw"
+	var logs syncBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	n := 0
+	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		n++
+		if n%2 == 0 {
+			return response(req, 503, "Retry-After", "1"), nil
+		}
+		return nil, errReset
+	})
+	tr := mustNew(t, Config{Base: base, Logger: logger, Default: Policy{
+		Retry:   Retry{Base: time.Millisecond, Cap: time.Millisecond, MaxRetryAfter: time.Millisecond},
+		Breaker: Breaker{MinCalls: 2, OpenFor: time.Minute},
+	}})
+	u := "http://admin:" + secret + "@api.test/x?token=1"
+	var errs []string
+	for i := 0; i < 4; i++ {
+		req, err := http.NewRequestWithContext(t.Context(), "GET", u, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp, err := tr.RoundTrip(req); err != nil {
+			errs = append(errs, err.Error())
+		} else {
+			resp.Body.Close()
+		}
+		// And through http.Client, whose *url.Error names the URL.
+		if resp, err := (&http.Client{Transport: tr}).Get(u); err != nil {
+			errs = append(errs, err.Error())
+		} else {
+			resp.Body.Close()
+		}
+	}
+	if len(errs) == 0 {
+		t.Fatal("no errors to inspect")
+	}
+	for _, e := range errs {
+		if strings.Contains(e, secret) {
+			t.Errorf("error leaks the password: %s", e)
+		}
+	}
+	if strings.Contains(logs.String(), secret) {
+		t.Errorf("log leaks the password:\n%s", logs.String())
+	}
+}
