@@ -68,7 +68,7 @@ func TestStormBudgetCapsLoad(t *testing.T) {
 		switch st.short {
 		case "imm×3":
 			imm = st
-		case "jit+bud":
+		case "bulwark":
 			bud = st
 		}
 	}
