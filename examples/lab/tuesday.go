@@ -31,17 +31,27 @@ const (
 	refPatience    = 5 * time.Second        // how long a user waits
 )
 
-// Breaker timing in the reference note's time, scaled like every other
-// duration. resilience4j's 60 s open state would outlast the whole scaled
-// run, and its window is counted in calls (100), not seconds: a 1 s window
-// holds about 50 tax calls at the default load, so the breaker trips about
-// a tenth of a second of lab time into the sickness, while a 4 s open state
-// probes the sick service a few times and lets traffic back within a
-// second of the heal.
+// The breaker's open time, in the reference note's time: resilience4j's
+// 60 s would outlast the whole scaled run; 4 s probes the sick service a
+// few times and lets traffic back within a second of lab time of the heal.
+const refBreakerOpenFor = 4 * time.Second
+
+// Breaker window sizing. resilience4j counts its window in calls (100 by
+// default), bulwark in time; the lab's window is the time the offered load
+// takes to make breakerWindowCalls tax calls, so it holds enough calls for
+// MinCalls whatever -load and -scale say (a window that cannot hold
+// MinCalls calls never trips), and short enough that the breaker trips
+// early in the sickness.
 const (
-	refBreakerWindow  = 1 * time.Second
-	refBreakerOpenFor = 4 * time.Second
+	breakerWindowCalls = 50
+	breakerMinCalls    = 20
 )
+
+// breakerWindow is the breaker's window at s's load (half the offered
+// requests are checkouts, each one tax call).
+func breakerWindow(s settings) time.Duration {
+	return max(time.Duration(breakerWindowCalls/(s.load/2)*float64(time.Second)), 100*time.Millisecond).Round(time.Millisecond)
+}
 
 // protectedTaxClient is the transport the checkout service calls tax with
 // in the "bulwark" run. It is the one place that says what bulwark does in
@@ -53,8 +63,9 @@ const (
 //     decision), the call bounded at twice that.
 //   - Breaker with slow-call detection: "slow is worse than down", so a call
 //     that takes half the attempt timeout already counts as slow, and half
-//     the window being slow (or failed) trips it. MinCalls 20 keeps a quiet
-//     moment from tripping it; the window and open time are scaled (above).
+//     the window being slow (or failed) trips it. MinCalls keeps a quiet
+//     moment from tripping it; the window is sized in calls and the open
+//     time scaled (above).
 //     HalfOpenCalls is 5 rather than the note's 10: at the lab's load ten
 //     probes would be most of a second's tax traffic.
 //   - Bulkhead: the note's 40 of 200 threads, scaled with the pool: 8 of the
@@ -78,8 +89,8 @@ func protectedTaxClient(base http.RoundTripper, taxHost string, attempt time.Dur
 					SlowCall:      attempt / 2,
 					SlowCallRate:  0.5,
 					FailureRate:   0.5,
-					MinCalls:      20,
-					Window:        max(s.ref(refBreakerWindow), 100*time.Millisecond),
+					MinCalls:      breakerMinCalls,
+					Window:        breakerWindow(s),
 					OpenFor:       s.ref(refBreakerOpenFor),
 					HalfOpenCalls: 5,
 				},
@@ -197,8 +208,8 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 		if r.protected {
 			out.name, out.short = "bulwark client (protectedTaxClient)", "bulwark"
 			out.notes = []string{
-				fmt.Sprintf("bulwark layers for tax: Timeout (attempt %v, total %v); Breaker (slow call ≥ %v, trips at 50%% slow or failed of ≥ 20 calls in %v, open %v, 5 probes);",
-					attempt, 2*attempt, attempt/2, max(s.ref(refBreakerWindow), 100*time.Millisecond), s.ref(refBreakerOpenFor)),
+				fmt.Sprintf("bulwark layers for tax: Timeout (attempt %v, total %v); Breaker (slow call ≥ %v, trips at 50%% slow or failed of ≥ %d calls in %v, open %v, 5 probes);",
+					attempt, 2*attempt, attempt/2, breakerMinCalls, breakerWindow(s), s.ref(refBreakerOpenFor)),
 				fmt.Sprintf("Bulkhead %d in flight (the note's %d of %d threads, scaled with the pool), no queue; Fallback.Func with the last good rate, from memory", refTaxBulkhead/poolDivisor, refTaxBulkhead, refPoolThreads),
 				"(the tax call is a POST: no stale cache, no retries). \"of which fallback\" counts checkouts whose response carried " + bulwark.FallbackHeader + ".",
 			}
