@@ -71,12 +71,16 @@ td:first-child,th:first-child{text-align:left}
 				switch {
 				case s.kind == kindLoad:
 					loads = append(loads, line{s.name, s})
-				case s.kind == kindRate && (s.spark || s.table):
+				case s.kind == kindRate && (s.spark || s.table) && !s.empty():
 					rates = append(rates, line{s.name, s})
 				}
 			}
 			chart(&b, sc, r.tl, loads, "req/s", loadMax)
-			chart(&b, sc, r.tl, rates, "success %", 1)
+			unit := "success %"
+			if r.tl.get("breaker open") != nil && !r.tl.get("breaker open").empty() {
+				unit = "ok % · open %"
+			}
+			chart(&b, sc, r.tl, rates, unit, 1)
 		}
 	}
 	b.WriteString("</body></html>\n")

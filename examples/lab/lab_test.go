@@ -19,7 +19,7 @@ import (
 // These tests run the scenarios for real, on 127.0.0.1, with short
 // settings, and assert only the direction of each result: the margins are
 // wide enough to hold on a loaded two-core machine under -race. If bulwark
-// (or the lab's stand-in for a layer not merged yet) stops protecting, they
+// stops protecting, they
 // fail.
 
 func TestMain(m *testing.M) {
@@ -59,6 +59,24 @@ func TestTuesdayProtectsOrders(t *testing.T) {
 	if bc <= pc {
 		t.Errorf("checkout ok while tax sick: bulwark %.1f%%, plain %.1f%%; want bulwark ahead", 100*bc, 100*pc)
 	}
+	// The plain client's own drained pool throttles what it sends (a few
+	// calls per stuck worker); bulwark's open breaker sends only probes.
+	if pt, bt := plain.metrics["tax_sick"], prot.metrics["tax_sick"]; bt > 0.6*pt {
+		t.Errorf("tax requests received while sick: bulwark %.0f, plain %.0f; want bulwark well under plain (the breaker open)", bt, pt)
+	}
+	if open := prot.metrics["breaker_open_sick"]; open < 0.2 {
+		t.Errorf("breaker open for %.1f%% of the sick period; want it open most of it (at least 20%%)", 100*open)
+	}
+	if n := prot.tl.get("breaker open").den; sum(n) == 0 {
+		t.Errorf("the breaker-open series has no samples")
+	}
+}
+
+func sum(xs []int64) (n int64) {
+	for _, x := range xs {
+		n += x
+	}
+	return n
 }
 
 func TestStormBudgetCapsLoad(t *testing.T) {
@@ -68,7 +86,7 @@ func TestStormBudgetCapsLoad(t *testing.T) {
 		switch st.short {
 		case "imm×3":
 			imm = st
-		case "jit+bud":
+		case "bulwark":
 			bud = st
 		}
 	}

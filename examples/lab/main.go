@@ -51,7 +51,7 @@ measures a plain http.Client against bulwark:
              bounded
   storm      a 2 s blip on a fixed-capacity service, with no retries, 3
              immediate retries, exponential backoff, full jitter, and full
-             jitter with a retry budget
+             jitter with bulwark's retry budget (bulwark.Retry)
   deadlines  5%% of calls never complete: a 100 s-style deadline against one
              near the healthy p99.9
 

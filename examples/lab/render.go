@@ -32,7 +32,8 @@ func cell(s *series, v float64, ok bool) string {
 // columns are the table's short names for series.
 var columns = map[string]string{
 	"tax recv": "tax/s", "checkout ok": "chk ok", "orders ok": "ord ok", "orders p99": "ord p99",
-	"recv": "recv/s", "503": "503/s",
+	"breaker open": "brk op",
+	"recv":         "recv/s", "503": "503/s",
 }
 
 // abbrev shortens a series name for a table header.

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/bulwark-http/bulwark"
 )
 
 // The reference note's retry storm: a 2 s blip on a service with fixed
@@ -24,8 +26,6 @@ const (
 	refBackoffCap     = 2 * time.Second
 	stormClients      = 200
 	capacityFactor    = 1.75 // service capacity ÷ offered load
-	budgetRatio       = 0.1  // retries per request the budget allows
-	budgetBurst       = 10   // retries the budget can save up
 )
 
 // caller makes one logical call, retrying as it sees fit, and reports
@@ -36,22 +36,17 @@ type caller interface {
 
 // retryLoop is a lab-local client retry loop: the COMPARISON BASELINES,
 // that is, what the peers of bulwark do (none, immediate, backoff without
-// jitter, full jitter, a budget). It is not bulwark.
+// jitter, full jitter). It is not bulwark.
 type retryLoop struct {
 	c        *http.Client
 	attempts int           // total, first included
 	timeout  time.Duration // per attempt
 	sleep    func(retry int) time.Duration
-	budget   *retryBudget // nil: no budget
 }
 
 func (r *retryLoop) call(ctx context.Context, url string) bool {
-	r.budget.deposit()
 	for a := range r.attempts {
 		if a > 0 {
-			if !r.budget.withdraw() {
-				return false
-			}
 			if d := r.sleep(a); d > 0 {
 				t := time.NewTimer(d)
 				select {
@@ -75,53 +70,60 @@ func (r *retryLoop) call(ctx context.Context, url string) bool {
 	return false
 }
 
-// retryBudget lets retries be at most budgetRatio of requests (a token
-// bucket fed by every first attempt), shared by all the calling service's
-// goroutines, as the SRE book's per-process budget is.
-type retryBudget struct {
-	mu     sync.Mutex
-	tokens float64
-}
-
-func (b *retryBudget) deposit() {
-	if b == nil {
-		return
-	}
-	b.mu.Lock()
-	b.tokens = min(budgetBurst, b.tokens+budgetRatio)
-	b.mu.Unlock()
-}
-
-func (b *retryBudget) withdraw() bool {
-	if b == nil {
-		return true
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
-}
-
 // backoff is min(cap, base·2^(retry-1)).
 func backoff(base, cap time.Duration, retry int) time.Duration {
 	return time.Duration(math.Min(float64(cap), float64(base)*math.Pow(2, float64(retry-1))))
 }
 
-// bulwarkRetryClient is the client the "bulwark" row of the storm uses.
+// bulwarkRetryClient is the client the "bulwark" row of the storm uses:
+// bulwark's own Retry layer (retry_rt.go), not a lab loop. The caller
+// sends each call once; bulwark retries underneath.
 //
-// TODO(lead): swap in bulwark's Retry policy once retry_rt.go is merged:
-// bulwark.NewClient(bulwark.Config{Base: base, Default: bulwark.Policy{
-// Timeout: {Attempt: timeout}, Retry: {MaxAttempts: 4, Base: base, Cap: cap,
-// Jitter: bulwark.Full, Budget: …}}}) behind a one-attempt caller. Until
-// then it is the lab's own full-jitter-with-budget loop, the same as the
-// baseline row above it, and the screen says so.
+// It is set up like the baselines so that the comparison is about how
+// retries are made: the same attempt timeout, at most 3 retries (4
+// attempts), backoff base and cap scaled alike, Full jitter, plus the
+// per-host retry budget with bulwark's default ratio (20 %) and floor
+// (10 retries a second), its 10 s window scaled like every other duration.
+// Layers on: Timeout (Attempt as the baselines' per-attempt context; Total
+// as long as four attempts and three capped waits, which no baseline call
+// exceeds either) and Retry with its budget. Pushback stays on, but the
+// service sends no Retry-After, so it never acts. Off: Breaker (an open
+// breaker would shed the load itself and hide what the retries do),
+// Bulkhead (it would cap the 200 clients' concurrency, which no baseline
+// has) and Fallback (none configured).
 func bulwarkRetryClient(c *http.Client, s settings) caller {
-	base, cp := s.ref(refBackoffBase), s.ref(refBackoffCap)
-	return &retryLoop{c: c, attempts: 4, timeout: s.ref(refAttemptTimeout), budget: &retryBudget{},
-		sleep: func(k int) time.Duration { return rand.N(backoff(base, cp, k) + 1) }}
+	attempt, base, cp := s.ref(refAttemptTimeout), s.ref(refBackoffBase), s.ref(refBackoffCap)
+	bc, err := bulwark.NewClient(bulwark.Config{
+		Base: c.Transport,
+		Default: bulwark.Policy{
+			Timeout: bulwark.Timeout{Attempt: attempt, Total: 4*attempt + 3*cp},
+			Retry: bulwark.Retry{
+				MaxAttempts: 4, Base: base, Cap: cp, Jitter: bulwark.Full,
+				Budget: bulwark.Budget{
+					Ratio:        bulwark.DefaultBudgetRatio,
+					Window:       s.ref(bulwark.DefaultBudgetWindow),
+					MinPerSecond: bulwark.DefaultBudgetMinPerSecond,
+				},
+			},
+			Breaker:  bulwark.Breaker{Disabled: true},
+			Bulkhead: bulwark.Bulkhead{Disabled: true},
+		},
+	})
+	if err != nil {
+		// The configuration is fixed above; only a programming error
+		// gets here.
+		panic(err)
+	}
+	return oneCall{bc}
+}
+
+// oneCall sends each call once through its client; retries, if any, are
+// the client's business.
+type oneCall struct{ c *http.Client }
+
+func (o oneCall) call(ctx context.Context, url string) bool {
+	code, _, err := send(ctx, o.c, http.MethodGet, url)
+	return err == nil && code == http.StatusOK
 }
 
 type stormStrategy struct {
@@ -146,7 +148,7 @@ func stormStrategies() []stormStrategy {
 		{"full jitter", "jitter", loop(4, func(s settings, k int) time.Duration {
 			return rand.N(backoff(s.ref(refBackoffBase), s.ref(refBackoffCap), k) + 1)
 		})},
-		{"full jitter + budget (bulwarkRetryClient)", "jit+bud", bulwarkRetryClient},
+		{"bulwark: full jitter + retry budget (bulwark.Retry)", "bulwark", bulwarkRetryClient},
 	}
 }
 
@@ -171,9 +173,10 @@ func (l *lab) storm(ctx context.Context) (*scenario, error) {
 		intro: []string{
 			fmt.Sprintf("service: %d workers × %v each = %.0f req/s capacity, FIFO queue of %d; stalls %.1fs–%.1fs (the note's 2 s blip)",
 				workers, svc, capacity, 10*workers, blipFrom.Seconds(), blipTo.Seconds()),
-			fmt.Sprintf("%d clients, %.0f req/s offered in all, attempt timeout %v, up to 3 retries, backoff base %v cap %v, budget %.0f%% of requests",
-				stormClients, s.load, s.ref(refAttemptTimeout), s.ref(refBackoffBase), s.ref(refBackoffCap), 100*budgetRatio),
-			"the first four rows are lab-local baselines (what peers do); the last is bulwarkRetryClient, today the same lab loop (bulwark's Retry layer is not merged yet)",
+			fmt.Sprintf("%d clients, %.0f req/s offered in all, attempt timeout %v, up to 3 retries, backoff base %v cap %v",
+				stormClients, s.load, s.ref(refAttemptTimeout), s.ref(refBackoffBase), s.ref(refBackoffCap)),
+			fmt.Sprintf("the first four rows are lab-local baselines (what peers do); the last is bulwark's Retry layer: Full jitter, budget %.0f%% of calls over %v (floor %.0f/s), breaker and bulkhead off",
+				100*bulwark.DefaultBudgetRatio, s.ref(bulwark.DefaultBudgetWindow), float64(bulwark.DefaultBudgetMinPerSecond)),
 		},
 	}
 	drain := 4*s.ref(refAttemptTimeout) + 3*s.ref(refBackoffCap) + time.Second

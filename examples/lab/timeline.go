@@ -64,6 +64,17 @@ func (s *series) value(i, j int, width time.Duration) (float64, bool) {
 	}
 }
 
+// empty reports whether the series recorded nothing at all (a run without
+// the thing it measures, such as the plain client's breaker).
+func (s *series) empty() bool {
+	for i := range s.num {
+		if s.num[i] != 0 || s.den != nil && s.den[i] != 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // percentile returns the q-quantile (nearest rank) of xs; it sorts xs.
 func percentile(xs []float64, q float64) float64 {
 	if len(xs) == 0 {

@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,47 +31,95 @@ const (
 	refPatience    = 5 * time.Second        // how long a user waits
 )
 
-// protectedTaxClient is the client the checkout service calls tax with in
-// the "bulwark" run. It is the one place that says what bulwark does in
-// this scenario.
+// The breaker's open time, in the reference note's time: resilience4j's
+// 60 s would outlast the whole scaled run; 4 s probes the sick service a
+// few times and lets traffic back within a second of lab time of the heal.
+const refBreakerOpenFor = 4 * time.Second
+
+// Breaker window sizing. resilience4j counts its window in calls (100 by
+// default), bulwark in time; the lab's window is the time the offered load
+// takes to make breakerWindowCalls tax calls, so it holds enough calls for
+// MinCalls whatever -load and -scale say (a window that cannot hold
+// MinCalls calls never trips), and short enough that the breaker trips
+// early in the sickness.
+const (
+	breakerWindowCalls = 50
+	breakerMinCalls    = 20
+)
+
+// breakerWindow is the breaker's window at s's load (half the offered
+// requests are checkouts, each one tax call).
+func breakerWindow(s settings) time.Duration {
+	return max(time.Duration(breakerWindowCalls/(s.load/2)*float64(time.Second)), 100*time.Millisecond).Round(time.Millisecond)
+}
+
+// protectedTaxClient is the transport the checkout service calls tax with
+// in the "bulwark" run. It is the one place that says what bulwark does in
+// this scenario; lastGood returns the last tax rate a call returned ("" for
+// none yet), which the fallback answers with.
 //
-// Today only bulwark's deadline layers exist, so it sets the attempt
-// timeout near the healthy p99.9 (a capacity decision, as the reference
-// note argues) and nothing else: the lab does not imitate the layers that
-// are still being built.
-func protectedTaxClient(base http.RoundTripper, taxHost string, attempt time.Duration, bulkhead int) (*http.Client, error) {
-	_ = bulkhead // used by the Bulkhead policy below once it lands
-	return bulwark.NewClient(bulwark.Config{
+// Layers, as the reference note prescribes for the tax call:
+//   - Timeout: the attempt timeout near the healthy p99.9 (a capacity
+//     decision), the call bounded at twice that.
+//   - Breaker with slow-call detection: "slow is worse than down", so a call
+//     that takes half the attempt timeout already counts as slow, and half
+//     the window being slow (or failed) trips it. MinCalls keeps a quiet
+//     moment from tripping it; the window is sized in calls and the open
+//     time scaled (above).
+//     HalfOpenCalls is 5 rather than the note's 10: at the lab's load ten
+//     probes would be most of a second's tax traffic.
+//   - Bulkhead: the note's 40 of 200 threads, scaled with the pool: 8 of the
+//     lab's 40 workers (40 of 40 would isolate nothing). No queue: a full
+//     bulkhead refuses at once and the fallback answers.
+//   - Fallback: the tax call is a POST, which the stale cache never stores
+//     or serves, so a Fallback.Func answers from the last good rate held in
+//     memory: no network call, as the note's rule for fallbacks demands.
+//   - Retry: off. The call is a POST without an idempotency key, which the
+//     note says not to retry (bulwark would not replay it anyway), and a
+//     retry of a call that timed out because the service is slow only adds
+//     load to the sick service and holds a worker longer; the breaker and
+//     the fallback are the answer to slowness, not another try.
+func protectedTaxClient(base http.RoundTripper, taxHost string, attempt time.Duration, bulkhead int, s settings, lastGood func() string) (*bulwark.Transport, error) {
+	return bulwark.New(bulwark.Config{
 		Base: base,
 		Upstreams: map[string]bulwark.Policy{
 			taxHost: {
 				Timeout: bulwark.Timeout{Attempt: attempt, Total: 2 * attempt},
-
-				// ---- TODO(lead): fill in after merging the layers --------
-				// Field names as in DESIGN.md; values scaled like the rest
-				// of the lab (the caller passes scaled durations).
-				// Breaker: bulwark.Breaker{
-				// 	SlowCall:      attempt / 2, // slower than this counts as slow
-				// 	SlowCallRate:  0.5,         // trip when half the window is slow
-				// 	FailureRate:   0.5,
-				// 	MinCalls:      20,
-				// 	Window:        time.Second, // lab time
-				// 	OpenFor:       time.Second, // the note's 60 s would outlast a run
-				// 	HalfOpenCalls: 10,
-				// },
-				// Bulkhead: bulwark.Bulkhead{MaxConcurrent: bulkhead},
-				// 	// bulkhead = the note's 40 of 200 threads, scaled with the
-				// 	// pool: 8 of the lab's 40 workers (40 of 40 would isolate
-				// 	// nothing).
-				// Fallback: the last good tax rate (stale rate).
-				// Then: delete the STAND-IN fallback in checkoutMux's
-				// POST /checkout handler, add a "breaker open" series to the
-				// run's timeline (table, sparkline and HTML pick it up), and
-				// update the notes set for the bulwark run in (*lab).tuesday.
-				// ------------------------------------------------------------
+				Breaker: bulwark.Breaker{
+					SlowCall:      attempt / 2,
+					SlowCallRate:  0.5,
+					FailureRate:   0.5,
+					MinCalls:      breakerMinCalls,
+					Window:        breakerWindow(s),
+					OpenFor:       s.ref(refBreakerOpenFor),
+					HalfOpenCalls: 5,
+				},
+				Bulkhead: bulwark.Bulkhead{MaxConcurrent: bulkhead},
+				Fallback: bulwark.Fallback{Func: lastRateFallback(lastGood)},
+				Retry:    bulwark.Retry{Disabled: true},
 			},
 		},
 	})
+}
+
+// lastRateFallback answers a failed tax call with the last good rate, from
+// memory. Before any call has succeeded it declines, and the caller gets
+// the original error.
+func lastRateFallback(lastGood func() string) func(*http.Request, error) (*http.Response, error) {
+	return func(req *http.Request, _ error) (*http.Response, error) {
+		rate := lastGood()
+		if rate == "" || req.URL.Path != "/rate" {
+			return nil, nil
+		}
+		return &http.Response{
+			Status: "200 OK", StatusCode: http.StatusOK,
+			Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+			Header:        http.Header{"Content-Type": {"text/plain"}},
+			Body:          io.NopCloser(strings.NewReader(rate)),
+			ContentLength: int64(len(rate)),
+			Request:       req,
+		}, nil
+	}
 }
 
 type tuesdayRun struct {
@@ -81,10 +131,11 @@ type tuesdayRun struct {
 	queued    atomic.Int64
 	maxQueue  int64
 	taxSick   atomic.Int64 // tax requests received while sick
-	stale     atomic.Int64 // checkouts answered from the stale rate
+	stale     atomic.Int64 // checkouts bulwark's fallback answered
 	lastRate  atomic.Value // string: the last good tax rate
 	taxClient *http.Client
-	taxHost   string // host:port of this run's tax service
+	bulwark   *bulwark.Transport // the tax client's transport; nil for plain
+	taxHost   string             // host:port of this run's tax service
 }
 
 // sick reports whether the tax service is slow at instant t.
@@ -131,6 +182,10 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 		r.tl.define("checkout ok", kindRate, true, true)
 		r.tl.define("orders ok", kindRate, true, true)
 		r.tl.define("orders p99", kindP99, true, false)
+		// The share of the time bulwark's breaker for tax was open, sampled
+		// every few ms. Defined for both runs so the sparkline rows line up;
+		// the plain client has no breaker, so its row stays empty.
+		r.tl.define("breaker open", kindRate, r.protected, true)
 	}
 
 	var wg sync.WaitGroup
@@ -153,13 +208,20 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 		if r.protected {
 			out.name, out.short = "bulwark client (protectedTaxClient)", "bulwark"
 			out.notes = []string{
-				"bulwark layers in use: Timeout only (attempt " + attempt.String() + "). Breaker, Bulkhead and Fallback are not merged yet, so tax still",
-				"receives every call while sick and there is no breaker state to show; the stale-rate answer is the checkout handler's own (labelled stand-in).",
+				fmt.Sprintf("bulwark layers for tax: Timeout (attempt %v, total %v); Breaker (slow call ≥ %v, trips at 50%% slow or failed of ≥ %d calls in %v, open %v, 5 probes);",
+					attempt, 2*attempt, attempt/2, breakerMinCalls, breakerWindow(s), s.ref(refBreakerOpenFor)),
+				fmt.Sprintf("Bulkhead %d in flight (the note's %d of %d threads, scaled with the pool), no queue; Fallback.Func with the last good rate, from memory", refTaxBulkhead/poolDivisor, refTaxBulkhead, refPoolThreads),
+				"(the tax call is a POST: no stale cache, no retries). \"of which fallback\" counts checkouts whose response carried " + bulwark.FallbackHeader + ".",
 			}
 		} else {
 			out.name, out.short = "plain http.Client (no timeout)", "plain"
 		}
 		ordersSick, _ := r.tl.get("orders ok").value(sickB, healB, r.tl.width)
+		openSick, hasBreaker := r.tl.get("breaker open").value(sickB, healB, r.tl.width)
+		openCol := "no breaker"
+		if hasBreaker {
+			openCol = pct(openSick)
+		}
 		ordersAll, _ := r.tl.get("orders ok").value(0, endB, r.tl.width)
 		checkSick, _ := r.tl.get("checkout ok").value(sickB, healB, r.tl.width)
 		p99, _ := r.tl.get("orders p99").value(sickB, healB, r.tl.width)
@@ -173,11 +235,13 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 			{"orders ok whole run", pct(ordersAll)},
 			{"orders p99 while sick (failed too)", fmt.Sprintf("%.0f ms", p99)},
 			{"checkout ok while sick", pct(checkSick)},
-			{"  of which stale rate", strconv.FormatInt(r.stale.Load(), 10)},
+			{"  of which fallback (last good rate)", strconv.FormatInt(r.stale.Load(), 10)},
 			{"tax requests while sick", strconv.FormatInt(r.taxSick.Load(), 10)},
+			{"breaker open, share of sick time", openCol},
 			{"recovered (≥90% ok) after heal", rec},
 		}
-		out.metrics = map[string]float64{"orders_sick": ordersSick, "checkout_sick": checkSick}
+		out.metrics = map[string]float64{"orders_sick": ordersSick, "checkout_sick": checkSick,
+			"tax_sick": float64(r.taxSick.Load()), "breaker_open_sick": openSick}
 		sc.runs = append(sc.runs, out)
 	}
 	return sc, nil
@@ -248,10 +312,12 @@ func (l *lab) tuesdayRun(ctx context.Context, r *tuesdayRun, start time.Time, le
 	taxBase := loopbackTransport()
 	defer taxBase.CloseIdleConnections()
 	if r.protected {
-		r.taxClient, err = protectedTaxClient(taxBase, tax.host, attempt, refTaxBulkhead/poolDivisor)
+		r.bulwark, err = protectedTaxClient(taxBase, tax.host, attempt, refTaxBulkhead/poolDivisor, s,
+			func() string { return r.lastRate.Load().(string) })
 		if err != nil {
 			return err
 		}
+		r.taxClient = &http.Client{Transport: r.bulwark}
 	} else {
 		r.taxClient = &http.Client{Transport: taxBase} // no timeout: the default
 	}
@@ -266,6 +332,8 @@ func (l *lab) tuesdayRun(ctx context.Context, r *tuesdayRun, start time.Time, le
 	defer users.CloseIdleConnections()
 	userClient := &http.Client{Transport: users, Timeout: patience}
 	time.Sleep(time.Until(start))
+	stopSampling := r.sampleBreaker()
+	defer stopSampling()
 	openLoop(ctx, s.load, length, 4000, func(ctx context.Context, i int, at time.Time, dropped bool) {
 		r.tl.count("offered", at)
 		series, method, path := "orders ok", http.MethodGet, "/orders/"+strconv.Itoa(i)
@@ -298,24 +366,20 @@ func (r *tuesdayRun) checkoutMux(srv *server, s settings) http.Handler {
 		// request: like the note's thread-per-request server, a worker does
 		// not notice that its user gave up. (Passing req.Context() would be
 		// a mitigation of its own and hide the problem being shown.)
-		code, rate, err := send(srv.ctx, r.taxClient, http.MethodPost, "http://"+r.taxHost+"/rate")
-		if err == nil && code == http.StatusOK && len(rate) > 0 {
+		code, rate, fallback, err := r.callTax(srv.ctx)
+		switch {
+		case err == nil && code == http.StatusOK && len(rate) > 0 && fallback != "":
+			// bulwark's Fallback answered (the call failed, was refused by
+			// the breaker or the bulkhead): a degraded but honest answer.
+			r.stale.Add(1)
+			w.Header().Set("X-Tax-Rate", "last-known")
+			fmt.Fprintf(w, "charged with last known tax rate %s\n", rate)
+		case err == nil && code == http.StatusOK && len(rate) > 0:
 			r.lastRate.Store(string(rate))
 			fmt.Fprintf(w, "charged with tax rate %s\n", rate)
-			return
+		default:
+			http.Error(w, "tax unavailable", http.StatusBadGateway)
 		}
-		if r.protected {
-			// STAND-IN (application level, not bulwark): answer from the
-			// last good rate when the bulwark call failed. The lead replaces
-			// this with bulwark's Fallback in protectedTaxClient.
-			if last := r.lastRate.Load().(string); last != "" {
-				r.stale.Add(1)
-				w.Header().Set("X-Tax-Rate", "stale")
-				fmt.Fprintf(w, "charged with last known tax rate %s\n", last)
-				return
-			}
-		}
-		http.Error(w, "tax unavailable", http.StatusBadGateway)
 	})
 	mux.HandleFunc("GET /orders/{id}", func(w http.ResponseWriter, req *http.Request) {
 		if !r.acquire(w, srv.stop) {
@@ -329,6 +393,51 @@ func (r *tuesdayRun) checkoutMux(srv *server, s settings) http.Handler {
 		fmt.Fprintf(w, "order %s: shipped\n", req.PathValue("id"))
 	})
 	return mux
+}
+
+// callTax asks the tax service for its rate and returns the status, the
+// body, and the response's bulwark.FallbackHeader ("" when the tax service
+// itself answered).
+func (r *tuesdayRun) callTax(ctx context.Context) (code int, rate []byte, fallback string, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+r.taxHost+"/rate", nil)
+	if err != nil {
+		return 0, nil, "", err
+	}
+	resp, err := r.taxClient.Do(req)
+	if err != nil {
+		return 0, nil, "", err
+	}
+	defer resp.Body.Close()
+	rate, err = io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	return resp.StatusCode, rate, resp.Header.Get(bulwark.FallbackHeader), err
+}
+
+// sampleBreaker records, every few milliseconds until the returned func is
+// called, whether the tax host's breaker is open. The plain run has no
+// breaker and records nothing.
+func (r *tuesdayRun) sampleBreaker() (stop func()) {
+	if r.bulwark == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		// Bounded by the timeline's length too, whatever the caller does.
+		end := r.tl.start.Add(time.Duration(r.tl.n) * r.tl.width)
+		for now := time.Now(); now.Before(end); now = time.Now() {
+			// No state yet (before the first call) is a closed breaker.
+			st, _ := r.bulwark.BreakerState(r.taxHost)
+			r.tl.outcome("breaker open", now, st == bulwark.CircuitOpen)
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
 }
 
 // acquire takes a worker, waiting in the accept queue for one; a full
