@@ -197,16 +197,17 @@ type slotWaiter struct {
 	prev, next *slotWaiter
 }
 
-func newBulkheadRT(next http.RoundTripper, hs *hostState) *bulkheadRT {
-	p := hs.policy.Bulkhead
+// newBulkheadRT builds the bulkhead p describes for one host, or for one
+// instance of a balanced upstream; name ("host:port") goes in its errors.
+func newBulkheadRT(next http.RoundTripper, t *Transport, p Bulkhead, name string) *bulkheadRT {
 	b := &bulkheadRT{
 		next:     next,
-		t:        hs.t,
+		t:        t,
 		max:      p.MaxConcurrent,
 		maxQueue: p.MaxQueue,
 		maxWait:  p.MaxWait,
-		full:     &BulkheadFullError{Host: hs.name},
-		limited:  &RateLimitError{Host: hs.name},
+		full:     &BulkheadFullError{Host: name},
+		limited:  &RateLimitError{Host: name},
 	}
 	if p.Rate > 0 {
 		b.limiter = rate.NewLimiter(rate.Limit(p.Rate), p.Burst)

@@ -138,6 +138,10 @@ type callState struct {
 	// attempt is the number of the attempt being sent, set by the retry
 	// layer before each send; zero when no retry layer runs.
 	attempt int
+	// tried holds the ids of the last instances the balancer sent this
+	// call to, so that a retry goes to another one; ntried counts sends.
+	tried  [maxTried]uint32
+	ntried uint8
 }
 
 // callCtx carries a callState in one allocation. It adds a value and changes

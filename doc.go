@@ -11,7 +11,8 @@
 //	4  retry             request   backoff with jitter, attempt cap, budget, Retry-After; replayable requests only
 //	5  pushback          host      a Retry-After on 429/503 pauses every request to the host
 //	6  breaker           host      trips on failure rate and slow-call rate
-//	7  bulkhead          host      bounded concurrency, short FIFO queue, rate limit
+//	6b balancer          host      sends each attempt to one instance (Endpoints), ejects outliers
+//	7  bulkhead          host      bounded concurrency, short FIFO queue, rate limit (per instance under 6b)
 //	8  attempt deadline  attempt   bounds one attempt; writes the deadline header
 //	8½ attempt span      attempt   one OpenTelemetry client span per attempt; injects its trace context
 //	9  base              -         a clone of http.DefaultTransport by default

@@ -30,6 +30,12 @@ type Policy struct {
 	// Retry configures retries (backoff, jitter, attempt cap, budget,
 	// Retry-After) and the host-wide pushback a Retry-After triggers.
 	Retry Retry
+
+	// Endpoints lists the instances behind a logical upstream (statically
+	// or through a Resolver), and turns on the balancer that sends each
+	// attempt to one of them and ejects the sick ones; see Endpoints. The
+	// zero value sends requests to the URL's host as it is.
+	Endpoints Endpoints
 }
 
 // inherit fills p's zero fields from parent.
@@ -39,6 +45,7 @@ func (p Policy) inherit(parent Policy) Policy {
 	p.Breaker = p.Breaker.inherit(parent.Breaker)
 	p.Fallback = p.Fallback.inherit(parent.Fallback)
 	p.Retry = p.Retry.inherit(parent.Retry)
+	p.Endpoints = p.Endpoints.inherit(parent.Endpoints)
 	return p
 }
 
@@ -52,6 +59,7 @@ func (p Policy) withDefaults() Policy {
 	p.Breaker = p.Breaker.withDefaults(p.Timeout)
 	p.Fallback = p.Fallback.withDefaults()
 	p.Retry = p.Retry.withDefaults()
+	p.Endpoints = p.Endpoints.withDefaults()
 	return p
 }
 
@@ -64,6 +72,7 @@ func (p Policy) validate() error {
 		p.Breaker.validate(),
 		p.Bulkhead.validate(),
 		p.Fallback.validate(),
+		p.Endpoints.validate(),
 	} {
 		if err != nil {
 			return err

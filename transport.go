@@ -92,7 +92,7 @@ type Config struct {
 //
 // The stack, outer to inner, for one request:
 //
-//	router → fallback → total deadline → retry → pushback → breaker → bulkhead → attempt deadline → attempt span → base
+//	router → fallback → total deadline → retry → pushback → breaker → [balancer →] bulkhead → attempt deadline → attempt span → base
 //
 // Each host's stack is composed once, when the host is first seen, never per
 // call.
@@ -141,7 +141,8 @@ type hostState struct {
 	rt       http.RoundTripper
 	pushback *pushbackRT  // layer 5, nil when off; the retry layer reads its pause
 	breaker  *breakerRT   // nil when the upstream's breaker is disabled
-	bulkhead *bulkheadRT  // nil when the upstream's bulkhead is disabled
+	bulkhead *bulkheadRT  // nil when the upstream's bulkhead is disabled or per instance
+	balancer *balancerRT  // layer 6b, nil unless the upstream has Endpoints
 	lastUsed atomic.Int64 // unix nanoseconds, updated at most every touchEvery
 	obs      hostObs      // cached metric attribute sets (observe.go)
 }
@@ -193,6 +194,10 @@ func New(cfg Config) (*Transport, error) {
 	def := cfg.Default.withDefaults()
 	if err := def.validate(); err != nil {
 		return nil, err
+	}
+	if def.Endpoints.set() {
+		// Every host no Upstreams key names would go to these instances.
+		return nil, &ConfigError{Field: "Endpoints", Value: "set", Reason: "belongs in an Upstreams policy, not Default"}
 	}
 	t.def = &route{upstream: "default", policy: def}
 
@@ -309,6 +314,14 @@ func (t *Transport) CloseIdleConnections() {
 	if ci, ok := t.base.(closeIdler); ok {
 		ci.CloseIdleConnections()
 	}
+	// Balanced upstreams have a transport of their own per instance.
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	for _, hs := range t.hosts {
+		if hs.balancer != nil {
+			hs.balancer.closeIdle()
+		}
+	}
 }
 
 func defaultPort(scheme string) string {
@@ -404,6 +417,9 @@ func (t *Transport) evictLocked(now int64) {
 // busy reports whether the host has requests holding bulkhead slots or
 // queued for one. Without a bulkhead nothing counts requests, so it is false.
 func (hs *hostState) busy() bool {
+	if hs.balancer != nil {
+		return hs.balancer.busy()
+	}
 	if hs.bulkhead == nil {
 		return false
 	}
@@ -430,11 +446,12 @@ func (t *Transport) hostCount() int {
 	return len(t.hosts)
 }
 
-// buildStack composes a host's layers, outer to inner, once. See the stack
-// table in the package documentation for why they are in this order.
-func (t *Transport) buildStack(hs *hostState) http.RoundTripper {
+// instanceStack composes layers 8½, 8 and 7 over base for one host, or for one
+// instance of a balanced upstream (name is its "host:port"). The bulkhead
+// is nil when disabled.
+func (t *Transport) instanceStack(hs *hostState, base http.RoundTripper, name string) (http.RoundTripper, *bulkheadRT) {
 	p := hs.policy
-	var rt http.RoundTripper = t.base
+	var rt http.RoundTripper = base
 
 	// 8½. Attempt span, trace context and attempt duration (observe.go).
 	obs := &observeRT{next: rt, hs: hs}
@@ -450,9 +467,27 @@ func (t *Transport) buildStack(hs *hostState) http.RoundTripper {
 
 	// 7. Bulkhead: outside the attempt deadline, so a slot covers exactly
 	// one attempt, and inside the retry layer, so a backoff holds none.
+	var bh *bulkheadRT
 	if !p.Bulkhead.Disabled {
-		hs.bulkhead = newBulkheadRT(rt, hs)
-		rt = hs.bulkhead
+		bh = newBulkheadRT(rt, t, p.Bulkhead, name)
+		rt = bh
+	}
+	return rt, bh
+}
+
+// buildStack composes a host's layers, outer to inner, once. See the stack
+// table in the package documentation for why they are in this order.
+func (t *Transport) buildStack(hs *hostState) http.RoundTripper {
+	p := hs.policy
+	var rt http.RoundTripper
+	if p.Endpoints.enabled() {
+		// 6b. Balancer: below the service's breaker, which sees the outcome
+		// of every attempt whichever instance served it; above one stack
+		// of layers 7 to 9 per instance, so each has its own bulkhead.
+		hs.balancer = newBalancerRT(hs, t.instanceStack)
+		rt = hs.balancer
+	} else {
+		rt, hs.bulkhead = t.instanceStack(hs, t.base, hs.name)
 	}
 
 	// 6. Breaker: sees every attempt, outside the bulkhead so an open

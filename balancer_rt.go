@@ -1,0 +1,580 @@
+package bulwark
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// maxTried is how many instances a call remembers having tried; a retry
+// avoids them. Four covers the default three attempts with room to spare;
+// past it the oldest is forgotten.
+const maxTried = 4
+
+// resolveTimeout bounds one background lookup.
+const resolveTimeout = 10 * time.Second
+
+// triedInstance reports whether the call already sent to instance id.
+func (st *callState) triedInstance(id uint32) bool {
+	if st == nil {
+		return false
+	}
+	n := min(int(st.ntried), maxTried)
+	for i := 0; i < n; i++ {
+		if st.tried[i] == id {
+			return true
+		}
+	}
+	return false
+}
+
+func (st *callState) markTried(id uint32) {
+	if st == nil {
+		return
+	}
+	st.tried[int(st.ntried)%maxTried] = id
+	if st.ntried < 255 {
+		st.ntried++
+	}
+}
+
+// EndpointState is one instance of a balanced upstream, as EndpointStates
+// reports it.
+type EndpointState struct {
+	// Addr is the instance's "host:port".
+	Addr string
+	// Ejected reports whether outlier detection has taken the instance out;
+	// EjectedUntil is when it returns (zero when not ejected).
+	Ejected      bool
+	EjectedUntil time.Time
+	// Ejections is how many times in a row it has been ejected: the
+	// multiplier of its next ejection time.
+	Ejections int
+	// InFlight is the requests sent to it whose response body is not done.
+	InFlight int
+	// ConsecutiveFailures is its current run of failures.
+	ConsecutiveFailures int
+	// Requests is how many attempts the balancer has sent it.
+	Requests uint64
+}
+
+// EndpointStates reports the instances of the balanced upstream whose
+// logical "host:port" is host (case does not matter), in the order the
+// resolver or Addrs gave them. It is nil when host has no live state or is
+// not balanced. Meant for metrics scrapes and debugging, not the request
+// path.
+func (t *Transport) EndpointStates(host string) []EndpointState {
+	var bs []*balancerRT
+	t.mu.RLock()
+	for _, hs := range t.hosts {
+		if hs.balancer != nil && strings.EqualFold(hs.name, host) {
+			bs = append(bs, hs.balancer)
+		}
+	}
+	t.mu.RUnlock()
+	var out []EndpointState
+	for _, b := range bs {
+		out = append(out, b.states()...)
+	}
+	return out
+}
+
+// instance is one endpoint with the stack built for it.
+type instance struct {
+	id   uint32 // unique within the balancer, never 0
+	addr string
+	rt   http.RoundTripper
+	own  *http.Transport // the clone rt ends in; nil when the base is shared
+	bh   *bulkheadRT
+
+	inflight atomic.Int64
+	consec   atomic.Int32
+	sent     atomic.Uint64
+	// This interval's counts, for the success-rate check.
+	reqs, fails atomic.Int64
+
+	// Guarded by the balancer's mu.
+	ejected    bool
+	until      time.Time
+	times      int           // ejections in a row
+	lastFor    time.Duration // the last ejection's length
+	returnedAt time.Time
+}
+
+// bodyEnd ends a request's time in flight: the instance is the bodyEnder,
+// so this costs no allocation.
+func (in *instance) bodyEnd() { in.inflight.Add(-1) }
+
+// endpointSet is an immutable snapshot: every instance, and the ones that
+// take requests. It is replaced, never changed, so picking needs no lock.
+type endpointSet struct {
+	all    []*instance
+	active []*instance
+}
+
+// balancerRT is layer 6b, per logical host: it resolves the upstream's
+// instances, sends each attempt to one of them (a retry to one the call has
+// not tried, when there is one), and ejects the sick ones.
+type balancerRT struct {
+	hs       *hostState
+	t        *Transport
+	build    func(hs *hostState, base http.RoundTripper, name string) (http.RoundTripper, *bulkheadRT)
+	resolver Resolver
+	every    time.Duration
+	rr       bool
+	od       Outlier
+	odOff    bool
+	// randN returns a uniform number in [0, n); tests replace it before
+	// the first request.
+	randN func(n uint64) uint64
+
+	set       atomic.Pointer[endpointSet]
+	rrNext    atomic.Uint64
+	nextEvent atomic.Int64 // unix ns of the next sweep: an interval's end or a return
+
+	resolveMu   sync.Mutex // serialises the first, blocking resolve
+	resolving   atomic.Bool
+	nextResolve atomic.Int64 // unix ns
+
+	mu           sync.Mutex // ejection state and set rebuilds
+	nextID       uint32
+	nextInterval time.Time
+}
+
+func newBalancerRT(hs *hostState, build func(*hostState, http.RoundTripper, string) (http.RoundTripper, *bulkheadRT)) *balancerRT {
+	e := hs.policy.Endpoints
+	b := &balancerRT{
+		hs: hs, t: hs.t, build: build, resolver: e.Resolver, every: e.ResolveEvery,
+		rr: e.RoundRobin, od: e.Outlier, odOff: e.Outlier.Disabled,
+	}
+	now := hs.t.now()
+	b.nextInterval = now.Add(b.od.Interval)
+	b.nextEvent.Store(b.nextInterval.UnixNano())
+	if b.resolver == nil {
+		b.install(e.Addrs, now)
+	}
+	return b
+}
+
+func (b *balancerRT) rand(n int) int {
+	if b.randN != nil {
+		return int(b.randN(uint64(n)))
+	}
+	return int(rand.Uint64N(uint64(n)))
+}
+
+func (b *balancerRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	now := b.t.now()
+	set := b.set.Load()
+	if set == nil {
+		var err error
+		if set, err = b.resolveFirst(req.Context(), now); err != nil {
+			closeBody(req)
+			return nil, err
+		}
+	}
+	ns := now.UnixNano()
+	if b.resolver != nil && ns >= b.nextResolve.Load() {
+		b.refreshAsync(ns)
+	}
+	if ns >= b.nextEvent.Load() && !b.odOff {
+		if b.sweep(now) {
+			set = b.set.Load()
+		}
+	}
+	st := callOf(req.Context(), b.t)
+	in := b.pick(set, st)
+	st.markTried(in.id)
+	in.inflight.Add(1)
+	in.sent.Add(1)
+	resp, err := in.rt.RoundTrip(b.outgoing(req, in))
+	if !b.odOff {
+		b.record(in, resp, err)
+	}
+	if err != nil {
+		in.inflight.Add(-1)
+		return nil, err
+	}
+	// The caller sees its own request, with the logical URL.
+	resp.Request = req
+	onBodyEnd(resp, in)
+	return resp, nil
+}
+
+// outReq holds a request copy and its URL copy in one allocation.
+type outReq struct {
+	r http.Request
+	u url.URL
+}
+
+// outgoing copies req with the instance as URL host. Host stays the
+// logical name: it goes in the Host header, and the instance's transport
+// verifies TLS against it.
+func (b *balancerRT) outgoing(req *http.Request, in *instance) *http.Request {
+	o := &outReq{r: *req, u: *req.URL}
+	o.u.Host = in.addr
+	o.r.URL = &o.u
+	if o.r.Host == "" {
+		o.r.Host = req.URL.Host
+	}
+	return &o.r
+}
+
+// pick chooses the instance for one attempt: among active instances, not
+// one the call tried when another is available; then by the power of two
+// choices (or in turn, with RoundRobin). set.active is never empty.
+func (b *balancerRT) pick(set *endpointSet, st *callState) *instance {
+	act := set.active
+	n := len(act)
+	if n == 1 {
+		return act[0]
+	}
+	if b.rr {
+		start := int(b.rrNext.Add(1) % uint64(n))
+		for k := 0; k < n; k++ {
+			if in := act[(start+k)%n]; !st.triedInstance(in.id) {
+				return in
+			}
+		}
+		return act[start]
+	}
+	i := b.rand(n)
+	j := b.rand(n - 1)
+	if j >= i {
+		j++
+	}
+	x, y := act[i], act[j]
+	if st != nil && st.ntried > 0 {
+		tx, ty := st.triedInstance(x.id), st.triedInstance(y.id)
+		switch {
+		case tx && !ty:
+			return y
+		case ty && !tx:
+			return x
+		case tx && ty:
+			for k := 1; k < n; k++ {
+				if in := act[(i+k)%n]; !st.triedInstance(in.id) {
+					return in
+				}
+			}
+		}
+	}
+	if y.inflight.Load() < x.inflight.Load() {
+		return y
+	}
+	return x
+}
+
+// record counts an attempt's outcome toward its instance's ejection.
+func (b *balancerRT) record(in *instance, resp *http.Response, err error) {
+	failed := false
+	if err != nil {
+		if !errors.Is(err, ErrAttemptTimeout) &&
+			(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrBulkheadFull)) {
+			// The caller's own end or a local refusal: nothing about the
+			// instance. (ErrDeadlineTooShort wraps DeadlineExceeded.)
+			return
+		}
+		failed = true
+	} else {
+		failed = resp.StatusCode >= 500
+	}
+	in.reqs.Add(1)
+	if !failed {
+		if in.consec.Load() != 0 {
+			in.consec.Store(0)
+		}
+		return
+	}
+	in.fails.Add(1)
+	if c := b.od.Consecutive; c > 0 && in.consec.Add(1) >= int32(c) {
+		b.ejectConsecutive(in)
+	}
+}
+
+func (b *balancerRT) ejectConsecutive(in *instance) {
+	var evs [1]endpointEvent
+	n := 0
+	b.mu.Lock()
+	now := b.t.now()
+	if !in.ejected && b.ejectLocked(in, now) {
+		evs[0] = b.ejectEvent(in, "consecutive failures")
+		n = 1
+	}
+	b.mu.Unlock()
+	b.log(evs[:n])
+}
+
+// ejectLocked takes in out of the active set if the cap allows it.
+func (b *balancerRT) ejectLocked(in *instance, now time.Time) bool {
+	set := b.set.Load()
+	ejected := len(set.all) - len(set.active)
+	if ejected >= ejectCap(len(set.all), b.od.MaxEjectedPercent) {
+		return false
+	}
+	in.times++
+	in.lastFor = b.od.ejectionTime(in.times)
+	in.until = now.Add(in.lastFor)
+	in.ejected = true
+	in.consec.Store(0)
+	b.rebuildLocked(set.all)
+	if u := in.until.UnixNano(); u < b.nextEvent.Load() {
+		b.nextEvent.Store(u)
+	}
+	return true
+}
+
+func (b *balancerRT) ejectEvent(in *instance, reason string) endpointEvent {
+	return endpointEvent{addr: in.addr, ejected: true, reason: reason, duration: in.lastFor, times: in.times}
+}
+
+// rebuildLocked publishes a new snapshot of all. Should every instance be
+// ejected (the set shrank under them), all take requests again: sending to
+// a sick instance beats sending nowhere, and the breaker is there for it.
+func (b *balancerRT) rebuildLocked(all []*instance) {
+	active := make([]*instance, 0, len(all))
+	for _, in := range all {
+		if !in.ejected {
+			active = append(active, in)
+		}
+	}
+	if len(active) == 0 {
+		active = all
+	}
+	b.set.Store(&endpointSet{all: all, active: active})
+}
+
+// sweep returns instances whose ejection is over and, at an interval's
+// end, runs the success-rate check. It reports whether the set changed.
+// One request sweeps at a time; others carry on with the current set.
+func (b *balancerRT) sweep(now time.Time) bool {
+	if !b.mu.TryLock() {
+		return false
+	}
+	var evs []endpointEvent
+	set := b.set.Load()
+	changed := false
+	for _, in := range set.all {
+		if in.ejected && !now.Before(in.until) {
+			in.ejected, in.until, in.returnedAt = false, time.Time{}, now
+			in.consec.Store(0)
+			changed = true
+			evs = append(evs, endpointEvent{addr: in.addr})
+		}
+	}
+	if changed {
+		b.rebuildLocked(set.all)
+		set = b.set.Load()
+	}
+	if !now.Before(b.nextInterval) {
+		evs = b.intervalLocked(set, now, evs)
+		b.nextInterval = now.Add(b.od.Interval)
+		changed = changed || len(evs) > 0
+	}
+	next := b.nextInterval
+	for _, in := range b.set.Load().all {
+		if in.ejected && in.until.Before(next) {
+			next = in.until
+		}
+	}
+	b.nextEvent.Store(next.UnixNano())
+	b.mu.Unlock()
+	b.log(evs)
+	return changed
+}
+
+// intervalLocked closes an interval: the success-rate check, and a lower
+// count for instances that have stayed in as long as they were last out.
+func (b *balancerRT) intervalLocked(set *endpointSet, now time.Time, evs []endpointEvent) []endpointEvent {
+	var samples []rateSample
+	for _, in := range set.all {
+		reqs, fails := in.reqs.Swap(0), in.fails.Swap(0)
+		if in.ejected {
+			continue
+		}
+		if in.times > 0 && now.Sub(in.returnedAt) >= in.lastFor {
+			in.times--
+			in.returnedAt = now
+		}
+		if reqs > 0 && reqs >= int64(b.od.SuccessRateVolume) {
+			samples = append(samples, rateSample{in: in, rate: float64(reqs-fails) / float64(reqs)})
+		}
+	}
+	for _, s := range successRateOutliers(samples, b.od.SuccessRateMinHosts, b.od.StdevFactor) {
+		if b.ejectLocked(s.in, now) {
+			evs = append(evs, b.ejectEvent(s.in, "success rate"))
+		}
+	}
+	return evs
+}
+
+func (b *balancerRT) log(evs []endpointEvent) {
+	for _, ev := range evs {
+		if ev.ejected {
+			b.t.logger.Info("bulwark: endpoint ejected", "host", b.hs.name, "upstream", b.hs.upstream,
+				"endpoint", ev.addr, "reason", ev.reason, "for", ev.duration, "ejections", ev.times)
+		} else {
+			b.t.logger.Info("bulwark: endpoint returned", "host", b.hs.name, "upstream", b.hs.upstream,
+				"endpoint", ev.addr)
+		}
+	}
+}
+
+// resolveFirst resolves the instances before the first request, bounded by
+// the request's context; concurrent first requests share one lookup.
+func (b *balancerRT) resolveFirst(ctx context.Context, now time.Time) (*endpointSet, error) {
+	b.resolveMu.Lock()
+	defer b.resolveMu.Unlock()
+	if set := b.set.Load(); set != nil {
+		return set, nil
+	}
+	if dl, ok := callDeadline(ctx, b.t); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, dl)
+		defer cancel()
+	}
+	addrs, err := b.resolver.Resolve(ctx, b.hs.name)
+	if err != nil || len(addrs) == 0 {
+		return nil, &NoEndpointsError{Host: b.hs.name, Err: err}
+	}
+	b.nextResolve.Store(now.Add(b.every).UnixNano())
+	b.install(addrs, now)
+	return b.set.Load(), nil
+}
+
+// refreshAsync starts one background lookup when the last is old enough.
+func (b *balancerRT) refreshAsync(now int64) {
+	if !b.resolving.CompareAndSwap(false, true) {
+		return
+	}
+	if now < b.nextResolve.Load() {
+		b.resolving.Store(false)
+		return
+	}
+	b.nextResolve.Store(now + int64(b.every))
+	go func() {
+		defer b.resolving.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
+		defer cancel()
+		b.refresh(ctx)
+	}()
+}
+
+// refresh asks the resolver again; a failed or empty answer keeps the
+// last good set.
+func (b *balancerRT) refresh(ctx context.Context) {
+	addrs, err := b.resolver.Resolve(ctx, b.hs.name)
+	if err != nil || len(addrs) == 0 {
+		kept := 0
+		if set := b.set.Load(); set != nil {
+			kept = len(set.all)
+		}
+		b.t.logger.Info("bulwark: resolve failed, keeping the last good endpoints",
+			"host", b.hs.name, "upstream", b.hs.upstream, "endpoints", kept, "error", err)
+		return
+	}
+	b.install(addrs, b.t.now())
+}
+
+// install makes addrs the set, keeping the state of instances already in
+// it. Instances that left have their idle connections closed.
+func (b *balancerRT) install(addrs []string, now time.Time) {
+	b.mu.Lock()
+	old := map[string]*instance{}
+	if set := b.set.Load(); set != nil {
+		for _, in := range set.all {
+			old[in.addr] = in
+		}
+	}
+	all := make([]*instance, 0, len(addrs))
+	seen := make(map[string]bool, len(addrs))
+	for _, a := range addrs {
+		if seen[a] {
+			continue
+		}
+		seen[a] = true
+		if in := old[a]; in != nil {
+			all = append(all, in)
+			delete(old, a)
+			continue
+		}
+		all = append(all, b.newInstance(a))
+	}
+	b.rebuildLocked(all)
+	b.mu.Unlock()
+	for _, in := range old {
+		if in.own != nil {
+			in.own.CloseIdleConnections()
+		}
+	}
+}
+
+func (b *balancerRT) newInstance(addr string) *instance {
+	b.nextID++
+	in := &instance{id: b.nextID, addr: addr}
+	base := b.t.base
+	if tr, ok := base.(*http.Transport); ok {
+		// A transport per instance: see Endpoints for why.
+		c := tr.Clone()
+		if b.hs.key.scheme == "https" {
+			if c.TLSClientConfig == nil {
+				c.TLSClientConfig = &tls.Config{}
+			}
+			if c.TLSClientConfig.ServerName == "" {
+				c.TLSClientConfig.ServerName = b.hs.key.host
+			}
+		}
+		in.own, base = c, c
+	}
+	in.rt, in.bh = b.build(b.hs, base, addr)
+	return in
+}
+
+// busy reports whether any instance has requests in flight.
+func (b *balancerRT) busy() bool {
+	set := b.set.Load()
+	if set == nil {
+		return b.resolving.Load()
+	}
+	for _, in := range set.all {
+		if in.inflight.Load() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (b *balancerRT) closeIdle() {
+	if set := b.set.Load(); set != nil {
+		for _, in := range set.all {
+			if in.own != nil {
+				in.own.CloseIdleConnections()
+			}
+		}
+	}
+}
+
+func (b *balancerRT) states() []EndpointState {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	set := b.set.Load()
+	if set == nil {
+		return nil
+	}
+	out := make([]EndpointState, 0, len(set.all))
+	for _, in := range set.all {
+		out = append(out, EndpointState{
+			Addr: in.addr, Ejected: in.ejected, EjectedUntil: in.until, Ejections: in.times,
+			InFlight: int(in.inflight.Load()), ConsecutiveFailures: int(in.consec.Load()),
+			Requests: in.sent.Load(),
+		})
+	}
+	return out
+}
