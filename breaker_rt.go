@@ -105,6 +105,11 @@ type Breaker struct {
 	// MinCalls is how many counted calls the window must hold before any
 	// rate is computed; below it the breaker never trips. Zero inherits from
 	// Default, then DefaultMinCalls (100).
+	//
+	// Size it with Window: the window must see MinCalls calls at the
+	// upstream's real traffic, or the breaker can never trip. At 150 calls/s
+	// a 100 ms window holds about 15 calls, so MinCalls 20 would never be
+	// reached and a sick upstream would keep every call.
 	MinCalls int
 
 	// OpenFor is how long the breaker stays open before it probes. Zero
