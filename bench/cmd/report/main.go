@@ -28,6 +28,19 @@ func median(v []float64) float64 {
 	return s[len(s)/2]
 }
 
+// cpuSuffix splits a benchmark name into its name and its "-N" GOMAXPROCS
+// suffix (empty for -cpu 1, which go test does not print).
+func cpuSuffix(n string) (string, string) {
+	j := strings.LastIndex(n, "-")
+	if j < 0 {
+		return n, ""
+	}
+	if _, err := strconv.Atoi(n[j+1:]); err != nil {
+		return n, ""
+	}
+	return n[:j], n[j:]
+}
+
 func main() {
 	cost := flag.String("cost", "", "raw go test -bench output")
 	stat := flag.String("benchstat", "", "benchstat output")
@@ -93,12 +106,12 @@ func main() {
 	}
 	sort.Strings(names)
 	bareOf := func(n string) *sample {
-		i := strings.Index(n, "/")
-		j := strings.LastIndex(n, "-")
-		if i < 0 || j < i {
+		name, suffix := cpuSuffix(n)
+		i := strings.Index(name, "/")
+		if i < 0 {
 			return nil
 		}
-		return samples[n[:i]+"/bare"+n[j:]]
+		return samples[name[:i]+"/bare"+suffix]
 	}
 	for _, n := range names {
 		s := samples[n]
@@ -116,8 +129,8 @@ func main() {
 		if i < 0 {
 			continue
 		}
-		suffix := n[strings.LastIndex(n, "-"):]
-		if n[i:] != "/bulwark"+suffix {
+		name, suffix := cpuSuffix(n)
+		if name[i:] != "/bulwark" {
 			continue
 		}
 		for _, peer := range []string{"failsafe-go", "retryablehttp", "gobreaker"} {
