@@ -29,8 +29,16 @@ unit:
 demo:
 	cd examples && $(GO) run ./lab
 
+# Cost benchmarks of bulwark and its peers (bench/, -count 6 for benchstat),
+# the protection scenarios, and BENCHMARKS.md rendered from their output.
+BENCHSTAT := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
+BENCHTIME ?= 300ms
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -cpu 1,2 -count 1 .
+	mkdir -p bench/out
+	cd bench && $(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -cpu 1,2 -count 6 -timeout 30m . > out/cost.txt
+	cd bench && $(GO) run $(BENCHSTAT) out/cost.txt > out/benchstat.txt
+	cd bench && $(GO) run ./cmd/protect > out/protect.jsonl
+	cd bench && $(GO) run ./cmd/report -cost out/cost.txt -benchstat out/benchstat.txt -protect out/protect.jsonl > ../BENCHMARKS.md
 
 # Each fuzz target of the root package for a bounded time ($(FUZZTIME) each):
 # go test -fuzz takes one target per run, hence the loop over -list.

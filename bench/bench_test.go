@@ -1,0 +1,223 @@
+package bench
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bulwark-http/bulwark"
+	"github.com/failsafe-go/failsafe-go/bulkhead"
+	"github.com/failsafe-go/failsafe-go/circuitbreaker"
+	"github.com/failsafe-go/failsafe-go/failsafehttp"
+	"github.com/sony/gobreaker/v2"
+)
+
+// stubBase is the pure-middleware base: a fresh small response from memory,
+// as cheap as an honest transport can be.
+type stubBase struct{ status int }
+
+func (s stubBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	code := s.status
+	if code == 0 {
+		code = http.StatusOK
+	}
+	return &http.Response{StatusCode: code, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), Request: req}, nil
+}
+
+func roundTrips(b *testing.B, rt http.RoundTripper, url string, wantErr error) {
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	req.Header.Set("Accept", "application/json")
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			resp, err := rt.RoundTrip(req)
+			if wantErr != nil {
+				if !errors.Is(err, wantErr) {
+					b.Fatalf("RoundTrip: %v, want %v", err, wantErr)
+				}
+				continue
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	})
+}
+
+func all(b *testing.B, base http.RoundTripper) []Stack {
+	peers, err := Peers(Defaults, base)
+	if err != nil {
+		b.Fatal(err)
+	}
+	layers, err := BulwarkLayers(Defaults, base)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return append(peers, layers...)
+}
+
+// BenchmarkStub is each stack's pure middleware cost over a base that
+// answers from memory.
+func BenchmarkStub(b *testing.B) {
+	for _, s := range all(b, stubBase{}) {
+		b.Run(s.Name, func(b *testing.B) { roundTrips(b, s.RT, "http://stub.internal/x", nil) })
+	}
+}
+
+// BenchmarkLoopback is a real HTTP exchange with an httptest server on
+// 127.0.0.1 through each stack.
+func BenchmarkLoopback(b *testing.B) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	defer srv.Close()
+	base := http.DefaultTransport.(*http.Transport).Clone()
+	base.MaxIdleConnsPerHost = 64
+	defer base.CloseIdleConnections()
+	peers, err := Peers(Defaults, base)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, s := range peers {
+		b.Run(s.Name, func(b *testing.B) { roundTrips(b, s.RT, srv.URL, nil) })
+	}
+}
+
+// openParams trip on the first ten failures and stay open for the run.
+var openParams = func() Params {
+	p := Defaults
+	p.MinCalls, p.OpenFor = 10, time.Hour
+	return p
+}()
+
+// trip sends 503s through rt until it refuses with want.
+func trip(b *testing.B, rt http.RoundTripper, want error) {
+	for range 1000 {
+		req, _ := http.NewRequest("GET", "http://stub.internal/x", nil)
+		resp, err := rt.RoundTrip(req)
+		if errors.Is(err, want) {
+			return
+		}
+		if err == nil {
+			resp.Body.Close()
+		}
+	}
+	b.Fatalf("breaker never opened with %v", want)
+}
+
+// BenchmarkOpenBreaker is the cost of a refusal by an open breaker: the
+// breaker alone, and inside the full stack where there is one.
+func BenchmarkOpenBreaker(b *testing.B) {
+	base := stubBase{status: http.StatusServiceUnavailable}
+	noRetry := openParams
+	noRetry.MaxAttempts = 1 // so tripping needs no backoff sleeps
+
+	bwFull, err := bulwark.New(bulwark.Config{Base: base, Default: BulwarkPolicy(noRetry)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	onlyBreaker := bulwark.Policy{
+		Timeout:  bulwark.Timeout{Disabled: true},
+		Breaker:  BulwarkPolicy(openParams).Breaker,
+		Bulkhead: bulwark.Bulkhead{Disabled: true},
+		Retry:    bulwark.Retry{Disabled: true, NoPushback: true},
+	}
+	bwAlone, err := bulwark.New(bulwark.Config{Base: base, Default: onlyBreaker})
+	if err != nil {
+		b.Fatal(err)
+	}
+	fsAlone, _ := FailsafeBreaker(openParams, base)
+	fsFull := Failsafe(noRetry, base)
+	gb := GoBreaker(openParams, base)
+
+	cases := []struct {
+		name string
+		rt   http.RoundTripper
+		err  error
+	}{
+		{"gobreaker", gb, errOpenGoBreaker},
+		{"failsafe-go-breaker", fsAlone, errOpenFailsafe},
+		{"failsafe-go", fsFull, errOpenFailsafe},
+		{"bulwark-breaker", bwAlone, bulwark.ErrBreakerOpen},
+		{"bulwark", bwFull, bulwark.ErrBreakerOpen},
+	}
+	for _, c := range cases {
+		trip(b, c.rt, c.err)
+		b.Run(c.name, func(b *testing.B) { roundTrips(b, c.rt, "http://stub.internal/x", c.err) })
+	}
+}
+
+// BenchmarkFullBulkhead is the cost of a refusal by a full bulkhead (one
+// slot, held for the whole benchmark).
+func BenchmarkFullBulkhead(b *testing.B) {
+	p := Defaults
+	p.BulkheadCapacity = 1
+	base := stubBase{}
+
+	bwFull, err := bulwark.New(bulwark.Config{Base: base, Default: BulwarkPolicy(p)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	bwAlone, err := bulwark.New(bulwark.Config{Base: base, Default: bulwark.Policy{
+		Timeout:  bulwark.Timeout{Disabled: true},
+		Breaker:  bulwark.Breaker{Disabled: true},
+		Bulkhead: bulwark.Bulkhead{MaxConcurrent: 1},
+		Retry:    bulwark.Retry{Disabled: true, NoPushback: true},
+	}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	fsBH := bulkhead.New[*http.Response](1)
+	fsAlone := failsafehttp.NewRoundTripper(base, fsBH)
+	fsFull, fsFullBH := FailsafeWithBulkhead(p, base)
+
+	var held []io.Closer
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	hold := func(rt http.RoundTripper) {
+		req, _ := http.NewRequest("GET", "http://stub.internal/x", nil)
+		resp, err := rt.RoundTrip(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		held = append(held, resp.Body) // not closed: the slot stays taken
+	}
+	hold(bwFull)
+	hold(bwAlone)
+	for _, bh := range []bulkhead.Bulkhead[*http.Response]{fsBH, fsFullBH} {
+		if !bh.TryAcquirePermit() {
+			b.Fatal("failsafe-go bulkhead already full")
+		}
+		defer bh.ReleasePermit()
+	}
+
+	cases := []struct {
+		name string
+		rt   http.RoundTripper
+		err  error
+	}{
+		{"failsafe-go-bulkhead", fsAlone, bulkhead.ErrFull},
+		{"failsafe-go", fsFull, bulkhead.ErrFull},
+		{"bulwark-bulkhead", bwAlone, bulwark.ErrBulkheadFull},
+		{"bulwark", bwFull, bulwark.ErrBulkheadFull},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) { roundTrips(b, c.rt, "http://stub.internal/x", c.err) })
+	}
+}
+
+var (
+	errOpenGoBreaker = gobreaker.ErrOpenState
+	errOpenFailsafe  = circuitbreaker.ErrOpen
+)
