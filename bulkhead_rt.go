@@ -169,6 +169,7 @@ func (e *RateLimitError) Unwrap() []error { return []error{ErrRateLimited, ErrBu
 type bulkheadRT struct {
 	next     http.RoundTripper
 	t        *Transport
+	hs       *hostState
 	max      int
 	maxQueue int
 	maxWait  time.Duration
@@ -202,6 +203,7 @@ func newBulkheadRT(next http.RoundTripper, hs *hostState) *bulkheadRT {
 	b := &bulkheadRT{
 		next:     next,
 		t:        hs.t,
+		hs:       hs,
 		max:      p.MaxConcurrent,
 		maxQueue: p.MaxQueue,
 		maxWait:  p.MaxWait,
@@ -217,11 +219,13 @@ func newBulkheadRT(next http.RoundTripper, hs *hostState) *bulkheadRT {
 func (b *bulkheadRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	if b.limiter != nil {
 		if err := b.waitRate(req); err != nil {
+			b.refused(req, err)
 			closeBody(req)
 			return nil, err
 		}
 	}
 	if err := b.acquire(req); err != nil {
+		b.refused(req, err)
 		closeBody(req)
 		return nil, err
 	}
@@ -234,6 +238,14 @@ func (b *bulkheadRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	// costs nothing, where a closure would allocate on every request.
 	onBodyEnd(resp, b)
 	return resp, nil
+}
+
+// refused reports a refusal of the bulkhead's own (full, or rate limited),
+// not a caller who gave up while queued.
+func (b *bulkheadRT) refused(req *http.Request, err error) {
+	if err == error(b.full) || err == error(b.limited) {
+		b.hs.rejected(req.Context(), layerBulkhead)
+	}
 }
 
 // bodyEnd releases the slot of a response whose body is finished.

@@ -142,6 +142,7 @@ type hostState struct {
 	pushback *pushbackRT  // layer 5, nil when off; the retry layer reads its pause
 	breaker  *breakerRT   // nil when the upstream's breaker is disabled
 	bulkhead *bulkheadRT  // nil when the upstream's bulkhead is disabled
+	budget   *retryBudget // layer 4's budget, nil when off; read by its gauge
 	lastUsed atomic.Int64 // unix nanoseconds, updated at most every touchEvery
 	obs      hostObs      // cached metric attribute sets (observe.go)
 }
@@ -189,6 +190,7 @@ func New(cfg Config) (*Transport, error) {
 		t.logger = slog.New(slog.DiscardHandler)
 	}
 	t.obs = newObserver(cfg, t.logger)
+	t.registerGauges()
 
 	def := cfg.Default.withDefaults()
 	if err := def.validate(); err != nil {
