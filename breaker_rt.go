@@ -3,6 +3,7 @@ package bulwark
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"net/http"
 	"strconv"
@@ -427,6 +428,7 @@ func (b *breakerRT) RoundTrip(req *http.Request) (*http.Response, error) {
 		b.flush()
 	}
 	if err != nil {
+		b.hs.rejected(req.Context(), layerBreaker)
 		closeBody(req)
 		if e := b.openErr.Load(); e != nil {
 			return nil, e
@@ -535,7 +537,8 @@ func (b *breakerRT) onStateChange(_ string, from, to gobreaker.State) {
 	b.pending.Store(true)
 }
 
-// flush logs the queued state changes, outside gobreaker's mutex.
+// flush reports (logs and counts) the queued state changes, outside
+// gobreaker's mutex.
 func (b *breakerRT) flush() {
 	b.evMu.Lock()
 	evs := b.events
@@ -545,10 +548,8 @@ func (b *breakerRT) flush() {
 	b.evMu.Unlock()
 	log := b.hs.t.logger
 	for _, ev := range evs[:n] {
-		log.Info("bulwark: circuit breaker "+circuitState(ev.to).String(),
-			"host", b.hs.name, "upstream", b.hs.upstream,
-			"from", circuitState(ev.from).String(), "to", circuitState(ev.to).String(),
-			"calls", ev.calls, "failures", ev.failures, "slow", ev.slow, "at", ev.at)
+		b.hs.breakerStateChanged(circuitState(ev.from).String(), circuitState(ev.to).String(),
+			slog.Uint64("calls", uint64(ev.calls)), slog.Uint64("failures", uint64(ev.failures)), slog.Uint64("slow", uint64(ev.slow)), slog.Time("at", ev.at))
 	}
 	if dropped > 0 {
 		log.Info("bulwark: circuit breaker state changes not logged", "host", b.hs.name, "dropped", dropped)

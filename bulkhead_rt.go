@@ -169,6 +169,7 @@ func (e *RateLimitError) Unwrap() []error { return []error{ErrRateLimited, ErrBu
 type bulkheadRT struct {
 	next     http.RoundTripper
 	t        *Transport
+	hs       *hostState
 	max      int
 	maxQueue int
 	maxWait  time.Duration
@@ -197,12 +198,14 @@ type slotWaiter struct {
 	prev, next *slotWaiter
 }
 
-// newBulkheadRT builds the bulkhead p describes for one host, or for one
-// instance of a balanced upstream; name ("host:port") goes in its errors.
-func newBulkheadRT(next http.RoundTripper, t *Transport, p Bulkhead, name string) *bulkheadRT {
+// newBulkheadRT builds the bulkhead p describes for host hs, or for one
+// instance of hs when it is a balanced upstream; name ("host:port") goes in
+// its errors, and its refusals are reported as hs's.
+func newBulkheadRT(next http.RoundTripper, hs *hostState, p Bulkhead, name string) *bulkheadRT {
 	b := &bulkheadRT{
 		next:     next,
-		t:        t,
+		t:        hs.t,
+		hs:       hs,
 		max:      p.MaxConcurrent,
 		maxQueue: p.MaxQueue,
 		maxWait:  p.MaxWait,
@@ -218,11 +221,13 @@ func newBulkheadRT(next http.RoundTripper, t *Transport, p Bulkhead, name string
 func (b *bulkheadRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	if b.limiter != nil {
 		if err := b.waitRate(req); err != nil {
+			b.refused(req, err)
 			closeBody(req)
 			return nil, err
 		}
 	}
 	if err := b.acquire(req); err != nil {
+		b.refused(req, err)
 		closeBody(req)
 		return nil, err
 	}
@@ -235,6 +240,14 @@ func (b *bulkheadRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	// costs nothing, where a closure would allocate on every request.
 	onBodyEnd(resp, b)
 	return resp, nil
+}
+
+// refused reports a refusal of the bulkhead's own (full, or rate limited),
+// not a caller who gave up while queued.
+func (b *bulkheadRT) refused(req *http.Request, err error) {
+	if err == error(b.full) || err == error(b.limited) {
+		b.hs.rejected(req.Context(), layerBulkhead)
+	}
 }
 
 // bodyEnd releases the slot of a response whose body is finished.

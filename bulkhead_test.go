@@ -499,7 +499,7 @@ func TestBulkheadContract(t *testing.T) {
 			t.Fatal(err)
 		}
 		p := Policy{Bulkhead: Bulkhead{MaxConcurrent: 4, MaxQueue: 4, MaxWait: time.Second}}.withDefaults()
-		return newBulkheadRT(base, tr, p.Bulkhead, "contract.test:80")
+		return newBulkheadRT(base, &hostState{t: tr, name: "contract.test:80", upstream: "default", policy: &p}, p.Bulkhead, "contract.test:80")
 	})
 	t.Run("full", func(t *testing.T) {
 		tr := newBulkheadTransport(t, &stubBase{}, Bulkhead{MaxConcurrent: 1})
@@ -606,7 +606,7 @@ func BenchmarkBulkhead(b *testing.B) {
 	}
 	layer := func(bh Bulkhead) *bulkheadRT {
 		p := Policy{Bulkhead: bh}.withDefaults()
-		return newBulkheadRT(wrappedBenchBase{}, tr, p.Bulkhead, "bench.test:80")
+		return newBulkheadRT(wrappedBenchBase{}, &hostState{t: tr, name: "bench.test:80", upstream: "default", policy: &p}, p.Bulkhead, "bench.test:80")
 	}
 	req, _ := http.NewRequest(http.MethodGet, "http://bench.test/", nil)
 	run := func(b *testing.B, rt http.RoundTripper, wantErr bool) {

@@ -244,6 +244,9 @@ func (f *fallbackRT) RoundTrip(req *http.Request) (*http.Response, error) {
 		return resp, err
 	}
 	discard(resp)
+	if fb != nil {
+		f.hs.fallbackServed(req.Context(), fb.Header.Get(FallbackHeader))
+	}
 	return fb, ferr
 }
 

@@ -46,7 +46,7 @@ package bulwark
 //
 //	hs.retryScheduled(ctx, attempt, delay, reason, fromRetryAfter) // before sleeping; attempt is the one about to be sent
 //	hs.rejected(ctx, layer)         // layerBreaker, layerBulkhead, layerPushback, layerBudget, layerDeadline
-//	hs.fallbackServed(ctx, kind)    // "cached", "constant", "func", …
+//	hs.fallbackServed(ctx, kind)    // "stale", "constant" or "func"
 //	hs.deadlineTooShort(ctx)        // = rejected(ctx, layerDeadline)
 //	hs.breakerStateChanged(from, to)
 //	hs.pushbackChanged(active, until)
@@ -79,8 +79,12 @@ package bulwark
 //	bulwark.attempt.duration  histogram  s {bulwark.upstream, bulwark.outcome}
 //	bulwark.retry.delay       histogram  s {bulwark.upstream}
 //
-// Gauges (breaker state, bulkhead in-flight and queue, budget left) are
-// registered by their layers with registerGauge.
+// And the gauges registerGauges makes, one point per upstream:
+//
+//	bulwark.breaker.state          0 closed, 1 half-open, 2 open (the worst host)
+//	bulwark.bulkhead.in_flight     slots held (summed over the upstream's hosts)
+//	bulwark.bulkhead.queued        requests waiting for a slot (summed)
+//	bulwark.retry.budget.remaining retries the budget allows now (the scarcest host)
 //
 // # Cost with nothing configured
 //
@@ -425,7 +429,8 @@ func recording(ctx context.Context) bool { return trace.SpanFromContext(ctx).IsR
 
 // retryScheduled reports that the retry layer will send attempt (the number
 // of the attempt about to be sent, 2 for the first retry) after delay, for
-// reason (a short fixed word such as "status_503", "timeout", "error"), and
+// reason (a short fixed word, see retryReason: "status_503",
+// "attempt_timeout", "transport_error", …), and
 // whether delay came from the server's Retry-After.
 func (hs *hostState) retryScheduled(ctx context.Context, attempt int, delay time.Duration, reason string, fromRetryAfter bool) {
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
@@ -466,7 +471,7 @@ func (hs *hostState) deadlineTooShort(ctx context.Context) {
 }
 
 // fallbackServed reports that the fallback layer answered a final failure
-// from kind ("cached", "constant", "func", …: a fixed word per kind).
+// from kind ("stale", "constant" or "func": the FallbackHeader's value).
 func (hs *hostState) fallbackServed(ctx context.Context, kind string) {
 	if recording(ctx) {
 		hs.event(ctx, eventFallback, keyFallbackKind.String(kind))
@@ -478,16 +483,17 @@ func (hs *hostState) fallbackServed(ctx context.Context, kind string) {
 
 // breakerStateChanged reports a breaker transition ("closed", "open",
 // "half-open") at Info and counts it. It has no request context: a state
-// changes for the host, not for one call. Never call it under a lock.
-func (hs *hostState) breakerStateChanged(from, to string) {
+// changes for the host, not for one call. extra goes on the log line only.
+// Never call it under a lock.
+func (hs *hostState) breakerStateChanged(from, to string, extra ...slog.Attr) {
 	ctx := context.Background()
 	if o := hs.t.obs; o.metering() {
 		o.transitions.Add(ctx, 1, hs.labels(keyBreakerState, to).add...)
 	}
 	if l := hs.t.logger; l.Enabled(ctx, slog.LevelInfo) {
-		l.LogAttrs(ctx, slog.LevelInfo, "bulwark: circuit breaker "+to,
-			slog.String("upstream", hs.upstream), slog.String("host", hs.name),
-			slog.String("from", from), slog.String("to", to))
+		attrs := append([]slog.Attr{slog.String("upstream", hs.upstream), slog.String("host", hs.name),
+			slog.String("from", from), slog.String("to", to)}, extra...)
+		l.LogAttrs(ctx, slog.LevelInfo, "bulwark: circuit breaker "+to, attrs...)
 	}
 }
 
@@ -546,6 +552,87 @@ func (t *Transport) registerGauge(name, desc, unit string, agg gaugeAgg, f func(
 		return nil
 	}, g)
 	return err
+}
+
+// registerGauges registers the per-upstream gauges of the breaker, the
+// bulkhead and the retry budget, once, in New. Without a MeterProvider that
+// could ever record, it registers nothing. A failure is logged, not
+// returned: New does not fail over metrics.
+func (t *Transport) registerGauges() {
+	if !t.obs.meterOn {
+		return
+	}
+	errs := []error{
+		t.registerGauge("bulwark.breaker.state", "Circuit breaker state: 0 closed, 1 half-open, 2 open; the worst of the upstream's hosts.", "1", gaugeMax,
+			func(observe func(string, int64)) {
+				t.eachHost(func(hs *hostState) {
+					if hs.breaker != nil {
+						observe(hs.upstream, int64(hs.breaker.state()))
+					}
+				})
+			}),
+		t.registerGauge("bulwark.bulkhead.in_flight", "Bulkhead slots held.", "{request}", gaugeSum,
+			func(observe func(string, int64)) {
+				t.eachHost(func(hs *hostState) {
+					if hs.bulkhead != nil {
+						in, _ := hs.bulkhead.stats()
+						observe(hs.upstream, int64(in))
+					}
+				})
+			}),
+		t.registerGauge("bulwark.bulkhead.queued", "Requests queued for a bulkhead slot.", "{request}", gaugeSum,
+			func(observe func(string, int64)) {
+				t.eachHost(func(hs *hostState) {
+					if hs.bulkhead != nil {
+						_, q := hs.bulkhead.stats()
+						observe(hs.upstream, int64(q))
+					}
+				})
+			}),
+		t.registerGauge("bulwark.retry.budget.remaining", "Retries the retry budget allows now; the scarcest of the upstream's hosts.", "{retry}", gaugeMin,
+			func(observe func(string, int64)) {
+				now := t.now()
+				t.eachHost(func(hs *hostState) {
+					if hs.budget != nil {
+						observe(hs.upstream, hs.budget.remaining(now))
+					}
+				})
+			}),
+	}
+	if err := errors.Join(errs...); err != nil {
+		t.logger.Warn("bulwark: registering gauges", "err", err)
+	}
+}
+
+// retryReason is the bulwark.retry.reason of a retry after resp or err: a
+// word from a small fixed set, so that a CheckRetry retrying odd statuses
+// cannot grow the metric's cardinality.
+func retryReason(resp *http.Response, err error) string {
+	if err != nil {
+		if errors.Is(err, ErrAttemptTimeout) {
+			return "attempt_timeout"
+		}
+		return "transport_error"
+	}
+	switch resp.StatusCode {
+	case http.StatusTooManyRequests:
+		return "status_429"
+	case http.StatusInternalServerError:
+		return "status_500"
+	case http.StatusBadGateway:
+		return "status_502"
+	case http.StatusServiceUnavailable:
+		return "status_503"
+	case http.StatusGatewayTimeout:
+		return "status_504"
+	}
+	switch c := resp.StatusCode; {
+	case c >= 500:
+		return "status_5xx"
+	case c >= 400:
+		return "status_4xx"
+	}
+	return "status_other"
 }
 
 // eachHost calls f for every host with live state, outside the lock (on a

@@ -1006,3 +1006,295 @@ func BenchmarkObserve(b *testing.B) {
 		benchRoundTrips(b, mustNew(b, cfg), "http://stub.internal/x")
 	})
 }
+
+// The tests below run the real layers (retry, pushback, breaker, bulkhead,
+// fallback) instead of otelKit.config's stand-ins.
+
+// realConfig is k.config with the given policy as Default, every layer as
+// it comes.
+func (k *otelKit) realConfig(base http.RoundTripper, p Policy) Config {
+	cfg := k.config(base)
+	cfg.Default = p
+	return cfg
+}
+
+// gaugeValue returns the Int64 gauge name's point for upstream.
+func gaugeValue(t *testing.T, rm metricdata.ResourceMetrics, name, upstream string) (int64, bool) {
+	t.Helper()
+	m := findMetric(rm, name)
+	if m == nil {
+		return 0, false
+	}
+	for _, dp := range m.Data.(metricdata.Gauge[int64]).DataPoints {
+		if v, _ := dp.Attributes.Value(keyUpstream); v.AsString() == upstream {
+			return dp.Value, true
+		}
+	}
+	return 0, false
+}
+
+func wantGauge(t *testing.T, rm metricdata.ResourceMetrics, name string, want int64) {
+	t.Helper()
+	if got, ok := gaugeValue(t, rm, name, "default"); !ok || got != want {
+		t.Errorf("%s{default} = %d (present %v), want %d", name, got, ok, want)
+	}
+}
+
+// eventsNamed returns the events called name on the one ended span called span.
+func eventsNamed(t *testing.T, sr *tracetest.SpanRecorder, span, name string) []sdktrace.Event {
+	t.Helper()
+	spans := spansNamed(sr, span)
+	if len(spans) != 1 {
+		t.Fatalf("%d spans named %q, want 1", len(spans), span)
+	}
+	var out []sdktrace.Event
+	for _, ev := range spans[0].Events() {
+		if ev.Name == name {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// wantEventAttrs checks that ev carries at least the attributes in want.
+func wantEventAttrs(t *testing.T, ev sdktrace.Event, want map[attribute.Key]any) {
+	t.Helper()
+	for _, kv := range ev.Attributes {
+		if w, ok := want[kv.Key]; ok {
+			if got := kv.Value.AsInterface(); got != w {
+				t.Errorf("event %s: %s = %v, want %v", ev.Name, kv.Key, got, w)
+			}
+		}
+	}
+	for key := range want {
+		found := false
+		for _, kv := range ev.Attributes {
+			found = found || kv.Key == key
+		}
+		if !found {
+			t.Errorf("event %s lacks %s", ev.Name, key)
+		}
+	}
+}
+
+// A GET answered 503 (with Retry-After: 1), 503, then 200, through the
+// real retry and pushback layers on an injected clock.
+func TestObserveRealRetryTwiceThenSucceeds(t *testing.T) {
+	k := newOtelKit(t)
+	var logs logRecorder
+	var mu sync.Mutex
+	n := 0
+	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		closeBody(req)
+		mu.Lock()
+		n++
+		i := n
+		mu.Unlock()
+		resp := &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), Request: req}
+		switch i {
+		case 1:
+			resp.StatusCode = 503
+			resp.Header.Set("Retry-After", "1")
+		case 2:
+			resp.StatusCode = 503
+		}
+		return resp, nil
+	})
+	cfg := k.realConfig(base, Policy{})
+	cfg.Logger = slog.New(&logs)
+	tr := mustTransport(t, cfg)
+	clk := newFakeClock()
+	tr.now = clk.now
+	var waits []time.Duration
+	tr.retry.randN = func(n int64) int64 { return n - 1 }
+	tr.retry.sleep = func(ctx context.Context, d time.Duration) error {
+		waits = append(waits, d)
+		clk.advance(d)
+		return ctx.Err()
+	}
+	ctx, caller := k.caller(t.Context())
+	resp, err := obsGet(t, tr, ctx, "http://tax.internal/rate")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("got %v, %v; want 200", resp, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	caller.End()
+
+	// Retry-After's 1 s, then the second backoff's full 200 ms (randN
+	// answers its maximum).
+	if len(waits) != 2 || waits[0] != time.Second || waits[1] != 200*time.Millisecond {
+		t.Errorf("waits = %v, want [1s 200ms]", waits)
+	}
+	attempts := spansNamed(k.sr, "GET")
+	if len(attempts) != 3 {
+		t.Fatalf("%d attempt spans, want 3", len(attempts))
+	}
+	for i, s := range attempts {
+		if s.Parent().SpanID() != caller.SpanContext().SpanID() {
+			t.Errorf("attempt %d: parent %v, want the caller's span", i+1, s.Parent().SpanID())
+		}
+		wantAttr(t, s, keyAttempt, int64(i+1))
+		if i == 0 {
+			if _, ok := attr(s, "http.request.resend_count"); ok {
+				t.Error("first attempt has http.request.resend_count")
+			}
+		} else {
+			wantAttr(t, s, "http.request.resend_count", int64(i))
+		}
+		wantAttr(t, s, "http.response.status_code", int64([]int{503, 503, 200}[i]))
+	}
+	retries := eventsNamed(t, k.sr, "caller", eventRetry)
+	if len(retries) != 2 {
+		t.Fatalf("%d retry events, want 2", len(retries))
+	}
+	wantEventAttrs(t, retries[0], map[attribute.Key]any{keyAttempt: int64(2), keyRetryDelay: 1.0, keyRetryReason: "status_503", keyFromRetryAfter: true})
+	wantEventAttrs(t, retries[1], map[attribute.Key]any{keyAttempt: int64(3), keyRetryDelay: 0.2, keyRetryReason: "status_503", keyFromRetryAfter: false})
+	if rej := eventsNamed(t, k.sr, "caller", eventRejected); len(rej) != 0 {
+		t.Errorf("rejection events %v, want none: the retry waited out the pause", rej)
+	}
+
+	rm := k.collect(t)
+	if got := counter(t, rm, "bulwark.retries", upDefault, keyRetryReason.String("status_503")); got != 2 {
+		t.Errorf("bulwark.retries{status_503} = %d, want 2", got)
+	}
+	if got := counter(t, rm, "bulwark.requests", upDefault, keyOutcome.String(outcomeSuccess)); got != 1 {
+		t.Errorf("bulwark.requests{success} = %d, want 1", got)
+	}
+	if got := histCount(t, rm, "bulwark.retry.delay", upDefault); got != 2 {
+		t.Errorf("bulwark.retry.delay count = %d, want 2", got)
+	}
+	if got := histCount(t, rm, "bulwark.attempt.duration", upDefault, keyOutcome.String(outcomeServerError)); got != 2 {
+		t.Errorf("bulwark.attempt.duration{server_error} count = %d, want 2", got)
+	}
+	// Two retries taken from the floor's burst of 10, refilled over the
+	// 1.2 s waited.
+	wantGauge(t, rm, "bulwark.retry.budget.remaining", 10)
+	wantGauge(t, rm, "bulwark.breaker.state", 0)
+	wantGauge(t, rm, "bulwark.bulkhead.in_flight", 0)
+
+	// Debug line per retry; pushback start and end at Info.
+	var msgs []string
+	logs.mu.Lock()
+	for _, r := range logs.recs {
+		msgs = append(msgs, r.Level.String()+" "+r.Message)
+	}
+	logs.mu.Unlock()
+	want := []string{"INFO bulwark: pushback started", "DEBUG bulwark: retry scheduled", "INFO bulwark: pushback ended", "DEBUG bulwark: retry scheduled"}
+	if strings.Join(msgs, "|") != strings.Join(want, "|") {
+		t.Errorf("log = %q, want %q", msgs, want)
+	}
+}
+
+// A breaker tripped by two 503s, then a rejection.
+func TestObserveRealBreakerTrip(t *testing.T) {
+	k := newOtelKit(t)
+	var logs logRecorder
+	cfg := k.realConfig(&seqBase{statuses: []int{503}}, Policy{Breaker: Breaker{MinCalls: 2}, Retry: Retry{Disabled: true}})
+	cfg.Logger = slog.New(&logs)
+	tr := mustTransport(t, cfg)
+	ctx, caller := k.caller(t.Context())
+	for i := range 2 {
+		resp, err := obsGet(t, tr, ctx, "http://tax.internal/rate")
+		if err != nil || resp.StatusCode != 503 {
+			t.Fatalf("call %d: %v, %v; want 503", i+1, resp, err)
+		}
+		resp.Body.Close()
+	}
+	if _, err := obsGet(t, tr, ctx, "http://tax.internal/rate"); !errors.Is(err, ErrBreakerOpen) {
+		t.Fatalf("third call: %v, want ErrBreakerOpen", err)
+	}
+	caller.End()
+
+	rej := eventsNamed(t, k.sr, "caller", eventRejected)
+	if len(rej) != 1 {
+		t.Fatalf("%d rejection events, want 1", len(rej))
+	}
+	wantEventAttrs(t, rej[0], map[attribute.Key]any{keyLayer: layerBreaker})
+	if n := len(spansNamed(k.sr, "GET")); n != 2 {
+		t.Errorf("%d attempt spans, want 2: a rejected request is not sent", n)
+	}
+	rm := k.collect(t)
+	for _, c := range []struct {
+		name string
+		kv   []attribute.KeyValue
+		want int64
+	}{
+		{"bulwark.rejections", []attribute.KeyValue{upDefault, keyLayer.String(layerBreaker)}, 1},
+		{"bulwark.breaker.transitions", []attribute.KeyValue{upDefault, keyBreakerState.String("open")}, 1},
+		{"bulwark.requests", []attribute.KeyValue{upDefault, keyOutcome.String(outcomeBreaker)}, 1},
+		{"bulwark.requests", []attribute.KeyValue{upDefault, keyOutcome.String(outcomeServerError)}, 2},
+	} {
+		if got := counter(t, rm, c.name, c.kv...); got != c.want {
+			t.Errorf("%s%v = %d, want %d", c.name, c.kv, got, c.want)
+		}
+	}
+	wantGauge(t, rm, "bulwark.breaker.state", int64(CircuitOpen))
+
+	logs.mu.Lock()
+	defer logs.mu.Unlock()
+	found := false
+	for _, r := range logs.recs {
+		if r.Level == slog.LevelInfo && r.Message == "bulwark: circuit breaker open" {
+			attrs := map[string]string{}
+			r.Attrs(func(a slog.Attr) bool { attrs[a.Key] = a.Value.String(); return true })
+			found = attrs["from"] == "closed" && attrs["calls"] == "2" && attrs["failures"] == "2" && attrs["host"] == "tax.internal:80"
+		}
+	}
+	if !found {
+		t.Errorf("no Info line for the breaker opening with its counts in %d records", len(logs.recs))
+	}
+}
+
+// A bulkhead of one slot, held by an unread body, refuses the next call.
+func TestObserveRealBulkheadRejection(t *testing.T) {
+	k := newOtelKit(t)
+	tr := mustTransport(t, k.realConfig(&seqBase{statuses: []int{200}}, Policy{Bulkhead: Bulkhead{MaxConcurrent: 1}}))
+	ctx, caller := k.caller(t.Context())
+	held, err := obsGet(t, tr, ctx, "http://tax.internal/rate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := obsGet(t, tr, ctx, "http://tax.internal/rate"); !errors.Is(err, ErrBulkheadFull) {
+		t.Fatalf("second call: %v, want ErrBulkheadFull", err)
+	}
+	rm := k.collect(t)
+	wantGauge(t, rm, "bulwark.bulkhead.in_flight", 1)
+	wantGauge(t, rm, "bulwark.bulkhead.queued", 0)
+	if got := counter(t, rm, "bulwark.rejections", upDefault, keyLayer.String(layerBulkhead)); got != 1 {
+		t.Errorf("bulwark.rejections{bulkhead} = %d, want 1", got)
+	}
+	held.Body.Close()
+	caller.End()
+	rej := eventsNamed(t, k.sr, "caller", eventRejected)
+	if len(rej) != 1 {
+		t.Fatalf("%d rejection events, want 1", len(rej))
+	}
+	wantEventAttrs(t, rej[0], map[attribute.Key]any{keyLayer: layerBulkhead})
+	wantGauge(t, k.collect(t), "bulwark.bulkhead.in_flight", 0)
+}
+
+// A 503 answered from the stale cache.
+func TestObserveRealStaleFallback(t *testing.T) {
+	k := newOtelKit(t)
+	tr := mustTransport(t, k.realConfig(&seqBase{statuses: []int{200, 503}},
+		Policy{Retry: Retry{Disabled: true}, Fallback: Fallback{Stale: StaleCache{MaxAge: time.Hour}}}))
+	ctx, caller := k.caller(t.Context())
+	for i, want := range []string{"", "stale"} {
+		resp, err := obsGet(t, tr, ctx, "http://tax.internal/rate")
+		if err != nil || resp.StatusCode != 200 || resp.Header.Get(FallbackHeader) != want {
+			t.Fatalf("call %d: %v, %v; want 200 with %s %q", i+1, resp, err, FallbackHeader, want)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	caller.End()
+	fb := eventsNamed(t, k.sr, "caller", eventFallback)
+	if len(fb) != 1 {
+		t.Fatalf("%d fallback events, want 1", len(fb))
+	}
+	wantEventAttrs(t, fb[0], map[attribute.Key]any{keyFallbackKind: "stale"})
+	if got := counter(t, k.collect(t), "bulwark.fallbacks", upDefault, keyFallbackKind.String("stale")); got != 1 {
+		t.Errorf("bulwark.fallbacks{stale} = %d, want 1", got)
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -389,6 +388,7 @@ func newRetryRT(next http.RoundTripper, hs *hostState) *retryRT {
 	}
 	if !p.Budget.Disabled {
 		r.budget = newRetryBudget(p.Budget)
+		hs.budget = r.budget
 	}
 	if !hs.policy.Timeout.Disabled {
 		r.total = hs.policy.Timeout.Total
@@ -420,7 +420,11 @@ func (r *retryRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	for attempt := 1; ; attempt++ {
 		st.attempt = attempt
 		resp, err := r.next.RoundTrip(cur)
-		v, wait := r.decide(ctx, replayable, attempt, resp, err, &prevWait)
+		var fromRA bool
+		v, wait := r.decide(ctx, replayable, attempt, resp, err, &prevWait, &fromRA)
+		if v == budgetSpent {
+			r.hs.rejected(ctx, layerBudget)
+		}
 		if v != retryAgain {
 			return r.finish(attempt, resp, err, v == budgetSpent)
 		}
@@ -429,9 +433,8 @@ func (r *retryRT) RoundTrip(req *http.Request) (*http.Response, error) {
 			// Nothing to send: the caller gets this attempt's result.
 			return r.finish(attempt, resp, err, false)
 		}
-		if r.t.logger.Enabled(ctx, slog.LevelDebug) {
-			r.logRetry(ctx, attempt, wait, resp, err)
-		}
+		// The event, the metrics and the Debug log line of the retry.
+		r.hs.retryScheduled(ctx, attempt+1, wait, retryReason(resp, err), fromRA)
 		// Drained and closed before the wait, so the connection is back
 		// in the pool while we sleep.
 		discard(resp)
@@ -467,19 +470,11 @@ func (r *retryRT) finish(attempts int, resp *http.Response, err error, budget bo
 	return nil, &RetryError{Attempts: attempts, Budget: budget, Err: err}
 }
 
-func (r *retryRT) logRetry(ctx context.Context, attempt int, wait time.Duration, resp *http.Response, err error) {
-	outcome := slog.Any("error", err)
-	if resp != nil {
-		outcome = slog.Int("status", resp.StatusCode)
-	}
-	r.t.logger.LogAttrs(ctx, slog.LevelDebug, "bulwark: retrying",
-		slog.String("host", r.hs.name), slog.Int("attempt", attempt), slog.Duration("wait", wait), outcome)
-}
-
 // decide is the retry decision after attempt number attempt: a list of
 // checks in a fixed order, the first that applies settling it. It returns
-// how long to wait when the verdict is retryAgain.
-func (r *retryRT) decide(ctx context.Context, replayable bool, attempt int, resp *http.Response, err error, prevWait *time.Duration) (verdict, time.Duration) {
+// how long to wait when the verdict is retryAgain, and sets *fromRA when
+// that wait is the server's Retry-After.
+func (r *retryRT) decide(ctx context.Context, replayable bool, attempt int, resp *http.Response, err error, prevWait *time.Duration, fromRA *bool) (verdict, time.Duration) {
 	// 0. A success is final (unless the user's CheckRetry judges it).
 	if err == nil && resp.StatusCode < 400 && r.check == nil {
 		return giveUp, 0
@@ -549,6 +544,7 @@ func (r *retryRT) decide(ctx context.Context, replayable bool, attempt int, resp
 	if r.budget != nil && !r.budget.withdraw(now) {
 		return budgetSpent, 0
 	}
+	*fromRA = fromServer
 	return retryAgain, wait
 }
 
@@ -695,6 +691,19 @@ func (b *retryBudget) call(now int64) {
 	b.calls[i]++
 	b.sumC++
 	b.mu.Unlock()
+}
+
+// remaining reports how many retries the budget would allow at now, for
+// its gauge: the room under the ratio or, if larger, the floor's.
+func (b *retryBudget) remaining(now time.Time) int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.advance(now.UnixNano())
+	room := int64(b.ratio*float64(b.sumC)) - b.sumR
+	if b.floor != nil {
+		room = max(room, min(int64(b.floor.TokensAt(now)), int64(b.floorMax)-b.sumR))
+	}
+	return max(room, 0)
 }
 
 // withdraw takes one retry from the budget, reporting whether there was room.

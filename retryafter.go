@@ -140,6 +140,7 @@ func newPushbackRT(next http.RoundTripper, hs *hostState) *pushbackRT {
 
 func (p *pushbackRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	if e := p.pausedNow(); e != nil {
+		p.hs.rejected(req.Context(), layerPushback)
 		closeBody(req)
 		return nil, e
 	}
@@ -155,10 +156,20 @@ func (p *pushbackRT) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // pausedNow returns the pause in force now, or nil. A host that never asked
-// for a pause costs one atomic load, without reading the clock.
+// for a pause, or whose last pause was seen to end, costs one atomic load,
+// without reading the clock. The first request to see a pause over clears
+// it and reports the end.
 func (p *pushbackRT) pausedNow() *PushbackError {
-	if e := p.paused.Load(); e != nil && p.hs.t.now().Before(e.Until) {
+	e := p.paused.Load()
+	if e == nil {
+		return nil
+	}
+	if p.hs.t.now().Before(e.Until) {
 		return e
+	}
+	// A new pause stored meanwhile makes the swap fail: it stays.
+	if p.paused.CompareAndSwap(e, nil) {
+		p.hs.pushbackChanged(false, e.Until)
 	}
 	return nil
 }
@@ -167,10 +178,16 @@ func (p *pushbackRT) pausedNow() *PushbackError {
 // (from a request already in flight) does not cut the pause short.
 func (p *pushbackRT) pause(until time.Time) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if e := p.paused.Load(); e != nil && !until.After(e.Until) {
+	e := p.paused.Load()
+	if e != nil && !until.After(e.Until) {
+		p.mu.Unlock()
 		return
 	}
 	p.paused.Store(&PushbackError{Host: p.hs.name, Until: until})
-	p.hs.t.logger.Info("bulwark: host asked callers to back off", "host", p.hs.name, "until", until)
+	p.mu.Unlock()
+	// Reported (and logged) outside the lock, and only when a pause starts:
+	// a pause lengthened by a later Retry-After is the same pause.
+	if e == nil || !e.Until.After(p.hs.t.now()) {
+		p.hs.pushbackChanged(true, until)
+	}
 }

@@ -143,6 +143,7 @@ type hostState struct {
 	breaker  *breakerRT   // nil when the upstream's breaker is disabled
 	bulkhead *bulkheadRT  // nil when the upstream's bulkhead is disabled or per instance
 	balancer *balancerRT  // layer 6b, nil unless the upstream has Endpoints
+	budget   *retryBudget // layer 4's budget, nil when off; read by its gauge
 	lastUsed atomic.Int64 // unix nanoseconds, updated at most every touchEvery
 	obs      hostObs      // cached metric attribute sets (observe.go)
 }
@@ -190,6 +191,7 @@ func New(cfg Config) (*Transport, error) {
 		t.logger = slog.New(slog.DiscardHandler)
 	}
 	t.obs = newObserver(cfg, t.logger)
+	t.registerGauges()
 
 	def := cfg.Default.withDefaults()
 	if err := def.validate(); err != nil {
@@ -469,7 +471,7 @@ func (t *Transport) instanceStack(hs *hostState, base http.RoundTripper, name st
 	// one attempt, and inside the retry layer, so a backoff holds none.
 	var bh *bulkheadRT
 	if !p.Bulkhead.Disabled {
-		bh = newBulkheadRT(rt, t, p.Bulkhead, name)
+		bh = newBulkheadRT(rt, hs, p.Bulkhead, name)
 		rt = bh
 	}
 	return rt, bh

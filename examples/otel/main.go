@@ -1,10 +1,13 @@
 // Command otel prints the OpenTelemetry trace of calls made through bulwark:
 // an application span ("checkout") around two calls to a server of its own
-// on 127.0.0.1. The first is sent: bulwark's attempt span is a child of
-// checkout, and the server receives the attempt's trace context. The second
-// has too little time left to be worth sending: bulwark refuses it and
-// records a bulwark.rejected event on checkout instead of a span. The spans
-// go to stdout with the stdout exporter; the program stops by itself.
+// on 127.0.0.1. The server answers the first request 503 and every later one
+// 200, so the first call is retried once: it has two attempt spans, children
+// of checkout, the second with http.request.resend_count 1, and a
+// bulwark.retry event on checkout says when and why; each attempt carries its
+// own trace context to the server. The second call has too little time left
+// to be worth sending: bulwark refuses it and records a bulwark.rejected
+// event on checkout instead of a span. The spans go to stdout with the
+// stdout exporter; the program stops by itself.
 package main
 
 import (
@@ -15,6 +18,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/bulwark-http/bulwark"
@@ -24,8 +28,14 @@ import (
 )
 
 func main() {
+	var calls atomic.Int32
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(os.Stderr, "upstream: traceparent %s\n", r.Header.Get("Traceparent"))
+		n := calls.Add(1)
+		fmt.Fprintf(os.Stderr, "upstream: request %d, traceparent %s\n", n, r.Header.Get("Traceparent"))
+		if n == 1 {
+			http.Error(w, "warming up", http.StatusServiceUnavailable)
+			return
+		}
 		io.WriteString(w, "rate: 8.625%\n")
 	}))
 	defer upstream.Close()
@@ -46,6 +56,8 @@ func main() {
 	client, err := bulwark.NewClient(bulwark.Config{
 		TracerProvider: tp,
 		Propagator:     propagation.TraceContext{},
+		// A short backoff, so the retry comes quickly.
+		Default: bulwark.Policy{Retry: bulwark.Retry{Base: 10 * time.Millisecond}},
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -62,7 +74,7 @@ func main() {
 		log.Fatal(err)
 	}
 	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close() // the attempt span ends here
+	resp.Body.Close() // the second attempt's span ends here
 	fmt.Fprintf(os.Stderr, "client: %s %s", resp.Status, body)
 
 	// Less time left than bulwark's minimum worth sending.
