@@ -1,6 +1,7 @@
 package bulwark
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -134,27 +135,13 @@ type Breaker struct {
 }
 
 func (b Breaker) inherit(parent Breaker) Breaker {
-	if b.FailureRate == 0 {
-		b.FailureRate = parent.FailureRate
-	}
-	if b.SlowCallRate == 0 {
-		b.SlowCallRate = parent.SlowCallRate
-	}
-	if b.SlowCall == 0 {
-		b.SlowCall = parent.SlowCall
-	}
-	if b.Window == 0 {
-		b.Window = parent.Window
-	}
-	if b.MinCalls == 0 {
-		b.MinCalls = parent.MinCalls
-	}
-	if b.OpenFor == 0 {
-		b.OpenFor = parent.OpenFor
-	}
-	if b.HalfOpenCalls == 0 {
-		b.HalfOpenCalls = parent.HalfOpenCalls
-	}
+	b.FailureRate = cmp.Or(b.FailureRate, parent.FailureRate)
+	b.SlowCallRate = cmp.Or(b.SlowCallRate, parent.SlowCallRate)
+	b.SlowCall = cmp.Or(b.SlowCall, parent.SlowCall)
+	b.Window = cmp.Or(b.Window, parent.Window)
+	b.MinCalls = cmp.Or(b.MinCalls, parent.MinCalls)
+	b.OpenFor = cmp.Or(b.OpenFor, parent.OpenFor)
+	b.HalfOpenCalls = cmp.Or(b.HalfOpenCalls, parent.HalfOpenCalls)
 	if b.Classify == nil {
 		b.Classify = parent.Classify
 	}
@@ -165,30 +152,18 @@ func (b Breaker) inherit(parent Breaker) Breaker {
 // withDefaults fills zero fields; the slow-call threshold depends on the
 // attempt timeout, so it takes the policy's Timeout after its own defaults.
 func (b Breaker) withDefaults(t Timeout) Breaker {
-	if b.FailureRate == 0 {
-		b.FailureRate = DefaultFailureRate
-	}
-	if b.SlowCallRate == 0 {
-		b.SlowCallRate = DefaultSlowCallRate
-	}
+	b.FailureRate = cmp.Or(b.FailureRate, DefaultFailureRate)
+	b.SlowCallRate = cmp.Or(b.SlowCallRate, DefaultSlowCallRate)
 	if b.SlowCall == 0 {
 		b.SlowCall = t.Attempt / 2
 		if b.SlowCall <= 0 {
 			b.SlowCall = DefaultAttemptTimeout / 2
 		}
 	}
-	if b.Window == 0 {
-		b.Window = DefaultBreakerWindow
-	}
-	if b.MinCalls == 0 {
-		b.MinCalls = DefaultMinCalls
-	}
-	if b.OpenFor == 0 {
-		b.OpenFor = DefaultOpenFor
-	}
-	if b.HalfOpenCalls == 0 {
-		b.HalfOpenCalls = DefaultHalfOpenCalls
-	}
+	b.Window = cmp.Or(b.Window, DefaultBreakerWindow)
+	b.MinCalls = cmp.Or(b.MinCalls, DefaultMinCalls)
+	b.OpenFor = cmp.Or(b.OpenFor, DefaultOpenFor)
+	b.HalfOpenCalls = cmp.Or(b.HalfOpenCalls, DefaultHalfOpenCalls)
 	if b.Classify == nil {
 		b.Classify = DefaultClassify
 	}

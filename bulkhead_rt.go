@@ -1,6 +1,7 @@
 package bulwark
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"math"
@@ -81,29 +82,17 @@ type Bulkhead struct {
 }
 
 func (b Bulkhead) inherit(parent Bulkhead) Bulkhead {
-	if b.MaxConcurrent == 0 {
-		b.MaxConcurrent = parent.MaxConcurrent
-	}
-	if b.MaxQueue == 0 {
-		b.MaxQueue = parent.MaxQueue
-	}
-	if b.MaxWait == 0 {
-		b.MaxWait = parent.MaxWait
-	}
-	if b.Rate == 0 {
-		b.Rate = parent.Rate
-	}
-	if b.Burst == 0 {
-		b.Burst = parent.Burst
-	}
+	b.MaxConcurrent = cmp.Or(b.MaxConcurrent, parent.MaxConcurrent)
+	b.MaxQueue = cmp.Or(b.MaxQueue, parent.MaxQueue)
+	b.MaxWait = cmp.Or(b.MaxWait, parent.MaxWait)
+	b.Rate = cmp.Or(b.Rate, parent.Rate)
+	b.Burst = cmp.Or(b.Burst, parent.Burst)
 	b.Disabled = b.Disabled || parent.Disabled
 	return b
 }
 
 func (b Bulkhead) withDefaults() Bulkhead {
-	if b.MaxConcurrent == 0 {
-		b.MaxConcurrent = DefaultMaxConcurrent
-	}
+	b.MaxConcurrent = cmp.Or(b.MaxConcurrent, DefaultMaxConcurrent)
 	if b.Rate > 0 && b.Burst == 0 {
 		b.Burst = 1
 	}

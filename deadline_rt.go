@@ -1,6 +1,7 @@
 package bulwark
 
 import (
+	"cmp"
 	"context"
 	"net/http"
 	"strconv"
@@ -66,15 +67,9 @@ type Timeout struct {
 }
 
 func (t Timeout) inherit(parent Timeout) Timeout {
-	if t.Total == 0 {
-		t.Total = parent.Total
-	}
-	if t.Attempt == 0 {
-		t.Attempt = parent.Attempt
-	}
-	if t.Header == "" {
-		t.Header = parent.Header
-	}
+	t.Total = cmp.Or(t.Total, parent.Total)
+	t.Attempt = cmp.Or(t.Attempt, parent.Attempt)
+	t.Header = cmp.Or(t.Header, parent.Header)
 	t.Disabled = t.Disabled || parent.Disabled
 	return t
 }
@@ -96,15 +91,9 @@ func (t Timeout) validate() error {
 }
 
 func (t Timeout) withDefaults() Timeout {
-	if t.Total == 0 {
-		t.Total = DefaultTotalTimeout
-	}
-	if t.Attempt == 0 {
-		t.Attempt = min(DefaultAttemptTimeout, t.Total)
-	}
-	if t.Header == "" {
-		t.Header = DefaultDeadlineHeader
-	}
+	t.Total = cmp.Or(t.Total, DefaultTotalTimeout)
+	t.Attempt = cmp.Or(t.Attempt, min(DefaultAttemptTimeout, t.Total))
+	t.Header = cmp.Or(t.Header, DefaultDeadlineHeader)
 	t.Header = http.CanonicalHeaderKey(t.Header)
 	return t
 }

@@ -2,6 +2,7 @@ package bulwark
 
 import (
 	"bytes"
+	"cmp"
 	"container/list"
 	"context"
 	"errors"
@@ -136,18 +137,10 @@ func (f Fallback) inherit(parent Fallback) Fallback {
 }
 
 func (s StaleCache) inherit(parent StaleCache) StaleCache {
-	if s.MaxAge == 0 {
-		s.MaxAge = parent.MaxAge
-	}
-	if s.MaxEntries == 0 {
-		s.MaxEntries = parent.MaxEntries
-	}
-	if s.MaxBytes == 0 {
-		s.MaxBytes = parent.MaxBytes
-	}
-	if s.MaxEntryBytes == 0 {
-		s.MaxEntryBytes = parent.MaxEntryBytes
-	}
+	s.MaxAge = cmp.Or(s.MaxAge, parent.MaxAge)
+	s.MaxEntries = cmp.Or(s.MaxEntries, parent.MaxEntries)
+	s.MaxBytes = cmp.Or(s.MaxBytes, parent.MaxBytes)
+	s.MaxEntryBytes = cmp.Or(s.MaxEntryBytes, parent.MaxEntryBytes)
 	return s
 }
 

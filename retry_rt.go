@@ -1,6 +1,7 @@
 package bulwark
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -191,24 +192,12 @@ type Budget struct {
 }
 
 func (r Retry) inherit(parent Retry) Retry {
-	if r.MaxAttempts == 0 {
-		r.MaxAttempts = parent.MaxAttempts
-	}
-	if r.Base == 0 {
-		r.Base = parent.Base
-	}
-	if r.Cap == 0 {
-		r.Cap = parent.Cap
-	}
-	if r.MaxRetryAfter == 0 {
-		r.MaxRetryAfter = parent.MaxRetryAfter
-	}
-	if r.Jitter == 0 {
-		r.Jitter = parent.Jitter
-	}
-	if r.BufferBody == 0 {
-		r.BufferBody = parent.BufferBody
-	}
+	r.MaxAttempts = cmp.Or(r.MaxAttempts, parent.MaxAttempts)
+	r.Base = cmp.Or(r.Base, parent.Base)
+	r.Cap = cmp.Or(r.Cap, parent.Cap)
+	r.MaxRetryAfter = cmp.Or(r.MaxRetryAfter, parent.MaxRetryAfter)
+	r.Jitter = cmp.Or(r.Jitter, parent.Jitter)
+	r.BufferBody = cmp.Or(r.BufferBody, parent.BufferBody)
 	if r.CheckRetry == nil {
 		r.CheckRetry = parent.CheckRetry
 	}
@@ -223,35 +212,19 @@ func (r Retry) inherit(parent Retry) Retry {
 }
 
 func (b Budget) inherit(parent Budget) Budget {
-	if b.Ratio == 0 {
-		b.Ratio = parent.Ratio
-	}
-	if b.Window == 0 {
-		b.Window = parent.Window
-	}
-	if b.MinPerSecond == 0 {
-		b.MinPerSecond = parent.MinPerSecond
-	}
+	b.Ratio = cmp.Or(b.Ratio, parent.Ratio)
+	b.Window = cmp.Or(b.Window, parent.Window)
+	b.MinPerSecond = cmp.Or(b.MinPerSecond, parent.MinPerSecond)
 	b.Disabled = b.Disabled || parent.Disabled
 	return b
 }
 
 func (r Retry) withDefaults() Retry {
-	if r.MaxAttempts == 0 {
-		r.MaxAttempts = DefaultMaxAttempts
-	}
-	if r.Base == 0 {
-		r.Base = DefaultRetryBase
-	}
-	if r.Cap == 0 {
-		r.Cap = max(DefaultRetryCap, r.Base)
-	}
-	if r.MaxRetryAfter == 0 {
-		r.MaxRetryAfter = DefaultMaxRetryAfter
-	}
-	if r.Jitter == 0 {
-		r.Jitter = Full
-	}
+	r.MaxAttempts = cmp.Or(r.MaxAttempts, DefaultMaxAttempts)
+	r.Base = cmp.Or(r.Base, DefaultRetryBase)
+	r.Cap = cmp.Or(r.Cap, max(DefaultRetryCap, r.Base))
+	r.MaxRetryAfter = cmp.Or(r.MaxRetryAfter, DefaultMaxRetryAfter)
+	r.Jitter = cmp.Or(r.Jitter, Full)
 	if r.Budget.Ratio == 0 {
 		r.Budget.Ratio = DefaultBudgetRatio
 	}
