@@ -17,9 +17,10 @@
 //	8½ attempt span      attempt   one OpenTelemetry client span per attempt; injects its trace context
 //	9  base              -         a clone of http.DefaultTransport by default
 //
-// The numbering is the full stack's (fallback, retry, pushback, breaker and
-// bulkhead take the places between); each issue that builds a layer slots it
-// in at its number.
+// Why this order: a retry sleeps outside the breaker and the bulkhead, so a
+// waiting retry holds no permit; the breaker sees every attempt; an open
+// breaker is terminal for the retry loop; the fallback sees only the final
+// outcome. Each sub-policy has a Disabled field that removes its layer.
 //
 // Every layer keeps the http.RoundTripper contract: it never modifies the
 // caller's request, always closes the request body (rejections included),
@@ -27,5 +28,7 @@
 // creates ends when the caller closes the response body or reads it to EOF.
 //
 // On the server side, DeadlineHandler turns an incoming deadline header back
-// into a context deadline, so a deadline crosses every hop.
+// into a context deadline, so a deadline crosses every hop, and a Shedder
+// refuses with a fast 503 (with Retry-After and NoRetryHeader) instead of
+// queueing past its callers' patience.
 package bulwark
