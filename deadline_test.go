@@ -398,3 +398,60 @@ func TestCallDeadline(t *testing.T) {
 		t.Errorf("another Transport's call state leaked into callDeadline: %v", d)
 	}
 }
+
+// Through the real retry layer: every attempt carries less time than the
+// one before, and its own attempt number.
+func TestDeadlineHeaderShrinksAcrossRetries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &recordBase{hold: 50 * time.Millisecond} // always 503: retried
+		tr, err := New(Config{Base: base, Default: Policy{
+			Timeout: Timeout{Total: 2 * time.Second, Attempt: 2 * time.Second},
+			Breaker: Breaker{Disabled: true},
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, _ := http.NewRequest("GET", "http://tax.internal/rate", nil)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if len(base.headers) != DefaultMaxAttempts {
+			t.Fatalf("upstream saw %d attempts, want %d", len(base.headers), DefaultMaxAttempts)
+		}
+		prev := int64(1 << 62)
+		for i, h := range base.headers {
+			ms := headerMillis(t, h, DefaultDeadlineHeader)
+			if ms >= prev {
+				t.Errorf("attempt %d: %s = %d, not less than the previous %d", i+1, DefaultDeadlineHeader, ms, prev)
+			}
+			prev = ms
+			if got := h.Get(AttemptHeader); got != strconv.Itoa(i+1) {
+				t.Errorf("attempt %d: %s = %q", i+1, AttemptHeader, got)
+			}
+		}
+	})
+}
+
+// The zero Config is a drop-in for http.DefaultClient.
+func TestNewClientZeroConfig(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, r.Method+" "+r.URL.Path)
+	}))
+	defer srv.Close()
+	c, err := NewClient(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseIdleConnections()
+	resp, err := c.Post(srv.URL+"/orders", "text/plain", strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "POST /orders" {
+		t.Errorf("got %d %q, want 200 \"POST /orders\"", resp.StatusCode, b)
+	}
+}
