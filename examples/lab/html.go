@@ -93,13 +93,13 @@ td:first-child,th:first-child{text-align:left}
 				}
 			}
 			chart(&b, sc, r.tl, loads, "req/s", loadMax)
-			chart(&b, sc, r.tl, lats, "ms", latMax)
-			chart(&b, sc, r.tl, gauges, "instances", gaugeMax)
 			unit := "success %"
 			if r.tl.get("breaker open") != nil && !r.tl.get("breaker open").empty() {
 				unit = "ok % · open %"
 			}
 			chart(&b, sc, r.tl, rates, unit, 1)
+			chart(&b, sc, r.tl, lats, "ms", latMax)
+			chart(&b, sc, r.tl, gauges, "instances", gaugeMax)
 		}
 	}
 	b.WriteString("</body></html>\n")
