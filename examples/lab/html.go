@@ -46,6 +46,19 @@ td:first-child,th:first-child{text-align:left}
 			}
 		}
 		loadMax = niceCeil(loadMax)
+		// Latency and gauge charts share a scale across runs the same way.
+		latMax, gaugeMax := 1.0, 4.0
+		for _, r := range sc.runs {
+			for _, s := range r.tl.order {
+				switch s.kind {
+				case kindP99, kindP50:
+					latMax = max(latMax, seriesMax(s, r.tl.at(sc.length), r.tl.width))
+				case kindGauge:
+					gaugeMax = max(gaugeMax, seriesMax(s, r.tl.at(sc.length), r.tl.width))
+				}
+			}
+		}
+		latMax, gaugeMax = niceCeil(latMax), 4*math.Ceil(gaugeMax/4)
 		if len(sc.runs) > 2 {
 			// Many runs: first the reference note's picture, one row per run
 			// of what the upstream received.
@@ -66,13 +79,17 @@ td:first-child,th:first-child{text-align:left}
 			for _, n := range r.notes {
 				fmt.Fprintf(&b, "<p class=\"note\">%s</p>\n", html.EscapeString(n))
 			}
-			var loads, rates []line
+			var loads, rates, lats, gauges []line
 			for _, s := range r.tl.order {
 				switch {
 				case s.kind == kindLoad:
 					loads = append(loads, line{s.name, s})
 				case s.kind == kindRate && (s.spark || s.table) && !s.empty():
 					rates = append(rates, line{s.name, s})
+				case s.kind == kindGauge:
+					gauges = append(gauges, line{s.name, s})
+				case (s.kind == kindP50 || s.kind == kindP99) && s.spark:
+					lats = append(lats, line{s.name, s})
 				}
 			}
 			chart(&b, sc, r.tl, loads, "req/s", loadMax)
@@ -81,6 +98,8 @@ td:first-child,th:first-child{text-align:left}
 				unit = "ok % · open %"
 			}
 			chart(&b, sc, r.tl, rates, unit, 1)
+			chart(&b, sc, r.tl, lats, "ms", latMax)
+			chart(&b, sc, r.tl, gauges, "instances", gaugeMax)
 		}
 	}
 	b.WriteString("</body></html>\n")

@@ -129,6 +129,32 @@ func TestDeadlinesShortBeatsLong(t *testing.T) {
 	}
 }
 
+func TestOutlierEjectionHelps(t *testing.T) {
+	// Ejection pays when an instance stays out much longer than its five
+	// failures take to arrive: at ×0.25 a first ejection (1.9 s) outlasts
+	// the run, and at 400 req/s the failures take a fraction of a second.
+	l := testLab(settings{scale: 0.25, load: 400, duration: 2 * time.Second})
+	sc, err := l.outlier(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	l.render(&buf, sc)
+	t.Log("\n" + buf.String())
+	off, on := byShort(t, sc, "no-eject"), byShort(t, sc, "eject")
+	if fo, no := off.metrics["ok"], on.metrics["ok"]; no <= fo {
+		t.Errorf("success rate: with ejection %.1f%%, without %.1f%%; want ejection higher", 100*no, 100*fo)
+	}
+	// Without ejection the sick instances get at least their 3/20 share;
+	// ejected, they get a few requests per return. Half is a wide margin.
+	if fs, ns := off.metrics["sick"], on.metrics["sick"]; ns >= fs/2 {
+		t.Errorf("requests reaching sick instances: with ejection %.0f, without %.0f; want ejection under half", ns, fs)
+	}
+	if n := sum(on.tl.get("ejected").num); n == 0 {
+		t.Errorf("the ejection run never saw an instance ejected")
+	}
+}
+
 func TestFlags(t *testing.T) {
 	for _, tc := range []struct {
 		args []string

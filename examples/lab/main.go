@@ -4,8 +4,9 @@
 // and sparklines, and writes a self-contained HTML report.
 //
 // Scenarios: "tuesday" (a slow tax service drains checkout's worker pool),
-// "storm" (a 2 s blip turns into a retry storm) and "deadlines" (5 % of
-// calls never complete). Time is scaled (-scale) so the whole lab finishes
+// "storm" (a 2 s blip turns into a retry storm), "deadlines" (5 % of
+// calls never complete) and "outlier" (3 of 20 instances sick, without and
+// with outlier ejection). Time is scaled (-scale) so the whole lab finishes
 // in under a minute; every run is bounded and stops by itself.
 package main
 
@@ -34,8 +35,8 @@ func mainErr(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lab", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		which    = fs.String("scenario", "all", "which scenario to run: all, tuesday, storm or deadlines")
-		duration = fs.Duration("duration", 0, "length of each run (0: each scenario's default: tuesday 9s, storm 4.4s (grows with -scale), deadlines 5s)")
+		which    = fs.String("scenario", "all", "which scenario to run: all, tuesday, storm, deadlines or outlier")
+		duration = fs.Duration("duration", 0, "length of each run (0: each scenario's default: tuesday 9s, storm 4.4s (grows with -scale), deadlines 5s, outlier 5s)")
 		load     = fs.Float64("load", 400, "requests per second offered in each run (10..5000)")
 		scale    = fs.Float64("scale", 0.25, "time scale: every duration in the reference note (40 ms, 10 s, a 2 s blip, 100 s) is multiplied by it (0.05..2)")
 		report   = fs.String("html", filepath.Join(os.TempDir(), "bulwark-lab.html"), "where to write the HTML report (empty: none)")
@@ -54,6 +55,8 @@ measures a plain http.Client against bulwark:
              jitter with bulwark's retry budget (bulwark.Retry)
   deadlines  5%% of calls never complete: a 100 s-style deadline against one
              near the healthy p99.9
+  outlier    3 of 20 instances answer 500s: bulwark's balancer without and
+             with outlier detection (Endpoints.Outlier)
 
 Time is scaled (-scale). The defaults finish in under a minute on two cores.
 
@@ -117,14 +120,14 @@ Flags:
 type step func(*lab, context.Context) (*scenario, error)
 
 func pick(which string) ([]step, error) {
-	all := map[string]step{"tuesday": (*lab).tuesday, "storm": (*lab).storm, "deadlines": (*lab).deadlines}
+	all := map[string]step{"tuesday": (*lab).tuesday, "storm": (*lab).storm, "deadlines": (*lab).deadlines, "outlier": (*lab).outlier}
 	if which == "all" {
-		return []step{all["tuesday"], all["storm"], all["deadlines"]}, nil
+		return []step{all["tuesday"], all["storm"], all["deadlines"], all["outlier"]}, nil
 	}
 	if s, ok := all[which]; ok {
 		return []step{s}, nil
 	}
-	return nil, fmt.Errorf("-scenario %q: want all, tuesday, storm or deadlines", which)
+	return nil, fmt.Errorf("-scenario %q: want all, tuesday, storm, deadlines or outlier", which)
 }
 
 // runAll runs the scenarios in order, printing each as it finishes.

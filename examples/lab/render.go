@@ -23,8 +23,13 @@ func cell(s *series, v float64, ok bool) string {
 	switch s.kind {
 	case kindRate:
 		return fmt.Sprintf("%.0f%%", 100*v)
-	case kindP99:
+	case kindP99, kindP50:
+		if v < 10 {
+			return fmt.Sprintf("%.1fms", v)
+		}
 		return fmt.Sprintf("%.0fms", v)
+	case kindGauge:
+		return fmt.Sprintf("%.1f", v)
 	}
 	return fmt.Sprintf("%.0f", v)
 }
@@ -34,6 +39,7 @@ var columns = map[string]string{
 	"tax recv": "tax/s", "checkout ok": "chk ok", "orders ok": "ord ok", "orders p99": "ord p99",
 	"breaker open": "brk op",
 	"recv":         "recv/s", "503": "503/s",
+	"p50": "p50", "sick recv": "sick/s", "ejected": "ejectd",
 }
 
 // abbrev shortens a series name for a table header.
@@ -149,8 +155,13 @@ func (l *lab) renderSparks(w io.Writer, sc *scenario) {
 			}
 		}
 		scale := "0–100%"
-		if s0.kind == kindLoad {
+		switch s0.kind {
+		case kindLoad:
 			scale = fmt.Sprintf("█ = %.0f req/s", top)
+		case kindGauge:
+			scale = fmt.Sprintf("█ = %.0f", top)
+		case kindP99, kindP50:
+			scale = fmt.Sprintf("█ = %.0f ms", top)
 		}
 		fmt.Fprintf(w, "  %s (%s)\n", s0.name, scale)
 		for _, r := range sc.runs {

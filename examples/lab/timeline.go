@@ -11,9 +11,11 @@ import (
 type kind int
 
 const (
-	kindLoad kind = iota // events per second
-	kindRate             // ok / total, 0..1
-	kindP99              // 99th percentile of samples, in ms
+	kindLoad  kind = iota // events per second
+	kindRate              // ok / total, 0..1
+	kindP99               // 99th percentile of samples, in ms
+	kindP50               // median of samples, in ms
+	kindGauge             // mean of sampled levels (instances ejected)
 )
 
 // series is one measured row of a run: raw counts per bucket, so that
@@ -24,8 +26,8 @@ type series struct {
 	table bool // shown as a column of the per-second table
 	spark bool // drawn as a sparkline row
 	num   []int64
-	den   []int64     // kindRate only
-	lat   [][]float64 // kindP99 only, milliseconds
+	den   []int64     // kindRate and kindGauge only
+	lat   [][]float64 // kindP99 and kindP50 only, milliseconds
 }
 
 // value is the series' value over buckets [i, j), and false when there
@@ -52,6 +54,16 @@ func (s *series) value(i, j int, width time.Duration) (float64, bool) {
 			return 0, false
 		}
 		return float64(n) / float64(d), true
+	case kindGauge:
+		var n, d int64
+		for k := i; k < j; k++ {
+			n += s.num[k]
+			d += s.den[k]
+		}
+		if d == 0 {
+			return 0, false
+		}
+		return float64(n) / float64(d), true
 	default:
 		var all []float64
 		for _, l := range s.lat[i:j] {
@@ -59,6 +71,9 @@ func (s *series) value(i, j int, width time.Duration) (float64, bool) {
 		}
 		if len(all) == 0 {
 			return 0, false
+		}
+		if s.kind == kindP50 {
+			return percentile(all, 0.5), true
 		}
 		return percentile(all, 0.99), true
 	}
@@ -106,9 +121,9 @@ func newTimeline(start time.Time, width, length time.Duration) *timeline {
 func (tl *timeline) define(name string, k kind, table, spark bool) {
 	s := &series{name: name, kind: k, table: table, spark: spark, num: make([]int64, tl.n)}
 	switch k {
-	case kindRate:
+	case kindRate, kindGauge:
 		s.den = make([]int64, tl.n)
-	case kindP99:
+	case kindP99, kindP50:
 		s.lat = make([][]float64, tl.n)
 	}
 	tl.mu.Lock()
@@ -151,6 +166,19 @@ func (tl *timeline) outcome(name string, at time.Time, ok bool) {
 	if ok {
 		s.num[b]++
 	}
+	tl.mu.Unlock()
+}
+
+// level adds one sample of a gauge series at instant at.
+func (tl *timeline) level(name string, at time.Time, v int64) {
+	b := tl.bucket(at)
+	if b < 0 {
+		return
+	}
+	tl.mu.Lock()
+	s := tl.byName[name]
+	s.num[b] += v
+	s.den[b]++
 	tl.mu.Unlock()
 }
 
