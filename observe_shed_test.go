@@ -1,7 +1,9 @@
 package bulwark
 
 import (
+	"context"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"testing"
 	"testing/synctest"
@@ -92,4 +94,20 @@ func TestShedderMetrics(t *testing.T) {
 func TestShedderMetricsNoop(t *testing.T) {
 	s := mustShedder(t, newGate(), ShedConfig{MeterProvider: noop.NewMeterProvider()})
 	checkOK(t, "noop", serveNow(s, noBlock(newReq("GET", "/", ""))))
+}
+
+// BenchmarkShedderAdmittedSDK is BenchmarkShedderAdmitted/serial with an
+// SDK MeterProvider: the instruments are observable, so the admitted path
+// costs the same as without one.
+func BenchmarkShedderAdmittedSDK(b *testing.B) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	b.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	noop := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	s := mustShedder(b, noop, ShedConfig{Workers: 1 << 16, MeterProvider: mp})
+	w, r := &nopWriter{h: http.Header{}}, newReq("GET", "/", "")
+	b.ReportAllocs()
+	for b.Loop() {
+		s.ServeHTTP(w, r)
+	}
 }
