@@ -185,7 +185,7 @@ func (b *balancerRT) RoundTrip(req *http.Request) (*http.Response, error) {
 		b.refreshAsync(ns)
 	}
 	if ns >= b.nextEvent.Load() && !b.odOff {
-		if b.sweep(now) {
+		if b.sweep(req.Context(), now) {
 			set = b.set.Load()
 		}
 	}
@@ -196,7 +196,7 @@ func (b *balancerRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	in.sent.Add(1)
 	resp, err := in.rt.RoundTrip(b.outgoing(req, in))
 	if !b.odOff {
-		b.record(in, resp, err)
+		b.record(req.Context(), in, resp, err)
 	}
 	if err != nil {
 		in.inflight.Add(-1)
@@ -273,7 +273,7 @@ func (b *balancerRT) pick(set *endpointSet, st *callState) *instance {
 }
 
 // record counts an attempt's outcome toward its instance's ejection.
-func (b *balancerRT) record(in *instance, resp *http.Response, err error) {
+func (b *balancerRT) record(ctx context.Context, in *instance, resp *http.Response, err error) {
 	failed := false
 	if err != nil {
 		if !errors.Is(err, ErrAttemptTimeout) &&
@@ -295,11 +295,13 @@ func (b *balancerRT) record(in *instance, resp *http.Response, err error) {
 	}
 	in.fails.Add(1)
 	if c := b.od.Consecutive; c > 0 && in.consec.Add(1) >= int32(c) {
-		b.ejectConsecutive(in)
+		b.ejectConsecutive(ctx, in)
 	}
 }
 
-func (b *balancerRT) ejectConsecutive(in *instance) {
+// ejectConsecutive ejects in for its run of failures; ctx is the request
+// whose failure completed the run, where the event goes.
+func (b *balancerRT) ejectConsecutive(ctx context.Context, in *instance) {
 	var evs [1]endpointEvent
 	n := 0
 	b.mu.Lock()
@@ -309,7 +311,7 @@ func (b *balancerRT) ejectConsecutive(in *instance) {
 		n = 1
 	}
 	b.mu.Unlock()
-	b.log(evs[:n])
+	b.log(ctx, evs[:n])
 }
 
 // ejectLocked takes in out of the active set if the cap allows it.
@@ -353,8 +355,9 @@ func (b *balancerRT) rebuildLocked(all []*instance) {
 
 // sweep returns instances whose ejection is over and, at an interval's
 // end, runs the success-rate check. It reports whether the set changed.
-// One request sweeps at a time; others carry on with the current set.
-func (b *balancerRT) sweep(now time.Time) bool {
+// One request sweeps at a time; others carry on with the current set. The
+// events go on ctx's span: the sweeping request's.
+func (b *balancerRT) sweep(ctx context.Context, now time.Time) bool {
 	if !b.mu.TryLock() {
 		return false
 	}
@@ -386,7 +389,7 @@ func (b *balancerRT) sweep(now time.Time) bool {
 	}
 	b.nextEvent.Store(next.UnixNano())
 	b.mu.Unlock()
-	b.log(evs)
+	b.log(ctx, evs)
 	return changed
 }
 
@@ -415,8 +418,10 @@ func (b *balancerRT) intervalLocked(set *endpointSet, now time.Time, evs []endpo
 	return evs
 }
 
-func (b *balancerRT) log(evs []endpointEvent) {
+// log logs and reports evs, outside the balancer's lock.
+func (b *balancerRT) log(ctx context.Context, evs []endpointEvent) {
 	for _, ev := range evs {
+		b.hs.endpointChanged(ctx, ev)
 		if ev.ejected {
 			b.t.logger.Info("bulwark: endpoint ejected", "host", b.hs.name, "upstream", b.hs.upstream,
 				"endpoint", ev.addr, "reason", ev.reason, "for", ev.duration, "ejections", ev.times)
@@ -535,6 +540,17 @@ func (b *balancerRT) newInstance(addr string) *instance {
 	}
 	in.rt, in.bh = b.build(b.hs, base, addr)
 	return in
+}
+
+// ejectedCount is how many instances take no requests now, from the
+// published snapshot (no lock): zero when every instance is ejected, since
+// they all take requests again then (see rebuildLocked).
+func (b *balancerRT) ejectedCount() int {
+	set := b.set.Load()
+	if set == nil {
+		return 0
+	}
+	return len(set.all) - len(set.active)
 }
 
 // busy reports whether any instance has requests in flight.

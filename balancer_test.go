@@ -342,7 +342,7 @@ func TestBalancerSuccessRate(t *testing.T) {
 	}
 	all[5].reqs.Store(50) // below the volume: not compared
 	clk.advance(DefaultOutlierInterval)
-	if !b.sweep(clk.now()) {
+	if !b.sweep(t.Context(), clk.now()) {
 		t.Fatal("sweep changed nothing")
 	}
 	if !all[0].ejected || len(b.set.Load().active) != 5 {
@@ -358,19 +358,19 @@ func TestBalancerSuccessRate(t *testing.T) {
 	all[5].reqs.Store(0)
 	all[4].reqs.Store(0)
 	clk.advance(DefaultOutlierInterval)
-	b.sweep(clk.now())
+	b.sweep(t.Context(), clk.now())
 	if all[1].ejected {
 		t.Error("ejected on the success rate of four instances")
 	}
 	// Returned, and healthy for as long as it was out: its count drops.
 	clk.advance(DefaultBaseEjection)
-	b.sweep(clk.now())
+	b.sweep(t.Context(), clk.now())
 	if all[0].ejected || all[0].times != 1 {
 		t.Fatalf("after its time: ejected=%v times=%d", all[0].ejected, all[0].times)
 	}
 	for i := 0; i < 3; i++ {
 		clk.advance(DefaultOutlierInterval)
-		b.sweep(clk.now())
+		b.sweep(t.Context(), clk.now())
 	}
 	if all[0].times != 0 {
 		t.Errorf("times = %d after %v healthy, want 0", all[0].times, 3*DefaultOutlierInterval)

@@ -50,6 +50,7 @@ package bulwark
 //	hs.deadlineTooShort(ctx)        // = rejected(ctx, layerDeadline)
 //	hs.breakerStateChanged(from, to)
 //	hs.pushbackChanged(active, until)
+//	hs.endpointChanged(ctx, ev)     // an outlier ejection or return (outlier.go's endpointEvent)
 //	hs.event(ctx, name, attrs...)   // anything else, on the caller's span
 //	t.registerGauge(name, desc, unit, agg, func(observe func(upstream string, v int64)))
 //	t.eachHost(func(*hostState))    // for gauge callbacks
@@ -76,6 +77,8 @@ package bulwark
 //	bulwark.rejections        counter    {bulwark.upstream, bulwark.layer}
 //	bulwark.fallbacks         counter    {bulwark.upstream, bulwark.fallback.kind}
 //	bulwark.breaker.transitions counter  {bulwark.upstream, bulwark.breaker.state} (the new state)
+//	bulwark.outlier.ejections counter    {bulwark.upstream, bulwark.instance}  instances ejected
+//	bulwark.outlier.returns   counter    {bulwark.upstream, bulwark.instance}  ejected instances back in
 //	bulwark.attempt.duration  histogram  s {bulwark.upstream, bulwark.outcome}
 //	bulwark.retry.delay       histogram  s {bulwark.upstream}
 //
@@ -85,6 +88,25 @@ package bulwark
 //	bulwark.bulkhead.in_flight     slots held (summed over the upstream's hosts)
 //	bulwark.bulkhead.queued        requests waiting for a slot (summed)
 //	bulwark.retry.budget.remaining retries the budget allows now (the scarcest host)
+//	bulwark.outlier.ejected        instances ejected now (summed over the upstream's hosts)
+//
+// bulwark.instance is an instance's "host:port". The instance set is
+// configured or resolved, not caller-controlled, but a resolver may churn
+// through addresses, so it is capped like any layer-supplied value: past
+// maxLabelValues distinct instances per host, "other", in the metrics and
+// in the span events alike.
+//
+// The balancer's ejections and returns are also events on the span of the
+// request during which they were decided: bulwark.outlier.ejected (with
+// bulwark.instance, bulwark.outlier.reason, bulwark.outlier.ejection_time
+// in seconds and bulwark.outlier.ejections, the times in a row) on the
+// request whose failure completed a run of consecutive failures, or on the
+// request that ran the interval's success-rate check; and
+// bulwark.outlier.returned (with bulwark.instance) on the request that
+// first found the ejection over.
+//
+// The server side, the Shedder, reports under bulwark.shed.: see
+// ShedConfig.MeterProvider in shed.go.
 //
 // # Cost with nothing configured
 //
@@ -134,6 +156,8 @@ const (
 	eventRetry     = "bulwark.retry"
 	eventRejected  = "bulwark.rejected"
 	eventFallback  = "bulwark.fallback"
+	eventEjected   = "bulwark.outlier.ejected"
+	eventReturned  = "bulwark.outlier.returned"
 	otherLabel     = "other"
 	redactedMarker = "REDACTED"
 )
@@ -175,6 +199,10 @@ const (
 	keyFromRetryAfter = attribute.Key("bulwark.retry.from_retry_after")
 	keyFallbackKind   = attribute.Key("bulwark.fallback.kind")
 	keyBreakerState   = attribute.Key("bulwark.breaker.state")
+	keyInstance       = attribute.Key("bulwark.instance")
+	keyOutlierReason  = attribute.Key("bulwark.outlier.reason")
+	keyEjectionTime   = attribute.Key("bulwark.outlier.ejection_time") // seconds, float
+	keyEjections      = attribute.Key("bulwark.outlier.ejections")     // times in a row
 )
 
 // observer holds a Transport's providers and the instruments made from them
@@ -189,6 +217,7 @@ type observer struct {
 	meter   metric.Meter
 
 	requests, retries, rejections, fallbacks, transitions metric.Int64Counter
+	ejections, returns                                    metric.Int64Counter
 	attemptDuration, retryDelay                           metric.Float64Histogram
 
 	// state is what is on (obsTracing, …), kept by refresh; static means
@@ -268,6 +297,8 @@ func newObserver(cfg Config, logger *slog.Logger) *observer {
 	o.rejections = counter("bulwark.rejections", "Requests bulwark refused to send, by the layer that refused.")
 	o.fallbacks = counter("bulwark.fallbacks", "Final failures answered by a fallback, by kind.")
 	o.transitions = counter("bulwark.breaker.transitions", "Circuit breaker state changes, by the new state.")
+	o.ejections = counter("bulwark.outlier.ejections", "Instances ejected by outlier detection.")
+	o.returns = counter("bulwark.outlier.returns", "Ejected instances returned to the balancer's set.")
 	// The semantic conventions' buckets for http.client.request.duration.
 	durations := []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
 	o.attemptDuration = hist("bulwark.attempt.duration", "Duration of one attempt, until its response body is read or closed.", durations)
@@ -497,6 +528,35 @@ func (hs *hostState) breakerStateChanged(from, to string, extra ...slog.Attr) {
 	}
 }
 
+// endpointChanged reports an outlier ejection or return decided during the
+// request whose context is ctx: an event on its span and a count. The
+// balancer logs it; never call it under the balancer's lock.
+func (hs *hostState) endpointChanged(ctx context.Context, ev endpointEvent) {
+	o := hs.t.obs
+	metering, rec := o.metering(), recording(ctx)
+	if !metering && !rec {
+		return
+	}
+	// The capped value, so that spans and metrics name the same instances.
+	l := hs.labels(keyInstance, ev.addr)
+	if metering {
+		if ev.ejected {
+			o.ejections.Add(ctx, 1, l.add...)
+		} else {
+			o.returns.Add(ctx, 1, l.add...)
+		}
+	}
+	if !rec {
+		return
+	}
+	if ev.ejected {
+		hs.event(ctx, eventEjected, keyInstance.String(l.val), keyOutlierReason.String(ev.reason),
+			keyEjectionTime.Float64(ev.duration.Seconds()), keyEjections.Int(ev.times))
+	} else {
+		hs.event(ctx, eventReturned, keyInstance.String(l.val))
+	}
+}
+
 // pushbackChanged reports, at Info, that the host started asking callers to
 // stay away until until (active) or that the pause is over.
 func (hs *hostState) pushbackChanged(active bool, until time.Time) {
@@ -595,6 +655,14 @@ func (t *Transport) registerGauges() {
 				t.eachHost(func(hs *hostState) {
 					if hs.budget != nil {
 						observe(hs.upstream, hs.budget.remaining(now))
+					}
+				})
+			}),
+		t.registerGauge("bulwark.outlier.ejected", "Instances ejected by outlier detection now.", "{instance}", gaugeSum,
+			func(observe func(string, int64)) {
+				t.eachHost(func(hs *hostState) {
+					if hs.balancer != nil {
+						observe(hs.upstream, int64(hs.balancer.ejectedCount()))
 					}
 				})
 			}),

@@ -13,6 +13,7 @@ package bulwark
 
 import (
 	"context"
+	"errors"
 	"math"
 	"net/http"
 	"runtime"
@@ -21,6 +22,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 )
 
 // A Shedder sets NoRetryHeader (defined with the retry layer that reads it)
@@ -156,6 +163,11 @@ type ShedConfig struct {
 	// Classify gives a request's priority. It runs on every request, so it
 	// must be cheap and must not read the body. Nil means DefaultPriority.
 	Classify func(*http.Request) Priority
+
+	// MeterProvider receives the Shedder's metrics: Stats as observable
+	// instruments, read at each collection (see Shedder). Nil means
+	// otel.GetMeterProvider(); a noop provider turns them off.
+	MeterProvider metric.MeterProvider
 }
 
 // ShedReason says why a Shedder refused a request.
@@ -231,6 +243,25 @@ func (s ShedStats) ShedTotal() uint64 {
 //
 // Build one with NewShedder. It is safe for concurrent use; Stats reports
 // what it is doing.
+//
+// # Metrics
+//
+// NewShedder registers, with ShedConfig.MeterProvider, observable
+// instruments that read the counters Stats reads, at each collection, so
+// they cost the request path nothing:
+//
+//	bulwark.shed.served    counter {bulwark.shed.priority}                       requests handed to the handler (ShedStats.Served)
+//	bulwark.shed.refused   counter {bulwark.shed.reason, bulwark.shed.priority}  requests answered 503 (ShedStats.Shed)
+//	bulwark.shed.in_flight gauge                                                 requests in the handler now
+//	bulwark.shed.queued    gauge                                                 requests waiting for a worker now
+//
+// bulwark.shed.priority is a Priority's String ("critical" … "test"),
+// bulwark.shed.reason a ShedReason's ("queue_full", "waited_too_long",
+// "displaced", "canceled"): 25 series at most. The registration lasts as
+// long as the MeterProvider, and carries no attribute telling two Shedders
+// apart: give each Shedder of a process its own MeterProvider (or scope) if
+// there are several. A registration error goes to otel.Handle; NewShedder
+// does not fail over metrics.
 type Shedder struct {
 	next     http.Handler
 	classify func(*http.Request) Priority
@@ -330,7 +361,7 @@ func NewShedder(next http.Handler, cfg ShedConfig) (*Shedder, error) {
 	if classify == nil {
 		classify = DefaultPriority
 	}
-	return &Shedder{
+	s := &Shedder{
 		next:       next,
 		classify:   classify,
 		workers:    workers,
@@ -339,7 +370,67 @@ func NewShedder(next http.Handler, cfg ShedConfig) (*Shedder, error) {
 		maxWait:    maxWait,
 		retryAfter: []string{strconv.FormatInt(secs, 10)},
 		now:        time.Now,
-	}, nil
+	}
+	s.registerMetrics(cfg.MeterProvider)
+	return s, nil
+}
+
+// Attribute keys of the Shedder's metrics.
+const (
+	keyShedPriority = attribute.Key("bulwark.shed.priority")
+	keyShedReason   = attribute.Key("bulwark.shed.reason")
+)
+
+// registerMetrics registers the observable instruments described on
+// Shedder, with attribute sets built once here so that a collection
+// allocates nothing per point.
+func (s *Shedder) registerMetrics(mp metric.MeterProvider) {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	switch mp.(type) {
+	case metricnoop.MeterProvider, *metricnoop.MeterProvider:
+		return
+	}
+	m := mp.Meter(instrumentationName, metric.WithSchemaURL(semconv.SchemaURL))
+	served, err1 := m.Int64ObservableCounter("bulwark.shed.served",
+		metric.WithDescription("Requests a Shedder handed to its handler, by priority."), metric.WithUnit("{request}"))
+	refused, err2 := m.Int64ObservableCounter("bulwark.shed.refused",
+		metric.WithDescription("Requests a Shedder refused with a 503, by reason and priority."), metric.WithUnit("{request}"))
+	inflight, err3 := m.Int64ObservableGauge("bulwark.shed.in_flight",
+		metric.WithDescription("Requests in a Shedder's handler now."), metric.WithUnit("{request}"))
+	queued, err4 := m.Int64ObservableGauge("bulwark.shed.queued",
+		metric.WithDescription("Requests waiting in a Shedder's queue now."), metric.WithUnit("{request}"))
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
+		otel.Handle(err)
+		return
+	}
+	var byPrio [numPriorities]metric.ObserveOption
+	var byReason [numShedReasons][numPriorities]metric.ObserveOption
+	for p := range byPrio {
+		pa := keyShedPriority.String(priorityNames[p])
+		byPrio[p] = metric.WithAttributeSet(attribute.NewSet(pa))
+		for r := range byReason {
+			byReason[r][p] = metric.WithAttributeSet(attribute.NewSet(keyShedReason.String(shedReasonNames[r]), pa))
+		}
+	}
+	_, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		st := s.Stats()
+		for p, n := range st.Served {
+			o.ObserveInt64(served, int64(n), byPrio[p])
+		}
+		for r := range st.Shed {
+			for p, n := range st.Shed[r] {
+				o.ObserveInt64(refused, int64(n), byReason[r][p])
+			}
+		}
+		o.ObserveInt64(inflight, int64(st.InFlight))
+		o.ObserveInt64(queued, int64(st.Queued))
+		return nil
+	}, served, refused, inflight, queued)
+	if err != nil {
+		otel.Handle(err)
+	}
 }
 
 // shedError reports a bad ShedConfig. It unwraps to a *ConfigError, so it

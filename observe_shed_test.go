@@ -1,0 +1,113 @@
+package bulwark
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.opentelemetry.io/otel/metric/noop"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+)
+
+// checkShedMetrics insists that a collection from reader matches Stats()
+// point for point.
+func checkShedMetrics(t *testing.T, reader *sdkmetric.ManualReader, s *Shedder) {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(t.Context(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	st := s.Stats()
+	for p := range numPriorities {
+		prio := keyShedPriority.String(Priority(p).String())
+		if got := counter(t, rm, "bulwark.shed.served", prio); uint64(got) != st.Served[p] {
+			t.Errorf("bulwark.shed.served{%s} = %d, Stats says %d", Priority(p), got, st.Served[p])
+		}
+		for r := range numShedReasons {
+			reason := keyShedReason.String(ShedReason(r).String())
+			if got := counter(t, rm, "bulwark.shed.refused", reason, prio); uint64(got) != st.Shed[r][p] {
+				t.Errorf("bulwark.shed.refused{%s, %s} = %d, Stats says %d", ShedReason(r), Priority(p), got, st.Shed[r][p])
+			}
+		}
+	}
+	if n := len(findMetric(rm, "bulwark.shed.refused").Data.(metricdata.Sum[int64]).DataPoints); n != numShedReasons*numPriorities {
+		t.Errorf("bulwark.shed.refused has %d series, want %d", n, numShedReasons*numPriorities)
+	}
+	for name, want := range map[string]int{"bulwark.shed.in_flight": st.InFlight, "bulwark.shed.queued": st.Queued} {
+		m := findMetric(rm, name)
+		if m == nil {
+			t.Errorf("no %s", name)
+			continue
+		}
+		pts := m.Data.(metricdata.Gauge[int64]).DataPoints
+		if len(pts) != 1 || pts[0].Value != int64(want) {
+			t.Errorf("%s = %+v, Stats says %d", name, pts, want)
+		}
+	}
+}
+
+// A Shedder at twice its capacity exports what Stats reports: served by
+// tier, refusals by reason and tier, in flight and queued.
+func TestShedderMetrics(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		t.Cleanup(func() { _ = mp.Shutdown(t.Context()) })
+		g := newGate()
+		s := mustShedder(t, g, ShedConfig{Workers: 2, Queue: 1, ReservedCritical: -1, MaxQueueWait: time.Hour, MeterProvider: mp})
+		// 2 × (2 workers + 1 queued): GET 0 and 1 served, GET 2 queued,
+		// GET 3 refused (queue full), POST 4 displaces GET 2, POST 5
+		// refused (queue full, nothing less important to displace).
+		methods := []string{"GET", "GET", "GET", "GET", "POST", "POST"}
+		var chs []<-chan *httptest.ResponseRecorder
+		for i, m := range methods {
+			chs = append(chs, start(s, newReq(m, fmt.Sprintf("/%d", i), "")))
+			synctest.Wait()
+		}
+		st := s.Stats()
+		if st.InFlight != 2 || st.Queued != 1 || st.ShedTotal() != 3 ||
+			st.Shed[ShedQueueFull][PriorityNormal] != 1 || st.Shed[ShedDisplaced][PriorityNormal] != 1 || st.Shed[ShedQueueFull][PriorityHigh] != 1 {
+			t.Fatalf("Stats() = %+v, want 2 in flight, 1 queued, 3 shed over two reasons and two tiers", st)
+		}
+		checkShedMetrics(t, reader, s)
+
+		close(g.release)
+		for _, i := range []int{0, 1, 4} {
+			checkOK(t, fmt.Sprintf("request %d", i), <-chs[i])
+		}
+		for _, i := range []int{2, 3, 5} {
+			<-chs[i]
+		}
+		if st := s.Stats(); st.Served[PriorityNormal] != 2 || st.Served[PriorityHigh] != 1 || st.InFlight != 0 {
+			t.Fatalf("after release Stats() = %+v", st)
+		}
+		checkShedMetrics(t, reader, s)
+	})
+}
+
+// A noop MeterProvider gets no instruments, and a Shedder with one works.
+func TestShedderMetricsNoop(t *testing.T) {
+	s := mustShedder(t, newGate(), ShedConfig{MeterProvider: noop.NewMeterProvider()})
+	checkOK(t, "noop", serveNow(s, noBlock(newReq("GET", "/", ""))))
+}
+
+// BenchmarkShedderAdmittedSDK is BenchmarkShedderAdmitted/serial with an
+// SDK MeterProvider: the instruments are observable, so the admitted path
+// costs the same as without one.
+func BenchmarkShedderAdmittedSDK(b *testing.B) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	b.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	noop := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	s := mustShedder(b, noop, ShedConfig{Workers: 1 << 16, MeterProvider: mp})
+	w, r := &nopWriter{h: http.Header{}}, newReq("GET", "/", "")
+	b.ReportAllocs()
+	for b.Loop() {
+		s.ServeHTTP(w, r)
+	}
+}
