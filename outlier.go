@@ -1,6 +1,7 @@
 package bulwark
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"net"
@@ -140,9 +141,7 @@ func (e Endpoints) enabled() bool { return e.set() && !e.Disabled }
 
 func (e Endpoints) inherit(parent Endpoints) Endpoints {
 	// Addrs and Resolver are the upstream's own: see Endpoints.
-	if e.ResolveEvery == 0 {
-		e.ResolveEvery = parent.ResolveEvery
-	}
+	e.ResolveEvery = cmp.Or(e.ResolveEvery, parent.ResolveEvery)
 	e.RoundRobin = e.RoundRobin || parent.RoundRobin
 	e.Disabled = e.Disabled || parent.Disabled
 	e.Outlier = e.Outlier.inherit(parent.Outlier)
@@ -150,63 +149,29 @@ func (e Endpoints) inherit(parent Endpoints) Endpoints {
 }
 
 func (o Outlier) inherit(parent Outlier) Outlier {
-	if o.Consecutive == 0 {
-		o.Consecutive = parent.Consecutive
-	}
-	if o.Interval == 0 {
-		o.Interval = parent.Interval
-	}
-	if o.BaseEjection == 0 {
-		o.BaseEjection = parent.BaseEjection
-	}
-	if o.MaxEjection == 0 {
-		o.MaxEjection = parent.MaxEjection
-	}
-	if o.MaxEjectedPercent == 0 {
-		o.MaxEjectedPercent = parent.MaxEjectedPercent
-	}
-	if o.SuccessRateMinHosts == 0 {
-		o.SuccessRateMinHosts = parent.SuccessRateMinHosts
-	}
-	if o.SuccessRateVolume == 0 {
-		o.SuccessRateVolume = parent.SuccessRateVolume
-	}
-	if o.StdevFactor == 0 {
-		o.StdevFactor = parent.StdevFactor
-	}
+	o.Consecutive = cmp.Or(o.Consecutive, parent.Consecutive)
+	o.Interval = cmp.Or(o.Interval, parent.Interval)
+	o.BaseEjection = cmp.Or(o.BaseEjection, parent.BaseEjection)
+	o.MaxEjection = cmp.Or(o.MaxEjection, parent.MaxEjection)
+	o.MaxEjectedPercent = cmp.Or(o.MaxEjectedPercent, parent.MaxEjectedPercent)
+	o.SuccessRateMinHosts = cmp.Or(o.SuccessRateMinHosts, parent.SuccessRateMinHosts)
+	o.SuccessRateVolume = cmp.Or(o.SuccessRateVolume, parent.SuccessRateVolume)
+	o.StdevFactor = cmp.Or(o.StdevFactor, parent.StdevFactor)
 	o.Disabled = o.Disabled || parent.Disabled
 	return o
 }
 
 func (e Endpoints) withDefaults() Endpoints {
-	if e.ResolveEvery == 0 {
-		e.ResolveEvery = DefaultResolveEvery
-	}
+	e.ResolveEvery = cmp.Or(e.ResolveEvery, DefaultResolveEvery)
 	o := &e.Outlier
-	if o.Consecutive == 0 {
-		o.Consecutive = DefaultConsecutiveFailures
-	}
-	if o.Interval == 0 {
-		o.Interval = DefaultOutlierInterval
-	}
-	if o.BaseEjection == 0 {
-		o.BaseEjection = DefaultBaseEjection
-	}
-	if o.MaxEjection == 0 {
-		o.MaxEjection = max(DefaultMaxEjection, o.BaseEjection)
-	}
-	if o.MaxEjectedPercent == 0 {
-		o.MaxEjectedPercent = DefaultMaxEjectedPercent
-	}
-	if o.SuccessRateMinHosts == 0 {
-		o.SuccessRateMinHosts = DefaultSuccessRateMinHosts
-	}
-	if o.SuccessRateVolume == 0 {
-		o.SuccessRateVolume = DefaultSuccessRateVolume
-	}
-	if o.StdevFactor == 0 {
-		o.StdevFactor = DefaultSuccessRateStdevMult
-	}
+	o.Consecutive = cmp.Or(o.Consecutive, DefaultConsecutiveFailures)
+	o.Interval = cmp.Or(o.Interval, DefaultOutlierInterval)
+	o.BaseEjection = cmp.Or(o.BaseEjection, DefaultBaseEjection)
+	o.MaxEjection = cmp.Or(o.MaxEjection, max(DefaultMaxEjection, o.BaseEjection))
+	o.MaxEjectedPercent = cmp.Or(o.MaxEjectedPercent, DefaultMaxEjectedPercent)
+	o.SuccessRateMinHosts = cmp.Or(o.SuccessRateMinHosts, DefaultSuccessRateMinHosts)
+	o.SuccessRateVolume = cmp.Or(o.SuccessRateVolume, DefaultSuccessRateVolume)
+	o.StdevFactor = cmp.Or(o.StdevFactor, DefaultSuccessRateStdevMult)
 	return e
 }
 
