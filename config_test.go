@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -167,7 +168,7 @@ func TestHostStateBounded(t *testing.T) {
 		// A churn of one new host per millisecond, while the hot host is
 		// used every 20 ms.
 		clock.advance(time.Millisecond)
-		tr.host(&url.URL{Scheme: "http", Host: "h" + itoa(i) + ".example:80"})
+		tr.host(&url.URL{Scheme: "http", Host: "h" + strconv.Itoa(i) + ".example:80"})
 		if i%20 == 0 {
 			if tr.host(hot) != hotState {
 				t.Fatalf("after %d hosts, a host in steady use lost its state to the churn", i+1)
@@ -180,7 +181,7 @@ func TestHostStateBounded(t *testing.T) {
 	// Fill to the cap exactly; then, after HostIdle with no requests, one new
 	// host clears every idle one instead of the least recently used alone.
 	for i := 0; tr.hostCount() < 64; i++ {
-		tr.host(&url.URL{Scheme: "http", Host: "fill" + itoa(i) + ".example"})
+		tr.host(&url.URL{Scheme: "http", Host: "fill" + strconv.Itoa(i) + ".example"})
 	}
 	clock.advance(2 * time.Minute)
 	tr.host(&url.URL{Scheme: "http", Host: "fresh.example"})
@@ -209,20 +210,6 @@ func TestRoundTripBadInput(t *testing.T) {
 	}
 }
 
-func itoa(i int) string {
-	if i == 0 {
-		return "0"
-	}
-	var b [20]byte
-	n := len(b)
-	for i > 0 {
-		n--
-		b[n] = byte('0' + i%10)
-		i /= 10
-	}
-	return string(b[n:])
-}
-
 // Eviction spares a host whose requests still hold bulkhead slots, so its
 // next request does not get a second bulkhead beside the first.
 func TestEvictionSparesBusyHosts(t *testing.T) {
@@ -243,7 +230,7 @@ func TestEvictionSparesBusyHosts(t *testing.T) {
 	clock.advance(2 * time.Minute) // idle by the clock, but busy
 	for i := 0; i < 200; i++ {
 		clock.advance(time.Millisecond)
-		tr.host(&url.URL{Scheme: "http", Host: "churn" + itoa(i) + ".example"})
+		tr.host(&url.URL{Scheme: "http", Host: "churn" + strconv.Itoa(i) + ".example"})
 	}
 	if tr.host(busyURL) != busy {
 		t.Error("a host with a slot held was evicted")

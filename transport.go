@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -220,7 +221,7 @@ func New(cfg Config) (*Transport, error) {
 			canon = net.JoinHostPort(host, port)
 		}
 		if other, dup := seen[canon]; dup {
-			return nil, &ConfigError{Upstream: k, Reason: "names the same upstream as " + strconvQuote(other)}
+			return nil, &ConfigError{Upstream: k, Reason: "names the same upstream as " + strconv.Quote(other)}
 		}
 		seen[canon] = k
 		p := cfg.Upstreams[k].inherit(cfg.Default).withDefaults()
@@ -236,8 +237,6 @@ func New(cfg Config) (*Transport, error) {
 	}
 	return t, nil
 }
-
-func strconvQuote(s string) string { return `"` + s + `"` }
 
 // parseUpstreamKey splits an Upstreams key into a lower-case host and a port
 // (empty when the key has none), refusing anything that is not exactly
@@ -264,14 +263,8 @@ func parseUpstreamKey(k string) (host, port string, err error) {
 		return "", "", errString("upstream key has an empty port")
 	}
 	if port != "" {
-		n := 0
-		for _, c := range port {
-			n = n*10 + int(c-'0')
-			if n > 65535 {
-				break
-			}
-		}
-		if n == 0 || n > 65535 {
+		// url.Parse admits only digits in a port; the range is ours to check.
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
 			return "", "", errString("upstream key's port must be 1..65535")
 		}
 	}
