@@ -310,7 +310,7 @@ var (
 	errVerdictIgnored = errors.New("bulwark: ignored call")
 )
 
-// breakerRT is layer 6, one per host: gobreaker's two-step state machine
+// breakerRT is layer 6, one per host: gobreaker's state machine
 // around the rest of the attempt.
 //
 // gobreaker's Counts have no slow-call count, and it credits each outcome
@@ -333,7 +333,7 @@ var (
 type breakerRT struct {
 	next     http.RoundTripper
 	hs       *hostState
-	cb       *gobreaker.TwoStepCircuitBreaker[struct{}]
+	cb       *gobreaker.CircuitBreaker[struct{}]
 	slow     time.Duration
 	classify func(*http.Response, error) Outcome
 	openFor  time.Duration
@@ -381,7 +381,7 @@ func newBreakerRT(next http.RoundTripper, hs *hostState) *breakerRT {
 	}
 	b.win.width = p.Window / breakerBuckets
 	b.win.start = hs.t.now()
-	b.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+	b.cb = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        hs.name,
 		MaxRequests: uint32(p.HalfOpenCalls),
 		// A rolling window keeps gobreaker's own counters from growing
@@ -398,11 +398,33 @@ func newBreakerRT(next http.RoundTripper, hs *hostState) *breakerRT {
 }
 
 func (b *breakerRT) RoundTrip(req *http.Request) (*http.Response, error) {
-	done, err := b.cb.Allow()
+	var (
+		resp *http.Response
+		err  error
+		ran  bool
+	)
+	// Execute rather than the two-step Allow: Allow returns a fresh done
+	// closure on every call, while Execute's argument does not escape, so
+	// this closure lives on the stack. Execute also reports a panic in next
+	// as a failure (see isSuccessful) before letting it go on, so a
+	// half-open probe slot is never left taken.
+	_, _ = b.cb.Execute(func() (struct{}, error) {
+		ran = true
+		start := b.hs.t.now()
+		resp, err = b.next.RoundTrip(req)
+		end := b.hs.t.now()
+		// The window's clock, read by isSuccessful: passing the time this
+		// way saves a third clock read per call (about 60 ns on a VM).
+		// Concurrent calls may see each other's end time, microseconds
+		// apart, which does not matter to buckets of Window/10.
+		b.lastEnd.Store(end.UnixNano())
+		return struct{}{}, b.verdict(resp, err, end.Sub(start))
+	})
 	if b.pending.Load() {
 		b.flush()
 	}
-	if err != nil {
+	if !ran {
+		// Refused: open, or half-open with every probe slot taken.
 		b.hs.rejected(req.Context(), layerBreaker)
 		closeBody(req)
 		if e := b.openErr.Load(); e != nil {
@@ -410,43 +432,25 @@ func (b *breakerRT) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, ErrBreakerOpen
 	}
-	reported := false
-	defer func() {
-		if !reported {
-			// next panicked. Give a verdict anyway, or a half-open probe
-			// slot would stay taken for good; the panic carries on.
-			done(errVerdictFailure)
-		}
-	}()
-	start := b.hs.t.now()
-	resp, err := b.next.RoundTrip(req)
-	end := b.hs.t.now()
-	took := end.Sub(start)
-	// The window's clock, read by isSuccessful: passing the time this way
-	// saves a third clock read per call (about 60 ns on a VM). Concurrent
-	// calls may see each other's end time, microseconds apart, which does
-	// not matter to buckets of Window/10.
-	b.lastEnd.Store(end.UnixNano())
-	var verdict error
+	return resp, err
+}
+
+// verdict is what gobreaker is told of an attempt that took took: one of the
+// errVerdict sentinels, or nil for a fast success.
+func (b *breakerRT) verdict(resp *http.Response, err error, took time.Duration) error {
 	switch b.classify(resp, err) {
 	case Ignored:
-		verdict = errVerdictIgnored
+		return errVerdictIgnored
 	case Failure:
-		verdict = errVerdictFailure
 		if took >= b.slow {
-			verdict = errVerdictSlowFailure
+			return errVerdictSlowFailure
 		}
-	default:
-		if took >= b.slow {
-			verdict = errVerdictSlow
-		}
+		return errVerdictFailure
 	}
-	reported = true
-	done(verdict)
-	if b.pending.Load() {
-		b.flush()
+	if took >= b.slow {
+		return errVerdictSlow
 	}
-	return resp, err
+	return nil
 }
 
 // errVerdictSlowFailure is a failure that was slow too: it counts toward both
@@ -457,7 +461,9 @@ var errVerdictSlowFailure = errors.New("bulwark: slow failed call")
 // non-excluded outcome of the current generation: it records the outcome
 // in win and says whether gobreaker may treat it as a success.
 func (b *breakerRT) isSuccessful(verdict error) bool {
-	failed := verdict == errVerdictFailure || verdict == errVerdictSlowFailure
+	// Any verdict but the sentinels for success is a failure: Execute
+	// reports a panic in next with an error of its own.
+	failed := verdict != nil && verdict != errVerdictSlow
 	slow := verdict == errVerdictSlow || verdict == errVerdictSlowFailure
 	if b.cbState != gobreaker.StateClosed {
 		// Half-open: gobreaker's own probe accounting decides; a slow probe

@@ -586,16 +586,13 @@ func BenchmarkBreaker(b *testing.B) {
 		}
 	})
 	b.Run("gobreaker-alone", func(b *testing.B) {
-		// The floor: gobreaker's Allow and done, which read time.Now twice
-		// and allocate the done closure.
-		cb := gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{Interval: time.Minute, BucketPeriod: 6 * time.Second})
+		// The floor: gobreaker's Execute, which reads time.Now twice.
+		cb := gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{Interval: time.Minute, BucketPeriod: 6 * time.Second})
 		b.ReportAllocs()
 		for b.Loop() {
-			done, err := cb.Allow()
-			if err != nil {
+			if _, err := cb.Execute(func() (struct{}, error) { return struct{}{}, nil }); err != nil {
 				b.Fatal(err)
 			}
-			done(nil)
 		}
 	})
 	b.Run("time.Now", func(b *testing.B) {
@@ -632,4 +629,58 @@ func BenchmarkBreaker(b *testing.B) {
 			}
 		})
 	})
+}
+
+// panicBase panics on every call, as a buggy base might.
+type panicBase struct{}
+
+func (panicBase) RoundTrip(*http.Request) (*http.Response, error) { panic("base exploded") }
+
+// TestBreakerPanicIsFailure: a panic below the breaker goes on up, and the
+// breaker counts it as a failure, so a half-open probe that panics reopens
+// the circuit instead of keeping its probe slot for good.
+func TestBreakerPanicIsFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const openFor = 10 * time.Second
+		var sw switchRT
+		sw.set(&opBase{})
+		tr := mustNew(t, Config{})
+		b := testBreaker(t, tr, Breaker{MinCalls: 1, OpenFor: openFor, HalfOpenCalls: 1}, &sw)
+		trip(t, b)
+		time.Sleep(openFor + time.Millisecond)
+		if s := b.state(); s != CircuitHalfOpen {
+			t.Fatalf("after OpenFor: state %v, want half-open", s)
+		}
+		sw.set(panicBase{})
+		func() {
+			defer func() {
+				if r := recover(); r != "base exploded" {
+					t.Errorf("recovered %v, want the base's panic", r)
+				}
+			}()
+			_, _ = send(t, b, t.Context(), "http://h.test/p", "S")
+		}()
+		if s := b.state(); s != CircuitOpen {
+			t.Errorf("after a panicking probe: state %v, want open", s)
+		}
+
+		// Closed: the panic is a failed call in the window (one of one).
+		c := testBreaker(t, tr, Breaker{MinCalls: 1}, panicBase{})
+		func() {
+			defer func() { _ = recover() }()
+			_, _ = send(t, c, t.Context(), "http://h.test/p", "S")
+		}()
+		if s := c.state(); s != CircuitOpen {
+			t.Errorf("closed, after one panicking call of MinCalls 1: state %v, want open", s)
+		}
+	})
+}
+
+// switchRT forwards to a RoundTripper that a test can replace.
+type switchRT struct{ rt atomic.Pointer[http.RoundTripper] }
+
+func (s *switchRT) set(rt http.RoundTripper) { s.rt.Store(&rt) }
+
+func (s *switchRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	return (*s.rt.Load()).RoundTrip(req)
 }
