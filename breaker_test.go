@@ -677,7 +677,9 @@ func TestBreakerPanicIsFailure(t *testing.T) {
 }
 
 // switchRT forwards to a RoundTripper that a test can replace.
-type switchRT struct{ rt atomic.Pointer[http.RoundTripper] }
+type switchRT struct {
+	rt atomic.Pointer[http.RoundTripper]
+}
 
 func (s *switchRT) set(rt http.RoundTripper) { s.rt.Store(&rt) }
 
