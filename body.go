@@ -13,12 +13,6 @@ import (
 // allocation a fresh closure would cost on every request.
 type bodyEnder interface{ bodyEnd() }
 
-// cancelOnEnd adapts a context.CancelFunc; a func value is pointer-shaped,
-// so the conversion to bodyEnder does not allocate.
-type cancelOnEnd func()
-
-func (c cancelOnEnd) bodyEnd() { c() }
-
 // maxEnders is how many layers can hang work on one body before a second
 // wrapper is needed: deadline, bulkhead, breaker and tracing fit.
 const maxEnders = 4
@@ -70,7 +64,11 @@ func (b *rwBody) Write(p []byte) (int, error) { return b.rc.(io.Writer).Write(p)
 // body is wrapped. A nil or http.NoBody body has nothing to read, so e runs
 // now. It must be called before resp is handed to an outer layer, and never
 // on a body whose reading has started.
-func onBodyEnd(resp *http.Response, e bodyEnder) {
+func onBodyEnd(resp *http.Response, e bodyEnder) { onBodyEndIn(resp, e, nil) }
+
+// onBodyEndIn is onBodyEnd with a wrapper, when one is needed, from st's
+// spare (the call's first) rather than a new allocation; st may be nil.
+func onBodyEndIn(resp *http.Response, e bodyEnder, st *callState) {
 	switch rb := resp.Body.(type) {
 	case nil:
 		e.bodyEnd()
@@ -98,8 +96,8 @@ func onBodyEnd(resp *http.Response, e bodyEnder) {
 		resp.Body = w
 		return
 	}
-	w := &body{rc: resp.Body, n: 1}
-	w.enders[0] = e
+	w := st.spareBody()
+	w.rc, w.n, w.enders[0] = resp.Body, 1, e
 	resp.Body = w
 }
 

@@ -410,7 +410,7 @@ func (b *breakerRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	// half-open probe slot is never left taken.
 	_, _ = b.cb.Execute(func() (struct{}, error) {
 		ran = true
-		start := b.hs.t.now()
+		start := callOf(req.Context(), b.hs.t).clock(b.hs.t)
 		resp, err = b.next.RoundTrip(req)
 		end := b.hs.t.now()
 		// The window's clock, read by isSuccessful: passing the time this

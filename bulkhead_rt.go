@@ -288,6 +288,8 @@ func (b *bulkheadRT) acquire(req *http.Request) error {
 		defer tm.Stop()
 		timeout = tm.C
 	}
+	// The attempt's clock reading is stale once we have queued.
+	defer callOf(ctx, b.t).staleClock()
 	var err error
 	select {
 	case <-w.ready:
@@ -401,6 +403,7 @@ func (b *bulkheadRT) waitRate(req *http.Request) error {
 	}
 	tm := time.NewTimer(delay)
 	defer tm.Stop()
+	defer callOf(ctx, b.t).staleClock()
 	select {
 	case <-tm.C:
 		return nil

@@ -127,10 +127,93 @@ type callState struct {
 	// attempt is the number of the attempt being sent, set by the retry
 	// layer before each send; zero when no retry layer runs.
 	attempt int
+	// start is the clock reading when the call began (the router's), and
+	// sent the reading the layers of the attempt under way share (see
+	// clock), zero when stale: attemptRT, the last to use it, clears it, and
+	// a layer that waits between the first reader and attemptRT (the
+	// bulkhead's queue and rate limit) must call staleClock after its wait.
+	start, sent time.Time
 	// tried holds the ids of the last instances the balancer sent this
 	// call to, so that a retry goes to another one; ntried counts sends.
 	tried  [maxTried]uint32
 	ntried uint8
+
+	// Room for the first attempt, so that a call whose first attempt is
+	// its last costs one allocation for its state, its attempt context,
+	// its response-body wrapper and its header values together. Each is
+	// taken once (spare records which), by attemptRT, observeRT and
+	// onBodyEndIn, all during the call's own RoundTrip; later attempts
+	// allocate their own.
+	spare     uint8
+	firstCtx  attemptCtx
+	firstBody body
+	firstVals [firstVals]string
+}
+
+// firstVals is how many header values the first attempt's copy of the
+// header holds without an allocation of its own: the caller's and the
+// per-attempt ones.
+const firstVals = 8
+
+// The bits of callState.spare.
+const (
+	spareCtx = 1 << iota
+	spareBody
+	spareVals
+)
+
+// clock returns the shared clock reading of the attempt under way, reading
+// t's clock when there is none. Every layer of an attempt reads the clock
+// at its start (the breaker for the slow-call rate, the deadlines for the
+// time left); one reading serves them all, since they run microseconds
+// apart, and on some virtual machines a clock read costs more than the
+// layer that wants it. s may be nil.
+func (s *callState) clock(t *Transport) time.Time {
+	if s == nil {
+		return t.now()
+	}
+	if s.sent.IsZero() {
+		s.sent = t.now()
+	}
+	return s.sent
+}
+
+// staleClock marks the shared reading out of date after a wait. s may be
+// nil.
+func (s *callState) staleClock() {
+	if s != nil {
+		s.sent = time.Time{}
+	}
+}
+
+// attemptCtx returns an attempt context: the call's spare, the first time,
+// else a new one. s may be nil.
+func (s *callState) attemptCtx() *attemptCtx {
+	if s != nil && s.spare&spareCtx == 0 {
+		s.spare |= spareCtx
+		return &s.firstCtx
+	}
+	return new(attemptCtx)
+}
+
+// spareBody returns a zero body wrapper: the call's spare, the first time,
+// else a new one. s may be nil.
+func (s *callState) spareBody() *body {
+	if s != nil && s.spare&spareBody == 0 {
+		s.spare |= spareBody
+		return &s.firstBody
+	}
+	return new(body)
+}
+
+// values returns n zero strings for a header copy: the call's spare, the
+// first time and when they fit, else a new slice. s may be nil.
+func (s *callState) values(n int) []string {
+	if s != nil && s.spare&spareVals == 0 && n <= firstVals {
+		s.spare |= spareVals
+		return s.firstVals[:n:n]
+	}
+	return make([]string, n)
 }
 
 // callCtx carries a callState in one allocation. It adds a value and changes
@@ -190,12 +273,13 @@ type totalDeadlineRT struct {
 }
 
 func (d *totalDeadlineRT) RoundTrip(req *http.Request) (*http.Response, error) {
-	end := d.t.now().Add(d.total)
+	// The router made the call's state (startCall) and read the clock.
+	req, st := withCall(req, d.t)
+	end := st.clock(d.t).Add(d.total)
 	if cd, ok := req.Context().Deadline(); ok && !end.Before(cd) {
 		// The caller's deadline comes first: nothing to add.
 		return d.next.RoundTrip(req)
 	}
-	req, st := withCall(req, d.t)
 	st.total = end
 	return d.next.RoundTrip(req)
 }
@@ -230,7 +314,12 @@ func (a *attemptRT) RoundTrip(req *http.Request) (*http.Response, error) {
 		attemptNo = st.attempt
 	}
 	if a.header != "" {
-		now = a.t.now()
+		now = st.clock(a.t)
+	}
+	// This attempt is the reading's last user: whatever sends the next one
+	// (a retry, after its wait) reads the clock again.
+	st.staleClock()
+	if a.header != "" {
 		dl, hasDL = ctx.Deadline()
 		if st != nil && !st.total.IsZero() && (!hasDL || st.total.Before(dl)) {
 			dl, hasDL, ours = st.total, true, true
@@ -254,30 +343,31 @@ func (a *attemptRT) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 	}
 	if !ours {
-		return a.next.RoundTrip(a.outgoing(req, ctx, hasDL, left, attemptNo))
+		return a.next.RoundTrip(a.outgoing(req, ctx, hasDL, left, attemptNo, st))
 	}
-	actx, cancel := context.WithDeadline(ctx, dl)
-	resp, err := a.next.RoundTrip(a.outgoing(req, actx, hasDL, left, attemptNo))
+	actx := st.attemptCtx()
+	actx.init(ctx, dl)
+	resp, err := a.next.RoundTrip(a.outgoing(req, actx, hasDL, left, attemptNo, st))
 	if err != nil {
 		if actx.Err() != nil && ctx.Err() == nil {
 			err = &timeoutError{cause: err}
 		}
-		cancel()
+		actx.bodyEnd()
 		return nil, err
 	}
 	// The attempt's context must outlive RoundTrip: the body is read under
 	// it. It ends when the caller is done with the body.
-	onBodyEnd(resp, cancelOnEnd(cancel))
+	onBodyEndIn(resp, actx, st)
 	return resp, nil
 }
 
 // outgoing copies req with context ctx and the per-attempt headers.
-func (a *attemptRT) outgoing(req *http.Request, ctx context.Context, hasDL bool, left time.Duration, attemptNo int) *http.Request {
+func (a *attemptRT) outgoing(req *http.Request, ctx context.Context, hasDL bool, left time.Duration, attemptNo int, st *callState) *http.Request {
 	out := req.WithContext(ctx)
 	// The new values share the copied header's backing array: one
-	// allocation for every value, old and new.
+	// allocation for every value, old and new, or none (st's spare).
 	var vals []string
-	out.Header, vals = cloneHeader(req.Header, 2)
+	out.Header, vals = cloneHeader(req.Header, 2, st)
 	if hasDL {
 		vals[0] = strconv.FormatInt(int64((left-deadlineMargin)/time.Millisecond), 10)
 		out.Header[a.header] = vals[0:1:1]
@@ -290,14 +380,15 @@ func (a *attemptRT) outgoing(req *http.Request, ctx context.Context, hasDL bool,
 }
 
 // cloneHeader copies h with room for extra more keys, with all values in one
-// backing array, as http.Header.Clone does, and returns extra spare slots of
-// that array for the caller's own values.
-func cloneHeader(h http.Header, extra int) (http.Header, []string) {
+// backing array (st's spare when it fits, see callState.values), as
+// http.Header.Clone does, and returns extra spare slots of that array for
+// the caller's own values.
+func cloneHeader(h http.Header, extra int, st *callState) (http.Header, []string) {
 	nv := 0
 	for _, vv := range h {
 		nv += len(vv)
 	}
-	sv := make([]string, nv+extra)
+	sv := st.values(nv + extra)
 	h2 := make(http.Header, len(h)+extra)
 	for k, vv := range h {
 		if vv == nil {

@@ -83,7 +83,7 @@ func (r *retryRT) prepare(req *http.Request) (*http.Request, bool, error) {
 			out = shallowCopy(req)
 		}
 		var vals []string
-		out.Header, vals = cloneHeader(req.Header, 1)
+		out.Header, vals = cloneHeader(req.Header, 1, nil)
 		vals[0] = rand.Text()
 		out.Header[IdempotencyKeyHeader] = vals[0:1:1]
 	}

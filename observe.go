@@ -830,7 +830,8 @@ func (r *observeRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	ctx := req.Context()
 	attemptNo := 0
-	if st := callOf(ctx, r.hs.t); st != nil {
+	st := callOf(ctx, r.hs.t)
+	if st != nil {
 		attemptNo = st.attempt
 	}
 	a := &attemptObs{hs: r.hs}
@@ -873,7 +874,7 @@ func (r *observeRT) RoundTrip(req *http.Request) (*http.Response, error) {
 			a.span.SetStatus(codes.Error, "")
 		}
 	}
-	onBodyEnd(resp, a)
+	onBodyEndIn(resp, a, st)
 	return resp, nil
 }
 
@@ -1006,7 +1007,7 @@ func (c *lazyHeader) Get(key string) string { return c.h.Get(key) }
 
 func (c *lazyHeader) Set(key, value string) {
 	if !c.owned {
-		c.h, _ = cloneHeader(c.h, 2)
+		c.h, _ = cloneHeader(c.h, 2, nil)
 		c.owned = true
 	}
 	c.h.Set(key, value)

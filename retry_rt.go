@@ -349,7 +349,6 @@ type retryRT struct {
 	check      retryablehttp.CheckRetry
 	backoff    retryablehttp.Backoff
 	budget     *retryBudget  // nil: no budget
-	total      time.Duration // Timeout.Total when layer 3 runs, else zero
 }
 
 func newRetryRT(next http.RoundTripper, hs *hostState) *retryRT {
@@ -362,9 +361,6 @@ func newRetryRT(next http.RoundTripper, hs *hostState) *retryRT {
 	if !p.Budget.Disabled {
 		r.budget = newRetryBudget(p.Budget)
 		hs.budget = r.budget
-	}
-	if !hs.policy.Timeout.Disabled {
-		r.total = hs.policy.Timeout.Total
 	}
 	return r
 }
@@ -411,7 +407,9 @@ func (r *retryRT) RoundTrip(req *http.Request) (*http.Response, error) {
 		// Drained and closed before the wait, so the connection is back
 		// in the pool while we sleep.
 		discard(resp)
-		if werr := r.t.retry.wait(ctx, wait); werr != nil {
+		werr := r.t.retry.wait(ctx, wait)
+		st.staleClock()
+		if werr != nil {
 			closeBody(next)
 			return nil, &RetryError{Attempts: attempt, Err: doneError(ctx)}
 		}
@@ -419,16 +417,14 @@ func (r *retryRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 }
 
-// callStart is when the call began, in unix nanoseconds. Layer 3 read the
-// clock an instant ago to set the call's total deadline, so when it did, the
-// start is that deadline less Timeout.Total, and the success path reads no
-// clock of its own (on some virtual machines a clock read costs more than
-// the rest of this layer).
+// callStart is when the call began, in unix nanoseconds: the router's clock
+// reading, so that the success path reads no clock of its own (on some
+// virtual machines a clock read costs more than the rest of this layer).
 func (r *retryRT) callStart(st *callState) int64 {
-	if r.total > 0 && !st.total.IsZero() {
-		return st.total.UnixNano() - int64(r.total)
+	if !st.start.IsZero() {
+		return st.start.UnixNano()
 	}
-	return r.t.now().UnixNano()
+	return st.clock(r.t).UnixNano()
 }
 
 // finish hands the caller the last attempt's outcome: a response untouched,

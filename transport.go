@@ -140,6 +140,7 @@ type hostState struct {
 	upstream string
 	policy   *Policy
 	rt       http.RoundTripper
+	call     bool         // the stack keeps call state: the router makes it (RoundTrip)
 	pushback *pushbackRT  // layer 5, nil when off; the retry layer reads its pause
 	breaker  *breakerRT   // nil when the upstream's breaker is disabled
 	bulkhead *bulkheadRT  // nil when the upstream's bulkhead is disabled or per instance
@@ -299,7 +300,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody(req)
 		return nil, doneError(req.Context())
 	}
-	return t.host(req.URL).roundTrip(req)
+	hs, now := t.lookup(req.URL)
+	if hs.call {
+		// The layers below share one state and one clock reading per call
+		// (see callState); made here, where the clock was read anyway.
+		var st *callState
+		req, st = withCall(req, t)
+		st.start, st.sent = now, now
+	}
+	return hs.roundTrip(req)
 }
 
 // CloseIdleConnections closes the base's idle connections, when the base
@@ -331,11 +340,18 @@ func defaultPort(scheme string) string {
 
 // host returns u's per-host state, creating it on first use.
 func (t *Transport) host(u *url.URL) *hostState {
+	hs, _ := t.lookup(u)
+	return hs
+}
+
+// lookup is host, and the clock reading it took.
+func (t *Transport) lookup(u *url.URL) (*hostState, time.Time) {
 	k := hostKey{scheme: strings.ToLower(u.Scheme), host: strings.ToLower(u.Hostname()), port: u.Port()}
 	if k.port == "" {
 		k.port = defaultPort(k.scheme)
 	}
-	now := t.now().UnixNano()
+	clock := t.now()
+	now := clock.UnixNano()
 	t.mu.RLock()
 	hs := t.hosts[k]
 	t.mu.RUnlock()
@@ -346,9 +362,9 @@ func (t *Transport) host(u *url.URL) *hostState {
 			hs.lastUsed.Store(now)
 			t.obs.refresh() // a global provider may have been set since
 		}
-		return hs
+		return hs, clock
 	}
-	return t.addHost(k, now)
+	return t.addHost(k, now), clock
 }
 
 func (t *Transport) addHost(k hostKey, now int64) *hostState {
@@ -367,6 +383,7 @@ func (t *Transport) addHost(k hostKey, now int64) *hostState {
 	hs := &hostState{t: t, key: k, name: net.JoinHostPort(k.host, k.port), upstream: r.upstream, policy: &r.policy}
 	hs.lastUsed.Store(now)
 	hs.rt = t.buildStack(hs)
+	hs.call = !r.policy.Retry.Disabled || !r.policy.Timeout.Disabled && r.policy.Timeout.Total > 0
 	t.hosts[k] = hs
 	t.obs.refresh()
 	return hs
