@@ -348,7 +348,7 @@ type retryRT struct {
 	bufferBody int64
 	check      retryablehttp.CheckRetry
 	backoff    retryablehttp.Backoff
-	budget     *retryBudget  // nil: no budget
+	budget     *retryBudget // nil: no budget
 }
 
 func newRetryRT(next http.RoundTripper, hs *hostState) *retryRT {
