@@ -56,6 +56,12 @@ func (c *attemptCtx) Value(key any) any { return c.parent.Value(key) }
 
 func (c *attemptCtx) Err() error {
 	if p := c.err.Load(); p != nil {
+		// end stores err before it closes done, both under mu: passing
+		// through mu makes sure done is closed too before Err says so, as
+		// the Context contract asks.
+		c.mu.Lock()
+		//lint:ignore SA2001 the empty critical section is the point
+		c.mu.Unlock()
 		return *p
 	}
 	if err := c.parent.Err(); err != nil {
@@ -86,9 +92,10 @@ func (c *attemptCtx) Done() <-chan struct{} {
 	if left := time.Until(c.deadline); left > 0 {
 		c.timer = time.AfterFunc(left, wake)
 	} else {
-		// Past already: end now (outside the lock, which end takes).
+		// Past already: end now (outside the lock, which end takes), with
+		// the parent's error if it ended first.
 		c.mu.Unlock()
-		c.end(context.DeadlineExceeded)
+		wake()
 		return d
 	}
 	if c.parent.Done() != nil {

@@ -3,6 +3,7 @@ package bulwark
 import (
 	"cmp"
 	"context"
+	"maps"
 	"net/http"
 	"strconv"
 	"strings"
@@ -150,10 +151,9 @@ type callState struct {
 	firstVals [firstVals]string
 }
 
-// firstVals is how many header values the first attempt's copy of the
-// header holds without an allocation of its own: the caller's and the
-// per-attempt ones.
-const firstVals = 8
+// firstVals is how many header values the first attempt writes: the time
+// left and the attempt number.
+const firstVals = 2
 
 // The bits of callState.spare.
 const (
@@ -364,10 +364,10 @@ func (a *attemptRT) RoundTrip(req *http.Request) (*http.Response, error) {
 // outgoing copies req with context ctx and the per-attempt headers.
 func (a *attemptRT) outgoing(req *http.Request, ctx context.Context, hasDL bool, left time.Duration, attemptNo int, st *callState) *http.Request {
 	out := req.WithContext(ctx)
-	// The new values share the copied header's backing array: one
-	// allocation for every value, old and new, or none (st's spare).
-	var vals []string
-	out.Header, vals = cloneHeader(req.Header, 2, st)
+	// The new values share one backing array: st's spare, on the first
+	// attempt.
+	vals := st.values(2)
+	out.Header = cloneHeader(req.Header)
 	if hasDL {
 		vals[0] = strconv.FormatInt(int64((left-deadlineMargin)/time.Millisecond), 10)
 		out.Header[a.header] = vals[0:1:1]
@@ -379,27 +379,18 @@ func (a *attemptRT) outgoing(req *http.Request, ctx context.Context, hasDL bool,
 	return out
 }
 
-// cloneHeader copies h with room for extra more keys, with all values in one
-// backing array (st's spare when it fits, see callState.values), as
-// http.Header.Clone does, and returns extra spare slots of that array for
-// the caller's own values.
-func cloneHeader(h http.Header, extra int, st *callState) (http.Header, []string) {
-	nv := 0
-	for _, vv := range h {
-		nv += len(vv)
+// cloneHeader copies h's map so that keys can be added or replaced without
+// touching h. The value slices are shared with h, not copied: no layer
+// writes into a value slice (each replaces it, as http.Header.Set does),
+// and the RoundTripper contract forbids the base to modify the request at
+// all. Sharing them lets maps.Clone copy the map's storage wholesale, about
+// half the cost of rebuilding it key by key as http.Header.Clone does, on
+// every attempt.
+func cloneHeader(h http.Header) http.Header {
+	if h == nil {
+		return make(http.Header, 2)
 	}
-	sv := st.values(nv + extra)
-	h2 := make(http.Header, len(h)+extra)
-	for k, vv := range h {
-		if vv == nil {
-			h2[k] = nil
-			continue
-		}
-		n := copy(sv, vv)
-		h2[k] = sv[:n:n]
-		sv = sv[n:]
-	}
-	return h2, sv
+	return maps.Clone(h)
 }
 
 // doneError reports a call whose context ended before bulwark sent it. It

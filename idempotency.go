@@ -82,10 +82,8 @@ func (r *retryRT) prepare(req *http.Request) (*http.Request, bool, error) {
 		if out == req {
 			out = shallowCopy(req)
 		}
-		var vals []string
-		out.Header, vals = cloneHeader(req.Header, 1, nil)
-		vals[0] = rand.Text()
-		out.Header[IdempotencyKeyHeader] = vals[0:1:1]
+		out.Header = cloneHeader(req.Header)
+		out.Header[IdempotencyKeyHeader] = []string{rand.Text()}
 	}
 	return out, true, nil
 }

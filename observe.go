@@ -1007,7 +1007,7 @@ func (c *lazyHeader) Get(key string) string { return c.h.Get(key) }
 
 func (c *lazyHeader) Set(key, value string) {
 	if !c.owned {
-		c.h, _ = cloneHeader(c.h, 2, nil)
+		c.h = cloneHeader(c.h)
 		c.owned = true
 	}
 	c.h.Set(key, value)
