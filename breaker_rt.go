@@ -318,12 +318,13 @@ var (
 // Transport's clock. So the rates are computed from a window of our own
 // (win): completed calls, failures and slow calls in ten buckets on the
 // Transport's clock, all three keyed by completion time, so both rates
-// share one window and one denominator. It is updated from gobreaker's
-// IsSuccessful hook, which gobreaker calls under its mutex and only for
-// outcomes of its current generation (a call admitted before the last state
-// change is dropped by gobreaker itself), and cleared from OnStateChange,
-// also under that mutex; so win needs no lock of its own and never counts
-// a call gobreaker would not.
+// share one window and one denominator. While closed, calls bypass
+// gobreaker (closedTrip) and count in win only if no state change came
+// between their admission and their end (mirror), as gobreaker drops such
+// outcomes itself; calls through gobreaker are counted from its
+// IsSuccessful hook, which it calls only for outcomes of its current
+// generation. win is cleared from OnStateChange, so it never counts a call
+// of an earlier state.
 //
 // A slow success is reported to gobreaker as a failure: that is how
 // ReadyToTrip gets asked, and, half-open, a slow probe reopens the breaker
@@ -338,9 +339,18 @@ type breakerRT struct {
 	classify func(*http.Response, error) Outcome
 	openFor  time.Duration
 
-	// Guarded by gobreaker's mutex (touched only from its hooks).
+	// cbState is gobreaker's state, written and read under its mutex (in
+	// its hooks).
+	cbState gobreaker.State
+	// mirror is gobreaker's state for readers outside its mutex: the state
+	// in the low two bits, above them a count of state changes, so that a
+	// call admitted in one closed period is not counted in another.
+	mirror atomic.Uint64
+
+	// win and what tripped reads are guarded by winMu. Lock order:
+	// gobreaker's mutex, then winMu.
+	winMu    sync.Mutex
 	win      breakerWindow
-	cbState  gobreaker.State
 	minCalls uint32
 	failRate float64
 	slowRate float64
@@ -398,6 +408,9 @@ func newBreakerRT(next http.RoundTripper, hs *hostState) *breakerRT {
 }
 
 func (b *breakerRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	if m := b.mirror.Load(); gobreaker.State(m&3) == gobreaker.StateClosed {
+		return b.closedTrip(req, m)
+	}
 	var (
 		resp *http.Response
 		err  error
@@ -435,6 +448,58 @@ func (b *breakerRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
+// closedTrip is RoundTrip while the breaker is closed (mirror m). Closed,
+// gobreaker has nothing to decide: it admits every call, and its counts are
+// never read (win is). So a closed call does not go through it, which
+// saves its mutex twice and two clock readings of its own per call; the
+// outcome goes to win directly, and gobreaker is called only when win says
+// to trip (trip), to make the transition. Open and half-open, every call
+// goes through gobreaker, which admits the probes.
+func (b *breakerRT) closedTrip(req *http.Request, m uint64) (*http.Response, error) {
+	start := callOf(req.Context(), b.hs.t).clock(b.hs.t)
+	done := false
+	defer func() {
+		if !done {
+			// next panicked: a failure, as Execute would have it. The
+			// panic carries on.
+			b.record(m, b.hs.t.now(), true, false)
+		}
+	}()
+	resp, err := b.next.RoundTrip(req)
+	done = true
+	end := b.hs.t.now()
+	if v := b.verdict(resp, err, end.Sub(start)); v != errVerdictIgnored {
+		b.record(m, end, v == errVerdictFailure || v == errVerdictSlowFailure, v == errVerdictSlow || v == errVerdictSlowFailure)
+	}
+	if b.pending.Load() {
+		b.flush()
+	}
+	return resp, err
+}
+
+// record counts a call admitted while closed (mirror m) that ended at end,
+// unless the state has changed since (gobreaker drops such outcomes too),
+// and trips the breaker when the window says so.
+func (b *breakerRT) record(m uint64, end time.Time, failed, slow bool) {
+	b.winMu.Lock()
+	if b.mirror.Load() != m {
+		b.winMu.Unlock()
+		return
+	}
+	b.win.add(end, failed, slow)
+	trip := b.tripped()
+	b.winMu.Unlock()
+	if trip {
+		// Through gobreaker, which asks readyToTrip again under its mutex
+		// (another call may have moved the window or the state since).
+		_, _ = b.cb.Execute(func() (struct{}, error) { return struct{}{}, errVerdictTrip })
+	}
+}
+
+// errVerdictTrip is the verdict of the call record makes to trip the
+// breaker: a failure for gobreaker, counted nowhere else.
+var errVerdictTrip = errors.New("bulwark: trip")
+
 // verdict is what gobreaker is told of an attempt that took took: one of the
 // errVerdict sentinels, or nil for a fast success.
 func (b *breakerRT) verdict(resp *http.Response, err error, took time.Duration) error {
@@ -463,6 +528,9 @@ var errVerdictSlowFailure = errors.New("bulwark: slow failed call")
 func (b *breakerRT) isSuccessful(verdict error) bool {
 	// Any verdict but the sentinels for success is a failure: Execute
 	// reports a panic in next with an error of its own.
+	if verdict == errVerdictTrip {
+		return false
+	}
 	failed := verdict != nil && verdict != errVerdictSlow
 	slow := verdict == errVerdictSlow || verdict == errVerdictSlowFailure
 	if b.cbState != gobreaker.StateClosed {
@@ -470,6 +538,10 @@ func (b *breakerRT) isSuccessful(verdict error) bool {
 		// fails.
 		return verdict == nil
 	}
+	// Closed, yet through gobreaker: a call admitted half-open that ended
+	// after the breaker closed.
+	b.winMu.Lock()
+	defer b.winMu.Unlock()
 	b.win.add(time.Unix(0, b.lastEnd.Load()), failed, slow)
 	if failed || slow {
 		return false
@@ -481,10 +553,14 @@ func (b *breakerRT) isSuccessful(verdict error) bool {
 }
 
 // readyToTrip is gobreaker's ReadyToTrip hook, under its mutex.
-func (b *breakerRT) readyToTrip(gobreaker.Counts) bool { return b.tripped() }
+func (b *breakerRT) readyToTrip(gobreaker.Counts) bool {
+	b.winMu.Lock()
+	defer b.winMu.Unlock()
+	return b.tripped()
+}
 
 // tripped reports whether the window holds enough calls and either rate has
-// reached its threshold. Under gobreaker's mutex.
+// reached its threshold. Under winMu.
 func (b *breakerRT) tripped() bool {
 	c := &b.win.total
 	if c.calls == 0 || c.calls < b.minCalls {
@@ -502,8 +578,11 @@ func (b *breakerRT) tripped() bool {
 func (b *breakerRT) onStateChange(_ string, from, to gobreaker.State) {
 	now := b.hs.t.now()
 	b.cbState = to
+	b.winMu.Lock()
 	ev := breakerEvent{from: from, to: to, at: now, failures: b.win.total.failures, slow: b.win.total.slow, calls: b.win.total.calls}
 	b.win.reset(now)
+	b.mirror.Store((b.mirror.Load()>>2+1)<<2 | uint64(to))
+	b.winMu.Unlock()
 	if to == gobreaker.StateOpen {
 		b.openErr.Store(&BreakerOpenError{Host: b.hs.name, ProbeAt: now.Add(b.openFor)})
 	}
