@@ -33,6 +33,7 @@ import (
 type attemptCtx struct {
 	parent   context.Context
 	deadline time.Time
+	call     *callState // the call's state, for callOf below; may be nil
 
 	// err is set once, when the attempt ends; it points at one of the
 	// errRef values for the two usual errors, so ending allocates nothing.
@@ -45,14 +46,20 @@ type attemptCtx struct {
 	afters []*afterReg   // registered by AfterFunc, run when the attempt ends
 }
 
-// init readies c, which may be a zero attemptCtx in the call's allocation.
-func (c *attemptCtx) init(parent context.Context, deadline time.Time) {
-	c.parent, c.deadline = parent, deadline
+// init readies c, which may be a zero attemptCtx in the call's allocation,
+// for the call st (nil when there is none).
+func (c *attemptCtx) init(parent context.Context, deadline time.Time, st *callState) {
+	c.parent, c.deadline, c.call = parent, deadline, st
 }
 
 func (c *attemptCtx) Deadline() (time.Time, bool) { return c.deadline, true }
 
-func (c *attemptCtx) Value(key any) any { return c.parent.Value(key) }
+func (c *attemptCtx) Value(key any) any {
+	if key == (callKey{}) && c.call != nil {
+		return c.call
+	}
+	return c.parent.Value(key)
+}
 
 func (c *attemptCtx) Err() error {
 	if p := c.err.Load(); p != nil {

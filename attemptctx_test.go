@@ -31,7 +31,7 @@ func actxClosed(ch <-chan struct{}) bool {
 // fake clock's now, inside a bubble).
 func newActx(parent context.Context, d time.Duration) *attemptCtx {
 	c := new(attemptCtx)
-	c.init(parent, time.Now().Add(d))
+	c.init(parent, time.Now().Add(d), nil)
 	return c
 }
 
@@ -55,7 +55,7 @@ func TestAttemptCtxDeadlineAndValue(t *testing.T) {
 	parent := context.WithValue(context.Background(), actxKey{}, "v")
 	dl := time.Date(2030, 1, 2, 3, 4, 5, 6, time.UTC)
 	c := new(attemptCtx)
-	c.init(parent, dl)
+	c.init(parent, dl, nil)
 
 	got, ok := c.Deadline()
 	if !ok || !got.Equal(dl) {
@@ -817,7 +817,7 @@ func TestAttemptCtxMatchesWithDeadline(t *testing.T) {
 					ref, rcancel := context.WithDeadline(parent, dl)
 					defer rcancel()
 					c := new(attemptCtx)
-					c.init(parent, dl)
+					c.init(parent, dl, nil)
 					if mode == "doneAtStart" {
 						c.Done()
 					}

@@ -171,11 +171,15 @@ func (b *balancerRT) rand(n int) int {
 }
 
 func (b *balancerRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	return b.roundTripCall(req, callOf(req.Context(), b.t))
+}
+
+func (b *balancerRT) roundTripCall(req *http.Request, st *callState) (*http.Response, error) {
 	now := b.t.now()
 	set := b.set.Load()
 	if set == nil {
 		var err error
-		if set, err = b.resolveFirst(req.Context(), now); err != nil {
+		if set, err = b.resolveFirst(req.Context(), st, now); err != nil {
 			closeBody(req)
 			return nil, err
 		}
@@ -189,12 +193,11 @@ func (b *balancerRT) RoundTrip(req *http.Request) (*http.Response, error) {
 			set = b.set.Load()
 		}
 	}
-	st := callOf(req.Context(), b.t)
 	in := b.pick(set, st)
 	st.markTried(in.id)
 	in.inflight.Add(1)
 	in.sent.Add(1)
-	resp, err := in.rt.RoundTrip(b.outgoing(req, in))
+	resp, err := sendCall(in.rt, b.outgoing(req, in), st)
 	if !b.odOff {
 		b.record(req.Context(), in, resp, err)
 	}
@@ -204,7 +207,7 @@ func (b *balancerRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	// The caller sees its own request, with the logical URL.
 	resp.Request = req
-	onBodyEnd(resp, in)
+	onBodyEndIn(resp, in, st)
 	return resp, nil
 }
 
@@ -434,13 +437,13 @@ func (b *balancerRT) log(ctx context.Context, evs []endpointEvent) {
 
 // resolveFirst resolves the instances before the first request, bounded by
 // the request's context; concurrent first requests share one lookup.
-func (b *balancerRT) resolveFirst(ctx context.Context, now time.Time) (*endpointSet, error) {
+func (b *balancerRT) resolveFirst(ctx context.Context, st *callState, now time.Time) (*endpointSet, error) {
 	b.resolveMu.Lock()
 	defer b.resolveMu.Unlock()
 	if set := b.set.Load(); set != nil {
 		return set, nil
 	}
-	if dl, ok := callDeadline(ctx, b.t); ok {
+	if dl, ok := callDeadline(ctx, st); ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, dl)
 		defer cancel()

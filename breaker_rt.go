@@ -408,8 +408,12 @@ func newBreakerRT(next http.RoundTripper, hs *hostState) *breakerRT {
 }
 
 func (b *breakerRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	return b.roundTripCall(req, callOf(req.Context(), b.hs.t))
+}
+
+func (b *breakerRT) roundTripCall(req *http.Request, st *callState) (*http.Response, error) {
 	if m := b.mirror.Load(); gobreaker.State(m&3) == gobreaker.StateClosed {
-		return b.closedTrip(req, m)
+		return b.closedTrip(req, st, m)
 	}
 	var (
 		resp *http.Response
@@ -423,8 +427,8 @@ func (b *breakerRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	// half-open probe slot is never left taken.
 	_, _ = b.cb.Execute(func() (struct{}, error) {
 		ran = true
-		start := callOf(req.Context(), b.hs.t).clock(b.hs.t)
-		resp, err = b.next.RoundTrip(req)
+		start := st.clock(b.hs.t)
+		resp, err = sendCall(b.next, req, st)
 		end := b.hs.t.now()
 		// The window's clock, read by isSuccessful: passing the time this
 		// way saves a third clock read per call (about 60 ns on a VM).
@@ -455,8 +459,8 @@ func (b *breakerRT) RoundTrip(req *http.Request) (*http.Response, error) {
 // outcome goes to win directly, and gobreaker is called only when win says
 // to trip (trip), to make the transition. Open and half-open, every call
 // goes through gobreaker, which admits the probes.
-func (b *breakerRT) closedTrip(req *http.Request, m uint64) (*http.Response, error) {
-	start := callOf(req.Context(), b.hs.t).clock(b.hs.t)
+func (b *breakerRT) closedTrip(req *http.Request, st *callState, m uint64) (*http.Response, error) {
+	start := st.clock(b.hs.t)
 	done := false
 	defer func() {
 		if !done {
@@ -465,7 +469,7 @@ func (b *breakerRT) closedTrip(req *http.Request, m uint64) (*http.Response, err
 			b.record(m, b.hs.t.now(), true, false)
 		}
 	}()
-	resp, err := b.next.RoundTrip(req)
+	resp, err := sendCall(b.next, req, st)
 	done = true
 	end := b.hs.t.now()
 	if v := b.verdict(resp, err, end.Sub(start)); v != errVerdictIgnored {

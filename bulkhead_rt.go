@@ -208,26 +208,30 @@ func newBulkheadRT(next http.RoundTripper, hs *hostState, p Bulkhead, name strin
 }
 
 func (b *bulkheadRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	return b.roundTripCall(req, callOf(req.Context(), b.t))
+}
+
+func (b *bulkheadRT) roundTripCall(req *http.Request, st *callState) (*http.Response, error) {
 	if b.limiter != nil {
-		if err := b.waitRate(req); err != nil {
+		if err := b.waitRate(req, st); err != nil {
 			b.refused(req, err)
 			closeBody(req)
 			return nil, err
 		}
 	}
-	if err := b.acquire(req); err != nil {
+	if err := b.acquire(req, st); err != nil {
 		b.refused(req, err)
 		closeBody(req)
 		return nil, err
 	}
-	resp, err := b.next.RoundTrip(req)
+	resp, err := sendCall(b.next, req, st)
 	if err != nil {
 		b.release()
 		return nil, err
 	}
 	// The bulkhead itself is the bodyEnder: registering a pointer we hold
 	// costs nothing, where a closure would allocate on every request.
-	onBodyEnd(resp, b)
+	onBodyEndIn(resp, b, st)
 	return resp, nil
 }
 
@@ -243,7 +247,7 @@ func (b *bulkheadRT) refused(req *http.Request, err error) {
 func (b *bulkheadRT) bodyEnd() { b.release() }
 
 // acquire takes a slot, queueing for one if the bulkhead allows it.
-func (b *bulkheadRT) acquire(req *http.Request) error {
+func (b *bulkheadRT) acquire(req *http.Request, st *callState) error {
 	if b.maxQueue == 0 {
 		for {
 			n := b.inFlight.Load()
@@ -273,7 +277,7 @@ func (b *bulkheadRT) acquire(req *http.Request) error {
 		b.mu.Unlock()
 		return doneError(ctx)
 	}
-	wait, bounded := b.waitBound(ctx)
+	wait, bounded := b.waitBound(ctx, st)
 	if bounded && wait <= 0 {
 		b.mu.Unlock()
 		return b.full
@@ -289,7 +293,7 @@ func (b *bulkheadRT) acquire(req *http.Request) error {
 		timeout = tm.C
 	}
 	// The attempt's clock reading is stale once we have queued.
-	defer callOf(ctx, b.t).staleClock()
+	defer st.staleClock()
 	var err error
 	select {
 	case <-w.ready:
@@ -319,9 +323,9 @@ func (b *bulkheadRT) acquire(req *http.Request) error {
 // waitBound is how long a waiter may queue: MaxWait, cut to the call's
 // deadline less the minimum worth sending. bounded is false when neither
 // applies and only the context can end the wait.
-func (b *bulkheadRT) waitBound(ctx context.Context) (wait time.Duration, bounded bool) {
+func (b *bulkheadRT) waitBound(ctx context.Context, st *callState) (wait time.Duration, bounded bool) {
 	wait, bounded = b.maxWait, b.maxWait > 0
-	if dl, ok := callDeadline(ctx, b.t); ok {
+	if dl, ok := callDeadline(ctx, st); ok {
 		if left := dl.Sub(b.t.now()) - minSendTime; !bounded || left < wait {
 			wait, bounded = left, true
 		}
@@ -378,7 +382,7 @@ func (b *bulkheadRT) remove(w *slotWaiter) {
 // waitRate takes a rate-limit token, waiting for it only when the wait ends
 // in time for the call's deadline. It runs before a slot is taken, so a
 // request waiting for its turn holds no slot.
-func (b *bulkheadRT) waitRate(req *http.Request) error {
+func (b *bulkheadRT) waitRate(req *http.Request, st *callState) error {
 	ctx := req.Context()
 	// A bulkhead that would refuse anyway should not spend a token. (With
 	// a queue, a waiter may leave any moment: let acquire decide.)
@@ -394,7 +398,7 @@ func (b *bulkheadRT) waitRate(req *http.Request) error {
 	if delay == 0 {
 		return nil
 	}
-	if dl, ok := callDeadline(ctx, b.t); ok && now.Add(delay+minSendTime).After(dl) {
+	if dl, ok := callDeadline(ctx, st); ok && now.Add(delay+minSendTime).After(dl) {
 		// Our turn comes too late to be worth anything: give the token
 		// back and fail now rather than hold the caller until it is
 		// useless.
@@ -403,7 +407,7 @@ func (b *bulkheadRT) waitRate(req *http.Request) error {
 	}
 	tm := time.NewTimer(delay)
 	defer tm.Stop()
-	defer callOf(ctx, b.t).staleClock()
+	defer st.staleClock()
 	select {
 	case <-tm.C:
 		return nil

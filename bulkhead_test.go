@@ -642,7 +642,7 @@ func BenchmarkBulkhead(b *testing.B) {
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if err := rt.acquire(req); err != nil {
+				if err := rt.acquire(req, nil); err != nil {
 					b.Fatal(err)
 				}
 				rt.release()

@@ -240,9 +240,11 @@ func callOf(ctx context.Context, t *Transport) *callState {
 	return st
 }
 
-// withCall returns req with a call state for t, reusing one an outer layer
-// made. The request is copied only when a state is created; the caller's own
-// request is never changed.
+// withCall returns req with a call state for t in its context, reusing one
+// an outer layer made. It serves a layer's RoundTrip used on its own; under
+// the router, layers receive the state through roundTripCall instead. The
+// request is copied only when a state is created; the caller's own request
+// is never changed.
 func withCall(req *http.Request, t *Transport) (*http.Request, *callState) {
 	if st := callOf(req.Context(), t); st != nil {
 		return req, st
@@ -251,12 +253,36 @@ func withCall(req *http.Request, t *Transport) (*http.Request, *callState) {
 	return req.WithContext(c), &c.st
 }
 
+// callRT is implemented by bulwark's own layers: roundTripCall is RoundTrip
+// with the call's state handed down by the layer above (nil when there is
+// none), rather than looked up in the request's context. The router makes
+// the state and hands it down, so the caller's request itself travels down
+// to the attempt layer, which makes the one copy an attempt needs; carrying
+// the state in the context instead would cost a second copy of the request
+// per call, and a context lookup in every layer. Each layer's RoundTrip,
+// for use on its own, finds the state in the context (withCall, callOf).
+type callRT interface {
+	roundTripCall(req *http.Request, st *callState) (*http.Response, error)
+}
+
+// sendCall hands req and st to next: through roundTripCall when next is one
+// of bulwark's layers, else through RoundTrip (a base, or a RoundTripper a
+// test put between layers), where st reaches only a layer that finds it in
+// the context.
+func sendCall(next http.RoundTripper, req *http.Request, st *callState) (*http.Response, error) {
+	if c, ok := next.(callRT); ok {
+		return c.roundTripCall(req, st)
+	}
+	return next.RoundTrip(req)
+}
+
 // callDeadline is the instant the call must be over by: the sooner of the
-// context's deadline and Total's. Every layer that waits bounds its wait by
-// it, since Total is enforced without a timer of its own.
-func callDeadline(ctx context.Context, t *Transport) (time.Time, bool) {
+// context's deadline and Total's (in st, which may be nil). Every layer that
+// waits bounds its wait by it, since Total is enforced without a timer of
+// its own.
+func callDeadline(ctx context.Context, st *callState) (time.Time, bool) {
 	d, ok := ctx.Deadline()
-	if st := callOf(ctx, t); st != nil && !st.total.IsZero() && (!ok || st.total.Before(d)) {
+	if st != nil && !st.total.IsZero() && (!ok || st.total.Before(d)) {
 		return st.total, true
 	}
 	return d, ok
@@ -273,15 +299,20 @@ type totalDeadlineRT struct {
 }
 
 func (d *totalDeadlineRT) RoundTrip(req *http.Request) (*http.Response, error) {
-	// The router made the call's state (startCall) and read the clock.
-	req, st := withCall(req, d.t)
-	end := st.clock(d.t).Add(d.total)
-	if cd, ok := req.Context().Deadline(); ok && !end.Before(cd) {
-		// The caller's deadline comes first: nothing to add.
-		return d.next.RoundTrip(req)
+	return d.roundTripCall(withCall(req, d.t))
+}
+
+func (d *totalDeadlineRT) roundTripCall(req *http.Request, st *callState) (*http.Response, error) {
+	if st == nil {
+		req, st = withCall(req, d.t)
 	}
-	st.total = end
-	return d.next.RoundTrip(req)
+	// The router read the clock as the call began (st.clock).
+	end := st.clock(d.t).Add(d.total)
+	if cd, ok := req.Context().Deadline(); !ok || end.Before(cd) {
+		// Else the caller's deadline comes first: nothing to add.
+		st.total = end
+	}
+	return sendCall(d.next, req, st)
 }
 
 // attemptRT is layer 8, the innermost: it bounds one attempt by the sooner
@@ -297,12 +328,15 @@ type attemptRT struct {
 }
 
 func (a *attemptRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	return a.roundTripCall(req, callOf(req.Context(), a.t))
+}
+
+func (a *attemptRT) roundTripCall(req *http.Request, st *callState) (*http.Response, error) {
 	ctx := req.Context()
 	if err := ctx.Err(); err != nil {
 		closeBody(req)
 		return nil, doneError(ctx)
 	}
-	st := callOf(ctx, a.t)
 	var (
 		now       time.Time
 		dl        time.Time
@@ -331,7 +365,7 @@ func (a *attemptRT) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 	}
 	if !hasDL && attemptNo == 0 {
-		return a.next.RoundTrip(req)
+		return sendCall(a.next, req, st)
 	}
 	var left time.Duration
 	if hasDL {
@@ -343,11 +377,11 @@ func (a *attemptRT) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 	}
 	if !ours {
-		return a.next.RoundTrip(a.outgoing(req, ctx, hasDL, left, attemptNo, st))
+		return sendCall(a.next, a.outgoing(req, ctx, hasDL, left, attemptNo, st), st)
 	}
 	actx := st.attemptCtx()
-	actx.init(ctx, dl)
-	resp, err := a.next.RoundTrip(a.outgoing(req, actx, hasDL, left, attemptNo, st))
+	actx.init(ctx, dl, st)
+	resp, err := sendCall(a.next, a.outgoing(req, actx, hasDL, left, attemptNo, st), st)
 	if err != nil {
 		if actx.Err() != nil && ctx.Err() == nil {
 			err = &timeoutError{cause: err}

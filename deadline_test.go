@@ -379,22 +379,22 @@ func TestCallDeadline(t *testing.T) {
 	}
 	now := time.Unix(1_000_000, 0)
 	tr.now = func() time.Time { return now }
-	if _, ok := callDeadline(t.Context(), tr); ok {
+	if _, ok := callDeadline(t.Context(), nil); ok {
 		t.Error("no deadline anywhere, yet callDeadline reported one")
 	}
 	ctx, cancel := context.WithDeadline(t.Context(), now.Add(time.Second))
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", "http://a.internal/", nil)
 	req, st := withCall(req, tr)
-	if d, ok := callDeadline(req.Context(), tr); !ok || !d.Equal(now.Add(time.Second)) {
+	if d, ok := callDeadline(req.Context(), callOf(req.Context(), tr)); !ok || !d.Equal(now.Add(time.Second)) {
 		t.Errorf("callDeadline = %v, %v; want the context's", d, ok)
 	}
 	st.total = now.Add(500 * time.Millisecond)
-	if d, _ := callDeadline(req.Context(), tr); !d.Equal(st.total) {
+	if d, _ := callDeadline(req.Context(), callOf(req.Context(), tr)); !d.Equal(st.total) {
 		t.Errorf("callDeadline = %v, want Total's sooner %v", d, st.total)
 	}
 	other, _ := New(Config{})
-	if d, _ := callDeadline(req.Context(), other); !d.Equal(now.Add(time.Second)) {
+	if d, _ := callDeadline(req.Context(), callOf(req.Context(), other)); !d.Equal(now.Add(time.Second)) {
 		t.Errorf("another Transport's call state leaked into callDeadline: %v", d)
 	}
 }

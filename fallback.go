@@ -216,7 +216,11 @@ func newFallbackRT(next http.RoundTripper, hs *hostState) *fallbackRT {
 }
 
 func (f *fallbackRT) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := f.next.RoundTrip(req)
+	return f.roundTripCall(req, callOf(req.Context(), f.hs.t))
+}
+
+func (f *fallbackRT) roundTripCall(req *http.Request, st *callState) (*http.Response, error) {
+	resp, err := sendCall(f.next, req, st)
 	var cause error
 	if err == nil {
 		if !failureStatus(resp.StatusCode) {

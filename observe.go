@@ -720,11 +720,11 @@ func (t *Transport) eachHost(f func(hs *hostState)) {
 // roundTrip is the router's hand-off to a host's stack: it records the
 // call's outcome and, when the caller's context has no span, wraps the call
 // in a logical span so its attempts share one trace.
-func (hs *hostState) roundTrip(req *http.Request) (*http.Response, error) {
+func (hs *hostState) roundTrip(req *http.Request, st *callState) (*http.Response, error) {
 	o := hs.t.obs
 	state := o.state.Load()
 	if state&(obsTracing|obsMetering) == 0 {
-		return hs.rt.RoundTrip(req)
+		return sendCall(hs.rt, req, st)
 	}
 	metering := state&obsMetering != 0
 	var span trace.Span
@@ -736,9 +736,9 @@ func (hs *hostState) roundTrip(req *http.Request) (*http.Response, error) {
 		req = req.WithContext(ctx)
 	}
 	if !metering && span == nil {
-		return hs.rt.RoundTrip(req)
+		return sendCall(hs.rt, req, st)
 	}
-	resp, err := hs.rt.RoundTrip(req)
+	resp, err := sendCall(hs.rt, req, st)
 	outcome := outcomeOf(resp, err)
 	if metering {
 		o.requests.Add(req.Context(), 1, hs.labels(keyOutcome, outcome).add...)
@@ -818,10 +818,14 @@ type attemptObs struct {
 }
 
 func (r *observeRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	return r.roundTripCall(req, callOf(req.Context(), r.hs.t))
+}
+
+func (r *observeRT) roundTripCall(req *http.Request, st *callState) (*http.Response, error) {
 	o := r.hs.t.obs
 	state := o.state.Load()
 	if state == 0 {
-		return r.next.RoundTrip(req)
+		return sendCall(r.next, req, st)
 	}
 	tracing, metering := state&obsTracing != 0, state&obsMetering != 0
 	var prop propagation.TextMapPropagator
@@ -830,7 +834,6 @@ func (r *observeRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	ctx := req.Context()
 	attemptNo := 0
-	st := callOf(ctx, r.hs.t)
 	if st != nil {
 		attemptNo = st.attempt
 	}
@@ -856,7 +859,7 @@ func (r *observeRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	if metering {
 		a.start = r.hs.t.now()
 	}
-	resp, err := r.next.RoundTrip(out)
+	resp, err := sendCall(r.next, out, st)
 	if err != nil {
 		a.outcome = attemptOutcome(nil, err)
 		if a.span != nil {

@@ -375,7 +375,13 @@ const (
 )
 
 func (r *retryRT) RoundTrip(req *http.Request) (*http.Response, error) {
-	req, st := withCall(req, r.t)
+	return r.roundTripCall(withCall(req, r.t))
+}
+
+func (r *retryRT) roundTripCall(req *http.Request, st *callState) (*http.Response, error) {
+	if st == nil {
+		req, st = withCall(req, r.t)
+	}
 	ctx := req.Context()
 	first, replayable, err := r.prepare(req)
 	if err != nil {
@@ -388,9 +394,9 @@ func (r *retryRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	prevWait := r.base // Decorrelated jitter's "previous sleep" before the first
 	for attempt := 1; ; attempt++ {
 		st.attempt = attempt
-		resp, err := r.next.RoundTrip(cur)
+		resp, err := sendCall(r.next, cur, st)
 		var fromRA bool
-		v, wait := r.decide(ctx, replayable, attempt, resp, err, &prevWait, &fromRA)
+		v, wait := r.decide(ctx, st, replayable, attempt, resp, err, &prevWait, &fromRA)
 		if v == budgetSpent {
 			r.hs.rejected(ctx, layerBudget)
 		}
@@ -443,7 +449,7 @@ func (r *retryRT) finish(attempts int, resp *http.Response, err error, budget bo
 // checks in a fixed order, the first that applies settling it. It returns
 // how long to wait when the verdict is retryAgain, and sets *fromRA when
 // that wait is the server's Retry-After.
-func (r *retryRT) decide(ctx context.Context, replayable bool, attempt int, resp *http.Response, err error, prevWait *time.Duration, fromRA *bool) (verdict, time.Duration) {
+func (r *retryRT) decide(ctx context.Context, st *callState, replayable bool, attempt int, resp *http.Response, err error, prevWait *time.Duration, fromRA *bool) (verdict, time.Duration) {
 	// 0. A success is final (unless the user's CheckRetry judges it).
 	if err == nil && resp.StatusCode < 400 && r.check == nil {
 		return giveUp, 0
@@ -505,7 +511,7 @@ func (r *retryRT) decide(ctx context.Context, replayable bool, attempt int, resp
 	// 8. The deadline: a wait that would end past it, or leave too little
 	// time to send, means returning the last outcome now rather than
 	// sleeping into a timeout and losing the response we have.
-	if dl, ok := callDeadline(ctx, r.t); ok && now.Add(wait+minSendTime).After(dl) {
+	if dl, ok := callDeadline(ctx, st); ok && now.Add(wait+minSendTime).After(dl) {
 		return giveUp, 0
 	}
 	// 9. The budget, last, so that no token is spent on a retry another

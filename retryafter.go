@@ -139,12 +139,16 @@ func newPushbackRT(next http.RoundTripper, hs *hostState) *pushbackRT {
 }
 
 func (p *pushbackRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	return p.roundTripCall(req, callOf(req.Context(), p.hs.t))
+}
+
+func (p *pushbackRT) roundTripCall(req *http.Request, st *callState) (*http.Response, error) {
 	if e := p.pausedNow(); e != nil {
 		p.hs.rejected(req.Context(), layerPushback)
 		closeBody(req)
 		return nil, e
 	}
-	resp, err := p.next.RoundTrip(req)
+	resp, err := sendCall(p.next, req, st)
 	if err != nil || !pushbackStatus(resp.StatusCode) {
 		return resp, err
 	}

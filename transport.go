@@ -301,14 +301,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, doneError(req.Context())
 	}
 	hs, now := t.lookup(req.URL)
+	var st *callState
 	if hs.call {
 		// The layers below share one state and one clock reading per call
-		// (see callState); made here, where the clock was read anyway.
-		var st *callState
-		req, st = withCall(req, t)
-		st.start, st.sent = now, now
+		// (see callState and callRT); made here, where the clock was read
+		// anyway.
+		st = &callState{owner: t, start: now, sent: now}
 	}
-	return hs.roundTrip(req)
+	return hs.roundTrip(req, st)
 }
 
 // CloseIdleConnections closes the base's idle connections, when the base
