@@ -214,5 +214,8 @@ func errRef(err error) *error {
 	case context.DeadlineExceeded:
 		return &errRefDeadline
 	}
-	return &err
+	// A copy, so that only this path moves a variable to the heap: taking
+	// err's own address would allocate on every call.
+	e := err
+	return &e
 }
