@@ -73,7 +73,7 @@ func balancedTransport(t *testing.T, base http.RoundTripper, p Policy) (*Transpo
 		Logger:    slog.New(slog.NewTextHandler(logs, nil)),
 	})
 	clk := newFakeClock()
-	tr.now = clk.now
+	tr.setClock(clk.now)
 	tr.retry.sleep = func(ctx context.Context, _ time.Duration) error { return ctx.Err() }
 	t.Cleanup(tr.CloseIdleConnections)
 	u, _ := url.Parse("http://tax.internal/rate")
@@ -330,7 +330,7 @@ func testBalancer(t testing.TB, tr *Transport, base http.RoundTripper, e Endpoin
 func TestBalancerSuccessRate(t *testing.T) {
 	clk := newFakeClock()
 	tr := mustNew(t, Config{})
-	tr.now = clk.now
+	tr.setClock(clk.now)
 	addrs := []string{"10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80", "10.0.0.4:80", "10.0.0.5:80", "10.0.0.6:80"}
 	b := testBalancer(t, tr, &stubBase{}, Endpoints{Addrs: addrs})
 	all := b.set.Load().all

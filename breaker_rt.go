@@ -429,13 +429,14 @@ func (b *breakerRT) roundTripCall(req *http.Request, st *callState) (*http.Respo
 		ran = true
 		start := st.clock(b.hs.t)
 		resp, err = sendCall(b.next, req, st)
-		end := b.hs.t.now()
+		took := b.hs.t.since(start)
+		end := start.Add(took)
 		// The window's clock, read by isSuccessful: passing the time this
 		// way saves a third clock read per call (about 60 ns on a VM).
 		// Concurrent calls may see each other's end time, microseconds
 		// apart, which does not matter to buckets of Window/10.
 		b.lastEnd.Store(end.UnixNano())
-		return struct{}{}, b.verdict(resp, err, end.Sub(start))
+		return struct{}{}, b.verdict(resp, err, took)
 	})
 	if b.pending.Load() {
 		b.flush()
@@ -471,8 +472,9 @@ func (b *breakerRT) closedTrip(req *http.Request, st *callState, m uint64) (*htt
 	}()
 	resp, err := sendCall(b.next, req, st)
 	done = true
-	end := b.hs.t.now()
-	if v := b.verdict(resp, err, end.Sub(start)); v != errVerdictIgnored {
+	took := b.hs.t.since(start)
+	end := start.Add(took)
+	if v := b.verdict(resp, err, took); v != errVerdictIgnored {
 		b.record(m, end, v == errVerdictFailure || v == errVerdictSlowFailure, v == errVerdictSlow || v == errVerdictSlowFailure)
 	}
 	if b.pending.Load() {

@@ -176,7 +176,7 @@ func TestBreakerTrips(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			clk := newFakeClock()
 			tr := mustNew(t, Config{})
-			tr.now = clk.now
+			tr.setClock(clk.now)
 			base := &opBase{clk: clk, slow: 2 * slow}
 			b := testBreaker(t, tr, tt.br, base)
 			if got := runScript(t, b, tt.script); got != tt.wantOpen {
@@ -189,7 +189,7 @@ func TestBreakerTrips(t *testing.T) {
 func TestBreakerWindowRolls(t *testing.T) {
 	clk := newFakeClock()
 	tr := mustNew(t, Config{})
-	tr.now = clk.now
+	tr.setClock(clk.now)
 	b := testBreaker(t, tr, Breaker{MinCalls: 10, Window: 10 * time.Second}, &opBase{})
 	// Five successes, then 5 s on four failures: 9 calls, under MinCalls.
 	steps := []struct {

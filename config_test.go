@@ -161,7 +161,7 @@ func TestHostStateBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr.now = clock.now
+	tr.setClock(clock.now)
 	hot, _ := url.Parse("http://hot.internal/")
 	hotState := tr.host(hot)
 	for i := 0; i < 10_000; i++ {
@@ -219,7 +219,7 @@ func TestEvictionSparesBusyHosts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr.now = clock.now
+	tr.setClock(clock.now)
 	busyURL, _ := url.Parse("http://busy.internal/")
 	req, _ := http.NewRequest("GET", busyURL.String(), nil)
 	resp, err := tr.RoundTrip(req) // holds a slot until the body is closed

@@ -320,11 +320,19 @@ func (d *totalDeadlineRT) roundTripCall(req *http.Request, st *callState) (*http
 // little time is left, and writes the per-attempt headers (time left and
 // attempt number) on a copy of the request.
 type attemptRT struct {
-	next    http.RoundTripper
-	t       *Transport
-	attempt time.Duration // zero: no per-attempt bound
-	header  string        // empty: no deadline header (Timeout disabled)
-	hs      *hostState    // where refusals are reported (observe.go)
+	next      http.RoundTripper
+	t         *Transport
+	attempt   time.Duration // zero: no per-attempt bound
+	attemptMs string        // deadlineValue(attempt), set by instanceStack
+	header    string        // empty: no deadline header (Timeout disabled)
+	hs        *hostState    // where refusals are reported (observe.go)
+}
+
+// headerMillis is the deadline header's value for left time left: whole
+// milliseconds, less deadlineMargin for the time the request takes to
+// arrive.
+func deadlineValue(left time.Duration) string {
+	return strconv.FormatInt(int64((left-deadlineMargin)/time.Millisecond), 10)
 }
 
 func (a *attemptRT) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -403,7 +411,13 @@ func (a *attemptRT) outgoing(req *http.Request, ctx context.Context, hasDL bool,
 	vals := st.values(2)
 	out.Header = cloneHeader(req.Header)
 	if hasDL {
-		vals[0] = strconv.FormatInt(int64((left-deadlineMargin)/time.Millisecond), 10)
+		if left == a.attempt && a.attemptMs != "" {
+			// The usual first attempt: its own bound is the sooner one, and
+			// it starts at the clock reading the bound was set from.
+			vals[0] = a.attemptMs
+		} else {
+			vals[0] = deadlineValue(left)
+		}
 		out.Header[a.header] = vals[0:1:1]
 	}
 	if attemptNo > 0 {

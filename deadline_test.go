@@ -378,7 +378,7 @@ func TestCallDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Unix(1_000_000, 0)
-	tr.now = func() time.Time { return now }
+	tr.setClock(func() time.Time { return now })
 	if _, ok := callDeadline(t.Context(), nil); ok {
 		t.Error("no deadline anywhere, yet callDeadline reported one")
 	}

@@ -77,7 +77,7 @@ func TestStaleFallbackWhileOpen(t *testing.T) {
 		Breaker:  Breaker{MinCalls: 1},
 		Fallback: Fallback{Stale: StaleCache{MaxAge: maxAge}},
 	}})
-	tr.now = clk.now
+	tr.setClock(clk.now)
 	const url = "http://tax.test/rate"
 
 	if r := get(t, tr, url); r.err != nil || r.body != "7.25%" || r.header.Get(FallbackHeader) != "" {

@@ -53,7 +53,7 @@ func TestObserveOutlier(t *testing.T) {
 	cfg.Upstreams = map[string]Policy{"tax.internal": {Endpoints: Endpoints{Addrs: f.addrs}}}
 	tr := mustNew(t, cfg)
 	clk := newFakeClock()
-	tr.now = clk.now
+	tr.setClock(clk.now)
 	t.Cleanup(tr.CloseIdleConnections)
 	c := &http.Client{Transport: tr}
 

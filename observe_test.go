@@ -429,7 +429,7 @@ func TestObserveDeadlineTooShort(t *testing.T) {
 	tr := mustTransport(t, k.config(base))
 	deadline := time.Now().Add(time.Hour)
 	// 5 ms before the caller's deadline, on bulwark's clock: under minSendTime.
-	tr.now = func() time.Time { return deadline.Add(-5 * time.Millisecond) }
+	tr.setClock(func() time.Time { return deadline.Add(-5 * time.Millisecond) })
 	ctx, cancel := context.WithDeadline(t.Context(), deadline)
 	defer cancel()
 	ctx, caller := k.caller(ctx)
@@ -635,7 +635,7 @@ func TestObserveNoProvidersAllocatesNothing(t *testing.T) {
 	hs := tr.host(u)
 	a := findAttemptRT(tr, u)
 	// The same stack without observeRT: what there was before it.
-	bare := &attemptRT{next: benchBase{}, t: tr, attempt: a.attempt, header: a.header, hs: hs}
+	bare := &attemptRT{next: benchBase{}, t: tr, attempt: a.attempt, attemptMs: a.attemptMs, header: a.header, hs: hs}
 	var before http.RoundTripper = &totalDeadlineRT{next: bare, t: tr, total: tr.def.policy.Timeout.Total}
 	req, _ := http.NewRequest("GET", u.String(), nil)
 	run := func(rt func() (*http.Response, error)) float64 {
@@ -922,7 +922,7 @@ func TestGlobalProvidersSetAfterNew(t *testing.T) {
 	base := &seqBase{statuses: []int{200}}
 	tr := mustTransport(t, Config{Base: base})
 	now := time.Now()
-	tr.now = func() time.Time { return now }
+	tr.setClock(func() time.Time { return now })
 	if tr.obs.tracing() || tr.obs.metering() || tr.obs.propagator() != nil {
 		t.Fatal("observer on before any global provider was set")
 	}
@@ -1109,7 +1109,7 @@ func TestObserveRealRetryTwiceThenSucceeds(t *testing.T) {
 	cfg.Logger = slog.New(&logs)
 	tr := mustTransport(t, cfg)
 	clk := newFakeClock()
-	tr.now = clk.now
+	tr.setClock(clk.now)
 	var waits []time.Duration
 	tr.retry.randN = func(n int64) int64 { return n - 1 }
 	tr.retry.sleep = func(ctx context.Context, d time.Duration) error {

@@ -115,7 +115,7 @@ func newTestTransport(t testing.TB, base http.RoundTripper, p Policy) (*Transpor
 		t.Fatal(err)
 	}
 	clk := newFakeClock()
-	tr.now = clk.now
+	tr.setClock(clk.now)
 	var mu sync.Mutex
 	waits := new([]time.Duration)
 	tr.retry.randN = func(n int64) int64 { return n - 1 }

@@ -103,8 +103,12 @@ type Transport struct {
 	tp     trace.TracerProvider
 	mp     metric.MeterProvider
 	obs    *observer // instruments and providers, made once (observe.go)
-	// now is the clock every decision reads; tests replace it.
+	// now is the clock every decision reads; tests replace it (setClock).
 	now func() time.Time
+	// mono reports that now is time.Now, so that a duration can be read off
+	// the monotonic clock alone (time.Since), one clock reading of time.Now's
+	// two.
+	mono bool
 	// retry holds the retry layers' randomness, sleep and counters.
 	retry retryShared
 
@@ -164,6 +168,7 @@ func New(cfg Config) (*Transport, error) {
 		tp:       cfg.TracerProvider,
 		mp:       cfg.MeterProvider,
 		now:      time.Now,
+		mono:     true,
 		exact:    make(map[hostPort]*route),
 		byHost:   make(map[string]*route),
 		maxHosts: cfg.MaxHosts,
@@ -286,6 +291,17 @@ func NewClient(cfg Config) (*http.Client, error) {
 		return nil, err
 	}
 	return &http.Client{Transport: t}, nil
+}
+
+// setClock replaces the Transport's clock (for tests).
+func (t *Transport) setClock(now func() time.Time) { t.now, t.mono = now, false }
+
+// since is the time elapsed on t's clock since start, a reading of it.
+func (t *Transport) since(start time.Time) time.Duration {
+	if t.mono {
+		return time.Since(start)
+	}
+	return t.now().Sub(start)
 }
 
 // RoundTrip sends req through the stack for its host. It implements
@@ -473,6 +489,7 @@ func (t *Transport) instanceStack(hs *hostState, base http.RoundTripper, name st
 	a := &attemptRT{next: rt, t: t, hs: hs}
 	if !p.Timeout.Disabled {
 		a.attempt, a.header = p.Timeout.Attempt, p.Timeout.Header
+		a.attemptMs = deadlineValue(a.attempt)
 	}
 	obs.a = a
 	rt = a
