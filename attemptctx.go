@@ -44,6 +44,12 @@ type attemptCtx struct {
 	timer  *time.Timer   // armed by the first Done
 	stop   func() bool   // undoes the parent registration armed with the timer
 	afters []*afterReg   // registered by AfterFunc, run when the attempt ends
+
+	// Room for the one registration an attempt usually gets (net/http's
+	// Transport derives one context per request), so that it costs no
+	// allocation beyond its stop func.
+	reg0   afterReg
+	regBuf [1]*afterReg
 }
 
 // init readies c, which may be a zero attemptCtx in the call's allocation,
@@ -170,13 +176,20 @@ type afterReg struct {
 // attempt has already ended: the caller may hold a lock that f takes.
 func (c *attemptCtx) AfterFunc(f func()) (stop func() bool) {
 	c.Done() // arms the timer and the parent registration
-	r := &afterReg{c: c, f: f}
 	c.mu.Lock()
 	if c.err.Load() != nil {
 		c.mu.Unlock()
 		go f()
 		return func() bool { return false }
 	}
+	var r *afterReg
+	if c.reg0.c == nil {
+		r = &c.reg0
+		c.afters = c.regBuf[:0]
+	} else {
+		r = new(afterReg)
+	}
+	r.c, r.f = c, f
 	c.afters = append(c.afters, r)
 	c.mu.Unlock()
 	return r.stop
