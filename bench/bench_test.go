@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -100,6 +101,125 @@ func BenchmarkLoopback(b *testing.B) {
 	for _, s := range peers {
 		b.Run(s.Name, func(b *testing.B) { roundTrips(b, s.RT, srv.URL, nil) })
 	}
+}
+
+// pairedBlock is how many requests BenchmarkLoopbackPaired sends through one
+// stack before it switches to the other.
+const pairedBlock = 64
+
+// BenchmarkLoopbackPaired compares stacks with bare on loopback, each
+// measured in one loop with bare: blocks of pairedBlock requests, one
+// goroutine, alternately through each, the first of each round alternating
+// too. On a shared machine, drift between two separate benchmarks is often
+// larger than the few percent at stake; here it falls on both sides alike.
+// An op is one request through each; the metrics are each side's ns per
+// request and the ratio of their totals (stack/bare).
+//
+// background sends with context.Background, which net/http never has to
+// watch: the cheapest case for bare. Under it, bulwark (full stack),
+// bulwark-router (every layer off), bulwark-timeout (the deadline layers
+// alone: an attempt context and two headers) and withcancel (a plain
+// context.WithCancel per request, no bulwark: what any cancellable
+// per-attempt context costs in net/http) take the cost apart.
+// cancelable sends with a context.WithCancel context, as a server handler's
+// request context is: there bare too pays for a context net/http watches.
+func BenchmarkLoopbackPaired(b *testing.B) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	defer srv.Close()
+	base := http.DefaultTransport.(*http.Transport).Clone()
+	defer base.CloseIdleConnections()
+	bw, err := Bulwark(Defaults, base)
+	if err != nil {
+		b.Fatal(err)
+	}
+	layers, err := BulwarkLayers(Defaults, base)
+	if err != nil {
+		b.Fatal(err)
+	}
+	stacks := []Stack{{"bulwark", bw}}
+	for _, l := range layers {
+		if l.Name == "bulwark-router" || l.Name == "bulwark-timeout" {
+			stacks = append(stacks, l)
+		}
+	}
+	stacks = append(stacks, Stack{"withcancel", withCancelRT{base}})
+	for _, s := range stacks {
+		b.Run("background/"+s.Name, func(b *testing.B) { pairedLoop(b, pairedRequest(b, srv.URL, false), base, s.RT) })
+	}
+	b.Run("cancelable/bulwark", func(b *testing.B) { pairedLoop(b, pairedRequest(b, srv.URL, true), base, bw) })
+}
+
+// withCancelRT sends each request under a context.WithCancel of its own,
+// cancelled when the body is closed: the least a per-attempt timeout needs.
+type withCancelRT struct{ next http.RoundTripper }
+
+func (w withCancelRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx, cancel := context.WithCancel(req.Context())
+	resp, err := w.next.RoundTrip(req.WithContext(ctx))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	resp.Body = cancelBody{resp.Body, cancel}
+	return resp, nil
+}
+
+type cancelBody struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (c cancelBody) Close() error {
+	err := c.ReadCloser.Close()
+	c.cancel()
+	return err
+}
+
+func pairedRequest(b *testing.B, url string, cancelable bool) *http.Request {
+	req := httptestRequest(b, url)
+	if cancelable {
+		ctx, cancel := context.WithCancel(context.Background())
+		b.Cleanup(cancel)
+		req = req.WithContext(ctx)
+	}
+	req.Header.Set("Accept", "application/json")
+	return req
+}
+
+// pairedLoop times req through bare and bw alternately (see
+// BenchmarkLoopbackPaired).
+func pairedLoop(b *testing.B, req *http.Request, bare, bw http.RoundTripper) {
+	send := func(rt http.RoundTripper, n int) time.Duration {
+		start := time.Now()
+		for range n {
+			resp, err := rt.RoundTrip(req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		return time.Since(start)
+	}
+	send(bare, pairedBlock) // dial the connection both sides reuse
+	send(bw, pairedBlock)
+	var tBare, tBw time.Duration
+	b.ReportAllocs()
+	b.ResetTimer()
+	for n, round := 0, 0; n < b.N; round++ {
+		k := min(pairedBlock, b.N-n)
+		if round%2 == 0 {
+			tBare += send(bare, k)
+			tBw += send(bw, k)
+		} else {
+			tBw += send(bw, k)
+			tBare += send(bare, k)
+		}
+		n += k
+	}
+	b.ReportMetric(float64(tBare.Nanoseconds())/float64(b.N), "bare-ns/req")
+	b.ReportMetric(float64(tBw.Nanoseconds())/float64(b.N), "stack-ns/req")
+	b.ReportMetric(float64(tBw)/float64(tBare), "stack/bare")
 }
 
 func httptestRequest(b *testing.B, url string) *http.Request {
