@@ -25,7 +25,7 @@ const maxEnders = 4
 type body struct {
 	rc     io.ReadCloser
 	done   atomic.Bool
-	n      int
+	n      int32 // beside done, in one word
 	enders [maxEnders]bodyEnder
 }
 
@@ -47,7 +47,7 @@ func (b *body) finish() {
 	if !b.done.CompareAndSwap(false, true) {
 		return
 	}
-	for i := 0; i < b.n; i++ {
+	for i := int32(0); i < b.n; i++ {
 		b.enders[i].bodyEnd()
 		b.enders[i] = nil
 	}

@@ -128,12 +128,12 @@ type callState struct {
 	// attempt is the number of the attempt being sent, set by the retry
 	// layer before each send; zero when no retry layer runs.
 	attempt int
-	// start is the clock reading when the call began (the router's), and
-	// sent the reading the layers of the attempt under way share (see
-	// clock), zero when stale: attemptRT, the last to use it, clears it, and
-	// a layer that waits between the first reader and attemptRT (the
-	// bulkhead's queue and rate limit) must call staleClock after its wait.
-	start, sent time.Time
+	// sent is the clock reading the layers of the attempt under way share
+	// (see clock), zero when stale: the router's as the call begins;
+	// attemptRT, the last to use it, clears it, and a layer that waits
+	// between the first reader and attemptRT (the bulkhead's queue and rate
+	// limit) must call staleClock after its wait.
+	sent time.Time
 	// tried holds the ids of the last instances the balancer sent this
 	// call to, so that a retry goes to another one; ntried counts sends.
 	tried  [maxTried]uint32

@@ -651,7 +651,7 @@ func TestObserveNoProvidersAllocatesNothing(t *testing.T) {
 	// before is driven as the router drives a stack: with a call state
 	// made for it, handed down.
 	withRouter := func() (*http.Response, error) {
-		return sendCall(before, req, &callState{owner: tr, start: tr.now()})
+		return sendCall(before, req, &callState{owner: tr, sent: tr.now()})
 	}
 	if with, without := run(func() (*http.Response, error) { return tr.RoundTrip(req) }), run(withRouter); with != without {
 		t.Errorf("RoundTrip allocates %v times with the observer, %v without", with, without)

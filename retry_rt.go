@@ -423,13 +423,11 @@ func (r *retryRT) roundTripCall(req *http.Request, st *callState) (*http.Respons
 	}
 }
 
-// callStart is when the call began, in unix nanoseconds: the router's clock
-// reading, so that the success path reads no clock of its own (on some
-// virtual machines a clock read costs more than the rest of this layer).
+// callStart is when the call began, in unix nanoseconds: before the first
+// attempt, the shared reading is still the router's, so that the success
+// path reads no clock of its own (on some virtual machines a clock read
+// costs more than the rest of this layer).
 func (r *retryRT) callStart(st *callState) int64 {
-	if !st.start.IsZero() {
-		return st.start.UnixNano()
-	}
 	return st.clock(r.t).UnixNano()
 }
 

@@ -322,7 +322,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// The layers below share one state and one clock reading per call
 		// (see callState and callRT); made here, where the clock was read
 		// anyway.
-		st = &callState{owner: t, start: now, sent: now}
+		st = &callState{owner: t, sent: now}
 	}
 	return hs.roundTrip(req, st)
 }
