@@ -14,42 +14,40 @@ import (
 // because of what WithDeadline costs on every attempt: four allocations
 // (the context, its timer, the timer's closure and the cancel closure) and
 // a timer armed and stopped, whether or not anything below ever waits on
-// the context. attemptCtx makes its channel and arms its timer the first
-// time Done is called: a base that only calls Err, or nothing at all (a
-// cache, a stub, a transport that fails fast), costs no timer, and the
-// first attempt's attemptCtx lives inside the call's own allocation (see
-// callState), so it costs none either. When a base does wait (net/http's
-// Transport calls Done on every request), it costs a channel and a timer,
-// still less than WithDeadline.
+// the context. attemptCtx is WithDeadline made late: the first call to Done
+// makes one (std), and from then on Done, Err and Value are std's, so that
+// contexts derived from it (net/http's Transport derives one per request)
+// attach to std as to any standard context. Until then, Err is worked out
+// from the parent and the clock. A base that never calls Done (a cache, a
+// stub, a transport that fails fast) so costs no timer and, since the first
+// attempt's attemptCtx lives in the call's own allocation (see callState),
+// no allocation either.
 //
 // Semantics are those of a context from WithDeadline whose cancel runs
-// when the attempt ends (its body is finished, or it failed), with two
-// differences that no caller can tell apart from scheduling: Err reports
-// the deadline as soon as it has passed, without waiting for a timer to
-// fire, and a parent's cancellation reaches Err when Err is called and
-// Done's channel once Done has been called. context.Cause of an attemptCtx
-// is its parent's cause, or its Err when the parent has none (as for any
-// Context that is not one of the standard library's).
+// when the attempt ends (its body is finished, or it failed), with one
+// difference that no caller can tell apart from scheduling: before Done is
+// called, Err reports the deadline as soon as it has passed, and a parent's
+// cancellation when it is called. One more, which context.Cause shows:
+// the cause of an attempt that ended before Done was called is its
+// parent's, or its Err when the parent has none, as for any Context that
+// is not the standard library's (the context package finds causes through
+// a key of its own).
 type attemptCtx struct {
 	parent   context.Context
 	deadline time.Time
 	call     *callState // the call's state, for callOf below; may be nil
 
-	// err is set once, when the attempt ends; it points at one of the
-	// errRef values for the two usual errors, so ending allocates nothing.
+	// armed is set, under mu, once std and cancel are: after that they are
+	// read without the lock.
+	armed  atomic.Bool
+	std    context.Context
+	cancel context.CancelFunc
+
+	// err is how the attempt ended before it was armed; it points at one of
+	// the errRef values for the two usual errors, so ending allocates
+	// nothing. Guarded by mu for writes.
 	err atomic.Pointer[error]
-
-	mu     sync.Mutex
-	done   chan struct{} // made by the first Done; closed when the attempt ends
-	timer  *time.Timer   // armed by the first Done
-	stop   func() bool   // undoes the parent registration armed with the timer
-	afters []*afterReg   // registered by AfterFunc, run when the attempt ends
-
-	// Room for the one registration an attempt usually gets (net/http's
-	// Transport derives one context per request), so that it costs no
-	// allocation beyond its stop func.
-	reg0   afterReg
-	regBuf [1]*afterReg
+	mu  sync.Mutex
 }
 
 // init readies c, which may be a zero attemptCtx in the call's allocation,
@@ -64,17 +62,57 @@ func (c *attemptCtx) Value(key any) any {
 	if key == (callKey{}) && c.call != nil {
 		return c.call
 	}
+	if c.armed.Load() {
+		// std's, so that the context package finds std as the cancelCtx
+		// to attach derived contexts to (its Done is ours).
+		return c.std.Value(key)
+	}
 	return c.parent.Value(key)
 }
 
+func (c *attemptCtx) Done() <-chan struct{} {
+	if c.armed.Load() {
+		return c.std.Done()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.armed.Load() {
+		if p := c.err.Load(); p != nil {
+			// Ended already, with an error Err has reported: std must keep
+			// to it, whatever has happened to the parent or the clock
+			// since.
+			c.std, c.cancel = endedCtx{c.parent, *p}, func() {}
+		} else {
+			c.std, c.cancel = context.WithDeadline(c.parent, c.deadline)
+		}
+		c.armed.Store(true)
+	}
+	return c.std.Done()
+}
+
+// endedCtx is the std of an attempt that ended before anything waited on
+// it: done, with the error it ended with. A context derived from it is
+// cancelled as it is made, since its Done is closed.
+type endedCtx struct {
+	context.Context
+	err error
+}
+
+func (e endedCtx) Done() <-chan struct{} { return closedChan }
+func (e endedCtx) Err() error            { return e.err }
+
+// closedChan is the Done of every endedCtx.
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
 func (c *attemptCtx) Err() error {
+	if c.armed.Load() {
+		return c.std.Err()
+	}
 	if p := c.err.Load(); p != nil {
-		// end stores err before it closes done, both under mu: passing
-		// through mu makes sure done is closed too before Err says so, as
-		// the Context contract asks.
-		c.mu.Lock()
-		//lint:ignore SA2001 the empty critical section is the point
-		c.mu.Unlock()
 		return *p
 	}
 	if err := c.parent.Err(); err != nil {
@@ -84,129 +122,30 @@ func (c *attemptCtx) Err() error {
 	} else {
 		return nil
 	}
-	return *c.err.Load()
-}
-
-func (c *attemptCtx) Done() <-chan struct{} {
-	c.mu.Lock()
-	if c.done != nil {
-		d := c.done
-		c.mu.Unlock()
-		return d
-	}
-	c.done = make(chan struct{})
-	d := c.done
-	if c.err.Load() != nil {
-		close(d)
-		c.mu.Unlock()
-		return d
-	}
-	wake := c.wake
-	if left := time.Until(c.deadline); left > 0 {
-		c.timer = time.AfterFunc(left, wake)
-	} else {
-		// Past already: end now (outside the lock, which end takes), with
-		// the parent's error if it ended first.
-		c.mu.Unlock()
-		wake()
-		return d
-	}
-	if c.parent.Done() != nil {
-		// If the parent is already done, wake runs at once in a goroutine
-		// of its own, so it cannot deadlock on c.mu.
-		c.stop = context.AfterFunc(c.parent, wake)
-	}
-	c.mu.Unlock()
-	return d
-}
-
-// wake is the timer's and the parent's callback: whichever came first ends
-// the attempt with its reason.
-func (c *attemptCtx) wake() {
-	if err := c.parent.Err(); err != nil {
-		c.end(err)
-		return
-	}
-	c.end(context.DeadlineExceeded)
+	return c.Err()
 }
 
 // bodyEnd is the cancel of the attempt: it ends when the caller is done
 // with the body, or when attemptRT returns an error.
-func (c *attemptCtx) bodyEnd() { c.end(context.Canceled) }
-
-// end ends the attempt with err; only the first call counts.
-func (c *attemptCtx) end(err error) {
-	c.mu.Lock()
-	if c.err.Load() != nil {
-		c.mu.Unlock()
-		return
-	}
-	c.err.Store(errRef(err))
-	if c.done != nil {
-		close(c.done)
-	}
-	tm, stop, afters := c.timer, c.stop, c.afters
-	c.timer, c.stop, c.afters = nil, nil, nil
-	c.mu.Unlock()
-	if tm != nil {
-		tm.Stop()
-	}
-	if stop != nil {
-		stop()
-	}
-	// Outside the lock: these are the cancel functions of contexts derived
-	// from this one, and they call back into Err.
-	for _, r := range afters {
-		r.f()
+func (c *attemptCtx) bodyEnd() {
+	if !c.end(context.Canceled) {
+		c.cancel()
 	}
 }
 
-// afterReg is one AfterFunc registration.
-type afterReg struct {
-	c *attemptCtx
-	f func()
-}
-
-// AfterFunc arranges for f to run once the attempt has ended, and returns
-// a func that cancels that unless it has already happened. The context
-// package uses this method, where a Context has it, to propagate
-// cancellation to contexts derived from this one (net/http's Transport
-// derives one on every request) without a goroutine per derived context.
-// As with context.AfterFunc, f runs in a goroutine of its own if the
-// attempt has already ended: the caller may hold a lock that f takes.
-func (c *attemptCtx) AfterFunc(f func()) (stop func() bool) {
-	c.Done() // arms the timer and the parent registration
-	c.mu.Lock()
-	if c.err.Load() != nil {
-		c.mu.Unlock()
-		go f()
-		return func() bool { return false }
-	}
-	var r *afterReg
-	if c.reg0.c == nil {
-		r = &c.reg0
-		c.afters = c.regBuf[:0]
-	} else {
-		r = new(afterReg)
-	}
-	r.c, r.f = c, f
-	c.afters = append(c.afters, r)
-	c.mu.Unlock()
-	return r.stop
-}
-
-// stop removes r before it runs; false when it has run or was removed.
-func (r *afterReg) stop() bool {
-	c := r.c
+// end ends an attempt not yet armed with err, reporting false if it was
+// armed instead (std then keeps its own account); only the first end
+// counts.
+func (c *attemptCtx) end(err error) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for i, x := range c.afters {
-		if x == r {
-			c.afters = append(c.afters[:i], c.afters[i+1:]...)
-			return true
-		}
+	if c.armed.Load() {
+		return false
 	}
-	return false
+	if c.err.Load() == nil {
+		c.err.Store(errRef(err))
+	}
+	return true
 }
 
 func (c *attemptCtx) String() string {

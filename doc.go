@@ -27,6 +27,16 @@
 // and returns a response or an error, never both. A context the stack
 // creates ends when the caller closes the response body or reads it to EOF.
 //
+// What a call costs is kept to what the features need. The router makes
+// the call's state once, in one allocation with room for the first
+// attempt's context, body wrapper and header values, and bulwark's layers
+// hand it down to each other directly; the caller's request reaches the
+// attempt layer unchanged, which makes the one copy an attempt needs (its
+// context and its deadline headers). The attempt context makes its
+// channel and timer only when something below waits on it, and while the
+// breaker is closed its calls do not take gobreaker's lock. BENCHMARKS.md has the
+// measured figures (make bench).
+//
 // On the server side, DeadlineHandler turns an incoming deadline header back
 // into a context deadline, so a deadline crosses every hop, and a Shedder
 // refuses with a fast 503 (with Retry-After and NoRetryHeader) instead of
