@@ -118,9 +118,11 @@ const pairedBlock = 64
 // background sends with context.Background, which net/http never has to
 // watch: the cheapest case for bare. Under it, bulwark (full stack),
 // bulwark-router (every layer off), bulwark-timeout (the deadline layers
-// alone: an attempt context and two headers) and withcancel (a plain
+// alone: an attempt context and two headers), withcancel (a plain
 // context.WithCancel per request, no bulwark: what any cancellable
-// per-attempt context costs in net/http) take the cost apart.
+// per-attempt context costs in net/http) and headers (two more request
+// headers, no bulwark) take the cost apart; failsafe-go and retryablehttp,
+// configured as in BenchmarkLoopback, are measured the same way.
 // cancelable sends with a context.WithCancel context, as a server handler's
 // request context is: there bare too pays for a context net/http watches.
 func BenchmarkLoopbackPaired(b *testing.B) {
@@ -146,11 +148,28 @@ func BenchmarkLoopbackPaired(b *testing.B) {
 			stacks = append(stacks, l)
 		}
 	}
-	stacks = append(stacks, Stack{"withcancel", withCancelRT{base}})
+	stacks = append(stacks,
+		Stack{"withcancel", withCancelRT{base}},
+		Stack{"headers", twoHeadersRT{base}},
+		Stack{"failsafe-go", Failsafe(Defaults, base)},
+		Stack{"retryablehttp", RetryableHTTP(Defaults, base)})
 	for _, s := range stacks {
 		b.Run("background/"+s.Name, func(b *testing.B) { pairedLoop(b, pairedRequest(b, srv.URL, false), base, s.RT) })
 	}
 	b.Run("cancelable/bulwark", func(b *testing.B) { pairedLoop(b, pairedRequest(b, srv.URL, true), base, bw) })
+}
+
+// twoHeadersRT sends each request with two headers more, of the lengths of
+// bulwark's deadline and attempt headers, on a copy of the request and of
+// its header: what propagating a deadline costs without any context.
+type twoHeadersRT struct{ next http.RoundTripper }
+
+func (t twoHeadersRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	out := req.WithContext(req.Context())
+	out.Header = req.Header.Clone()
+	out.Header["X-Timeout-Ms-Demo"] = []string{"9995"}
+	out.Header["X-Attempt-Demo"] = []string{"1"}
+	return t.next.RoundTrip(out)
 }
 
 // withCancelRT sends each request under a context.WithCancel of its own,
