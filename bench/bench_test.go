@@ -212,6 +212,16 @@ func pairedRequest(b *testing.B, url string, cancelable bool) *http.Request {
 // pairedLoop times req through bare and bw alternately (see
 // BenchmarkLoopbackPaired).
 func pairedLoop(b *testing.B, req *http.Request, bare, bw http.RoundTripper) {
+	t := interleave(b, req, pairedBlock, bare, bw)
+	b.ReportMetric(float64(t[0].Nanoseconds())/float64(b.N), "bare-ns/req")
+	b.ReportMetric(float64(t[1].Nanoseconds())/float64(b.N), "stack-ns/req")
+	b.ReportMetric(float64(t[1])/float64(t[0]), "stack/bare")
+}
+
+// interleave sends b.N requests through each of rts, in blocks of block,
+// the order of the stacks rotating each round, from one goroutine, and
+// returns each stack's total time.
+func interleave(b *testing.B, req *http.Request, block int, rts ...http.RoundTripper) []time.Duration {
 	send := func(rt http.RoundTripper, n int) time.Duration {
 		start := time.Now()
 		for range n {
@@ -224,25 +234,21 @@ func pairedLoop(b *testing.B, req *http.Request, bare, bw http.RoundTripper) {
 		}
 		return time.Since(start)
 	}
-	send(bare, pairedBlock) // dial the connection both sides reuse
-	send(bw, pairedBlock)
-	var tBare, tBw time.Duration
+	for _, rt := range rts {
+		send(rt, block) // warm: connections dialled, per-host state made
+	}
+	total := make([]time.Duration, len(rts))
 	b.ReportAllocs()
 	b.ResetTimer()
 	for n, round := 0, 0; n < b.N; round++ {
-		k := min(pairedBlock, b.N-n)
-		if round%2 == 0 {
-			tBare += send(bare, k)
-			tBw += send(bw, k)
-		} else {
-			tBw += send(bw, k)
-			tBare += send(bare, k)
+		k := min(block, b.N-n)
+		for i := range rts {
+			j := (i + round) % len(rts)
+			total[j] += send(rts[j], k)
 		}
 		n += k
 	}
-	b.ReportMetric(float64(tBare.Nanoseconds())/float64(b.N), "bare-ns/req")
-	b.ReportMetric(float64(tBw.Nanoseconds())/float64(b.N), "stack-ns/req")
-	b.ReportMetric(float64(tBw)/float64(tBare), "stack/bare")
+	return total
 }
 
 func httptestRequest(b *testing.B, url string) *http.Request {
