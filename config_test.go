@@ -190,6 +190,52 @@ func TestHostStateBounded(t *testing.T) {
 	}
 }
 
+// TestLastHostFastPath: the last-host shortcut in lookup gives the same
+// state as the map for every spelling of a host, and never an evicted one.
+func TestLastHostFastPath(t *testing.T) {
+	clock := newFakeClock()
+	tr, err := New(Config{MaxHosts: 8, HostIdle: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.setClock(clock.now)
+	a := &url.URL{Scheme: "http", Host: "a.example"}
+	hs := tr.host(a)
+	if tr.last.Load() != hs {
+		t.Fatal("the host just looked up is not the last one")
+	}
+	for _, u := range []*url.URL{
+		{Scheme: "http", Host: "A.EXAMPLE"},
+		{Scheme: "HTTP", Host: "a.example:80"},
+		{Scheme: "http", Host: "a.example"},
+	} {
+		if got := tr.host(u); got != hs {
+			t.Errorf("%s://%s: another state than a.example's", u.Scheme, u.Host)
+		}
+	}
+	if tr.last.Load() != hs {
+		t.Error("other spellings displaced the state's own from the fast path")
+	}
+	// Seven more hosts fill the map; a.example, looked up last again, then
+	// idles past HostIdle, and the next new host evicts every idle one:
+	// the next request for a.example must get a fresh state, not the
+	// evicted one.
+	for i := 0; i < 7; i++ {
+		tr.host(&url.URL{Scheme: "http", Host: "h" + strconv.Itoa(i) + ".example"})
+	}
+	if tr.host(a) != hs || tr.hostCount() != 8 {
+		t.Fatalf("a.example lost its state before the map was full (%d hosts)", tr.hostCount())
+	}
+	clock.advance(2 * time.Minute)
+	tr.host(&url.URL{Scheme: "http", Host: "new.example"})
+	// A lookup that found a.example in the map just before the eviction
+	// may store it on the fast path just after.
+	tr.last.Store(hs)
+	if got := tr.host(a); got == hs {
+		t.Error("a.example got its evicted state back")
+	}
+}
+
 func TestRoundTripBadInput(t *testing.T) {
 	base := &stubBase{}
 	tr, err := New(Config{Base: base})

@@ -105,6 +105,9 @@ type Transport struct {
 	obs    *observer // instruments and providers, made once (observe.go)
 	// now is the clock every decision reads; tests replace it (setClock).
 	now func() time.Time
+	// last is the host lookup found last (see lookup); nil after its
+	// eviction.
+	last atomic.Pointer[hostState]
 	// mono reports that now is time.Now, so that a duration can be read off
 	// the monotonic clock alone (time.Since), one clock reading of time.Now's
 	// two.
@@ -144,14 +147,19 @@ type hostState struct {
 	upstream string
 	policy   *Policy
 	rt       http.RoundTripper
-	call     bool         // the stack keeps call state: the router makes it (RoundTrip)
-	pushback *pushbackRT  // layer 5, nil when off; the retry layer reads its pause
-	breaker  *breakerRT   // nil when the upstream's breaker is disabled
-	bulkhead *bulkheadRT  // nil when the upstream's bulkhead is disabled or per instance
-	balancer *balancerRT  // layer 6b, nil unless the upstream has Endpoints
-	budget   *retryBudget // layer 4's budget, nil when off; read by its gauge
-	lastUsed atomic.Int64 // unix nanoseconds, updated at most every touchEvery
-	obs      hostObs      // cached metric attribute sets (observe.go)
+	call     bool // the stack keeps call state: the router makes it (RoundTrip)
+	// rawScheme and rawHost are the URL's Scheme and Host, as written, of
+	// the request that made this state: the last-host fast path (lookup)
+	// matches them exactly.
+	rawScheme, rawHost string
+	gone               atomic.Bool  // evicted (dropLocked)
+	pushback           *pushbackRT  // layer 5, nil when off; the retry layer reads its pause
+	breaker            *breakerRT   // nil when the upstream's breaker is disabled
+	bulkhead           *bulkheadRT  // nil when the upstream's bulkhead is disabled or per instance
+	balancer           *balancerRT  // layer 6b, nil unless the upstream has Endpoints
+	budget             *retryBudget // layer 4's budget, nil when off; read by its gauge
+	lastUsed           atomic.Int64 // unix nanoseconds, updated at most every touchEvery
+	obs                hostObs      // cached metric attribute sets (observe.go)
 }
 
 // touchEvery is the resolution of a host's last-used time: fine enough for
@@ -362,28 +370,44 @@ func (t *Transport) host(u *url.URL) *hostState {
 
 // lookup is host, and the clock reading it took.
 func (t *Transport) lookup(u *url.URL) (*hostState, time.Time) {
+	clock := t.now()
+	now := clock.UnixNano()
+	// The last host looked up, when u names it exactly as the URL that made
+	// its state did: one atomic load and two string comparisons, where the
+	// map costs a lowercased, parsed key, its hash and the read lock, whose
+	// counter every core writes.
+	if hs := t.last.Load(); hs != nil && hs.rawHost == u.Host && hs.rawScheme == u.Scheme && !hs.gone.Load() {
+		t.touch(hs, now)
+		return hs, clock
+	}
 	k := hostKey{scheme: strings.ToLower(u.Scheme), host: strings.ToLower(u.Hostname()), port: u.Port()}
 	if k.port == "" {
 		k.port = defaultPort(k.scheme)
 	}
-	clock := t.now()
-	now := clock.UnixNano()
 	t.mu.RLock()
 	hs := t.hosts[k]
 	t.mu.RUnlock()
-	if hs != nil {
-		// Written at most every touchEvery, so hot hosts do not bounce the
-		// cache line between cores on every request.
-		if now-hs.lastUsed.Load() > int64(touchEvery) {
-			hs.lastUsed.Store(now)
-			t.obs.refresh() // a global provider may have been set since
-		}
-		return hs, clock
+	if hs == nil {
+		hs = t.addHost(k, u, now)
+	} else {
+		t.touch(hs, now)
 	}
-	return t.addHost(k, now), clock
+	if hs.rawHost == u.Host && hs.rawScheme == u.Scheme && t.last.Load() != hs {
+		t.last.Store(hs)
+	}
+	return hs, clock
 }
 
-func (t *Transport) addHost(k hostKey, now int64) *hostState {
+// touch records that hs was used at now, at most every touchEvery, so hot
+// hosts do not bounce the cache line between cores on every request.
+func (t *Transport) touch(hs *hostState, now int64) {
+	if now-hs.lastUsed.Load() > int64(touchEvery) {
+		hs.lastUsed.Store(now)
+		t.obs.refresh() // a global provider may have been set since
+	}
+}
+
+func (t *Transport) addHost(k hostKey, u *url.URL, now int64) *hostState {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if hs := t.hosts[k]; hs != nil {
@@ -396,7 +420,8 @@ func (t *Transport) addHost(k hostKey, now int64) *hostState {
 	// does not keep that URL alive.
 	k = hostKey{strings.Clone(k.scheme), strings.Clone(k.host), strings.Clone(k.port)}
 	r := t.route(k)
-	hs := &hostState{t: t, key: k, name: net.JoinHostPort(k.host, k.port), upstream: r.upstream, policy: &r.policy}
+	hs := &hostState{t: t, key: k, name: net.JoinHostPort(k.host, k.port), upstream: r.upstream, policy: &r.policy,
+		rawScheme: strings.Clone(u.Scheme), rawHost: strings.Clone(u.Host)}
 	hs.lastUsed.Store(now)
 	hs.rt = t.buildStack(hs)
 	hs.call = !r.policy.Retry.Disabled || !r.policy.Timeout.Disabled && r.policy.Timeout.Total > 0
@@ -412,9 +437,9 @@ func (t *Transport) addHost(k hostKey, now int64) *hostState {
 // beside the one its running requests still hold, and the host would see
 // twice its limit.
 func (t *Transport) evictLocked(now int64) {
-	for k, hs := range t.hosts {
+	for _, hs := range t.hosts {
 		if now-hs.lastUsed.Load() > int64(t.idle) && !hs.busy() {
-			delete(t.hosts, k)
+			t.dropLocked(hs)
 		}
 	}
 	if len(t.hosts) < t.maxHosts {
@@ -437,9 +462,18 @@ func (t *Transport) evictLocked(now int64) {
 	})
 	keep := t.maxHosts - t.maxHosts/8 - 1
 	for _, e := range all[:len(all)-keep] {
-		delete(t.hosts, e.hs.key)
+		t.dropLocked(e.hs)
 	}
 	t.logger.Debug("bulwark: evicted per-host state", "hosts", len(all)-keep, "cap", t.maxHosts)
+}
+
+// dropLocked removes hs's state from the map, and marks it gone so that the
+// last-host fast path never returns it, even when a lookup that found it in
+// the map just before stores it there after. Under t.mu.
+func (t *Transport) dropLocked(hs *hostState) {
+	delete(t.hosts, hs.key)
+	hs.gone.Store(true)
+	t.last.CompareAndSwap(hs, nil)
 }
 
 // busy reports whether the host has requests holding bulkhead slots or
