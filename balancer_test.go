@@ -690,3 +690,44 @@ func BenchmarkBalancerPick(b *testing.B) {
 		}
 	})
 }
+
+// TestBalancerBulkheadStates: with Endpoints, each instance has a bulkhead
+// of its own, and BulkheadStates reports each, under the logical host, with
+// the instance in Endpoint: a held response shows on the instance that
+// served it and nowhere else.
+func TestBalancerBulkheadStates(t *testing.T) {
+	f := newFleet(t, 2, "tax.internal", func(int) int { return 200 })
+	tr, _, _, _ := balancedTransport(t, nil, Policy{
+		Endpoints: Endpoints{Addrs: f.addrs},
+		Bulkhead:  Bulkhead{MaxConcurrent: 3},
+	})
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://tax.internal/rate", nil)
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := f.addrs[0]
+	if f.hits[1].Load() == 1 {
+		served = f.addrs[1]
+	}
+	check := func(wantHeld int) {
+		t.Helper()
+		states := tr.BulkheadStates()
+		if len(states) != len(f.addrs) {
+			t.Fatalf("%d bulkhead states, want one per instance (%d): %+v", len(states), len(f.addrs), states)
+		}
+		for _, s := range states {
+			want := 0
+			if s.Endpoint == served {
+				want = wantHeld
+			}
+			if s.Host != "tax.internal:80" || s.Upstream != "tax.internal" || s.MaxConcurrent != 3 || s.InFlight != want {
+				t.Errorf("state %+v: want host tax.internal:80, upstream tax.internal, 3 slots, %d held", s, want)
+			}
+		}
+	}
+	check(1)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	check(0)
+}

@@ -424,12 +424,15 @@ func (b *bulkheadRT) stats() (inFlight, queued int) {
 	return int(b.inFlight.Load()), b.queued
 }
 
-// BulkheadState is one host's bulkhead as BulkheadStates reports it.
+// BulkheadState is one bulkhead as BulkheadStates reports it.
 type BulkheadState struct {
 	// Host is the host's "host:port": lower-case, the port always present
 	// (the scheme's default when the URL has none), an IPv6 address in
 	// brackets; the same string errors carry.
 	Host string
+	// Endpoint is, for an upstream with Endpoints (a bulkhead per
+	// instance), the instance's "host:port"; empty otherwise.
+	Endpoint string
 	// Scheme is the URL scheme; one host:port reached over two schemes has
 	// two bulkheads.
 	Scheme string
@@ -462,22 +465,41 @@ func (t *Transport) BulkheadStats(host string) (inFlight, queued int, ok bool) {
 	return inFlight, queued, ok
 }
 
-// BulkheadStates reports every live host's bulkhead (hosts whose bulkhead
-// is disabled are left out), in no particular order, for export as metrics.
+// BulkheadStates reports every live host's bulkhead, or each instance's for
+// an upstream with Endpoints (hosts whose bulkhead is disabled are left
+// out), in no particular order, for export as metrics.
 func (t *Transport) BulkheadStates() []BulkheadState {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	out := make([]BulkheadState, 0, len(t.hosts))
 	for _, hs := range t.hosts {
-		b := hs.bulkhead
-		if b == nil {
-			continue
-		}
-		f, q := b.stats()
-		out = append(out, BulkheadState{
-			Host: hs.name, Scheme: hs.key.scheme, Upstream: hs.upstream,
-			InFlight: f, Queued: q, MaxConcurrent: b.max, MaxQueue: b.maxQueue,
+		hs.eachBulkhead(func(endpoint string, b *bulkheadRT) {
+			f, q := b.stats()
+			out = append(out, BulkheadState{
+				Host: hs.name, Endpoint: endpoint, Scheme: hs.key.scheme, Upstream: hs.upstream,
+				InFlight: f, Queued: q, MaxConcurrent: b.max, MaxQueue: b.maxQueue,
+			})
 		})
 	}
 	return out
+}
+
+// eachBulkhead calls f for each of the host's bulkheads: its own, or, for
+// an upstream with Endpoints, each current instance's (endpoint is then the
+// instance's "host:port", else empty).
+func (hs *hostState) eachBulkhead(f func(endpoint string, b *bulkheadRT)) {
+	if hs.bulkhead != nil {
+		f("", hs.bulkhead)
+		return
+	}
+	if hs.balancer == nil {
+		return
+	}
+	if set := hs.balancer.set.Load(); set != nil {
+		for _, in := range set.all {
+			if in.bh != nil {
+				f(in.addr, in.bh)
+			}
+		}
+	}
 }

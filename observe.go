@@ -634,19 +634,19 @@ func (t *Transport) registerGauges() {
 		t.registerGauge("bulwark.bulkhead.in_flight", "Bulkhead slots held.", "{request}", gaugeSum,
 			func(observe func(string, int64)) {
 				t.eachHost(func(hs *hostState) {
-					if hs.bulkhead != nil {
-						in, _ := hs.bulkhead.stats()
+					hs.eachBulkhead(func(_ string, b *bulkheadRT) {
+						in, _ := b.stats()
 						observe(hs.upstream, int64(in))
-					}
+					})
 				})
 			}),
 		t.registerGauge("bulwark.bulkhead.queued", "Requests queued for a bulkhead slot.", "{request}", gaugeSum,
 			func(observe func(string, int64)) {
 				t.eachHost(func(hs *hostState) {
-					if hs.bulkhead != nil {
-						_, q := hs.bulkhead.stats()
+					hs.eachBulkhead(func(_ string, b *bulkheadRT) {
+						_, q := b.stats()
 						observe(hs.upstream, int64(q))
-					}
+					})
 				})
 			}),
 		t.registerGauge("bulwark.retry.budget.remaining", "Retries the retry budget allows now; the scarcest of the upstream's hosts.", "{retry}", gaugeMin,
