@@ -173,19 +173,19 @@ type bulkheadRT struct {
 	// under mu, where the queue is, so hand-offs stay race-free.
 	inFlight atomic.Int64
 
-	mu     sync.Mutex
-	queued int
-	head   *slotWaiter // FIFO of waiters, oldest first
-	tail   *slotWaiter
+	mu    sync.Mutex
+	queue fifo[slotWaiter, *slotWaiter] // the waiters
 }
 
 // slotWaiter is one queued request. granted and the links are guarded by the
 // bulkhead's mu; ready is closed once, by the releaser that grants it.
 type slotWaiter struct {
-	ready      chan struct{}
-	granted    bool
-	prev, next *slotWaiter
+	ready   chan struct{}
+	granted bool
+	links   links[slotWaiter]
 }
+
+func (w *slotWaiter) fifoLinks() *links[slotWaiter] { return &w.links }
 
 // newBulkheadRT builds the bulkhead p describes for host hs, or for one
 // instance of hs when it is a balanced upstream; name ("host:port") goes in
@@ -263,12 +263,12 @@ func (b *bulkheadRT) acquire(req *http.Request, st *callState) error {
 	// A free slot goes to the queue first: taking it past waiters would
 	// break FIFO order (and a releaser hands slots to waiters directly, so
 	// a free slot with waiters only exists for an instant anyway).
-	if n := b.inFlight.Load(); n < int64(b.max) && b.head == nil {
+	if n := b.inFlight.Load(); n < int64(b.max) && b.queue.head == nil {
 		b.inFlight.Store(n + 1)
 		b.mu.Unlock()
 		return nil
 	}
-	if b.queued >= b.maxQueue {
+	if b.queue.n >= b.maxQueue {
 		b.mu.Unlock()
 		return b.full
 	}
@@ -283,7 +283,7 @@ func (b *bulkheadRT) acquire(req *http.Request, st *callState) error {
 		return b.full
 	}
 	w := &slotWaiter{ready: make(chan struct{})}
-	b.push(w)
+	b.queue.push(w)
 	b.mu.Unlock()
 
 	var timeout <-chan time.Time
@@ -315,7 +315,7 @@ func (b *bulkheadRT) acquire(req *http.Request, st *callState) error {
 		b.release()
 		return err
 	}
-	b.remove(w)
+	b.queue.remove(w)
 	b.mu.Unlock()
 	return err
 }
@@ -342,8 +342,8 @@ func (b *bulkheadRT) release() {
 		return
 	}
 	b.mu.Lock()
-	if w := b.head; w != nil {
-		b.remove(w)
+	if w := b.queue.head; w != nil {
+		b.queue.remove(w)
 		w.granted = true
 		b.mu.Unlock()
 		close(w.ready)
@@ -351,32 +351,6 @@ func (b *bulkheadRT) release() {
 	}
 	b.inFlight.Add(-1)
 	b.mu.Unlock()
-}
-
-func (b *bulkheadRT) push(w *slotWaiter) {
-	w.prev = b.tail
-	if b.tail != nil {
-		b.tail.next = w
-	} else {
-		b.head = w
-	}
-	b.tail = w
-	b.queued++
-}
-
-func (b *bulkheadRT) remove(w *slotWaiter) {
-	if w.prev != nil {
-		w.prev.next = w.next
-	} else {
-		b.head = w.next
-	}
-	if w.next != nil {
-		w.next.prev = w.prev
-	} else {
-		b.tail = w.prev
-	}
-	w.prev, w.next = nil, nil
-	b.queued--
 }
 
 // waitRate takes a rate-limit token, waiting for it only when the wait ends
@@ -421,7 +395,7 @@ func (b *bulkheadRT) waitRate(req *http.Request, st *callState) error {
 func (b *bulkheadRT) stats() (inFlight, queued int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return int(b.inFlight.Load()), b.queued
+	return int(b.inFlight.Load()), b.queue.n
 }
 
 // BulkheadState is one bulkhead as BulkheadStates reports it.

@@ -277,9 +277,9 @@ type Shedder struct {
 	now func() time.Time
 
 	mu       sync.Mutex
-	inflight int                     // guarded by mu
-	queue    [numPriorities]waitList // guarded by mu; FIFO per priority
-	queued   int                     // guarded by mu; sum of the lists' lengths
+	inflight int                                  // guarded by mu
+	queue    [numPriorities]fifo[waiter, *waiter] // guarded by mu; one per priority
+	queued   int                                  // guarded by mu; sum of the lists' lengths
 
 	// Mirrors of inflight and queued, written under mu, so Stats reads
 	// them without contending with the hot path.
@@ -566,40 +566,14 @@ const (
 
 // waiter is one queued request.
 type waiter struct {
-	prio       Priority
-	state      uint8
-	ready      chan struct{} // buffered: the one send never blocks
-	patience   time.Time     // the instant it stops waiting
-	prev, next *waiter
+	prio     Priority
+	state    uint8
+	ready    chan struct{} // buffered: the one send never blocks
+	patience time.Time     // the instant it stops waiting
+	links    links[waiter]
 }
 
-// waitList is a FIFO of waiters, linked so that one leaving from the middle
-// costs O(1).
-type waitList struct{ head, tail *waiter }
-
-func (l *waitList) push(w *waiter) {
-	w.prev, w.next = l.tail, nil
-	if l.tail != nil {
-		l.tail.next = w
-	} else {
-		l.head = w
-	}
-	l.tail = w
-}
-
-func (l *waitList) remove(w *waiter) {
-	if w.prev != nil {
-		w.prev.next = w.next
-	} else {
-		l.head = w.next
-	}
-	if w.next != nil {
-		w.next.prev = w.prev
-	} else {
-		l.tail = w.prev
-	}
-	w.prev, w.next = nil, nil
-}
+func (w *waiter) fifoLinks() *links[waiter] { return &w.links }
 
 // enqueueLocked queues a request of priority p and the given patience, displacing a less important
 // waiter if the queue is full. It reports false when there is no room.
