@@ -111,3 +111,40 @@ func BenchmarkShedderAdmittedSDK(b *testing.B) {
 		s.ServeHTTP(w, r)
 	}
 }
+
+// Two named Shedders on one MeterProvider export apart: every point carries
+// its Shedder's bulwark.shed.name.
+func TestShedderMetricsNamed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		t.Cleanup(func() { _ = mp.Shutdown(t.Context()) })
+		ga, gb := newGate(), newGate()
+		a := mustShedder(t, ga, ShedConfig{Workers: 2, Queue: 1, MeterProvider: mp, Name: "public"})
+		mustShedder(t, gb, ShedConfig{Workers: 2, Queue: 1, MeterProvider: mp, Name: "admin"})
+		ch := start(a, newReq("GET", "/a", "")) // one in a's handler, none in b's
+		synctest.Wait()
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(t.Context(), &rm); err != nil {
+			t.Fatal(err)
+		}
+		pts := findMetric(rm, "bulwark.shed.in_flight").Data.(metricdata.Gauge[int64]).DataPoints
+		got := map[string]int64{}
+		for _, p := range pts {
+			v, _ := p.Attributes.Value(keyShedName)
+			got[v.AsString()] = p.Value
+		}
+		if len(pts) != 2 || got["public"] != 1 || got["admin"] != 0 {
+			t.Errorf("bulwark.shed.in_flight points %v, want public 1 and admin 0", got)
+		}
+		served := findMetric(rm, "bulwark.shed.served").Data.(metricdata.Sum[int64]).DataPoints
+		for _, p := range served {
+			if v, ok := p.Attributes.Value(keyShedName); !ok || (v.AsString() != "public" && v.AsString() != "admin") {
+				t.Errorf("a bulwark.shed.served point without its Shedder's name: %v", p.Attributes)
+			}
+		}
+		close(ga.release)
+		close(gb.release)
+		checkOK(t, "a", <-ch)
+	})
+}

@@ -168,6 +168,12 @@ type ShedConfig struct {
 	// instruments, read at each collection (see Shedder). Nil means
 	// otel.GetMeterProvider(); a noop provider turns them off.
 	MeterProvider metric.MeterProvider
+
+	// Name, when set, is the bulwark.shed.name attribute of every point of
+	// the Shedder's metrics, so that several Shedders on one MeterProvider
+	// (one per listener, or per handler) stay apart. Empty means no such
+	// attribute.
+	Name string
 }
 
 // ShedReason says why a Shedder refused a request.
@@ -257,7 +263,8 @@ func (s ShedStats) ShedTotal() uint64 {
 //
 // bulwark.shed.priority is a Priority's String ("critical" … "test"),
 // bulwark.shed.reason a ShedReason's ("queue_full", "waited_too_long",
-// "displaced", "canceled"): 25 series at most. The registration lasts as
+// "displaced", "canceled"): 25 series at most. With ShedConfig.Name set,
+// every point also carries bulwark.shed.name. The registration lasts as
 // long as the MeterProvider, and carries no attribute telling two Shedders
 // apart: give each Shedder of a process its own MeterProvider (or scope) if
 // there are several. A registration error goes to otel.Handle; NewShedder
@@ -371,7 +378,7 @@ func NewShedder(next http.Handler, cfg ShedConfig) (*Shedder, error) {
 		retryAfter: []string{strconv.FormatInt(secs, 10)},
 		now:        time.Now,
 	}
-	s.registerMetrics(cfg.MeterProvider)
+	s.registerMetrics(cfg.MeterProvider, cfg.Name)
 	return s, nil
 }
 
@@ -379,12 +386,13 @@ func NewShedder(next http.Handler, cfg ShedConfig) (*Shedder, error) {
 const (
 	keyShedPriority = attribute.Key("bulwark.shed.priority")
 	keyShedReason   = attribute.Key("bulwark.shed.reason")
+	keyShedName     = attribute.Key("bulwark.shed.name")
 )
 
 // registerMetrics registers the observable instruments described on
 // Shedder, with attribute sets built once here so that a collection
 // allocates nothing per point.
-func (s *Shedder) registerMetrics(mp metric.MeterProvider) {
+func (s *Shedder) registerMetrics(mp metric.MeterProvider, name string) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
@@ -405,15 +413,23 @@ func (s *Shedder) registerMetrics(mp metric.MeterProvider) {
 		otel.Handle(err)
 		return
 	}
+	// set is the attribute set of one point: kv, and the Shedder's name.
+	set := func(kv ...attribute.KeyValue) metric.ObserveOption {
+		if name != "" {
+			kv = append(kv, keyShedName.String(name))
+		}
+		return metric.WithAttributeSet(attribute.NewSet(kv...))
+	}
 	var byPrio [numPriorities]metric.ObserveOption
 	var byReason [numShedReasons][numPriorities]metric.ObserveOption
 	for p := range byPrio {
 		pa := keyShedPriority.String(priorityNames[p])
-		byPrio[p] = metric.WithAttributeSet(attribute.NewSet(pa))
+		byPrio[p] = set(pa)
 		for r := range byReason {
-			byReason[r][p] = metric.WithAttributeSet(attribute.NewSet(keyShedReason.String(shedReasonNames[r]), pa))
+			byReason[r][p] = set(keyShedReason.String(shedReasonNames[r]), pa)
 		}
 	}
+	whole := set()
 	_, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		st := s.Stats()
 		for p, n := range st.Served {
@@ -424,8 +440,8 @@ func (s *Shedder) registerMetrics(mp metric.MeterProvider) {
 				o.ObserveInt64(refused, int64(n), byReason[r][p])
 			}
 		}
-		o.ObserveInt64(inflight, int64(st.InFlight))
-		o.ObserveInt64(queued, int64(st.Queued))
+		o.ObserveInt64(inflight, int64(st.InFlight), whole)
+		o.ObserveInt64(queued, int64(st.Queued), whole)
 		return nil
 	}, served, refused, inflight, queued)
 	if err != nil {
