@@ -116,9 +116,11 @@ func validHeaderName(s string) bool {
 // callKey finds a call's state in a request context.
 type callKey struct{}
 
-// callState is what the layers of one call share: the deadline Total set
-// and the number of the attempt under way. It rides in the request context
-// so that layers stay plain RoundTrippers that know nothing of each other.
+// callState is what the layers of one call share: the deadline Total set,
+// the number of the attempt under way, a clock reading, and room for the
+// first attempt. The router makes it and the layers hand it down (callRT);
+// a layer used on its own finds it in the request context (withCall), and
+// so does a RoundTripper below the attempt layer (attemptCtx.Value).
 type callState struct {
 	owner *Transport
 	// total is the instant Timeout.Total ends; zero means no such bound.
