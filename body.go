@@ -9,8 +9,8 @@ import (
 // bodyEnder is work that must run once when a response body is finished:
 // read to EOF, failed while reading, or closed. Layers register it with
 // onBodyEnd. It is an interface rather than a func so that a layer can hand
-// over a pointer it already holds (or a context.CancelFunc) without the
-// allocation a fresh closure would cost on every request.
+// over a pointer it already holds (its own, or the attempt's context)
+// without the allocation a fresh closure would cost on every request.
 type bodyEnder interface{ bodyEnd() }
 
 // maxEnders is how many layers can hang work on one body before a second
