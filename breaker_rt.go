@@ -475,7 +475,8 @@ func (b *breakerRT) closedTrip(req *http.Request, st *callState, m uint64) (*htt
 	took := b.hs.t.since(start)
 	end := start.Add(took)
 	if v := b.verdict(resp, err, took); v != errVerdictIgnored {
-		b.record(m, end, v == errVerdictFailure || v == errVerdictSlowFailure, v == errVerdictSlow || v == errVerdictSlowFailure)
+		failed, slow := verdictCounts(v)
+		b.record(m, end, failed, slow)
 	}
 	if b.pending.Load() {
 		b.flush()
@@ -524,6 +525,13 @@ func (b *breakerRT) verdict(resp *http.Response, err error, took time.Duration) 
 	return nil
 }
 
+// verdictCounts is what a verdict counts toward in the window. Any verdict
+// but the sentinels for success is a failure: Execute reports a panic in
+// next with an error of its own.
+func verdictCounts(v error) (failed, slow bool) {
+	return v != nil && v != errVerdictSlow, v == errVerdictSlow || v == errVerdictSlowFailure
+}
+
 // errVerdictSlowFailure is a failure that was slow too: it counts toward both
 // rates.
 var errVerdictSlowFailure = errors.New("bulwark: slow failed call")
@@ -532,13 +540,10 @@ var errVerdictSlowFailure = errors.New("bulwark: slow failed call")
 // non-excluded outcome of the current generation: it records the outcome
 // in win and says whether gobreaker may treat it as a success.
 func (b *breakerRT) isSuccessful(verdict error) bool {
-	// Any verdict but the sentinels for success is a failure: Execute
-	// reports a panic in next with an error of its own.
 	if verdict == errVerdictTrip {
 		return false
 	}
-	failed := verdict != nil && verdict != errVerdictSlow
-	slow := verdict == errVerdictSlow || verdict == errVerdictSlowFailure
+	failed, slow := verdictCounts(verdict)
 	if b.cbState != gobreaker.StateClosed {
 		// Half-open: gobreaker's own probe accounting decides; a slow probe
 		// fails.

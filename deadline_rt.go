@@ -301,11 +301,12 @@ type totalDeadlineRT struct {
 }
 
 func (d *totalDeadlineRT) RoundTrip(req *http.Request) (*http.Response, error) {
-	return d.roundTripCall(withCall(req, d.t))
+	return d.roundTripCall(req, nil)
 }
 
 func (d *totalDeadlineRT) roundTripCall(req *http.Request, st *callState) (*http.Response, error) {
 	if st == nil {
+		// Used on its own: the state is in the context, or made here.
 		req, st = withCall(req, d.t)
 	}
 	// The router read the clock as the call began (st.clock).
@@ -330,7 +331,7 @@ type attemptRT struct {
 	hs        *hostState    // where refusals are reported (observe.go)
 }
 
-// headerMillis is the deadline header's value for left time left: whole
+// deadlineValue is the deadline header's value for left time left: whole
 // milliseconds, less deadlineMargin for the time the request takes to
 // arrive.
 func deadlineValue(left time.Duration) string {

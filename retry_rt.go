@@ -375,11 +375,12 @@ const (
 )
 
 func (r *retryRT) RoundTrip(req *http.Request) (*http.Response, error) {
-	return r.roundTripCall(withCall(req, r.t))
+	return r.roundTripCall(req, nil)
 }
 
 func (r *retryRT) roundTripCall(req *http.Request, st *callState) (*http.Response, error) {
 	if st == nil {
+		// Used on its own: the state is in the context, or made here.
 		req, st = withCall(req, r.t)
 	}
 	ctx := req.Context()

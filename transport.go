@@ -147,7 +147,7 @@ type hostState struct {
 	upstream string
 	policy   *Policy
 	rt       http.RoundTripper
-	call     bool // the stack keeps call state: the router makes it (RoundTrip)
+	call     bool // a layer of the stack keeps call state (buildStack): the router makes it
 	// rawScheme and rawHost are the URL's Scheme and Host, as written, of
 	// the request that made this state: the last-host fast path (lookup)
 	// matches them exactly.
@@ -376,7 +376,7 @@ func (t *Transport) lookup(u *url.URL) (*hostState, time.Time) {
 	// its state did: one atomic load and two string comparisons, where the
 	// map costs a lowercased, parsed key, its hash and the read lock, whose
 	// counter every core writes.
-	if hs := t.last.Load(); hs != nil && hs.rawHost == u.Host && hs.rawScheme == u.Scheme && !hs.gone.Load() {
+	if hs := t.last.Load(); hs != nil && hs.spelled(u) && !hs.gone.Load() {
 		t.touch(hs, now)
 		return hs, clock
 	}
@@ -392,10 +392,15 @@ func (t *Transport) lookup(u *url.URL) (*hostState, time.Time) {
 	} else {
 		t.touch(hs, now)
 	}
-	if hs.rawHost == u.Host && hs.rawScheme == u.Scheme && t.last.Load() != hs {
+	if hs.spelled(u) && t.last.Load() != hs {
 		t.last.Store(hs)
 	}
 	return hs, clock
+}
+
+// spelled reports whether u names hs exactly as the URL that made hs did.
+func (hs *hostState) spelled(u *url.URL) bool {
+	return hs.rawHost == u.Host && hs.rawScheme == u.Scheme
 }
 
 // touch records that hs was used at now, at most every touchEvery, so hot
@@ -424,7 +429,6 @@ func (t *Transport) addHost(k hostKey, u *url.URL, now int64) *hostState {
 		rawScheme: strings.Clone(u.Scheme), rawHost: strings.Clone(u.Host)}
 	hs.lastUsed.Store(now)
 	hs.rt = t.buildStack(hs)
-	hs.call = !r.policy.Retry.Disabled || !r.policy.Timeout.Disabled && r.policy.Timeout.Total > 0
 	t.hosts[k] = hs
 	t.obs.refresh()
 	return hs
@@ -570,11 +574,13 @@ func (t *Transport) buildStack(hs *hostState) http.RoundTripper {
 	// retry holds no permit and every attempt is seen below.
 	if !p.Retry.Disabled {
 		rt = newRetryRT(rt, hs)
+		hs.call = true
 	}
 
 	// 3. Total deadline.
 	if !p.Timeout.Disabled && p.Timeout.Total > 0 {
 		rt = &totalDeadlineRT{next: rt, t: t, total: p.Timeout.Total}
+		hs.call = true
 	}
 
 	// 2. Fallback, outermost: it sees only the call's final outcome.
