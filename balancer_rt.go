@@ -3,11 +3,10 @@ package bulwark
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,31 +20,38 @@ const maxTried = 4
 // resolveTimeout bounds one background lookup.
 const resolveTimeout = 10 * time.Second
 
-// triedInstance reports whether the call already sent to instance id.
-func (st *callState) triedInstance(id uint32) bool {
-	if st == nil {
+// triedSet is the instances one call was sent to, so that a retry goes to
+// another one: the last maxTried of them.
+type triedSet struct {
+	ids [maxTried]uint32
+	n   uint8
+}
+
+// has reports whether the call already sent to instance id. t may be nil.
+func (t *triedSet) has(id uint32) bool {
+	if t == nil {
 		return false
 	}
-	n := min(int(st.ntried), maxTried)
-	for i := 0; i < n; i++ {
-		if st.tried[i] == id {
+	for i := 0; i < min(int(t.n), maxTried); i++ {
+		if t.ids[i] == id {
 			return true
 		}
 	}
 	return false
 }
 
-func (st *callState) markTried(id uint32) {
-	if st == nil {
+// mark records a send to instance id. t may be nil.
+func (t *triedSet) mark(id uint32) {
+	if t == nil {
 		return
 	}
-	st.tried[int(st.ntried)%maxTried] = id
-	if st.ntried < 255 {
-		st.ntried++
+	t.ids[int(t.n)%maxTried] = id
+	if t.n < 255 {
+		t.n++
 	}
 }
 
-// EndpointState is one instance of a balanced upstream, as EndpointStates
+// EndpointState is one instance of a balanced upstream, as Snapshot
 // reports it.
 type EndpointState struct {
 	// Addr is the instance's "host:port".
@@ -63,36 +69,17 @@ type EndpointState struct {
 	ConsecutiveFailures int
 	// Requests is how many attempts the balancer has sent it.
 	Requests uint64
-}
-
-// EndpointStates reports the instances of the balanced upstream whose
-// logical "host:port" is host (case does not matter), in the order the
-// resolver or Addrs gave them. It is nil when host has no live state or is
-// not balanced. Meant for metrics scrapes and debugging, not the request
-// path.
-func (t *Transport) EndpointStates(host string) []EndpointState {
-	var bs []*balancerRT
-	t.mu.RLock()
-	for _, hs := range t.hosts {
-		if hs.balancer != nil && strings.EqualFold(hs.name, host) {
-			bs = append(bs, hs.balancer)
-		}
-	}
-	t.mu.RUnlock()
-	var out []EndpointState
-	for _, b := range bs {
-		out = append(out, b.states()...)
-	}
-	return out
+	// Bulkhead is the instance's own bulkhead; nil when disabled.
+	Bulkhead *BulkheadSnapshot
 }
 
 // instance is one endpoint with the stack built for it.
 type instance struct {
 	id   uint32 // unique within the balancer, never 0
 	addr string
-	rt   http.RoundTripper
+	rt   stage
 	own  *http.Transport // the clone rt ends in; nil when the base is shared
-	bh   *bulkheadRT
+	bh   *bulkheadStage
 
 	inflight atomic.Int64
 	consec   atomic.Int32
@@ -119,13 +106,14 @@ type endpointSet struct {
 	active []*instance
 }
 
-// balancerRT is layer 6b, per logical host: it resolves the upstream's
+// balancerStage, per logical host, resolves the upstream's
 // instances, sends each attempt to one of them (a retry to one the call has
 // not tried, when there is one), and ejects the sick ones.
-type balancerRT struct {
-	hs       *hostState
-	t        *Transport
-	build    func(hs *hostState, base http.RoundTripper, name string) (http.RoundTripper, *bulkheadRT)
+type balancerStage struct {
+	e        env
+	policy   *Policy
+	base     http.RoundTripper
+	build    instanceBuilder
 	resolver Resolver
 	every    time.Duration
 	rr       bool
@@ -148,13 +136,17 @@ type balancerRT struct {
 	nextInterval time.Time
 }
 
-func newBalancerRT(hs *hostState, build func(*hostState, http.RoundTripper, string) (http.RoundTripper, *bulkheadRT)) *balancerRT {
-	e := hs.policy.Endpoints
-	b := &balancerRT{
-		hs: hs, t: hs.t, build: build, resolver: e.Resolver, every: e.ResolveEvery,
+// instanceBuilder makes the per-attempt layers for one instance (see
+// Transport.instanceStack).
+type instanceBuilder func(p *Policy, e env, base http.RoundTripper, name string) (stage, *bulkheadStage)
+
+func newBalancer(env env, p *Policy, base http.RoundTripper, build instanceBuilder) *balancerStage {
+	e := p.Endpoints
+	b := &balancerStage{
+		e: env, policy: p, base: base, build: build, resolver: e.Resolver, every: e.ResolveEvery,
 		rr: e.RoundRobin, od: e.Outlier, odOff: e.Outlier.Disabled,
 	}
-	now := hs.t.now()
+	now := time.Now()
 	b.nextInterval = now.Add(b.od.Interval)
 	b.nextEvent.Store(b.nextInterval.UnixNano())
 	if b.resolver == nil {
@@ -163,23 +155,19 @@ func newBalancerRT(hs *hostState, build func(*hostState, http.RoundTripper, stri
 	return b
 }
 
-func (b *balancerRT) rand(n int) int {
+func (b *balancerStage) rand(n int) int {
 	if b.randN != nil {
 		return int(b.randN(uint64(n)))
 	}
 	return int(rand.Uint64N(uint64(n)))
 }
 
-func (b *balancerRT) RoundTrip(req *http.Request) (*http.Response, error) {
-	return b.roundTripCall(req, callOf(req.Context(), b.t))
-}
-
-func (b *balancerRT) roundTripCall(req *http.Request, st *callState) (*http.Response, error) {
-	now := b.t.now()
+func (b *balancerStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+	now := time.Now()
 	set := b.set.Load()
 	if set == nil {
 		var err error
-		if set, err = b.resolveFirst(req.Context(), st, now); err != nil {
+		if set, err = b.resolveFirst(req, c, now); err != nil {
 			closeBody(req)
 			return nil, err
 		}
@@ -193,11 +181,19 @@ func (b *balancerRT) roundTripCall(req *http.Request, st *callState) (*http.Resp
 			set = b.set.Load()
 		}
 	}
-	in := b.pick(set, st)
-	st.markTried(in.id)
+	in := b.pick(set, c.tried)
+	c.tried.mark(in.id)
 	in.inflight.Add(1)
 	in.sent.Add(1)
-	resp, err := sendCall(in.rt, b.outgoing(req, in), st)
+	returned := false
+	defer func() {
+		if !returned {
+			// The layer below panicked: the request is no longer in flight.
+			in.inflight.Add(-1)
+		}
+	}()
+	resp, err := in.rt.roundTrip(b.outgoing(req, in), c)
+	returned = true
 	if !b.odOff {
 		b.record(req.Context(), in, resp, err)
 	}
@@ -207,7 +203,7 @@ func (b *balancerRT) roundTripCall(req *http.Request, st *callState) (*http.Resp
 	}
 	// The caller sees its own request, with the logical URL.
 	resp.Request = req
-	onBodyEndIn(resp, in, st)
+	onBodyEnd(resp, in)
 	return resp, nil
 }
 
@@ -220,7 +216,7 @@ type outReq struct {
 // outgoing copies req with the instance as URL host. Host stays the
 // logical name: it goes in the Host header, and the instance's transport
 // verifies TLS against it.
-func (b *balancerRT) outgoing(req *http.Request, in *instance) *http.Request {
+func (b *balancerStage) outgoing(req *http.Request, in *instance) *http.Request {
 	o := &outReq{r: *req, u: *req.URL}
 	o.u.Host = in.addr
 	o.r.URL = &o.u
@@ -233,7 +229,7 @@ func (b *balancerRT) outgoing(req *http.Request, in *instance) *http.Request {
 // pick chooses the instance for one attempt: among active instances, not
 // one the call tried when another is available; then by the power of two
 // choices (or in turn, with RoundRobin). set.active is never empty.
-func (b *balancerRT) pick(set *endpointSet, st *callState) *instance {
+func (b *balancerStage) pick(set *endpointSet, tried *triedSet) *instance {
 	act := set.active
 	n := len(act)
 	if n == 1 {
@@ -242,7 +238,7 @@ func (b *balancerRT) pick(set *endpointSet, st *callState) *instance {
 	if b.rr {
 		start := int(b.rrNext.Add(1) % uint64(n))
 		for k := 0; k < n; k++ {
-			if in := act[(start+k)%n]; !st.triedInstance(in.id) {
+			if in := act[(start+k)%n]; !tried.has(in.id) {
 				return in
 			}
 		}
@@ -254,8 +250,8 @@ func (b *balancerRT) pick(set *endpointSet, st *callState) *instance {
 		j++
 	}
 	x, y := act[i], act[j]
-	if st != nil && st.ntried > 0 {
-		tx, ty := st.triedInstance(x.id), st.triedInstance(y.id)
+	if tried != nil && tried.n > 0 {
+		tx, ty := tried.has(x.id), tried.has(y.id)
 		switch {
 		case tx && !ty:
 			return y
@@ -263,7 +259,7 @@ func (b *balancerRT) pick(set *endpointSet, st *callState) *instance {
 			return x
 		case tx && ty:
 			for k := 1; k < n; k++ {
-				if in := act[(i+k)%n]; !st.triedInstance(in.id) {
+				if in := act[(i+k)%n]; !tried.has(in.id) {
 					return in
 				}
 			}
@@ -276,19 +272,14 @@ func (b *balancerRT) pick(set *endpointSet, st *callState) *instance {
 }
 
 // record counts an attempt's outcome toward its instance's ejection.
-func (b *balancerRT) record(ctx context.Context, in *instance, resp *http.Response, err error) {
-	failed := false
-	if err != nil {
-		if !errors.Is(err, ErrAttemptTimeout) &&
-			(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrBulkheadFull)) {
-			// The caller's own end or a local refusal: nothing about the
-			// instance. (ErrDeadlineTooShort wraps DeadlineExceeded.)
-			return
-		}
-		failed = true
-	} else {
-		failed = resp.StatusCode >= 500
+func (b *balancerStage) record(ctx context.Context, in *instance, resp *http.Response, err error) {
+	h := classify(resp, err).health()
+	if h == OutcomeIgnored {
+		// The caller's own end, a local refusal or a wrong request:
+		// nothing about the instance.
+		return
 	}
+	failed := h == OutcomeFailure
 	in.reqs.Add(1)
 	if !failed {
 		if in.consec.Load() != 0 {
@@ -304,11 +295,11 @@ func (b *balancerRT) record(ctx context.Context, in *instance, resp *http.Respon
 
 // ejectConsecutive ejects in for its run of failures; ctx is the request
 // whose failure completed the run, where the event goes.
-func (b *balancerRT) ejectConsecutive(ctx context.Context, in *instance) {
+func (b *balancerStage) ejectConsecutive(ctx context.Context, in *instance) {
 	var evs [1]endpointEvent
 	n := 0
 	b.mu.Lock()
-	now := b.t.now()
+	now := time.Now()
 	if !in.ejected && b.ejectLocked(in, now) {
 		evs[0] = b.ejectEvent(in, "consecutive failures")
 		n = 1
@@ -318,7 +309,7 @@ func (b *balancerRT) ejectConsecutive(ctx context.Context, in *instance) {
 }
 
 // ejectLocked takes in out of the active set if the cap allows it.
-func (b *balancerRT) ejectLocked(in *instance, now time.Time) bool {
+func (b *balancerStage) ejectLocked(in *instance, now time.Time) bool {
 	set := b.set.Load()
 	ejected := len(set.all) - len(set.active)
 	if ejected >= ejectCap(len(set.all), b.od.MaxEjectedPercent) {
@@ -336,14 +327,14 @@ func (b *balancerRT) ejectLocked(in *instance, now time.Time) bool {
 	return true
 }
 
-func (b *balancerRT) ejectEvent(in *instance, reason string) endpointEvent {
+func (b *balancerStage) ejectEvent(in *instance, reason string) endpointEvent {
 	return endpointEvent{addr: in.addr, ejected: true, reason: reason, duration: in.lastFor, times: in.times}
 }
 
 // rebuildLocked publishes a new snapshot of all. Should every instance be
 // ejected (the set shrank under them), all take requests again: sending to
 // a sick instance beats sending nowhere, and the breaker is there for it.
-func (b *balancerRT) rebuildLocked(all []*instance) {
+func (b *balancerStage) rebuildLocked(all []*instance) {
 	active := make([]*instance, 0, len(all))
 	for _, in := range all {
 		if !in.ejected {
@@ -360,7 +351,7 @@ func (b *balancerRT) rebuildLocked(all []*instance) {
 // end, runs the success-rate check. It reports whether the set changed.
 // One request sweeps at a time; others carry on with the current set. The
 // events go on ctx's span: the sweeping request's.
-func (b *balancerRT) sweep(ctx context.Context, now time.Time) bool {
+func (b *balancerStage) sweep(ctx context.Context, now time.Time) bool {
 	if !b.mu.TryLock() {
 		return false
 	}
@@ -398,7 +389,7 @@ func (b *balancerRT) sweep(ctx context.Context, now time.Time) bool {
 
 // intervalLocked closes an interval: the success-rate check, and a lower
 // count for instances that have stayed in as long as they were last out.
-func (b *balancerRT) intervalLocked(set *endpointSet, now time.Time, evs []endpointEvent) []endpointEvent {
+func (b *balancerStage) intervalLocked(set *endpointSet, now time.Time, evs []endpointEvent) []endpointEvent {
 	var samples []rateSample
 	for _, in := range set.all {
 		reqs, fails := in.reqs.Swap(0), in.fails.Swap(0)
@@ -422,35 +413,29 @@ func (b *balancerRT) intervalLocked(set *endpointSet, now time.Time, evs []endpo
 }
 
 // log logs and reports evs, outside the balancer's lock.
-func (b *balancerRT) log(ctx context.Context, evs []endpointEvent) {
+func (b *balancerStage) log(ctx context.Context, evs []endpointEvent) {
 	for _, ev := range evs {
-		b.hs.endpointChanged(ctx, ev)
-		if ev.ejected {
-			b.t.logger.Info("bulwark: endpoint ejected", "host", b.hs.name, "upstream", b.hs.upstream,
-				"endpoint", ev.addr, "reason", ev.reason, "for", ev.duration, "ejections", ev.times)
-		} else {
-			b.t.logger.Info("bulwark: endpoint returned", "host", b.hs.name, "upstream", b.hs.upstream,
-				"endpoint", ev.addr)
-		}
+		b.e.rep.endpointChanged(ctx, ev)
 	}
 }
 
 // resolveFirst resolves the instances before the first request, bounded by
 // the request's context; concurrent first requests share one lookup.
-func (b *balancerRT) resolveFirst(ctx context.Context, st *callState, now time.Time) (*endpointSet, error) {
+func (b *balancerStage) resolveFirst(req *http.Request, c call, now time.Time) (*endpointSet, error) {
 	b.resolveMu.Lock()
 	defer b.resolveMu.Unlock()
 	if set := b.set.Load(); set != nil {
 		return set, nil
 	}
-	if dl, ok := callDeadline(ctx, st); ok {
+	ctx := req.Context()
+	if dl, ok := c.deadline(req); ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, dl)
 		defer cancel()
 	}
-	addrs, err := b.resolver.Resolve(ctx, b.hs.name)
+	addrs, err := b.resolver.Resolve(ctx, b.e.host)
 	if err != nil || len(addrs) == 0 {
-		return nil, &NoEndpointsError{Host: b.hs.name, Err: err}
+		return nil, &NoEndpointsError{Host: b.e.host, Err: err}
 	}
 	b.nextResolve.Store(now.Add(b.every).UnixNano())
 	b.install(addrs, now)
@@ -458,7 +443,7 @@ func (b *balancerRT) resolveFirst(ctx context.Context, st *callState, now time.T
 }
 
 // refreshAsync starts one background lookup when the last is old enough.
-func (b *balancerRT) refreshAsync(now int64) {
+func (b *balancerStage) refreshAsync(now int64) {
 	if !b.resolving.CompareAndSwap(false, true) {
 		return
 	}
@@ -477,23 +462,23 @@ func (b *balancerRT) refreshAsync(now int64) {
 
 // refresh asks the resolver again; a failed or empty answer keeps the
 // last good set.
-func (b *balancerRT) refresh(ctx context.Context) {
-	addrs, err := b.resolver.Resolve(ctx, b.hs.name)
+func (b *balancerStage) refresh(ctx context.Context) {
+	addrs, err := b.resolver.Resolve(ctx, b.e.host)
 	if err != nil || len(addrs) == 0 {
 		kept := 0
 		if set := b.set.Load(); set != nil {
 			kept = len(set.all)
 		}
-		b.t.logger.Info("bulwark: resolve failed, keeping the last good endpoints",
-			"host", b.hs.name, "upstream", b.hs.upstream, "endpoints", kept, "error", err)
+		b.e.rep.logger.Info("bulwark: resolve failed, keeping the last good endpoints",
+			"host", b.e.host, "upstream", b.e.upstream, "endpoints", kept, "error", err)
 		return
 	}
-	b.install(addrs, b.t.now())
+	b.install(addrs, time.Now())
 }
 
 // install makes addrs the set, keeping the state of instances already in
 // it. Instances that left have their idle connections closed.
-func (b *balancerRT) install(addrs []string, now time.Time) {
+func (b *balancerStage) install(addrs []string, now time.Time) {
 	b.mu.Lock()
 	old := map[string]*instance{}
 	if set := b.set.Load(); set != nil {
@@ -524,31 +509,31 @@ func (b *balancerRT) install(addrs []string, now time.Time) {
 	}
 }
 
-func (b *balancerRT) newInstance(addr string) *instance {
+func (b *balancerStage) newInstance(addr string) *instance {
 	b.nextID++
 	in := &instance{id: b.nextID, addr: addr}
-	base := b.t.base
+	base := b.base
 	if tr, ok := base.(*http.Transport); ok {
 		// A transport per instance: see Endpoints for why.
 		c := tr.Clone()
-		if b.hs.key.scheme == "https" {
+		if b.e.scheme == "https" {
 			if c.TLSClientConfig == nil {
 				c.TLSClientConfig = &tls.Config{}
 			}
 			if c.TLSClientConfig.ServerName == "" {
-				c.TLSClientConfig.ServerName = b.hs.key.host
+				c.TLSClientConfig.ServerName = hostOnly(b.e.host)
 			}
 		}
 		in.own, base = c, c
 	}
-	in.rt, in.bh = b.build(b.hs, base, addr)
+	in.rt, in.bh = b.build(b.policy, b.e, base, addr)
 	return in
 }
 
 // ejectedCount is how many instances take no requests now, from the
 // published snapshot (no lock): zero when every instance is ejected, since
 // they all take requests again then (see rebuildLocked).
-func (b *balancerRT) ejectedCount() int {
+func (b *balancerStage) ejectedCount() int {
 	set := b.set.Load()
 	if set == nil {
 		return 0
@@ -557,7 +542,7 @@ func (b *balancerRT) ejectedCount() int {
 }
 
 // busy reports whether any instance has requests in flight.
-func (b *balancerRT) busy() bool {
+func (b *balancerStage) busy() bool {
 	set := b.set.Load()
 	if set == nil {
 		return b.resolving.Load()
@@ -570,7 +555,7 @@ func (b *balancerRT) busy() bool {
 	return false
 }
 
-func (b *balancerRT) closeIdle() {
+func (b *balancerStage) closeIdle() {
 	if set := b.set.Load(); set != nil {
 		for _, in := range set.all {
 			if in.own != nil {
@@ -580,20 +565,35 @@ func (b *balancerRT) closeIdle() {
 	}
 }
 
-func (b *balancerRT) states() []EndpointState {
+// snapshot reports the instances, in the order the resolver or Addrs
+// gave them.
+func (b *balancerStage) snapshot(h *HostSnapshot) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	set := b.set.Load()
 	if set == nil {
-		return nil
+		return
 	}
-	out := make([]EndpointState, 0, len(set.all))
+	h.Endpoints = make([]EndpointState, 0, len(set.all))
 	for _, in := range set.all {
-		out = append(out, EndpointState{
+		es := EndpointState{
 			Addr: in.addr, Ejected: in.ejected, EjectedUntil: in.until, Ejections: in.times,
 			InFlight: int(in.inflight.Load()), ConsecutiveFailures: int(in.consec.Load()),
 			Requests: in.sent.Load(),
-		})
+		}
+		if in.bh != nil {
+			s := in.bh.state()
+			es.Bulkhead = &s
+		}
+		h.Endpoints = append(h.Endpoints, es)
 	}
-	return out
+}
+
+// hostOnly is the host of a "host:port", without brackets.
+func hostOnly(hostport string) string {
+	h, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return hostport
+	}
+	return h
 }

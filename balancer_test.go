@@ -77,7 +77,7 @@ func balancedTransport(t *testing.T, base http.RoundTripper, p Policy) (*Transpo
 	tr.retry.sleep = func(ctx context.Context, _ time.Duration) error { return ctx.Err() }
 	t.Cleanup(tr.CloseIdleConnections)
 	u, _ := url.Parse("http://tax.internal/rate")
-	bal := tr.host(u).balancer
+	bal := tr.lookup(u).balancer
 	if bal == nil {
 		t.Fatal("no balancer for tax.internal")
 	}
@@ -108,7 +108,7 @@ func getTax(t *testing.T, c *http.Client, call string) (int, error) {
 
 func stateOf(t *testing.T, tr *Transport, addr string) EndpointState {
 	t.Helper()
-	for _, s := range tr.EndpointStates("tax.internal:80") {
+	for _, s := range endpointStates(tr, "tax.internal:80") {
 		if s.Addr == addr {
 			return s
 		}
@@ -217,7 +217,7 @@ func TestBalancerAllSickBreakerOpens(t *testing.T) {
 		}
 	}
 	ejected := 0
-	for _, s := range tr.EndpointStates("tax.internal:80") {
+	for _, s := range endpointStates(tr, "tax.internal:80") {
 		if s.Ejected {
 			ejected++
 		}
@@ -226,7 +226,7 @@ func TestBalancerAllSickBreakerOpens(t *testing.T) {
 	if ejected != 1 {
 		t.Errorf("%d instances ejected, want 1 (the cap)", ejected)
 	}
-	if st, _ := tr.BreakerState("tax.internal:80"); st != CircuitOpen || open == 0 {
+	if st, _ := breakerState(tr, "tax.internal:80"); st != CircuitOpen || open == 0 {
 		t.Errorf("breaker %v after 100 calls (%d refused), want open", st, open)
 	}
 	var sent int64
@@ -493,7 +493,7 @@ func TestBalancerResolver(t *testing.T) {
 	clk.advance(DefaultResolveEvery)
 	getTax(t, c, "")
 	waitRefresh()
-	if n := len(tr.EndpointStates("tax.internal:80")); n != 2 {
+	if n := len(endpointStates(tr, "tax.internal:80")); n != 2 {
 		t.Fatalf("after a failed lookup: %d endpoints, want the last good 2", n)
 	}
 	if !strings.Contains(logs.String(), "keeping the last good endpoints") {

@@ -9,12 +9,11 @@ import (
 // bodyEnder is work that must run once when a response body is finished:
 // read to EOF, failed while reading, or closed. Layers register it with
 // onBodyEnd. It is an interface rather than a func so that a layer can hand
-// over a pointer it already holds (its own, or the attempt's context)
-// without the allocation a fresh closure would cost on every request.
+// over a pointer it already holds without a closure per request.
 type bodyEnder interface{ bodyEnd() }
 
 // maxEnders is how many layers can hang work on one body before a second
-// wrapper is needed: deadline, bulkhead, breaker and tracing fit.
+// wrapper is needed: attempt, span, balancer and bulkhead fit.
 const maxEnders = 4
 
 // body is the one response-body wrapper of the stack. Every layer that must
@@ -23,14 +22,23 @@ const maxEnders = 4
 // The work runs exactly once, in registration order (innermost layer first),
 // at the first of EOF, a read error, or Close.
 type body struct {
-	rc     io.ReadCloser
+	rc io.ReadCloser
+	// guard, when set, is the attempt layer's watch over each read: it
+	// bounds how long a read may wait and names the bound that cut one.
+	guard  *attemptRun
 	done   atomic.Bool
-	n      int32 // beside done, in one word
+	n      int32
 	enders [maxEnders]bodyEnder
 }
 
 func (b *body) Read(p []byte) (int, error) {
-	n, err := b.rc.Read(p)
+	var n int
+	var err error
+	if g := b.guard; g != nil {
+		n, err = g.read(b.rc, p)
+	} else {
+		n, err = b.rc.Read(p)
+	}
 	if err != nil {
 		b.finish()
 	}
@@ -59,46 +67,44 @@ type rwBody struct{ body }
 
 func (b *rwBody) Write(p []byte) (int, error) { return b.rc.(io.Writer).Write(p) }
 
-// onBodyEnd arranges for e to run once when resp's body is finished. If the
-// body is already bulwark's wrapper with room left, e joins it; otherwise the
+// onBodyEnd arranges for e to run once when resp's body is finished, and
+// returns the wrapper that will run it (nil when e ran at once). If the body
+// is already bulwark's wrapper with room left, e joins it; otherwise the
 // body is wrapped. A nil or http.NoBody body has nothing to read, so e runs
 // now. It must be called before resp is handed to an outer layer, and never
 // on a body whose reading has started.
-func onBodyEnd(resp *http.Response, e bodyEnder) { onBodyEndIn(resp, e, nil) }
-
-// onBodyEndIn is onBodyEnd with a wrapper, when one is needed, from st's
-// spare (the call's first) rather than a new allocation; st may be nil.
-func onBodyEndIn(resp *http.Response, e bodyEnder, st *callState) {
+func onBodyEnd(resp *http.Response, e bodyEnder) *body {
 	switch rb := resp.Body.(type) {
 	case nil:
 		e.bodyEnd()
-		return
+		return nil
 	case *body:
 		if rb.n < maxEnders && !rb.done.Load() {
 			rb.enders[rb.n] = e
 			rb.n++
-			return
+			return rb
 		}
 	case *rwBody:
 		if rb.n < maxEnders && !rb.done.Load() {
 			rb.enders[rb.n] = e
 			rb.n++
-			return
+			return &rb.body
 		}
 	}
 	if resp.Body == http.NoBody {
 		e.bodyEnd()
-		return
+		return nil
 	}
 	if _, ok := resp.Body.(io.Writer); ok && resp.StatusCode == http.StatusSwitchingProtocols {
 		w := &rwBody{body{rc: resp.Body, n: 1}}
 		w.enders[0] = e
 		resp.Body = w
-		return
+		return &w.body
 	}
-	w := st.spareBody()
-	w.rc, w.n, w.enders[0] = resp.Body, 1, e
+	w := &body{rc: resp.Body, n: 1}
+	w.enders[0] = e
 	resp.Body = w
+	return w
 }
 
 // maxDrain bounds how much of a discarded response bulwark reads so that its

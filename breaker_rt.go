@@ -2,80 +2,94 @@ package bulwark
 
 import (
 	"cmp"
-	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/bulwark-http/bulwark/internal/window"
 	"github.com/sony/gobreaker/v2"
 )
 
-// Package defaults for Breaker. The rates, minimum, open time and probe
-// count are resilience4j's defaults, as the reference note quotes them.
+// Package defaults for Breaker. The rates, the window of the last 100
+// calls and the 100-call minimum are resilience4j's defaults; the open time
+// starts at Polly's 5 s and doubles on each trip in a row, as Envoy grows
+// an outlier's ejection, up to a minute.
 const (
 	DefaultFailureRate   = 0.5
 	DefaultSlowCallRate  = 0.5
-	DefaultBreakerWindow = 60 * time.Second
+	DefaultWindowCalls   = 100
 	DefaultMinCalls      = 100
-	DefaultOpenFor       = 60 * time.Second
+	DefaultOpenFor       = 5 * time.Second
+	DefaultMaxOpenFor    = 60 * time.Second
 	DefaultHalfOpenCalls = 10
 )
 
-// breakerBuckets is how many buckets a Window is cut into: the window rolls
-// forward a tenth at a time, so an old burst fades out in steps rather than
-// all at once.
+// breakerBuckets is how many buckets a window is cut into: it rolls forward
+// a tenth at a time, so an old burst fades out in steps rather than all at
+// once.
 const breakerBuckets = 10
 
-// minBreakerWindow keeps buckets long enough to hold a meaningful sample.
+// minBreakerWindow keeps a time window's buckets long enough to hold a
+// meaningful sample.
 const minBreakerWindow = 100 * time.Millisecond
+
+// maxWindowCalls bounds a count window (its buckets hold a tenth each).
+const maxWindowCalls = 1 << 20
 
 // Outcome is what one attempt tells the breaker about its host's health.
 type Outcome uint8
 
 const (
-	// Success is a call the host served: it counts toward the window, and
-	// toward the slow-call rate when it took SlowCall or longer.
-	Success Outcome = iota
-	// Failure is a call the host failed: it counts toward the failure rate
-	// (and toward the slow-call rate when it was slow).
-	Failure
-	// Ignored is a call that says nothing about the host, such as one the
-	// caller cancelled: it is not counted at all, and a half-open probe that
-	// ends this way frees its slot without a verdict.
-	Ignored
+	// OutcomeSuccess is a call the host served: it counts toward the
+	// window, and toward the slow-call rate when it took SlowCall or longer.
+	OutcomeSuccess Outcome = iota
+	// OutcomeFailure is a call the host failed: it counts toward the
+	// failure rate (and toward the slow-call rate when it was slow).
+	OutcomeFailure
+	// OutcomeIgnored is a call that says nothing about the host, such as
+	// one the caller cancelled: it is not counted at all, and a half-open
+	// probe that ends this way frees its slot without a verdict.
+	OutcomeIgnored
 )
 
 // String returns "success", "failure" or "ignored".
 func (o Outcome) String() string {
 	switch o {
-	case Success:
+	case OutcomeSuccess:
 		return "success"
-	case Failure:
+	case OutcomeFailure:
 		return "failure"
-	case Ignored:
+	case OutcomeIgnored:
 		return "ignored"
 	}
 	return "outcome(" + strconv.Itoa(int(o)) + ")"
 }
 
-// Breaker configures the circuit breaker of each host of an upstream. The
-// breaker watches every attempt (retries included) and, once the failure
-// rate or the slow-call rate over the last Window reaches its threshold,
-// opens: for OpenFor every request fails at once with a *BreakerOpenError,
-// without touching the network. Then it lets HalfOpenCalls probes through;
-// if all succeed it closes, if one fails (or is slow) it opens again for
-// another OpenFor.
+// Breaker configures the circuit breaker of each host of an upstream, after
+// Nygard's Release It!. The breaker watches every attempt (retries
+// included) and, once the failure rate or the slow-call rate over its
+// window reaches its threshold, opens: for OpenFor every request fails at
+// once with a *BreakerOpenError, without touching the network. Then it lets
+// HalfOpenCalls probes through; if all succeed it closes, if one fails (or
+// is slow) it opens again, for twice as long, up to MaxOpenFor.
 //
-// Rates are computed only once MinCalls calls have completed within the
-// window, so a quiet endpoint's occasional failure never trips it. Each
-// attempt's verdict is taken when its response headers arrive (or its
-// error does): an error while the caller reads the body is not counted.
+// The window is the last WindowCalls calls, so a host's healthy past
+// cannot dilute a failure that starts now: with the defaults a host that
+// turns sick trips after about 50 failed calls, however much traffic came
+// before. Rates are computed only once MinCalls calls are in the window, so
+// a quiet endpoint's occasional failure never trips it. Each attempt's
+// verdict is taken when its response headers arrive (or its error does):
+// an error while the caller reads the body is not counted.
+//
+// The state machine is gobreaker's; bulwark feeds it the rates of its own
+// window, since gobreaker counts no slow calls.
 type Breaker struct {
 	// FailureRate is the share of counted calls (0 < FailureRate ≤ 1) that
 	// were failures at which the breaker opens: it trips when failures ÷
@@ -94,29 +108,40 @@ type Breaker struct {
 	// response headers, before it counts as slow. Zero inherits from
 	// Default, then half of the policy's Timeout.Attempt (5 s with the
 	// package defaults): an attempt that uses half its timeout is already
-	// far past the p99.9 a timeout should be set to. Setting it to
-	// Timeout.Attempt or more turns slow-call detection off in effect, since
-	// an attempt that long times out and counts as a failure instead.
+	// far past the p99.9 a timeout should be set to.
 	SlowCall time.Duration
 
-	// Window is the rolling window the rates are computed over, kept as ten
-	// buckets of Window/10 that expire one at a time. It must be at least
-	// 100 ms. Zero inherits from Default, then DefaultBreakerWindow (60 s).
+	// WindowCalls is how many of the most recent calls the rates are
+	// computed over, kept in ten buckets so the oldest tenth expires at
+	// once. Zero inherits from Default, then DefaultWindowCalls (100). It is
+	// ignored when Window is set.
+	WindowCalls int
+
+	// Window, when set, makes the window time-based: the calls of the last
+	// Window, in ten buckets of Window/10. It must be at least 100 ms. Zero
+	// inherits from Default, then means the count window of WindowCalls.
+	// A time window suits a host with steady traffic; on a busy host its
+	// healthy past dilutes a new failure, so a count window reacts sooner.
 	Window time.Duration
 
 	// MinCalls is how many counted calls the window must hold before any
 	// rate is computed; below it the breaker never trips. Zero inherits from
-	// Default, then DefaultMinCalls (100).
-	//
-	// Size it with Window: the window must see MinCalls calls at the
-	// upstream's real traffic, or the breaker can never trip. At 150 calls/s
-	// a 100 ms window holds about 15 calls, so MinCalls 20 would never be
-	// reached and a sick upstream would keep every call.
+	// Default, then DefaultMinCalls (100), capped at WindowCalls for a count
+	// window. With a time window, the window must see MinCalls calls at the
+	// upstream's real traffic, or the breaker can never trip.
 	MinCalls int
 
-	// OpenFor is how long the breaker stays open before it probes. Zero
-	// inherits from Default, then DefaultOpenFor (60 s).
+	// OpenFor is how long the breaker stays open after its first trip
+	// before it probes. Each trip in a row (a probe that failed) doubles
+	// it, up to MaxOpenFor; each open time is then shortened by up to 20 %
+	// at random, so that the hosts of a fleet do not probe in step. Zero
+	// inherits from Default, then DefaultOpenFor (5 s).
 	OpenFor time.Duration
+
+	// MaxOpenFor caps the open time's growth. It may not be below OpenFor.
+	// Zero inherits from Default, then DefaultMaxOpenFor (60 s), or OpenFor
+	// if that is longer.
+	MaxOpenFor time.Duration
 
 	// HalfOpenCalls is how many probes a half-open breaker lets through (at
 	// most that many in flight at once); all of them must succeed for it to
@@ -129,23 +154,39 @@ type Breaker struct {
 	// Nil inherits from Default, then DefaultClassify.
 	Classify func(resp *http.Response, err error) Outcome
 
+	// OnStateChange, if not nil, is called after each state change of a
+	// host's breaker, outside any lock of bulwark's and gobreaker's, on the
+	// goroutine of a request that saw the change, in the order the changes
+	// happened. host is the "host:port". Nil inherits from Default.
+	OnStateChange func(host string, from, to CircuitState)
+
 	// Disabled turns the breaker off for this upstream: every request goes
-	// through. An upstream inherits Disabled from Default.
+	// through. An upstream inherits Disabled from Default unless it sets
+	// Enabled.
 	Disabled bool
+
+	// Enabled turns the breaker back on for an upstream whose Default set
+	// Disabled. Setting both is an error.
+	Enabled bool
 }
 
 func (b Breaker) inherit(parent Breaker) Breaker {
 	b.FailureRate = cmp.Or(b.FailureRate, parent.FailureRate)
 	b.SlowCallRate = cmp.Or(b.SlowCallRate, parent.SlowCallRate)
 	b.SlowCall = cmp.Or(b.SlowCall, parent.SlowCall)
+	b.WindowCalls = cmp.Or(b.WindowCalls, parent.WindowCalls)
 	b.Window = cmp.Or(b.Window, parent.Window)
 	b.MinCalls = cmp.Or(b.MinCalls, parent.MinCalls)
 	b.OpenFor = cmp.Or(b.OpenFor, parent.OpenFor)
+	b.MaxOpenFor = cmp.Or(b.MaxOpenFor, parent.MaxOpenFor)
 	b.HalfOpenCalls = cmp.Or(b.HalfOpenCalls, parent.HalfOpenCalls)
 	if b.Classify == nil {
 		b.Classify = parent.Classify
 	}
-	b.Disabled = b.Disabled || parent.Disabled
+	if b.OnStateChange == nil {
+		b.OnStateChange = parent.OnStateChange
+	}
+	b.Disabled = inheritOff(b.Disabled, b.Enabled, parent.Disabled)
 	return b
 }
 
@@ -160,9 +201,15 @@ func (b Breaker) withDefaults(t Timeout) Breaker {
 			b.SlowCall = DefaultAttemptTimeout / 2
 		}
 	}
-	b.Window = cmp.Or(b.Window, DefaultBreakerWindow)
-	b.MinCalls = cmp.Or(b.MinCalls, DefaultMinCalls)
+	b.WindowCalls = cmp.Or(b.WindowCalls, DefaultWindowCalls)
+	if b.MinCalls == 0 {
+		b.MinCalls = DefaultMinCalls
+		if b.Window == 0 {
+			b.MinCalls = min(b.MinCalls, b.WindowCalls)
+		}
+	}
 	b.OpenFor = cmp.Or(b.OpenFor, DefaultOpenFor)
+	b.MaxOpenFor = cmp.Or(b.MaxOpenFor, max(DefaultMaxOpenFor, b.OpenFor))
 	b.HalfOpenCalls = cmp.Or(b.HalfOpenCalls, DefaultHalfOpenCalls)
 	if b.Classify == nil {
 		b.Classify = DefaultClassify
@@ -178,51 +225,34 @@ func (b Breaker) validate() error {
 		return fieldError("Breaker.SlowCallRate", b.SlowCallRate, "must be in (0, 1]")
 	case b.SlowCall < 0:
 		return fieldError("Breaker.SlowCall", b.SlowCall, "must be ≥ 0")
-	case b.Window < minBreakerWindow:
+	case b.WindowCalls < 1 || b.WindowCalls > maxWindowCalls:
+		return fieldError("Breaker.WindowCalls", b.WindowCalls, fmt.Sprintf("must be in [1, %d]", maxWindowCalls))
+	case b.Window != 0 && b.Window < minBreakerWindow:
 		return fieldError("Breaker.Window", b.Window, "must be ≥ "+minBreakerWindow.String())
 	case b.MinCalls < 0 || b.MinCalls > math.MaxInt32:
 		return fieldError("Breaker.MinCalls", b.MinCalls, "must be in [0, 2^31)")
+	case b.Window == 0 && b.MinCalls > b.WindowCalls:
+		return fieldError("Breaker.MinCalls", b.MinCalls, "must not exceed Breaker.WindowCalls ("+strconv.Itoa(b.WindowCalls)+"), or the breaker could never trip")
 	case b.OpenFor < 0:
 		return fieldError("Breaker.OpenFor", b.OpenFor, "must be ≥ 0")
+	case b.MaxOpenFor < b.OpenFor:
+		return fieldError("Breaker.MaxOpenFor", b.MaxOpenFor, "must be ≥ Breaker.OpenFor ("+b.OpenFor.String()+")")
 	case b.HalfOpenCalls < 0 || b.HalfOpenCalls > math.MaxInt32:
 		return fieldError("Breaker.HalfOpenCalls", b.HalfOpenCalls, "must be in [0, 2^31)")
 	}
-	return nil
+	return switchError("Breaker", b.Disabled, b.Enabled)
 }
 
-// DefaultClassify is the classifier a nil Breaker.Classify means. Failures:
-// transport errors, bulwark's own attempt or total timeout
-// (ErrAttemptTimeout), 5xx responses other than 501, and 429. Ignored: the
-// caller's own cancellation or deadline, rejections by a layer inside the
-// breaker that never reached the host (ErrBulkheadFull,
-// ErrDeadlineTooShort), 501 and 4xx responses other than 429, which say
-// the request was wrong, not that the host is sick. Everything else is a
-// Success. A custom classifier can wrap it.
+// DefaultClassify is the classifier a nil Breaker.Classify means, the
+// same classification every layer uses. Failures: transport errors,
+// bulwark's own timeouts (ErrAttemptTimeout, ErrTotalTimeout), 5xx
+// responses other than 501, and 429. Ignored: the caller's own cancellation
+// or deadline, rejections by a layer inside the breaker that never reached
+// the host (ErrBulkheadFull, ErrDeadlineTooShort), 501 and 4xx responses
+// other than 429, which say the request was wrong, not that the host is
+// sick. Everything else is a success. A custom classifier can wrap it.
 func DefaultClassify(resp *http.Response, err error) Outcome {
-	if err != nil {
-		switch {
-		case errors.Is(err, ErrAttemptTimeout):
-			return Failure
-		case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
-			errors.Is(err, ErrBulkheadFull):
-			// ErrDeadlineTooShort wraps DeadlineExceeded and lands here too.
-			return Ignored
-		}
-		return Failure
-	}
-	switch c := resp.StatusCode; {
-	case failureStatus(c):
-		return Failure
-	case c >= 400:
-		return Ignored
-	}
-	return Success
-}
-
-// failureStatus reports whether a status says the host is failing: 5xx
-// other than 501 Not Implemented, and 429 Too Many Requests.
-func failureStatus(code int) bool {
-	return code == http.StatusTooManyRequests || code >= 500 && code != http.StatusNotImplemented
+	return classify(resp, err).health()
 }
 
 // BreakerOpenError is the error for a request the breaker refused to send.
@@ -280,125 +310,126 @@ func circuitState(s gobreaker.State) CircuitState {
 	return CircuitClosed
 }
 
-// BreakerState reports the state of the breaker of host, given as
-// "host:port" (lower-case, port always present, as BreakerOpenError.Host
-// has it; case does not matter). ok is false when the host has no live
-// state or its breaker is disabled. Should one host:port be reached over two
-// schemes, the least healthy state is reported. Asking may move an open
-// breaker whose OpenFor has passed to half-open, as the next request would.
-func (t *Transport) BreakerState(host string) (state CircuitState, ok bool) {
-	var found []*breakerRT
-	t.mu.RLock()
-	for _, hs := range t.hosts {
-		if hs.breaker != nil && strings.EqualFold(hs.name, host) {
-			found = append(found, hs.breaker)
-		}
-	}
-	t.mu.RUnlock()
-	for _, b := range found {
-		state, ok = max(state, b.state()), true
-	}
-	return state, ok
-}
+// BreakerControl is a manual override of a host's breaker, set with
+// Transport.ControlBreaker.
+type BreakerControl uint8
 
-// The verdicts breakerRT hands gobreaker's done callback. They are
-// sentinels, not errors anyone sees: gobreaker only passes them back to
-// the IsExcluded and IsSuccessful hooks below.
-var (
-	errVerdictSlow    = errors.New("bulwark: slow call")
-	errVerdictFailure = errors.New("bulwark: failed call")
-	errVerdictIgnored = errors.New("bulwark: ignored call")
+const (
+	// BreakerAuto lets the breaker decide: the default.
+	BreakerAuto BreakerControl = iota
+	// BreakerForceOpen refuses every request to the host, as an open
+	// breaker does, until the control is set back: for a planned
+	// maintenance or a dependency known to be down.
+	BreakerForceOpen
+	// BreakerForceClosed lets every request through and counts none of
+	// them: for an incident where the breaker must not stand in the way.
+	BreakerForceClosed
 )
 
-// breakerRT is layer 6, one per host: gobreaker's state machine
-// around the rest of the attempt.
-//
-// gobreaker's Counts have no slow-call count, and it credits each outcome
-// to the bucket its request started in, on time.Now rather than the
-// Transport's clock. So the rates are computed from a window of our own
-// (win): completed calls, failures and slow calls in ten buckets on the
-// Transport's clock, all three keyed by completion time, so both rates
-// share one window and one denominator. While closed, calls bypass
-// gobreaker (closedTrip) and count in win only if no state change came
-// between their admission and their end (mirror), as gobreaker drops such
-// outcomes itself; calls through gobreaker are counted from its
-// IsSuccessful hook, which it calls only for outcomes of its current
-// generation. win is cleared from OnStateChange, so it never counts a call
-// of an earlier state.
-//
-// A slow success is reported to gobreaker as a failure: that is how
-// ReadyToTrip gets asked, and, half-open, a slow probe reopens the breaker
-// since the host is evidently not well yet. The same goes for a success
-// that takes the window to MinCalls with a rate already at its threshold.
-// What gobreaker counts as failures is therefore never read; win decides.
-type breakerRT struct {
-	next     http.RoundTripper
-	hs       *hostState
+// String returns "auto", "force-open" or "force-closed".
+func (c BreakerControl) String() string {
+	switch c {
+	case BreakerAuto:
+		return "auto"
+	case BreakerForceOpen:
+		return "force-open"
+	case BreakerForceClosed:
+		return "force-closed"
+	}
+	return "control(" + strconv.Itoa(int(c)) + ")"
+}
+
+// The verdicts breakerStage hands gobreaker's Execute. They are sentinels,
+// not errors anyone sees: gobreaker only passes them back to the
+// IsExcluded and IsSuccessful hooks below.
+var (
+	errVerdictSlow        = errors.New("bulwark: slow call")
+	errVerdictFailure     = errors.New("bulwark: failed call")
+	errVerdictSlowFailure = errors.New("bulwark: slow failed call")
+	errVerdictIgnored     = errors.New("bulwark: ignored call")
+)
+
+// The breaker window's counters.
+const (
+	winCalls = iota
+	winFailures
+	winSlow
+)
+
+// breakerStage is one host's circuit breaker: gobreaker's state machine
+// around the rest of the attempt, fed through its Settings by a window of
+// bulwark's (gobreaker counts no slow calls), with two things gobreaker
+// does not do, in front of it: a manual control, and an open time that
+// grows on trips in a row. gobreaker's own open time is the shortest one
+// possible; while a longer one runs, this layer refuses without asking it.
+type breakerStage struct {
+	next     stage
+	e        env
 	cb       *gobreaker.CircuitBreaker[struct{}]
-	slow     time.Duration
 	classify func(*http.Response, error) Outcome
-	openFor  time.Duration
+	slow     time.Duration
+	onChange func(host string, from, to CircuitState)
+	randN    func(int64) int64
 
-	// cbState is gobreaker's state, written and read under its mutex (in
-	// its hooks).
-	cbState gobreaker.State
-	// mirror is gobreaker's state for readers outside its mutex: the state
-	// in the low two bits, above them a count of state changes, so that a
-	// call admitted in one closed period is not counted in another.
-	mirror atomic.Uint64
-
-	// win and what tripped reads are guarded by winMu. Lock order:
-	// gobreaker's mutex, then winMu.
-	winMu    sync.Mutex
-	win      breakerWindow
-	minCalls uint32
-	failRate float64
-	slowRate float64
-
-	// lastEnd is the latest completion time, in Unix nanoseconds on the
-	// Transport's clock.
-	lastEnd atomic.Int64
-
-	// openErr is the error every refusal returns, replaced each time the
+	// control is a BreakerControl.
+	control atomic.Uint32
+	// holdUntil is, in unix nanoseconds, the end of the current open time
+	// (zero once it has passed): refusals need no call into gobreaker.
+	holdUntil atomic.Int64
+	// openErr is the error every refusal returns, made each time the
 	// breaker opens.
 	openErr atomic.Pointer[BreakerOpenError]
 
-	// Transitions queue here under gobreaker's mutex and are logged by
+	// Guarded by winMu; the hooks that write them run under gobreaker's
+	// mutex too (lock order: gobreaker's, then winMu).
+	winMu    sync.Mutex
+	win      *window.Window
+	byCount  bool
+	seq      int64 // a count window's position: the calls counted
+	minCalls int64
+	failRate float64
+	slowRate float64
+	cbState  gobreaker.State
+	trips    int // trips in a row, reset when the breaker closes
+	openFor  time.Duration
+	maxOpen  time.Duration
+
+	// State changes queue here under gobreaker's mutex and are reported by
 	// whichever request finds them there after leaving it.
 	pending atomic.Bool
 	evMu    sync.Mutex
-	events  [8]breakerEvent
-	nEvents int
+	events  []breakerEvent // at most maxBreakerEvents
 	dropped int
+	flushMu sync.Mutex // one reporter at a time, so hooks see changes in order
 }
+
+// maxBreakerEvents bounds the queue of unreported state changes.
+const maxBreakerEvents = 8
 
 type breakerEvent struct {
-	from, to gobreaker.State
-	at       time.Time
-	failures uint32
-	slow     uint32
-	calls    uint32
+	from, to              gobreaker.State
+	at                    time.Time
+	calls, failures, slow int64
 }
 
-func newBreakerRT(next http.RoundTripper, hs *hostState) *breakerRT {
-	p := hs.policy.Breaker
-	b := &breakerRT{
-		next: next, hs: hs, slow: p.SlowCall, classify: p.Classify, openFor: p.OpenFor,
-		minCalls: uint32(p.MinCalls), failRate: p.FailureRate, slowRate: p.SlowCallRate,
+func newBreaker(next stage, p Breaker, e env, randN func(int64) int64) *breakerStage {
+	b := &breakerStage{
+		next: next, e: e, classify: p.Classify, slow: p.SlowCall, onChange: p.OnStateChange, randN: randN,
+		minCalls: int64(p.MinCalls), failRate: p.FailureRate, slowRate: p.SlowCallRate,
+		openFor: p.OpenFor, maxOpen: p.MaxOpenFor,
 	}
-	if b.classify == nil {
-		b.classify = DefaultClassify
+	if p.Window > 0 {
+		b.win, _ = window.New(int64(p.Window), breakerBuckets)
+	} else {
+		b.byCount = true
+		b.win, _ = window.New(int64(p.WindowCalls), min(breakerBuckets, p.WindowCalls))
 	}
-	b.win.width = p.Window / breakerBuckets
-	b.win.start = hs.t.now()
 	b.cb = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
-		Name:        hs.name,
-		MaxRequests: uint32(p.HalfOpenCalls),
-		// A rolling window keeps gobreaker's own counters from growing
-		// without end; their values are not used (see win).
-		Interval:      p.Window,
-		BucketPeriod:  p.Window / breakerBuckets,
-		Timeout:       p.OpenFor,
+		Name:        e.host,
+		MaxRequests: uint32(max(p.HalfOpenCalls, 1)),
+		// The shortest open time there can be (see openTime): a longer
+		// one is held by this layer.
+		Timeout:       max(p.OpenFor-p.OpenFor/5, 1),
 		ReadyToTrip:   b.readyToTrip,
 		OnStateChange: b.onStateChange,
 		IsSuccessful:  b.isSuccessful,
@@ -407,200 +438,144 @@ func newBreakerRT(next http.RoundTripper, hs *hostState) *breakerRT {
 	return b
 }
 
-func (b *breakerRT) RoundTrip(req *http.Request) (*http.Response, error) {
-	return b.roundTripCall(req, callOf(req.Context(), b.hs.t))
-}
-
-func (b *breakerRT) roundTripCall(req *http.Request, st *callState) (*http.Response, error) {
-	if m := b.mirror.Load(); gobreaker.State(m&3) == gobreaker.StateClosed {
-		return b.closedTrip(req, st, m)
+func (b *breakerStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+	switch BreakerControl(b.control.Load()) {
+	case BreakerForceOpen:
+		return nil, b.refuse(req)
+	case BreakerForceClosed:
+		return b.next.roundTrip(req, c)
+	}
+	if h := b.holdUntil.Load(); h != 0 {
+		if time.Now().UnixNano() < h {
+			return nil, b.refuse(req)
+		}
+		b.holdUntil.CompareAndSwap(h, 0)
 	}
 	var (
 		resp *http.Response
 		err  error
 		ran  bool
 	)
-	// Execute rather than the two-step Allow: Allow returns a fresh done
-	// closure on every call, while Execute's argument does not escape, so
-	// this closure lives on the stack. Execute also reports a panic in next
-	// as a failure (see isSuccessful) before letting it go on, so a
-	// half-open probe slot is never left taken.
+	// Execute reports a panic in next as a failure before letting it go
+	// on, so a half-open probe slot is never left taken.
 	_, _ = b.cb.Execute(func() (struct{}, error) {
 		ran = true
-		start := st.clock(b.hs.t)
-		resp, err = sendCall(b.next, req, st)
-		took := b.hs.t.since(start)
-		end := start.Add(took)
-		// The window's clock, read by isSuccessful: passing the time this
-		// way saves a third clock read per call (about 60 ns on a VM).
-		// Concurrent calls may see each other's end time, microseconds
-		// apart, which does not matter to buckets of Window/10.
-		b.lastEnd.Store(end.UnixNano())
-		return struct{}{}, b.verdict(resp, err, took)
+		start := time.Now()
+		resp, err = b.next.roundTrip(req, c)
+		return struct{}{}, b.verdict(resp, err, time.Since(start))
 	})
 	if b.pending.Load() {
 		b.flush()
 	}
 	if !ran {
-		// Refused: open, or half-open with every probe slot taken.
-		b.hs.rejected(req.Context(), layerBreaker)
-		closeBody(req)
-		if e := b.openErr.Load(); e != nil {
-			return nil, e
-		}
-		return nil, ErrBreakerOpen
+		// Open, or half-open with every probe slot taken.
+		return nil, b.refuse(req)
 	}
 	return resp, err
 }
 
-// closedTrip is RoundTrip while the breaker is closed (mirror m). Closed,
-// gobreaker has nothing to decide: it admits every call, and its counts are
-// never read (win is). So a closed call does not go through it, which
-// saves its mutex twice and two clock readings of its own per call; the
-// outcome goes to win directly, and gobreaker is called only when win says
-// to trip (trip), to make the transition. Open and half-open, every call
-// goes through gobreaker, which admits the probes.
-func (b *breakerRT) closedTrip(req *http.Request, st *callState, m uint64) (*http.Response, error) {
-	start := st.clock(b.hs.t)
-	done := false
-	defer func() {
-		if !done {
-			// next panicked: a failure, as Execute would have it. The
-			// panic carries on.
-			b.record(m, b.hs.t.now(), true, false)
-		}
-	}()
-	resp, err := sendCall(b.next, req, st)
-	done = true
-	took := b.hs.t.since(start)
-	end := start.Add(took)
-	if v := b.verdict(resp, err, took); v != errVerdictIgnored {
-		failed, slow := verdictCounts(v)
-		b.record(m, end, failed, slow)
+// refuse is a request the breaker does not send.
+func (b *breakerStage) refuse(req *http.Request) error {
+	b.e.rep.rejected(req.Context(), layerBreaker)
+	closeBody(req)
+	if e := b.openErr.Load(); e != nil {
+		return e
 	}
-	if b.pending.Load() {
-		b.flush()
-	}
-	return resp, err
+	return ErrBreakerOpen
 }
-
-// record counts a call admitted while closed (mirror m) that ended at end,
-// unless the state has changed since (gobreaker drops such outcomes too),
-// and trips the breaker when the window says so.
-func (b *breakerRT) record(m uint64, end time.Time, failed, slow bool) {
-	b.winMu.Lock()
-	if b.mirror.Load() != m {
-		b.winMu.Unlock()
-		return
-	}
-	b.win.add(end, failed, slow)
-	trip := b.tripped()
-	b.winMu.Unlock()
-	if trip {
-		// Through gobreaker, which asks readyToTrip again under its mutex
-		// (another call may have moved the window or the state since).
-		_, _ = b.cb.Execute(func() (struct{}, error) { return struct{}{}, errVerdictTrip })
-	}
-}
-
-// errVerdictTrip is the verdict of the call record makes to trip the
-// breaker: a failure for gobreaker, counted nowhere else.
-var errVerdictTrip = errors.New("bulwark: trip")
 
 // verdict is what gobreaker is told of an attempt that took took: one of the
 // errVerdict sentinels, or nil for a fast success.
-func (b *breakerRT) verdict(resp *http.Response, err error, took time.Duration) error {
+func (b *breakerStage) verdict(resp *http.Response, err error, took time.Duration) error {
+	slow := took >= b.slow
 	switch b.classify(resp, err) {
-	case Ignored:
+	case OutcomeIgnored:
 		return errVerdictIgnored
-	case Failure:
-		if took >= b.slow {
+	case OutcomeFailure:
+		if slow {
 			return errVerdictSlowFailure
 		}
 		return errVerdictFailure
 	}
-	if took >= b.slow {
+	if slow {
 		return errVerdictSlow
 	}
 	return nil
 }
 
-// verdictCounts is what a verdict counts toward in the window. Any verdict
-// but the sentinels for success is a failure: Execute reports a panic in
-// next with an error of its own.
-func verdictCounts(v error) (failed, slow bool) {
-	return v != nil && v != errVerdictSlow, v == errVerdictSlow || v == errVerdictSlowFailure
-}
-
-// errVerdictSlowFailure is a failure that was slow too: it counts toward both
-// rates.
-var errVerdictSlowFailure = errors.New("bulwark: slow failed call")
-
-// isSuccessful is gobreaker's IsSuccessful hook, under its mutex, for a
-// non-excluded outcome of the current generation: it records the outcome
-// in win and says whether gobreaker may treat it as a success.
-func (b *breakerRT) isSuccessful(verdict error) bool {
-	if verdict == errVerdictTrip {
-		return false
-	}
-	failed, slow := verdictCounts(verdict)
-	if b.cbState != gobreaker.StateClosed {
-		// Half-open: gobreaker's own probe accounting decides; a slow probe
-		// fails.
-		return verdict == nil
-	}
-	// Closed, yet through gobreaker: a call admitted half-open that ended
-	// after the breaker closed.
+// isSuccessful is gobreaker's IsSuccessful hook, under its mutex, for each
+// counted outcome of the current state: closed, it records the outcome in
+// the window. A slow success is reported to gobreaker as a failure: that is
+// how ReadyToTrip gets asked, and, half-open, a slow probe reopens the
+// breaker since the host is evidently not well yet. Any other error is a
+// panic below, which Execute reports as a failure.
+func (b *breakerStage) isSuccessful(verdict error) bool {
 	b.winMu.Lock()
 	defer b.winMu.Unlock()
-	b.win.add(time.Unix(0, b.lastEnd.Load()), failed, slow)
-	if failed || slow {
-		return false
+	if b.cbState == gobreaker.StateClosed {
+		var c window.Counts
+		c[winCalls] = 1
+		if verdict != nil && verdict != errVerdictSlow {
+			c[winFailures] = 1
+		}
+		if verdict == errVerdictSlow || verdict == errVerdictSlowFailure {
+			c[winSlow] = 1
+		}
+		b.seq++
+		b.win.Add(b.pos(), c)
 	}
-	// A fast success can still be the call that brings the window to
-	// MinCalls with a rate at its threshold: report it as a failure so that
-	// gobreaker asks readyToTrip.
-	return !b.tripped()
+	return verdict == nil
 }
 
-// readyToTrip is gobreaker's ReadyToTrip hook, under its mutex.
-func (b *breakerRT) readyToTrip(gobreaker.Counts) bool {
+// pos is the window's position now: the count of calls, or the time. Under
+// winMu.
+func (b *breakerStage) pos() int64 {
+	if b.byCount {
+		return b.seq
+	}
+	return time.Now().UnixNano()
+}
+
+// readyToTrip is gobreaker's ReadyToTrip hook, under its mutex: our window
+// decides, not gobreaker's counts.
+func (b *breakerStage) readyToTrip(gobreaker.Counts) bool {
 	b.winMu.Lock()
 	defer b.winMu.Unlock()
-	return b.tripped()
-}
-
-// tripped reports whether the window holds enough calls and either rate has
-// reached its threshold. Under winMu.
-func (b *breakerRT) tripped() bool {
-	c := &b.win.total
-	if c.calls == 0 || c.calls < b.minCalls {
+	s := b.win.Sum(b.pos())
+	calls := s[winCalls]
+	if calls == 0 || calls < b.minCalls {
 		return false
 	}
 	// Divide rather than multiply the threshold: a quotient is correctly
 	// rounded, so 7 of 25 is exactly the float 0.28 and trips at 0.28,
 	// where 0.28*25 rounds to just above 7 and would not.
-	n := float64(c.calls)
-	return float64(c.failures)/n >= b.failRate || float64(c.slow)/n >= b.slowRate
+	n := float64(calls)
+	return float64(s[winFailures])/n >= b.failRate || float64(s[winSlow])/n >= b.slowRate
 }
 
 // onStateChange is gobreaker's OnStateChange hook, under its mutex: it
 // must not log or call user code, so it only records.
-func (b *breakerRT) onStateChange(_ string, from, to gobreaker.State) {
-	now := b.hs.t.now()
-	b.cbState = to
+func (b *breakerStage) onStateChange(_ string, from, to gobreaker.State) {
+	now := time.Now()
 	b.winMu.Lock()
-	ev := breakerEvent{from: from, to: to, at: now, failures: b.win.total.failures, slow: b.win.total.slow, calls: b.win.total.calls}
-	b.win.reset(now)
-	b.mirror.Store((b.mirror.Load()>>2+1)<<2 | uint64(to))
-	b.winMu.Unlock()
-	if to == gobreaker.StateOpen {
-		b.openErr.Store(&BreakerOpenError{Host: b.hs.name, ProbeAt: now.Add(b.openFor)})
+	s := b.win.Sum(b.pos())
+	ev := breakerEvent{from: from, to: to, at: now, calls: s[winCalls], failures: s[winFailures], slow: s[winSlow]}
+	b.cbState = to
+	b.win.Reset()
+	b.seq = 0
+	switch to {
+	case gobreaker.StateOpen:
+		b.trips++
+		until := now.Add(b.openTime(b.trips))
+		b.openErr.Store(&BreakerOpenError{Host: b.e.host, ProbeAt: until})
+		b.holdUntil.Store(until.UnixNano())
+	case gobreaker.StateClosed:
+		b.trips = 0
 	}
+	b.winMu.Unlock()
 	b.evMu.Lock()
-	if b.nEvents < len(b.events) {
-		b.events[b.nEvents] = ev
-		b.nEvents++
+	if len(b.events) < maxBreakerEvents {
+		b.events = append(b.events, ev)
 	} else {
 		b.dropped++
 	}
@@ -608,84 +583,101 @@ func (b *breakerRT) onStateChange(_ string, from, to gobreaker.State) {
 	b.pending.Store(true)
 }
 
-// flush reports (logs and counts) the queued state changes, outside
-// gobreaker's mutex.
-func (b *breakerRT) flush() {
-	b.evMu.Lock()
-	evs := b.events
-	n, dropped := b.nEvents, b.dropped
-	b.nEvents, b.dropped = 0, 0
-	b.pending.Store(false)
-	b.evMu.Unlock()
-	log := b.hs.t.logger
-	for _, ev := range evs[:n] {
-		b.hs.breakerStateChanged(circuitState(ev.from).String(), circuitState(ev.to).String(),
-			slog.Uint64("calls", uint64(ev.calls)), slog.Uint64("failures", uint64(ev.failures)), slog.Uint64("slow", uint64(ev.slow)), slog.Time("at", ev.at))
+// openTime is the open time of the n-th trip in a row: OpenFor doubled
+// n-1 times, capped at MaxOpenFor, less up to a fifth at random.
+func (b *breakerStage) openTime(n int) time.Duration {
+	d := b.maxOpen
+	if s := n - 1; s < 62 && b.openFor <= b.maxOpen>>s {
+		d = b.openFor << s
 	}
-	if dropped > 0 {
-		log.Info("bulwark: circuit breaker state changes not logged", "host", b.hs.name, "dropped", dropped)
+	cut := int64(d / 5)
+	if cut <= 0 {
+		return d
 	}
-}
-
-// state returns the breaker's state, logging any change that reading it
-// caused.
-func (b *breakerRT) state() CircuitState {
-	s := b.cb.State()
-	if b.pending.Load() {
-		b.flush()
+	if b.randN != nil {
+		return d - time.Duration(b.randN(cut+1))
 	}
-	return circuitState(s)
+	return d - time.Duration(rand.Int64N(cut+1))
 }
 
-// breakerCounts is one bucket, or the whole window.
-type breakerCounts struct{ calls, failures, slow uint32 }
-
-// breakerWindow counts completed calls over a rolling window of
-// breakerBuckets buckets, each width long, on the Transport's clock.
-type breakerWindow struct {
-	width   time.Duration
-	start   time.Time // start of bucket number age
-	age     int64     // number of the newest bucket since start of the window
-	buckets [breakerBuckets]breakerCounts
-	total   breakerCounts
-}
-
-func (w *breakerWindow) reset(now time.Time) {
-	*w = breakerWindow{width: w.width, start: now}
-}
-
-// advance expires the buckets older than the window at now.
-func (w *breakerWindow) advance(now time.Time) {
-	age := int64(now.Sub(w.start) / w.width)
-	if age <= w.age {
-		// Also covers a clock that went backwards: keep the newest bucket.
+// flush reports the queued state changes, outside gobreaker's mutex: the
+// log line, the metric and the user's hook. One goroutine reports at a
+// time, in order; another that finds it busy leaves the queue to it.
+func (b *breakerStage) flush() {
+	if !b.flushMu.TryLock() {
 		return
 	}
-	if age-w.age >= breakerBuckets {
-		w.reset(now)
-		return
-	}
-	for w.age < age {
-		w.age++
-		old := &w.buckets[w.age%breakerBuckets]
-		w.total.calls -= old.calls
-		w.total.failures -= old.failures
-		w.total.slow -= old.slow
-		*old = breakerCounts{}
+	defer b.flushMu.Unlock()
+	for {
+		b.evMu.Lock()
+		evs, dropped := b.events, b.dropped
+		b.events, b.dropped = nil, 0
+		b.pending.Store(false)
+		b.evMu.Unlock()
+		if len(evs) == 0 && dropped == 0 {
+			return
+		}
+		for _, ev := range evs {
+			from, to := circuitState(ev.from), circuitState(ev.to)
+			b.e.rep.breakerStateChanged(from.String(), to.String(),
+				slog.Int64("calls", ev.calls), slog.Int64("failures", ev.failures), slog.Int64("slow", ev.slow), slog.Time("at", ev.at))
+			if b.onChange != nil {
+				b.onChange(b.e.host, from, to)
+			}
+		}
+		if dropped > 0 {
+			b.e.rep.logger.Info("bulwark: circuit breaker state changes not reported", "host", b.e.host, "dropped", dropped)
+		}
 	}
 }
 
-func (w *breakerWindow) add(now time.Time, failed, slow bool) {
-	w.advance(now)
-	cur := &w.buckets[w.age%breakerBuckets]
-	cur.calls++
-	w.total.calls++
-	if failed {
-		cur.failures++
-		w.total.failures++
-	}
-	if slow {
-		cur.slow++
-		w.total.slow++
-	}
+// BreakerSnapshot is a breaker's state, as Snapshot reports it.
+type BreakerSnapshot struct {
+	// State is what the breaker does now. A forced control shows here as
+	// the state it forces.
+	State CircuitState
+	// Control is the manual override in force (BreakerAuto when none).
+	Control BreakerControl
+	// Calls, Failures and Slow are what the window holds now.
+	Calls, Failures, Slow int64
+	// OpenUntil is when an open breaker lets probes through; zero unless
+	// open on its own.
+	OpenUntil time.Time
+	// Trips is how many times in a row it has opened: what its next open
+	// time doubles from.
+	Trips int
 }
+
+func (b *breakerStage) snapshot(h *HostSnapshot) {
+	s := b.state()
+	h.Breaker = &s
+}
+
+// state reads the breaker. Asking gobreaker may move an open breaker whose
+// open time has passed to half-open, as the next request would.
+func (b *breakerStage) state() BreakerSnapshot {
+	gs := b.cb.State()
+	var s BreakerSnapshot
+	b.winMu.Lock()
+	w := b.win.Sum(b.pos())
+	s.Calls, s.Failures, s.Slow, s.Trips = w[winCalls], w[winFailures], w[winSlow], b.trips
+	b.winMu.Unlock()
+	s.State = circuitState(gs)
+	if h := b.holdUntil.Load(); h != 0 && time.Now().UnixNano() < h {
+		s.State, s.OpenUntil = CircuitOpen, time.Unix(0, h)
+	}
+	s.Control = BreakerControl(b.control.Load())
+	switch s.Control {
+	case BreakerForceOpen:
+		s.State = CircuitOpen
+	case BreakerForceClosed:
+		s.State = CircuitClosed
+	}
+	return s
+}
+
+// setControl sets the manual override.
+func (b *breakerStage) setControl(c BreakerControl) { b.control.Store(uint32(c)) }
+
+// breakerController is a layer that takes a manual breaker override.
+type breakerController interface{ setControl(BreakerControl) }

@@ -58,7 +58,7 @@ func (o *opBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	case "E":
 		return nil, errStub
 	case "T":
-		return nil, &timeoutError{cause: context.DeadlineExceeded}
+		return nil, &timeoutError{limit: ErrAttemptTimeout, cause: context.DeadlineExceeded}
 	case "C":
 		return nil, context.Canceled
 	case "L":
@@ -269,23 +269,23 @@ func TestDefaultClassify(t *testing.T) {
 		err  error
 		want Outcome
 	}{
-		{resp(200), nil, Success},
-		{resp(204), nil, Success},
-		{resp(304), nil, Success},
-		{resp(400), nil, Ignored},
-		{resp(404), nil, Ignored},
-		{resp(429), nil, Failure},
-		{resp(500), nil, Failure},
-		{resp(501), nil, Ignored},
-		{resp(502), nil, Failure},
-		{resp(503), nil, Failure},
-		{nil, errStub, Failure},
-		{nil, &timeoutError{cause: errStub}, Failure},
-		{nil, ErrAttemptTimeout, Failure},
-		{nil, context.Canceled, Ignored},
-		{nil, fmt.Errorf("wrapped: %w", context.DeadlineExceeded), Ignored},
-		{nil, ErrDeadlineTooShort, Ignored},
-		{nil, ErrBulkheadFull, Ignored},
+		{resp(200), nil, OutcomeSuccess},
+		{resp(204), nil, OutcomeSuccess},
+		{resp(304), nil, OutcomeSuccess},
+		{resp(400), nil, OutcomeIgnored},
+		{resp(404), nil, OutcomeIgnored},
+		{resp(429), nil, OutcomeFailure},
+		{resp(500), nil, OutcomeFailure},
+		{resp(501), nil, OutcomeIgnored},
+		{resp(502), nil, OutcomeFailure},
+		{resp(503), nil, OutcomeFailure},
+		{nil, errStub, OutcomeFailure},
+		{nil, &timeoutError{limit: ErrAttemptTimeout, cause: errStub}, OutcomeFailure},
+		{nil, ErrAttemptTimeout, OutcomeFailure},
+		{nil, context.Canceled, OutcomeIgnored},
+		{nil, fmt.Errorf("wrapped: %w", context.DeadlineExceeded), OutcomeIgnored},
+		{nil, ErrDeadlineTooShort, OutcomeIgnored},
+		{nil, ErrBulkheadFull, OutcomeIgnored},
 	}
 	for _, tt := range tests {
 		code := 0
@@ -491,7 +491,7 @@ type reentrantHandler struct {
 }
 
 func (h reentrantHandler) Handle(ctx context.Context, r slog.Record) error {
-	h.tr.BreakerState(h.host)
+	h.breakerState(tr, h.host)
 	return h.Handler.Handle(ctx, r)
 }
 
@@ -524,13 +524,13 @@ func TestBreakerPerHost(t *testing.T) {
 			t.Fatalf("sick.test call %d: %d, %v; want ErrBreakerOpen", i, code, err)
 		}
 	}
-	if s, ok := tr.BreakerState("sick.test:80"); !ok || s != CircuitOpen {
+	if s, ok := breakerState(tr, "sick.test:80"); !ok || s != CircuitOpen {
 		t.Errorf("sick.test: %v, %v; want open", s, ok)
 	}
-	if s, ok := tr.BreakerState("WELL.test:80"); !ok || s != CircuitClosed {
+	if s, ok := breakerState(tr, "WELL.test:80"); !ok || s != CircuitClosed {
 		t.Errorf("well.test: %v, %v; want closed", s, ok)
 	}
-	if _, ok := tr.BreakerState("other.test:80"); ok {
+	if _, ok := breakerState(tr, "other.test:80"); ok {
 		t.Error("BreakerState of an unseen host: ok")
 	}
 	if got := logs.String(); !strings.Contains(got, "circuit breaker open") || !strings.Contains(got, "host=sick.test:80") ||
@@ -552,7 +552,7 @@ func TestBreakerDisabled(t *testing.T) {
 			t.Fatalf("disabled breaker: %v", err)
 		}
 	}
-	if _, ok := tr.BreakerState("off.test:80"); ok {
+	if _, ok := breakerState(tr, "off.test:80"); ok {
 		t.Error("disabled breaker reports a state")
 	}
 }

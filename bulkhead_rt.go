@@ -2,11 +2,9 @@ package bulwark
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"math"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -155,10 +153,10 @@ func (e *RateLimitError) Unwrap() []error { return []error{ErrRateLimited, ErrBu
 // waiter cannot race with that waiter giving up: whichever takes the lock
 // first decides, and the other sees it. Without one, there is nobody to hand
 // to, and a compare-and-swap counter is all it takes.
-type bulkheadRT struct {
-	next     http.RoundTripper
-	t        *Transport
-	hs       *hostState
+type bulkheadStage struct {
+	next     stage
+	rep      *reporter
+	name     string
 	max      int
 	maxQueue int
 	maxWait  time.Duration
@@ -187,14 +185,14 @@ type slotWaiter struct {
 
 func (w *slotWaiter) fifoLinks() *links[slotWaiter] { return &w.links }
 
-// newBulkheadRT builds the bulkhead p describes for host hs, or for one
-// instance of hs when it is a balanced upstream; name ("host:port") goes in
-// its errors, and its refusals are reported as hs's.
-func newBulkheadRT(next http.RoundTripper, hs *hostState, p Bulkhead, name string) *bulkheadRT {
-	b := &bulkheadRT{
+// newBulkhead builds the bulkhead p describes for a host, or for one
+// instance of a balanced upstream; name ("host:port") goes in its errors,
+// and its refusals go to rep.
+func newBulkhead(next stage, p Bulkhead, name string, rep *reporter) *bulkheadStage {
+	b := &bulkheadStage{
 		next:     next,
-		t:        hs.t,
-		hs:       hs,
+		rep:      rep,
+		name:     name,
 		max:      p.MaxConcurrent,
 		maxQueue: p.MaxQueue,
 		maxWait:  p.MaxWait,
@@ -207,47 +205,51 @@ func newBulkheadRT(next http.RoundTripper, hs *hostState, p Bulkhead, name strin
 	return b
 }
 
-func (b *bulkheadRT) RoundTrip(req *http.Request) (*http.Response, error) {
-	return b.roundTripCall(req, callOf(req.Context(), b.t))
-}
-
-func (b *bulkheadRT) roundTripCall(req *http.Request, st *callState) (*http.Response, error) {
+func (b *bulkheadStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	if b.limiter != nil {
-		if err := b.waitRate(req, st); err != nil {
+		if err := b.waitRate(req, c); err != nil {
 			b.refused(req, err)
 			closeBody(req)
 			return nil, err
 		}
 	}
-	if err := b.acquire(req, st); err != nil {
+	if err := b.acquire(req, c); err != nil {
 		b.refused(req, err)
 		closeBody(req)
 		return nil, err
 	}
-	resp, err := sendCall(b.next, req, st)
+	returned := false
+	defer func() {
+		if !returned {
+			// The layer below panicked: the slot must not be lost with it.
+			b.release()
+		}
+	}()
+	resp, err := b.next.roundTrip(req, c)
+	returned = true
 	if err != nil {
 		b.release()
 		return nil, err
 	}
 	// The bulkhead itself is the bodyEnder: registering a pointer we hold
 	// costs nothing, where a closure would allocate on every request.
-	onBodyEndIn(resp, b, st)
+	onBodyEnd(resp, b)
 	return resp, nil
 }
 
 // refused reports a refusal of the bulkhead's own (full, or rate limited),
 // not a caller who gave up while queued.
-func (b *bulkheadRT) refused(req *http.Request, err error) {
+func (b *bulkheadStage) refused(req *http.Request, err error) {
 	if err == error(b.full) || err == error(b.limited) {
-		b.hs.rejected(req.Context(), layerBulkhead)
+		b.rep.rejected(req.Context(), layerBulkhead)
 	}
 }
 
 // bodyEnd releases the slot of a response whose body is finished.
-func (b *bulkheadRT) bodyEnd() { b.release() }
+func (b *bulkheadStage) bodyEnd() { b.release() }
 
 // acquire takes a slot, queueing for one if the bulkhead allows it.
-func (b *bulkheadRT) acquire(req *http.Request, st *callState) error {
+func (b *bulkheadStage) acquire(req *http.Request, c call) error {
 	if b.maxQueue == 0 {
 		for {
 			n := b.inFlight.Load()
@@ -277,7 +279,7 @@ func (b *bulkheadRT) acquire(req *http.Request, st *callState) error {
 		b.mu.Unlock()
 		return doneError(ctx)
 	}
-	wait, bounded := b.waitBound(ctx, st)
+	wait, bounded := b.waitBound(req, c)
 	if bounded && wait <= 0 {
 		b.mu.Unlock()
 		return b.full
@@ -292,8 +294,6 @@ func (b *bulkheadRT) acquire(req *http.Request, st *callState) error {
 		defer tm.Stop()
 		timeout = tm.C
 	}
-	// The attempt's clock reading is stale once we have queued.
-	defer st.staleClock()
 	var err error
 	select {
 	case <-w.ready:
@@ -323,10 +323,10 @@ func (b *bulkheadRT) acquire(req *http.Request, st *callState) error {
 // waitBound is how long a waiter may queue: MaxWait, cut to the call's
 // deadline less the minimum worth sending. bounded is false when neither
 // applies and only the context can end the wait.
-func (b *bulkheadRT) waitBound(ctx context.Context, st *callState) (wait time.Duration, bounded bool) {
+func (b *bulkheadStage) waitBound(req *http.Request, c call) (wait time.Duration, bounded bool) {
 	wait, bounded = b.maxWait, b.maxWait > 0
-	if dl, ok := callDeadline(ctx, st); ok {
-		if left := dl.Sub(b.t.now()) - minSendTime; !bounded || left < wait {
+	if dl, ok := c.deadline(req); ok {
+		if left := time.Until(dl) - minSendTime; !bounded || left < wait {
 			wait, bounded = left, true
 		}
 	}
@@ -336,7 +336,7 @@ func (b *bulkheadRT) waitBound(ctx context.Context, st *callState) (wait time.Du
 // release returns a slot: to the first waiter if there is one (the slot
 // changes hands without ever being free, so nobody can jump the queue),
 // else to the pool.
-func (b *bulkheadRT) release() {
+func (b *bulkheadStage) release() {
 	if b.maxQueue == 0 {
 		b.inFlight.Add(-1)
 		return
@@ -356,14 +356,14 @@ func (b *bulkheadRT) release() {
 // waitRate takes a rate-limit token, waiting for it only when the wait ends
 // in time for the call's deadline. It runs before a slot is taken, so a
 // request waiting for its turn holds no slot.
-func (b *bulkheadRT) waitRate(req *http.Request, st *callState) error {
+func (b *bulkheadStage) waitRate(req *http.Request, c call) error {
 	ctx := req.Context()
 	// A bulkhead that would refuse anyway should not spend a token. (With
 	// a queue, a waiter may leave any moment: let acquire decide.)
 	if b.maxQueue == 0 && b.inFlight.Load() >= int64(b.max) {
 		return b.full
 	}
-	now := b.t.now()
+	now := time.Now()
 	r := b.limiter.ReserveN(now, 1)
 	if !r.OK() {
 		return b.limited
@@ -372,7 +372,7 @@ func (b *bulkheadRT) waitRate(req *http.Request, st *callState) error {
 	if delay == 0 {
 		return nil
 	}
-	if dl, ok := callDeadline(ctx, st); ok && now.Add(delay+minSendTime).After(dl) {
+	if dl, ok := c.deadline(req); ok && now.Add(delay+minSendTime).After(dl) {
 		// Our turn comes too late to be worth anything: give the token
 		// back and fail now rather than hold the caller until it is
 		// useless.
@@ -381,99 +381,43 @@ func (b *bulkheadRT) waitRate(req *http.Request, st *callState) error {
 	}
 	tm := time.NewTimer(delay)
 	defer tm.Stop()
-	defer st.staleClock()
 	select {
 	case <-tm.C:
 		return nil
 	case <-ctx.Done():
-		r.CancelAt(b.t.now())
+		r.CancelAt(time.Now())
 		return doneError(ctx)
 	}
 }
 
 // stats reports the slots held and the requests queued.
-func (b *bulkheadRT) stats() (inFlight, queued int) {
+func (b *bulkheadStage) stats() (inFlight, queued int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return int(b.inFlight.Load()), b.queue.n
 }
 
-// BulkheadState is one bulkhead as BulkheadStates reports it.
-type BulkheadState struct {
-	// Host is the host's "host:port": lower-case, the port always present
-	// (the scheme's default when the URL has none), an IPv6 address in
-	// brackets; the same string errors carry.
-	Host string
-	// Endpoint is, for an upstream with Endpoints (a bulkhead per
-	// instance), the instance's "host:port"; empty otherwise.
-	Endpoint string
-	// Scheme is the URL scheme; one host:port reached over two schemes has
-	// two bulkheads.
-	Scheme string
-	// Upstream is the Config.Upstreams key whose policy the host uses, or
-	// "default".
-	Upstream string
+// busy reports whether requests hold slots or wait for one.
+func (b *bulkheadStage) busy() bool {
+	in, queued := b.stats()
+	return in > 0 || queued > 0
+}
+
+// BulkheadSnapshot is a bulkhead's state, as Snapshot reports it.
+type BulkheadSnapshot struct {
 	// InFlight is the number of slots held, Queued the number of requests
 	// waiting for one.
 	InFlight, Queued int
-	// MaxConcurrent and MaxQueue are the host's limits.
+	// MaxConcurrent and MaxQueue are the bulkhead's limits.
 	MaxConcurrent, MaxQueue int
 }
 
-// BulkheadStats reports the slots held and the requests queued at the
-// bulkhead of host, given as "host:port" (see BulkheadState.Host; case does
-// not matter). ok is false when the host has no live state or its bulkhead
-// is disabled. Should one host:port be reached over two schemes, the counts
-// are summed. It takes a lock per host and is meant for metrics scrapes, not
-// for the request path.
-func (t *Transport) BulkheadStats(host string) (inFlight, queued int, ok bool) {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	for _, hs := range t.hosts {
-		if hs.bulkhead == nil || !strings.EqualFold(hs.name, host) {
-			continue
-		}
-		f, q := hs.bulkhead.stats()
-		inFlight, queued, ok = inFlight+f, queued+q, true
-	}
-	return inFlight, queued, ok
+func (b *bulkheadStage) snapshot(h *HostSnapshot) {
+	s := b.state()
+	h.Bulkhead = &s
 }
 
-// BulkheadStates reports every live host's bulkhead, or each instance's for
-// an upstream with Endpoints (hosts whose bulkhead is disabled are left
-// out), in no particular order, for export as metrics.
-func (t *Transport) BulkheadStates() []BulkheadState {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	out := make([]BulkheadState, 0, len(t.hosts))
-	for _, hs := range t.hosts {
-		hs.eachBulkhead(func(endpoint string, b *bulkheadRT) {
-			f, q := b.stats()
-			out = append(out, BulkheadState{
-				Host: hs.name, Endpoint: endpoint, Scheme: hs.key.scheme, Upstream: hs.upstream,
-				InFlight: f, Queued: q, MaxConcurrent: b.max, MaxQueue: b.maxQueue,
-			})
-		})
-	}
-	return out
-}
-
-// eachBulkhead calls f for each of the host's bulkheads: its own, or, for
-// an upstream with Endpoints, each current instance's (endpoint is then the
-// instance's "host:port", else empty).
-func (hs *hostState) eachBulkhead(f func(endpoint string, b *bulkheadRT)) {
-	if hs.bulkhead != nil {
-		f("", hs.bulkhead)
-		return
-	}
-	if hs.balancer == nil {
-		return
-	}
-	if set := hs.balancer.set.Load(); set != nil {
-		for _, in := range set.all {
-			if in.bh != nil {
-				f(in.addr, in.bh)
-			}
-		}
-	}
+func (b *bulkheadStage) state() BulkheadSnapshot {
+	in, q := b.stats()
+	return BulkheadSnapshot{InFlight: in, Queued: q, MaxConcurrent: b.max, MaxQueue: b.maxQueue}
 }

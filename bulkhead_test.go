@@ -37,7 +37,7 @@ func bhSend(t testing.TB, ctx context.Context, rt http.RoundTripper, url string)
 
 func wantStats(t testing.TB, tr *Transport, host string, inFlight, queued int) {
 	t.Helper()
-	f, q, ok := tr.BulkheadStats(host)
+	f, q, ok := bulkheadStats(tr, host)
 	if !ok || f != inFlight || q != queued {
 		t.Fatalf("BulkheadStats(%q) = %d, %d, %v; want %d, %d, true", host, f, q, ok, inFlight, queued)
 	}
@@ -568,13 +568,13 @@ func TestBulkheadConfig(t *testing.T) {
 	if _, ok := got["recs.test:80"]; ok {
 		t.Errorf("recs.test has a bulkhead although it is disabled")
 	}
-	if _, _, ok := tr.BulkheadStats("recs.test:80"); ok {
+	if _, _, ok := bulkheadStats(tr, "recs.test:80"); ok {
 		t.Errorf("BulkheadStats(recs.test:80) ok although disabled")
 	}
-	if _, _, ok := tr.BulkheadStats("TAX.test:80"); !ok {
+	if _, _, ok := bulkheadStats(tr, "TAX.test:80"); !ok {
 		t.Errorf("BulkheadStats is case-sensitive")
 	}
-	if _, _, ok := tr.BulkheadStats("never.test:80"); ok {
+	if _, _, ok := bulkheadStats(tr, "never.test:80"); ok {
 		t.Errorf("BulkheadStats(never.test:80) ok for a host never seen")
 	}
 }

@@ -1,31 +1,16 @@
 package bulwark
 
-import (
-	"sync"
-	"time"
-)
+import "time"
 
-// fakeClock is an injected clock that only moves when told to.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+// fakeClock is the clock of a test that runs in a testing/synctest bubble:
+// bulwark and gobreaker read time.Now, which the bubble fakes, so advancing
+// the clock is sleeping, which in a bubble returns as soon as every other
+// goroutine of the bubble is blocked. Outside a bubble it would really
+// sleep: use it only inside synctest.Test.
+type fakeClock struct{}
 
-// newFakeClock starts at the real time, whole seconds: the attempt layer
-// turns deadlines read on this clock into real context deadlines, so the
-// fake clock may run ahead of the real one but never behind it.
-func newFakeClock() *fakeClock {
-	return &fakeClock{t: time.Now().Truncate(time.Second)}
-}
+func newFakeClock() *fakeClock { return &fakeClock{} }
 
-func (c *fakeClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
+func (*fakeClock) now() time.Time { return time.Now() }
 
-func (c *fakeClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+func (*fakeClock) advance(d time.Duration) { time.Sleep(d) }

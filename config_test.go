@@ -100,7 +100,7 @@ func TestPolicyInheritance(t *testing.T) {
 	}
 	for _, tt := range tests {
 		u, _ := url.Parse(tt.url)
-		hs := tr.host(u)
+		hs := tr.lookup(u)
 		if hs.upstream != tt.upstream {
 			t.Errorf("route(%s) = upstream %q, want %q", tt.url, hs.upstream, tt.upstream)
 		}
@@ -125,7 +125,7 @@ func TestDefaultPortRouting(t *testing.T) {
 		{"https://tax.internal/", "default"}, // port 443
 	} {
 		u, _ := url.Parse(tt.url)
-		if got := tr.host(u).upstream; got != tt.upstream {
+		if got := tr.lookup(u).upstream; got != tt.upstream {
 			t.Errorf("route(%s) = %q, want %q", tt.url, got, tt.upstream)
 		}
 	}
@@ -141,13 +141,13 @@ func TestHostStatePerAuthority(t *testing.T) {
 	b, _ := url.Parse("http://127.0.0.1:9090/x")
 	a2, _ := url.Parse("http://127.0.0.1:8080/y?q=1")
 	c, _ := url.Parse("https://127.0.0.1:8080/x")
-	if tr.host(a) == tr.host(b) {
+	if tr.lookup(a) == tr.lookup(b) {
 		t.Error("127.0.0.1:8080 and 127.0.0.1:9090 share state")
 	}
-	if tr.host(a) != tr.host(a2) {
+	if tr.lookup(a) != tr.lookup(a2) {
 		t.Error("two URLs of one authority got two states")
 	}
-	if tr.host(a) == tr.host(c) {
+	if tr.lookup(a) == tr.lookup(c) {
 		t.Error("http and https on one host:port share state")
 	}
 	if n := tr.hostCount(); n != 3 {
@@ -163,14 +163,14 @@ func TestHostStateBounded(t *testing.T) {
 	}
 	tr.setClock(clock.now)
 	hot, _ := url.Parse("http://hot.internal/")
-	hotState := tr.host(hot)
+	hotState := tr.lookup(hot)
 	for i := 0; i < 10_000; i++ {
 		// A churn of one new host per millisecond, while the hot host is
 		// used every 20 ms.
 		clock.advance(time.Millisecond)
-		tr.host(&url.URL{Scheme: "http", Host: "h" + strconv.Itoa(i) + ".example:80"})
+		tr.lookup(&url.URL{Scheme: "http", Host: "h" + strconv.Itoa(i) + ".example:80"})
 		if i%20 == 0 {
-			if tr.host(hot) != hotState {
+			if tr.lookup(hot) != hotState {
 				t.Fatalf("after %d hosts, a host in steady use lost its state to the churn", i+1)
 			}
 		}
@@ -181,10 +181,10 @@ func TestHostStateBounded(t *testing.T) {
 	// Fill to the cap exactly; then, after HostIdle with no requests, one new
 	// host clears every idle one instead of the least recently used alone.
 	for i := 0; tr.hostCount() < 64; i++ {
-		tr.host(&url.URL{Scheme: "http", Host: "fill" + strconv.Itoa(i) + ".example"})
+		tr.lookup(&url.URL{Scheme: "http", Host: "fill" + strconv.Itoa(i) + ".example"})
 	}
 	clock.advance(2 * time.Minute)
-	tr.host(&url.URL{Scheme: "http", Host: "fresh.example"})
+	tr.lookup(&url.URL{Scheme: "http", Host: "fresh.example"})
 	if n := tr.hostCount(); n != 1 {
 		t.Errorf("after HostIdle at the cap, hostCount = %d, want 1 (the new host only)", n)
 	}
@@ -200,7 +200,7 @@ func TestLastHostFastPath(t *testing.T) {
 	}
 	tr.setClock(clock.now)
 	a := &url.URL{Scheme: "http", Host: "a.example"}
-	hs := tr.host(a)
+	hs := tr.lookup(a)
 	if tr.last.Load() != hs {
 		t.Fatal("the host just looked up is not the last one")
 	}
@@ -209,7 +209,7 @@ func TestLastHostFastPath(t *testing.T) {
 		{Scheme: "HTTP", Host: "a.example:80"},
 		{Scheme: "http", Host: "a.example"},
 	} {
-		if got := tr.host(u); got != hs {
+		if got := tr.lookup(u); got != hs {
 			t.Errorf("%s://%s: another state than a.example's", u.Scheme, u.Host)
 		}
 	}
@@ -221,17 +221,17 @@ func TestLastHostFastPath(t *testing.T) {
 	// the next request for a.example must get a fresh state, not the
 	// evicted one.
 	for i := 0; i < 7; i++ {
-		tr.host(&url.URL{Scheme: "http", Host: "h" + strconv.Itoa(i) + ".example"})
+		tr.lookup(&url.URL{Scheme: "http", Host: "h" + strconv.Itoa(i) + ".example"})
 	}
-	if tr.host(a) != hs || tr.hostCount() != 8 {
+	if tr.lookup(a) != hs || tr.hostCount() != 8 {
 		t.Fatalf("a.example lost its state before the map was full (%d hosts)", tr.hostCount())
 	}
 	clock.advance(2 * time.Minute)
-	tr.host(&url.URL{Scheme: "http", Host: "new.example"})
+	tr.lookup(&url.URL{Scheme: "http", Host: "new.example"})
 	// A lookup that found a.example in the map just before the eviction
 	// may store it on the fast path just after.
 	tr.last.Store(hs)
-	if got := tr.host(a); got == hs {
+	if got := tr.lookup(a); got == hs {
 		t.Error("a.example got its evicted state back")
 	}
 }
@@ -272,16 +272,16 @@ func TestEvictionSparesBusyHosts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	busy := tr.host(busyURL)
+	busy := tr.lookup(busyURL)
 	clock.advance(2 * time.Minute) // idle by the clock, but busy
 	for i := 0; i < 200; i++ {
 		clock.advance(time.Millisecond)
-		tr.host(&url.URL{Scheme: "http", Host: "churn" + strconv.Itoa(i) + ".example"})
+		tr.lookup(&url.URL{Scheme: "http", Host: "churn" + strconv.Itoa(i) + ".example"})
 	}
-	if tr.host(busyURL) != busy {
+	if tr.lookup(busyURL) != busy {
 		t.Error("a host with a slot held was evicted")
 	}
-	if in, _, _ := tr.BulkheadStats("busy.internal:80"); in != 1 {
+	if in, _, _ := bulkheadStats(tr, "busy.internal:80"); in != 1 {
 		t.Errorf("in flight = %d, want 1", in)
 	}
 	resp.Body.Close()

@@ -3,10 +3,12 @@ package bulwark
 import (
 	"cmp"
 	"context"
+	"io"
 	"maps"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -14,10 +16,15 @@ import (
 // caller has left, in whole milliseconds, from one hop to the next.
 const DefaultDeadlineHeader = "Bulwark-Timeout-Ms"
 
+// NoDeadlineHeader, as Timeout.Header, turns deadline propagation off for
+// an upstream: neither the deadline header nor AttemptHeader is sent, which
+// suits third-party APIs. The deadlines themselves still apply.
+const NoDeadlineHeader = "-"
+
 // AttemptHeader is the request header that numbers the attempts of one call
 // (1 for the first send, 2 for the first retry, …), like Envoy's
 // x-envoy-attempt-count, so a server can tell a retry from a new call. It is
-// written only when the retry layer is on.
+// written only when the retry layer is on and the deadline header is sent.
 const AttemptHeader = "Bulwark-Attempt"
 
 // Package defaults for Timeout. A timeout is a capacity decision: these are
@@ -41,61 +48,105 @@ const minSendTime = 10 * time.Millisecond
 
 // Timeout bounds how long a call and each of its attempts may take, and
 // names the header that tells the upstream how long it has.
+//
+// What a drop-in for http.DefaultClient should not do is cut a long,
+// healthy response: a body streamed for a minute is read whole with the
+// package defaults. So Attempt bounds the wait for response headers, and
+// BodyIdle the wait of any one read of the body; the body as a whole is
+// bounded only by a Total set explicitly (in this policy or in Default) and
+// by the caller's context. A read cut by one of them fails with an error
+// that matches ErrAttemptTimeout or ErrTotalTimeout.
 type Timeout struct {
-	// Total bounds the whole call: every attempt, every wait between them and
-	// the reading of the final response body, like http.Client.Timeout. Zero
-	// inherits from Default, then DefaultTotalTimeout. A caller's context
-	// deadline that comes sooner wins.
+	// Total bounds the whole call: every attempt and every wait between
+	// them. Zero inherits from Default, then DefaultTotalTimeout, which
+	// bounds the call until its final response headers; a Total set here
+	// or in Default bounds the reading of the final body too, like
+	// http.Client.Timeout. A caller's context deadline that comes sooner
+	// wins.
 	Total time.Duration
 
-	// Attempt bounds one attempt, from sending until its response body is
-	// read or closed. It may not exceed Total. Zero inherits from Default,
-	// then DefaultAttemptTimeout, capped at Total.
+	// Attempt bounds one attempt, from sending until its response headers
+	// arrive. It may not exceed Total. Zero inherits from Default, then
+	// DefaultAttemptTimeout, capped at Total.
 	Attempt time.Duration
+
+	// BodyIdle bounds how long one read of a response body may wait for a
+	// byte, so a stalled stream fails instead of holding its caller, its
+	// connection and its bulkhead slot for good. Zero inherits from Default,
+	// then the policy's Attempt; a negative value means no bound.
+	BodyIdle time.Duration
 
 	// Header is the request header that carries the time left, in
 	// milliseconds: the smaller of the context deadline, Total's deadline and
-	// Attempt, less a 5 ms margin, recomputed for every attempt. Empty
+	// Attempt, less a 5 ms margin, recomputed for every attempt.
+	// NoDeadlineHeader sends no deadline header and no AttemptHeader. Empty
 	// inherits from Default, then DefaultDeadlineHeader. DeadlineHandler
 	// reads it on the server side.
 	Header string
 
 	// Disabled turns off both deadline layers for this upstream: no timeout
 	// beyond the caller's context and no deadline header. An upstream
-	// inherits Disabled from Default; it cannot turn back on what Default
-	// disabled.
+	// inherits Disabled from Default unless it sets Enabled.
 	Disabled bool
+
+	// Enabled turns the deadline layers back on for an upstream whose
+	// Default set Disabled. Setting both is an error.
+	Enabled bool
+
+	// totalSet records that Total was given, not defaulted: only then does
+	// it bound the body.
+	totalSet bool
 }
 
 func (t Timeout) inherit(parent Timeout) Timeout {
 	t.Total = cmp.Or(t.Total, parent.Total)
 	t.Attempt = cmp.Or(t.Attempt, parent.Attempt)
+	t.BodyIdle = cmp.Or(t.BodyIdle, parent.BodyIdle)
 	t.Header = cmp.Or(t.Header, parent.Header)
-	t.Disabled = t.Disabled || parent.Disabled
+	t.Disabled = inheritOff(t.Disabled, t.Enabled, parent.Disabled)
 	return t
 }
 
-func (t Timeout) validate() error {
-	if t.Total < 0 {
-		return fieldError("Timeout.Total", t.Total, "must be ≥ 0")
+// inheritOff is how a sub-policy's Disabled inherits: an upstream's own
+// Enabled or Disabled wins, else Default's Disabled applies.
+func inheritOff(disabled, enabled, parent bool) bool {
+	if enabled {
+		return false
 	}
-	if t.Attempt < 0 {
-		return fieldError("Timeout.Attempt", t.Attempt, "must be ≥ 0")
-	}
-	if t.Total > 0 && t.Attempt > t.Total {
-		return fieldError("Timeout.Attempt", t.Attempt, "must not exceed Timeout.Total ("+t.Total.String()+")")
-	}
-	if t.Header != "" && !validHeaderName(t.Header) {
-		return fieldError("Timeout.Header", strconv.Quote(t.Header), "not a valid header name")
+	return disabled || parent
+}
+
+// switchError refuses a sub-policy that is both Disabled and Enabled.
+func switchError(field string, disabled, enabled bool) error {
+	if disabled && enabled {
+		return fieldError(field+".Enabled", true, "conflicts with "+field+".Disabled")
 	}
 	return nil
 }
 
+func (t Timeout) validate() error {
+	switch {
+	case t.Total < 0:
+		return fieldError("Timeout.Total", t.Total, "must be ≥ 0")
+	case t.Attempt < 0:
+		return fieldError("Timeout.Attempt", t.Attempt, "must be ≥ 0")
+	case t.Total > 0 && t.Attempt > t.Total:
+		return fieldError("Timeout.Attempt", t.Attempt, "must not exceed Timeout.Total ("+t.Total.String()+")")
+	case t.Header != "" && t.Header != NoDeadlineHeader && !validHeaderName(t.Header):
+		return fieldError("Timeout.Header", strconv.Quote(t.Header), "not a valid header name")
+	}
+	return switchError("Timeout", t.Disabled, t.Enabled)
+}
+
 func (t Timeout) withDefaults() Timeout {
+	t.totalSet = t.Total > 0
 	t.Total = cmp.Or(t.Total, DefaultTotalTimeout)
 	t.Attempt = cmp.Or(t.Attempt, min(DefaultAttemptTimeout, t.Total))
+	t.BodyIdle = cmp.Or(t.BodyIdle, t.Attempt)
 	t.Header = cmp.Or(t.Header, DefaultDeadlineHeader)
-	t.Header = http.CanonicalHeaderKey(t.Header)
+	if t.Header != NoDeadlineHeader {
+		t.Header = http.CanonicalHeaderKey(t.Header)
+	}
 	return t
 }
 
@@ -113,321 +164,182 @@ func validHeaderName(s string) bool {
 	return s != ""
 }
 
-// callKey finds a call's state in a request context.
-type callKey struct{}
-
-// callState is what the layers of one call share: the deadline Total set,
-// the number of the attempt under way, a clock reading, and room for the
-// first attempt. The router makes it and the layers hand it down (callRT);
-// a layer used on its own finds it in the request context (withCall), and
-// so does a RoundTripper below the attempt layer (attemptCtx.Value).
-type callState struct {
-	owner *Transport
-	// total is the instant Timeout.Total ends; zero means no such bound.
-	// Waiting layers (retry sleeps, bulkhead queues, rate limits) must not
-	// wait past it: see callDeadline.
-	total time.Time
-	// attempt is the number of the attempt being sent, set by the retry
-	// layer before each send; zero when no retry layer runs.
-	attempt int
-	// sent is the clock reading the layers of the attempt under way share
-	// (see clock), zero when stale: the router's as the call begins;
-	// attemptRT, the last to use it, clears it, and a layer that waits
-	// between the first reader and attemptRT (the bulkhead's queue and rate
-	// limit) must call staleClock after its wait.
-	sent time.Time
-	// tried holds the ids of the last instances the balancer sent this
-	// call to, so that a retry goes to another one; ntried counts sends.
-	tried  [maxTried]uint32
-	ntried uint8
-
-	// Room for the first attempt, so that a call whose first attempt is
-	// its last costs one allocation for its state, its attempt context,
-	// its response-body wrapper and its header values together. Each is
-	// taken once (spare records which), by attemptRT, observeRT and
-	// onBodyEndIn, all during the call's own RoundTrip; later attempts
-	// allocate their own.
-	spare     uint8
-	firstCtx  attemptCtx
-	firstBody body
-	firstVals [firstVals]string
-}
-
-// firstVals is how many header values the first attempt writes: the time
-// left and the attempt number.
-const firstVals = 2
-
-// The bits of callState.spare.
-const (
-	spareCtx = 1 << iota
-	spareBody
-	spareVals
-)
-
-// clock returns the shared clock reading of the attempt under way, reading
-// t's clock when there is none. Every layer of an attempt reads the clock
-// at its start (the breaker for the slow-call rate, the deadlines for the
-// time left); one reading serves them all, since they run microseconds
-// apart, and on some virtual machines a clock read costs more than the
-// layer that wants it. s may be nil.
-func (s *callState) clock(t *Transport) time.Time {
-	if s == nil {
-		return t.now()
-	}
-	if s.sent.IsZero() {
-		s.sent = t.now()
-	}
-	return s.sent
-}
-
-// staleClock marks the shared reading out of date after a wait. s may be
-// nil.
-func (s *callState) staleClock() {
-	if s != nil {
-		s.sent = time.Time{}
-	}
-}
-
-// attemptCtx returns an attempt context: the call's spare, the first time,
-// else a new one. s may be nil.
-func (s *callState) attemptCtx() *attemptCtx {
-	if s != nil && s.spare&spareCtx == 0 {
-		s.spare |= spareCtx
-		return &s.firstCtx
-	}
-	return new(attemptCtx)
-}
-
-// spareBody returns a zero body wrapper: the call's spare, the first time,
-// else a new one. s may be nil.
-func (s *callState) spareBody() *body {
-	if s != nil && s.spare&spareBody == 0 {
-		s.spare |= spareBody
-		return &s.firstBody
-	}
-	return new(body)
-}
-
-// values returns n zero strings for a header copy: the call's spare, the
-// first time and when they fit, else a new slice. s may be nil.
-func (s *callState) values(n int) []string {
-	if s != nil && s.spare&spareVals == 0 && n <= firstVals {
-		s.spare |= spareVals
-		return s.firstVals[:n:n]
-	}
-	return make([]string, n)
-}
-
-// callCtx carries a callState in one allocation. It adds a value and changes
-// nothing else about its parent: Done, Err and Deadline are the parent's.
-type callCtx struct {
-	context.Context
-	st callState
-}
-
-func (c *callCtx) Value(key any) any {
-	if key == (callKey{}) {
-		return &c.st
-	}
-	return c.Context.Value(key)
-}
-
-// callOf returns the state of the call t is serving in ctx, or nil.
-func callOf(ctx context.Context, t *Transport) *callState {
-	st, _ := ctx.Value(callKey{}).(*callState)
-	if st == nil || st.owner != t {
-		// Another Transport's call (one bulwark stacked on another) is not ours.
-		return nil
-	}
-	return st
-}
-
-// withCall returns req with a call state for t in its context, reusing one
-// an outer layer made. It serves a layer's RoundTrip used on its own; under
-// the router, layers receive the state through roundTripCall instead. The
-// request is copied only when a state is created; the caller's own request
-// is never changed.
-func withCall(req *http.Request, t *Transport) (*http.Request, *callState) {
-	if st := callOf(req.Context(), t); st != nil {
-		return req, st
-	}
-	c := &callCtx{Context: req.Context(), st: callState{owner: t}}
-	return req.WithContext(c), &c.st
-}
-
-// callRT is implemented by bulwark's own layers: roundTripCall is RoundTrip
-// with the call's state handed down by the layer above (nil when there is
-// none), rather than looked up in the request's context. The router makes
-// the state and hands it down, so the caller's request itself travels down
-// to the attempt layer, which makes the one copy an attempt needs; carrying
-// the state in the context instead would cost a second copy of the request
-// per call, and a context lookup in every layer. Each layer's RoundTrip,
-// for use on its own, finds the state in the context (withCall, callOf).
-type callRT interface {
-	roundTripCall(req *http.Request, st *callState) (*http.Response, error)
-}
-
-// sendCall hands req and st to next: through roundTripCall when next is one
-// of bulwark's layers, else through RoundTrip (a base, or a RoundTripper a
-// test put between layers), where st reaches only a layer that finds it in
-// the context.
-func sendCall(next http.RoundTripper, req *http.Request, st *callState) (*http.Response, error) {
-	if c, ok := next.(callRT); ok {
-		return c.roundTripCall(req, st)
-	}
-	return next.RoundTrip(req)
-}
-
-// callDeadline is the instant the call must be over by: the sooner of the
-// context's deadline and Total's (in st, which may be nil). Every layer that
-// waits bounds its wait by it, since Total is enforced without a timer of
-// its own.
-func callDeadline(ctx context.Context, st *callState) (time.Time, bool) {
-	d, ok := ctx.Deadline()
-	if st != nil && !st.total.IsZero() && (!ok || st.total.Before(d)) {
-		return st.total, true
-	}
-	return d, ok
-}
-
-// totalDeadlineRT is layer 3: it starts the clock on Timeout.Total. It sets
-// no timer: the deadline is recorded in the call state, every attempt's
-// context is bounded by it (attemptRT) and every wait between attempts is
-// too. One timer per attempt then enforces both bounds.
-type totalDeadlineRT struct {
-	next  http.RoundTripper
-	t     *Transport
+// totalStage starts the clock on Timeout.Total. It sets no timer of its
+// own: the bound goes in the call state, every attempt's context is bounded
+// by it (attemptStage) and so is every wait between attempts.
+type totalStage struct {
+	next  stage
 	total time.Duration
 }
 
-func (d *totalDeadlineRT) RoundTrip(req *http.Request) (*http.Response, error) {
-	return d.roundTripCall(req, nil)
-}
-
-func (d *totalDeadlineRT) roundTripCall(req *http.Request, st *callState) (*http.Response, error) {
-	if st == nil {
-		// Used on its own: the state is in the context, or made here.
-		req, st = withCall(req, d.t)
-	}
-	// The router read the clock as the call began (st.clock).
-	end := st.clock(d.t).Add(d.total)
+func (d *totalStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+	end := time.Now().Add(d.total)
 	if cd, ok := req.Context().Deadline(); !ok || end.Before(cd) {
 		// Else the caller's deadline comes first: nothing to add.
-		st.total = end
+		c.total = end
 	}
-	return sendCall(d.next, req, st)
+	return d.next.roundTrip(req, c)
 }
 
-// attemptRT is layer 8, the innermost: it bounds one attempt by the sooner
-// of the caller's deadline, Total's and Attempt, refuses to send when too
-// little time is left, and writes the per-attempt headers (time left and
-// attempt number) on a copy of the request.
-type attemptRT struct {
-	next      http.RoundTripper
-	t         *Transport
-	attempt   time.Duration // zero: no per-attempt bound
-	attemptMs string        // deadlineValue(attempt), set by instanceStack
-	header    string        // empty: no deadline header (Timeout disabled)
-	hs        *hostState    // where refusals are reported (observe.go)
+// attemptStage is the innermost of bulwark's deadline work: it bounds one
+// attempt's wait for headers by the sooner of Total's end and Attempt,
+// bounds each read of its body, refuses to send when too little time is
+// left, and writes the per-attempt headers (time left and attempt number)
+// on the attempt's copy of the request.
+type attemptStage struct {
+	next      stage
+	attempt   time.Duration
+	attemptMs string        // deadlineValue(attempt), the usual first attempt's header value
+	idle      time.Duration // ≤ 0: reads are not bounded
+	bodyTotal bool          // Total bounds the body (it was set explicitly)
+	header    string        // empty: no per-attempt headers
+	rep       *reporter
 }
 
-// deadlineValue is the deadline header's value for left time left: whole
-// milliseconds, less deadlineMargin for the time the request takes to
+func newAttemptStage(next stage, t Timeout, rep *reporter) *attemptStage {
+	a := &attemptStage{next: next, attempt: t.Attempt, idle: t.BodyIdle, bodyTotal: t.totalSet, rep: rep}
+	if t.Header != NoDeadlineHeader {
+		a.header = t.Header
+		a.attemptMs = deadlineValue(t.Attempt)
+	}
+	return a
+}
+
+// deadlineValue is the deadline header's value for a time left of left:
+// whole milliseconds, less deadlineMargin for the time the request takes to
 // arrive.
 func deadlineValue(left time.Duration) string {
 	return strconv.FormatInt(int64((left-deadlineMargin)/time.Millisecond), 10)
 }
 
-func (a *attemptRT) RoundTrip(req *http.Request) (*http.Response, error) {
-	return a.roundTripCall(req, callOf(req.Context(), a.t))
-}
+// The bounds an attempt's timer enforces, as *wrapError so that they fit an
+// atomic.Pointer.
+var (
+	errAttemptTimeout = ErrAttemptTimeout.(*wrapError)
+	errTotalTimeout   = ErrTotalTimeout.(*wrapError)
+)
 
-func (a *attemptRT) roundTripCall(req *http.Request, st *callState) (*http.Response, error) {
+func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	ctx := req.Context()
 	if err := ctx.Err(); err != nil {
 		closeBody(req)
 		return nil, doneError(ctx)
 	}
-	var (
-		now       time.Time
-		dl        time.Time
-		hasDL     bool
-		ours      bool // the deadline is bulwark's, not the caller's
-		attemptNo int
-	)
-	if st != nil {
-		attemptNo = st.attempt
+	now := time.Now()
+	// Our bound on the wait for headers: Attempt, or Total's end if sooner.
+	ours, limit := now.Add(a.attempt), errAttemptTimeout
+	if !c.total.IsZero() && c.total.Before(ours) {
+		ours, limit = c.total, errTotalTimeout
 	}
-	if a.header != "" {
-		now = st.clock(a.t)
+	left := ours.Sub(now)
+	if cd, ok := ctx.Deadline(); ok && cd.Before(ours) {
+		left = cd.Sub(now)
 	}
-	// This attempt is the reading's last user: whatever sends the next one
-	// (a retry, after its wait) reads the clock again.
-	st.staleClock()
-	if a.header != "" {
-		dl, hasDL = ctx.Deadline()
-		if st != nil && !st.total.IsZero() && (!hasDL || st.total.Before(dl)) {
-			dl, hasDL, ours = st.total, true, true
-		}
-		if a.attempt > 0 {
-			if ad := now.Add(a.attempt); !hasDL || ad.Before(dl) {
-				dl, hasDL, ours = ad, true, true
-			}
-		}
+	if left < minSendTime {
+		closeBody(req)
+		a.rep.rejected(ctx, layerDeadline)
+		return nil, ErrDeadlineTooShort
 	}
-	if !hasDL && attemptNo == 0 {
-		return sendCall(a.next, req, st)
-	}
-	var left time.Duration
-	if hasDL {
-		left = dl.Sub(now)
-		if left < minSendTime {
-			closeBody(req)
-			a.hs.deadlineTooShort(ctx)
-			return nil, ErrDeadlineTooShort
-		}
-	}
-	if !ours {
-		return sendCall(a.next, a.outgoing(req, ctx, hasDL, left, attemptNo, st), st)
-	}
-	actx := st.attemptCtx()
-	actx.init(ctx, dl, st)
-	resp, err := sendCall(a.next, a.outgoing(req, actx, hasDL, left, attemptNo, st), st)
-	if err != nil {
-		if actx.Err() != nil && ctx.Err() == nil {
-			err = &timeoutError{cause: err}
-		}
-		actx.bodyEnd()
-		return nil, err
-	}
-	// The attempt's context must outlive RoundTrip: the body is read under
-	// it. It ends when the caller is done with the body.
-	onBodyEndIn(resp, actx, st)
-	return resp, nil
-}
 
-// outgoing copies req with context ctx and the per-attempt headers.
-func (a *attemptRT) outgoing(req *http.Request, ctx context.Context, hasDL bool, left time.Duration, attemptNo int, st *callState) *http.Request {
-	out := req.WithContext(ctx)
-	// The new values share one backing array: st's spare, on the first
-	// attempt.
-	vals := st.values(2)
-	out.Header = cloneHeader(req.Header)
-	if hasDL {
-		if left == a.attempt && a.attemptMs != "" {
-			// The usual first attempt: its own bound is the sooner one, and
-			// it starts at the clock reading the bound was set from.
+	r := &attemptRun{idle: a.idle, parent: ctx}
+	if a.bodyTotal {
+		r.bodyUntil = c.total
+	}
+	r.ctx, r.cancel = context.WithCancelCause(ctx)
+	r.limit.Store(limit)
+	r.timer = time.AfterFunc(ours.Sub(now), r.expire)
+	out := req.WithContext(r.ctx)
+	if a.header != "" {
+		out.Header = cloneHeader(req.Header)
+		vals := make([]string, 2)
+		if left == a.attempt {
 			vals[0] = a.attemptMs
 		} else {
 			vals[0] = deadlineValue(left)
 		}
 		out.Header[a.header] = vals[0:1:1]
+		if c.attempt > 0 {
+			vals[1] = strconv.Itoa(c.attempt)
+			out.Header[AttemptHeader] = vals[1:2:2]
+		}
+		c.ownHeader = true
 	}
-	if attemptNo > 0 {
-		vals[1] = strconv.Itoa(attemptNo)
-		out.Header[AttemptHeader] = vals[1:2:2]
+
+	returned := false
+	defer func() {
+		if !returned {
+			// The layer below panicked: end the attempt, and let the panic go on.
+			r.bodyEnd()
+		}
+	}()
+	resp, err := a.next.roundTrip(out, c)
+	returned = true
+	r.timer.Stop()
+	if err != nil {
+		err = r.cut(err)
+		r.bodyEnd()
+		return nil, err
 	}
-	return out
+	// The attempt's context must outlive RoundTrip: the body is read under
+	// it. It ends when the caller is done with the body.
+	if w := onBodyEnd(resp, r); w != nil && (r.idle > 0 || !r.bodyUntil.IsZero()) && w.guard == nil {
+		w.guard = r
+	}
+	return resp, nil
+}
+
+// attemptRun is one attempt's context and the one timer that bounds it:
+// first the wait for headers, then each read of the body.
+type attemptRun struct {
+	parent  context.Context
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	timer   *time.Timer
+	limit   atomic.Pointer[wrapError] // the bound the timer enforces now
+	idle    time.Duration
+	// bodyUntil is Total's end when it bounds the body; zero: it does not.
+	bodyUntil time.Time
+}
+
+// expire is the timer's work: end the attempt, naming the bound.
+func (r *attemptRun) expire() { r.cancel(r.limit.Load()) }
+
+// cut names bulwark's bound in err, when one of ours ended the attempt and
+// the caller's own context had not.
+func (r *attemptRun) cut(err error) error {
+	if r.parent.Err() != nil {
+		return err
+	}
+	if lim, ok := context.Cause(r.ctx).(*wrapError); ok && (lim == errAttemptTimeout || lim == errTotalTimeout) {
+		return &timeoutError{limit: lim, cause: err}
+	}
+	return err
+}
+
+// read is one read of the attempt's body under the idle bound (and Total's
+// end, when it bounds the body).
+func (r *attemptRun) read(rc io.Reader, p []byte) (int, error) {
+	d, limit, bounded := r.idle, errAttemptTimeout, r.idle > 0
+	if !r.bodyUntil.IsZero() {
+		if left := time.Until(r.bodyUntil); !bounded || left < d {
+			d, limit = left, errTotalTimeout
+		}
+	}
+	r.limit.Store(limit)
+	r.timer.Reset(max(d, 0))
+	n, err := rc.Read(p)
+	r.timer.Stop()
+	if err != nil && err != io.EOF {
+		err = r.cut(err)
+	}
+	return n, err
+}
+
+// bodyEnd ends the attempt: when the caller is done with the body, or when
+// the attempt failed.
+func (r *attemptRun) bodyEnd() {
+	r.timer.Stop()
+	r.cancel(context.Canceled)
 }
 
 // cloneHeader copies h's map so that keys can be added or replaced without
@@ -435,8 +347,7 @@ func (a *attemptRT) outgoing(req *http.Request, ctx context.Context, hasDL bool,
 // writes into a value slice (each replaces it, as http.Header.Set does),
 // and the RoundTripper contract forbids the base to modify the request at
 // all. Sharing them lets maps.Clone copy the map's storage wholesale, about
-// half the cost of rebuilding it key by key as http.Header.Clone does, on
-// every attempt.
+// half the cost of rebuilding it key by key as http.Header.Clone does.
 func cloneHeader(h http.Header) http.Header {
 	if h == nil {
 		return make(http.Header, 2)

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"cmp"
 	"container/list"
-	"context"
-	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -184,20 +182,19 @@ func (f Fallback) enabled() bool {
 	return !f.Disabled && (f.Stale.MaxAge > 0 || f.Func != nil || f.Constant != nil)
 }
 
-// fallbackRT is layer 2, the outermost of a host's stack: it sees the
-// call's final outcome, records good GET answers for the stale cache and
-// answers bad ones from a fallback.
-type fallbackRT struct {
-	next     http.RoundTripper
-	hs       *hostState
+// fallbackStage is the outermost of a host's layers: it sees the call's
+// final outcome, records good GET answers for the stale cache and answers
+// failed calls from a fallback.
+type fallbackStage struct {
+	next     stage
+	e        env
 	stale    *staleCache // nil: no stale cache
 	fn       func(*http.Request, error) (*http.Response, error)
 	constant *ConstantResponse // a private copy; nil: none
 }
 
-func newFallbackRT(next http.RoundTripper, hs *hostState) *fallbackRT {
-	p := hs.policy.Fallback
-	f := &fallbackRT{next: next, hs: hs, fn: p.Func}
+func newFallback(next stage, p Fallback, e env) *fallbackStage {
+	f := &fallbackStage{next: next, e: e, fn: p.Func}
 	if p.Stale.MaxAge > 0 {
 		f.stale = newStaleCache(p.Stale)
 	}
@@ -215,26 +212,20 @@ func newFallbackRT(next http.RoundTripper, hs *hostState) *fallbackRT {
 	return f
 }
 
-func (f *fallbackRT) RoundTrip(req *http.Request) (*http.Response, error) {
-	return f.roundTripCall(req, callOf(req.Context(), f.hs.t))
-}
-
-func (f *fallbackRT) roundTripCall(req *http.Request, st *callState) (*http.Response, error) {
-	resp, err := sendCall(f.next, req, st)
-	var cause error
-	if err == nil {
-		if !failureStatus(resp.StatusCode) {
-			if f.stale != nil {
-				f.stale.watch(req, resp, f.hs.t.now())
-			}
-			return resp, nil
+func (f *fallbackStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+	resp, err := f.next.roundTrip(req, c)
+	k := classify(resp, err)
+	if !k.failed() || req.Context().Err() != nil {
+		// Served, a wrong request, or the caller gave up: nobody needs an
+		// answer from memory.
+		if k == kindSuccess && f.stale != nil {
+			f.stale.watch(req, resp, time.Now())
 		}
-		cause = &UpstreamStatusError{Host: f.hs.name, StatusCode: resp.StatusCode}
-	} else {
-		cause = err
-	}
-	if callerGaveUp(req, err) {
 		return resp, err
+	}
+	cause := err
+	if err == nil {
+		cause = &UpstreamStatusError{Host: f.e.host, StatusCode: resp.StatusCode}
 	}
 	fb, ferr := f.answer(req, cause)
 	if fb == nil && ferr == nil {
@@ -242,25 +233,15 @@ func (f *fallbackRT) roundTripCall(req *http.Request, st *callState) (*http.Resp
 	}
 	discard(resp)
 	if fb != nil {
-		f.hs.fallbackServed(req.Context(), fb.Header.Get(FallbackHeader))
+		f.e.rep.fallbackServed(req.Context(), fb.Header.Get(FallbackHeader))
 	}
 	return fb, ferr
 }
 
-// callerGaveUp reports whether the call ended because of the caller's own
-// context, not because of the upstream or bulwark.
-func callerGaveUp(req *http.Request, err error) bool {
-	if req.Context().Err() != nil {
-		return true
-	}
-	return err != nil && !errors.Is(err, ErrAttemptTimeout) && !errors.Is(err, ErrDeadlineTooShort) &&
-		(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
-}
-
 // answer asks the fallbacks in order; (nil, nil) means none had an answer.
-func (f *fallbackRT) answer(req *http.Request, cause error) (*http.Response, error) {
+func (f *fallbackStage) answer(req *http.Request, cause error) (*http.Response, error) {
 	if f.stale != nil {
-		if resp := f.stale.serve(req, f.hs.t.now()); resp != nil {
+		if resp := f.stale.serve(req, time.Now()); resp != nil {
 			return resp, nil
 		}
 	}

@@ -90,7 +90,7 @@ func TestStaleFallbackWhileOpen(t *testing.T) {
 	if r.err != nil || r.code != 200 || r.body != "7.25%" || r.header.Get(FallbackHeader) != "stale" || r.header.Get("Age") != "63" {
 		t.Fatalf("503 with a stale entry: %+v", r)
 	}
-	if s, _ := tr.BreakerState("tax.test:80"); s != CircuitOpen {
+	if s, _ := breakerState(tr, "tax.test:80"); s != CircuitOpen {
 		t.Fatalf("breaker %v, want open", s)
 	}
 	calls := base.calls.Load()
@@ -266,7 +266,7 @@ func TestFallbackKinds(t *testing.T) {
 		{name: "constant on 503", fb: Fallback{Constant: constant}, sick: 503, wantBody: "default", wantKind: "constant"},
 		{name: "constant on 429", fb: Fallback{Constant: constant}, sick: 429, wantBody: "default", wantKind: "constant"},
 		{name: "constant on transport error", fb: Fallback{Constant: constant}, err: errStub, wantBody: "default", wantKind: "constant"},
-		{name: "constant on attempt timeout", fb: Fallback{Constant: constant}, err: &timeoutError{cause: errStub}, wantBody: "default", wantKind: "constant"},
+		{name: "constant on attempt timeout", fb: Fallback{Constant: constant}, err: &timeoutError{limit: ErrAttemptTimeout, cause: errStub}, wantBody: "default", wantKind: "constant"},
 		{name: "constant on bulkhead full", fb: Fallback{Constant: constant}, err: ErrBulkheadFull, wantBody: "default", wantKind: "constant"},
 		{name: "not on 404", fb: Fallback{Constant: constant}, sick: 404, wantBody: "sick"},
 		{name: "not on 501", fb: Fallback{Constant: constant}, sick: 501, wantBody: "sick"},

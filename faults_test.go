@@ -168,14 +168,14 @@ func (r *faultRig) call(t *testing.T, method, body string, replayable bool, key 
 
 func (r *faultRig) wantBreaker(t *testing.T, want CircuitState) {
 	t.Helper()
-	if got, ok := r.tr.BreakerState(r.host); !ok || got != want {
+	if got, ok := r.breakerState(tr, r.host); !ok || got != want {
 		t.Errorf("BreakerState(%s) = %v, %v; want %v", r.host, got, ok, want)
 	}
 }
 
 func (r *faultRig) wantBulkheadEmpty(t *testing.T) {
 	t.Helper()
-	if f, q, ok := r.tr.BulkheadStats(r.host); ok && (f != 0 || q != 0) {
+	if f, q, ok := r.bulkheadStats(tr, r.host); ok && (f != 0 || q != 0) {
 		t.Errorf("bulkhead holds %d slot(s), %d queued after every call finished", f, q)
 	}
 }

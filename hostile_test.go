@@ -54,7 +54,7 @@ func TestHostileRetryAfter(t *testing.T) {
 					t.Errorf("slept %v; want at most the 10ms backoff", w)
 				}
 			}
-			if got := tr.RetryAfterIgnored() > 0; got != tt.ignored {
+			if got := tr.Snapshot().RetryAfterIgnored > 0; got != tt.ignored {
 				t.Errorf("RetryAfterIgnored > 0 = %v, want %v", got, tt.ignored)
 			}
 			// The host is not paused: the next call is sent.

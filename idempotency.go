@@ -58,7 +58,7 @@ func bodyReplayable(req *http.Request) bool {
 //
 // Only http and https requests are retried: any other scheme is one the
 // base may not even support, and that answer will not change.
-func (r *retryRT) prepare(req *http.Request) (*http.Request, bool, error) {
+func (r *retryStage) prepare(req *http.Request) (*http.Request, bool, error) {
 	if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
 		return req, false, nil
 	}

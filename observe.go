@@ -6,19 +6,19 @@ package bulwark
 //
 // # Spans
 //
-// Layer 8½ (observeRT, between the attempt deadline and the base) starts one
-// CLIENT span per attempt, following the OpenTelemetry HTTP client semantic
+// The attempt span layer (observeStage, between the attempt deadline and
+// the base) starts one CLIENT span per attempt, following the OpenTelemetry HTTP client semantic
 // conventions: http.request.method, server.address, server.port, url.full
 // (redacted: see redactURL), http.response.status_code, error.type, and
-// http.request.resend_count on every resend (callState.attempt > 1). It sits
+// http.request.resend_count on every resend (call.attempt > 1). It sits
 // below the attempt deadline on purpose: the span covers exactly what goes
 // on the wire, from handing the request to the base until the response body
 // is read to EOF or closed (onBodyEnd), so the span of a discarded attempt
 // ends when bulwark drains it; and an attempt the deadline layer refuses to
 // send has no span, only an event on the caller's span. The trace context is
 // injected there too, per attempt, with Config.Propagator (nil: the global
-// propagator), into the request copy attemptRT already made when it made
-// one (see headerOwned).
+// propagator), into the header copy the attempt layer made when it made
+// one (call.ownHeader).
 //
 // The parent of every attempt span is the span in the caller's context. When
 // that context has no span at all, the router starts one INTERNAL span for
@@ -39,21 +39,19 @@ package bulwark
 // that bulwark does not make a second one per attempt. Events still go on
 // the caller's span, and metrics are unaffected.
 //
-// # The observer API, for the layers
+// # The reporter, for the layers
 //
-// Every layer reports its decisions through methods on *hostState, which
-// know the upstream label and the Transport's providers:
+// Every layer reports its decisions through the *reporter in its env,
+// which knows the upstream label, the host and the Transport's providers:
 //
-//	hs.retryScheduled(ctx, attempt, delay, reason, fromRetryAfter) // before sleeping; attempt is the one about to be sent
-//	hs.rejected(ctx, layer)         // layerBreaker, layerBulkhead, layerPushback, layerBudget, layerDeadline
-//	hs.fallbackServed(ctx, kind)    // "stale", "constant" or "func"
-//	hs.deadlineTooShort(ctx)        // = rejected(ctx, layerDeadline)
-//	hs.breakerStateChanged(from, to)
-//	hs.pushbackChanged(active, until)
-//	hs.endpointChanged(ctx, ev)     // an outlier ejection or return (outlier.go's endpointEvent)
-//	hs.event(ctx, name, attrs...)   // anything else, on the caller's span
-//	t.registerGauge(name, desc, unit, agg, func(observe func(upstream string, v int64)))
-//	t.eachHost(func(*hostState))    // for gauge callbacks
+//	rep.retryScheduled(ctx, attempt, delay, reason, fromRetryAfter) // before sleeping; attempt is the one about to be sent
+//	rep.rejected(ctx, layer)         // layerBreaker, layerBulkhead, layerPushback, layerBudget, layerDeadline
+//	rep.fallbackServed(ctx, kind)    // "stale", "constant" or "func"
+//	rep.breakerStateChanged(from, to)
+//	rep.pushbackChanged(active, until)
+//	rep.endpointChanged(ctx, ev)     // an outlier ejection or return (outlier.go's endpointEvent)
+//
+// The gauges read Transport.Snapshot, never a layer's fields.
 //
 // They cost a context lookup and a few atomic loads, and allocate nothing,
 // when the caller's span is not recording and no MeterProvider is set: they
@@ -224,6 +222,8 @@ type observer struct {
 	// no placeholder is involved, so state never changes after New.
 	state  atomic.Uint32
 	static bool
+
+	logger *slog.Logger
 }
 
 // isPlaceholder reports whether v is one of the placeholders otel installs
@@ -237,7 +237,7 @@ func isPlaceholder(v any) bool {
 }
 
 func newObserver(cfg Config, logger *slog.Logger) *observer {
-	o := &observer{}
+	o := &observer{logger: logger}
 
 	tp := cfg.TracerProvider
 	if tp == nil {
@@ -373,22 +373,35 @@ type labelOpts struct {
 	rec []metric.RecordOption
 }
 
-// hostObs is a host's cache of measurement options, filled on first use of
-// each value and read without a lock.
-type hostObs struct {
-	mu   sync.Mutex // serialises additions
+// reporter is where one host's layers report what they decide: spans'
+// events, metrics and log lines. It holds the host's cache of measurement
+// options, filled on first use of each value and read without a lock.
+type reporter struct {
+	o        *observer
+	logger   *slog.Logger
+	upstream string
+	host     string // "host:port"
+	port     int    // for server.port; 0 when unknown
+
+	mu   sync.Mutex // serialises additions to opts
 	opts atomic.Pointer[[]*labelOpts]
 	bare atomic.Pointer[labelOpts] // {bulwark.upstream} alone
 }
 
+// reporter makes the reporter of one host.
+func (o *observer) reporter(upstream, host, port string) *reporter {
+	p, _ := strconv.Atoi(port)
+	return &reporter{o: o, logger: o.logger, upstream: upstream, host: host, port: p}
+}
+
 // labels returns the options for {bulwark.upstream, key=val}; an empty key
 // means the upstream alone.
-func (hs *hostState) labels(key attribute.Key, val string) *labelOpts {
+func (hs *reporter) labels(key attribute.Key, val string) *labelOpts {
 	if key == "" {
-		if l := hs.obs.bare.Load(); l != nil {
+		if l := hs.bare.Load(); l != nil {
 			return l
 		}
-	} else if p := hs.obs.opts.Load(); p != nil {
+	} else if p := hs.opts.Load(); p != nil {
 		for _, l := range *p {
 			if l.key == key && l.val == val {
 				return l
@@ -398,11 +411,11 @@ func (hs *hostState) labels(key attribute.Key, val string) *labelOpts {
 	return hs.addLabels(key, val)
 }
 
-func (hs *hostState) addLabels(key attribute.Key, val string) *labelOpts {
-	hs.obs.mu.Lock()
-	defer hs.obs.mu.Unlock()
+func (hs *reporter) addLabels(key attribute.Key, val string) *labelOpts {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
 	var old []*labelOpts
-	if p := hs.obs.opts.Load(); p != nil {
+	if p := hs.opts.Load(); p != nil {
 		old = *p
 	}
 	find := func(v string) (*labelOpts, int) {
@@ -435,21 +448,20 @@ func (hs *hostState) addLabels(key attribute.Key, val string) *labelOpts {
 	opt := metric.WithAttributeSet(set)
 	l = &labelOpts{key: key, val: strings.Clone(val), add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}}
 	if key == "" {
-		hs.obs.bare.Store(l)
+		hs.bare.Store(l)
 		return l
 	}
 	next := make([]*labelOpts, len(old), len(old)+1)
 	copy(next, old)
 	next = append(next, l)
-	hs.obs.opts.Store(&next)
+	hs.opts.Store(&next)
 	return l
 }
 
 // event adds an event to the span in ctx (the caller's, or the logical
 // request span), if it is recording. The attrs slice is built by the caller
-// before this runs, so hot paths should check recording(ctx) first or use
-// a typed helper, which does.
-func (hs *hostState) event(ctx context.Context, name string, attrs ...attribute.KeyValue) {
+// before this runs, so hot paths should check recording(ctx) first.
+func event(ctx context.Context, name string, attrs ...attribute.KeyValue) {
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		span.AddEvent(name, trace.WithAttributes(attrs...))
 	}
@@ -463,19 +475,19 @@ func recording(ctx context.Context) bool { return trace.SpanFromContext(ctx).IsR
 // reason (a short fixed word, see retryReason: "status_503",
 // "attempt_timeout", "transport_error", …), and
 // whether delay came from the server's Retry-After.
-func (hs *hostState) retryScheduled(ctx context.Context, attempt int, delay time.Duration, reason string, fromRetryAfter bool) {
+func (hs *reporter) retryScheduled(ctx context.Context, attempt int, delay time.Duration, reason string, fromRetryAfter bool) {
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		span.AddEvent(eventRetry, trace.WithAttributes(
 			keyAttempt.Int(attempt), keyRetryDelay.Float64(delay.Seconds()),
 			keyRetryReason.String(reason), keyFromRetryAfter.Bool(fromRetryAfter)))
 	}
-	if o := hs.t.obs; o.metering() {
+	if o := hs.o; o.metering() {
 		o.retries.Add(ctx, 1, hs.labels(keyRetryReason, reason).add...)
 		o.retryDelay.Record(ctx, delay.Seconds(), hs.labels("", "").rec...)
 	}
-	if l := hs.t.logger; l.Enabled(ctx, slog.LevelDebug) {
+	if l := hs.logger; l.Enabled(ctx, slog.LevelDebug) {
 		l.LogAttrs(ctx, slog.LevelDebug, "bulwark: retry scheduled",
-			slog.String("upstream", hs.upstream), slog.String("host", hs.name),
+			slog.String("upstream", hs.upstream), slog.String("host", hs.host),
 			slog.Int("attempt", attempt), slog.Duration("delay", delay),
 			slog.String("reason", reason), slog.Bool("retry_after", fromRetryAfter))
 	}
@@ -483,31 +495,22 @@ func (hs *hostState) retryScheduled(ctx context.Context, attempt int, delay time
 
 // rejected reports that layer (layerBreaker, layerBulkhead, layerPushback,
 // layerBudget, layerDeadline) refused to send the request.
-func (hs *hostState) rejected(ctx context.Context, layer string) {
+func (hs *reporter) rejected(ctx context.Context, layer string) {
 	if recording(ctx) {
-		hs.event(ctx, eventRejected, keyLayer.String(layer))
+		event(ctx, eventRejected, keyLayer.String(layer))
 	}
-	if o := hs.t.obs; o.metering() {
+	if o := hs.o; o.metering() {
 		o.rejections.Add(ctx, 1, hs.labels(keyLayer, layer).add...)
-	}
-}
-
-// deadlineTooShort reports that the attempt deadline layer refused to send
-// because too little time was left. A nil hs (an attemptRT built outside
-// New, in tests) reports nothing.
-func (hs *hostState) deadlineTooShort(ctx context.Context) {
-	if hs != nil {
-		hs.rejected(ctx, layerDeadline)
 	}
 }
 
 // fallbackServed reports that the fallback layer answered a final failure
 // from kind ("stale", "constant" or "func": the FallbackHeader's value).
-func (hs *hostState) fallbackServed(ctx context.Context, kind string) {
+func (hs *reporter) fallbackServed(ctx context.Context, kind string) {
 	if recording(ctx) {
-		hs.event(ctx, eventFallback, keyFallbackKind.String(kind))
+		event(ctx, eventFallback, keyFallbackKind.String(kind))
 	}
-	if o := hs.t.obs; o.metering() {
+	if o := hs.o; o.metering() {
 		o.fallbacks.Add(ctx, 1, hs.labels(keyFallbackKind, kind).add...)
 	}
 }
@@ -516,23 +519,29 @@ func (hs *hostState) fallbackServed(ctx context.Context, kind string) {
 // "half-open") at Info and counts it. It has no request context: a state
 // changes for the host, not for one call. extra goes on the log line only.
 // Never call it under a lock.
-func (hs *hostState) breakerStateChanged(from, to string, extra ...slog.Attr) {
+func (hs *reporter) breakerStateChanged(from, to string, extra ...slog.Attr) {
 	ctx := context.Background()
-	if o := hs.t.obs; o.metering() {
+	if o := hs.o; o.metering() {
 		o.transitions.Add(ctx, 1, hs.labels(keyBreakerState, to).add...)
 	}
-	if l := hs.t.logger; l.Enabled(ctx, slog.LevelInfo) {
-		attrs := append([]slog.Attr{slog.String("upstream", hs.upstream), slog.String("host", hs.name),
+	if l := hs.logger; l.Enabled(ctx, slog.LevelInfo) {
+		attrs := append([]slog.Attr{slog.String("upstream", hs.upstream), slog.String("host", hs.host),
 			slog.String("from", from), slog.String("to", to)}, extra...)
 		l.LogAttrs(ctx, slog.LevelInfo, "bulwark: circuit breaker "+to, attrs...)
 	}
 }
 
 // endpointChanged reports an outlier ejection or return decided during the
-// request whose context is ctx: an event on its span and a count. The
-// balancer logs it; never call it under the balancer's lock.
-func (hs *hostState) endpointChanged(ctx context.Context, ev endpointEvent) {
-	o := hs.t.obs
+// request whose context is ctx: a log line at Info, an event on its span
+// and a count. Never call it under the balancer's lock.
+func (hs *reporter) endpointChanged(ctx context.Context, ev endpointEvent) {
+	if ev.ejected {
+		hs.logger.Info("bulwark: endpoint ejected", "host", hs.host, "upstream", hs.upstream,
+			"endpoint", ev.addr, "reason", ev.reason, "for", ev.duration, "ejections", ev.times)
+	} else {
+		hs.logger.Info("bulwark: endpoint returned", "host", hs.host, "upstream", hs.upstream, "endpoint", ev.addr)
+	}
+	o := hs.o
 	metering, rec := o.metering(), recording(ctx)
 	if !metering && !rec {
 		return
@@ -550,24 +559,24 @@ func (hs *hostState) endpointChanged(ctx context.Context, ev endpointEvent) {
 		return
 	}
 	if ev.ejected {
-		hs.event(ctx, eventEjected, keyInstance.String(l.val), keyOutlierReason.String(ev.reason),
+		event(ctx, eventEjected, keyInstance.String(l.val), keyOutlierReason.String(ev.reason),
 			keyEjectionTime.Float64(ev.duration.Seconds()), keyEjections.Int(ev.times))
 	} else {
-		hs.event(ctx, eventReturned, keyInstance.String(l.val))
+		event(ctx, eventReturned, keyInstance.String(l.val))
 	}
 }
 
 // pushbackChanged reports, at Info, that the host started asking callers to
 // stay away until until (active) or that the pause is over.
-func (hs *hostState) pushbackChanged(active bool, until time.Time) {
+func (hs *reporter) pushbackChanged(active bool, until time.Time) {
 	ctx := context.Background()
-	if l := hs.t.logger; l.Enabled(ctx, slog.LevelInfo) {
+	if l := hs.logger; l.Enabled(ctx, slog.LevelInfo) {
 		msg := "bulwark: pushback ended"
 		if active {
 			msg = "bulwark: pushback started"
 		}
 		l.LogAttrs(ctx, slog.LevelInfo, msg,
-			slog.String("upstream", hs.upstream), slog.String("host", hs.name),
+			slog.String("upstream", hs.upstream), slog.String("host", hs.host),
 			slog.Time("until", until))
 	}
 }
@@ -615,56 +624,51 @@ func (t *Transport) registerGauge(name, desc, unit string, agg gaugeAgg, f func(
 }
 
 // registerGauges registers the per-upstream gauges of the breaker, the
-// bulkhead and the retry budget, once, in New. Without a MeterProvider that
-// could ever record, it registers nothing. A failure is logged, not
-// returned: New does not fail over metrics.
+// bulkhead, the retry budget and the balancer, once, in New; they read
+// Snapshot at each collection. Without a MeterProvider that could ever
+// record, it registers nothing. A failure is logged, not returned: New
+// does not fail over metrics.
 func (t *Transport) registerGauges() {
 	if !t.obs.meterOn {
 		return
 	}
+	gauge := func(name, desc, unit string, agg gaugeAgg, f func(h HostSnapshot, observe func(string, int64))) error {
+		return t.registerGauge(name, desc, unit, agg, func(observe func(string, int64)) {
+			for _, h := range t.Snapshot().Hosts {
+				f(h, observe)
+			}
+		})
+	}
 	errs := []error{
-		t.registerGauge("bulwark.breaker.state", "Circuit breaker state: 0 closed, 1 half-open, 2 open; the worst of the upstream's hosts.", "1", gaugeMax,
-			func(observe func(string, int64)) {
-				t.eachHost(func(hs *hostState) {
-					if hs.breaker != nil {
-						observe(hs.upstream, int64(hs.breaker.state()))
-					}
-				})
+		gauge("bulwark.breaker.state", "Circuit breaker state: 0 closed, 1 half-open, 2 open; the worst of the upstream's hosts.", "1", gaugeMax,
+			func(h HostSnapshot, observe func(string, int64)) {
+				if h.Breaker != nil {
+					observe(h.Upstream, int64(h.Breaker.State))
+				}
 			}),
-		t.registerGauge("bulwark.bulkhead.in_flight", "Bulkhead slots held.", "{request}", gaugeSum,
-			func(observe func(string, int64)) {
-				t.eachHost(func(hs *hostState) {
-					hs.eachBulkhead(func(_ string, b *bulkheadRT) {
-						in, _ := b.stats()
-						observe(hs.upstream, int64(in))
-					})
-				})
+		gauge("bulwark.bulkhead.in_flight", "Bulkhead slots held.", "{request}", gaugeSum,
+			func(h HostSnapshot, observe func(string, int64)) {
+				for _, b := range h.bulkheads() {
+					observe(h.Upstream, int64(b.InFlight))
+				}
 			}),
-		t.registerGauge("bulwark.bulkhead.queued", "Requests queued for a bulkhead slot.", "{request}", gaugeSum,
-			func(observe func(string, int64)) {
-				t.eachHost(func(hs *hostState) {
-					hs.eachBulkhead(func(_ string, b *bulkheadRT) {
-						_, q := b.stats()
-						observe(hs.upstream, int64(q))
-					})
-				})
+		gauge("bulwark.bulkhead.queued", "Requests queued for a bulkhead slot.", "{request}", gaugeSum,
+			func(h HostSnapshot, observe func(string, int64)) {
+				for _, b := range h.bulkheads() {
+					observe(h.Upstream, int64(b.Queued))
+				}
 			}),
-		t.registerGauge("bulwark.retry.budget.remaining", "Retries the retry budget allows now; the scarcest of the upstream's hosts.", "{retry}", gaugeMin,
-			func(observe func(string, int64)) {
-				now := t.now()
-				t.eachHost(func(hs *hostState) {
-					if hs.budget != nil {
-						observe(hs.upstream, hs.budget.remaining(now))
-					}
-				})
+		gauge("bulwark.retry.budget.remaining", "Retries the retry budget allows now; the scarcest of the upstream's hosts.", "{retry}", gaugeMin,
+			func(h HostSnapshot, observe func(string, int64)) {
+				if h.Budget != nil {
+					observe(h.Upstream, h.Budget.Remaining)
+				}
 			}),
-		t.registerGauge("bulwark.outlier.ejected", "Instances ejected by outlier detection now.", "{instance}", gaugeSum,
-			func(observe func(string, int64)) {
-				t.eachHost(func(hs *hostState) {
-					if hs.balancer != nil {
-						observe(hs.upstream, int64(hs.balancer.ejectedCount()))
-					}
-				})
+		gauge("bulwark.outlier.ejected", "Instances ejected by outlier detection now.", "{instance}", gaugeSum,
+			func(h HostSnapshot, observe func(string, int64)) {
+				if h.Endpoints != nil {
+					observe(h.Upstream, int64(h.ejected()))
+				}
 			}),
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -704,7 +708,7 @@ func retryReason(resp *http.Response, err error) string {
 }
 
 // eachHost calls f for every host with live state, outside the lock (on a
-// snapshot), so f may take its own locks.
+// copy of the list), so f may take its own locks.
 func (t *Transport) eachHost(f func(hs *hostState)) {
 	t.mu.RLock()
 	all := make([]*hostState, 0, len(t.hosts))
@@ -717,46 +721,55 @@ func (t *Transport) eachHost(f func(hs *hostState)) {
 	}
 }
 
-// roundTrip is the router's hand-off to a host's stack: it records the
-// call's outcome and, when the caller's context has no span, wraps the call
-// in a logical span so its attempts share one trace.
-func (hs *hostState) roundTrip(req *http.Request, st *callState) (*http.Response, error) {
-	o := hs.t.obs
+// callObs is the observation of one call, from the router's hand-off to
+// its final outcome.
+type callObs struct {
+	rep  *reporter
+	ctx  context.Context // the logical span's, nil when the caller has a span
+	span trace.Span      // nil: not tracing the call
+}
+
+// begin starts the observation of a call, or returns nil when nothing is
+// on (one atomic load).
+func (hs *reporter) begin(req *http.Request) *callObs {
+	o := hs.o
 	state := o.state.Load()
 	if state&(obsTracing|obsMetering) == 0 {
-		return sendCall(hs.rt, req, st)
+		return nil
 	}
-	metering := state&obsMetering != 0
-	var span trace.Span
+	c := &callObs{rep: hs}
 	if state&obsTracing != 0 && !trace.SpanContextFromContext(req.Context()).IsValid() {
-		var ctx context.Context
-		ctx, span = o.tracer.Start(req.Context(), spanRequest,
+		c.ctx, c.span = o.tracer.Start(req.Context(), spanRequest,
 			trace.WithSpanKind(trace.SpanKindInternal),
 			trace.WithAttributes(methodAttr(req.Method), semconv.URLFullKey.String(redactURL(req.URL)), keyUpstream.String(hs.upstream)))
-		req = req.WithContext(ctx)
 	}
-	if !metering && span == nil {
-		return sendCall(hs.rt, req, st)
+	if state&obsMetering == 0 && c.span == nil {
+		return nil
 	}
-	resp, err := sendCall(hs.rt, req, st)
-	outcome := outcomeOf(resp, err)
-	if metering {
-		o.requests.Add(req.Context(), 1, hs.labels(keyOutcome, outcome).add...)
+	return c
+}
+
+// end records the call's final outcome; the logical span ends with the
+// response body.
+func (c *callObs) end(req *http.Request, resp *http.Response, err error) {
+	outcome := classify(resp, err).label()
+	if c.rep.o.metering() {
+		c.rep.o.requests.Add(req.Context(), 1, c.rep.labels(keyOutcome, outcome).add...)
 	}
-	if span != nil {
-		span.SetAttributes(keyOutcome.String(outcome))
-		if resp != nil {
-			span.SetAttributes(semconv.HTTPResponseStatusCodeKey.Int(resp.StatusCode))
-			if resp.StatusCode >= 400 {
-				span.SetStatus(codes.Error, "")
-			}
-			onBodyEnd(resp, spanEnder{span})
-		} else {
-			span.SetStatus(codes.Error, safeError(err))
-			span.End()
+	if c.span == nil {
+		return
+	}
+	c.span.SetAttributes(keyOutcome.String(outcome))
+	if resp != nil {
+		c.span.SetAttributes(semconv.HTTPResponseStatusCodeKey.Int(resp.StatusCode))
+		if resp.StatusCode >= 400 {
+			c.span.SetStatus(codes.Error, "")
 		}
+		onBodyEnd(resp, spanEnder{c.span})
+	} else {
+		c.span.SetStatus(codes.Error, safeError(err))
+		c.span.End()
 	}
-	return resp, err
 }
 
 // spanEnder ends a span when a body is done.
@@ -764,68 +777,32 @@ type spanEnder struct{ span trace.Span }
 
 func (s spanEnder) bodyEnd() { s.span.End() }
 
-// outcomeOf classifies a call's or an attempt's result into one of the
-// bulwark.outcome values.
-func outcomeOf(resp *http.Response, err error) string {
-	if err == nil {
-		switch {
-		case resp.StatusCode >= 500:
-			return outcomeServerError
-		case resp.StatusCode >= 400:
-			return outcomeClientError
-		}
-		return outcomeSuccess
-	}
-	switch {
-	case errors.Is(err, ErrBreakerOpen):
-		return outcomeBreaker
-	case errors.Is(err, ErrBulkheadFull):
-		return outcomeBulkhead
-	case errors.Is(err, ErrPushback):
-		return outcomePushback
-	case errors.Is(err, ErrRetryBudget):
-		return outcomeBudget
-	case errors.Is(err, ErrDeadlineTooShort):
-		return outcomeTooShort
-	case errors.Is(err, ErrAttemptTimeout):
-		return outcomeTimeout
-	case errors.Is(err, context.DeadlineExceeded):
-		return outcomeDeadline
-	case errors.Is(err, context.Canceled):
-		return outcomeCanceled
-	}
-	return outcomeError
+// observeStage makes one CLIENT span per attempt, injects the attempt's
+// trace context into the outgoing request, and measures the attempt's
+// duration. It sits between the attempt deadline (which may already have
+// copied the header) and the base, so that it measures the exchange itself.
+type observeStage struct {
+	next stage
+	e    env
 }
 
-// observeRT is layer 8½: one CLIENT span per attempt, the attempt's trace
-// context injected into the outgoing request, and the attempt's duration.
-// It sits between the attempt deadline (a, which may already have copied
-// the request) and the base, so that it measures the exchange itself.
-type observeRT struct {
-	next http.RoundTripper
-	hs   *hostState
-	a    *attemptRT
-}
+func newObserveStage(next stage, e env) *observeStage { return &observeStage{next: next, e: e} }
 
 // attemptObs is one attempt's observation, finished when its body is; it is
-// the only allocation observeRT makes, and only when something is on.
+// the only allocation observeStage makes, and only when something is on.
 type attemptObs struct {
-	hs      *hostState
+	rep     *reporter
 	span    trace.Span // nil: not tracing
 	start   time.Time  // zero: not metering
 	outcome string
 	carrier lazyHeader
 }
 
-func (r *observeRT) RoundTrip(req *http.Request) (*http.Response, error) {
-	return r.roundTripCall(req, callOf(req.Context(), r.hs.t))
-}
-
-func (r *observeRT) roundTripCall(req *http.Request, st *callState) (*http.Response, error) {
-	o := r.hs.t.obs
+func (r *observeStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+	o := r.e.rep.o
 	state := o.state.Load()
 	if state == 0 {
-		return sendCall(r.next, req, st)
+		return r.next.roundTrip(req, c)
 	}
 	tracing, metering := state&obsTracing != 0, state&obsMetering != 0
 	var prop propagation.TextMapPropagator
@@ -833,22 +810,17 @@ func (r *observeRT) roundTripCall(req *http.Request, st *callState) (*http.Respo
 		prop = o.prop
 	}
 	ctx := req.Context()
-	attemptNo := 0
-	if st != nil {
-		attemptNo = st.attempt
-	}
-	a := &attemptObs{hs: r.hs}
+	a := &attemptObs{rep: r.e.rep}
 	out := req
 	if tracing {
 		ctx, a.span = o.tracer.Start(ctx, spanName(req.Method),
-			trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(r.attrs(req, attemptNo)...))
+			trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(r.attrs(req, c.attempt)...))
 		out = req.WithContext(ctx)
 	}
 	if prop != nil {
-		owned := r.headerOwned(req.Context(), attemptNo)
-		a.carrier = lazyHeader{h: req.Header, owned: owned}
+		a.carrier = lazyHeader{h: req.Header, owned: c.ownHeader}
 		prop.Inject(ctx, &a.carrier)
-		if !owned && a.carrier.owned {
+		if !c.ownHeader && a.carrier.owned {
 			// Copied on write: the copy needs a request of its own.
 			if out == req {
 				out = req.WithContext(ctx)
@@ -857,9 +829,18 @@ func (r *observeRT) roundTripCall(req *http.Request, st *callState) (*http.Respo
 		}
 	}
 	if metering {
-		a.start = r.hs.t.now()
+		a.start = time.Now()
 	}
-	resp, err := sendCall(r.next, out, st)
+	returned := false
+	defer func() {
+		if !returned {
+			// The layer below panicked: end the span with it.
+			a.outcome = outcomeError
+			a.bodyEnd()
+		}
+	}()
+	resp, err := r.next.roundTrip(out, c)
+	returned = true
 	if err != nil {
 		a.outcome = attemptOutcome(nil, err)
 		if a.span != nil {
@@ -877,28 +858,28 @@ func (r *observeRT) roundTripCall(req *http.Request, st *callState) (*http.Respo
 			a.span.SetStatus(codes.Error, "")
 		}
 	}
-	onBodyEndIn(resp, a, st)
+	onBodyEnd(resp, a)
 	return resp, nil
 }
 
 // bodyEnd finishes the attempt: its span and its duration.
 func (a *attemptObs) bodyEnd() {
 	if !a.start.IsZero() {
-		d := a.hs.t.now().Sub(a.start)
-		a.hs.t.obs.attemptDuration.Record(context.Background(), d.Seconds(), a.hs.labels(keyOutcome, a.outcome).rec...)
+		d := time.Since(a.start)
+		a.rep.o.attemptDuration.Record(context.Background(), d.Seconds(), a.rep.labels(keyOutcome, a.outcome).rec...)
 	}
 	if a.span != nil {
 		a.span.End()
 	}
 }
 
-// attemptOutcome is outcomeOf for one attempt. A deadline that ends an
-// attempt in flight is a timeout from the attempt's point of view, whoever
-// set it; the error reaches this layer before attemptRT tells bulwark's
-// bound (ErrAttemptTimeout) from the caller's, and the call's outcome
-// (bulwark.requests) keeps that distinction.
+// attemptOutcome is the bulwark.outcome of one attempt. A deadline that
+// ends an attempt in flight is a timeout from the attempt's point of view,
+// whoever set it; the error reaches this layer before the attempt layer
+// tells bulwark's bound (ErrAttemptTimeout) from the caller's, and the
+// call's outcome (bulwark.requests) keeps that distinction.
 func attemptOutcome(resp *http.Response, err error) string {
-	out := outcomeOf(resp, err)
+	out := classify(resp, err).label()
 	if out == outcomeDeadline {
 		return outcomeTimeout
 	}
@@ -934,29 +915,8 @@ func errorType(outcome string, err error) string {
 	return semconv.ErrorTypeOther.Value.AsString()
 }
 
-// headerOwned reports whether attemptRT, above, copied the request's header
-// before handing the request down, so that the propagator may write into
-// it instead of copying it a second time. attemptRT copies whenever it
-// writes a per-attempt header: an attempt number (attemptNo > 0), or the
-// time left, which it writes whenever it has a deadline header name and the
-// request a deadline (its own bound is on the context it sends with). It
-// passes the caller's request through untouched only with neither.
-func (r *observeRT) headerOwned(ctx context.Context, attemptNo int) bool {
-	if r.a == nil {
-		return false
-	}
-	if attemptNo > 0 {
-		return true
-	}
-	if r.a.header == "" {
-		return false
-	}
-	_, ok := ctx.Deadline()
-	return ok
-}
-
 // attrs are an attempt span's start attributes.
-func (r *observeRT) attrs(req *http.Request, attemptNo int) []attribute.KeyValue {
+func (r *observeStage) attrs(req *http.Request, attemptNo int) []attribute.KeyValue {
 	kv := make([]attribute.KeyValue, 0, 8)
 	kv = append(kv, methodAttr(req.Method))
 	if req.Method != "" && spanName(req.Method) == "HTTP" {
@@ -965,8 +925,8 @@ func (r *observeRT) attrs(req *http.Request, attemptNo int) []attribute.KeyValue
 	kv = append(kv,
 		semconv.ServerAddressKey.String(req.URL.Hostname()),
 		semconv.URLFullKey.String(redactURL(req.URL)),
-		keyUpstream.String(r.hs.upstream))
-	if p, err := strconv.Atoi(r.hs.key.port); err == nil {
+		keyUpstream.String(r.e.upstream))
+	if p := r.e.rep.port; p > 0 {
 		kv = append(kv, semconv.ServerPortKey.Int(p))
 	}
 	if attemptNo > 0 {

@@ -143,7 +143,7 @@ func TestObserveOutlierInstanceCap(t *testing.T) {
 	cfg := k.config(&stubBase{})
 	tr := mustNew(t, cfg)
 	u, _ := url.Parse("http://tax.internal/rate")
-	hs := tr.host(u)
+	hs := tr.lookup(u)
 	ctx, span := k.caller(t.Context())
 	for i := 0; i < maxLabelValues+5; i++ {
 		hs.endpointChanged(ctx, endpointEvent{addr: "10.0.0." + strconv.Itoa(i) + ":80", ejected: true, reason: "consecutive failures", times: 1})

@@ -191,7 +191,7 @@ func (w *twoAttempts) RoundTrip(req *http.Request) (*http.Response, error) {
 func withTwoAttempts(t *testing.T, tr *Transport, rawURL string) {
 	t.Helper()
 	u, _ := url.Parse(rawURL)
-	hs := tr.host(u)
+	hs := tr.lookup(u)
 	total, ok := hs.rt.(*totalDeadlineRT)
 	if !ok {
 		t.Fatalf("host stack starts with %T, want *totalDeadlineRT", hs.rt)
@@ -597,7 +597,7 @@ func TestObserveHeaderOwned(t *testing.T) {
 }
 
 func findAttemptRT(tr *Transport, u *url.URL) *attemptRT {
-	rt := tr.host(u).rt
+	rt := tr.lookup(u).rt
 	for {
 		switch r := rt.(type) {
 		case *totalDeadlineRT:
@@ -632,7 +632,7 @@ func TestObserveNoProvidersAllocatesNothing(t *testing.T) {
 		t.Fatalf("observer on with placeholder globals: tracing %v, metering %v", tr.obs.tracing(), tr.obs.metering())
 	}
 	u, _ := url.Parse("http://stub.internal/x")
-	hs := tr.host(u)
+	hs := tr.lookup(u)
 	a := findAttemptRT(tr, u)
 	// The same stack without observeRT: what there was before it.
 	bare := &attemptRT{next: benchBase{}, t: tr, attempt: a.attempt, attemptMs: a.attemptMs, header: a.header, hs: hs}
@@ -675,7 +675,7 @@ func TestObserveSDKNonRecordingAllocs(t *testing.T) {
 	k := newOtelKit(t)
 	tr := mustTransport(t, k.config(benchBase{}))
 	u, _ := url.Parse("http://stub.internal/x")
-	hs := tr.host(u)
+	hs := tr.lookup(u)
 	ctx := t.Context()
 	hs.rejected(ctx, layerBulkhead) // warm the attribute cache
 	hs.retryScheduled(ctx, 2, time.Second, "status_503", false)
@@ -694,7 +694,7 @@ func TestObserveLabelsBounded(t *testing.T) {
 	k := newOtelKit(t)
 	tr := mustTransport(t, k.config(benchBase{}))
 	u, _ := url.Parse("http://stub.internal/x")
-	hs := tr.host(u)
+	hs := tr.lookup(u)
 	for i := range 3 * maxLabelValues {
 		hs.retryScheduled(t.Context(), 2, 0, "reason-"+strings.Repeat("x", i), false)
 	}
@@ -715,7 +715,7 @@ func TestObserveGauge(t *testing.T) {
 	tr := mustTransport(t, cfg)
 	for _, h := range []string{"http://a.test/", "http://b.test/", "http://tax.internal/"} {
 		u, _ := url.Parse(h)
-		tr.host(u)
+		tr.lookup(u)
 	}
 	for _, agg := range []struct {
 		name string
@@ -772,7 +772,7 @@ func TestObserveLogs(t *testing.T) {
 	var lr logRecorder
 	tr := mustTransport(t, Config{Base: benchBase{}, Logger: slog.New(&lr)})
 	u, _ := url.Parse("http://stub.internal/x")
-	hs := tr.host(u)
+	hs := tr.lookup(u)
 	hs.retryScheduled(t.Context(), 3, time.Second, "timeout", false)
 	hs.breakerStateChanged("closed", "open")
 	hs.pushbackChanged(true, time.Unix(1e9, 0))

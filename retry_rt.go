@@ -3,18 +3,15 @@ package bulwark
 import (
 	"cmp"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/bulwark-http/bulwark/internal/window"
 	"github.com/hashicorp/go-retryablehttp"
 	"golang.org/x/time/rate"
 )
@@ -57,37 +54,39 @@ type Jitter uint8
 
 // The Jitter strategies.
 const (
-	Full Jitter = iota + 1
-	Equal
-	Decorrelated
-	None
+	JitterFull Jitter = iota + 1
+	JitterEqual
+	JitterDecorrelated
+	JitterNone
 )
 
 func (j Jitter) String() string {
 	switch j {
 	case 0:
 		return "default"
-	case Full:
+	case JitterFull:
 		return "Full"
-	case Equal:
+	case JitterEqual:
 		return "Equal"
-	case Decorrelated:
+	case JitterDecorrelated:
 		return "Decorrelated"
-	case None:
+	case JitterNone:
 		return "None"
 	}
 	return fmt.Sprintf("Jitter(%d)", uint8(j))
 }
 
-// Retry configures layer 4, which sends a failed request again, and layer 5,
-// pushback, which obeys a host's Retry-After for every request to it.
+// Retry configures the retry layer, which sends a failed request again, and
+// the pushback layer, which obeys a host's Retry-After for every request to
+// it.
 //
 // A request is sent again only if it is safe to send twice (an idempotent
 // method or an Idempotency-Key, and a body that can be replayed: see
 // KeyPOST and BufferBody), its outcome is worth another try (a transport
-// error that is not permanent, 429, 502, 503, 504, or bulwark's own attempt
-// timeout), attempts are left, the wait fits before the call's deadline, and
-// the host's retry budget has room.
+// error that is not permanent, bulwark's own attempt timeout, or the
+// statuses 408, 429, 500, 502, 503 and 504, as Polly's standard pipeline
+// and go-retryablehttp retry them), attempts are left, the wait fits before
+// the call's deadline, and the host's retry budget has room.
 type Retry struct {
 	// MaxAttempts is the most times one call is sent, the first included:
 	// 1 means never retry. It may not exceed MaxAttemptsLimit (New refuses a
@@ -130,12 +129,13 @@ type Retry struct {
 
 	// CheckRetry, if not nil, replaces bulwark's judgement of whether an
 	// outcome (a response or an error) is worth another try, so that
-	// go-retryablehttp users can bring their policy. Only its bool is used:
-	// the caller always gets the last attempt's response or error. bulwark's
-	// other checks still apply first and after it: a request that is not
-	// safe to replay, the caller's cancellation, an open breaker, a full
-	// bulkhead, a pushback pause, NoRetryHeader, MaxAttempts, the deadline
-	// and the budget. Nil inherits from Default, then bulwark's own rule.
+	// go-retryablehttp users can bring their policy, with its meaning: a
+	// non-nil error ends the retries and is what the caller gets (the
+	// response, if any, is drained and closed). bulwark's other checks
+	// still apply first and after it: a request that is not safe to
+	// replay, the caller's cancellation, an open breaker, a full bulkhead,
+	// a pushback pause, NoRetryHeader, MaxAttempts, the deadline and the
+	// budget. Nil inherits from Default, then bulwark's own rule.
 	CheckRetry retryablehttp.CheckRetry
 
 	// Backoff, if not nil, computes each wait instead of Base, Cap and
@@ -145,17 +145,44 @@ type Retry struct {
 	// bulwark's own backoff.
 	Backoff retryablehttp.Backoff
 
-	// NoPushback turns off layer 5 for this upstream: a Retry-After then
+	// OnRetry, if not nil, is called before each retry's wait, on the
+	// caller's goroutine and outside any lock, with the request being
+	// retried (treat it as read-only) and what the retry is about. Nil
+	// inherits from Default, then means no hook.
+	OnRetry func(req *http.Request, ev RetryEvent)
+
+	// NoPushback turns off the pushback layer for this upstream: a Retry-After then
 	// delays only the retry of the request that got it, not other requests
 	// to the host. Inherited from Default OR-wise. Disabled does not turn
 	// pushback off: a host that asks for quiet gets it even from callers
 	// that do not retry.
 	NoPushback bool
 
-	// Disabled turns off retries (layer 4) for this upstream: every request
-	// is sent once. An upstream inherits Disabled from Default; it cannot
-	// turn back on what Default disabled.
+	// Disabled turns off retries for this upstream: every request is sent
+	// once. An upstream inherits Disabled from Default unless it sets
+	// Enabled.
 	Disabled bool
+
+	// Enabled turns retries back on for an upstream whose Default set
+	// Disabled. Setting both is an error.
+	Enabled bool
+}
+
+// RetryEvent is what Retry.OnRetry is told of a retry about to be made.
+type RetryEvent struct {
+	Host     string // "host:port"
+	Upstream string // the Upstreams key, or "default"
+	// Attempt is the number of the attempt about to be sent: 2 for the
+	// first retry.
+	Attempt int
+	// Wait is how long bulwark waits before sending it; FromRetryAfter
+	// reports that the server's Retry-After set it.
+	Wait           time.Duration
+	FromRetryAfter bool
+	// StatusCode is the failed attempt's status, zero after an error; Err
+	// is its error, nil after a response.
+	StatusCode int
+	Err        error
 }
 
 // Budget is the per-host retry budget: over a sliding Window, retries may
@@ -186,9 +213,13 @@ type Budget struct {
 	// floor.
 	MinPerSecond float64
 
-	// Disabled turns the budget off: only MaxAttempts bounds retries.
-	// Inherited from Default OR-wise.
+	// Disabled turns the budget off: only MaxAttempts bounds retries. An
+	// upstream inherits Disabled from Default unless it sets Enabled.
 	Disabled bool
+
+	// Enabled turns the budget back on for an upstream whose Default set
+	// Disabled. Setting both is an error.
+	Enabled bool
 }
 
 func (r Retry) inherit(parent Retry) Retry {
@@ -204,9 +235,12 @@ func (r Retry) inherit(parent Retry) Retry {
 	if r.Backoff == nil {
 		r.Backoff = parent.Backoff
 	}
+	if r.OnRetry == nil {
+		r.OnRetry = parent.OnRetry
+	}
 	r.KeyPOST = r.KeyPOST || parent.KeyPOST
 	r.NoPushback = r.NoPushback || parent.NoPushback
-	r.Disabled = r.Disabled || parent.Disabled
+	r.Disabled = inheritOff(r.Disabled, r.Enabled, parent.Disabled)
 	r.Budget = r.Budget.inherit(parent.Budget)
 	return r
 }
@@ -215,7 +249,7 @@ func (b Budget) inherit(parent Budget) Budget {
 	b.Ratio = cmp.Or(b.Ratio, parent.Ratio)
 	b.Window = cmp.Or(b.Window, parent.Window)
 	b.MinPerSecond = cmp.Or(b.MinPerSecond, parent.MinPerSecond)
-	b.Disabled = b.Disabled || parent.Disabled
+	b.Disabled = inheritOff(b.Disabled, b.Enabled, parent.Disabled)
 	return b
 }
 
@@ -224,7 +258,7 @@ func (r Retry) withDefaults() Retry {
 	r.Base = cmp.Or(r.Base, DefaultRetryBase)
 	r.Cap = cmp.Or(r.Cap, max(DefaultRetryCap, r.Base))
 	r.MaxRetryAfter = cmp.Or(r.MaxRetryAfter, DefaultMaxRetryAfter)
-	r.Jitter = cmp.Or(r.Jitter, Full)
+	r.Jitter = cmp.Or(r.Jitter, JitterFull)
 	if r.Budget.Ratio == 0 {
 		r.Budget.Ratio = DefaultBudgetRatio
 	}
@@ -249,7 +283,7 @@ func (r Retry) validate() error {
 		return fieldError("Retry.Cap", r.Cap, "must be ≥ Retry.Base ("+r.Base.String()+")")
 	case r.MaxRetryAfter < 0:
 		return fieldError("Retry.MaxRetryAfter", r.MaxRetryAfter, "must be ≥ 0")
-	case r.Jitter > None:
+	case r.Jitter > JitterNone:
 		return fieldError("Retry.Jitter", r.Jitter, "unknown jitter")
 	case r.BufferBody < 0 || r.BufferBody > MaxBufferBody:
 		return fieldError("Retry.BufferBody", r.BufferBody, fmt.Sprintf("must be in [0, %d]", MaxBufferBody))
@@ -259,50 +293,18 @@ func (r Retry) validate() error {
 		return fieldError("Retry.Budget.Window", r.Budget.Window, "must be ≥ 100ms")
 	case math.IsNaN(r.Budget.MinPerSecond) || math.IsInf(r.Budget.MinPerSecond, 0):
 		return fieldError("Retry.Budget.MinPerSecond", r.Budget.MinPerSecond, "must be a finite number")
+	case r.Budget.MinPerSecond > maxFloorPerSecond:
+		return fieldError("Retry.Budget.MinPerSecond", r.Budget.MinPerSecond, fmt.Sprintf("must be ≤ %d", maxFloorPerSecond))
 	}
-	return nil
+	if err := switchError("Retry", r.Disabled, r.Enabled); err != nil {
+		return err
+	}
+	return switchError("Retry.Budget", r.Budget.Disabled, r.Budget.Enabled)
 }
 
-// retryShared is the retry layers' state that belongs to the Transport
-// rather than to one host.
-type retryShared struct {
-	// randN returns a uniform number in [0, n) for n > 0; nil means
-	// math/rand/v2. Tests replace it.
-	randN func(n int64) int64
-	// sleep waits d or until ctx ends, returning ctx's error then; nil
-	// means a real timer (which testing/synctest fakes). Tests with an
-	// injected clock replace it.
-	sleep func(ctx context.Context, d time.Duration) error
-
-	ignoredRetryAfter atomic.Uint64
-}
-
-func (s *retryShared) rand(n int64) int64 {
-	if n <= 0 {
-		return 0
-	}
-	if s.randN != nil {
-		return s.randN(n)
-	}
-	return rand.Int64N(n)
-}
-
-func (s *retryShared) wait(ctx context.Context, d time.Duration) error {
-	if s.sleep != nil {
-		return s.sleep(ctx, d)
-	}
-	if d <= 0 {
-		return ctx.Err()
-	}
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-tm.C:
-		return nil
-	}
-}
+// maxFloorPerSecond bounds the budget's floor, so that its token bucket's
+// burst stays a sane integer.
+const maxFloorPerSecond = 1_000_000
 
 // RetryError reports a call that failed after bulwark retried it, or that
 // the retry budget kept from being retried. It wraps the last attempt's
@@ -331,15 +333,18 @@ func (e *RetryError) Unwrap() []error {
 	return []error{e.Err}
 }
 
-// retryRT is layer 4, per host: it sends a call up to MaxAttempts times,
-// waiting between attempts, when the request is safe to replay and the
-// outcome is worth another try. It sits outside the pushback, breaker and
-// bulkhead layers, so a waiting retry holds no permit and every attempt is
-// seen by the breaker.
-type retryRT struct {
-	next       http.RoundTripper
-	t          *Transport
-	hs         *hostState
+// retryStage sends a call up to MaxAttempts times, waiting between
+// attempts, when the request is safe to replay and the outcome is worth
+// another try. It sits outside the pushback, breaker and bulkhead layers,
+// so a waiting retry holds no permit and every attempt is seen by the
+// breaker.
+type retryStage struct {
+	next       stage
+	e          env
+	pause      pauser         // the host's pushback; nil when off
+	ignored    *atomic.Uint64 // Retry-After values ignored, when pushback does not count them
+	randN      func(int64) int64
+	balanced   bool // the host is balanced: each call gets a tried set
 	max        int
 	base, cap  time.Duration
 	maxRA      time.Duration
@@ -348,19 +353,23 @@ type retryRT struct {
 	bufferBody int64
 	check      retryablehttp.CheckRetry
 	backoff    retryablehttp.Backoff
+	onRetry    func(*http.Request, RetryEvent)
 	budget     *retryBudget // nil: no budget
 }
 
-func newRetryRT(next http.RoundTripper, hs *hostState) *retryRT {
-	p := hs.policy.Retry
-	r := &retryRT{
-		next: next, t: hs.t, hs: hs, max: p.MaxAttempts, base: p.Base, cap: p.Cap,
-		maxRA: p.MaxRetryAfter, jitter: p.Jitter, keyPOST: p.KeyPOST, bufferBody: p.BufferBody,
-		check: p.CheckRetry, backoff: p.Backoff,
+func newRetry(next stage, p Retry, e env, pause pauser, ignored *atomic.Uint64, randN func(int64) int64, balanced bool) *retryStage {
+	r := &retryStage{
+		next: next, e: e, pause: pause, randN: randN, balanced: balanced,
+		max: p.MaxAttempts, base: p.Base, cap: p.Cap, maxRA: p.MaxRetryAfter, jitter: p.Jitter,
+		keyPOST: p.KeyPOST, bufferBody: p.BufferBody, check: p.CheckRetry, backoff: p.Backoff, onRetry: p.OnRetry,
+	}
+	if pause == nil {
+		// With pushback on, it parses Retry-After first and counts the bad
+		// ones; without it, this layer does.
+		r.ignored = ignored
 	}
 	if !p.Budget.Disabled {
 		r.budget = newRetryBudget(p.Budget)
-		hs.budget = r.budget
 	}
 	return r
 }
@@ -372,51 +381,54 @@ const (
 	giveUp verdict = iota
 	retryAgain
 	budgetSpent
+	checkFailed // the user's CheckRetry returned an error
 )
 
-func (r *retryRT) RoundTrip(req *http.Request) (*http.Response, error) {
-	return r.roundTripCall(req, nil)
-}
-
-func (r *retryRT) roundTripCall(req *http.Request, st *callState) (*http.Response, error) {
-	if st == nil {
-		// Used on its own: the state is in the context, or made here.
-		req, st = withCall(req, r.t)
-	}
+func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	ctx := req.Context()
 	first, replayable, err := r.prepare(req)
 	if err != nil {
 		return nil, err
 	}
 	if r.budget != nil {
-		r.budget.call(r.callStart(st))
+		r.budget.call(time.Now())
+	}
+	if r.balanced {
+		c.tried = new(triedSet)
 	}
 	cur := first
 	prevWait := r.base // Decorrelated jitter's "previous sleep" before the first
 	for attempt := 1; ; attempt++ {
-		st.attempt = attempt
-		resp, err := sendCall(r.next, cur, st)
-		var fromRA bool
-		v, wait := r.decide(ctx, st, replayable, attempt, resp, err, &prevWait, &fromRA)
-		if v == budgetSpent {
-			r.hs.rejected(ctx, layerBudget)
-		}
-		if v != retryAgain {
-			return r.finish(attempt, resp, err, v == budgetSpent)
+		c.attempt = attempt
+		resp, err := r.next.roundTrip(cur, c)
+		d := r.decide(req, c, replayable, attempt, resp, err, &prevWait)
+		switch d.v {
+		case budgetSpent:
+			r.e.rep.rejected(ctx, layerBudget)
+			return r.finish(attempt, resp, err, true)
+		case checkFailed:
+			discard(resp)
+			return r.finish(attempt, nil, d.err, false)
+		case giveUp:
+			return r.finish(attempt, resp, err, false)
 		}
 		next, gerr := replay(first)
 		if gerr != nil {
 			// Nothing to send: the caller gets this attempt's result.
 			return r.finish(attempt, resp, err, false)
 		}
-		// The event, the metrics and the Debug log line of the retry.
-		r.hs.retryScheduled(ctx, attempt+1, wait, retryReason(resp, err), fromRA)
+		r.e.rep.retryScheduled(ctx, attempt+1, d.wait, retryReason(resp, err), d.fromRA)
+		if r.onRetry != nil {
+			ev := RetryEvent{Host: r.e.host, Upstream: r.e.upstream, Attempt: attempt + 1, Wait: d.wait, FromRetryAfter: d.fromRA, Err: err}
+			if resp != nil {
+				ev.StatusCode = resp.StatusCode
+			}
+			r.onRetry(req, ev)
+		}
 		// Drained and closed before the wait, so the connection is back
 		// in the pool while we sleep.
 		discard(resp)
-		werr := r.t.retry.wait(ctx, wait)
-		st.staleClock()
-		if werr != nil {
+		if werr := wait(ctx, d.wait); werr != nil {
 			closeBody(next)
 			return nil, &RetryError{Attempts: attempt, Err: doneError(ctx)}
 		}
@@ -424,17 +436,24 @@ func (r *retryRT) roundTripCall(req *http.Request, st *callState) (*http.Respons
 	}
 }
 
-// callStart is when the call began, in unix nanoseconds: before the first
-// attempt, the shared reading is still the router's, so that the success
-// path reads no clock of its own (on some virtual machines a clock read
-// costs more than the rest of this layer).
-func (r *retryRT) callStart(st *callState) int64 {
-	return st.clock(r.t).UnixNano()
+// wait waits d or until ctx ends, returning ctx's error then.
+func wait(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-tm.C:
+		return nil
+	}
 }
 
 // finish hands the caller the last attempt's outcome: a response untouched,
 // or an error that says how many attempts were made.
-func (r *retryRT) finish(attempts int, resp *http.Response, err error, budget bool) (*http.Response, error) {
+func (r *retryStage) finish(attempts int, resp *http.Response, err error, budget bool) (*http.Response, error) {
 	if err == nil {
 		return resp, nil
 	}
@@ -444,86 +463,109 @@ func (r *retryRT) finish(attempts int, resp *http.Response, err error, budget bo
 	return nil, &RetryError{Attempts: attempts, Budget: budget, Err: err}
 }
 
+// decision is what decide settled: the verdict, and for a retry its wait
+// and whether the server's Retry-After set it; for checkFailed, the error.
+type decision struct {
+	v      verdict
+	wait   time.Duration
+	fromRA bool
+	err    error
+}
+
 // decide is the retry decision after attempt number attempt: a list of
-// checks in a fixed order, the first that applies settling it. It returns
-// how long to wait when the verdict is retryAgain, and sets *fromRA when
-// that wait is the server's Retry-After.
-func (r *retryRT) decide(ctx context.Context, st *callState, replayable bool, attempt int, resp *http.Response, err error, prevWait *time.Duration, fromRA *bool) (verdict, time.Duration) {
+// checks in a fixed order, the first that applies settling it.
+func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt int, resp *http.Response, err error, prevWait *time.Duration) decision {
+	ctx := req.Context()
+	k := classify(resp, err)
 	// 0. A success is final (unless the user's CheckRetry judges it).
-	if err == nil && resp.StatusCode < 400 && r.check == nil {
-		return giveUp, 0
+	if k == kindSuccess && r.check == nil {
+		return decision{}
 	}
 	// 1. A request that is not safe to send twice is never sent twice,
 	// whatever happened to it: a lost response to a POST may hide a charge.
 	if !replayable {
-		return giveUp, 0
+		return decision{}
 	}
 	// 2. The caller gave up (cancelled, or its own deadline passed).
 	if ctx.Err() != nil {
-		return giveUp, 0
+		return decision{}
 	}
 	// 3. A layer below refused on purpose: an open breaker, a full bulkhead
 	// or a host's pushback pause is the answer, not a failure to try again,
 	// and retrying it would only spin.
-	if err != nil && (errors.Is(err, ErrBreakerOpen) || errors.Is(err, ErrBulkheadFull) || errors.Is(err, ErrPushback)) {
-		return giveUp, 0
+	switch k {
+	case kindBreakerOpen, kindBulkheadFull, kindPushback:
+		return decision{}
 	}
 	// 4. The server said not to retry: it is shedding load and wants only
 	// one layer of the stack to try again.
 	if resp != nil {
 		if _, ok := resp.Header[NoRetryHeader]; ok {
-			return giveUp, 0
+			return decision{}
 		}
 	}
 	// 5. Only outcomes another try may change: the user's CheckRetry, or
-	// retryableOutcome.
+	// bulwark's classification.
 	if r.check != nil {
-		if ok, _ := r.check(ctx, resp, err); !ok {
-			return giveUp, 0
+		ok, cerr := r.check(ctx, resp, err)
+		if cerr != nil {
+			return decision{v: checkFailed, err: cerr}
 		}
-	} else if !retryableOutcome(resp, err) {
-		return giveUp, 0
+		if !ok {
+			return decision{}
+		}
+	} else if !retryable(k, resp) {
+		return decision{}
 	}
 	// 6. Attempts exhausted.
 	if attempt >= r.max {
-		return giveUp, 0
+		return decision{}
 	}
 	// 7. How long to wait: a valid Retry-After on 429 or 503 replaces the
 	// backoff (the server knows when it will have room; guessing is worse),
 	// and a pause of the whole host lengthens any wait.
-	now := r.t.now()
-	wait, fromServer := time.Duration(0), false
+	now := time.Now()
+	d := decision{v: retryAgain}
 	if resp != nil {
-		// Pushback, when on, has parsed this header and counted it already.
-		if d, ok := r.t.retryAfter(resp, now, r.hs.pushback == nil); ok {
-			wait, fromServer = min(d, r.maxRA), true
+		if ra, ok := retryAfter(resp, now, r.ignored); ok {
+			d.wait, d.fromRA = min(ra, r.maxRA), true
 		}
 	}
-	if !fromServer {
-		wait = r.backoffWait(attempt-1, resp, prevWait)
+	if !d.fromRA {
+		d.wait = r.backoffWait(attempt-1, resp, prevWait)
 	}
-	if pb := r.hs.pushback; pb != nil {
-		if e := pb.paused.Load(); e != nil && e.Until.After(now) {
-			wait = max(wait, e.Until.Sub(now))
+	if r.pause != nil {
+		if until := r.pause.pausedUntil(); until.After(now) {
+			d.wait = max(d.wait, until.Sub(now))
 		}
 	}
 	// 8. The deadline: a wait that would end past it, or leave too little
 	// time to send, means returning the last outcome now rather than
 	// sleeping into a timeout and losing the response we have.
-	if dl, ok := callDeadline(ctx, st); ok && now.Add(wait+minSendTime).After(dl) {
-		return giveUp, 0
+	if dl, ok := c.deadline(req); ok && now.Add(d.wait+minSendTime).After(dl) {
+		return decision{}
 	}
 	// 9. The budget, last, so that no token is spent on a retry another
 	// check would refuse.
 	if r.budget != nil && !r.budget.withdraw(now) {
-		return budgetSpent, 0
+		return decision{v: budgetSpent}
 	}
-	*fromRA = fromServer
-	return retryAgain, wait
+	return d
+}
+
+// rand returns a uniform number in [0, n), from randN when a test set it.
+func (r *retryStage) rand(n int64) int64 {
+	if n <= 0 {
+		return 0
+	}
+	if r.randN != nil {
+		return r.randN(n)
+	}
+	return rand.Int64N(n)
 }
 
 // backoffWait is the wait before retry n (from 0) when the server named none.
-func (r *retryRT) backoffWait(n int, resp *http.Response, prevWait *time.Duration) time.Duration {
+func (r *retryStage) backoffWait(n int, resp *http.Response, prevWait *time.Duration) time.Duration {
 	if r.backoff != nil {
 		return max(r.backoff(r.base, r.cap, n, resp), 0)
 	}
@@ -531,101 +573,49 @@ func (r *retryRT) backoffWait(n int, resp *http.Response, prevWait *time.Duratio
 	if n < 62 && r.base <= r.cap>>n {
 		exp = r.base << n
 	}
-	rs := &r.t.retry
 	switch r.jitter {
-	case None:
+	case JitterNone:
 		return exp
-	case Equal:
+	case JitterEqual:
 		half := exp / 2
-		return half + time.Duration(rs.rand(int64(half)+1))
-	case Decorrelated:
+		return half + time.Duration(r.rand(int64(half)+1))
+	case JitterDecorrelated:
 		hi := r.cap
 		if p := max(*prevWait, r.base); p <= r.cap/3 {
 			hi = 3 * p
 		}
-		d := min(r.cap, r.base+time.Duration(rs.rand(int64(hi-r.base)+1)))
+		d := min(r.cap, r.base+time.Duration(r.rand(int64(hi-r.base)+1)))
 		*prevWait = d
 		return d
-	default: // Full
-		return time.Duration(rs.rand(int64(exp) + 1))
+	default: // JitterFull
+		return time.Duration(r.rand(int64(exp) + 1))
 	}
-}
-
-// retryableOutcome is bulwark's rule for whether another try may change an
-// outcome. Responses: 429, 502, 503 and 504 (500 may be a bug that a retry
-// repeats, and other 4xx answers will not change). Errors: see
-// retryableError.
-func retryableOutcome(resp *http.Response, err error) bool {
-	if err != nil {
-		return retryableError(err)
-	}
-	switch resp.StatusCode {
-	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
-		return true
-	}
-	return false
-}
-
-// retryableError classifies a transport error by its type, never its text:
-// bulwark's own attempt timeout is retried; other deadline and cancellation
-// errors (including ErrDeadlineTooShort) are not, there being no time left;
-// certificate and TLS protocol errors and a host that does not exist are
-// permanent. Anything else (a refused or reset connection, an EOF on a
-// reused connection, a DNS timeout) is transient.
-//
-// Redirect loops are http.Client's business, above the Transport: each hop
-// is a call of its own and its errors never reach this layer. Unsupported
-// schemes are never retried (see prepare).
-func retryableError(err error) bool {
-	if errors.Is(err, ErrAttemptTimeout) {
-		return true
-	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
-	}
-	var (
-		cve *tls.CertificateVerificationError
-		rhe tls.RecordHeaderError
-		ale tls.AlertError
-		uae x509.UnknownAuthorityError
-		hne x509.HostnameError
-		cie x509.CertificateInvalidError
-		sre x509.SystemRootsError
-		cvr x509.ConstraintViolationError
-		dns *net.DNSError
-	)
-	switch {
-	case errors.As(err, &cve), errors.As(err, &rhe), errors.As(err, &ale),
-		errors.As(err, &uae), errors.As(err, &hne), errors.As(err, &cie),
-		errors.As(err, &sre), errors.As(err, &cvr):
-		return false
-	case errors.As(err, &dns) && dns.IsNotFound:
-		return false
-	}
-	return true
 }
 
 // budgetBuckets is how many slices the budget window is counted in.
 const budgetBuckets = 10
 
+// The budget window's counters.
+const (
+	budgetCalls = iota
+	budgetRetries
+)
+
 // retryBudget is a host's Budget: see its documentation for the algorithm.
 // It is safe for concurrent use.
 type retryBudget struct {
 	ratio    float64
-	width    int64         // nanoseconds per bucket
 	floorMax float64       // the most floor-funded retries a window may hold
 	floor    *rate.Limiter // nil: no floor
 
-	mu         sync.Mutex
-	epoch      int64 // the newest bucket's number: unix nanoseconds / width
-	calls      [budgetBuckets]int64
-	retries    [budgetBuckets]int64
-	sumC, sumR int64
-	started    bool
+	mu  sync.Mutex
+	win *window.Window // positions are unix nanoseconds
 }
 
 func newRetryBudget(b Budget) *retryBudget {
-	rb := &retryBudget{ratio: b.Ratio, width: int64(b.Window / budgetBuckets)}
+	// Window ≥ 100 ms (validated), so New cannot fail.
+	w, _ := window.New(int64(b.Window), budgetBuckets)
+	rb := &retryBudget{ratio: b.Ratio, win: w}
 	if b.MinPerSecond > 0 {
 		rb.floorMax = b.MinPerSecond * b.Window.Seconds()
 		rb.floor = rate.NewLimiter(rate.Limit(b.MinPerSecond), max(1, int(math.Ceil(b.MinPerSecond))))
@@ -633,64 +623,52 @@ func newRetryBudget(b Budget) *retryBudget {
 	return rb
 }
 
-// advance moves the window so that its newest bucket holds now, emptying
-// the buckets it slides past. A clock that steps back counts into the
-// newest bucket.
-func (b *retryBudget) advance(now int64) int {
-	e := now / b.width
-	if !b.started {
-		b.epoch, b.started = e, true
-	}
-	if n := e - b.epoch; n > 0 {
-		if n >= budgetBuckets {
-			b.calls, b.retries = [budgetBuckets]int64{}, [budgetBuckets]int64{}
-			b.sumC, b.sumR = 0, 0
-		} else {
-			for i := int64(1); i <= n; i++ {
-				j := ((b.epoch+i)%budgetBuckets + budgetBuckets) % budgetBuckets
-				b.sumC -= b.calls[j]
-				b.sumR -= b.retries[j]
-				b.calls[j], b.retries[j] = 0, 0
-			}
-		}
-		b.epoch = e
-	}
-	return int((b.epoch%budgetBuckets + budgetBuckets) % budgetBuckets)
-}
-
-// call records a call (its first attempt) made at now, in unix nanoseconds.
-func (b *retryBudget) call(now int64) {
+// call records a call (its first attempt) made at now.
+func (b *retryBudget) call(now time.Time) {
 	b.mu.Lock()
-	i := b.advance(now)
-	b.calls[i]++
-	b.sumC++
+	b.win.Add(now.UnixNano(), window.Counts{budgetCalls: 1})
 	b.mu.Unlock()
 }
 
-// remaining reports how many retries the budget would allow at now, for
-// its gauge: the room under the ratio or, if larger, the floor's.
-func (b *retryBudget) remaining(now time.Time) int64 {
+// BudgetSnapshot is a retry budget's state, as Snapshot reports it.
+type BudgetSnapshot struct {
+	// Calls and Retries are what the window holds now.
+	Calls, Retries int64
+	// Remaining is how many retries the budget would allow now: the room
+	// under the ratio or, if larger, the floor's.
+	Remaining int64
+}
+
+func (b *retryBudget) state(now time.Time) BudgetSnapshot {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.advance(now.UnixNano())
-	room := int64(b.ratio*float64(b.sumC)) - b.sumR
+	sum := b.win.Sum(now.UnixNano())
+	calls, retries := sum[budgetCalls], sum[budgetRetries]
+	room := int64(b.ratio*float64(calls)) - retries
 	if b.floor != nil {
-		room = max(room, min(int64(b.floor.TokensAt(now)), int64(b.floorMax)-b.sumR))
+		room = max(room, min(int64(b.floor.TokensAt(now)), int64(b.floorMax)-retries))
 	}
-	return max(room, 0)
+	return BudgetSnapshot{Calls: calls, Retries: retries, Remaining: max(room, 0)}
 }
 
 // withdraw takes one retry from the budget, reporting whether there was room.
 func (b *retryBudget) withdraw(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	i := b.advance(now.UnixNano())
-	r := float64(b.sumR + 1)
-	ok := r <= b.ratio*float64(b.sumC) ||
+	pos := now.UnixNano()
+	sum := b.win.Sum(pos)
+	r := float64(sum[budgetRetries] + 1)
+	ok := r <= b.ratio*float64(sum[budgetCalls]) ||
 		(b.floor != nil && r <= b.floorMax && b.floor.AllowN(now, 1))
 	if ok {
-		b.retries[i]++
-		b.sumR++
+		b.win.Add(pos, window.Counts{budgetRetries: 1})
 	}
 	return ok
+}
+
+func (r *retryStage) snapshot(h *HostSnapshot) {
+	if r.budget != nil {
+		s := r.budget.state(time.Now())
+		h.Budget = &s
+	}
 }

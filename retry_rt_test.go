@@ -88,7 +88,7 @@ func alwaysErr(err error) func(int, *http.Request) (*http.Response, error) {
 var (
 	errReset = &net.OpError{Op: "read", Net: "tcp", Err: &os_SyscallError{"read", syscall.ECONNRESET}}
 	// What attemptRT returns when an attempt runs past Timeout.Attempt.
-	errAttemptTO = &timeoutError{cause: context.DeadlineExceeded}
+	errAttemptTO = &timeoutError{limit: ErrAttemptTimeout, cause: context.DeadlineExceeded}
 )
 
 // os_SyscallError mirrors *os.SyscallError without importing os for one type.
@@ -100,9 +100,11 @@ type os_SyscallError struct {
 func (e *os_SyscallError) Error() string { return e.Syscall + ": " + e.Err.Error() }
 func (e *os_SyscallError) Unwrap() error { return e.Err }
 
-// newTestTransport builds a Transport over base with an injected clock, a
-// random source that always picks the top of the range, and a sleep that
-// advances the clock instead of waiting. It returns the waits slept.
+// newTestTransport builds a Transport over base with a random source that
+// always picks the top of the range, and records the waits before retries
+// (through Retry.OnRetry, chained to p's own). Call it inside a
+// testing/synctest bubble, where the waits take no real time: the fake
+// clock it returns is the bubble's.
 func newTestTransport(t testing.TB, base http.RoundTripper, p Policy) (*Transport, *fakeClock, *[]time.Duration) {
 	t.Helper()
 	if reflect.ValueOf(p.Breaker).IsZero() {
@@ -110,23 +112,23 @@ func newTestTransport(t testing.TB, base http.RoundTripper, p Policy) (*Transpor
 		// their sustained failures would hide what retry does.
 		p.Breaker.Disabled = true
 	}
+	var mu sync.Mutex
+	waits := new([]time.Duration)
+	user := p.Retry.OnRetry
+	p.Retry.OnRetry = func(req *http.Request, ev RetryEvent) {
+		mu.Lock()
+		*waits = append(*waits, ev.Wait)
+		mu.Unlock()
+		if user != nil {
+			user(req, ev)
+		}
+	}
 	tr, err := New(Config{Base: base, Default: p})
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := newFakeClock()
-	tr.setClock(clk.now)
-	var mu sync.Mutex
-	waits := new([]time.Duration)
-	tr.retry.randN = func(n int64) int64 { return n - 1 }
-	tr.retry.sleep = func(ctx context.Context, d time.Duration) error {
-		mu.Lock()
-		*waits = append(*waits, d)
-		mu.Unlock()
-		clk.advance(d)
-		return ctx.Err()
-	}
-	return tr, clk, waits
+	tr.randN = func(n int64) int64 { return n - 1 }
+	return tr, newFakeClock(), waits
 }
 
 type bodyKind int
@@ -392,7 +394,7 @@ func TestRetryConfig(t *testing.T) {
 		{Retry{Base: -time.Second}, "Retry.Base"},
 		{Retry{Base: time.Second, Cap: time.Millisecond}, "Retry.Cap"},
 		{Retry{MaxRetryAfter: -1}, "Retry.MaxRetryAfter"},
-		{Retry{Jitter: None + 1}, "Retry.Jitter"},
+		{Retry{Jitter: JitterNone + 1}, "Retry.Jitter"},
 		{Retry{BufferBody: -1}, "Retry.BufferBody"},
 		{Retry{BufferBody: MaxBufferBody + 1}, "Retry.BufferBody"},
 		{Retry{Budget: Budget{Ratio: 1.5}}, "Retry.Budget.Ratio"},
@@ -412,7 +414,7 @@ func TestRetryConfig(t *testing.T) {
 	}
 	// Defaults, and inheritance of zero fields and OR-wise booleans.
 	tr, err := New(Config{
-		Default:   Policy{Retry: Retry{MaxAttempts: 5, Jitter: Equal, KeyPOST: true, Budget: Budget{Ratio: 0.5}}},
+		Default:   Policy{Retry: Retry{MaxAttempts: 5, Jitter: JitterEqual, KeyPOST: true, Budget: Budget{Ratio: 0.5}}},
 		Upstreams: map[string]Policy{"api.test": {Retry: Retry{Base: 20 * time.Millisecond, NoPushback: true}}},
 	})
 	if err != nil {
@@ -420,7 +422,7 @@ func TestRetryConfig(t *testing.T) {
 	}
 	got := tr.byHost["api.test"].policy.Retry
 	want := Retry{MaxAttempts: 5, Base: 20 * time.Millisecond, Cap: DefaultRetryCap, MaxRetryAfter: DefaultMaxRetryAfter,
-		Jitter: Equal, KeyPOST: true, NoPushback: true,
+		Jitter: JitterEqual, KeyPOST: true, NoPushback: true,
 		Budget: Budget{Ratio: 0.5, Window: DefaultBudgetWindow, MinPerSecond: DefaultBudgetMinPerSecond}}
 	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
 		t.Errorf("inherited policy\n got %+v\nwant %+v", got, want)
@@ -489,8 +491,8 @@ func TestRetryAfterHonoured(t *testing.T) {
 				if gap := times[1].Sub(times[0]); gap != tt.wantGap {
 					t.Errorf("retried after %v, want %v", gap, tt.wantGap)
 				}
-				if tr.RetryAfterIgnored() != 0 {
-					t.Errorf("RetryAfterIgnored = %d, want 0", tr.RetryAfterIgnored())
+				if tr.Snapshot().RetryAfterIgnored != 0 {
+					t.Errorf("RetryAfterIgnored = %d, want 0", tr.Snapshot().RetryAfterIgnored)
 				}
 			})
 		})
@@ -514,7 +516,7 @@ func TestRetryAfterIgnoredCounted(t *testing.T) {
 		if np {
 			want = 2
 		}
-		if got := tr.RetryAfterIgnored(); got != want {
+		if got := tr.Snapshot().RetryAfterIgnored; got != want {
 			t.Errorf("NoPushback=%v: RetryAfterIgnored = %d, want %d", np, got, want)
 		}
 		if fmt.Sprint(*waits) != "[100ms 200ms]" {
@@ -568,7 +570,7 @@ func TestRetryDeadlineNeverOverrun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		base := &scriptBase{step: always(503)}
 		tr, _ := New(Config{Base: base, Default: Policy{Timeout: Timeout{Total: 2 * time.Second},
-			Retry: Retry{MaxAttempts: 10, Base: 300 * time.Millisecond, Jitter: None}}})
+			Retry: Retry{MaxAttempts: 10, Base: 300 * time.Millisecond, Jitter: JitterNone}}})
 		start := time.Now()
 		resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
 		if err != nil {
@@ -610,7 +612,7 @@ func TestRetryRealAttemptTimeout(t *testing.T) {
 func TestRetryCancelDuringSleep(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		base := &scriptBase{step: always(503)}
-		tr, _ := New(Config{Base: base, Default: Policy{Retry: Retry{Base: 5 * time.Second, Jitter: None}}})
+		tr, _ := New(Config{Base: base, Default: Policy{Retry: Retry{Base: 5 * time.Second, Jitter: JitterNone}}})
 		ctx, cancel := context.WithCancel(t.Context())
 		time.AfterFunc(time.Second, cancel)
 		start := time.Now()

@@ -84,23 +84,17 @@ func pushbackStatus(code int) bool {
 }
 
 // retryAfter returns the wait a 429 or 503 response asks for, counting a
-// header that had to be ignored in t's counter when count is set.
-func (t *Transport) retryAfter(resp *http.Response, now time.Time, count bool) (time.Duration, bool) {
+// header that had to be ignored in ignored when it is not nil.
+func retryAfter(resp *http.Response, now time.Time, ignored *atomic.Uint64) (time.Duration, bool) {
 	if !pushbackStatus(resp.StatusCode) {
 		return 0, false
 	}
 	d, res := parseRetryAfter(resp.Header["Retry-After"], now)
-	if res == retryAfterIgnored && count {
-		t.retry.ignoredRetryAfter.Add(1)
+	if res == retryAfterIgnored && ignored != nil {
+		ignored.Add(1)
 	}
 	return d, res == retryAfterValid
 }
-
-// RetryAfterIgnored reports how many Retry-After headers on 429 and 503
-// responses this Transport has ignored because they were malformed,
-// negative, or asked for more than a day. A growing count means an upstream
-// sends headers bulwark cannot obey.
-func (t *Transport) RetryAfterIgnored() uint64 { return t.retry.ignoredRetryAfter.Load() }
 
 // PushbackError is the error for a request refused, without being sent,
 // because its host answered an earlier request with 429 or 503 and a
@@ -117,16 +111,17 @@ func (e *PushbackError) Error() string {
 // Unwrap returns ErrPushback.
 func (e *PushbackError) Unwrap() error { return ErrPushback }
 
-// pushbackRT is layer 5, per host, below the retry layer: a 429 or 503 with
-// a valid Retry-After pauses every request to the host (not only the one
-// that got it) until the time the server named, capped at
-// Retry.MaxRetryAfter. During the pause requests fail at once with a
-// *PushbackError and nothing is sent: the server has told every caller when
-// it will have room, and guessing earlier only adds to its load.
-type pushbackRT struct {
-	next http.RoundTripper
-	hs   *hostState
-	max  time.Duration
+// pushbackStage pauses a host: a 429 or 503 with a valid Retry-After
+// pauses every request to the host (not only the one that got it) until the
+// time the server named, capped at Retry.MaxRetryAfter. During the pause
+// requests fail at once with a *PushbackError and nothing is sent: the
+// server has told every caller when it will have room, and guessing earlier
+// only adds to its load.
+type pushbackStage struct {
+	next    stage
+	e       env
+	max     time.Duration
+	ignored *atomic.Uint64 // the Transport's count of ignored Retry-After values
 
 	// paused is the current pause, nil before the first. The error value is
 	// made once per pause, so rejecting costs no allocation.
@@ -134,64 +129,82 @@ type pushbackRT struct {
 	mu     sync.Mutex // serialises writers of paused
 }
 
-func newPushbackRT(next http.RoundTripper, hs *hostState) *pushbackRT {
-	return &pushbackRT{next: next, hs: hs, max: hs.policy.Retry.MaxRetryAfter}
+// pauser is what the retry layer asks of the pushback layer: until when
+// the host asked callers to stay away (zero: no pause).
+type pauser interface{ pausedUntil() time.Time }
+
+func newPushback(next stage, max time.Duration, e env, ignored *atomic.Uint64) *pushbackStage {
+	return &pushbackStage{next: next, e: e, max: max, ignored: ignored}
 }
 
-func (p *pushbackRT) RoundTrip(req *http.Request) (*http.Response, error) {
-	return p.roundTripCall(req, callOf(req.Context(), p.hs.t))
-}
-
-func (p *pushbackRT) roundTripCall(req *http.Request, st *callState) (*http.Response, error) {
+func (p *pushbackStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	if e := p.pausedNow(); e != nil {
-		p.hs.rejected(req.Context(), layerPushback)
+		p.e.rep.rejected(req.Context(), layerPushback)
 		closeBody(req)
 		return nil, e
 	}
-	resp, err := sendCall(p.next, req, st)
+	resp, err := p.next.roundTrip(req, c)
 	if err != nil || !pushbackStatus(resp.StatusCode) {
 		return resp, err
 	}
-	now := p.hs.t.now()
-	if d, ok := p.hs.t.retryAfter(resp, now, true); ok && d > 0 {
+	now := time.Now()
+	if d, ok := retryAfter(resp, now, p.ignored); ok && d > 0 {
 		p.pause(now.Add(min(d, p.max)))
 	}
 	return resp, nil
+}
+
+func (p *pushbackStage) pausedUntil() time.Time {
+	if e := p.paused.Load(); e != nil {
+		return e.Until
+	}
+	return time.Time{}
 }
 
 // pausedNow returns the pause in force now, or nil. A host that never asked
 // for a pause, or whose last pause was seen to end, costs one atomic load,
 // without reading the clock. The first request to see a pause over clears
 // it and reports the end.
-func (p *pushbackRT) pausedNow() *PushbackError {
+func (p *pushbackStage) pausedNow() *PushbackError {
 	e := p.paused.Load()
 	if e == nil {
 		return nil
 	}
-	if p.hs.t.now().Before(e.Until) {
+	if time.Now().Before(e.Until) {
 		return e
 	}
 	// A new pause stored meanwhile makes the swap fail: it stays.
 	if p.paused.CompareAndSwap(e, nil) {
-		p.hs.pushbackChanged(false, e.Until)
+		p.e.rep.pushbackChanged(false, e.Until)
 	}
 	return nil
 }
 
 // pause extends the pause to until; a shorter Retry-After arriving later
 // (from a request already in flight) does not cut the pause short.
-func (p *pushbackRT) pause(until time.Time) {
+func (p *pushbackStage) pause(until time.Time) {
 	p.mu.Lock()
 	e := p.paused.Load()
 	if e != nil && !until.After(e.Until) {
 		p.mu.Unlock()
 		return
 	}
-	p.paused.Store(&PushbackError{Host: p.hs.name, Until: until})
+	p.paused.Store(&PushbackError{Host: p.e.host, Until: until})
 	p.mu.Unlock()
 	// Reported (and logged) outside the lock, and only when a pause starts:
 	// a pause lengthened by a later Retry-After is the same pause.
-	if e == nil || !e.Until.After(p.hs.t.now()) {
-		p.hs.pushbackChanged(true, until)
+	if e == nil || !e.Until.After(time.Now()) {
+		p.e.rep.pushbackChanged(true, until)
 	}
+}
+
+// PushbackSnapshot is a host's pause, as Snapshot reports it.
+type PushbackSnapshot struct {
+	// Until is when the host said it will have room again; zero, or a time
+	// past, when no pause is in force.
+	Until time.Time
+}
+
+func (p *pushbackStage) snapshot(h *HostSnapshot) {
+	h.Pushback = &PushbackSnapshot{Until: p.pausedUntil()}
 }

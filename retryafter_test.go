@@ -166,7 +166,7 @@ func TestPushbackTerminalForRetry(t *testing.T) {
 	resp.Body.Close()
 
 	// Another request's 503 paused the host: no retry, no wait.
-	tr.host(resp.Request.URL).pushback.pause(clk.now().Add(5 * time.Second))
+	tr.lookup(resp.Request.URL).pushback.pause(clk.now().Add(5 * time.Second))
 	*waits = nil
 	_, err = tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://a.test/", noBody, ""))
 	var pe *PushbackError
@@ -186,7 +186,7 @@ func BenchmarkPushbackRejection(b *testing.B) {
 	req := testRequest(b, b.Context(), "GET", "http://a.test/", noBody, "")
 	resp, _ := tr.RoundTrip(req)
 	resp.Body.Close()
-	pb := tr.host(req.URL).pushback
+	pb := tr.lookup(req.URL).pushback
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := pb.RoundTrip(req); err == nil {

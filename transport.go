@@ -100,20 +100,16 @@ type Config struct {
 type Transport struct {
 	base   http.RoundTripper
 	logger *slog.Logger
-	tp     trace.TracerProvider
-	mp     metric.MeterProvider
 	obs    *observer // instruments and providers, made once (observe.go)
-	// now is the clock every decision reads; tests replace it (setClock).
-	now func() time.Time
 	// last is the host lookup found last (see lookup); nil after its
 	// eviction.
 	last atomic.Pointer[hostState]
-	// mono reports that now is time.Now, so that a duration can be read off
-	// the monotonic clock alone (time.Since), one clock reading of time.Now's
-	// two.
-	mono bool
-	// retry holds the retry layers' randomness, sleep and counters.
-	retry retryShared
+	// randN returns a uniform number in [0, n) for n > 0, for retry
+	// jitter and the breaker's open time; nil means math/rand/v2. Tests
+	// replace it before the first request.
+	randN func(n int64) int64
+	// ignoredRA counts Retry-After values ignored as malformed (Snapshot).
+	ignoredRA atomic.Uint64
 
 	def      *route
 	exact    map[hostPort]*route
@@ -123,6 +119,9 @@ type Transport struct {
 
 	mu    sync.RWMutex
 	hosts map[hostKey]*hostState
+	// controls holds manual breaker overrides by "host:port", applied to
+	// hosts created later too (see ControlBreaker).
+	controls map[string]BreakerControl
 }
 
 // route is a compiled policy and the upstream label it goes by.
@@ -138,28 +137,26 @@ type hostPort struct{ host, port string }
 // strings are slices of the request URL's, so a lookup allocates nothing.
 type hostKey struct{ scheme, host, port string }
 
-// hostState is everything bulwark keeps for one host: its policy, the stack
-// built for it, and the per-host layers' state inside that stack.
+// hostState is what the router keeps for one host: its policy, the stack
+// built for it, and the layers that have state to show or to be asked
+// about. No layer sees it: each got its own narrow env when it was built.
 type hostState struct {
-	t        *Transport
 	key      hostKey
 	name     string // "host:port", for errors and logs
 	upstream string
 	policy   *Policy
-	rt       http.RoundTripper
-	call     bool // a layer of the stack keeps call state (buildStack): the router makes it
+	rt       stage
+	rep      *reporter
+	// parts are the stack's layers that implement one of the small
+	// interfaces the router and Snapshot ask (snapshotter, busier,
+	// idleCloser, breakerController), in stack order, outer first.
+	parts []any
 	// rawScheme and rawHost are the URL's Scheme and Host, as written, of
 	// the request that made this state: the last-host fast path (lookup)
 	// matches them exactly.
 	rawScheme, rawHost string
 	gone               atomic.Bool  // evicted (dropLocked)
-	pushback           *pushbackRT  // layer 5, nil when off; the retry layer reads its pause
-	breaker            *breakerRT   // nil when the upstream's breaker is disabled
-	bulkhead           *bulkheadRT  // nil when the upstream's bulkhead is disabled or per instance
-	balancer           *balancerRT  // layer 6b, nil unless the upstream has Endpoints
-	budget             *retryBudget // layer 4's budget, nil when off; read by its gauge
 	lastUsed           atomic.Int64 // unix nanoseconds, updated at most every touchEvery
-	obs                hostObs      // cached metric attribute sets (observe.go)
 }
 
 // touchEvery is the resolution of a host's last-used time: fine enough for
@@ -173,15 +170,12 @@ func New(cfg Config) (*Transport, error) {
 	t := &Transport{
 		base:     cfg.Base,
 		logger:   cfg.Logger,
-		tp:       cfg.TracerProvider,
-		mp:       cfg.MeterProvider,
-		now:      time.Now,
-		mono:     true,
 		exact:    make(map[hostPort]*route),
 		byHost:   make(map[string]*route),
 		maxHosts: cfg.MaxHosts,
 		idle:     cfg.HostIdle,
 		hosts:    make(map[hostKey]*hostState),
+		controls: make(map[string]BreakerControl),
 	}
 	switch {
 	case cfg.MaxHosts < 0:
@@ -301,17 +295,6 @@ func NewClient(cfg Config) (*http.Client, error) {
 	return &http.Client{Transport: t}, nil
 }
 
-// setClock replaces the Transport's clock (for tests).
-func (t *Transport) setClock(now func() time.Time) { t.now, t.mono = now, false }
-
-// since is the time elapsed on t's clock since start, a reading of it.
-func (t *Transport) since(start time.Time) time.Duration {
-	if t.mono {
-		return time.Since(start)
-	}
-	return t.now().Sub(start)
-}
-
 // RoundTrip sends req through the stack for its host. It implements
 // http.RoundTripper: it never modifies req, always closes req.Body, and
 // returns either a response or an error.
@@ -324,15 +307,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody(req)
 		return nil, doneError(req.Context())
 	}
-	hs, now := t.lookup(req.URL)
-	var st *callState
-	if hs.call {
-		// The layers below share one state and one clock reading per call
-		// (see callState and callRT); made here, where the clock was read
-		// anyway.
-		st = &callState{owner: t, sent: now}
-	}
-	return hs.roundTrip(req, st)
+	return t.send(t.lookup(req.URL), req)
 }
 
 // CloseIdleConnections closes the base's idle connections, when the base
@@ -343,14 +318,18 @@ func (t *Transport) CloseIdleConnections() {
 		ci.CloseIdleConnections()
 	}
 	// Balanced upstreams have a transport of their own per instance.
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	for _, hs := range t.hosts {
-		if hs.balancer != nil {
-			hs.balancer.closeIdle()
+	t.eachHost(func(hs *hostState) {
+		for _, p := range hs.parts {
+			if c, ok := p.(idleCloser); ok {
+				c.closeIdle()
+			}
 		}
-	}
+	})
 }
+
+// idleCloser is a layer with connections of its own (the balancer's
+// per-instance transports).
+type idleCloser interface{ closeIdle() }
 
 func defaultPort(scheme string) string {
 	switch scheme {
@@ -362,23 +341,16 @@ func defaultPort(scheme string) string {
 	return ""
 }
 
-// host returns u's per-host state, creating it on first use.
-func (t *Transport) host(u *url.URL) *hostState {
-	hs, _ := t.lookup(u)
-	return hs
-}
-
-// lookup is host, and the clock reading it took.
-func (t *Transport) lookup(u *url.URL) (*hostState, time.Time) {
-	clock := t.now()
-	now := clock.UnixNano()
+// lookup returns u's per-host state, creating it on first use.
+func (t *Transport) lookup(u *url.URL) *hostState {
+	now := time.Now().UnixNano()
 	// The last host looked up, when u names it exactly as the URL that made
 	// its state did: one atomic load and two string comparisons, where the
 	// map costs a lowercased, parsed key, its hash and the read lock, whose
 	// counter every core writes.
 	if hs := t.last.Load(); hs != nil && hs.spelled(u) && !hs.gone.Load() {
 		t.touch(hs, now)
-		return hs, clock
+		return hs
 	}
 	k := hostKey{scheme: strings.ToLower(u.Scheme), host: strings.ToLower(u.Hostname()), port: u.Port()}
 	if k.port == "" {
@@ -395,7 +367,7 @@ func (t *Transport) lookup(u *url.URL) (*hostState, time.Time) {
 	if hs.spelled(u) && t.last.Load() != hs {
 		t.last.Store(hs)
 	}
-	return hs, clock
+	return hs
 }
 
 // spelled reports whether u names hs exactly as the URL that made hs did.
@@ -425,10 +397,14 @@ func (t *Transport) addHost(k hostKey, u *url.URL, now int64) *hostState {
 	// does not keep that URL alive.
 	k = hostKey{strings.Clone(k.scheme), strings.Clone(k.host), strings.Clone(k.port)}
 	r := t.route(k)
-	hs := &hostState{t: t, key: k, name: net.JoinHostPort(k.host, k.port), upstream: r.upstream, policy: &r.policy,
+	hs := &hostState{key: k, name: net.JoinHostPort(k.host, k.port), upstream: r.upstream, policy: &r.policy,
 		rawScheme: strings.Clone(u.Scheme), rawHost: strings.Clone(u.Host)}
 	hs.lastUsed.Store(now)
-	hs.rt = t.buildStack(hs)
+	hs.rep = t.obs.reporter(hs.upstream, hs.name, k.port)
+	t.buildStack(hs)
+	if c, ok := t.controls[hs.name]; ok {
+		hs.controlBreaker(c)
+	}
 	t.hosts[k] = hs
 	t.obs.refresh()
 	return hs
@@ -480,18 +456,20 @@ func (t *Transport) dropLocked(hs *hostState) {
 	t.last.CompareAndSwap(hs, nil)
 }
 
-// busy reports whether the host has requests holding bulkhead slots or
-// queued for one. Without a bulkhead nothing counts requests, so it is false.
+// busy reports whether the host has requests in flight or queued, as the
+// layers that count them (bulkhead, balancer) say. Without them nothing
+// counts requests, so it is false.
 func (hs *hostState) busy() bool {
-	if hs.balancer != nil {
-		return hs.balancer.busy()
+	for _, p := range hs.parts {
+		if b, ok := p.(busier); ok && b.busy() {
+			return true
+		}
 	}
-	if hs.bulkhead == nil {
-		return false
-	}
-	in, queued := hs.bulkhead.stats()
-	return in > 0 || queued > 0
+	return false
 }
+
+// busier is a layer that knows whether requests are in flight through it.
+type busier interface{ busy() bool }
 
 // route picks the compiled policy for a host: exact host:port, then host,
 // then Default.
@@ -512,80 +490,19 @@ func (t *Transport) hostCount() int {
 	return len(t.hosts)
 }
 
-// instanceStack composes layers 8½, 8 and 7 over base for one host, or for one
-// instance of a balanced upstream (name is its "host:port"). The bulkhead
-// is nil when disabled.
-func (t *Transport) instanceStack(hs *hostState, base http.RoundTripper, name string) (http.RoundTripper, *bulkheadRT) {
-	p := hs.policy
-	var rt http.RoundTripper = base
 
-	// 8½. Attempt span, trace context and attempt duration (observe.go).
-	obs := &observeRT{next: rt, hs: hs}
-	rt = obs
-
-	// 8. Attempt deadline and per-attempt headers, innermost.
-	a := &attemptRT{next: rt, t: t, hs: hs}
-	if !p.Timeout.Disabled {
-		a.attempt, a.header = p.Timeout.Attempt, p.Timeout.Header
-		a.attemptMs = deadlineValue(a.attempt)
+// send is the router's hand-off to a host's stack: it counts the call's
+// final outcome and, when the caller's context has no span, wraps the call
+// in a logical span so that its attempts share one trace.
+func (t *Transport) send(hs *hostState, req *http.Request) (*http.Response, error) {
+	c := hs.rep.begin(req)
+	if c == nil {
+		return hs.rt.roundTrip(req, call{})
 	}
-	obs.a = a
-	rt = a
-
-	// 7. Bulkhead: outside the attempt deadline, so a slot covers exactly
-	// one attempt, and inside the retry layer, so a backoff holds none.
-	var bh *bulkheadRT
-	if !p.Bulkhead.Disabled {
-		bh = newBulkheadRT(rt, hs, p.Bulkhead, name)
-		rt = bh
+	if c.ctx != nil {
+		req = req.WithContext(c.ctx)
 	}
-	return rt, bh
-}
-
-// buildStack composes a host's layers, outer to inner, once. See the stack
-// table in the package documentation for why they are in this order.
-func (t *Transport) buildStack(hs *hostState) http.RoundTripper {
-	p := hs.policy
-	var rt http.RoundTripper
-	if p.Endpoints.enabled() {
-		// 6b. Balancer: below the service's breaker, which sees the outcome
-		// of every attempt whichever instance served it; above one stack
-		// of layers 7 to 9 per instance, so each has its own bulkhead.
-		hs.balancer = newBalancerRT(hs, t.instanceStack)
-		rt = hs.balancer
-	} else {
-		rt, hs.bulkhead = t.instanceStack(hs, t.base, hs.name)
-	}
-
-	// 6. Breaker: sees every attempt, outside the bulkhead so an open
-	// breaker refuses before a slot is taken.
-	if !p.Breaker.Disabled {
-		hs.breaker = newBreakerRT(rt, hs)
-		rt = hs.breaker
-	}
-
-	// 5. Pushback: a Retry-After pauses every request to the host.
-	if !p.Retry.NoPushback {
-		hs.pushback = newPushbackRT(rt, hs)
-		rt = hs.pushback
-	}
-
-	// 4. Retry, outside pushback, breaker and bulkhead, so that a waiting
-	// retry holds no permit and every attempt is seen below.
-	if !p.Retry.Disabled {
-		rt = newRetryRT(rt, hs)
-		hs.call = true
-	}
-
-	// 3. Total deadline.
-	if !p.Timeout.Disabled && p.Timeout.Total > 0 {
-		rt = &totalDeadlineRT{next: rt, t: t, total: p.Timeout.Total}
-		hs.call = true
-	}
-
-	// 2. Fallback, outermost: it sees only the call's final outcome.
-	if p.Fallback.enabled() {
-		rt = newFallbackRT(rt, hs)
-	}
-	return rt
+	resp, err := hs.rt.roundTrip(req, call{})
+	c.end(req, resp, err)
+	return resp, err
 }

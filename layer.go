@@ -1,0 +1,81 @@
+package bulwark
+
+import (
+	"net/http"
+	"time"
+)
+
+// stage is one layer of a host's stack. Every layer of bulwark implements
+// it, and each wraps the next; the router, the Transport, is the one
+// http.RoundTripper the caller sees. A layer gets the call's state as an
+// argument instead of from the request's context, so the caller's request
+// travels down unchanged to the attempt layer, which makes the one copy an
+// attempt needs.
+type stage interface {
+	roundTrip(req *http.Request, c call) (*http.Response, error)
+}
+
+// call is what the layers of one call share, handed down by value: the
+// bound Timeout.Total set, the number of the attempt under way, and what
+// the balancer has tried. Nothing in it belongs to one layer's internals.
+type call struct {
+	// total is when Timeout.Total ends, zero when the call has no such
+	// bound of bulwark's or the caller's deadline comes first. A layer that
+	// waits (retry backoff, bulkhead queue, rate limit) never waits past it.
+	total time.Time
+	// attempt is the number of the attempt being sent, from 1, set by the
+	// retry layer; zero when no retry layer runs.
+	attempt int
+	// ownHeader reports that req.Header is this attempt's private copy,
+	// made by the attempt layer, so a layer below may add to it in place.
+	ownHeader bool
+	// tried is the balancer's record of the instances this call was sent
+	// to; nil unless the host is balanced (the retry layer makes it).
+	tried *triedSet
+}
+
+// deadline is the instant the call must be over by: the sooner of the
+// request context's deadline and Total's.
+func (c call) deadline(req *http.Request) (time.Time, bool) {
+	d, ok := req.Context().Deadline()
+	if !c.total.IsZero() && (!ok || c.total.Before(d)) {
+		return c.total, true
+	}
+	return d, ok
+}
+
+// env is what a layer knows of the host it serves: its name and upstream
+// label for errors and logs, and the reporter its observations go to. Time
+// is time.Now for every layer (tests run in testing/synctest bubbles), so
+// that gobreaker's clock and ours are one.
+type env struct {
+	host     string // "host:port", lower-case, port always present
+	scheme   string
+	upstream string    // the Upstreams key, or "default"
+	rep      *reporter // never nil
+}
+
+// baseStage adapts the base http.RoundTripper, and holds it to the
+// contract that the layers above rely on: a response or an error, never
+// both, never neither.
+type baseStage struct{ rt http.RoundTripper }
+
+func (b baseStage) roundTrip(req *http.Request, _ call) (*http.Response, error) {
+	resp, err := b.rt.RoundTrip(req)
+	switch {
+	case err != nil:
+		// Both: the error wins, as in net/http's Client; the response is
+		// closed so that its connection is not stranded.
+		if resp != nil && resp.Body != nil {
+			_ = resp.Body.Close()
+		}
+		return nil, err
+	case resp == nil:
+		return nil, errNilResponse
+	case resp.Body == nil:
+		// As net/http's Client does, so that every layer above has a body
+		// to hang its end-of-body work on.
+		resp.Body = http.NoBody
+	}
+	return resp, nil
+}

@@ -1,0 +1,161 @@
+package bulwark
+
+import (
+	"fmt"
+	"net"
+	"sort"
+	"strings"
+)
+
+// Snapshot is the state of every host a Transport keeps, as
+// Transport.Snapshot reports it.
+type Snapshot struct {
+	// Hosts has one entry per live host, sorted by Host then Scheme.
+	Hosts []HostSnapshot
+	// RetryAfterIgnored is how many Retry-After headers on 429 and 503
+	// responses were ignored because they were malformed, negative or asked
+	// for more than a day. A growing count means an upstream sends headers
+	// bulwark cannot obey.
+	RetryAfterIgnored uint64
+}
+
+// HostSnapshot is one host's state. A layer the host's policy disables has
+// a nil field.
+type HostSnapshot struct {
+	// Host is the "host:port": lower-case, the port always present (the
+	// scheme's default when the URL has none), an IPv6 address in
+	// brackets; the same string errors carry.
+	Host string
+	// Scheme is the URL scheme; one host:port reached over two schemes has
+	// two entries, each with its own state.
+	Scheme string
+	// Upstream is the Config.Upstreams key whose policy the host uses, or
+	// "default".
+	Upstream string
+
+	Breaker  *BreakerSnapshot
+	Bulkhead *BulkheadSnapshot // nil too for a balanced upstream: see Endpoints
+	Budget   *BudgetSnapshot
+	Pushback *PushbackSnapshot
+	// Endpoints are a balanced upstream's instances, each with its own
+	// bulkhead; nil for other hosts.
+	Endpoints []EndpointState
+}
+
+// snapshotter is a layer with state to show in a HostSnapshot.
+type snapshotter interface{ snapshot(*HostSnapshot) }
+
+// Snapshot returns the state of every live host: breakers with their
+// windows, bulkheads, retry budgets, pushback pauses and balanced
+// instances. It takes each layer's lock briefly, one host at a time, and is
+// meant for metrics scrapes and debug pages, not for the request path.
+// Reading a breaker may move one whose open time has passed to half-open,
+// as the next request would.
+func (t *Transport) Snapshot() Snapshot {
+	var s Snapshot
+	t.eachHost(func(hs *hostState) {
+		h := HostSnapshot{Host: hs.name, Scheme: hs.key.scheme, Upstream: hs.upstream}
+		for _, p := range hs.parts {
+			if sn, ok := p.(snapshotter); ok {
+				sn.snapshot(&h)
+			}
+		}
+		s.Hosts = append(s.Hosts, h)
+	})
+	sort.Slice(s.Hosts, func(i, j int) bool {
+		a, b := s.Hosts[i], s.Hosts[j]
+		if a.Host != b.Host {
+			return a.Host < b.Host
+		}
+		return a.Scheme < b.Scheme
+	})
+	s.RetryAfterIgnored = t.ignoredRA.Load()
+	return s
+}
+
+// Host returns the entries for host ("host:port"; case does not matter),
+// one per scheme it was reached over.
+func (s Snapshot) Host(host string) []HostSnapshot {
+	var out []HostSnapshot
+	for _, h := range s.Hosts {
+		if strings.EqualFold(h.Host, host) {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// bulkheads is every bulkhead of h: its own, or its instances'.
+func (h HostSnapshot) bulkheads() []BulkheadSnapshot {
+	if h.Bulkhead != nil {
+		return []BulkheadSnapshot{*h.Bulkhead}
+	}
+	var out []BulkheadSnapshot
+	for _, e := range h.Endpoints {
+		if e.Bulkhead != nil {
+			out = append(out, *e.Bulkhead)
+		}
+	}
+	return out
+}
+
+// ejected is how many of h's instances are ejected now.
+func (h HostSnapshot) ejected() int {
+	n := 0
+	for _, e := range h.Endpoints {
+		if e.Ejected {
+			n++
+		}
+	}
+	// Every instance ejected means all take requests again (see
+	// rebuildLocked): none is out.
+	if n == len(h.Endpoints) {
+		return 0
+	}
+	return n
+}
+
+// ControlBreaker sets a manual override on the breaker of host, given as
+// "host:port" (case does not matter; the port is required): BreakerForceOpen
+// refuses every request to it, BreakerForceClosed lets every request
+// through uncounted, and BreakerAuto hands the decision back to the
+// breaker. The override applies to the host over every scheme, now and to
+// state created later (after an eviction too), until it is set back to
+// BreakerAuto. It has no effect on a host whose policy disables the
+// breaker. An invalid host or control is an error.
+func (t *Transport) ControlBreaker(host string, c BreakerControl) error {
+	if c > BreakerForceClosed {
+		return fmt.Errorf("bulwark: ControlBreaker(%q, %v): unknown control", host, c)
+	}
+	h, port, err := net.SplitHostPort(host)
+	if err != nil || h == "" || port == "" {
+		return fmt.Errorf("bulwark: ControlBreaker(%q): want \"host:port\"", host)
+	}
+	name := net.JoinHostPort(strings.ToLower(h), port)
+	t.mu.Lock()
+	if c == BreakerAuto {
+		delete(t.controls, name)
+	} else {
+		t.controls[name] = c
+	}
+	var hosts []*hostState
+	for _, hs := range t.hosts {
+		if hs.name == name {
+			hosts = append(hosts, hs)
+		}
+	}
+	t.mu.Unlock()
+	for _, hs := range hosts {
+		hs.controlBreaker(c)
+	}
+	return nil
+}
+
+// controlBreaker hands c to the host's breaker, if it has one.
+func (hs *hostState) controlBreaker(c BreakerControl) {
+	for _, p := range hs.parts {
+		if b, ok := p.(breakerController); ok {
+			b.setControl(c)
+		}
+	}
+}

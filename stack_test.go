@@ -1,0 +1,81 @@
+package bulwark
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+)
+
+// stageRT serves a stage as an http.RoundTripper, as the start of a call:
+// for tests that drive a stack below the router.
+type stageRT struct{ s stage }
+
+func (r stageRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	return r.s.roundTrip(req, call{})
+}
+
+// only returns p with every layer off but the ones named ("timeout",
+// "retry", "pushback", "breaker", "bulkhead"), for tests of one layer built
+// by the real builder. Fallback and Endpoints are on only when p sets them.
+func only(p Policy, layers ...string) Policy {
+	keep := map[string]bool{}
+	for _, l := range layers {
+		keep[l] = true
+	}
+	p.Timeout.Disabled = !keep["timeout"]
+	p.Retry.Disabled = !keep["retry"]
+	p.Retry.NoPushback = !keep["pushback"]
+	p.Breaker.Disabled = !keep["breaker"]
+	p.Bulkhead.Disabled = !keep["bulkhead"]
+	return p
+}
+
+// layerOf returns the layer of type T in the stack of the host of rawURL,
+// creating the host's state if needed; it fails the test if there is none.
+func layerOf[T any](t testing.TB, tr *Transport, rawURL string) T {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range tr.lookup(u).parts {
+		if l, ok := p.(T); ok {
+			return l
+		}
+	}
+	var zero T
+	t.Fatalf("no %T in the stack of %s", zero, rawURL)
+	return zero
+}
+
+// breakerState is the state of host's breaker ("host:port"), the least
+// healthy over its schemes; ok is false when it has no live breaker.
+func breakerState(tr *Transport, host string) (state CircuitState, ok bool) {
+	for _, h := range tr.Snapshot().Host(host) {
+		if h.Breaker != nil {
+			state, ok = max(state, h.Breaker.State), true
+		}
+	}
+	return state, ok
+}
+
+// bulkheadStats sums the slots held and requests queued at host's
+// bulkheads ("host:port"); ok is false when it has none.
+func bulkheadStats(tr *Transport, host string) (inFlight, queued int, ok bool) {
+	for _, h := range tr.Snapshot().Host(host) {
+		for _, b := range h.bulkheads() {
+			inFlight, queued, ok = inFlight+b.InFlight, queued+b.Queued, true
+		}
+	}
+	return inFlight, queued, ok
+}
+
+// endpointStates is the instances of the balanced host ("host:port").
+func endpointStates(tr *Transport, host string) []EndpointState {
+	var out []EndpointState
+	for _, h := range tr.Snapshot().Host(strings.ToLower(host)) {
+		out = append(out, h.Endpoints...)
+	}
+	return out
+}
