@@ -1,5 +1,3 @@
-package bulwark
-
 // Real faults on real sockets: Toxiproxy runs in-process between bulwark
 // and an httptest upstream on 127.0.0.1 and breaks the TCP stream the way
 // networks do. Each test asserts the outcome the design promises, counts
@@ -7,6 +5,11 @@ package bulwark
 // connection left open once the client's idle ones are closed: a response
 // body bulwark forgot to drain and close would keep its connection busy and
 // fail that check.
+//
+// This is a module of its own so that Toxiproxy and what it pulls in stay
+// out of the library's go.mod; it sees bulwark only through its exported
+// API, as a caller would.
+package faults_test
 
 import (
 	"bytes"
@@ -16,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +29,8 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"github.com/bulwark-http/bulwark"
 )
 
 // upReq is what the upstream saw of one request.
@@ -47,7 +53,7 @@ func newCountedUpstream(t *testing.T, h http.HandlerFunc) *countedUpstream {
 	u.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		u.mu.Lock()
-		u.reqs = append(u.reqs, upReq{r.Method, string(b), r.Header.Get(IdempotencyKeyHeader), r.Header.Get(AttemptHeader)})
+		u.reqs = append(u.reqs, upReq{r.Method, string(b), r.Header.Get(bulwark.IdempotencyKeyHeader), r.Header.Get(bulwark.AttemptHeader)})
 		u.mu.Unlock()
 		h(w, r)
 	}))
@@ -75,22 +81,22 @@ type faultRig struct {
 	up    *countedUpstream
 	proxy *toxiproxy.Proxy
 	base  *http.Transport
-	tr    *Transport
+	tr    *bulwark.Transport
 	url   string
 	host  string
 }
 
 // faultPolicy retries fast, trips the breaker after a few failures, and
 // keeps every timeout far above what a healthy loopback call takes.
-func faultPolicy() Policy {
-	return Policy{
-		Timeout: Timeout{Total: 10 * time.Second, Attempt: 5 * time.Second},
-		Retry:   Retry{MaxAttempts: 3, Base: time.Millisecond, Cap: 2 * time.Millisecond},
-		Breaker: Breaker{MinCalls: 3, FailureRate: 0.5, Window: 10 * time.Second, OpenFor: time.Minute, SlowCall: 5 * time.Second},
+func faultPolicy() bulwark.Policy {
+	return bulwark.Policy{
+		Timeout: bulwark.Timeout{Total: 10 * time.Second, Attempt: 5 * time.Second},
+		Retry:   bulwark.Retry{MaxAttempts: 3, Base: time.Millisecond, Cap: 2 * time.Millisecond},
+		Breaker: bulwark.Breaker{MinCalls: 3, FailureRate: 0.5, Window: 10 * time.Second, OpenFor: time.Minute, SlowCall: 5 * time.Second},
 	}
 }
 
-func newFaultRig(t *testing.T, h http.HandlerFunc, p Policy) *faultRig {
+func newFaultRig(t *testing.T, h http.HandlerFunc, p bulwark.Policy) *faultRig {
 	t.Helper()
 	up := newCountedUpstream(t, h)
 	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
@@ -102,7 +108,7 @@ func newFaultRig(t *testing.T, h http.HandlerFunc, p Policy) *faultRig {
 	// the link goroutines then end on their own, which goleak waits for.
 	t.Cleanup(proxy.Stop)
 	base := &http.Transport{MaxIdleConnsPerHost: 8}
-	tr := mustNew(t, Config{Base: base, Default: p})
+	tr := newTransport(t, bulwark.Config{Base: base, Default: p})
 	r := &faultRig{up: up, proxy: proxy, base: base, tr: tr, url: "http://" + proxy.Listen, host: proxy.Listen}
 	t.Cleanup(func() {
 		// Every body has been closed by now: idle connections are all the
@@ -145,7 +151,7 @@ func (r *faultRig) call(t *testing.T, method, body string, replayable bool, key 
 		}
 	}
 	if key != "" {
-		req.Header.Set(IdempotencyKeyHeader, key)
+		req.Header.Set(bulwark.IdempotencyKeyHeader, key)
 	}
 	snap := snapshot(req)
 	resp, err := r.tr.RoundTrip(req)
@@ -166,7 +172,7 @@ func (r *faultRig) call(t *testing.T, method, body string, replayable bool, key 
 	return status, got, hdr, err, readErr
 }
 
-func (r *faultRig) wantBreaker(t *testing.T, want CircuitState) {
+func (r *faultRig) wantBreaker(t *testing.T, want bulwark.CircuitState) {
 	t.Helper()
 	if got, ok := r.tr.BreakerState(r.host); !ok || got != want {
 		t.Errorf("BreakerState(%s) = %v, %v; want %v", r.host, got, ok, want)
@@ -189,6 +195,94 @@ func (r *faultRig) seenAtLeast(n int) []upReq {
 	return r.up.seen()
 }
 
+func newTransport(t *testing.T, cfg bulwark.Config) *bulwark.Transport {
+	t.Helper()
+	tr, err := bulwark.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+// trackedBody is a request body that records whether it was closed.
+type trackedBody struct {
+	r      io.Reader
+	closed atomic.Int32
+}
+
+func (b *trackedBody) Read(p []byte) (int, error) { return b.r.Read(p) }
+func (b *trackedBody) Close() error {
+	b.closed.Add(1)
+	return nil
+}
+
+// bodies tracks every body a request hands out, the first and those
+// GetBody makes for replays, so a test can insist all of them are closed.
+type bodies struct {
+	mu  sync.Mutex
+	all []*trackedBody
+}
+
+func (bs *bodies) make(s string) *trackedBody {
+	b := &trackedBody{r: strings.NewReader(s)}
+	bs.mu.Lock()
+	bs.all = append(bs.all, b)
+	bs.mu.Unlock()
+	return b
+}
+
+func (bs *bodies) allClosed() bool {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	for _, b := range bs.all {
+		if b.closed.Load() == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// requestSnapshot is what a RoundTripper must leave as it found it.
+type requestSnapshot struct {
+	method, url   string
+	header        http.Header
+	body          io.ReadCloser
+	hasGetBody    bool
+	contentLength int64
+	ctx           context.Context
+	host          string
+}
+
+func snapshot(req *http.Request) requestSnapshot {
+	return requestSnapshot{
+		method: req.Method, url: req.URL.String(), header: req.Header.Clone(),
+		body: req.Body, hasGetBody: req.GetBody != nil, contentLength: req.ContentLength,
+		ctx: req.Context(), host: req.Host,
+	}
+}
+
+func (s requestSnapshot) diff(req *http.Request) string {
+	switch {
+	case req.Method != s.method:
+		return "Method changed to " + req.Method
+	case req.URL.String() != s.url:
+		return "URL changed to " + req.URL.String()
+	case !reflect.DeepEqual(req.Header, s.header):
+		return "Header changed"
+	case req.Body != s.body:
+		return "Body replaced"
+	case (req.GetBody != nil) != s.hasGetBody:
+		return "GetBody changed"
+	case req.ContentLength != s.contentLength:
+		return "ContentLength changed"
+	case req.Context() != s.ctx:
+		return "context replaced"
+	case req.Host != s.host:
+		return "Host changed"
+	}
+	return ""
+}
+
 var bigBody = bytes.Repeat([]byte("0123456789abcdef"), 4096) // 64 KiB
 
 func okHandler(w http.ResponseWriter, r *http.Request) {
@@ -208,7 +302,7 @@ func TestFaultLatencyJitter(t *testing.T) {
 	if n := len(r.up.seen()); n != 2 {
 		t.Errorf("upstream saw %d requests, want 2 (no retries of successes)", n)
 	}
-	r.wantBreaker(t, CircuitClosed)
+	r.wantBreaker(t, bulwark.CircuitClosed)
 	r.wantBulkheadEmpty(t)
 
 	// Latency past the attempt timeout: ours, retried for GET only.
@@ -219,14 +313,14 @@ func TestFaultLatencyJitter(t *testing.T) {
 		r := newFaultRig(t, okHandler, p)
 		r.toxic(t, `{"type":"latency","stream":"downstream","attributes":{"latency":400,"jitter":0}}`)
 		_, _, _, err, _ := r.call(t, "GET", "", false, "")
-		var re *RetryError
-		if !errors.Is(err, ErrAttemptTimeout) || !errors.As(err, &re) || re.Attempts != 3 {
+		var re *bulwark.RetryError
+		if !errors.Is(err, bulwark.ErrAttemptTimeout) || !errors.As(err, &re) || re.Attempts != 3 {
 			t.Fatalf("GET err = %v; want ErrAttemptTimeout after 3 attempts", err)
 		}
 		before := len(r.seenAtLeast(3))
 		_, _, _, err, _ = r.call(t, "POST", "charge", false, "")
-		var re2 *RetryError
-		if !errors.Is(err, ErrAttemptTimeout) || errors.As(err, &re2) {
+		var re2 *bulwark.RetryError
+		if !errors.Is(err, bulwark.ErrAttemptTimeout) || errors.As(err, &re2) {
 			t.Fatalf("POST err = %v; want a bare ErrAttemptTimeout (sent once)", err)
 		}
 		time.Sleep(20 * time.Millisecond) // let a request in transit land
@@ -246,7 +340,7 @@ func TestFaultResetPeer(t *testing.T) {
 	r.toxic(t, `{"type":"reset_peer","stream":"downstream","attributes":{"timeout":0}}`)
 
 	_, _, _, err, _ := r.call(t, "POST", "charge", false, "")
-	if err == nil || errors.Is(err, ErrBreakerOpen) {
+	if err == nil || errors.Is(err, bulwark.ErrBreakerOpen) {
 		t.Fatalf("POST err = %v; want the reset", err)
 	}
 	if n := len(r.seenAtLeast(1)); n != 1 {
@@ -254,7 +348,7 @@ func TestFaultResetPeer(t *testing.T) {
 	}
 
 	_, _, _, err, _ = r.call(t, "POST", "charge-2", true, "key-1")
-	var re *RetryError
+	var re *bulwark.RetryError
 	if !errors.As(err, &re) || re.Attempts < 2 {
 		t.Fatalf("keyed POST err = %v; want a RetryError after retries", err)
 	}
@@ -272,10 +366,10 @@ func TestFaultResetPeer(t *testing.T) {
 
 	// Four failed attempts ≥ MinCalls at 100 %: the breaker is open, and the
 	// next call is refused without reaching the upstream.
-	r.wantBreaker(t, CircuitOpen)
+	r.wantBreaker(t, bulwark.CircuitOpen)
 	n := len(r.up.seen())
 	_, _, _, err, _ = r.call(t, "GET", "", false, "")
-	if !errors.Is(err, ErrBreakerOpen) {
+	if !errors.Is(err, bulwark.ErrBreakerOpen) {
 		t.Fatalf("GET with the breaker open: err = %v", err)
 	}
 	if len(r.up.seen()) != n {
@@ -285,18 +379,18 @@ func TestFaultResetPeer(t *testing.T) {
 
 	t.Run("fallback", func(t *testing.T) {
 		p := faultPolicy()
-		p.Fallback.Constant = &ConstantResponse{Body: []byte("cached rate")}
+		p.Fallback.Constant = &bulwark.ConstantResponse{Body: []byte("cached rate")}
 		r := newFaultRig(t, okHandler, p)
 		r.toxic(t, `{"type":"reset_peer","stream":"downstream","attributes":{"timeout":0}}`)
 		for i := 0; i < 3; i++ {
 			st, got, hdr, err, _ := r.call(t, "GET", "", false, "")
-			if err != nil || st != 200 || string(got) != "cached rate" || hdr.Get(FallbackHeader) != "constant" {
+			if err != nil || st != 200 || string(got) != "cached rate" || hdr.Get(bulwark.FallbackHeader) != "constant" {
 				t.Fatalf("GET %d: %d %q %v %v; want the constant fallback", i, st, got, hdr, err)
 			}
 		}
-		r.wantBreaker(t, CircuitOpen)
+		r.wantBreaker(t, bulwark.CircuitOpen)
 		// A POST never gets a made-up 200.
-		if _, _, _, err, _ := r.call(t, "POST", "x", false, ""); !errors.Is(err, ErrBreakerOpen) {
+		if _, _, _, err, _ := r.call(t, "POST", "x", false, ""); !errors.Is(err, bulwark.ErrBreakerOpen) {
 			t.Errorf("POST err = %v; want ErrBreakerOpen, not a fallback", err)
 		}
 	})
@@ -309,33 +403,33 @@ func TestFaultBlackHole(t *testing.T) {
 	// Requests vanish: nothing reaches the upstream, nothing comes back.
 	r.toxic(t, `{"type":"timeout","stream":"upstream","attributes":{"timeout":0}}`)
 	_, _, _, err, _ := r.call(t, "GET", "", false, "")
-	var re *RetryError
-	if !errors.Is(err, ErrAttemptTimeout) || !errors.As(err, &re) || re.Attempts != 3 {
+	var re *bulwark.RetryError
+	if !errors.Is(err, bulwark.ErrAttemptTimeout) || !errors.As(err, &re) || re.Attempts != 3 {
 		t.Fatalf("GET err = %v; want ErrAttemptTimeout after 3 attempts", err)
 	}
 	if n := len(r.up.seen()); n != 0 {
 		t.Errorf("a black-holed request reached the upstream %d times", n)
 	}
-	r.wantBreaker(t, CircuitOpen)
+	r.wantBreaker(t, bulwark.CircuitOpen)
 	r.wantBulkheadEmpty(t)
 
 	t.Run("responses lost", func(t *testing.T) {
 		p := faultPolicy()
 		p.Timeout.Attempt = 40 * time.Millisecond
-		p.Fallback.Constant = &ConstantResponse{Body: []byte("default")}
+		p.Fallback.Constant = &bulwark.ConstantResponse{Body: []byte("default")}
 		r := newFaultRig(t, okHandler, p)
 		// The request arrives and is served; its answer never comes back.
 		// This is the ambiguous timeout: a POST must not be sent again.
 		r.toxic(t, `{"type":"timeout","stream":"downstream","attributes":{"timeout":0}}`)
 		_, _, _, err, _ := r.call(t, "POST", "charge", false, "")
-		if !errors.Is(err, ErrAttemptTimeout) {
+		if !errors.Is(err, bulwark.ErrAttemptTimeout) {
 			t.Fatalf("POST err = %v; want ErrAttemptTimeout and no fallback", err)
 		}
 		if n := len(r.seenAtLeast(1)); n != 1 {
 			t.Errorf("POST reached the upstream %d times, want exactly 1", n)
 		}
 		st, got, hdr, err, _ := r.call(t, "GET", "", false, "")
-		if err != nil || st != 200 || string(got) != "default" || hdr.Get(FallbackHeader) != "constant" {
+		if err != nil || st != 200 || string(got) != "default" || hdr.Get(bulwark.FallbackHeader) != "constant" {
 			t.Errorf("GET: %d %q %v; want the constant fallback", st, got, err)
 		}
 		if n := len(r.seenAtLeast(4)); n > 4 {
@@ -358,7 +452,7 @@ func TestFaultSlicer(t *testing.T) {
 	if len(seen) != 1 || seen[0].body != body {
 		t.Fatalf("upstream saw %d requests (body intact: %v)", len(seen), len(seen) == 1 && seen[0].body == body)
 	}
-	r.wantBreaker(t, CircuitClosed)
+	r.wantBreaker(t, bulwark.CircuitClosed)
 	r.wantBulkheadEmpty(t)
 }
 
@@ -380,7 +474,7 @@ func TestFaultLimitData(t *testing.T) {
 		t.Errorf("upstream saw %d requests, want 1", n)
 	}
 	r.wantBulkheadEmpty(t)
-	r.wantBreaker(t, CircuitClosed)
+	r.wantBreaker(t, bulwark.CircuitClosed)
 }
 
 func TestFaultBandwidth(t *testing.T) {
@@ -404,7 +498,7 @@ func TestFaultBandwidth(t *testing.T) {
 		if err == nil && (st != 200 || rerr == nil || !errors.Is(rerr, context.DeadlineExceeded)) {
 			t.Fatalf("GET: %d, %d bytes, read error %v; want the body cut by the attempt deadline", st, len(got), rerr)
 		}
-		if err != nil && !errors.Is(err, ErrAttemptTimeout) {
+		if err != nil && !errors.Is(err, bulwark.ErrAttemptTimeout) {
 			t.Fatalf("GET err = %v; want ErrAttemptTimeout if the headers were late too", err)
 		}
 		r.wantBulkheadEmpty(t)
