@@ -15,6 +15,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -39,12 +40,12 @@ type upReq struct {
 }
 
 // countedUpstream is an httptest server that records every request and
-// counts its open connections.
+// counts the connections it accepted and those still open.
 type countedUpstream struct {
-	srv  *httptest.Server
-	open atomic.Int64
-	mu   sync.Mutex
-	reqs []upReq
+	srv            *httptest.Server
+	accepted, open atomic.Int64
+	mu             sync.Mutex
+	reqs           []upReq
 }
 
 func newCountedUpstream(t *testing.T, h http.HandlerFunc) *countedUpstream {
@@ -60,6 +61,7 @@ func newCountedUpstream(t *testing.T, h http.HandlerFunc) *countedUpstream {
 	u.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		switch s {
 		case http.StateNew:
+			u.accepted.Add(1)
 			u.open.Add(1)
 		case http.StateClosed, http.StateHijacked:
 			u.open.Add(-1)
@@ -81,6 +83,7 @@ type faultRig struct {
 	up    *countedUpstream
 	proxy *toxiproxy.Proxy
 	base  *http.Transport
+	dials atomic.Int64 // connections the client opened to the proxy
 	tr    *bulwark.Transport
 	url   string
 	host  string
@@ -107,23 +110,71 @@ func newFaultRig(t *testing.T, h http.HandlerFunc, p bulwark.Policy) *faultRig {
 	// Stop closes every proxied connection and waits for the accept loop;
 	// the link goroutines then end on their own, which goleak waits for.
 	t.Cleanup(proxy.Stop)
-	base := &http.Transport{MaxIdleConnsPerHost: 8}
-	tr := newTransport(t, bulwark.Config{Base: base, Default: p})
-	r := &faultRig{up: up, proxy: proxy, base: base, tr: tr, url: "http://" + proxy.Listen, host: proxy.Listen}
+	r := &faultRig{up: up, proxy: proxy, url: "http://" + proxy.Listen, host: proxy.Listen}
+	var d net.Dialer
+	r.base = &http.Transport{
+		MaxIdleConnsPerHost: 8,
+		// Counts every connection that reached the proxy. The dial ignores
+		// cancellation (the Transport cancels dials it no longer needs when
+		// idle connections are closed): a connect cancelled after the
+		// handshake would reach the proxy, and so the upstream, uncounted.
+		// A loopback connect cannot hang; the timeout is a backstop.
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			c, err := d.DialContext(ctx, network, addr)
+			if err == nil {
+				r.dials.Add(1)
+			}
+			return c, err
+		},
+	}
+	r.tr = newTransport(t, bulwark.Config{Base: r.base, Default: p})
 	t.Cleanup(func() {
 		// Every body has been closed by now: idle connections are all the
 		// client should hold, and closing them must leave the upstream
-		// with none. The wait is for FIN packets to cross the proxy, not a
-		// timing assertion.
-		base.CloseIdleConnections()
-		for i := 0; i < 500 && up.open.Load() != 0; i++ {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if n := up.open.Load(); n != 0 {
-			t.Errorf("upstream still has %d connection(s) open after the client closed its idle ones", n)
+		// with none.
+		if msg := r.quiesce(); msg != "" {
+			t.Errorf("%s: a response body left open keeps its connection busy", msg)
 		}
 	})
 	return r
+}
+
+// quiesce closes the client's idle connections and waits until every
+// connection the client opened has reached the upstream and been closed
+// there. It returns "" then, or what is still open after a bounded wait.
+// Toxiproxy opens one upstream connection per client connection it
+// accepts, and the upstream records a request before that request's
+// connection can close; so once both counts agree and none is open, no
+// request is left crossing the proxy. It polls because its condition spans
+// the client's pool, the proxy and the upstream, and a connection dialled
+// late joins the pool only after its dial returns.
+func (r *faultRig) quiesce() string {
+	deadline := time.Now().Add(5 * time.Second)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		r.base.CloseIdleConnections()
+		d, a, o := r.dials.Load(), r.up.accepted.Load(), r.up.open.Load()
+		if a == d && o == 0 {
+			return ""
+		}
+		if time.Now().After(deadline) {
+			return fmt.Sprintf("after 5s the client had opened %d connection(s), the upstream accepted %d and has %d open", d, a, o)
+		}
+		<-tick.C
+	}
+}
+
+// settle is quiesce for a test that then counts what reached the upstream:
+// past it the count is final, so an upper bound on it means something.
+func (r *faultRig) settle(t *testing.T) []upReq {
+	t.Helper()
+	if msg := r.quiesce(); msg != "" {
+		t.Fatal(msg)
+	}
+	return r.up.seen()
 }
 
 // toxic adds a toxic given as Toxiproxy's JSON.
@@ -184,15 +235,6 @@ func (r *faultRig) wantBulkheadEmpty(t *testing.T) {
 	if f, q, ok := r.tr.BulkheadStats(r.host); ok && (f != 0 || q != 0) {
 		t.Errorf("bulkhead holds %d slot(s), %d queued after every call finished", f, q)
 	}
-}
-
-// eventually waits (boundedly) for the upstream to have seen n requests, for
-// requests that may still be crossing the proxy, and returns what it saw.
-func (r *faultRig) seenAtLeast(n int) []upReq {
-	for i := 0; i < 200 && len(r.up.seen()) < n; i++ {
-		time.Sleep(5 * time.Millisecond)
-	}
-	return r.up.seen()
 }
 
 func newTransport(t *testing.T, cfg bulwark.Config) *bulwark.Transport {
@@ -299,7 +341,7 @@ func TestFaultLatencyJitter(t *testing.T) {
 			t.Fatalf("%s through latency: status %d, %d bytes, err %v, read %v", m, st, len(got), err, rerr)
 		}
 	}
-	if n := len(r.up.seen()); n != 2 {
+	if n := len(r.settle(t)); n != 2 {
 		t.Errorf("upstream saw %d requests, want 2 (no retries of successes)", n)
 	}
 	r.wantBreaker(t, bulwark.CircuitClosed)
@@ -308,7 +350,10 @@ func TestFaultLatencyJitter(t *testing.T) {
 	// Latency past the attempt timeout: ours, retried for GET only.
 	t.Run("past attempt timeout", func(t *testing.T) {
 		p := faultPolicy()
-		p.Timeout.Attempt = 40 * time.Millisecond
+		// Far below the 400 ms the toxic adds to each response, so every
+		// attempt times out; far above what a request takes to reach the
+		// upstream, so every attempt's request gets there first.
+		p.Timeout.Attempt = 100 * time.Millisecond
 		p.Breaker.Disabled = true
 		r := newFaultRig(t, okHandler, p)
 		r.toxic(t, `{"type":"latency","stream":"downstream","attributes":{"latency":400,"jitter":0}}`)
@@ -317,15 +362,14 @@ func TestFaultLatencyJitter(t *testing.T) {
 		if !errors.Is(err, bulwark.ErrAttemptTimeout) || !errors.As(err, &re) || re.Attempts != 3 {
 			t.Fatalf("GET err = %v; want ErrAttemptTimeout after 3 attempts", err)
 		}
-		before := len(r.seenAtLeast(3))
+		before := len(r.settle(t))
 		_, _, _, err, _ = r.call(t, "POST", "charge", false, "")
 		var re2 *bulwark.RetryError
 		if !errors.Is(err, bulwark.ErrAttemptTimeout) || errors.As(err, &re2) {
 			t.Fatalf("POST err = %v; want a bare ErrAttemptTimeout (sent once)", err)
 		}
-		time.Sleep(20 * time.Millisecond) // let a request in transit land
-		if n := len(r.up.seen()) - before; n > 1 {
-			t.Errorf("POST without key reached the upstream %d times", n)
+		if n := len(r.settle(t)) - before; n != 1 {
+			t.Errorf("POST without key reached the upstream %d times, want exactly 1", n)
 		}
 		if before > 3 {
 			t.Errorf("GET reached the upstream %d times, want ≤ 3", before)
@@ -343,7 +387,8 @@ func TestFaultResetPeer(t *testing.T) {
 	if err == nil || errors.Is(err, bulwark.ErrBreakerOpen) {
 		t.Fatalf("POST err = %v; want the reset", err)
 	}
-	if n := len(r.seenAtLeast(1)); n != 1 {
+	// The reset meets the upstream's answer, so the POST did reach it.
+	if n := len(r.settle(t)); n != 1 {
 		t.Errorf("POST without key reached the upstream %d times, want exactly 1", n)
 	}
 
@@ -352,8 +397,8 @@ func TestFaultResetPeer(t *testing.T) {
 	if !errors.As(err, &re) || re.Attempts < 2 {
 		t.Fatalf("keyed POST err = %v; want a RetryError after retries", err)
 	}
-	seen := r.seenAtLeast(1 + re.Attempts)
-	for _, s := range seen[1:] {
+	seen := r.settle(t)
+	for _, s := range seen[min(1, len(seen)):] {
 		if s.body != "charge-2" || s.key != "key-1" {
 			t.Errorf("replay carried body %q key %q; want the original", s.body, s.key)
 		}
@@ -367,13 +412,12 @@ func TestFaultResetPeer(t *testing.T) {
 	// Four failed attempts ≥ MinCalls at 100 %: the breaker is open, and the
 	// next call is refused without reaching the upstream.
 	r.wantBreaker(t, bulwark.CircuitOpen)
-	n := len(r.up.seen())
 	_, _, _, err, _ = r.call(t, "GET", "", false, "")
 	if !errors.Is(err, bulwark.ErrBreakerOpen) {
 		t.Fatalf("GET with the breaker open: err = %v", err)
 	}
-	if len(r.up.seen()) != n {
-		t.Errorf("an open breaker let a request reach the upstream")
+	if n := len(r.settle(t)) - len(seen); n != 0 {
+		t.Errorf("an open breaker let %d request(s) reach the upstream", n)
 	}
 	r.wantBulkheadEmpty(t)
 
@@ -407,7 +451,7 @@ func TestFaultBlackHole(t *testing.T) {
 	if !errors.Is(err, bulwark.ErrAttemptTimeout) || !errors.As(err, &re) || re.Attempts != 3 {
 		t.Fatalf("GET err = %v; want ErrAttemptTimeout after 3 attempts", err)
 	}
-	if n := len(r.up.seen()); n != 0 {
+	if n := len(r.settle(t)); n != 0 {
 		t.Errorf("a black-holed request reached the upstream %d times", n)
 	}
 	r.wantBreaker(t, bulwark.CircuitOpen)
@@ -415,7 +459,9 @@ func TestFaultBlackHole(t *testing.T) {
 
 	t.Run("responses lost", func(t *testing.T) {
 		p := faultPolicy()
-		p.Timeout.Attempt = 40 * time.Millisecond
+		// Long enough that the POST's request surely reaches the upstream
+		// before its attempt gives up waiting for the answer.
+		p.Timeout.Attempt = 100 * time.Millisecond
 		p.Fallback.Constant = &bulwark.ConstantResponse{Body: []byte("default")}
 		r := newFaultRig(t, okHandler, p)
 		// The request arrives and is served; its answer never comes back.
@@ -425,14 +471,14 @@ func TestFaultBlackHole(t *testing.T) {
 		if !errors.Is(err, bulwark.ErrAttemptTimeout) {
 			t.Fatalf("POST err = %v; want ErrAttemptTimeout and no fallback", err)
 		}
-		if n := len(r.seenAtLeast(1)); n != 1 {
+		if n := len(r.settle(t)); n != 1 {
 			t.Errorf("POST reached the upstream %d times, want exactly 1", n)
 		}
 		st, got, hdr, err, _ := r.call(t, "GET", "", false, "")
 		if err != nil || st != 200 || string(got) != "default" || hdr.Get(bulwark.FallbackHeader) != "constant" {
 			t.Errorf("GET: %d %q %v; want the constant fallback", st, got, err)
 		}
-		if n := len(r.seenAtLeast(4)); n > 4 {
+		if n := len(r.settle(t)); n > 4 {
 			t.Errorf("upstream saw %d requests, want ≤ 4", n)
 		}
 	})
@@ -448,7 +494,7 @@ func TestFaultSlicer(t *testing.T) {
 	if err != nil || rerr != nil || st != 200 || !bytes.Equal(got, bigBody) {
 		t.Fatalf("POST through slicer: %d, %d bytes, %v, %v", st, len(got), err, rerr)
 	}
-	seen := r.up.seen()
+	seen := r.settle(t)
 	if len(seen) != 1 || seen[0].body != body {
 		t.Fatalf("upstream saw %d requests (body intact: %v)", len(seen), len(seen) == 1 && seen[0].body == body)
 	}
@@ -470,7 +516,7 @@ func TestFaultLimitData(t *testing.T) {
 	}
 	// The verdict was taken at the headers: the body's cut is not retried
 	// (the caller already has the response) and the slot is back.
-	if n := len(r.up.seen()); n != 1 {
+	if n := len(r.settle(t)); n != 1 {
 		t.Errorf("upstream saw %d requests, want 1", n)
 	}
 	r.wantBulkheadEmpty(t)
