@@ -136,7 +136,9 @@ func (s requestSnapshot) diff(req *http.Request) string {
 // the request is unchanged, every body it handed out was closed, the result
 // is a response or an error but never both nor neither, and a response's
 // body can be read and closed after RoundTrip returns. It returns the
-// response body read (or the error) for the caller's own assertions.
+// response body read (or the error) for the caller's own assertions. It
+// reports with t.Errorf and returns early where it cannot go on, never
+// t.Fatal, so it may run on any goroutine.
 func checkContract(t testing.TB, rt http.RoundTripper, req *http.Request, bs *bodies) (status int, respBody string, err error) {
 	t.Helper()
 	snap := snapshot(req)
@@ -146,14 +148,16 @@ func checkContract(t testing.TB, rt http.RoundTripper, req *http.Request, bs *bo
 	}
 	switch {
 	case resp == nil && err == nil:
-		t.Fatalf("%s %s: RoundTrip returned (nil, nil)", req.Method, req.URL)
+		t.Errorf("%s %s: RoundTrip returned (nil, nil)", req.Method, req.URL)
+		return 0, "", nil
 	case resp != nil && err != nil:
 		t.Errorf("%s %s: RoundTrip returned a response with error %v", req.Method, req.URL, err)
 		resp.Body.Close()
 	}
 	if resp != nil {
 		if resp.Body == nil {
-			t.Fatalf("%s %s: response with nil Body", req.Method, req.URL)
+			t.Errorf("%s %s: response with nil Body", req.Method, req.URL)
+			return resp.StatusCode, "", err
 		}
 		b, rerr := io.ReadAll(resp.Body)
 		if rerr != nil {
@@ -245,13 +249,29 @@ func runContract(t *testing.T, build func(base http.RoundTripper) http.RoundTrip
 	}
 	t.Run("concurrent", func(t *testing.T) {
 		rt := build(&stubBase{})
+		// The requests are built here, where newContractRequest may stop the
+		// test; the workers only report, and each stops at the first
+		// failure any of them saw.
+		type call struct {
+			req *http.Request
+			bs  *bodies
+		}
+		var calls [8][50]call
+		for g := range calls {
+			for i := range calls[g] {
+				bs := new(bodies)
+				cr := contractRequests[i%len(contractRequests)]
+				calls[g][i] = call{newContractRequest(t, t.Context(), "http://contract.test/c", cr, bs), bs}
+			}
+		}
 		var wg sync.WaitGroup
-		for g := 0; g < 8; g++ {
+		for g := range calls {
 			wg.Go(func() {
-				for i := 0; i < 50; i++ {
-					var bs bodies
-					cr := contractRequests[i%len(contractRequests)]
-					checkContract(t, rt, newContractRequest(t, t.Context(), "http://contract.test/c", cr, &bs), &bs)
+				for _, c := range calls[g] {
+					if t.Failed() {
+						return
+					}
+					checkContract(t, rt, c.req, c.bs)
 				}
 			})
 		}
