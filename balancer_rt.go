@@ -530,17 +530,6 @@ func (b *balancerStage) newInstance(addr string) *instance {
 	return in
 }
 
-// ejectedCount is how many instances take no requests now, from the
-// published snapshot (no lock): zero when every instance is ejected, since
-// they all take requests again then (see rebuildLocked).
-func (b *balancerStage) ejectedCount() int {
-	set := b.set.Load()
-	if set == nil {
-		return 0
-	}
-	return len(set.all) - len(set.active)
-}
-
 // busy reports whether any instance has requests in flight.
 func (b *balancerStage) busy() bool {
 	set := b.set.Load()

@@ -344,19 +344,8 @@ func (o *observer) refresh() {
 	}
 }
 
-// tracing reports whether attempts get spans.
-func (o *observer) tracing() bool { return o.state.Load()&obsTracing != 0 }
-
 // metering reports whether measurements go anywhere.
 func (o *observer) metering() bool { return o.state.Load()&obsMetering != 0 }
-
-// propagator returns the propagator to inject with, or nil.
-func (o *observer) propagator() propagation.TextMapPropagator {
-	if o.state.Load()&obsPropagating == 0 {
-		return nil
-	}
-	return o.prop
-}
 
 // maxLabelValues bounds the distinct values of one attribute a host caches
 // measurement options for; a value past it is reported as "other", so a

@@ -32,7 +32,8 @@ type Params struct {
 	FailureRate      float64       // breaker trips at this share of failures
 	SlowCall         time.Duration // an attempt this long counts as slow (bulwark only)
 	MinCalls         int           // calls in the window before a rate counts
-	Window           time.Duration // breaker's rolling window
+	Window           time.Duration // breaker's rolling window (bulwark's only when WindowCalls is zero)
+	WindowCalls      int           // bulwark's count window of the last calls; zero: Window
 	OpenFor          time.Duration // breaker open before probing
 	HalfOpenCalls    int           // probes, all must succeed
 	BulkheadCapacity int           // requests in flight per host
@@ -42,15 +43,18 @@ type Params struct {
 // resilience4j figures), used for the cost benchmarks: a benchmark of
 // middleware cost should run the configuration users get.
 var Defaults = Params{
-	Total:            bulwark.DefaultTotalTimeout,
-	Attempt:          bulwark.DefaultAttemptTimeout,
-	MaxAttempts:      bulwark.DefaultMaxAttempts,
-	RetryBase:        bulwark.DefaultRetryBase,
-	RetryCap:         bulwark.DefaultRetryCap,
-	FailureRate:      bulwark.DefaultFailureRate,
-	SlowCall:         bulwark.DefaultAttemptTimeout / 2,
-	MinCalls:         bulwark.DefaultMinCalls,
-	Window:           bulwark.DefaultBreakerWindow,
+	Total:       bulwark.DefaultTotalTimeout,
+	Attempt:     bulwark.DefaultAttemptTimeout,
+	MaxAttempts: bulwark.DefaultMaxAttempts,
+	RetryBase:   bulwark.DefaultRetryBase,
+	RetryCap:    bulwark.DefaultRetryCap,
+	FailureRate: bulwark.DefaultFailureRate,
+	SlowCall:    bulwark.DefaultAttemptTimeout / 2,
+	MinCalls:    bulwark.DefaultMinCalls,
+	// bulwark's default window is the last 100 calls; the peers, which
+	// have no such default, get a minute's time window.
+	WindowCalls:      bulwark.DefaultWindowCalls,
+	Window:           time.Minute,
 	OpenFor:          bulwark.DefaultOpenFor,
 	HalfOpenCalls:    bulwark.DefaultHalfOpenCalls,
 	BulkheadCapacity: bulwark.DefaultMaxConcurrent,
@@ -91,7 +95,7 @@ func BulwarkPolicy(p Params) bulwark.Policy {
 		Timeout: bulwark.Timeout{Total: p.Total, Attempt: p.Attempt},
 		Breaker: bulwark.Breaker{
 			FailureRate: p.FailureRate, SlowCallRate: p.FailureRate, SlowCall: p.SlowCall,
-			Window: p.Window, MinCalls: p.MinCalls, OpenFor: p.OpenFor, HalfOpenCalls: p.HalfOpenCalls,
+			Window: bulwarkWindow(p), WindowCalls: p.WindowCalls, MinCalls: p.MinCalls, OpenFor: p.OpenFor, HalfOpenCalls: p.HalfOpenCalls,
 		},
 		Bulkhead: bulwark.Bulkhead{MaxConcurrent: p.BulkheadCapacity},
 		Retry:    bulwark.Retry{MaxAttempts: p.MaxAttempts, Base: p.RetryBase, Cap: p.RetryCap},
@@ -279,4 +283,12 @@ func (g *GoBreakerRT) RoundTrip(req *http.Request) (*http.Response, error) {
 		done(nil)
 	}
 	return resp, err
+}
+
+// bulwarkWindow is the time window bulwark gets: none when it counts calls.
+func bulwarkWindow(p Params) time.Duration {
+	if p.WindowCalls > 0 {
+		return 0
+	}
+	return p.Window
 }

@@ -225,15 +225,18 @@ func (r *faultRig) call(t *testing.T, method, body string, replayable bool, key 
 
 func (r *faultRig) wantBreaker(t *testing.T, want bulwark.CircuitState) {
 	t.Helper()
-	if got, ok := r.breakerState(tr, r.host); !ok || got != want {
-		t.Errorf("BreakerState(%s) = %v, %v; want %v", r.host, got, ok, want)
+	hosts := r.tr.Snapshot().Host(r.host)
+	if len(hosts) != 1 || hosts[0].Breaker == nil || hosts[0].Breaker.State != want {
+		t.Errorf("Snapshot().Host(%s) = %+v; want one host whose breaker is %v", r.host, hosts, want)
 	}
 }
 
 func (r *faultRig) wantBulkheadEmpty(t *testing.T) {
 	t.Helper()
-	if f, q, ok := r.bulkheadStats(tr, r.host); ok && (f != 0 || q != 0) {
-		t.Errorf("bulkhead holds %d slot(s), %d queued after every call finished", f, q)
+	for _, h := range r.tr.Snapshot().Host(r.host) {
+		if b := h.Bulkhead; b != nil && (b.InFlight != 0 || b.Queued != 0) {
+			t.Errorf("bulkhead holds %d slot(s), %d queued after every call finished", b.InFlight, b.Queued)
+		}
 	}
 }
 

@@ -49,7 +49,7 @@ const (
 // sickInstance reports whether instance i of the twenty answers 500s.
 func sickInstance(i int) bool { return i%outlierSickEvery == outlierSickAt }
 
-// outlierHost is the logical upstream; EndpointStates wants host:port.
+// outlierHost is the logical upstream; Snapshot names hosts by host:port.
 const (
 	outlierHost     = "tax.internal"
 	outlierHostPort = outlierHost + ":80"
@@ -265,7 +265,11 @@ func (r *outlierRun) poll(tr *bulwark.Transport, end time.Time, done <-chan stru
 				return
 			}
 			n := int64(0)
-			for _, st := range tr.EndpointStates(outlierHostPort) {
+			var eps []bulwark.EndpointState
+			for _, h := range tr.Snapshot().Host(outlierHostPort) {
+				eps = append(eps, h.Endpoints...)
+			}
+			for _, st := range eps {
 				if st.Ejected {
 					n++
 					if !was[st.Addr] {

@@ -98,7 +98,7 @@ func bulwarkRetryClient(c *http.Client, s settings) caller {
 		Default: bulwark.Policy{
 			Timeout: bulwark.Timeout{Attempt: attempt, Total: 4*attempt + 3*cp},
 			Retry: bulwark.Retry{
-				MaxAttempts: 4, Base: base, Cap: cp, Jitter: bulwark.Full,
+				MaxAttempts: 4, Base: base, Cap: cp, Jitter: bulwark.JitterFull,
 				Budget: bulwark.Budget{
 					Ratio:        bulwark.DefaultBudgetRatio,
 					Window:       s.ref(bulwark.DefaultBudgetWindow),

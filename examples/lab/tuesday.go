@@ -428,8 +428,11 @@ func (r *tuesdayRun) sampleBreaker() (stop func()) {
 		end := r.tl.start.Add(time.Duration(r.tl.n) * r.tl.width)
 		for now := time.Now(); now.Before(end); now = time.Now() {
 			// No state yet (before the first call) is a closed breaker.
-			st, _ := r.bulwark.BreakerState(r.taxHost)
-			r.tl.outcome("breaker open", now, st == bulwark.CircuitOpen)
+			open := false
+			for _, h := range r.bulwark.Snapshot().Host(r.taxHost) {
+				open = open || h.Breaker != nil && h.Breaker.State == bulwark.CircuitOpen
+			}
+			r.tl.outcome("breaker open", now, open)
 			select {
 			case <-done:
 				return
