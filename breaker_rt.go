@@ -240,7 +240,7 @@ func (b Breaker) validate() error {
 	case b.HalfOpenCalls < 0 || b.HalfOpenCalls > math.MaxInt32:
 		return fieldError("Breaker.HalfOpenCalls", b.HalfOpenCalls, "must be in [0, 2^31)")
 	}
-	return switchError("Breaker", b.Disabled, b.Enabled)
+	return nil
 }
 
 // DefaultClassify is the classifier a nil Breaker.Classify means, the

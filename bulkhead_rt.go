@@ -16,10 +16,11 @@ import (
 // Bulkhead.MaxConcurrent is zero. It is http.DefaultTransport's MaxIdleConns:
 // past about that many requests in flight to one host, connections stop
 // being reused and every extra request pays for a new one, so a healthy
-// upstream rarely needs more. At the reference note's 40 ms it still serves
-// 2,500 requests a second, while a 10 s outage strands at most 100 goroutines
-// and connections. Size it per upstream from its latency and your share of
-// the caller's capacity (the note's 40 for tax, 20 for recommendations).
+// upstream rarely needs more. At 40 ms a call it still serves 2,500
+// requests a second, while a 10 s outage strands at most 100 goroutines and
+// connections. Size it per upstream from its latency and your share of the
+// caller's capacity, as Nygard's Release It! sizes bulkheads: a slow
+// dependency should be able to strand only its own share.
 const DefaultMaxConcurrent = 100
 
 // ErrRateLimited reports that the host's client-side rate limit
@@ -75,8 +76,12 @@ type Bulkhead struct {
 
 	// Disabled turns off this layer for the upstream: no concurrency bound,
 	// no queue and no rate limit. An upstream inherits Disabled from
-	// Default; it cannot turn back on what Default disabled.
+	// Default unless it sets Enabled.
 	Disabled bool
+
+	// Enabled turns the bulkhead back on for an upstream whose Default set
+	// Disabled. Setting both is an error.
+	Enabled bool
 }
 
 func (b Bulkhead) inherit(parent Bulkhead) Bulkhead {
@@ -85,7 +90,7 @@ func (b Bulkhead) inherit(parent Bulkhead) Bulkhead {
 	b.MaxWait = cmp.Or(b.MaxWait, parent.MaxWait)
 	b.Rate = cmp.Or(b.Rate, parent.Rate)
 	b.Burst = cmp.Or(b.Burst, parent.Burst)
-	b.Disabled = b.Disabled || parent.Disabled
+	b.Disabled = inheritOff(b.Disabled, b.Enabled, parent.Disabled)
 	return b
 }
 
@@ -141,8 +146,9 @@ func (e *RateLimitError) Error() string { return "bulwark: rate limit reached fo
 // Unwrap returns ErrRateLimited and ErrBulkheadFull.
 func (e *RateLimitError) Unwrap() []error { return []error{ErrRateLimited, ErrBulkheadFull} }
 
-// bulkheadRT is layer 7: per host, just outside the attempt deadline, so a
-// slot covers exactly one attempt and a retry's backoff holds none.
+// bulkheadStage is per host (per instance when balanced), just outside the
+// attempt deadline, so a slot covers exactly one attempt and a retry's
+// backoff holds none.
 //
 // The semaphore and its FIFO queue are written here rather than taken from
 // golang.org/x/sync/semaphore because the layer needs what that package does

@@ -116,14 +116,6 @@ func inheritOff(disabled, enabled, parent bool) bool {
 	return disabled || parent
 }
 
-// switchError refuses a sub-policy that is both Disabled and Enabled.
-func switchError(field string, disabled, enabled bool) error {
-	if disabled && enabled {
-		return fieldError(field+".Enabled", true, "conflicts with "+field+".Disabled")
-	}
-	return nil
-}
-
 func (t Timeout) validate() error {
 	switch {
 	case t.Total < 0:
@@ -135,7 +127,7 @@ func (t Timeout) validate() error {
 	case t.Header != "" && t.Header != NoDeadlineHeader && !validHeaderName(t.Header):
 		return fieldError("Timeout.Header", strconv.Quote(t.Header), "not a valid header name")
 	}
-	return switchError("Timeout", t.Disabled, t.Enabled)
+	return nil
 }
 
 func (t Timeout) withDefaults() Timeout {

@@ -36,9 +36,8 @@ const (
 // has an answer gives it, and when none has, the caller gets the original
 // outcome untouched. Every answer carries the FallbackHeader.
 //
-// A fallback never makes a network call of its own. The reference note's
-// rule is that a fallback must be cheaper and more reliable than what it
-// replaces: a second network call is a second dependency, untested, with
+// A fallback never makes a network call of its own. A fallback must be
+// cheaper and more reliable than what it replaces: a second network call is a second dependency, untested, with
 // no breaker around it, failing at the very moment the first one did. So
 // the built-ins read memory only, and a Func should too.
 //
@@ -63,8 +62,12 @@ type Fallback struct {
 	Constant *ConstantResponse
 
 	// Disabled turns every fallback off for this upstream. An upstream
-	// inherits Disabled from Default.
+	// inherits Disabled from Default unless it sets Enabled.
 	Disabled bool
+
+	// Enabled turns fallbacks back on for an upstream whose Default set
+	// Disabled. Setting both is an error.
+	Enabled bool
 }
 
 // StaleCache configures the stale cache: per host, it keeps the last 2xx
@@ -130,7 +133,7 @@ func (f Fallback) inherit(parent Fallback) Fallback {
 	if f.Constant == nil {
 		f.Constant = parent.Constant
 	}
-	f.Disabled = f.Disabled || parent.Disabled
+	f.Disabled = inheritOff(f.Disabled, f.Enabled, parent.Disabled)
 	return f
 }
 

@@ -24,7 +24,7 @@ const (
 )
 
 // Endpoints makes a logical upstream a set of instances. Requests are
-// written against the logical name (http://tax.internal/rate); layer 6b, the
+// written against the logical name (http://tax.internal/rate); the
 // balancer, sends each attempt to one instance by rewriting a copy of the
 // request's URL host to the instance's "host:port". The Host header stays
 // the logical name, and for https the TLS server name is the logical host,
@@ -41,7 +41,7 @@ const (
 // instance. A Base that is not an *http.Transport cannot be cloned and is
 // shared by all instances; it must set the TLS server name itself.
 //
-// The service's breaker (layer 6) sits above the balancer and sees every
+// The service's breaker sits above the balancer and sees every
 // attempt, so when all instances are sick (and outlier detection may eject
 // only a few) the breaker opens as it would for one host.
 //
@@ -71,8 +71,13 @@ type Endpoints struct {
 	// Outlier configures the ejection of sick instances.
 	Outlier Outlier
 
-	// Disabled turns the balancer off: requests go to the URL's host.
+	// Disabled turns the balancer off: requests go to the URL's host. An
+	// upstream inherits Disabled from Default unless it sets Enabled.
 	Disabled bool
+
+	// Enabled turns the balancer back on for an upstream whose Default set
+	// Disabled. Setting both is an error.
+	Enabled bool
 }
 
 // Outlier configures outlier detection, after Envoy's: an instance is
@@ -130,7 +135,12 @@ type Outlier struct {
 	StdevFactor float64
 
 	// Disabled turns ejection off: every instance always takes requests.
+	// An upstream inherits Disabled from Default unless it sets Enabled.
 	Disabled bool
+
+	// Enabled turns ejection back on for an upstream whose Default set
+	// Disabled. Setting both is an error.
+	Enabled bool
 }
 
 // set reports whether e names instances.
@@ -143,7 +153,7 @@ func (e Endpoints) inherit(parent Endpoints) Endpoints {
 	// Addrs and Resolver are the upstream's own: see Endpoints.
 	e.ResolveEvery = cmp.Or(e.ResolveEvery, parent.ResolveEvery)
 	e.RoundRobin = e.RoundRobin || parent.RoundRobin
-	e.Disabled = e.Disabled || parent.Disabled
+	e.Disabled = inheritOff(e.Disabled, e.Enabled, parent.Disabled)
 	e.Outlier = e.Outlier.inherit(parent.Outlier)
 	return e
 }
@@ -157,7 +167,7 @@ func (o Outlier) inherit(parent Outlier) Outlier {
 	o.SuccessRateMinHosts = cmp.Or(o.SuccessRateMinHosts, parent.SuccessRateMinHosts)
 	o.SuccessRateVolume = cmp.Or(o.SuccessRateVolume, parent.SuccessRateVolume)
 	o.StdevFactor = cmp.Or(o.StdevFactor, parent.StdevFactor)
-	o.Disabled = o.Disabled || parent.Disabled
+	o.Disabled = inheritOff(o.Disabled, o.Enabled, parent.Disabled)
 	return o
 }
 

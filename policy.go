@@ -3,6 +3,8 @@ package bulwark
 import (
 	"errors"
 	"fmt"
+	"reflect"
+	"time"
 )
 
 // Policy is the resilience policy for one upstream. Each field configures one
@@ -63,9 +65,41 @@ func (p Policy) withDefaults() Policy {
 	return p
 }
 
+// switches refuses a sub-policy that is both Disabled and Enabled. It
+// reads the policy as given, before inheritance settles each switch.
+func (p Policy) switches() error {
+	for _, s := range []struct {
+		field             string
+		disabled, enabled bool
+	}{
+		{"Timeout", p.Timeout.Disabled, p.Timeout.Enabled},
+		{"Breaker", p.Breaker.Disabled, p.Breaker.Enabled},
+		{"Fallback", p.Fallback.Disabled, p.Fallback.Enabled},
+		{"Bulkhead", p.Bulkhead.Disabled, p.Bulkhead.Enabled},
+		{"Retry", p.Retry.Disabled, p.Retry.Enabled},
+		{"Retry.Budget", p.Retry.Budget.Disabled, p.Retry.Budget.Enabled},
+		{"Endpoints", p.Endpoints.Disabled, p.Endpoints.Enabled},
+		{"Endpoints.Outlier", p.Endpoints.Outlier.Disabled, p.Endpoints.Outlier.Enabled},
+	} {
+		if s.disabled && s.enabled {
+			return fieldError(s.field+".Enabled", true, "conflicts with "+s.field+".Disabled")
+		}
+	}
+	return nil
+}
+
+// MaxPolicyDuration is the longest duration any Policy field may hold. A
+// week is past any sane timeout, window or backoff; the bound keeps every
+// sum bulwark makes of them (a deadline, a wait plus a margin, a doubled
+// open time) far from time.Duration's overflow.
+const MaxPolicyDuration = 7 * 24 * time.Hour
+
 // validate reports the first invalid field of a policy after inheritance
 // and defaults.
 func (p Policy) validate() error {
+	if err := durationsInRange(reflect.ValueOf(p), ""); err != nil {
+		return err
+	}
 	for _, err := range []error{
 		p.Timeout.validate(),
 		p.Retry.validate(),
@@ -76,6 +110,32 @@ func (p Policy) validate() error {
 	} {
 		if err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// durationsInRange refuses any time.Duration field of v (a struct, walked
+// through nested structs) past MaxPolicyDuration, naming it as a path from
+// prefix. Negative values are each field's own validate's to refuse, with
+// its own reason.
+func durationsInRange(v reflect.Value, prefix string) error {
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		fv := v.Field(i)
+		switch {
+		case f.Type == reflect.TypeFor[time.Duration]():
+			if d := time.Duration(fv.Int()); d > MaxPolicyDuration {
+				return fieldError(prefix+f.Name, d, "must be ≤ "+MaxPolicyDuration.String())
+			}
+		case f.Type.Kind() == reflect.Struct:
+			if err := durationsInRange(fv, prefix+f.Name+"."); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -296,10 +296,7 @@ func (r Retry) validate() error {
 	case r.Budget.MinPerSecond > maxFloorPerSecond:
 		return fieldError("Retry.Budget.MinPerSecond", r.Budget.MinPerSecond, fmt.Sprintf("must be ≤ %d", maxFloorPerSecond))
 	}
-	if err := switchError("Retry", r.Disabled, r.Enabled); err != nil {
-		return err
-	}
-	return switchError("Retry.Budget", r.Budget.Disabled, r.Budget.Enabled)
+	return nil
 }
 
 // maxFloorPerSecond bounds the budget's floor, so that its token bucket's

@@ -79,3 +79,13 @@ func endpointStates(tr *Transport, host string) []EndpointState {
 	}
 	return out
 }
+
+// mustNew is New that fails the test on a config error.
+func mustNew(t testing.TB, cfg Config) *Transport {
+	t.Helper()
+	tr, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}

@@ -202,6 +202,9 @@ func New(cfg Config) (*Transport, error) {
 	t.obs = newObserver(cfg, t.logger)
 	t.registerGauges()
 
+	if err := cfg.Default.switches(); err != nil {
+		return nil, err
+	}
 	def := cfg.Default.withDefaults()
 	if err := def.validate(); err != nil {
 		return nil, err
@@ -232,6 +235,9 @@ func New(cfg Config) (*Transport, error) {
 			return nil, &ConfigError{Upstream: k, Reason: "names the same upstream as " + strconv.Quote(other)}
 		}
 		seen[canon] = k
+		if err := cfg.Upstreams[k].switches(); err != nil {
+			return nil, inUpstream(err, k)
+		}
 		p := cfg.Upstreams[k].inherit(cfg.Default).withDefaults()
 		if err := p.validate(); err != nil {
 			return nil, inUpstream(err, k)

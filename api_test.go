@@ -1,0 +1,289 @@
+package bulwark
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// statusBase answers each attempt with the next status of its script (the
+// last one repeats), counting what it was sent.
+type statusBase struct {
+	mu     sync.Mutex
+	codes  []int
+	header http.Header // added to every response
+	reqs   []*http.Request
+	closed int // response bodies closed
+}
+
+func (b *statusBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	i := min(len(b.reqs), len(b.codes)-1)
+	b.reqs = append(b.reqs, req)
+	h := http.Header{}
+	for k, v := range b.header {
+		h[k] = v
+	}
+	return &http.Response{StatusCode: b.codes[i], Header: h, Request: req,
+		Body: &countedBody{Reader: strings.NewReader("body"), closed: &b.closed, mu: &b.mu}}, nil
+}
+
+func (b *statusBase) sent() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.reqs)
+}
+
+type countedBody struct {
+	io.Reader
+	mu     *sync.Mutex
+	closed *int
+}
+
+func (c *countedBody) Close() error {
+	c.mu.Lock()
+	*c.closed++
+	c.mu.Unlock()
+	return nil
+}
+
+func get(t *testing.T, rt http.RoundTripper, method, url string) (int, error) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// TestRetryDefaultStatuses: with package defaults, a replayable request is
+// retried on 408, 429, 500, 502, 503 and 504 (Polly's standard pipeline
+// and go-retryablehttp retry the same), and on no other status; a POST
+// without a key is sent once whatever it gets.
+func TestRetryDefaultStatuses(t *testing.T) {
+	for _, tt := range []struct {
+		code  int
+		retry bool
+	}{
+		{408, true}, {429, true}, {500, true}, {502, true}, {503, true}, {504, true},
+		{400, false}, {404, false}, {501, false}, {505, false},
+	} {
+		synctest.Test(t, func(t *testing.T) {
+			base := &statusBase{codes: []int{tt.code, 200}}
+			tr := mustNew(t, Config{Base: base})
+			code, err := get(t, tr, http.MethodGet, "http://h.test/")
+			want, wantSent := tt.code, 1
+			if tt.retry {
+				want, wantSent = 200, 2
+			}
+			if err != nil || code != want || base.sent() != wantSent {
+				t.Errorf("GET after %d: status %d, err %v, sent %d; want %d, sent %d", tt.code, code, err, base.sent(), want, wantSent)
+			}
+			post := &statusBase{codes: []int{tt.code, 200}}
+			tr = mustNew(t, Config{Base: post})
+			if code, err := get(t, tr, http.MethodPost, "http://h.test/"); err != nil || code != tt.code || post.sent() != 1 {
+				t.Errorf("POST after %d: status %d, err %v, sent %d; want %d, sent once", tt.code, code, err, post.sent(), tt.code)
+			}
+		})
+	}
+}
+
+// TestRetryAlternating500: a GET to a server failing every other request
+// with 500 succeeds on its retry, with the package defaults.
+func TestRetryAlternating500(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &statusBase{codes: []int{500, 200}}
+		tr := mustNew(t, Config{Base: base})
+		if code, err := get(t, tr, http.MethodGet, "http://h.test/"); err != nil || code != 200 || base.sent() != 2 {
+			t.Fatalf("GET: status %d, err %v, sent %d; want 200 after 2 attempts", code, err, base.sent())
+		}
+	})
+}
+
+// TestCheckRetryError: an error from a go-retryablehttp CheckRetry ends the
+// retries and is what the caller gets, with the response closed, as
+// go-retryablehttp does.
+func TestCheckRetryError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		errStop := errors.New("stop here")
+		var seen int
+		base := &statusBase{codes: []int{503, 200}}
+		tr := mustNew(t, Config{Base: base, Default: Policy{Retry: Retry{
+			CheckRetry: func(ctx context.Context, resp *http.Response, err error) (bool, error) {
+				seen++
+				if resp != nil && resp.StatusCode == 503 {
+					return true, errStop // the error wins over the true
+				}
+				return false, nil
+			},
+		}}})
+		_, err := get(t, tr, http.MethodGet, "http://h.test/")
+		if !errors.Is(err, errStop) {
+			t.Fatalf("err = %v, want the CheckRetry error", err)
+		}
+		if base.sent() != 1 || seen != 1 {
+			t.Errorf("sent %d, CheckRetry called %d; want 1 and 1", base.sent(), seen)
+		}
+		if base.closed != 1 {
+			t.Errorf("%d response bodies closed, want the one discarded", base.closed)
+		}
+	})
+}
+
+// TestOnRetry: the hook is told of each retry before its wait, with the
+// request, the attempt about to be sent, the wait and what failed.
+func TestOnRetry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var evs []RetryEvent
+		var reqs []*http.Request
+		base := &statusBase{codes: []int{503, 500, 200}}
+		tr := mustNew(t, Config{Base: base, Default: Policy{Retry: Retry{
+			Jitter: JitterNone, Base: 100 * time.Millisecond,
+			OnRetry: func(req *http.Request, ev RetryEvent) { reqs = append(reqs, req); evs = append(evs, ev) },
+		}}})
+		start := time.Now()
+		if code, err := get(t, tr, http.MethodGet, "http://h.test/x"); err != nil || code != 200 {
+			t.Fatalf("status %d, err %v; want 200", code, err)
+		}
+		want := []RetryEvent{
+			{Host: "h.test:80", Upstream: "default", Attempt: 2, Wait: 100 * time.Millisecond, StatusCode: 503},
+			{Host: "h.test:80", Upstream: "default", Attempt: 3, Wait: 200 * time.Millisecond, StatusCode: 500},
+		}
+		if len(evs) != len(want) {
+			t.Fatalf("OnRetry called %d times, want %d: %+v", len(evs), len(want), evs)
+		}
+		for i := range want {
+			if evs[i] != want[i] {
+				t.Errorf("event %d = %+v, want %+v", i, evs[i], want[i])
+			}
+			if reqs[i].URL.Path != "/x" {
+				t.Errorf("event %d: request %v, want the caller's", i, reqs[i].URL)
+			}
+		}
+		if took := time.Since(start); took != 300*time.Millisecond {
+			t.Errorf("call took %v, want the two waits, 300ms", took)
+		}
+	})
+}
+
+// TestReenable: a layer Default turns off can be turned back on for one
+// upstream; both switches at once is a config error.
+func TestReenable(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &statusBase{codes: []int{503, 200}}
+		tr := mustNew(t, Config{Base: base,
+			Default:   Policy{Retry: Retry{Disabled: true}, Breaker: Breaker{Disabled: true}},
+			Upstreams: map[string]Policy{"on.test": {Retry: Retry{Enabled: true}, Breaker: Breaker{Enabled: true}}},
+		})
+		if code, _ := get(t, tr, http.MethodGet, "http://off.test/"); code != 503 || base.sent() != 1 {
+			t.Errorf("off.test: status %d after %d sends; want 503, sent once", code, base.sent())
+		}
+		base.reqs = nil
+		if code, _ := get(t, tr, http.MethodGet, "http://on.test/"); code != 200 || base.sent() != 2 {
+			t.Errorf("on.test: status %d after %d sends; want 200 after a retry", code, base.sent())
+		}
+		for _, h := range tr.Snapshot().Hosts {
+			if on := h.Breaker != nil; on != (h.Host == "on.test:80") {
+				t.Errorf("%s: breaker present = %v", h.Host, on)
+			}
+		}
+	})
+	for _, p := range []Policy{
+		{Retry: Retry{Disabled: true, Enabled: true}},
+		{Breaker: Breaker{Disabled: true, Enabled: true}},
+		{Bulkhead: Bulkhead{Disabled: true, Enabled: true}},
+		{Timeout: Timeout{Disabled: true, Enabled: true}},
+		{Fallback: Fallback{Disabled: true, Enabled: true}},
+		{Retry: Retry{Budget: Budget{Disabled: true, Enabled: true}}},
+	} {
+		_, err := New(Config{Upstreams: map[string]Policy{"x.test": p}})
+		var ce *ConfigError
+		if !errors.As(err, &ce) || !strings.HasSuffix(ce.Field, "Enabled") || ce.Upstream != "x.test" {
+			t.Errorf("New(%+v) = %v, want a ConfigError on an Enabled field of x.test", p, err)
+		}
+	}
+}
+
+// TestPolicyDurationBound: a duration past MaxPolicyDuration anywhere in a
+// Policy is refused, naming the field, rather than overflowing later.
+func TestPolicyDurationBound(t *testing.T) {
+	huge := time.Duration(1<<63 - 1)
+	for _, tt := range []struct {
+		p     Policy
+		field string
+	}{
+		{Policy{Timeout: Timeout{Total: huge}}, "Timeout.Total"},
+		{Policy{Retry: Retry{Cap: huge}}, "Retry.Cap"},
+		{Policy{Retry: Retry{Budget: Budget{Window: huge}}}, "Retry.Budget.Window"},
+		{Policy{Breaker: Breaker{MaxOpenFor: huge}}, "Breaker.MaxOpenFor"},
+		{Policy{Endpoints: Endpoints{Addrs: []string{"127.0.0.1:1"}, Outlier: Outlier{MaxEjection: huge}}}, "Endpoints.Outlier.MaxEjection"},
+	} {
+		_, err := New(Config{Upstreams: map[string]Policy{"x.test": tt.p}})
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Field != tt.field {
+			t.Errorf("New with %s = %v: want a ConfigError on %s", tt.field, huge, err)
+		}
+	}
+	if _, err := New(Config{Default: Policy{Timeout: Timeout{Total: MaxPolicyDuration}}}); err != nil {
+		t.Errorf("Timeout.Total = MaxPolicyDuration: %v, want accepted", err)
+	}
+}
+
+// TestSnapshot: every layer with state shows in the host's entry, a
+// disabled one is nil, and a malformed Retry-After is counted.
+func TestSnapshot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &statusBase{codes: []int{503, 200}, header: http.Header{"Retry-After": {"soon"}}}
+		tr := mustNew(t, Config{Base: base, Upstreams: map[string]Policy{
+			"bare.test": only(Policy{}),
+		}})
+		if code, err := get(t, tr, http.MethodGet, "http://H.test/"); err != nil || code != 200 {
+			t.Fatalf("status %d, err %v", code, err)
+		}
+		if _, err := get(t, tr, http.MethodGet, "http://bare.test:8080/"); err != nil {
+			t.Fatal(err)
+		}
+		s := tr.Snapshot()
+		if len(s.Hosts) != 2 {
+			t.Fatalf("Snapshot has %d hosts, want 2: %+v", len(s.Hosts), s.Hosts)
+		}
+		bare, h := s.Hosts[0], s.Hosts[1]
+		if bare.Host != "bare.test:8080" || bare.Upstream != "bare.test" || bare.Breaker != nil || bare.Bulkhead != nil || bare.Budget != nil || bare.Pushback != nil {
+			t.Errorf("bare host = %+v, want bare.test:8080 with every layer off", bare)
+		}
+		if h.Host != "h.test:80" || h.Scheme != "http" || h.Upstream != "default" {
+			t.Errorf("host = %s %s %s, want h.test:80 http default", h.Host, h.Scheme, h.Upstream)
+		}
+		if b := h.Breaker; b == nil || b.State != CircuitClosed || b.Control != BreakerAuto || b.Calls != 2 || b.Failures != 1 {
+			t.Errorf("breaker = %+v, want closed, auto, 2 calls, 1 failure", b)
+		}
+		if b := h.Bulkhead; b == nil || b.InFlight != 0 || b.MaxConcurrent != DefaultMaxConcurrent {
+			t.Errorf("bulkhead = %+v, want empty with the default size", b)
+		}
+		if b := h.Budget; b == nil || b.Calls != 1 || b.Retries != 1 {
+			t.Errorf("budget = %+v, want 1 call and 1 retry", b)
+		}
+		if p := h.Pushback; p == nil || !p.Until.IsZero() {
+			t.Errorf("pushback = %+v, want no pause (the Retry-After was malformed)", p)
+		}
+		if s.RetryAfterIgnored != 1 {
+			t.Errorf("RetryAfterIgnored = %d, want 1", s.RetryAfterIgnored)
+		}
+		if got := s.Host("H.TEST:80"); len(got) != 1 || got[0].Host != "h.test:80" {
+			t.Errorf("Host(H.TEST:80) = %+v, want the one entry", got)
+		}
+	})
+}
