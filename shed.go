@@ -142,7 +142,9 @@ type ShedConfig struct {
 	// caller's deadline header) waits at most until that deadline. Either
 	// way, a request whose patience ran out is refused, never handed to the
 	// handler: its caller has stopped waiting for the answer. Zero means
-	// DefaultMaxQueueWait; negative is an error.
+	// DefaultMaxQueueWait; negative is an error. There is no upper bound:
+	// the instant a wait ends saturates rather than overflows, so a huge
+	// value means waiting for the caller's deadline or departure alone.
 	MaxQueueWait time.Duration
 
 	// ReservedCritical is the fraction of Workers, in [0, 1), held back for
@@ -157,7 +159,9 @@ type ShedConfig struct {
 
 	// RetryAfter is the wait a refusal's Retry-After header asks for,
 	// rounded up to whole seconds. Zero means DefaultShedRetryAfter;
-	// negative is an error.
+	// negative, or more than 24 hours, is an error: bulwark's own client
+	// ignores a longer Retry-After as absurd, so the Shedder would be
+	// asking for nothing.
 	RetryAfter time.Duration
 
 	// Classify gives a request's priority. It runs on every request, so it
@@ -332,6 +336,10 @@ func NewShedder(next http.Handler, cfg ShedConfig) (*Shedder, error) {
 	}
 	if cfg.RetryAfter < 0 {
 		return nil, shedFieldError("RetryAfter", cfg.RetryAfter, "must be ≥ 0")
+	}
+	if cfg.RetryAfter > maxRetryAfterHeader {
+		// The bound also keeps the rounding up below from overflowing.
+		return nil, shedFieldError("RetryAfter", cfg.RetryAfter, "must be at most 24h: a bulwark client ignores a longer Retry-After")
 	}
 
 	workers := cfg.Workers
