@@ -684,6 +684,33 @@ func ExampleShedder() {
 	// served: 1 shed: 1
 }
 
+// ExampleShedStats reads every counter of a snapshot with exported names
+// only: the arrays are sized by NumPriorities and NumShedReasons, and
+// ranging over those yields a Priority and a ShedReason.
+func ExampleShedStats() {
+	s, err := NewShedder(http.NotFoundHandler(), ShedConfig{Workers: 1, Queue: -1})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	s.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+	st := s.Stats()
+	var served [NumPriorities]uint64 = st.Served
+	for p := range NumPriorities {
+		var shed uint64
+		for r := range NumShedReasons {
+			shed += st.Shed[r][p]
+		}
+		fmt.Printf("%s: served %d, shed %d\n", p, served[p], shed)
+	}
+	// Output:
+	// critical: served 0, shed 0
+	// high: served 0, shed 0
+	// normal: served 1, shed 0
+	// low: served 0, shed 0
+	// test: served 0, shed 0
+}
+
 // nopWriter is a ResponseWriter that keeps nothing, with a header map
 // reused across requests, so a benchmark measures the Shedder alone.
 type nopWriter struct{ h http.Header }
