@@ -76,13 +76,26 @@ type Fallback struct {
 // upstream's Age plus the seconds bulwark has held it, RFC 9111), when a
 // later GET to that URL finally fails.
 //
-// It never shares one caller's answer with another: requests carrying
-// Authorization, Cookie or Range are neither stored nor served, responses
-// marked Cache-Control no-store or private, or Vary: *, are not stored, and
-// a stored response is served only to requests whose headers named by its
-// Vary match the stored request's. Caching never slows a stream down: the
-// body is copied as the caller reads it, and kept only if the caller read
-// it to the end within MaxEntryBytes.
+// It is a shared cache, so it keeps and serves only what RFC 9111 lets a
+// shared cache share, and never one caller's personal answer:
+//
+//   - requests carrying Cookie or Range, or Cache-Control no-store or
+//     no-cache, are neither stored nor served;
+//   - a request carrying Authorization is stored or served only when the
+//     response says Cache-Control public, s-maxage or must-revalidate
+//     (RFC 9111 §3.5);
+//   - responses with Cache-Control no-store, private or no-cache, with
+//     Vary: *, or with Set-Cookie and no Cache-Control public, are not
+//     stored;
+//   - a response that forbids being served stale (must-revalidate,
+//     proxy-revalidate or s-maxage) is served only while it is fresh by
+//     its s-maxage, max-age or Expires, never past;
+//   - a stored response is served only to requests whose headers named by
+//     its Vary match the stored request's.
+//
+// Caching never slows a stream down: the body is copied as the caller
+// reads it, and kept only if the caller read it to the end within
+// MaxEntryBytes.
 type StaleCache struct {
 	// MaxAge is how long after receiving a response it may still be served;
 	// never beyond. Zero inherits from Default, then means no stale cache.
@@ -321,34 +334,162 @@ func newStaleCache(cfg StaleCache) *staleCache {
 	return &staleCache{cfg: cfg, entries: make(map[string]*list.Element)}
 }
 
-// cacheableRequest reports whether req may be stored or served: a GET that
-// is not personal (no credentials, no cookies) and not partial.
-func cacheableRequest(req *http.Request) bool {
-	if req.Method != http.MethodGet || req.URL == nil {
-		return false
+// shareable is the stale cache's one rule for what it may share between
+// callers: whether a response with this status and header, to req, may be
+// stored, or (with a stored response's status and header) served to req.
+// It applies a shared cache's rules (RFC 9111 §3, §3.5, §4.2.4 and §5.2)
+// and two of bulwark's own: only full answers to a GET without cookies.
+// Only public, s-maxage and must-revalidate widen what is shared, and only
+// in the two cases RFC 9111 names (Set-Cookie, Authorization); a directive
+// it does not know changes nothing.
+//
+// fresh is how long after the response was generated (at Age zero) it may
+// be served: negative for as long as StaleCache.MaxAge allows, or, for a
+// response that forbids serving it stale, its freshness lifetime (positive
+// whenever ok).
+func shareable(req *http.Request, status int, h http.Header) (ok bool, fresh time.Duration) {
+	if req.Method != http.MethodGet || req.URL == nil || status < 200 || status > 299 || status == http.StatusPartialContent {
+		return false, 0
 	}
-	for _, h := range [...]string{"Authorization", "Cookie", "Range"} {
-		if _, ok := req.Header[h]; ok {
-			return false
+	// Cookies make an answer personal whatever the server says; a range
+	// is part of an answer.
+	for _, name := range [...]string{"Cookie", "Range"} {
+		if _, ok := req.Header[name]; ok {
+			return false, 0
 		}
 	}
-	return true
+	// The caller asked that nothing be kept (no-store) or that nothing
+	// stored answer it unchecked (no-cache), RFC 9111 §5.2.1.
+	if rq := parseCacheControl(req.Header["Cache-Control"]); rq.noStore || rq.noCache {
+		return false, 0
+	}
+	cc := parseCacheControl(h["Cache-Control"])
+	if cc.noStore || cc.private || cc.noCache {
+		return false, 0
+	}
+	for _, v := range h["Vary"] {
+		for name := range strings.SplitSeq(v, ",") {
+			if trimOWS(name) == "*" {
+				return false, 0
+			}
+		}
+	}
+	// A cookie being set is one caller's; only an explicit public says the
+	// server meant the answer for everyone anyway.
+	if _, ok := h["Set-Cookie"]; ok && !cc.public {
+		return false, 0
+	}
+	if _, ok := req.Header["Authorization"]; ok && !cc.public && cc.sMaxAge < 0 && !cc.mustRevalidate {
+		return false, 0
+	}
+	if !cc.mustRevalidate && !cc.proxyRevalidate && cc.sMaxAge < 0 {
+		return true, -1
+	}
+	// Serving stale is forbidden (RFC 9111 §4.2.4): serve only while fresh,
+	// by the shared cache's lifetime first (§4.2.1).
+	switch {
+	case cc.sMaxAge >= 0:
+		fresh = cc.sMaxAge
+	case cc.maxAge >= 0:
+		fresh = cc.maxAge
+	default:
+		exp, err1 := http.ParseTime(h.Get("Expires"))
+		date, err2 := http.ParseTime(h.Get("Date"))
+		if err1 == nil && err2 == nil {
+			fresh = exp.Sub(date)
+		}
+	}
+	return fresh > 0, max(fresh, 0)
+}
+
+// cacheControl is what shareable reads of a Cache-Control header. maxAge
+// and sMaxAge are negative when absent.
+type cacheControl struct {
+	noStore, noCache, private, public, mustRevalidate, proxyRevalidate bool
+	maxAge, sMaxAge                                                    time.Duration
+}
+
+// parseCacheControl reads Cache-Control field lines (RFC 9111 §5.2):
+// comma-separated directives, names in any case, values plain or quoted.
+// A comma inside a quoted value does not split it, so a quoted "public"
+// is never read as the directive. A qualified private or no-cache (with
+// field names) counts as unqualified: refusing the whole response is the
+// safe reading. Of a repeated directive the first counts; a max-age that is
+// not delta-seconds is zero (stale), as §4.2.1 asks, and a huge one is
+// capped at 2^31 seconds (§1.2.2).
+func parseCacheControl(lines []string) cacheControl {
+	cc := cacheControl{maxAge: -1, sMaxAge: -1}
+	for _, line := range lines {
+		for line != "" {
+			var d string
+			d, line = nextDirective(line)
+			name, val, _ := strings.Cut(d, "=")
+			name = trimOWS(name)
+			switch {
+			case strings.EqualFold(name, "no-store"):
+				cc.noStore = true
+			case strings.EqualFold(name, "no-cache"):
+				cc.noCache = true
+			case strings.EqualFold(name, "private"):
+				cc.private = true
+			case strings.EqualFold(name, "public"):
+				cc.public = true
+			case strings.EqualFold(name, "must-revalidate"):
+				cc.mustRevalidate = true
+			case strings.EqualFold(name, "proxy-revalidate"):
+				cc.proxyRevalidate = true
+			case strings.EqualFold(name, "max-age"):
+				if cc.maxAge < 0 {
+					cc.maxAge = deltaSeconds(val)
+				}
+			case strings.EqualFold(name, "s-maxage"):
+				if cc.sMaxAge < 0 {
+					cc.sMaxAge = deltaSeconds(val)
+				}
+			}
+		}
+	}
+	return cc
+}
+
+// nextDirective splits s at its first comma outside a quoted string.
+func nextDirective(s string) (d, rest string) {
+	quoted := false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '\\' && quoted:
+			i++ // the escaped character, whatever it is
+		case c == '"':
+			quoted = !quoted
+		case c == ',' && !quoted:
+			return s[:i], s[i+1:]
+		}
+	}
+	return s, ""
+}
+
+// deltaSeconds reads a directive's delta-seconds value (RFC 9111 §1.2.2),
+// quoted or not: zero when it is not one, capped at 2^31 seconds.
+func deltaSeconds(v string) time.Duration {
+	v = trimOWS(v)
+	if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+		v = v[1 : len(v)-1]
+	}
+	if !allDigits(v) {
+		return 0
+	}
+	const most = 1 << 31
+	if len(v) > 10 {
+		return most * time.Second
+	}
+	n, _ := strconv.ParseInt(v, 10, 64)
+	return time.Duration(min(n, most)) * time.Second
 }
 
 // watch arranges for resp to be stored once the caller has read it all.
 func (c *staleCache) watch(req *http.Request, resp *http.Response, now time.Time) {
-	if resp.StatusCode < 200 || resp.StatusCode > 299 || resp.StatusCode == http.StatusPartialContent ||
-		!cacheableRequest(req) {
+	if ok, _ := shareable(req, resp.StatusCode, resp.Header); !ok || resp.ContentLength > c.cfg.MaxEntryBytes {
 		return
-	}
-	if resp.ContentLength > c.cfg.MaxEntryBytes {
-		return
-	}
-	for _, v := range resp.Header.Values("Cache-Control") {
-		v = strings.ToLower(v)
-		if strings.Contains(v, "no-store") || strings.Contains(v, "private") {
-			return
-		}
 	}
 	e := &staleEntry{key: req.URL.String(), status: resp.StatusCode, header: resp.Header.Clone(), received: now}
 	if a, err := strconv.ParseInt(strings.TrimSpace(resp.Header.Get("Age")), 10, 64); err == nil && a > 0 {
@@ -356,11 +497,7 @@ func (c *staleCache) watch(req *http.Request, resp *http.Response, now time.Time
 	}
 	for _, v := range resp.Header.Values("Vary") {
 		for name := range strings.SplitSeq(v, ",") {
-			name = strings.TrimSpace(name)
-			if name == "*" {
-				return
-			}
-			if name != "" {
+			if name = strings.TrimSpace(name); name != "" { // never "*": shareable refused it
 				name = http.CanonicalHeaderKey(name)
 				e.vary = append(e.vary, name)
 				e.varyVals = append(e.varyVals, strings.Join(req.Header.Values(name), ","))
@@ -445,11 +582,11 @@ func (c *staleCache) removeLocked(el *list.Element) {
 }
 
 // serve returns the stored answer to req, or nil when there is none within
-// MaxAge (an expired one is dropped) or it does not match req's Vary
-// headers.
+// MaxAge and its freshness limit (an entry past them is dropped), shareable
+// refuses it to req, or it does not match req's Vary headers.
 func (c *staleCache) serve(req *http.Request, now time.Time) *http.Response {
-	if !cacheableRequest(req) {
-		return nil
+	if req.Method != http.MethodGet || req.URL == nil {
+		return nil // shareable would refuse it; this spares the lock
 	}
 	key := req.URL.String()
 	c.mu.Lock()
@@ -460,13 +597,17 @@ func (c *staleCache) serve(req *http.Request, now time.Time) *http.Response {
 	}
 	e := el.Value.(*staleEntry)
 	held := now.Sub(e.received)
-	if held > c.cfg.MaxAge {
-		c.removeLocked(el)
+	// e is never changed once stored, so it can be read without the lock.
+	ok, fresh := shareable(req, e.status, e.header)
+	if held > c.cfg.MaxAge || (ok && fresh >= 0 && e.age+max(held, 0) >= fresh) {
+		c.removeLocked(el) // it will never be served again
 		c.mu.Unlock()
 		return nil
 	}
 	c.mu.Unlock()
-	// e is never changed once stored, so it can be read without the lock.
+	if !ok {
+		return nil
+	}
 	for i, name := range e.vary {
 		if strings.Join(req.Header.Values(name), ",") != e.varyVals[i] {
 			return nil

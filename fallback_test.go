@@ -2,10 +2,12 @@ package bulwark
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -479,5 +481,155 @@ func TestStaleCacheStreams(t *testing.T) {
 	sick.Store(true)
 	if r := get(t, tr, "http://stream.test/events"); r.body != "one,two,three" || r.header.Get(FallbackHeader) != "stale" {
 		t.Errorf("stale stream: %+v", r)
+	}
+}
+
+// TestStaleNeverReplaysSetCookie: two callers of one bulwark client, over
+// loopback. The first's answer sets a cookie; when the upstream fails, the
+// second must not be handed that answer, cookie and all, as a stale one.
+func TestStaleNeverReplaysSetCookie(t *testing.T) {
+	var sick atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if sick.Load() {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
+		http.SetCookie(w, &http.Cookie{Name: "session", Value: "alice"})
+		io.WriteString(w, "hello alice")
+	}))
+	defer srv.Close()
+	client, err := NewClient(Config{Default: Policy{
+		Breaker:  Breaker{Disabled: true},
+		Retry:    Retry{MaxAttempts: 1},
+		Fallback: Fallback{Stale: StaleCache{MaxAge: time.Hour}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.CloseIdleConnections()
+	call := func() (*http.Response, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL+"/home", nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(b)
+	}
+	if resp, body := call(); resp.StatusCode != 200 || body != "hello alice" {
+		t.Fatalf("first caller: %d %q", resp.StatusCode, body)
+	}
+	sick.Store(true)
+	resp, body := call()
+	if resp.Header.Get(FallbackHeader) != "" || len(resp.Cookies()) != 0 {
+		t.Fatalf("second caller got %d %q, %s %q, cookies %v; want the upstream's 503, not the first caller's answer",
+			resp.StatusCode, body, FallbackHeader, resp.Header.Get(FallbackHeader), resp.Cookies())
+	}
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("second caller: %d, want the 503", resp.StatusCode)
+	}
+}
+
+// TestShareable is the stale cache's sharing rule, one row per rule and per
+// exception to it (RFC 9111 §3, §3.5, §4.2.4, §5.2).
+func TestShareable(t *testing.T) {
+	const anyAge = -1 // fresh: no limit but MaxAge
+	date := "Sun, 01 Mar 2026 12:00:00 GMT"
+	tests := []struct {
+		name   string
+		method string      // empty: GET
+		req    http.Header // on the request
+		status int         // zero: 200
+		resp   http.Header // on the response
+		ok     bool
+		fresh  time.Duration
+	}{
+		{name: "plain GET", ok: true, fresh: anyAge},
+		{name: "POST", method: http.MethodPost},
+		{name: "HEAD", method: http.MethodHead},
+		{name: "404", status: 404},
+		{name: "206", status: 206},
+		{name: "204", status: 204, ok: true, fresh: anyAge},
+		{name: "request Cookie", req: http.Header{"Cookie": {"a=b"}}},
+		{name: "request Range", req: http.Header{"Range": {"bytes=0-1"}}},
+		{name: "request no-store", req: http.Header{"Cache-Control": {"No-Store"}}},
+		{name: "request no-cache", req: http.Header{"Cache-Control": {"max-age=0", "no-cache"}}},
+		{name: "request max-age", req: http.Header{"Cache-Control": {"max-age=0"}}, ok: true, fresh: anyAge},
+		{name: "no-store", resp: http.Header{"Cache-Control": {"max-age=60, no-store"}}},
+		{name: "private", resp: http.Header{"Cache-Control": {"Private"}}},
+		{name: "private with fields", resp: http.Header{"Cache-Control": {`private="X-User, X-Id", max-age=60`}}},
+		{name: "no-cache", resp: http.Header{"Cache-Control": {"no-cache"}}},
+		{name: "quoted public is not public", req: http.Header{"Authorization": {"Bearer x"}},
+			resp: http.Header{"Cache-Control": {`ext="a, public, b"`}}},
+		{name: "unknown directive", resp: http.Header{"Cache-Control": {"immutable, stale-if-error=60"}}, ok: true, fresh: anyAge},
+		{name: "vary star", resp: http.Header{"Vary": {"Accept, *"}}},
+		{name: "vary header", resp: http.Header{"Vary": {"Accept"}}, ok: true, fresh: anyAge},
+		{name: "set-cookie", resp: http.Header{"Set-Cookie": {"session=alice"}}},
+		{name: "set-cookie, max-age", resp: http.Header{"Set-Cookie": {"s=a"}, "Cache-Control": {"max-age=60"}}},
+		{name: "set-cookie, public", resp: http.Header{"Set-Cookie": {"s=a"}, "Cache-Control": {"PUBLIC"}}, ok: true, fresh: anyAge},
+		{name: "authorization", req: http.Header{"Authorization": {"Bearer x"}}},
+		{name: "authorization, max-age", req: http.Header{"Authorization": {"Bearer x"}},
+			resp: http.Header{"Cache-Control": {"max-age=60"}}},
+		{name: "authorization, public", req: http.Header{"Authorization": {"Bearer x"}},
+			resp: http.Header{"Cache-Control": {"public"}}, ok: true, fresh: anyAge},
+		{name: "authorization, s-maxage", req: http.Header{"Authorization": {"Bearer x"}},
+			resp: http.Header{"Cache-Control": {"s-maxage=30"}}, ok: true, fresh: 30 * time.Second},
+		{name: "authorization, must-revalidate", req: http.Header{"Authorization": {"Bearer x"}},
+			resp: http.Header{"Cache-Control": {"must-revalidate, max-age=20"}}, ok: true, fresh: 20 * time.Second},
+		{name: "must-revalidate without a lifetime", resp: http.Header{"Cache-Control": {"must-revalidate"}}},
+		{name: "must-revalidate, max-age=0", resp: http.Header{"Cache-Control": {"must-revalidate, max-age=0"}}},
+		{name: "must-revalidate, bad max-age", resp: http.Header{"Cache-Control": {"must-revalidate, max-age=soon"}}},
+		{name: "proxy-revalidate, quoted max-age", resp: http.Header{"Cache-Control": {`proxy-revalidate, max-age="15"`}},
+			ok: true, fresh: 15 * time.Second},
+		{name: "s-maxage over max-age", resp: http.Header{"Cache-Control": {"max-age=600, s-maxage=5"}}, ok: true, fresh: 5 * time.Second},
+		{name: "first max-age counts", resp: http.Header{"Cache-Control": {"must-revalidate, max-age=7, max-age=9"}},
+			ok: true, fresh: 7 * time.Second},
+		{name: "huge s-maxage", resp: http.Header{"Cache-Control": {"s-maxage=99999999999999999999"}}, ok: true, fresh: 1 << 31 * time.Second},
+		{name: "must-revalidate, Expires", resp: http.Header{"Cache-Control": {"must-revalidate"}, "Date": {date},
+			"Expires": {"Sun, 01 Mar 2026 12:01:00 GMT"}}, ok: true, fresh: time.Minute},
+		{name: "must-revalidate, Expires past", resp: http.Header{"Cache-Control": {"must-revalidate"}, "Date": {date},
+			"Expires": {"Sun, 01 Mar 2026 11:00:00 GMT"}}},
+		{name: "must-revalidate, Expires 0", resp: http.Header{"Cache-Control": {"must-revalidate"}, "Date": {date}, "Expires": {"0"}}},
+	}
+	for _, tt := range tests {
+		method, status := cmp.Or(tt.method, http.MethodGet), cmp.Or(tt.status, 200)
+		req, _ := http.NewRequest(method, "http://s.test/p", nil)
+		if tt.req != nil {
+			req.Header = tt.req
+		}
+		ok, fresh := shareable(req, status, tt.resp)
+		if ok != tt.ok || (ok && fresh != tt.fresh) {
+			t.Errorf("%s: shareable(%s %v, %d %v) = %v, %v; want %v, %v", tt.name, method, tt.req, status, tt.resp, ok, fresh, tt.ok, tt.fresh)
+		}
+	}
+}
+
+// TestStaleServedOnlyWhileFresh: a response that forbids being served
+// stale is a fallback answer only within its freshness lifetime, counted
+// from the upstream's Age.
+func TestStaleServedOnlyWhileFresh(t *testing.T) {
+	clk := newFakeClock()
+	base := &contentBase{pages: map[string]string{"/p": "page"},
+		header: http.Header{"Cache-Control": {"public, must-revalidate, max-age=60"}, "Age": {"10"}}}
+	tr := mustNew(t, Config{Base: base, Default: Policy{Breaker: Breaker{Disabled: true}, Retry: Retry{MaxAttempts: 1},
+		Fallback: Fallback{Stale: StaleCache{MaxAge: time.Hour}}}})
+	tr.setClock(clk.now)
+	const url = "http://s.test/p"
+	get(t, tr, url)
+	base.sick.Store(503)
+	for _, st := range []struct {
+		advance time.Duration
+		stale   bool
+	}{
+		{49 * time.Second, true}, // Age 59
+		{time.Second, false},     // Age 60: stale
+		{-time.Second, false},    // dropped once seen past its lifetime
+	} {
+		clk.advance(st.advance)
+		if r := get(t, tr, url); (r.header.Get(FallbackHeader) == "stale") != st.stale {
+			t.Errorf("+%v: %+v, want stale %v", st.advance, r, st.stale)
+		}
 	}
 }

@@ -3,10 +3,15 @@ package bulwark
 import (
 	"context"
 	"errors"
+	"math"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
 )
 
 // FuzzDeadlineHeaders feeds arbitrary values to every incoming deadline
@@ -143,6 +148,45 @@ func FuzzPolicyConfig(f *testing.F) {
 				resp.Body.Close()
 			}
 			cancel()
+		}
+	})
+}
+
+// FuzzNewShedder builds Shedders from arbitrary numbers for every numeric
+// field of ShedConfig: NewShedder returns a Shedder or a *ConfigError, never
+// panics, and a Shedder it returns serves a request and refuses one with a
+// Retry-After of whole seconds that bulwark's own client would obey.
+func FuzzNewShedder(f *testing.F) {
+	f.Add(0, 0, int64(0), 0.0, int64(0))
+	f.Add(-1, -1, int64(-1), -1.0, int64(-1))
+	f.Add(4, 2, int64(time.Second), 0.5, int64(1500*time.Millisecond))
+	f.Add(1, 1<<40, int64(math.MaxInt64), 0.999999, int64(math.MaxInt64))
+	f.Add(math.MaxInt, math.MinInt, int64(math.MinInt64), math.Inf(-1), int64(24*time.Hour))
+	f.Fuzz(func(t *testing.T, workers, queue int, maxWait int64, reserved float64, retryAfter int64) {
+		cfg := ShedConfig{Workers: workers, Queue: queue, MaxQueueWait: time.Duration(maxWait),
+			ReservedCritical: reserved, RetryAfter: time.Duration(retryAfter),
+			// Registrations last as long as the provider: none on the global one.
+			MeterProvider: metricnoop.NewMeterProvider()}
+		ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+		s, err := NewShedder(ok, cfg)
+		if err != nil {
+			var ce *ConfigError
+			if s != nil || !errors.As(err, &ce) || !errors.Is(err, ErrInvalidConfig) || !strings.HasPrefix(err.Error(), "bulwark: ") {
+				t.Fatalf("NewShedder(%+v) = %v, %v; want nil and a *ConfigError", cfg, s, err)
+			}
+			return
+		}
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+		if rec.Code != http.StatusNoContent {
+			t.Fatalf("NewShedder(%+v): an idle Shedder answered %d, want the handler's 204", cfg, rec.Code)
+		}
+		rec = httptest.NewRecorder()
+		s.refuse(rec, PriorityNormal, ShedQueueFull)
+		v := rec.Result().Header["Retry-After"]
+		n, err := strconv.ParseInt(strings.Join(v, ","), 10, 64)
+		if d, res := parseRetryAfter(v, time.Now()); err != nil || n < 1 || res != retryAfterValid || d != time.Duration(n)*time.Second {
+			t.Fatalf("NewShedder(%+v): refusal's Retry-After %q, want whole seconds ≥ 1 that a bulwark client obeys", cfg, v)
 		}
 	})
 }

@@ -43,10 +43,12 @@ const PriorityHeader = "Bulwark-Priority"
 // beyond PriorityTest is treated as PriorityTest.
 type Priority uint8
 
-// The priorities, most important first. They follow Stripe's order for its
-// last line of defence (the reference note): critical methods, then writes
-// (POST), then reads (GET), then test-mode traffic, with PriorityLow between
-// reads and test traffic for work that can always wait (batch, prefetch).
+// The priorities, most important first. They follow the order of Stripe's
+// last line of defence, its load shedder (Stripe's engineering blog,
+// "Scaling your API with rate limiters", 2017): critical methods, then
+// writes (POST), then reads (GET), then test-mode traffic, with PriorityLow
+// between reads and test traffic for work that can always wait (batch,
+// prefetch).
 const (
 	PriorityCritical Priority = iota
 	PriorityHigh
@@ -54,8 +56,16 @@ const (
 	PriorityLow
 	PriorityTest
 
-	numPriorities = int(PriorityTest) + 1
+	// NumPriorities is how many priorities there are, one past
+	// PriorityTest: the length of ShedStats' arrays by priority. Ranging
+	// over it yields every Priority, most important first. It is not a
+	// priority itself.
+	NumPriorities
 )
+
+// numPriorities is NumPriorities as an int, for loops over the Shedder's
+// arrays.
+const numPriorities = int(NumPriorities)
 
 var priorityNames = [numPriorities]string{"critical", "high", "normal", "low", "test"}
 
@@ -142,7 +152,9 @@ type ShedConfig struct {
 	// caller's deadline header) waits at most until that deadline. Either
 	// way, a request whose patience ran out is refused, never handed to the
 	// handler: its caller has stopped waiting for the answer. Zero means
-	// DefaultMaxQueueWait; negative is an error.
+	// DefaultMaxQueueWait; negative is an error. There is no upper bound:
+	// the instant a wait ends saturates rather than overflows, so a huge
+	// value means waiting for the caller's deadline or departure alone.
 	MaxQueueWait time.Duration
 
 	// ReservedCritical is the fraction of Workers, in [0, 1), held back for
@@ -157,7 +169,9 @@ type ShedConfig struct {
 
 	// RetryAfter is the wait a refusal's Retry-After header asks for,
 	// rounded up to whole seconds. Zero means DefaultShedRetryAfter;
-	// negative is an error.
+	// negative, or more than 24 hours, is an error: bulwark's own client
+	// ignores a longer Retry-After as absurd, so the Shedder would be
+	// asking for nothing.
 	RetryAfter time.Duration
 
 	// Classify gives a request's priority. It runs on every request, so it
@@ -195,8 +209,14 @@ const (
 	// away) while it waited.
 	ShedCanceled
 
-	numShedReasons = int(ShedCanceled) + 1
+	// NumShedReasons is how many reasons there are, one past ShedCanceled:
+	// the length of ShedStats.Shed. Ranging over it yields every
+	// ShedReason. It is not a reason itself.
+	NumShedReasons
 )
+
+// numShedReasons is NumShedReasons as an int.
+const numShedReasons = int(NumShedReasons)
 
 var shedReasonNames = [numShedReasons]string{"queue_full", "waited_too_long", "displaced", "canceled"}
 
@@ -209,16 +229,25 @@ func (r ShedReason) String() string {
 }
 
 // ShedStats is a snapshot of a Shedder's state and counters. The counters
-// only grow; subtract two snapshots for a rate. Arrays are indexed by
-// Priority and ShedReason.
+// only grow; subtract two snapshots for a rate. The arrays are indexed by
+// Priority and ShedReason, and sized by NumPriorities and NumShedReasons,
+// so that a loop over every counter reads:
+//
+//	for r := range bulwark.NumShedReasons {
+//		for p := range bulwark.NumPriorities {
+//			use(r, p, st.Shed[r][p])
+//		}
+//	}
+//
+// The zero ShedStats is a Shedder that has seen no request.
 type ShedStats struct {
 	InFlight int // requests in the wrapped handler now
 	Queued   int // requests waiting for a worker now
 
 	// Served counts the requests handed to the wrapped handler, by priority.
-	Served [numPriorities]uint64
+	Served [NumPriorities]uint64
 	// Shed counts refused requests by reason, then priority.
-	Shed [numShedReasons][numPriorities]uint64
+	Shed [NumShedReasons][NumPriorities]uint64
 }
 
 // ShedTotal is the number of refused requests, all reasons and priorities.
@@ -263,12 +292,12 @@ func (s ShedStats) ShedTotal() uint64 {
 //
 // bulwark.shed.priority is a Priority's String ("critical" … "test"),
 // bulwark.shed.reason a ShedReason's ("queue_full", "waited_too_long",
-// "displaced", "canceled"): 25 series at most. With ShedConfig.Name set,
-// every point also carries bulwark.shed.name. The registration lasts as
-// long as the MeterProvider, and carries no attribute telling two Shedders
-// apart: give each Shedder of a process its own MeterProvider (or scope) if
-// there are several. A registration error goes to otel.Handle; NewShedder
-// does not fail over metrics.
+// "displaced", "canceled"): 5 served and 20 refused series per Shedder.
+// Several Shedders on one MeterProvider tell their points apart by
+// ShedConfig.Name, which every point carries as bulwark.shed.name when set:
+// give each a Name of its own, or their points land in the same series. The
+// registration lasts as long as the MeterProvider. A registration error
+// goes to otel.Handle; NewShedder does not fail over metrics.
 type Shedder struct {
 	next     http.Handler
 	classify func(*http.Request) Priority
@@ -332,6 +361,10 @@ func NewShedder(next http.Handler, cfg ShedConfig) (*Shedder, error) {
 	}
 	if cfg.RetryAfter < 0 {
 		return nil, shedFieldError("RetryAfter", cfg.RetryAfter, "must be ≥ 0")
+	}
+	if cfg.RetryAfter > maxRetryAfterHeader {
+		// The bound also keeps the rounding up below from overflowing.
+		return nil, shedFieldError("RetryAfter", cfg.RetryAfter, "must be at most 24h: a bulwark client ignores a longer Retry-After")
 	}
 
 	workers := cfg.Workers

@@ -281,6 +281,40 @@ func TestShedderMaxQueueWait(t *testing.T) {
 	})
 }
 
+// A MaxQueueWait as long as a Duration goes is no overflow: the waiter
+// waits for a worker (or its deadline), and is then served.
+func TestShedderHugeMaxQueueWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate()
+		s := mustShedder(t, g, ShedConfig{Workers: 1, Queue: 1, ReservedCritical: -1, MaxQueueWait: math.MaxInt64})
+		first := start(s, newReq("GET", "/first", ""))
+		synctest.Wait()
+		queued := start(s, newReq("GET", "/queued", ""))
+		time.Sleep(1000 * time.Hour) // synctest's clock: no real wait
+		synctest.Wait()
+		if rec := done(queued); rec != nil {
+			t.Fatalf("queued request answered %d after 1000h, want it still waiting", rec.Code)
+		}
+		close(g.release)
+		checkOK(t, "first", <-first)
+		checkOK(t, "queued", <-queued)
+
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		g2 := newGate()
+		s = mustShedder(t, g2, ShedConfig{Workers: 1, Queue: 1, ReservedCritical: -1, MaxQueueWait: math.MaxInt64})
+		first = start(s, newReq("GET", "/first", ""))
+		synctest.Wait()
+		t0 := time.Now()
+		checkShed(t, "deadline", <-start(s, newReq("GET", "/late", "").WithContext(ctx)), ShedWaitedTooLong)
+		if waited := time.Since(t0); waited != time.Minute {
+			t.Errorf("waiter with a 1m deadline left after %v", waited)
+		}
+		close(g2.release)
+		checkOK(t, "first", <-first)
+	})
+}
+
 // The queue-time check at hand-over reads the injected clock: a waiter
 // whose patience passed while no timer has fired yet is dropped, and the
 // freed worker goes to the next waiter instead.
@@ -472,6 +506,8 @@ func TestNewShedderBadConfig(t *testing.T) {
 		{"reserve more", ok, ShedConfig{ReservedCritical: 1.5}, "ShedConfig.ReservedCritical = 1.5"},
 		{"reserve NaN", ok, ShedConfig{ReservedCritical: math.NaN()}, "ShedConfig.ReservedCritical = NaN"},
 		{"negative retry-after", ok, ShedConfig{RetryAfter: -time.Second}, "ShedConfig.RetryAfter = -1s"},
+		{"retry-after past a day", ok, ShedConfig{RetryAfter: 24*time.Hour + time.Second}, "ShedConfig.RetryAfter = 24h0m1s: must be at most 24h"},
+		{"retry-after near MaxInt64", ok, ShedConfig{RetryAfter: math.MaxInt64 - time.Second/2}, "ShedConfig.RetryAfter = 2562047h47m16.354775807s: must be at most 24h"},
 	} {
 		s, err := NewShedder(tc.next, tc.cfg)
 		if s != nil || err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
@@ -498,6 +534,7 @@ func TestShedderDefaults(t *testing.T) {
 		{ShedConfig{Workers: 1}, 1, 1, 1, DefaultMaxQueueWait, "1"}, // the reserve never takes the last worker
 		{ShedConfig{Workers: 20, ReservedCritical: -1, Queue: -1}, 20, 20, 0, DefaultMaxQueueWait, "1"},
 		{ShedConfig{Workers: 20, ReservedCritical: 0.26, Queue: 3, MaxQueueWait: time.Second, RetryAfter: 1500 * time.Millisecond}, 20, 14, 3, time.Second, "2"},
+		{ShedConfig{Workers: 2, MaxQueueWait: math.MaxInt64, RetryAfter: 24 * time.Hour}, 2, 1, 1, math.MaxInt64, "86400"},
 	} {
 		s := mustShedder(t, ok, tc.cfg)
 		if s.workers != tc.workers || s.shared != tc.shared || s.queueCap != tc.queue || s.maxWait != tc.wait || s.retryAfter[0] != tc.retryAfter {
@@ -645,6 +682,33 @@ func ExampleShedder() {
 	// 503 Retry-After: 1 Bulwark-No-Retry: 1
 	// done
 	// served: 1 shed: 1
+}
+
+// ExampleShedStats reads every counter of a snapshot with exported names
+// only: the arrays are sized by NumPriorities and NumShedReasons, and
+// ranging over those yields a Priority and a ShedReason.
+func ExampleShedStats() {
+	s, err := NewShedder(http.NotFoundHandler(), ShedConfig{Workers: 1, Queue: -1})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	s.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+	st := s.Stats()
+	var served [NumPriorities]uint64 = st.Served
+	for p := range NumPriorities {
+		var shed uint64
+		for r := range NumShedReasons {
+			shed += st.Shed[r][p]
+		}
+		fmt.Printf("%s: served %d, shed %d\n", p, served[p], shed)
+	}
+	// Output:
+	// critical: served 0, shed 0
+	// high: served 0, shed 0
+	// normal: served 1, shed 0
+	// low: served 0, shed 0
+	// test: served 0, shed 0
 }
 
 // nopWriter is a ResponseWriter that keeps nothing, with a header map

@@ -45,6 +45,15 @@ type Config struct {
 	// exact host:port key first, then the host key, then Default; the port
 	// of a URL without one is the scheme's (80 or 443). Zero fields inherit
 	// from Default.
+	//
+	// A fully qualified name with one trailing dot is the same host as
+	// without it, in keys and in requests: a request to
+	// "http://api.example.com./" gets the "api.example.com" policy (and
+	// shares that host's state), and a key "api.example.com." is the key
+	// "api.example.com". An IPv6 address is written in brackets, as in a
+	// URL: "[::1]" or "[::1]:8080"; a bare "::1" is refused, since a port
+	// cannot be told from the address's last group. A port is 1..65535,
+	// without leading zeros. Any other key is a *ConfigError from New.
 	Upstreams map[string]Policy
 
 	// TracerProvider and MeterProvider are where bulwark's spans and metrics
@@ -252,39 +261,6 @@ func New(cfg Config) (*Transport, error) {
 	return t, nil
 }
 
-// parseUpstreamKey splits an Upstreams key into a lower-case host and a port
-// (empty when the key has none), refusing anything that is not exactly
-// "host" or "host:port".
-func parseUpstreamKey(k string) (host, port string, err error) {
-	if k == "" {
-		return "", "", errString("empty upstream key")
-	}
-	if strings.Contains(k, "://") {
-		return "", "", errString("upstream key must be host or host:port, without a scheme")
-	}
-	if strings.ContainsAny(k, "/?#@ \t") {
-		return "", "", errString("upstream key must be host or host:port, without path, query, userinfo or spaces")
-	}
-	u, perr := url.Parse("//" + k)
-	if perr != nil || u.Host != k {
-		return "", "", errString("upstream key must be host or host:port")
-	}
-	host, port = strings.ToLower(u.Hostname()), u.Port()
-	if host == "" {
-		return "", "", errString("upstream key has no host")
-	}
-	if strings.HasSuffix(k, ":") {
-		return "", "", errString("upstream key has an empty port")
-	}
-	if port != "" {
-		// url.Parse admits only digits in a port; the range is ours to check.
-		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-			return "", "", errString("upstream key's port must be 1..65535")
-		}
-	}
-	return host, port, nil
-}
-
 type errString string
 
 func (e errString) Error() string { return string(e) }
@@ -358,7 +334,7 @@ func (t *Transport) lookup(u *url.URL) *hostState {
 		t.touch(hs, now)
 		return hs
 	}
-	k := hostKey{scheme: strings.ToLower(u.Scheme), host: strings.ToLower(u.Hostname()), port: u.Port()}
+	k := hostKey{scheme: strings.ToLower(u.Scheme), host: canonicalHost(u.Hostname()), port: u.Port()}
 	if k.port == "" {
 		k.port = defaultPort(k.scheme)
 	}
