@@ -32,7 +32,7 @@ func (b *statusBase) RoundTrip(req *http.Request) (*http.Response, error) {
 		h[k] = v
 	}
 	return &http.Response{StatusCode: b.codes[i], Header: h, Request: req,
-		Body: &countedBody{Reader: strings.NewReader("body"), closed: &b.closed, mu: &b.mu}}, nil
+		Body: &closeCountBody{Reader: strings.NewReader("body"), closed: &b.closed, mu: &b.mu}}, nil
 }
 
 func (b *statusBase) sent() int {
@@ -41,20 +41,20 @@ func (b *statusBase) sent() int {
 	return len(b.reqs)
 }
 
-type countedBody struct {
+type closeCountBody struct {
 	io.Reader
 	mu     *sync.Mutex
 	closed *int
 }
 
-func (c *countedBody) Close() error {
+func (c *closeCountBody) Close() error {
 	c.mu.Lock()
 	*c.closed++
 	c.mu.Unlock()
 	return nil
 }
 
-func get(t *testing.T, rt http.RoundTripper, method, url string) (int, error) {
+func sendOnce(t *testing.T, rt http.RoundTripper, method, url string) (int, error) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), method, url, nil)
 	if err != nil {
@@ -84,7 +84,7 @@ func TestRetryDefaultStatuses(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			base := &statusBase{codes: []int{tt.code, 200}}
 			tr := mustNew(t, Config{Base: base})
-			code, err := get(t, tr, http.MethodGet, "http://h.test/")
+			code, err := sendOnce(t, tr, http.MethodGet, "http://h.test/")
 			want, wantSent := tt.code, 1
 			if tt.retry {
 				want, wantSent = 200, 2
@@ -94,7 +94,7 @@ func TestRetryDefaultStatuses(t *testing.T) {
 			}
 			post := &statusBase{codes: []int{tt.code, 200}}
 			tr = mustNew(t, Config{Base: post})
-			if code, err := get(t, tr, http.MethodPost, "http://h.test/"); err != nil || code != tt.code || post.sent() != 1 {
+			if code, err := sendOnce(t, tr, http.MethodPost, "http://h.test/"); err != nil || code != tt.code || post.sent() != 1 {
 				t.Errorf("POST after %d: status %d, err %v, sent %d; want %d, sent once", tt.code, code, err, post.sent(), tt.code)
 			}
 		})
@@ -107,7 +107,7 @@ func TestRetryAlternating500(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		base := &statusBase{codes: []int{500, 200}}
 		tr := mustNew(t, Config{Base: base})
-		if code, err := get(t, tr, http.MethodGet, "http://h.test/"); err != nil || code != 200 || base.sent() != 2 {
+		if code, err := sendOnce(t, tr, http.MethodGet, "http://h.test/"); err != nil || code != 200 || base.sent() != 2 {
 			t.Fatalf("GET: status %d, err %v, sent %d; want 200 after 2 attempts", code, err, base.sent())
 		}
 	})
@@ -130,7 +130,7 @@ func TestCheckRetryError(t *testing.T) {
 				return false, nil
 			},
 		}}})
-		_, err := get(t, tr, http.MethodGet, "http://h.test/")
+		_, err := sendOnce(t, tr, http.MethodGet, "http://h.test/")
 		if !errors.Is(err, errStop) {
 			t.Fatalf("err = %v, want the CheckRetry error", err)
 		}
@@ -155,7 +155,7 @@ func TestOnRetry(t *testing.T) {
 			OnRetry: func(req *http.Request, ev RetryEvent) { reqs = append(reqs, req); evs = append(evs, ev) },
 		}}})
 		start := time.Now()
-		if code, err := get(t, tr, http.MethodGet, "http://h.test/x"); err != nil || code != 200 {
+		if code, err := sendOnce(t, tr, http.MethodGet, "http://h.test/x"); err != nil || code != 200 {
 			t.Fatalf("status %d, err %v; want 200", code, err)
 		}
 		want := []RetryEvent{
@@ -188,11 +188,11 @@ func TestReenable(t *testing.T) {
 			Default:   Policy{Retry: Retry{Disabled: true}, Breaker: Breaker{Disabled: true}},
 			Upstreams: map[string]Policy{"on.test": {Retry: Retry{Enabled: true}, Breaker: Breaker{Enabled: true}}},
 		})
-		if code, _ := get(t, tr, http.MethodGet, "http://off.test/"); code != 503 || base.sent() != 1 {
+		if code, _ := sendOnce(t, tr, http.MethodGet, "http://off.test/"); code != 503 || base.sent() != 1 {
 			t.Errorf("off.test: status %d after %d sends; want 503, sent once", code, base.sent())
 		}
 		base.reqs = nil
-		if code, _ := get(t, tr, http.MethodGet, "http://on.test/"); code != 200 || base.sent() != 2 {
+		if code, _ := sendOnce(t, tr, http.MethodGet, "http://on.test/"); code != 200 || base.sent() != 2 {
 			t.Errorf("on.test: status %d after %d sends; want 200 after a retry", code, base.sent())
 		}
 		for _, h := range tr.Snapshot().Hosts {
@@ -250,10 +250,10 @@ func TestSnapshot(t *testing.T) {
 		tr := mustNew(t, Config{Base: base, Upstreams: map[string]Policy{
 			"bare.test": only(Policy{}),
 		}})
-		if code, err := get(t, tr, http.MethodGet, "http://H.test/"); err != nil || code != 200 {
+		if code, err := sendOnce(t, tr, http.MethodGet, "http://H.test/"); err != nil || code != 200 {
 			t.Fatalf("status %d, err %v", code, err)
 		}
-		if _, err := get(t, tr, http.MethodGet, "http://bare.test:8080/"); err != nil {
+		if _, err := sendOnce(t, tr, http.MethodGet, "http://bare.test:8080/"); err != nil {
 			t.Fatal(err)
 		}
 		s := tr.Snapshot()
