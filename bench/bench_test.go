@@ -75,6 +75,19 @@ func BenchmarkStub(b *testing.B) {
 	}
 }
 
+// BenchmarkCtxBase is each stack's middleware cost over ctxBase, a base
+// that answers from memory but derives and watches a context from the
+// request's and reads every header, as net/http's Transport does: work a
+// stack defers until the base looks is paid here. floor (Floor: an attempt
+// context, a request clone, two headers) is the yardstick.
+func BenchmarkCtxBase(b *testing.B) {
+	stacks := all(b, ctxBase{})
+	stacks = append([]Stack{stacks[0], {"floor", Floor(Defaults.Attempt, ctxBase{})}}, stacks[1:]...)
+	for _, s := range stacks {
+		b.Run(s.Name, func(b *testing.B) { roundTrips(b, s.RT, "http://stub.internal/x", nil) })
+	}
+}
+
 // BenchmarkLoopback is a real HTTP exchange with an httptest server on
 // 127.0.0.1 through each stack.
 func BenchmarkLoopback(b *testing.B) {
@@ -118,13 +131,15 @@ const pairedBlock = 64
 // background sends with context.Background, which net/http never has to
 // watch: the cheapest case for bare. Under it, bulwark (full stack),
 // bulwark-router (every layer off), bulwark-timeout (the deadline layers
-// alone: an attempt context and two headers), withcancel (a plain
+// alone: an attempt context and two headers), floor (Floor: the same done
+// with the standard library alone, the yardstick), withcancel (a plain
 // context.WithCancel per request, no bulwark: what any cancellable
 // per-attempt context costs in net/http) and headers (two more request
 // headers, no bulwark) take the cost apart; failsafe-go and retryablehttp,
 // configured as in BenchmarkLoopback, are measured the same way.
 // cancelable sends with a context.WithCancel context, as a server handler's
-// request context is: there bare too pays for a context net/http watches.
+// request context is: there bare too pays for a context net/http watches;
+// bulwark and floor are measured under it.
 func BenchmarkLoopbackPaired(b *testing.B) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
 	defer srv.Close()
@@ -148,7 +163,9 @@ func BenchmarkLoopbackPaired(b *testing.B) {
 			stacks = append(stacks, l)
 		}
 	}
+	floor := Floor(Defaults.Attempt, base)
 	stacks = append(stacks,
+		Stack{"floor", floor},
 		Stack{"withcancel", withCancelRT{base}},
 		Stack{"headers", twoHeadersRT{base}},
 		Stack{"failsafe-go", Failsafe(Defaults, base)},
@@ -157,6 +174,7 @@ func BenchmarkLoopbackPaired(b *testing.B) {
 		b.Run("background/"+s.Name, func(b *testing.B) { pairedLoop(b, pairedRequest(b, srv.URL, false), base, s.RT) })
 	}
 	b.Run("cancelable/bulwark", func(b *testing.B) { pairedLoop(b, pairedRequest(b, srv.URL, true), base, bw) })
+	b.Run("cancelable/floor", func(b *testing.B) { pairedLoop(b, pairedRequest(b, srv.URL, true), base, floor) })
 }
 
 // twoHeadersRT sends each request with two headers more, of the lengths of

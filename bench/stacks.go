@@ -9,8 +9,12 @@
 package bench
 
 import (
+	"context"
 	"errors"
+	"io"
 	"net/http"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/bulwark-http/bulwark"
@@ -80,6 +84,67 @@ func Peers(p Params, base http.RoundTripper) ([]Stack, error) {
 		{"gobreaker", GoBreaker(p, base)},
 		{"bulwark", bw},
 	}, nil
+}
+
+// Floor is the least a RoundTripper that propagates a deadline does with
+// the standard library alone: an attempt context with a timeout, a clone of
+// the request under it carrying the two headers bulwark sends (milliseconds
+// left, attempt number), and the context cancelled when the body ends. No
+// retry, breaker or bulkhead: a deadline layer cannot cost less than this,
+// so it is the yardstick for bulwark's full stack.
+func Floor(attempt time.Duration, base http.RoundTripper) http.RoundTripper {
+	return floorRT{attempt, base}
+}
+
+type floorRT struct {
+	attempt time.Duration
+	next    http.RoundTripper
+}
+
+func (f floorRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx, cancel := context.WithTimeout(req.Context(), f.attempt)
+	r2 := req.Clone(ctx)
+	if r2.Header == nil {
+		r2.Header = make(http.Header, 2)
+	}
+	deadline, _ := ctx.Deadline()
+	r2.Header.Set(bulwark.DefaultDeadlineHeader, strconv.FormatInt(time.Until(deadline).Milliseconds(), 10))
+	r2.Header.Set(bulwark.AttemptHeader, "1")
+	resp, err := f.next.RoundTrip(r2)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	resp.Body = &cancelAtEnd{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}
+
+// cancelAtEnd cancels the attempt context once, at EOF or Close, whichever
+// comes first: the caller is still reading until then.
+type cancelAtEnd struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+	done   atomic.Bool
+}
+
+func (c *cancelAtEnd) Read(p []byte) (int, error) {
+	n, err := c.ReadCloser.Read(p)
+	if err == io.EOF {
+		c.end()
+	}
+	return n, err
+}
+
+func (c *cancelAtEnd) Close() error {
+	err := c.ReadCloser.Close()
+	c.end()
+	return err
+}
+
+func (c *cancelAtEnd) end() {
+	if c.done.CompareAndSwap(false, true) {
+		c.cancel()
+	}
 }
 
 // failureStatus is the status rule every breaker and retry here shares:

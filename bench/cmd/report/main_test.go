@@ -1,0 +1,122 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// synthetic is go test -bench output, three samples a benchmark, with
+// medians chosen so that each target is met at one -cpu and not at the
+// other (bulwark's -cpu scaling is met, open-breaker allocs are not).
+const synthetic = `goos: linux
+BenchmarkCtxBase/bare         	100	1000 ns/op	464 B/op	6 allocs/op
+BenchmarkCtxBase/bare         	100	 900 ns/op	464 B/op	6 allocs/op
+BenchmarkCtxBase/bare         	100	1100 ns/op	464 B/op	6 allocs/op
+BenchmarkCtxBase/bare-2       	100	 500 ns/op	464 B/op	6 allocs/op
+BenchmarkCtxBase/bare-2       	100	 500 ns/op	464 B/op	6 allocs/op
+BenchmarkCtxBase/bare-2       	100	 500 ns/op	464 B/op	6 allocs/op
+BenchmarkCtxBase/floor        	100	2000 ns/op	999 B/op	16 allocs/op
+BenchmarkCtxBase/floor        	100	2000 ns/op	999 B/op	16 allocs/op
+BenchmarkCtxBase/floor        	100	9000 ns/op	999 B/op	16 allocs/op
+BenchmarkCtxBase/floor-2      	100	1500 ns/op	999 B/op	16 allocs/op
+BenchmarkCtxBase/floor-2      	100	1500 ns/op	999 B/op	16 allocs/op
+BenchmarkCtxBase/floor-2      	100	1500 ns/op	999 B/op	16 allocs/op
+BenchmarkCtxBase/bulwark      	100	2100 ns/op	999 B/op	12 allocs/op
+BenchmarkCtxBase/bulwark      	100	2100 ns/op	999 B/op	12 allocs/op
+BenchmarkCtxBase/bulwark      	100	2100 ns/op	999 B/op	12 allocs/op
+BenchmarkCtxBase/bulwark-2    	100	1700 ns/op	999 B/op	12 allocs/op
+BenchmarkCtxBase/bulwark-2    	100	1700 ns/op	999 B/op	12 allocs/op
+BenchmarkCtxBase/bulwark-2    	100	1700 ns/op	999 B/op	12 allocs/op
+BenchmarkCtxBase/failsafe-go  	100	3300 ns/op	999 B/op	50 allocs/op
+BenchmarkCtxBase/failsafe-go  	100	3300 ns/op	999 B/op	50 allocs/op
+BenchmarkCtxBase/failsafe-go  	100	3300 ns/op	999 B/op	50 allocs/op
+BenchmarkCtxBase/failsafe-go-2	100	2800 ns/op	999 B/op	50 allocs/op
+BenchmarkCtxBase/failsafe-go-2	100	2800 ns/op	999 B/op	50 allocs/op
+BenchmarkCtxBase/failsafe-go-2	100	2800 ns/op	999 B/op	50 allocs/op
+BenchmarkLoopbackPaired/background/bulwark  	100	70000 ns/op	33000 bare-ns/req	34000 stack-ns/req	1.030 stack/bare	999 B/op	20 allocs/op
+BenchmarkLoopbackPaired/background/floor    	100	70000 ns/op	33000 bare-ns/req	34000 stack-ns/req	1.020 stack/bare	999 B/op	20 allocs/op
+BenchmarkLoopbackPaired/background/bulwark-2	100	70000 ns/op	33000 bare-ns/req	34000 stack-ns/req	1.100 stack/bare	999 B/op	20 allocs/op
+BenchmarkLoopbackPaired/background/floor-2  	100	70000 ns/op	33000 bare-ns/req	34000 stack-ns/req	1.050 stack/bare	999 B/op	20 allocs/op
+BenchmarkOpenBreaker/bulwark  	100	 120 ns/op	0 B/op	0 allocs/op
+BenchmarkOpenBreaker/bulwark-2	100	 140 ns/op	16 B/op	1 allocs/op
+PASS
+`
+
+func TestEvalTargets(t *testing.T) {
+	samples, err := parse(strings.NewReader(synthetic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type key struct{ what, cpu string }
+	got := map[key]target{}
+	for _, tg := range evalTargets(samples) {
+		got[key{tg.what, tg.cpu}] = tg
+	}
+	const (
+		floorT   = "ctx base: bulwark adds ≤ 1.1 × floor's ns, ≤ floor's allocs"
+		bgT      = "loopback (background): bulwark ÷ bare ≤ floor ÷ bare + 0.02"
+		cancelT  = "loopback (cancelable): bulwark ÷ bare ≤ floor ÷ bare + 0.02"
+		peerT    = "ctx base: failsafe-go adds ≥ 2 × bulwark's ns"
+		scaleT   = "ctx base: bulwark ns/op at -cpu 2 ≤ at -cpu 1"
+		breakerT = "open breaker, full stack: ≤ 150 ns, 0 allocs"
+	)
+	want := []struct {
+		what, cpu string
+		met       bool
+		measured  string // "" = any but notMeasured
+	}{
+		// -cpu 1: bare 1000, floor 2000 (+1000, +10), bulwark 2100 (+1100, +6).
+		{floorT, "1", true, "bulwark +1100 ns, +6 allocs; floor +1000 ns, +10 allocs; ns ratio 1.10"},
+		// -cpu 2: floor +1000, bulwark +1200: 1.2 × the floor's.
+		{floorT, "2", false, ""},
+		{bgT, "1", true, "bulwark 1.030; floor 1.020"},
+		{bgT, "2", false, "bulwark 1.100; floor 1.050"},
+		{cancelT, "1", false, notMeasured},
+		{cancelT, "2", false, notMeasured},
+		// failsafe-go +2300 vs bulwark +1100 at 1; +2300 vs +1200 at 2 is < 2.4.
+		{peerT, "1", true, ""},
+		{peerT, "2", false, ""},
+		{scaleT, "1, 2", true, "2100 ns at 1; 1700 ns at 2"},
+		{breakerT, "1", true, "120 ns, 0 allocs"},
+		{breakerT, "2", false, "140 ns, 1 allocs"},
+	}
+	if len(got) != len(want) {
+		t.Errorf("%d targets, want %d", len(got), len(want))
+	}
+	for _, w := range want {
+		g, ok := got[key{w.what, w.cpu}]
+		switch {
+		case !ok:
+			t.Errorf("%s at %s: missing", w.what, w.cpu)
+		case g.met != w.met:
+			t.Errorf("%s at %s: met %v, want %v (%s)", w.what, w.cpu, g.met, w.met, g.measured)
+		case w.measured != "" && g.measured != w.measured:
+			t.Errorf("%s at %s: measured %q, want %q", w.what, w.cpu, g.measured, w.measured)
+		case w.measured == "" && g.measured == notMeasured:
+			t.Errorf("%s at %s: not measured", w.what, w.cpu)
+		}
+	}
+}
+
+// TestTargetsRender: the section names every target with its verdict and
+// carries the stub only as a reference.
+func TestTargetsRender(t *testing.T) {
+	samples, err := parse(strings.NewReader(synthetic + "BenchmarkStub/bare 100 100 ns/op 1 B/op 4 allocs/op\nBenchmarkStub/bulwark 100 300 ns/op 1 B/op 8 allocs/op\nBenchmarkStub/failsafe-go 100 900 ns/op 1 B/op 50 allocs/op\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	targets(func(f string, a ...any) { fmt.Fprintf(&b, f, a...) }, samples)
+	out := b.String()
+	for _, s := range []string{
+		"| ctx base: bulwark adds ≤ 1.1 × floor's ns, ≤ floor's allocs | 1 | bulwark +1100 ns, +6 allocs; floor +1000 ns, +10 allocs; ns ratio 1.10 | met |",
+		"| open breaker, full stack: ≤ 150 ns, 0 allocs | 2 | 140 ns, 1 allocs | not met |",
+		"Reference, not a target: on the never-waits stub (BenchmarkStub, -cpu 1) bulwark adds +200 ns, +4 allocs",
+		"| BenchmarkLoopbackPaired/background/floor-2 | 33000 | 34000 | 1.050 |",
+	} {
+		if !strings.Contains(out, s) {
+			t.Errorf("missing %q in\n%s", s, out)
+		}
+	}
+}
