@@ -165,7 +165,7 @@ type totalStage struct {
 }
 
 func (d *totalStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
-	end := time.Now().Add(d.total)
+	end := c.start.Add(d.total)
 	if cd, ok := req.Context().Deadline(); !ok || end.Before(cd) {
 		// Else the caller's deadline comes first: nothing to add.
 		c.total = end

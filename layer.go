@@ -19,6 +19,9 @@ type stage interface {
 // bound Timeout.Total set, the number of the attempt under way, and what
 // the balancer has tried. Nothing in it belongs to one layer's internals.
 type call struct {
+	// start is when the call began, read once by the router: the total
+	// deadline counts from it and the retry budget counts the call at it.
+	start time.Time
 	// total is when Timeout.Total ends, zero when the call has no such
 	// bound of bulwark's or the caller's deadline comes first. A layer that
 	// waits (retry backoff, bulkhead queue, rate limit) never waits past it.

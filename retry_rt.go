@@ -388,7 +388,7 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 		return nil, err
 	}
 	if r.budget != nil {
-		r.budget.call(time.Now())
+		r.budget.call(c.start)
 	}
 	if r.balanced {
 		c.tried = new(triedSet)

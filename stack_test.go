@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 )
 
 // stageRT serves a stage as an http.RoundTripper, as the start of a call:
@@ -12,7 +13,7 @@ import (
 type stageRT struct{ s stage }
 
 func (r stageRT) RoundTrip(req *http.Request) (*http.Response, error) {
-	return r.s.roundTrip(req, call{})
+	return r.s.roundTrip(req, call{start: time.Now()})
 }
 
 // only returns p with every layer off but the ones named ("timeout",

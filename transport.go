@@ -289,7 +289,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody(req)
 		return nil, doneError(req.Context())
 	}
-	return t.send(t.lookup(req.URL), req)
+	now := time.Now()
+	return t.send(t.lookupAt(req.URL, now.UnixNano()), req, now)
 }
 
 // CloseIdleConnections closes the base's idle connections, when the base
@@ -324,8 +325,10 @@ func defaultPort(scheme string) string {
 }
 
 // lookup returns u's per-host state, creating it on first use.
-func (t *Transport) lookup(u *url.URL) *hostState {
-	now := time.Now().UnixNano()
+func (t *Transport) lookup(u *url.URL) *hostState { return t.lookupAt(u, time.Now().UnixNano()) }
+
+// lookupAt is lookup at now, in unix nanoseconds.
+func (t *Transport) lookupAt(u *url.URL, now int64) *hostState {
 	// The last host looked up, when u names it exactly as the URL that made
 	// its state did: one atomic load and two string comparisons, where the
 	// map costs a lowercased, parsed key, its hash and the read lock, whose
@@ -476,15 +479,15 @@ func (t *Transport) hostCount() int {
 // send is the router's hand-off to a host's stack: it counts the call's
 // final outcome and, when the caller's context has no span, wraps the call
 // in a logical span so that its attempts share one trace.
-func (t *Transport) send(hs *hostState, req *http.Request) (*http.Response, error) {
-	c := hs.rep.begin(req)
-	if c == nil {
-		return hs.rt.roundTrip(req, call{})
+func (t *Transport) send(hs *hostState, req *http.Request, start time.Time) (*http.Response, error) {
+	o := hs.rep.begin(req)
+	if o == nil {
+		return hs.rt.roundTrip(req, call{start: start})
 	}
-	if c.ctx != nil {
-		req = req.WithContext(c.ctx)
+	if o.ctx != nil {
+		req = req.WithContext(o.ctx)
 	}
-	resp, err := hs.rt.roundTrip(req, call{})
-	c.end(req, resp, err)
+	resp, err := hs.rt.roundTrip(req, call{start: start})
+	o.end(req, resp, err)
 	return resp, err
 }
