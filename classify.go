@@ -17,22 +17,22 @@ import (
 type kind uint8
 
 const (
-	kindSuccess      kind = iota // a status below 400
-	kindClientError              // 4xx other than 408 and 429: the request was wrong
-	kindNotImplemented           // 501: the server does not do what was asked, a wrong request too
-	kindRequestTime              // 408: the server gave up waiting for the request
-	kindTooMany                  // 429
-	kindServerError              // 5xx other than 501
-	kindTimeout                  // bulwark's own bound: ErrAttemptTimeout or ErrTotalTimeout
-	kindDeadline                 // the caller's own deadline
-	kindCanceled                 // the caller's own cancellation
-	kindTooShort                 // ErrDeadlineTooShort: not sent, too little time left
-	kindBreakerOpen              // not sent: ErrBreakerOpen
-	kindBulkheadFull             // not sent: ErrBulkheadFull (rate limit included)
-	kindPushback                 // not sent: ErrPushback
-	kindBudget                   // ErrRetryBudget
-	kindTransient                // a transport error another try may cure
-	kindPermanent                // a transport error another try will not cure
+	kindSuccess        kind = iota // a status below 400
+	kindClientError                // 4xx other than 408 and 429: the request was wrong
+	kindNotImplemented             // 501: the server does not do what was asked, a wrong request too
+	kindRequestTime                // 408: the server gave up waiting for the request
+	kindTooMany                    // 429
+	kindServerError                // 5xx other than 501
+	kindTimeout                    // bulwark's own bound: ErrAttemptTimeout or ErrTotalTimeout
+	kindDeadline                   // the caller's own deadline
+	kindCanceled                   // the caller's own cancellation
+	kindTooShort                   // ErrDeadlineTooShort: not sent, too little time left
+	kindBreakerOpen                // not sent: ErrBreakerOpen
+	kindBulkheadFull               // not sent: ErrBulkheadFull (rate limit included)
+	kindPushback                   // not sent: ErrPushback
+	kindBudget                     // ErrRetryBudget
+	kindTransient                  // a transport error another try may cure
+	kindPermanent                  // a transport error another try will not cure
 )
 
 // classify is the one classification of an outcome; exactly one of resp

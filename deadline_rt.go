@@ -283,12 +283,12 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 // attemptRun is one attempt's context and the one timer that bounds it:
 // first the wait for headers, then each read of the body.
 type attemptRun struct {
-	parent  context.Context
-	ctx     context.Context
-	cancel  context.CancelCauseFunc
-	timer   *time.Timer
-	limit   atomic.Pointer[wrapError] // the bound the timer enforces now
-	idle    time.Duration
+	parent context.Context
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	timer  *time.Timer
+	limit  atomic.Pointer[wrapError] // the bound the timer enforces now
+	idle   time.Duration
 	// bodyUntil is Total's end when it bounds the body; zero: it does not.
 	bodyUntil time.Time
 }

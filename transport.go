@@ -475,7 +475,6 @@ func (t *Transport) hostCount() int {
 	return len(t.hosts)
 }
 
-
 // send is the router's hand-off to a host's stack: it counts the call's
 // final outcome and, when the caller's context has no span, wraps the call
 // in a logical span so that its attempts share one trace.
