@@ -3,6 +3,7 @@ package bulwark
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -39,40 +40,15 @@ func (r *recordBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	return &http.Response{StatusCode: 503, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("busy")), Request: req}, nil
 }
 
-// twice is a stand-in for a retry layer: it sends each call twice through
-// next, numbering the attempts in the call state as the retry layer does.
-type twice struct {
-	next http.RoundTripper
-	t    *Transport
-}
+// noBackoff is a Retry.Backoff that sends every retry at once.
+func noBackoff(time.Duration, time.Duration, int, *http.Response) time.Duration { return 0 }
 
-func (w *twice) RoundTrip(req *http.Request) (*http.Response, error) {
-	req, st := withCall(req, w.t)
-	var resp *http.Response
-	for i := 1; i <= 2; i++ {
-		st.attempt = i
-		if resp != nil {
-			discard(resp)
-		}
-		var err error
-		if resp, err = w.next.RoundTrip(req); err != nil {
-			return nil, err
-		}
-	}
-	return resp, nil
-}
-
-// stackWithTwice builds total → twice → attempt → base for policy p, the
-// order the retry layer will sit in.
-func stackWithTwice(t *testing.T, base http.RoundTripper, to Timeout) http.RoundTripper {
-	tr, err := New(Config{Base: base, Default: Policy{Timeout: to}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := tr.def.policy.Timeout
-	var rt http.RoundTripper = &attemptRT{next: base, t: tr, attempt: p.Attempt, header: p.Header}
-	rt = &twice{next: rt, t: tr}
-	return &totalDeadlineRT{next: rt, t: tr, total: p.Total}
+// retryTwice is the policy of the deadline layers and the real retry layer
+// alone, for two attempts with no wait between them, so that a test knows
+// exactly when each attempt starts.
+func retryTwice(to Timeout) Policy {
+	return only(Policy{Timeout: to, Retry: Retry{MaxAttempts: 2, Backoff: noBackoff, Budget: Budget{Disabled: true}}},
+		"timeout", "retry")
 }
 
 func headerMillis(t *testing.T, h http.Header, name string) int64 {
@@ -88,7 +64,7 @@ func headerMillis(t *testing.T, h http.Header, name string) int64 {
 func TestDeadlineHeaderShrinksPerAttempt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		base := &recordBase{hold: 300 * time.Millisecond}
-		rt := stackWithTwice(t, base, Timeout{Total: time.Second, Attempt: 800 * time.Millisecond})
+		rt := mustNew(t, Config{Base: base, Default: retryTwice(Timeout{Total: time.Second, Attempt: 800 * time.Millisecond})})
 		req, _ := http.NewRequest("GET", "http://tax.internal/rate", nil)
 		resp, err := rt.RoundTrip(req)
 		if err != nil {
@@ -189,15 +165,21 @@ func TestAttemptTimeoutIsOurs(t *testing.T) {
 	})
 }
 
+// The second attempt starts 400 ms in, with 200 ms of Total left, sooner
+// than its Attempt: Total cuts it, and the error says so (ErrTotalTimeout,
+// new with the redesign; it used to be ErrAttemptTimeout).
 func TestTotalBoundsTheCall(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		base := &recordBase{hold: 400 * time.Millisecond}
-		rt := stackWithTwice(t, base, Timeout{Total: 600 * time.Millisecond, Attempt: 500 * time.Millisecond})
+		rt := mustNew(t, Config{Base: base, Default: retryTwice(Timeout{Total: 600 * time.Millisecond, Attempt: 500 * time.Millisecond})})
 		start := time.Now()
 		req, _ := http.NewRequest("GET", "http://tax.internal/", nil)
 		_, err := rt.RoundTrip(req)
-		if !errors.Is(err, ErrAttemptTimeout) {
-			t.Errorf("err = %v, want ErrAttemptTimeout from Total", err)
+		if !errors.Is(err, ErrTotalTimeout) || errors.Is(err, ErrAttemptTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("err = %v, want ErrTotalTimeout (not ErrAttemptTimeout), wrapping context.DeadlineExceeded", err)
+		}
+		if len(base.headers) != 2 {
+			t.Errorf("base saw %d attempts, want 2", len(base.headers))
 		}
 		if el := time.Since(start); el != 600*time.Millisecond {
 			t.Errorf("call took %v, want Total = 600ms", el)
@@ -258,34 +240,89 @@ func TestDoneContextSendsNothing(t *testing.T) {
 	}
 }
 
+// In a bubble: recordBase answers 503, which the default stack retries.
 func TestDisabledTimeoutSendsNoHeader(t *testing.T) {
-	base := &recordBase{}
-	tr, err := New(Config{Base: base, Default: Policy{Timeout: Timeout{Disabled: true}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	req, _ := http.NewRequest("GET", "http://tax.internal/", nil)
-	resp, err := tr.RoundTrip(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if v := base.headers[0].Get(DefaultDeadlineHeader); v != "" {
-		t.Errorf("Timeout disabled, yet %s = %q", DefaultDeadlineHeader, v)
-	}
-	if _, ok := base.ctxs[0].Deadline(); ok {
-		t.Error("Timeout disabled, yet the attempt had a deadline")
+	synctest.Test(t, func(t *testing.T) {
+		base := &recordBase{}
+		tr, err := New(Config{Base: base, Default: Policy{Timeout: Timeout{Disabled: true}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, _ := http.NewRequest("GET", "http://tax.internal/", nil)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if len(base.headers) != DefaultMaxAttempts {
+			t.Fatalf("base saw %d attempts, want %d", len(base.headers), DefaultMaxAttempts)
+		}
+		for i, h := range base.headers {
+			for _, name := range []string{DefaultDeadlineHeader, AttemptHeader} {
+				if v, ok := h[name]; ok {
+					t.Errorf("attempt %d: Timeout disabled, yet %s = %q", i+1, name, v)
+				}
+			}
+		}
+		if _, ok := base.ctxs[0].Deadline(); ok {
+			t.Error("Timeout disabled, yet the attempt had a deadline")
+		}
+	})
+}
+
+// The attempt's context carries the caller's deadline, or none, never
+// bulwark's: bulwark's bound is enforced by its own timer and travels in
+// the deadline header. (Changed on purpose by the redesign: the attempt
+// context used to be a context.WithDeadline of bulwark's bound.)
+func TestAttemptContextDeadlineIsTheCallers(t *testing.T) {
+	for _, callerDeadline := range []bool{false, true} {
+		t.Run(fmt.Sprintf("caller deadline %v", callerDeadline), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &recordBase{}
+				tr := mustNew(t, Config{Base: base, Default: only(Policy{Timeout: Timeout{Attempt: 100 * time.Millisecond}}, "timeout")})
+				ctx := t.Context()
+				if callerDeadline {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, time.Hour)
+					defer cancel()
+				}
+				req, _ := http.NewRequestWithContext(ctx, "GET", "http://tax.internal/", nil)
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				want, wantOK := ctx.Deadline()
+				if got, ok := base.ctxs[0].Deadline(); ok != wantOK || !got.Equal(want) {
+					t.Errorf("attempt context Deadline() = %v, %v; want the caller's %v, %v", got, ok, want, wantOK)
+				}
+				if got := headerMillis(t, base.headers[0], DefaultDeadlineHeader); got != 100-5 {
+					t.Errorf("%s = %d, want %d: Attempt's bound, less the margin", DefaultDeadlineHeader, got, 100-5)
+				}
+			})
+		})
 	}
 }
 
 func TestDeadlineLayersContract(t *testing.T) {
-	for _, to := range []Timeout{{}, {Disabled: true}, {Total: time.Second, Attempt: 100 * time.Millisecond}} {
-		runContract(t, func(base http.RoundTripper) http.RoundTripper {
-			tr, err := New(Config{Base: base, Default: Policy{Timeout: to}})
-			if err != nil {
-				t.Fatal(err)
+	for _, c := range []struct {
+		name string
+		to   Timeout
+	}{
+		{"defaults", Timeout{}},
+		{"off", Timeout{Disabled: true}},
+		{"total and attempt", Timeout{Total: time.Second, Attempt: 100 * time.Millisecond}},
+		{"no deadline header", Timeout{Header: NoDeadlineHeader}},
+		{"reads unbounded", Timeout{BodyIdle: -1}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var layers []string
+			if !c.to.Disabled {
+				layers = append(layers, "timeout")
 			}
-			return tr
+			runContract(t, func(base http.RoundTripper) http.RoundTripper {
+				return mustNew(t, Config{Base: base, Default: only(Policy{Timeout: c.to}, layers...)})
+			})
 		})
 	}
 }
@@ -372,30 +409,31 @@ func TestDeadlineCrossesAHop(t *testing.T) {
 	}
 }
 
+// call.deadline is the sooner of the request context's deadline and
+// Total's end. (The call state is now handed down by value, not found in
+// the context, so there is no other Transport's state to leak into it.)
 func TestCallDeadline(t *testing.T) {
-	tr, err := New(Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Unix(1_000_000, 0)
-	tr.setClock(func() time.Time { return now })
-	if _, ok := callDeadline(t.Context(), nil); ok {
-		t.Error("no deadline anywhere, yet callDeadline reported one")
-	}
-	ctx, cancel := context.WithDeadline(t.Context(), now.Add(time.Second))
+	ctxEnd := time.Now().Add(time.Hour)
+	withDeadline, cancel := context.WithDeadline(t.Context(), ctxEnd)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", "http://a.internal/", nil)
-	req, st := withCall(req, tr)
-	if d, ok := callDeadline(req.Context(), callOf(req.Context(), tr)); !ok || !d.Equal(now.Add(time.Second)) {
-		t.Errorf("callDeadline = %v, %v; want the context's", d, ok)
-	}
-	st.total = now.Add(500 * time.Millisecond)
-	if d, _ := callDeadline(req.Context(), callOf(req.Context(), tr)); !d.Equal(st.total) {
-		t.Errorf("callDeadline = %v, want Total's sooner %v", d, st.total)
-	}
-	other, _ := New(Config{})
-	if d, _ := callDeadline(req.Context(), callOf(req.Context(), other)); !d.Equal(now.Add(time.Second)) {
-		t.Errorf("another Transport's call state leaked into callDeadline: %v", d)
+	for _, c := range []struct {
+		name   string
+		ctx    context.Context
+		total  time.Time
+		want   time.Time
+		wantOK bool
+	}{
+		{"neither", t.Context(), time.Time{}, time.Time{}, false},
+		{"context only", withDeadline, time.Time{}, ctxEnd, true},
+		{"total only", t.Context(), ctxEnd.Add(-time.Minute), ctxEnd.Add(-time.Minute), true},
+		{"total sooner", withDeadline, ctxEnd.Add(-time.Minute), ctxEnd.Add(-time.Minute), true},
+		{"context sooner", withDeadline, ctxEnd.Add(time.Minute), ctxEnd, true},
+	} {
+		req, _ := http.NewRequestWithContext(c.ctx, "GET", "http://a.internal/", nil)
+		got, ok := call{total: c.total}.deadline(req)
+		if ok != c.wantOK || !got.Equal(c.want) {
+			t.Errorf("%s: deadline() = %v, %v; want %v, %v", c.name, got, ok, c.want, c.wantOK)
+		}
 	}
 }
 
