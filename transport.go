@@ -502,7 +502,15 @@ func (t *Transport) send(hs *hostState, req *http.Request) (*http.Response, erro
 	if c.ctx != nil {
 		req = req.WithContext(c.ctx)
 	}
+	returned := false
+	defer func() {
+		if !returned {
+			// A layer below panicked: the logical span ends with it.
+			c.abort()
+		}
+	}()
 	resp, err := hs.rt.roundTrip(req, call{})
+	returned = true
 	c.end(req, resp, err)
 	return resp, err
 }
