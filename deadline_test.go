@@ -493,3 +493,306 @@ func TestNewClientZeroConfig(t *testing.T) {
 		t.Errorf("got %d %q, want 200 \"POST /orders\"", resp.StatusCode, b)
 	}
 }
+
+// dripBase answers 200 with a body of n bytes, one every `every`, each
+// read waiting on the attempt's context as a real connection would; after
+// the n bytes the body ends, or, with stall, waits for the context to end.
+// n < 0 means the body never ends. It records the attempt's context.
+type dripBase struct {
+	every time.Duration
+	n     int
+	stall bool
+
+	mu   sync.Mutex
+	ctxs []context.Context
+}
+
+func (d *dripBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	closeBody(req)
+	d.mu.Lock()
+	d.ctxs = append(d.ctxs, req.Context())
+	d.mu.Unlock()
+	return &http.Response{StatusCode: 200, Header: http.Header{}, Request: req,
+		Body: &dripBody{ctx: req.Context(), every: d.every, left: d.n, stall: d.stall}}, nil
+}
+
+type dripBody struct {
+	ctx   context.Context
+	every time.Duration
+	left  int
+	stall bool
+}
+
+func (b *dripBody) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if b.left == 0 {
+		if !b.stall {
+			return 0, io.EOF
+		}
+		<-b.ctx.Done()
+		return 0, b.ctx.Err()
+	}
+	tm := time.NewTimer(b.every)
+	defer tm.Stop()
+	select {
+	case <-b.ctx.Done():
+		return 0, b.ctx.Err()
+	case <-tm.C:
+		b.left--
+		p[0] = '.'
+		return 1, nil
+	}
+}
+
+func (b *dripBody) Close() error { return nil }
+
+// readAll reads resp's body to its end and closes it, returning what it
+// read and the error that ended it (nil at EOF).
+func readAll(resp *http.Response) ([]byte, error) {
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return b, err
+}
+
+// A long, healthy body is read whole with the package defaults: Attempt
+// (10 s) bounds the wait for headers only, and the default Total (30 s),
+// not set explicitly, bounds the call only up to the final headers.
+func TestDefaultsDoNotCutALongBody(t *testing.T) {
+	for _, secs := range []int{15, 35} { // past DefaultAttemptTimeout; past DefaultTotalTimeout too
+		t.Run(fmt.Sprintf("%ds", secs), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &dripBase{every: time.Second, n: secs}
+				tr := mustNew(t, Config{Base: base})
+				req, _ := http.NewRequest("GET", "http://stream.internal/feed", nil)
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				start := time.Now()
+				b, err := readAll(resp)
+				el := time.Since(start)
+				if err != nil || len(b) != secs {
+					t.Errorf("read %d bytes, err %v; want all %d and EOF", len(b), err, secs)
+				}
+				if want := time.Duration(secs) * time.Second; el != want {
+					t.Errorf("body took %v, want %v", el, want)
+				}
+			})
+		})
+	}
+}
+
+// The bounds that apply to a body: BodyIdle for a read that waits too
+// long and an explicit Total for the whole body are bulwark's, and say
+// which; the caller's own deadline is the caller's.
+func TestBodyBounds(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		to       Timeout
+		base     *dripBase
+		callerIn time.Duration // the caller's own deadline; 0: none
+		wantErr  error         // bulwark's bound; nil: the caller's deadline
+		wantRead int
+		wantTime time.Duration
+	}{
+		// Three bytes a second apart, then a stall: cut BodyIdle after the last.
+		{"stall past BodyIdle", Timeout{Attempt: time.Second, BodyIdle: 2 * time.Second},
+			&dripBase{every: time.Second, n: 3, stall: true}, 0, ErrAttemptTimeout, 3, 5 * time.Second},
+		// A byte every 700 ms, under BodyIdle (1 s, from Attempt), never
+		// ending: Total, set explicitly, cuts it at 5 s.
+		{"explicit Total cuts a flowing body", Timeout{Total: 5 * time.Second, Attempt: time.Second},
+			&dripBase{every: 700 * time.Millisecond, n: -1}, 0, ErrTotalTimeout, 7, 5 * time.Second},
+		// The same flowing body, the package defaults and a caller's
+		// deadline of 3 s.
+		{"caller's deadline on a flowing body", Timeout{},
+			&dripBase{every: 700 * time.Millisecond, n: -1}, 3 * time.Second, nil, 4, 3 * time.Second},
+		// A stall shorter than BodyIdle, and the caller's deadline sooner.
+		{"caller's deadline on a stalled body", Timeout{BodyIdle: 5 * time.Second},
+			&dripBase{every: time.Second, n: 1, stall: true}, 3 * time.Second, nil, 1, 3 * time.Second},
+		// A caller's deadline later than Total's: Total's cut is bulwark's.
+		{"explicit Total before the caller's deadline", Timeout{Total: 5 * time.Second, Attempt: time.Second},
+			&dripBase{every: 700 * time.Millisecond, n: -1}, time.Hour, ErrTotalTimeout, 7, 5 * time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr := mustNew(t, Config{Base: c.base, Default: Policy{Timeout: c.to}})
+				ctx := t.Context()
+				if c.callerIn > 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, c.callerIn)
+					defer cancel()
+				}
+				req, _ := http.NewRequestWithContext(ctx, "GET", "http://stream.internal/feed", nil)
+				start := time.Now()
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, err := readAll(resp)
+				if el := time.Since(start); len(b) != c.wantRead || el != c.wantTime {
+					t.Errorf("read %d bytes in %v, want %d in %v", len(b), el, c.wantRead, c.wantTime)
+				}
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("read error %v, want one matching context.DeadlineExceeded", err)
+				}
+				for _, bound := range []error{ErrAttemptTimeout, ErrTotalTimeout} {
+					if got, want := errors.Is(err, bound), bound == c.wantErr; got != want {
+						t.Errorf("read error %v: errors.Is(err, %v) = %v, want %v", err, bound, got, want)
+					}
+				}
+				if actx := c.base.ctxs[0]; actx.Err() == nil {
+					t.Error("the attempt's context outlived the failed body")
+				}
+			})
+		})
+	}
+}
+
+// Timeout.Header = NoDeadlineHeader sends no deadline header and no
+// attempt number, retries or not, yet every bound still applies; an
+// upstream may turn the header back on, and Timeout.Enabled turns back on
+// the deadlines Default disabled.
+func TestDeadlineHeaderOptOut(t *testing.T) {
+	hasHeaders := func(h http.Header) (deadline, attempt bool) {
+		_, deadline = h[DefaultDeadlineHeader]
+		_, attempt = h[AttemptHeader]
+		return deadline, attempt
+	}
+	t.Run("no headers, bounds apply", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			// Every attempt outlasts Attempt: each is cut and retried.
+			base := &recordBase{hold: time.Hour}
+			tr := mustNew(t, Config{Base: base, Default: Policy{
+				Timeout: Timeout{Header: NoDeadlineHeader, Attempt: 100 * time.Millisecond},
+				Breaker: Breaker{Disabled: true},
+			}})
+			req, _ := http.NewRequest("GET", "http://third.party/api", nil)
+			_, err := tr.RoundTrip(req)
+			if !errors.Is(err, ErrAttemptTimeout) {
+				t.Errorf("err = %v, want ErrAttemptTimeout: the bound applies without the header", err)
+			}
+			if len(base.headers) != DefaultMaxAttempts {
+				t.Fatalf("base saw %d attempts, want %d (retried)", len(base.headers), DefaultMaxAttempts)
+			}
+			for i, h := range base.headers {
+				if d, a := hasHeaders(h); d || a {
+					t.Errorf("attempt %d: %s sent %v, %s sent %v; want neither", i+1, DefaultDeadlineHeader, d, AttemptHeader, a)
+				}
+			}
+		})
+	})
+	t.Run("an upstream turns the header back on", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			base := &recordBase{} // 503: retried once
+			tr := mustNew(t, Config{Base: base,
+				Default:   Policy{Timeout: Timeout{Header: NoDeadlineHeader}, Retry: Retry{MaxAttempts: 2}},
+				Upstreams: map[string]Policy{"ours.internal": {Timeout: Timeout{Header: DefaultDeadlineHeader}}},
+			})
+			for _, c := range []struct {
+				url  string
+				want bool
+			}{{"http://third.party/api", false}, {"http://ours.internal/api", true}} {
+				base.headers = nil
+				req, _ := http.NewRequest("GET", c.url, nil)
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if len(base.headers) != 2 {
+					t.Fatalf("%s: base saw %d attempts, want 2", c.url, len(base.headers))
+				}
+				for i, h := range base.headers {
+					if d, a := hasHeaders(h); d != c.want || a != c.want {
+						t.Errorf("%s attempt %d: %s sent %v, %s sent %v; want both %v", c.url, i+1, DefaultDeadlineHeader, d, AttemptHeader, a, c.want)
+					}
+					if c.want && h.Get(AttemptHeader) != strconv.Itoa(i+1) {
+						t.Errorf("%s attempt %d: %s = %q", c.url, i+1, AttemptHeader, h.Get(AttemptHeader))
+					}
+				}
+			}
+		})
+	})
+	t.Run("Enabled turns the deadlines back on", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			base := &recordBase{hold: time.Hour}
+			tr := mustNew(t, Config{Base: base,
+				Default:   Policy{Timeout: Timeout{Disabled: true}, Retry: Retry{Disabled: true}},
+				Upstreams: map[string]Policy{"ours.internal": {Timeout: Timeout{Enabled: true, Attempt: 100 * time.Millisecond}}},
+			})
+			for _, c := range []struct {
+				url  string
+				on   bool
+				took time.Duration
+			}{{"http://third.party/api", false, time.Second}, {"http://ours.internal/api", true, 100 * time.Millisecond}} {
+				base.headers = nil
+				// The caller's own deadline ends what bulwark does not.
+				ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+				req, _ := http.NewRequestWithContext(ctx, "GET", c.url, nil)
+				start := time.Now()
+				_, err := tr.RoundTrip(req)
+				el := time.Since(start)
+				cancel()
+				if errors.Is(err, ErrAttemptTimeout) != c.on || !errors.Is(err, context.DeadlineExceeded) || el != c.took {
+					t.Errorf("%s: err = %v after %v; want ErrAttemptTimeout %v, after %v", c.url, err, el, c.on, c.took)
+				}
+				if d, _ := hasHeaders(base.headers[0]); d != c.on {
+					t.Errorf("%s: %s sent %v, want %v", c.url, DefaultDeadlineHeader, d, c.on)
+				}
+			}
+		})
+	})
+}
+
+// A base that panics: the panic reaches the caller, and the attempt's
+// context has ended by then (its timer with it), as have the attempt's
+// span and its bulkhead slot.
+func TestBasePanicEndsTheAttempt(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		p    Policy
+	}{
+		{"defaults", Policy{}},
+		{"deadline layers alone", only(Policy{}, "timeout")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			k := newOtelKit(t)
+			var actx context.Context
+			base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+				actx = req.Context()
+				panic("base exploded")
+			})
+			cfg := k.realConfig(base, c.p)
+			tr := mustTransport(t, cfg)
+			req, _ := http.NewRequest("GET", "http://tax.internal/", nil)
+			got := func() (v any) {
+				defer func() { v = recover() }()
+				resp, err := tr.RoundTrip(req)
+				t.Errorf("RoundTrip returned %v, %v; want the base's panic", resp, err)
+				return nil
+			}()
+			if got != "base exploded" {
+				t.Errorf("recovered %v, want the base's panic", got)
+			}
+			if actx == nil {
+				t.Fatal("the base was not called")
+			}
+			select {
+			case <-actx.Done():
+			default:
+				t.Error("the attempt's context outlived the panic")
+			}
+			if n := len(spansNamed(k.sr, "GET")); n != 1 {
+				t.Errorf("%d attempt spans ended, want 1", n)
+			}
+			if started, ended := len(k.sr.Started()), len(k.sr.Ended()); started != ended {
+				t.Errorf("%d spans started, %d ended: every span must end with the panic", started, ended)
+			}
+			if inFlight, _, ok := bulkheadStats(tr, "tax.internal:80"); ok && inFlight != 0 {
+				t.Errorf("%d bulkhead slots held after the panic, want 0", inFlight)
+			}
+		})
+	}
+}
