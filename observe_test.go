@@ -1093,8 +1093,9 @@ func BenchmarkObserve(b *testing.B) {
 	})
 }
 
-// The tests below run the real layers (retry, pushback, breaker, bulkhead,
-// fallback) instead of otelKit.config's stand-ins.
+// The tests below run every layer (retry, pushback, breaker, bulkhead,
+// fallback) as it comes, where otelKit.config turns the retry layer and
+// the breaker off.
 
 // realConfig is k.config with the given policy as Default, every layer as
 // it comes.
