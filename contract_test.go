@@ -212,7 +212,9 @@ var errStub = errors.New("stub: connection refused")
 // runContract checks build's RoundTripper over a set of bases (success,
 // error, 503, a base that only returns when the context ends, with a
 // cancelled context) with every kind of contract request, then hammers one
-// instance from several goroutines for the race detector.
+// instance from several goroutines for the race detector. build runs on the
+// goroutine of runContract's caller, never in a subtest, so it may stop
+// the test with t.Fatal (as mustNew does) on the t it closes over.
 func runContract(t *testing.T, build func(base http.RoundTripper) http.RoundTripper) {
 	t.Helper()
 	bases := []struct {
@@ -225,43 +227,54 @@ func runContract(t *testing.T, build func(base http.RoundTripper) http.RoundTrip
 		{"503", func() *stubBase { return &stubBase{status: 503} }, false},
 		{"cancelled", func() *stubBase { return &stubBase{block: true} }, true},
 	}
+	// Every RoundTripper is built here, before the subtests that use it.
+	type contractCase struct {
+		name   string
+		cr     contractRequest
+		cancel bool
+		rt     http.RoundTripper
+	}
+	var cases []contractCase
 	for _, b := range bases {
 		for _, cr := range contractRequests {
-			t.Run(b.name+"/"+cr.name, func(t *testing.T) {
-				base := b.base()
-				rt := build(base)
-				ctx, cancel := context.WithCancel(t.Context())
-				defer cancel()
-				if b.cancel {
-					cancel()
-				}
-				var bs bodies
-				req := newContractRequest(t, ctx, "http://contract.test/x?q=1", cr, &bs)
-				status, got, err := checkContract(t, rt, req, &bs)
-				if err == nil && got != "hello" {
-					t.Errorf("body = %q (status %d), want %q", got, status, "hello")
-				}
-				if b.cancel && !errors.Is(err, context.Canceled) {
-					t.Errorf("cancelled context: err = %v, want one wrapping context.Canceled", err)
-				}
-			})
+			cases = append(cases, contractCase{b.name + "/" + cr.name, cr, b.cancel, build(b.base())})
 		}
 	}
+	concurrent := build(&stubBase{})
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			if c.cancel {
+				cancel()
+			}
+			var bs bodies
+			req := newContractRequest(t, ctx, "http://contract.test/x?q=1", c.cr, &bs)
+			status, got, err := checkContract(t, c.rt, req, &bs)
+			if err == nil && got != "hello" {
+				t.Errorf("body = %q (status %d), want %q", got, status, "hello")
+			}
+			if c.cancel && !errors.Is(err, context.Canceled) {
+				t.Errorf("cancelled context: err = %v, want one wrapping context.Canceled", err)
+			}
+		})
+	}
 	t.Run("concurrent", func(t *testing.T) {
-		rt := build(&stubBase{})
+		rt := concurrent
 		// The requests are built here, where newContractRequest may stop the
 		// test; the workers only report, and each stops at the first
 		// failure any of them saw.
-		type call struct {
+		// (contractCall, not call: that is the layers' call state.)
+		type contractCall struct {
 			req *http.Request
 			bs  *bodies
 		}
-		var calls [8][50]call
+		var calls [8][50]contractCall
 		for g := range calls {
 			for i := range calls[g] {
 				bs := new(bodies)
 				cr := contractRequests[i%len(contractRequests)]
-				calls[g][i] = call{newContractRequest(t, t.Context(), "http://contract.test/c", cr, bs), bs}
+				calls[g][i] = contractCall{newContractRequest(t, t.Context(), "http://contract.test/c", cr, bs), bs}
 			}
 		}
 		var wg sync.WaitGroup

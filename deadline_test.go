@@ -3,6 +3,7 @@ package bulwark
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -39,40 +40,15 @@ func (r *recordBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	return &http.Response{StatusCode: 503, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("busy")), Request: req}, nil
 }
 
-// twice is a stand-in for a retry layer: it sends each call twice through
-// next, numbering the attempts in the call state as the retry layer does.
-type twice struct {
-	next http.RoundTripper
-	t    *Transport
-}
+// noBackoff is a Retry.Backoff that sends every retry at once.
+func noBackoff(time.Duration, time.Duration, int, *http.Response) time.Duration { return 0 }
 
-func (w *twice) RoundTrip(req *http.Request) (*http.Response, error) {
-	req, st := withCall(req, w.t)
-	var resp *http.Response
-	for i := 1; i <= 2; i++ {
-		st.attempt = i
-		if resp != nil {
-			discard(resp)
-		}
-		var err error
-		if resp, err = w.next.RoundTrip(req); err != nil {
-			return nil, err
-		}
-	}
-	return resp, nil
-}
-
-// stackWithTwice builds total → twice → attempt → base for policy p, the
-// order the retry layer will sit in.
-func stackWithTwice(t *testing.T, base http.RoundTripper, to Timeout) http.RoundTripper {
-	tr, err := New(Config{Base: base, Default: Policy{Timeout: to}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := tr.def.policy.Timeout
-	var rt http.RoundTripper = &attemptRT{next: base, t: tr, attempt: p.Attempt, header: p.Header}
-	rt = &twice{next: rt, t: tr}
-	return &totalDeadlineRT{next: rt, t: tr, total: p.Total}
+// retryTwice is the policy of the deadline layers and the real retry layer
+// alone, for two attempts with no wait between them, so that a test knows
+// exactly when each attempt starts.
+func retryTwice(to Timeout) Policy {
+	return only(Policy{Timeout: to, Retry: Retry{MaxAttempts: 2, Backoff: noBackoff, Budget: Budget{Disabled: true}}},
+		"timeout", "retry")
 }
 
 func headerMillis(t *testing.T, h http.Header, name string) int64 {
@@ -88,7 +64,7 @@ func headerMillis(t *testing.T, h http.Header, name string) int64 {
 func TestDeadlineHeaderShrinksPerAttempt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		base := &recordBase{hold: 300 * time.Millisecond}
-		rt := stackWithTwice(t, base, Timeout{Total: time.Second, Attempt: 800 * time.Millisecond})
+		rt := mustNew(t, Config{Base: base, Default: retryTwice(Timeout{Total: time.Second, Attempt: 800 * time.Millisecond})})
 		req, _ := http.NewRequest("GET", "http://tax.internal/rate", nil)
 		resp, err := rt.RoundTrip(req)
 		if err != nil {
@@ -189,15 +165,21 @@ func TestAttemptTimeoutIsOurs(t *testing.T) {
 	})
 }
 
+// The second attempt starts 400 ms in, with 200 ms of Total left, sooner
+// than its Attempt: Total cuts it, and the error says so (ErrTotalTimeout,
+// new with the redesign; it used to be ErrAttemptTimeout).
 func TestTotalBoundsTheCall(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		base := &recordBase{hold: 400 * time.Millisecond}
-		rt := stackWithTwice(t, base, Timeout{Total: 600 * time.Millisecond, Attempt: 500 * time.Millisecond})
+		rt := mustNew(t, Config{Base: base, Default: retryTwice(Timeout{Total: 600 * time.Millisecond, Attempt: 500 * time.Millisecond})})
 		start := time.Now()
 		req, _ := http.NewRequest("GET", "http://tax.internal/", nil)
 		_, err := rt.RoundTrip(req)
-		if !errors.Is(err, ErrAttemptTimeout) {
-			t.Errorf("err = %v, want ErrAttemptTimeout from Total", err)
+		if !errors.Is(err, ErrTotalTimeout) || errors.Is(err, ErrAttemptTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("err = %v, want ErrTotalTimeout (not ErrAttemptTimeout), wrapping context.DeadlineExceeded", err)
+		}
+		if len(base.headers) != 2 {
+			t.Errorf("base saw %d attempts, want 2", len(base.headers))
 		}
 		if el := time.Since(start); el != 600*time.Millisecond {
 			t.Errorf("call took %v, want Total = 600ms", el)
@@ -258,34 +240,89 @@ func TestDoneContextSendsNothing(t *testing.T) {
 	}
 }
 
+// In a bubble: recordBase answers 503, which the default stack retries.
 func TestDisabledTimeoutSendsNoHeader(t *testing.T) {
-	base := &recordBase{}
-	tr, err := New(Config{Base: base, Default: Policy{Timeout: Timeout{Disabled: true}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	req, _ := http.NewRequest("GET", "http://tax.internal/", nil)
-	resp, err := tr.RoundTrip(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if v := base.headers[0].Get(DefaultDeadlineHeader); v != "" {
-		t.Errorf("Timeout disabled, yet %s = %q", DefaultDeadlineHeader, v)
-	}
-	if _, ok := base.ctxs[0].Deadline(); ok {
-		t.Error("Timeout disabled, yet the attempt had a deadline")
+	synctest.Test(t, func(t *testing.T) {
+		base := &recordBase{}
+		tr, err := New(Config{Base: base, Default: Policy{Timeout: Timeout{Disabled: true}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, _ := http.NewRequest("GET", "http://tax.internal/", nil)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if len(base.headers) != DefaultMaxAttempts {
+			t.Fatalf("base saw %d attempts, want %d", len(base.headers), DefaultMaxAttempts)
+		}
+		for i, h := range base.headers {
+			for _, name := range []string{DefaultDeadlineHeader, AttemptHeader} {
+				if v, ok := h[name]; ok {
+					t.Errorf("attempt %d: Timeout disabled, yet %s = %q", i+1, name, v)
+				}
+			}
+		}
+		if _, ok := base.ctxs[0].Deadline(); ok {
+			t.Error("Timeout disabled, yet the attempt had a deadline")
+		}
+	})
+}
+
+// The attempt's context carries the caller's deadline, or none, never
+// bulwark's: bulwark's bound is enforced by its own timer and travels in
+// the deadline header. (Changed on purpose by the redesign: the attempt
+// context used to be a context.WithDeadline of bulwark's bound.)
+func TestAttemptContextDeadlineIsTheCallers(t *testing.T) {
+	for _, callerDeadline := range []bool{false, true} {
+		t.Run(fmt.Sprintf("caller deadline %v", callerDeadline), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &recordBase{}
+				tr := mustNew(t, Config{Base: base, Default: only(Policy{Timeout: Timeout{Attempt: 100 * time.Millisecond}}, "timeout")})
+				ctx := t.Context()
+				if callerDeadline {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, time.Hour)
+					defer cancel()
+				}
+				req, _ := http.NewRequestWithContext(ctx, "GET", "http://tax.internal/", nil)
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				want, wantOK := ctx.Deadline()
+				if got, ok := base.ctxs[0].Deadline(); ok != wantOK || !got.Equal(want) {
+					t.Errorf("attempt context Deadline() = %v, %v; want the caller's %v, %v", got, ok, want, wantOK)
+				}
+				if got := headerMillis(t, base.headers[0], DefaultDeadlineHeader); got != 100-5 {
+					t.Errorf("%s = %d, want %d: Attempt's bound, less the margin", DefaultDeadlineHeader, got, 100-5)
+				}
+			})
+		})
 	}
 }
 
 func TestDeadlineLayersContract(t *testing.T) {
-	for _, to := range []Timeout{{}, {Disabled: true}, {Total: time.Second, Attempt: 100 * time.Millisecond}} {
-		runContract(t, func(base http.RoundTripper) http.RoundTripper {
-			tr, err := New(Config{Base: base, Default: Policy{Timeout: to}})
-			if err != nil {
-				t.Fatal(err)
+	for _, c := range []struct {
+		name string
+		to   Timeout
+	}{
+		{"defaults", Timeout{}},
+		{"off", Timeout{Disabled: true}},
+		{"total and attempt", Timeout{Total: time.Second, Attempt: 100 * time.Millisecond}},
+		{"no deadline header", Timeout{Header: NoDeadlineHeader}},
+		{"reads unbounded", Timeout{BodyIdle: -1}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var layers []string
+			if !c.to.Disabled {
+				layers = append(layers, "timeout")
 			}
-			return tr
+			runContract(t, func(base http.RoundTripper) http.RoundTripper {
+				return mustNew(t, Config{Base: base, Default: only(Policy{Timeout: c.to}, layers...)})
+			})
 		})
 	}
 }
@@ -372,30 +409,31 @@ func TestDeadlineCrossesAHop(t *testing.T) {
 	}
 }
 
+// call.deadline is the sooner of the request context's deadline and
+// Total's end. (The call state is now handed down by value, not found in
+// the context, so there is no other Transport's state to leak into it.)
 func TestCallDeadline(t *testing.T) {
-	tr, err := New(Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Unix(1_000_000, 0)
-	tr.setClock(func() time.Time { return now })
-	if _, ok := callDeadline(t.Context(), nil); ok {
-		t.Error("no deadline anywhere, yet callDeadline reported one")
-	}
-	ctx, cancel := context.WithDeadline(t.Context(), now.Add(time.Second))
+	ctxEnd := time.Now().Add(time.Hour)
+	withDeadline, cancel := context.WithDeadline(t.Context(), ctxEnd)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", "http://a.internal/", nil)
-	req, st := withCall(req, tr)
-	if d, ok := callDeadline(req.Context(), callOf(req.Context(), tr)); !ok || !d.Equal(now.Add(time.Second)) {
-		t.Errorf("callDeadline = %v, %v; want the context's", d, ok)
-	}
-	st.total = now.Add(500 * time.Millisecond)
-	if d, _ := callDeadline(req.Context(), callOf(req.Context(), tr)); !d.Equal(st.total) {
-		t.Errorf("callDeadline = %v, want Total's sooner %v", d, st.total)
-	}
-	other, _ := New(Config{})
-	if d, _ := callDeadline(req.Context(), callOf(req.Context(), other)); !d.Equal(now.Add(time.Second)) {
-		t.Errorf("another Transport's call state leaked into callDeadline: %v", d)
+	for _, c := range []struct {
+		name   string
+		ctx    context.Context
+		total  time.Time
+		want   time.Time
+		wantOK bool
+	}{
+		{"neither", t.Context(), time.Time{}, time.Time{}, false},
+		{"context only", withDeadline, time.Time{}, ctxEnd, true},
+		{"total only", t.Context(), ctxEnd.Add(-time.Minute), ctxEnd.Add(-time.Minute), true},
+		{"total sooner", withDeadline, ctxEnd.Add(-time.Minute), ctxEnd.Add(-time.Minute), true},
+		{"context sooner", withDeadline, ctxEnd.Add(time.Minute), ctxEnd, true},
+	} {
+		req, _ := http.NewRequestWithContext(c.ctx, "GET", "http://a.internal/", nil)
+		got, ok := call{total: c.total}.deadline(req)
+		if ok != c.wantOK || !got.Equal(c.want) {
+			t.Errorf("%s: deadline() = %v, %v; want %v, %v", c.name, got, ok, c.want, c.wantOK)
+		}
 	}
 }
 
@@ -453,5 +491,308 @@ func TestNewClientZeroConfig(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || string(b) != "POST /orders" {
 		t.Errorf("got %d %q, want 200 \"POST /orders\"", resp.StatusCode, b)
+	}
+}
+
+// dripBase answers 200 with a body of n bytes, one every `every`, each
+// read waiting on the attempt's context as a real connection would; after
+// the n bytes the body ends, or, with stall, waits for the context to end.
+// n < 0 means the body never ends. It records the attempt's context.
+type dripBase struct {
+	every time.Duration
+	n     int
+	stall bool
+
+	mu   sync.Mutex
+	ctxs []context.Context
+}
+
+func (d *dripBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	closeBody(req)
+	d.mu.Lock()
+	d.ctxs = append(d.ctxs, req.Context())
+	d.mu.Unlock()
+	return &http.Response{StatusCode: 200, Header: http.Header{}, Request: req,
+		Body: &dripBody{ctx: req.Context(), every: d.every, left: d.n, stall: d.stall}}, nil
+}
+
+type dripBody struct {
+	ctx   context.Context
+	every time.Duration
+	left  int
+	stall bool
+}
+
+func (b *dripBody) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if b.left == 0 {
+		if !b.stall {
+			return 0, io.EOF
+		}
+		<-b.ctx.Done()
+		return 0, b.ctx.Err()
+	}
+	tm := time.NewTimer(b.every)
+	defer tm.Stop()
+	select {
+	case <-b.ctx.Done():
+		return 0, b.ctx.Err()
+	case <-tm.C:
+		b.left--
+		p[0] = '.'
+		return 1, nil
+	}
+}
+
+func (b *dripBody) Close() error { return nil }
+
+// readAll reads resp's body to its end and closes it, returning what it
+// read and the error that ended it (nil at EOF).
+func readAll(resp *http.Response) ([]byte, error) {
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return b, err
+}
+
+// A long, healthy body is read whole with the package defaults: Attempt
+// (10 s) bounds the wait for headers only, and the default Total (30 s),
+// not set explicitly, bounds the call only up to the final headers.
+func TestDefaultsDoNotCutALongBody(t *testing.T) {
+	for _, secs := range []int{15, 35} { // past DefaultAttemptTimeout; past DefaultTotalTimeout too
+		t.Run(fmt.Sprintf("%ds", secs), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &dripBase{every: time.Second, n: secs}
+				tr := mustNew(t, Config{Base: base})
+				req, _ := http.NewRequest("GET", "http://stream.internal/feed", nil)
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				start := time.Now()
+				b, err := readAll(resp)
+				el := time.Since(start)
+				if err != nil || len(b) != secs {
+					t.Errorf("read %d bytes, err %v; want all %d and EOF", len(b), err, secs)
+				}
+				if want := time.Duration(secs) * time.Second; el != want {
+					t.Errorf("body took %v, want %v", el, want)
+				}
+			})
+		})
+	}
+}
+
+// The bounds that apply to a body: BodyIdle for a read that waits too
+// long and an explicit Total for the whole body are bulwark's, and say
+// which; the caller's own deadline is the caller's.
+func TestBodyBounds(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		to       Timeout
+		base     *dripBase
+		callerIn time.Duration // the caller's own deadline; 0: none
+		wantErr  error         // bulwark's bound; nil: the caller's deadline
+		wantRead int
+		wantTime time.Duration
+	}{
+		// Three bytes a second apart, then a stall: cut BodyIdle after the last.
+		{"stall past BodyIdle", Timeout{Attempt: time.Second, BodyIdle: 2 * time.Second},
+			&dripBase{every: time.Second, n: 3, stall: true}, 0, ErrAttemptTimeout, 3, 5 * time.Second},
+		// A byte every 700 ms, under BodyIdle (1 s, from Attempt), never
+		// ending: Total, set explicitly, cuts it at 5 s.
+		{"explicit Total cuts a flowing body", Timeout{Total: 5 * time.Second, Attempt: time.Second},
+			&dripBase{every: 700 * time.Millisecond, n: -1}, 0, ErrTotalTimeout, 7, 5 * time.Second},
+		// The same flowing body, the package defaults and a caller's
+		// deadline of 3 s.
+		{"caller's deadline on a flowing body", Timeout{},
+			&dripBase{every: 700 * time.Millisecond, n: -1}, 3 * time.Second, nil, 4, 3 * time.Second},
+		// A stall shorter than BodyIdle, and the caller's deadline sooner.
+		{"caller's deadline on a stalled body", Timeout{BodyIdle: 5 * time.Second},
+			&dripBase{every: time.Second, n: 1, stall: true}, 3 * time.Second, nil, 1, 3 * time.Second},
+		// A caller's deadline later than Total's: Total's cut is bulwark's.
+		{"explicit Total before the caller's deadline", Timeout{Total: 5 * time.Second, Attempt: time.Second},
+			&dripBase{every: 700 * time.Millisecond, n: -1}, time.Hour, ErrTotalTimeout, 7, 5 * time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tr := mustNew(t, Config{Base: c.base, Default: Policy{Timeout: c.to}})
+				ctx := t.Context()
+				if c.callerIn > 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, c.callerIn)
+					defer cancel()
+				}
+				req, _ := http.NewRequestWithContext(ctx, "GET", "http://stream.internal/feed", nil)
+				start := time.Now()
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, err := readAll(resp)
+				if el := time.Since(start); len(b) != c.wantRead || el != c.wantTime {
+					t.Errorf("read %d bytes in %v, want %d in %v", len(b), el, c.wantRead, c.wantTime)
+				}
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("read error %v, want one matching context.DeadlineExceeded", err)
+				}
+				for _, bound := range []error{ErrAttemptTimeout, ErrTotalTimeout} {
+					if got, want := errors.Is(err, bound), bound == c.wantErr; got != want {
+						t.Errorf("read error %v: errors.Is(err, %v) = %v, want %v", err, bound, got, want)
+					}
+				}
+				if actx := c.base.ctxs[0]; actx.Err() == nil {
+					t.Error("the attempt's context outlived the failed body")
+				}
+			})
+		})
+	}
+}
+
+// Timeout.Header = NoDeadlineHeader sends no deadline header and no
+// attempt number, retries or not, yet every bound still applies; an
+// upstream may turn the header back on, and Timeout.Enabled turns back on
+// the deadlines Default disabled.
+func TestDeadlineHeaderOptOut(t *testing.T) {
+	hasHeaders := func(h http.Header) (deadline, attempt bool) {
+		_, deadline = h[DefaultDeadlineHeader]
+		_, attempt = h[AttemptHeader]
+		return deadline, attempt
+	}
+	t.Run("no headers, bounds apply", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			// Every attempt outlasts Attempt: each is cut and retried.
+			base := &recordBase{hold: time.Hour}
+			tr := mustNew(t, Config{Base: base, Default: Policy{
+				Timeout: Timeout{Header: NoDeadlineHeader, Attempt: 100 * time.Millisecond},
+				Breaker: Breaker{Disabled: true},
+			}})
+			req, _ := http.NewRequest("GET", "http://third.party/api", nil)
+			_, err := tr.RoundTrip(req)
+			if !errors.Is(err, ErrAttemptTimeout) {
+				t.Errorf("err = %v, want ErrAttemptTimeout: the bound applies without the header", err)
+			}
+			if len(base.headers) != DefaultMaxAttempts {
+				t.Fatalf("base saw %d attempts, want %d (retried)", len(base.headers), DefaultMaxAttempts)
+			}
+			for i, h := range base.headers {
+				if d, a := hasHeaders(h); d || a {
+					t.Errorf("attempt %d: %s sent %v, %s sent %v; want neither", i+1, DefaultDeadlineHeader, d, AttemptHeader, a)
+				}
+			}
+		})
+	})
+	t.Run("an upstream turns the header back on", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			base := &recordBase{} // 503: retried once
+			tr := mustNew(t, Config{Base: base,
+				Default:   Policy{Timeout: Timeout{Header: NoDeadlineHeader}, Retry: Retry{MaxAttempts: 2}},
+				Upstreams: map[string]Policy{"ours.internal": {Timeout: Timeout{Header: DefaultDeadlineHeader}}},
+			})
+			for _, c := range []struct {
+				url  string
+				want bool
+			}{{"http://third.party/api", false}, {"http://ours.internal/api", true}} {
+				base.headers = nil
+				req, _ := http.NewRequest("GET", c.url, nil)
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if len(base.headers) != 2 {
+					t.Fatalf("%s: base saw %d attempts, want 2", c.url, len(base.headers))
+				}
+				for i, h := range base.headers {
+					if d, a := hasHeaders(h); d != c.want || a != c.want {
+						t.Errorf("%s attempt %d: %s sent %v, %s sent %v; want both %v", c.url, i+1, DefaultDeadlineHeader, d, AttemptHeader, a, c.want)
+					}
+					if c.want && h.Get(AttemptHeader) != strconv.Itoa(i+1) {
+						t.Errorf("%s attempt %d: %s = %q", c.url, i+1, AttemptHeader, h.Get(AttemptHeader))
+					}
+				}
+			}
+		})
+	})
+	t.Run("Enabled turns the deadlines back on", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			base := &recordBase{hold: time.Hour}
+			tr := mustNew(t, Config{Base: base,
+				Default:   Policy{Timeout: Timeout{Disabled: true}, Retry: Retry{Disabled: true}},
+				Upstreams: map[string]Policy{"ours.internal": {Timeout: Timeout{Enabled: true, Attempt: 100 * time.Millisecond}}},
+			})
+			for _, c := range []struct {
+				url  string
+				on   bool
+				took time.Duration
+			}{{"http://third.party/api", false, time.Second}, {"http://ours.internal/api", true, 100 * time.Millisecond}} {
+				base.headers = nil
+				// The caller's own deadline ends what bulwark does not.
+				ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+				req, _ := http.NewRequestWithContext(ctx, "GET", c.url, nil)
+				start := time.Now()
+				_, err := tr.RoundTrip(req)
+				el := time.Since(start)
+				cancel()
+				if errors.Is(err, ErrAttemptTimeout) != c.on || !errors.Is(err, context.DeadlineExceeded) || el != c.took {
+					t.Errorf("%s: err = %v after %v; want ErrAttemptTimeout %v, after %v", c.url, err, el, c.on, c.took)
+				}
+				if d, _ := hasHeaders(base.headers[0]); d != c.on {
+					t.Errorf("%s: %s sent %v, want %v", c.url, DefaultDeadlineHeader, d, c.on)
+				}
+			}
+		})
+	})
+}
+
+// A base that panics: the panic reaches the caller, and the attempt's
+// context has ended by then (its timer with it), as have the attempt's
+// span and its bulkhead slot.
+func TestBasePanicEndsTheAttempt(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		p    Policy
+	}{
+		{"defaults", Policy{}},
+		{"deadline layers alone", only(Policy{}, "timeout")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			k := newOtelKit(t)
+			var actx context.Context
+			base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+				actx = req.Context()
+				panic("base exploded")
+			})
+			cfg := k.realConfig(base, c.p)
+			tr := mustTransport(t, cfg)
+			req, _ := http.NewRequest("GET", "http://tax.internal/", nil)
+			got := func() (v any) {
+				defer func() { v = recover() }()
+				resp, err := tr.RoundTrip(req)
+				t.Errorf("RoundTrip returned %v, %v; want the base's panic", resp, err)
+				return nil
+			}()
+			if got != "base exploded" {
+				t.Errorf("recovered %v, want the base's panic", got)
+			}
+			if actx == nil {
+				t.Fatal("the base was not called")
+			}
+			select {
+			case <-actx.Done():
+			default:
+				t.Error("the attempt's context outlived the panic")
+			}
+			if n := len(spansNamed(k.sr, "GET")); n != 1 {
+				t.Errorf("%d attempt spans ended, want 1", n)
+			}
+			if started, ended := len(k.sr.Started()), len(k.sr.Ended()); started != ended {
+				t.Errorf("%d spans started, %d ended: every span must end with the panic", started, ended)
+			}
+			if inFlight, _, ok := bulkheadStats(tr, "tax.internal:80"); ok && inFlight != 0 {
+				t.Errorf("%d bulkhead slots held after the panic, want 0", inFlight)
+			}
+		})
 	}
 }

@@ -761,6 +761,15 @@ func (c *callObs) end(req *http.Request, resp *http.Response, err error) {
 	}
 }
 
+// abort ends the logical span of a call that a layer below panicked out
+// of, so that no span is left open; the panic itself goes on to the caller.
+func (c *callObs) abort() {
+	if c.span != nil {
+		c.span.SetStatus(codes.Error, "panic")
+		c.span.End()
+	}
+}
+
 // spanEnder ends a span when a body is done.
 type spanEnder struct{ span trace.Span }
 

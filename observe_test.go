@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -11,9 +12,11 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
@@ -53,8 +56,9 @@ func newOtelKit(t testing.TB) *otelKit {
 }
 
 func (k *otelKit) config(base http.RoundTripper) Config {
-	// The real retry layer and breaker are off: these tests drive attempts
-	// through twoAttempts-style stand-ins so each span is accounted for.
+	// The retry layer and breaker are off, so that each span is accounted
+	// for: a test that wants a second attempt turns the real retry layer on
+	// with retryOnce.
 	return Config{Base: base, TracerProvider: k.tp, MeterProvider: k.mp, Propagator: propagation.TraceContext{},
 		Default: Policy{Retry: Retry{Disabled: true, NoPushback: true}, Breaker: Breaker{Disabled: true}}}
 }
@@ -152,7 +156,9 @@ func spansNamed(sr *tracetest.SpanRecorder, name string) []sdktrace.ReadOnlySpan
 type seqBase struct {
 	mu       sync.Mutex
 	statuses []int
-	headers  []http.Header
+	// retryAfter, if set, is the Retry-After of every 503.
+	retryAfter string
+	headers    []http.Header
 }
 
 func (s *seqBase) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -162,41 +168,20 @@ func (s *seqBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	s.headers = append(s.headers, req.Header.Clone())
 	status := s.statuses[min(n, len(s.statuses)-1)]
 	s.mu.Unlock()
-	return &http.Response{StatusCode: status, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("body")), Request: req}, nil
-}
-
-// twoAttempts stands in for the retry layer (layer 4): it sends attempt 1
-// and, if that got a 5xx, reports the retry and sends attempt 2, numbering
-// the attempts in the call state as the retry layer does.
-type twoAttempts struct {
-	next http.RoundTripper
-	hs   *hostState
-}
-
-func (w *twoAttempts) RoundTrip(req *http.Request) (*http.Response, error) {
-	req, st := withCall(req, w.hs.t)
-	st.attempt = 1
-	resp, err := w.next.RoundTrip(req)
-	if err != nil || resp.StatusCode < 500 {
-		return resp, err
+	h := http.Header{}
+	if status == http.StatusServiceUnavailable && s.retryAfter != "" {
+		h.Set("Retry-After", s.retryAfter)
 	}
-	discard(resp)
-	w.hs.retryScheduled(req.Context(), 2, 250*time.Millisecond, "status_503", true)
-	st.attempt = 2
-	return w.next.RoundTrip(req)
+	return &http.Response{StatusCode: status, Header: h, Body: io.NopCloser(strings.NewReader("body")), Request: req}, nil
 }
 
-// withTwoAttempts slots twoAttempts into rawURL's host stack where the
-// retry layer goes: below the total deadline, above the attempt deadline.
-func withTwoAttempts(t *testing.T, tr *Transport, rawURL string) {
-	t.Helper()
-	u, _ := url.Parse(rawURL)
-	hs := tr.lookup(u)
-	total, ok := hs.rt.(*totalDeadlineRT)
-	if !ok {
-		t.Fatalf("host stack starts with %T, want *totalDeadlineRT", hs.rt)
-	}
-	total.next = &twoAttempts{next: total.next, hs: hs}
+// retryOnce turns the real retry layer on in cfg's Default for at most
+// two attempts, with no wait between them but a Retry-After's and no
+// budget, so that a test sees exactly the attempts it counts. Pushback and
+// the breaker stay as cfg has them.
+func retryOnce(cfg Config) Config {
+	cfg.Default.Retry = Retry{MaxAttempts: 2, NoPushback: cfg.Default.Retry.NoPushback, Backoff: noBackoff, Budget: Budget{Disabled: true}}
+	return cfg
 }
 
 func mustTransport(t testing.TB, cfg Config) *Transport {
@@ -282,15 +267,19 @@ func TestObserveSuccess(t *testing.T) {
 	}
 }
 
-// A request that gets a 503, is retried, and succeeds: two attempt spans
-// under the caller's span, the second a resend; a retry event on the
-// caller's span; both attempts and the retry in the metrics.
+// A request that gets a 503 with Retry-After: 1, is retried, and succeeds:
+// two attempt spans under the caller's span, the second a resend; a retry
+// event on the caller's span; both attempts and the retry in the metrics.
+// In a bubble, so that the second waits its second without a real sleep.
 func TestObserveRetriedThenSucceeds(t *testing.T) {
+	synctest.Test(t, testObserveRetriedThenSucceeds)
+}
+
+func testObserveRetriedThenSucceeds(t *testing.T) {
 	k := newOtelKit(t)
-	base := &seqBase{statuses: []int{503, 200}}
-	tr := mustTransport(t, k.config(base))
+	base := &seqBase{statuses: []int{503, 200}, retryAfter: "1"}
+	tr := mustTransport(t, retryOnce(k.config(base)))
 	const target = "http://tax.internal/rate"
-	withTwoAttempts(t, tr, target)
 	ctx, caller := k.caller(t.Context())
 
 	resp, err := obsGet(t, tr, ctx, target)
@@ -345,7 +334,7 @@ func TestObserveRetriedThenSucceeds(t *testing.T) {
 	if ev.Name != eventRetry {
 		t.Errorf("event = %q, want %q", ev.Name, eventRetry)
 	}
-	want := map[attribute.Key]any{keyAttempt: int64(2), keyRetryDelay: 0.25, keyRetryReason: "status_503", keyFromRetryAfter: true}
+	want := map[attribute.Key]any{keyAttempt: int64(2), keyRetryDelay: 1.0, keyRetryReason: "status_503", keyFromRetryAfter: true}
 	for _, kv := range ev.Attributes {
 		if w, ok := want[kv.Key]; ok && kv.Value.AsInterface() != w {
 			t.Errorf("retry event %s = %v, want %v", kv.Key, kv.Value.AsInterface(), w)
@@ -387,9 +376,8 @@ func TestObserveRetriedThenSucceeds(t *testing.T) {
 // so that the attempts share a trace and the events land somewhere.
 func TestObserveLogicalSpanWithoutCaller(t *testing.T) {
 	k := newOtelKit(t)
-	tr := mustTransport(t, k.config(&seqBase{statuses: []int{503, 200}}))
+	tr := mustTransport(t, retryOnce(k.config(&seqBase{statuses: []int{503, 200}})))
 	const target = "http://tax.internal/rate"
-	withTwoAttempts(t, tr, target)
 
 	resp, err := obsGet(t, tr, t.Context(), target)
 	if err != nil {
@@ -424,13 +412,16 @@ func TestObserveLogicalSpanWithoutCaller(t *testing.T) {
 // An attempt refused for want of time has no span (nothing was sent), an
 // event on the caller's span and a rejection count.
 func TestObserveDeadlineTooShort(t *testing.T) {
+	synctest.Test(t, testObserveDeadlineTooShort)
+}
+
+func testObserveDeadlineTooShort(t *testing.T) {
 	k := newOtelKit(t)
 	base := &seqBase{statuses: []int{200}}
 	tr := mustTransport(t, k.config(base))
-	deadline := time.Now().Add(time.Hour)
-	// 5 ms before the caller's deadline, on bulwark's clock: under minSendTime.
-	tr.setClock(func() time.Time { return deadline.Add(-5 * time.Millisecond) })
-	ctx, cancel := context.WithDeadline(t.Context(), deadline)
+	// 5 ms left: under minSendTime. The bubble's clock stands still while
+	// the call runs.
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Millisecond)
 	defer cancel()
 	ctx, caller := k.caller(ctx)
 
@@ -531,80 +522,175 @@ func TestObserveRedactsSpans(t *testing.T) {
 const semconvOther = "_OTHER"
 
 // The layer keeps the RoundTripper contract with tracing and injection on,
-// whether attemptRT copied the request (Timeout on) or passed it through
-// (Timeout off), in which case the propagator's write must copy the header.
+// whether the attempt layer copied the header (Timeout on) or passed it
+// through (Timeout off, or no deadline header), in which case the
+// propagator's write must copy the header.
 func TestObserveContract(t *testing.T) {
-	for _, to := range []Timeout{{}, {Disabled: true}} {
-		t.Run("disabled="+map[bool]string{false: "no", true: "yes"}[to.Disabled], func(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		to   Timeout
+	}{
+		{"timeout", Timeout{}},
+		{"timeout off", Timeout{Disabled: true}},
+		{"no deadline header", Timeout{Header: NoDeadlineHeader}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
 			k := newOtelKit(t)
 			runContract(t, func(base http.RoundTripper) http.RoundTripper {
 				cfg := k.config(base)
-				cfg.Default.Timeout = to
+				cfg.Default.Timeout = c.to
 				return mustTransport(t, cfg)
 			})
 		})
 	}
 }
 
-// headerOwned's claim about attemptRT, checked against attemptRT itself:
-// whenever it says the header is a private copy, it is not the caller's.
+// injectProbe is a propagator that records, for each attempt, what the
+// attempt span layer handed it: whether the carrier was already the
+// attempt's own copy of the header (call.ownHeader), and which header map
+// it held before and after the probe's write.
+type injectProbe struct {
+	mu            sync.Mutex
+	owned         []bool
+	before, after []http.Header
+	other         int // carriers that were not bulwark's lazyHeader
+}
+
+const probeHeader = "X-Inject-Probe"
+
+func (p *injectProbe) Inject(_ context.Context, c propagation.TextMapCarrier) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	lh, ok := c.(*lazyHeader)
+	if !ok {
+		p.other++
+		return
+	}
+	p.owned = append(p.owned, lh.owned)
+	p.before = append(p.before, lh.h)
+	c.Set(probeHeader, "1")
+	p.after = append(p.after, lh.h)
+}
+
+func (p *injectProbe) Extract(ctx context.Context, _ propagation.TextMapCarrier) context.Context {
+	return ctx
+}
+
+func (p *injectProbe) Fields() []string { return []string{probeHeader} }
+
+// Both directions of call.ownHeader, through the built stack: when the
+// attempt layer copied the header (it writes the deadline header), the
+// propagator is told so and writes into that copy, with no second copy;
+// when it did not (no deadline header, or Timeout off), the propagator is
+// handed the caller's header, copies it on its first write, and the
+// caller's header is never written.
 func TestObserveHeaderOwned(t *testing.T) {
-	for _, to := range []Timeout{{}, {Disabled: true}} {
-		for _, attemptNo := range []int{0, 1, 2} {
-			for _, withDeadline := range []bool{false, true} {
-				var (
-					got   *http.Request
-					owned bool
-					a     *attemptRT
-				)
-				probe := roundTripFunc(func(req *http.Request) (*http.Response, error) {
-					got = req
-					owned = (&observeRT{a: a}).headerOwned(req.Context(), attemptNo)
-					return &http.Response{StatusCode: 200, Body: http.NoBody, Request: req}, nil
+	for _, c := range []struct {
+		name   string
+		to     Timeout
+		retry  bool // a 503 first, retried: attempts 1 and 2
+		copied bool // the attempt layer copies the header
+	}{
+		{"deadline header", Timeout{}, false, true},
+		{"deadline header, retried", Timeout{}, true, true},
+		{"no deadline header", Timeout{Header: NoDeadlineHeader}, false, false},
+		{"no deadline header, retried", Timeout{Header: NoDeadlineHeader}, true, false},
+		{"timeout off", Timeout{Disabled: true}, false, false},
+	} {
+		for _, withDeadline := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/caller deadline %v", c.name, withDeadline), func(t *testing.T) {
+				var sent []http.Header // the maps themselves, not copies
+				statuses := []int{200}
+				if c.retry {
+					statuses = []int{503, 200}
+				}
+				base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+					sent = append(sent, req.Header)
+					return &http.Response{StatusCode: statuses[min(len(sent)-1, len(statuses)-1)], Body: http.NoBody, Request: req}, nil
 				})
-				// Only the deadline layers, so findAttemptRT can walk to it.
-				tr := mustTransport(t, Config{Base: probe, Default: Policy{Timeout: to,
-					Retry: Retry{Disabled: true, NoPushback: true}, Breaker: Breaker{Disabled: true}, Bulkhead: Bulkhead{Disabled: true}}})
-				u, _ := url.Parse("http://h.test/")
-				a = findAttemptRT(tr, u)
+				var layers []string
+				if !c.to.Disabled {
+					layers = append(layers, "timeout")
+				}
+				if c.retry {
+					layers = append(layers, "retry")
+				}
+				probe := &injectProbe{}
+				tr := mustTransport(t, Config{Base: base, Propagator: probe, Default: only(Policy{Timeout: c.to,
+					Retry: Retry{MaxAttempts: 2, Backoff: noBackoff, Budget: Budget{Disabled: true}}}, layers...)})
 				ctx := t.Context()
 				if withDeadline {
 					var cancel context.CancelFunc
 					ctx, cancel = context.WithTimeout(ctx, time.Hour)
 					defer cancel()
 				}
-				req, _ := http.NewRequestWithContext(ctx, "GET", u.String(), nil)
-				if attemptNo > 0 {
-					var st *callState
-					req, st = withCall(req, tr)
-					st.attempt = attemptNo
-				}
-				resp, err := a.RoundTrip(req)
+				req, _ := http.NewRequestWithContext(ctx, "GET", "http://h.test/", nil)
+				req.Header.Set("Accept", "text/plain")
+				callers := req.Header.Clone()
+				resp, err := tr.RoundTrip(req)
 				if err != nil {
 					t.Fatal(err)
 				}
 				resp.Body.Close()
-				shared := got.Header != nil && req.Header != nil && sameMap(got.Header, req.Header)
-				if owned && shared {
-					t.Errorf("Timeout%+v attempt %d deadline %v: headerOwned says private, but it is the caller's", to, attemptNo, withDeadline)
+
+				attempts := len(statuses)
+				if len(sent) != attempts || len(probe.owned) != attempts || probe.other != 0 {
+					t.Fatalf("%d attempts sent, %d injections into bulwark's carrier (%d into another), want %d of each",
+						len(sent), len(probe.owned), probe.other, attempts)
 				}
-				if !owned && !shared {
-					t.Logf("Timeout%+v attempt %d deadline %v: a copy not known as one (costs a second copy)", to, attemptNo, withDeadline)
+				if !reflect.DeepEqual(req.Header, callers) {
+					t.Errorf("caller's header written: %v, want %v", req.Header, callers)
 				}
-			}
+				for i := range attempts {
+					if probe.owned[i] != c.copied {
+						t.Errorf("attempt %d: call.ownHeader = %v, want %v", i+1, probe.owned[i], c.copied)
+					}
+					if got := sent[i].Get(probeHeader); got != "1" {
+						t.Errorf("attempt %d: the base saw %s = %q, want the propagator's write", i+1, probeHeader, got)
+					}
+					if !sameMap(sent[i], probe.after[i]) {
+						t.Errorf("attempt %d: the base got another header than the one the propagator wrote", i+1)
+					}
+					if _, ok := sent[i][DefaultDeadlineHeader]; ok != c.copied {
+						t.Errorf("attempt %d: deadline header sent %v, want %v", i+1, ok, c.copied)
+					}
+					if c.copied {
+						// The attempt layer's copy, written into in place.
+						if sameMap(probe.before[i], req.Header) {
+							t.Errorf("attempt %d: ownHeader, yet the propagator was handed the caller's header", i+1)
+						}
+						if !sameMap(probe.after[i], probe.before[i]) {
+							t.Errorf("attempt %d: the propagator copied a header the attempt layer had already copied", i+1)
+						}
+					} else {
+						// The caller's, copied on the first write.
+						if !sameMap(probe.before[i], req.Header) {
+							t.Errorf("attempt %d: the propagator was handed a copy not known as one", i+1)
+						}
+						if sameMap(probe.after[i], req.Header) {
+							t.Errorf("attempt %d: the propagator wrote into the caller's header", i+1)
+						}
+					}
+				}
+			})
 		}
 	}
 }
 
-func findAttemptRT(tr *Transport, u *url.URL) *attemptRT {
-	rt := tr.lookup(u).rt
+// observeStageOf walks a stack of the deadline layers down to its attempt
+// span layer.
+func observeStageOf(t *testing.T, s stage) *observeStage {
+	t.Helper()
 	for {
-		switch r := rt.(type) {
-		case *totalDeadlineRT:
-			rt = r.next
-		case *attemptRT:
-			return r
+		switch l := s.(type) {
+		case *totalStage:
+			s = l.next
+		case *attemptStage:
+			s = l.next
+		case *observeStage:
+			return l
 		default:
+			t.Fatalf("no observeStage above %T", s)
 			return nil
 		}
 	}
@@ -625,22 +711,18 @@ func TestObserveNoProvidersAllocatesNothing(t *testing.T) {
 	if !isPlaceholder(otel.GetTracerProvider()) || !isPlaceholder(otel.GetMeterProvider()) || !isPlaceholder(otel.GetTextMapPropagator()) {
 		t.Skip("global providers were set in this process")
 	}
-	// Only the deadline layers, so findAttemptRT can walk to attemptRT.
-	tr := mustTransport(t, Config{Base: benchBase{}, Default: Policy{
-		Retry: Retry{Disabled: true, NoPushback: true}, Breaker: Breaker{Disabled: true}, Bulkhead: Bulkhead{Disabled: true}}})
+	// Only the deadline layers, so observeStageOf can walk to the span layer.
+	tr := mustTransport(t, Config{Base: benchBase{}, Default: only(Policy{}, "timeout")})
 	if tr.obs.tracing() || tr.obs.metering() || tr.obs.propagator() != nil {
 		t.Fatalf("observer on with placeholder globals: tracing %v, metering %v", tr.obs.tracing(), tr.obs.metering())
 	}
 	u, _ := url.Parse("http://stub.internal/x")
 	hs := tr.lookup(u)
-	a := findAttemptRT(tr, u)
-	// The same stack without observeRT: what there was before it.
-	bare := &attemptRT{next: benchBase{}, t: tr, attempt: a.attempt, attemptMs: a.attemptMs, header: a.header, hs: hs}
-	var before http.RoundTripper = &totalDeadlineRT{next: bare, t: tr, total: tr.def.policy.Timeout.Total}
+	obs := observeStageOf(t, hs.rt)
 	req, _ := http.NewRequest("GET", u.String(), nil)
-	run := func(rt func() (*http.Response, error)) float64 {
+	run := func(rt http.RoundTripper) float64 {
 		return testing.AllocsPerRun(200, func() {
-			resp, err := rt()
+			resp, err := rt.RoundTrip(req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -648,22 +730,20 @@ func TestObserveNoProvidersAllocatesNothing(t *testing.T) {
 			resp.Body.Close()
 		})
 	}
-	// before is driven as the router drives a stack: with a call state
-	// made for it, handed down.
-	withRouter := func() (*http.Response, error) {
-		return sendCall(before, req, &callState{owner: tr, sent: tr.now()})
-	}
-	if with, without := run(func() (*http.Response, error) { return tr.RoundTrip(req) }), run(withRouter); with != without {
-		t.Errorf("RoundTrip allocates %v times with the observer, %v without", with, without)
+	// The span layer as the builder made it, and what it wraps: the same
+	// stack without it.
+	if with, without := run(stageRT{obs}), run(stageRT{obs.next}); with != without {
+		t.Errorf("the attempt span layer allocates %v times with the observer, %v without", with, without)
 	}
 	ctx := t.Context()
+	rep := hs.rep
 	if n := testing.AllocsPerRun(200, func() {
-		hs.retryScheduled(ctx, 2, time.Second, "status_503", true)
-		hs.rejected(ctx, layerBreaker)
-		hs.fallbackServed(ctx, "cached")
-		hs.deadlineTooShort(ctx)
-		hs.breakerStateChanged("closed", "open")
-		hs.pushbackChanged(true, time.Time{})
+		rep.retryScheduled(ctx, 2, time.Second, "status_503", true)
+		rep.rejected(ctx, layerBreaker)
+		rep.fallbackServed(ctx, "cached")
+		rep.rejected(ctx, layerDeadline)
+		rep.breakerStateChanged("closed", "open")
+		rep.pushbackChanged(true, time.Time{})
 	}); n != 0 {
 		t.Errorf("observer API allocates %v times per call set, want 0", n)
 	}
@@ -675,7 +755,7 @@ func TestObserveSDKNonRecordingAllocs(t *testing.T) {
 	k := newOtelKit(t)
 	tr := mustTransport(t, k.config(benchBase{}))
 	u, _ := url.Parse("http://stub.internal/x")
-	hs := tr.lookup(u)
+	hs := tr.lookup(u).rep
 	ctx := t.Context()
 	hs.rejected(ctx, layerBulkhead) // warm the attribute cache
 	hs.retryScheduled(ctx, 2, time.Second, "status_503", false)
@@ -694,7 +774,7 @@ func TestObserveLabelsBounded(t *testing.T) {
 	k := newOtelKit(t)
 	tr := mustTransport(t, k.config(benchBase{}))
 	u, _ := url.Parse("http://stub.internal/x")
-	hs := tr.lookup(u)
+	hs := tr.lookup(u).rep
 	for i := range 3 * maxLabelValues {
 		hs.retryScheduled(t.Context(), 2, 0, "reason-"+strings.Repeat("x", i), false)
 	}
@@ -772,7 +852,7 @@ func TestObserveLogs(t *testing.T) {
 	var lr logRecorder
 	tr := mustTransport(t, Config{Base: benchBase{}, Logger: slog.New(&lr)})
 	u, _ := url.Parse("http://stub.internal/x")
-	hs := tr.lookup(u)
+	hs := tr.lookup(u).rep
 	hs.retryScheduled(t.Context(), 3, time.Second, "timeout", false)
 	hs.breakerStateChanged("closed", "open")
 	hs.pushbackChanged(true, time.Unix(1e9, 0))
@@ -825,8 +905,7 @@ func TestObserveOtelhttpOutside(t *testing.T) {
 	defer srv.Close()
 	base := http.DefaultTransport.(*http.Transport).Clone()
 	defer base.CloseIdleConnections()
-	tr := mustTransport(t, k.config(base))
-	withTwoAttempts(t, tr, srv.URL)
+	tr := mustTransport(t, retryOnce(k.config(base)))
 	client := &http.Client{Transport: otelhttp.NewTransport(tr,
 		otelhttp.WithTracerProvider(k.tp), otelhttp.WithMeterProvider(k.mp), otelhttp.WithPropagators(propagation.TraceContext{}))}
 
@@ -874,9 +953,8 @@ func TestObserveOtelhttpInside(t *testing.T) {
 		otelhttp.WithTracerProvider(k.tp), otelhttp.WithMeterProvider(k.mp), otelhttp.WithPropagators(propagation.TraceContext{}))
 	cfg := k.config(inner)
 	cfg.TracerProvider = tracenoop.NewTracerProvider()
-	tr := mustTransport(t, cfg)
+	tr := mustTransport(t, retryOnce(cfg))
 	const target = "http://tax.internal/rate"
-	withTwoAttempts(t, tr, target)
 	ctx, caller := k.caller(t.Context())
 	resp, err := obsGet(t, tr, ctx, target)
 	if err != nil {
@@ -919,10 +997,13 @@ func TestGlobalProvidersSetAfterNew(t *testing.T) {
 		}
 		return
 	}
+	// In a bubble, so that touchEvery passes without a real sleep.
+	synctest.Test(t, testGlobalProvidersSetAfterNew)
+}
+
+func testGlobalProvidersSetAfterNew(t *testing.T) {
 	base := &seqBase{statuses: []int{200}}
 	tr := mustTransport(t, Config{Base: base})
-	now := time.Now()
-	tr.setClock(func() time.Time { return now })
 	if tr.obs.tracing() || tr.obs.metering() || tr.obs.propagator() != nil {
 		t.Fatal("observer on before any global provider was set")
 	}
@@ -940,7 +1021,7 @@ func TestGlobalProvidersSetAfterNew(t *testing.T) {
 	// must not panic.
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	// ...is observed from its first request once touchEvery has passed.
-	now = now.Add(touchEvery + time.Millisecond)
+	time.Sleep(touchEvery + time.Millisecond)
 	resp, err = obsGet(t, tr, t.Context(), target)
 	if err != nil {
 		t.Fatal(err)
@@ -1012,8 +1093,9 @@ func BenchmarkObserve(b *testing.B) {
 	})
 }
 
-// The tests below run the real layers (retry, pushback, breaker, bulkhead,
-// fallback) instead of otelKit.config's stand-ins.
+// The tests below run every layer (retry, pushback, breaker, bulkhead,
+// fallback) as it comes, where otelKit.config turns the retry layer and
+// the breaker off.
 
 // realConfig is k.config with the given policy as Default, every layer as
 // it comes.
@@ -1083,8 +1165,12 @@ func wantEventAttrs(t *testing.T, ev sdktrace.Event, want map[attribute.Key]any)
 }
 
 // A GET answered 503 (with Retry-After: 1), 503, then 200, through the
-// real retry and pushback layers on an injected clock.
+// real retry and pushback layers, in a bubble.
 func TestObserveRealRetryTwiceThenSucceeds(t *testing.T) {
+	synctest.Test(t, testObserveRealRetryTwiceThenSucceeds)
+}
+
+func testObserveRealRetryTwiceThenSucceeds(t *testing.T) {
 	k := newOtelKit(t)
 	var logs logRecorder
 	var mu sync.Mutex
@@ -1105,18 +1191,13 @@ func TestObserveRealRetryTwiceThenSucceeds(t *testing.T) {
 		}
 		return resp, nil
 	})
-	cfg := k.realConfig(base, Policy{})
+	var waits []time.Duration
+	cfg := k.realConfig(base, Policy{Retry: Retry{OnRetry: func(_ *http.Request, ev RetryEvent) {
+		waits = append(waits, ev.Wait)
+	}}})
 	cfg.Logger = slog.New(&logs)
 	tr := mustTransport(t, cfg)
-	clk := newFakeClock()
-	tr.setClock(clk.now)
-	var waits []time.Duration
-	tr.retry.randN = func(n int64) int64 { return n - 1 }
-	tr.retry.sleep = func(ctx context.Context, d time.Duration) error {
-		waits = append(waits, d)
-		clk.advance(d)
-		return ctx.Err()
-	}
+	tr.randN = func(n int64) int64 { return n - 1 }
 	ctx, caller := k.caller(t.Context())
 	resp, err := obsGet(t, tr, ctx, "http://tax.internal/rate")
 	if err != nil || resp.StatusCode != 200 {

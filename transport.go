@@ -486,7 +486,15 @@ func (t *Transport) send(hs *hostState, req *http.Request, start time.Time) (*ht
 	if o.ctx != nil {
 		req = req.WithContext(o.ctx)
 	}
+	returned := false
+	defer func() {
+		if !returned {
+			// A layer below panicked: the logical span ends with it.
+			o.abort()
+		}
+	}()
 	resp, err := hs.rt.roundTrip(req, call{start: start})
+	returned = true
 	o.end(req, resp, err)
 	return resp, err
 }
