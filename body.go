@@ -73,7 +73,14 @@ func (b *rwBody) Write(p []byte) (int, error) { return b.rc.(io.Writer).Write(p)
 // body is wrapped. A nil or http.NoBody body has nothing to read, so e runs
 // now. It must be called before resp is handed to an outer layer, and never
 // on a body whose reading has started.
-func onBodyEnd(resp *http.Response, e bodyEnder) *body {
+func onBodyEnd(resp *http.Response, e bodyEnder) *body { return onBodyEndIn(resp, e, nil) }
+
+// onBodyEndIn is onBodyEnd with w, a zero wrapper the caller owns, to use
+// when the body needs one, rather than a new allocation; w may be nil. The
+// attempt layer keeps one in each attempt's own struct, which lives as long
+// as the body anyway: on a call whose first attempt is its last, that is
+// one allocation fewer per call.
+func onBodyEndIn(resp *http.Response, e bodyEnder, w *body) *body {
 	switch rb := resp.Body.(type) {
 	case nil:
 		e.bodyEnd()
@@ -101,8 +108,10 @@ func onBodyEnd(resp *http.Response, e bodyEnder) *body {
 		resp.Body = w
 		return &w.body
 	}
-	w := &body{rc: resp.Body, n: 1}
-	w.enders[0] = e
+	if w == nil {
+		w = new(body)
+	}
+	w.rc, w.n, w.enders[0] = resp.Body, 1, e
 	resp.Body = w
 	return w
 }

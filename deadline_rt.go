@@ -243,7 +243,7 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	out := req.WithContext(r.ctx)
 	if a.header != "" {
 		out.Header = cloneHeader(req.Header)
-		vals := make([]string, 2)
+		vals := r.vals[:]
 		if left == a.attempt {
 			vals[0] = a.attemptMs
 		} else {
@@ -274,7 +274,7 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	}
 	// The attempt's context must outlive RoundTrip: the body is read under
 	// it. It ends when the caller is done with the body.
-	if w := onBodyEnd(resp, r); w != nil && (r.idle > 0 || !r.bodyUntil.IsZero()) && w.guard == nil {
+	if w := onBodyEndIn(resp, r, &r.body); w != nil && (r.idle > 0 || !r.bodyUntil.IsZero()) && w.guard == nil {
 		w.guard = r
 	}
 	return resp, nil
@@ -291,6 +291,10 @@ type attemptRun struct {
 	idle   time.Duration
 	// bodyUntil is Total's end when it bounds the body; zero: it does not.
 	bodyUntil time.Time
+	// The attempt's header values and its response-body wrapper live
+	// here, in the attempt's one allocation.
+	vals [2]string
+	body body
 }
 
 // expire is the timer's work: end the attempt, naming the bound.
