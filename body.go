@@ -25,7 +25,7 @@ type body struct {
 	rc io.ReadCloser
 	// guard, when set, is the attempt layer's watch over each read: it
 	// bounds how long a read may wait and names the bound that cut one.
-	guard  *attemptRun
+	guard  readGuard
 	done   atomic.Bool
 	n      int32
 	enders [maxEnders]bodyEnder
@@ -59,6 +59,11 @@ func (b *body) finish() {
 		b.enders[i].bodyEnd()
 		b.enders[i] = nil
 	}
+}
+
+// readGuard reads from a body on the reader's behalf (see body.guard).
+type readGuard interface {
+	read(r io.Reader, p []byte) (int, error)
 }
 
 // rwBody keeps io.Writer for 101 Switching Protocols responses, whose Body

@@ -696,20 +696,6 @@ func retryReason(resp *http.Response, err error) string {
 	return "status_other"
 }
 
-// eachHost calls f for every host with live state, outside the lock (on a
-// copy of the list), so f may take its own locks.
-func (t *Transport) eachHost(f func(hs *hostState)) {
-	t.mu.RLock()
-	all := make([]*hostState, 0, len(t.hosts))
-	for _, hs := range t.hosts {
-		all = append(all, hs)
-	}
-	t.mu.RUnlock()
-	for _, hs := range all {
-		f(hs)
-	}
-}
-
 // callObs is the observation of one call, from the router's hand-off to
 // its final outcome.
 type callObs struct {

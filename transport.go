@@ -468,6 +468,20 @@ func (t *Transport) route(k hostKey) *route {
 	return t.def
 }
 
+// eachHost calls f for every host with live state, outside the lock (on a
+// copy of the list), so f may take its own locks.
+func (t *Transport) eachHost(f func(hs *hostState)) {
+	t.mu.RLock()
+	all := make([]*hostState, 0, len(t.hosts))
+	for _, hs := range t.hosts {
+		all = append(all, hs)
+	}
+	t.mu.RUnlock()
+	for _, hs := range all {
+		f(hs)
+	}
+}
+
 // hostCount reports how many hosts have live state.
 func (t *Transport) hostCount() int {
 	t.mu.RLock()
