@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
@@ -118,36 +119,48 @@ func FuzzPolicyConfig(f *testing.F) {
 		if constant {
 			p.Fallback.Constant = &ConstantResponse{StatusCode: int(maxConc), Body: []byte("fallback")}
 		}
+		// Retry waits are recorded through OnRetry, on the caller's goroutine.
+		var negative []time.Duration
+		p.Retry.OnRetry = func(_ *http.Request, ev RetryEvent) {
+			if ev.Wait < 0 {
+				negative = append(negative, ev.Wait)
+			}
+		}
 		for _, cfg := range []Config{
 			{Base: &stubBase{status: 503}, Default: p},
 			{Base: &stubBase{status: 503}, Upstreams: map[string]Policy{"api.test": p}},
 		} {
-			tr, err := New(cfg)
-			if err != nil {
-				var ce *ConfigError
-				if tr != nil || !errors.As(err, &ce) || !errors.Is(err, ErrInvalidConfig) {
-					t.Fatalf("New = %v, %v; want nil and a *ConfigError", tr, err)
+			// In a bubble, the waits (retry backoff, bulkhead queue, rate
+			// limit, breaker) take fake time, the deadline below bounds them,
+			// and a call that could never return fails the bubble as a
+			// deadlock instead of hanging.
+			synctest.Test(t, func(t *testing.T) {
+				tr, err := New(cfg)
+				if err != nil {
+					var ce *ConfigError
+					if tr != nil || !errors.As(err, &ce) || !errors.Is(err, ErrInvalidConfig) {
+						t.Fatalf("New = %v, %v; want nil and a *ConfigError", tr, err)
+					}
+					return
 				}
-				continue
-			}
-			// Real retry sleeps are replaced: the wait asked for is checked
-			// against the deadline instead of slept.
-			tr.retry.sleep = func(ctx context.Context, d time.Duration) error {
-				if d < 0 {
-					t.Fatalf("negative retry wait %v", d)
+				ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+				defer cancel()
+				req, _ := http.NewRequestWithContext(ctx, "GET", "http://api.test/", nil)
+				start := time.Now()
+				resp, err := tr.RoundTrip(req)
+				if (resp == nil) == (err == nil) {
+					t.Fatalf("RoundTrip = %v, %v", resp, err)
 				}
-				return ctx.Err()
+				if resp != nil {
+					resp.Body.Close()
+				}
+				if took := time.Since(start); took > 50*time.Millisecond {
+					t.Errorf("RoundTrip returned after %v, past its 50ms deadline", took)
+				}
+			})
+			if len(negative) > 0 {
+				t.Fatalf("negative retry waits %v", negative)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-			req, _ := http.NewRequestWithContext(ctx, "GET", "http://api.test/", nil)
-			resp, err := tr.RoundTrip(req)
-			if (resp == nil) == (err == nil) {
-				t.Fatalf("RoundTrip = %v, %v", resp, err)
-			}
-			if resp != nil {
-				resp.Body.Close()
-			}
-			cancel()
 		}
 	})
 }

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -35,38 +36,40 @@ func TestHostileRetryAfter(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
-				resp := response(req, 503)
-				resp.Header["Retry-After"] = tt.vals
-				return resp, nil
-			}}
-			tr, _, waits := newTestTransport(t, base, Policy{Retry: Retry{MaxAttempts: 2, Base: 10 * time.Millisecond, Cap: 10 * time.Millisecond}})
-			resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
-			if err != nil {
-				t.Fatalf("err = %v; want the last 503", err)
-			}
-			resp.Body.Close()
-			if resp.StatusCode != 503 || base.calls() != 2 {
-				t.Errorf("status %d after %d attempts; want 503 after 2", resp.StatusCode, base.calls())
-			}
-			for _, w := range *waits {
-				if w > 10*time.Millisecond {
-					t.Errorf("slept %v; want at most the 10ms backoff", w)
+			synctest.Test(t, func(t *testing.T) {
+				base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
+					resp := response(req, 503)
+					resp.Header["Retry-After"] = tt.vals
+					return resp, nil
+				}}
+				tr, _, waits := newTestTransport(t, base, Policy{Retry: Retry{MaxAttempts: 2, Base: 10 * time.Millisecond, Cap: 10 * time.Millisecond}})
+				resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
+				if err != nil {
+					t.Fatalf("err = %v; want the last 503", err)
 				}
-			}
-			if got := tr.Snapshot().RetryAfterIgnored > 0; got != tt.ignored {
-				t.Errorf("RetryAfterIgnored > 0 = %v, want %v", got, tt.ignored)
-			}
-			// The host is not paused: the next call is sent.
-			n := base.calls()
-			if resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, "")); err != nil {
-				t.Errorf("next call: %v; want it sent", err)
-			} else {
 				resp.Body.Close()
-			}
-			if base.calls() == n {
-				t.Error("a broken Retry-After paused the host")
-			}
+				if resp.StatusCode != 503 || base.calls() != 2 {
+					t.Errorf("status %d after %d attempts; want 503 after 2", resp.StatusCode, base.calls())
+				}
+				for _, w := range *waits {
+					if w > 10*time.Millisecond {
+						t.Errorf("slept %v; want at most the 10ms backoff", w)
+					}
+				}
+				if got := tr.Snapshot().RetryAfterIgnored > 0; got != tt.ignored {
+					t.Errorf("RetryAfterIgnored > 0 = %v, want %v", got, tt.ignored)
+				}
+				// The host is not paused: the next call is sent.
+				n := base.calls()
+				if resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, "")); err != nil {
+					t.Errorf("next call: %v; want it sent", err)
+				} else {
+					resp.Body.Close()
+				}
+				if base.calls() == n {
+					t.Error("a broken Retry-After paused the host")
+				}
+			})
 		})
 	}
 }
@@ -131,38 +134,40 @@ func (b *lazyBody) Close() error { b.closed.Store(true); return nil }
 // GetBody is sent once, streamed, even with BufferBody on and a retryable
 // failure, and bulwark holds at most BufferBody of it.
 func TestHostileHugeBodyWithoutGetBody(t *testing.T) {
-	const size = 1 << 30
-	var read atomic.Int64
-	base := &scriptBase{step: always(503)}
-	counting := roundTripFunc(func(req *http.Request) (*http.Response, error) {
-		n, _ := io.Copy(io.Discard, req.Body)
-		read.Add(n)
-		req.Body.Close()
-		req.Body = http.NoBody
-		return base.RoundTrip(req)
-	})
-	tr, _, _ := newTestTransport(t, counting, Policy{Retry: Retry{BufferBody: 1 << 20}})
-	body := &lazyBody{left: size}
-	req := testRequest(t, t.Context(), "PUT", "http://api.test/upload", noBody, "")
-	req.Body, req.ContentLength = body, -1
+	synctest.Test(t, func(t *testing.T) {
+		const size = 1 << 30
+		var read atomic.Int64
+		base := &scriptBase{step: always(503)}
+		counting := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			n, _ := io.Copy(io.Discard, req.Body)
+			read.Add(n)
+			req.Body.Close()
+			req.Body = http.NoBody
+			return base.RoundTrip(req)
+		})
+		tr, _, _ := newTestTransport(t, counting, Policy{Retry: Retry{BufferBody: 1 << 20}})
+		body := &lazyBody{left: size}
+		req := testRequest(t, t.Context(), "PUT", "http://api.test/upload", noBody, "")
+		req.Body, req.ContentLength = body, -1
 
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	resp, err := tr.RoundTrip(req)
-	runtime.ReadMemStats(&after)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if base.calls() != 1 || read.Load() != size {
-		t.Errorf("sent %d times, %d bytes; want once, all %d", base.calls(), read.Load(), size)
-	}
-	if !body.closed.Load() {
-		t.Error("the request body was not closed")
-	}
-	if grew := after.TotalAlloc - before.TotalAlloc; grew > 64<<20 {
-		t.Errorf("allocated %d MiB to send it; want the body streamed, not buffered", grew>>20)
-	}
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		resp, err := tr.RoundTrip(req)
+		runtime.ReadMemStats(&after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if base.calls() != 1 || read.Load() != size {
+			t.Errorf("sent %d times, %d bytes; want once, all %d", base.calls(), read.Load(), size)
+		}
+		if !body.closed.Load() {
+			t.Error("the request body was not closed")
+		}
+		if grew := after.TotalAlloc - before.TotalAlloc; grew > 64<<20 {
+			t.Errorf("allocated %d MiB to send it; want the body streamed, not buffered", grew>>20)
+		}
+	})
 }
 
 // halfBody errors after some bytes, as a connection cut mid-body does.
@@ -182,30 +187,32 @@ func (b *halfBody) Close() error { return nil }
 // error; the call is not retried (it already succeeded as far as the
 // stack can know) and the bulkhead slot comes back.
 func TestHostileBodyErrorsHalfway(t *testing.T) {
-	base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
-		resp := response(req, 200)
-		resp.Body, resp.ContentLength = &halfBody{n: 100}, 1000
-		return resp, nil
-	}}
-	tr, _, _ := newTestTransport(t, base, Policy{})
-	resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, rerr := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if len(got) != 100 || rerr == nil {
-		t.Errorf("read %d bytes, error %v; want 100 and the cut", len(got), rerr)
-	}
-	if base.calls() != 1 {
-		t.Errorf("sent %d times, want 1", base.calls())
-	}
-	wantStats(t, tr, "api.test:80", 0, 0)
+	synctest.Test(t, func(t *testing.T) {
+		base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
+			resp := response(req, 200)
+			resp.Body, resp.ContentLength = &halfBody{n: 100}, 1000
+			return resp, nil
+		}}
+		tr, _, _ := newTestTransport(t, base, Policy{})
+		resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, rerr := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if len(got) != 100 || rerr == nil {
+			t.Errorf("read %d bytes, error %v; want 100 and the cut", len(got), rerr)
+		}
+		if base.calls() != 1 {
+			t.Errorf("sent %d times, want 1", base.calls())
+		}
+		wantStats(t, tr, "api.test:80", 0, 0)
+	})
 }
 
 // TestHostileHeadersThenHang: a server that sends its headers and then
-// nothing is ended by the attempt timeout, which covers the body, and its
-// handler and connection are released.
+// nothing is ended by the body's idle bound (BodyIdle, which defaults to
+// Attempt), and its handler and connection are released.
 func TestHostileHeadersThenHang(t *testing.T) {
 	release := make(chan struct{})
 	up := newCountedUpstream(t, func(w http.ResponseWriter, r *http.Request) {
@@ -228,8 +235,8 @@ func TestHostileHeadersThenHang(t *testing.T) {
 	}
 	_, rerr := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !errors.Is(rerr, context.DeadlineExceeded) {
-		t.Errorf("read error %v; want the attempt deadline", rerr)
+	if !errors.Is(rerr, context.DeadlineExceeded) || !errors.Is(rerr, ErrAttemptTimeout) {
+		t.Errorf("read error %v; want the attempt deadline (ErrAttemptTimeout)", rerr)
 	}
 	base.CloseIdleConnections()
 	for i := 0; i < 300 && up.open.Load() != 0; i++ {
@@ -309,5 +316,11 @@ func TestHostileUserinfoRedacted(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), secret) {
 		t.Errorf("log leaks the password:\n%s", logs.String())
+	}
+	// And every layer named above did speak, so the check covered it.
+	for _, msg := range []string{"retry scheduled", "circuit breaker open", "pushback started"} {
+		if !strings.Contains(logs.String(), msg) {
+			t.Errorf("no %q in the log, so its redaction went unchecked:\n%s", msg, logs.String())
+		}
 	}
 }

@@ -87,7 +87,7 @@ func alwaysErr(err error) func(int, *http.Request) (*http.Response, error) {
 
 var (
 	errReset = &net.OpError{Op: "read", Net: "tcp", Err: &os_SyscallError{"read", syscall.ECONNRESET}}
-	// What attemptRT returns when an attempt runs past Timeout.Attempt.
+	// What the attempt layer returns when an attempt runs past Timeout.Attempt.
 	errAttemptTO = &timeoutError{limit: ErrAttemptTimeout, cause: context.DeadlineExceeded}
 )
 
@@ -199,7 +199,12 @@ func TestRetryWhatIsRetried(t *testing.T) {
 		{name: "GET 404", method: "GET", step: always(404), wantCalls: 1},
 		{name: "GET 409", method: "GET", step: always(409), wantCalls: 1},
 		{name: "GET 422", method: "GET", step: always(422), wantCalls: 1},
-		{name: "GET 500", method: "GET", step: always(500), wantCalls: 1},
+		// 500 and 408 are retried since the one classification (classify.go).
+		{name: "GET 500", method: "GET", step: always(500), wantCalls: 3},
+		{name: "GET 408", method: "GET", step: always(408), wantCalls: 3},
+		{name: "POST no key 500", method: "POST", kind: replayableBody, body: "charge", step: always(500), wantCalls: 1},
+		{name: "GET 505", method: "GET", step: always(505), wantCalls: 1},
+		{name: "GET 501", method: "GET", step: always(501), wantCalls: 1},
 		{name: "GET 200", method: "GET", step: always(200), wantCalls: 1},
 		{name: "GET 503 no-retry marker", method: "GET", step: always(503, NoRetryHeader, "1"), wantCalls: 1},
 		{name: "GET cert error", method: "GET", step: alwaysErr(&net.OpError{Op: "remote error", Err: certErr}), wantCalls: 1},
@@ -223,119 +228,160 @@ func TestRetryWhatIsRetried(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			base := &scriptBase{step: tt.step}
-			tr, _, _ := newTestTransport(t, base, Policy{Retry: tt.policy})
-			url := tt.url
-			if url == "" {
-				url = "http://api.test/v1/thing"
-			}
-			req := testRequest(t, t.Context(), tt.method, url, tt.kind, tt.body, tt.headers...)
-			callerKey := req.Header.Get(IdempotencyKeyHeader)
-			status, _, err := checkContract(t, tr, req, nil)
-			if got := base.calls(); got != tt.wantCalls {
-				t.Fatalf("sent %d times, want %d (status %d, err %v)", got, tt.wantCalls, status, err)
-			}
-			if req.Header.Get(IdempotencyKeyHeader) != callerKey {
-				t.Errorf("caller's Idempotency-Key changed")
-			}
-			for i, s := range base.all() {
-				if s.body != tt.body {
-					t.Errorf("attempt %d body = %q, want %q", i+1, s.body, tt.body)
+			synctest.Test(t, func(t *testing.T) {
+				base := &scriptBase{step: tt.step}
+				tr, _, _ := newTestTransport(t, base, Policy{Retry: tt.policy})
+				url := tt.url
+				if url == "" {
+					url = "http://api.test/v1/thing"
 				}
-				if want := fmt.Sprint(i + 1); !tt.policy.Disabled && s.attempt != want {
-					t.Errorf("attempt %d: %s = %q, want %q", i+1, AttemptHeader, s.attempt, want)
+				req := testRequest(t, t.Context(), tt.method, url, tt.kind, tt.body, tt.headers...)
+				callerKey := req.Header.Get(IdempotencyKeyHeader)
+				status, _, err := checkContract(t, tr, req, nil)
+				if got := base.calls(); got != tt.wantCalls {
+					t.Fatalf("sent %d times, want %d (status %d, err %v)", got, tt.wantCalls, status, err)
 				}
-				if tt.policy.KeyPOST && tt.wantCalls > 1 && (s.key == "" || s.key != base.all()[0].key) {
-					t.Errorf("attempt %d key = %q, want the first attempt's %q", i+1, s.key, base.all()[0].key)
+				if req.Header.Get(IdempotencyKeyHeader) != callerKey {
+					t.Errorf("caller's Idempotency-Key changed")
 				}
-			}
-			if err != nil && tt.wantCalls > 1 {
-				var re *RetryError
-				if !errors.As(err, &re) || re.Attempts != tt.wantCalls {
-					t.Errorf("err = %v, want a *RetryError with Attempts %d", err, tt.wantCalls)
+				for i, s := range base.all() {
+					if s.body != tt.body {
+						t.Errorf("attempt %d body = %q, want %q", i+1, s.body, tt.body)
+					}
+					if want := fmt.Sprint(i + 1); !tt.policy.Disabled && s.attempt != want {
+						t.Errorf("attempt %d: %s = %q, want %q", i+1, AttemptHeader, s.attempt, want)
+					}
+					if tt.policy.KeyPOST && tt.wantCalls > 1 && (s.key == "" || s.key != base.all()[0].key) {
+						t.Errorf("attempt %d key = %q, want the first attempt's %q", i+1, s.key, base.all()[0].key)
+					}
 				}
-				if want := fmt.Sprintf("bulwark: failed after %d attempts: ", tt.wantCalls); !strings.HasPrefix(err.Error(), want) {
-					t.Errorf("err = %q, want prefix %q", err, want)
+				if err != nil && tt.wantCalls > 1 {
+					var re *RetryError
+					if !errors.As(err, &re) || re.Attempts != tt.wantCalls {
+						t.Errorf("err = %v, want a *RetryError with Attempts %d", err, tt.wantCalls)
+					}
+					if want := fmt.Sprintf("bulwark: failed after %d attempts: ", tt.wantCalls); !strings.HasPrefix(err.Error(), want) {
+						t.Errorf("err = %q, want prefix %q", err, want)
+					}
 				}
-			}
-			if err != nil && tt.wantCalls == 1 {
-				if _, werr := tt.step(1, req); err != werr {
-					t.Errorf("single attempt: err = %v, want the base's error untouched (%v)", err, werr)
+				if err != nil && tt.wantCalls == 1 {
+					if _, werr := tt.step(1, req); err != werr {
+						t.Errorf("single attempt: err = %v, want the base's error untouched (%v)", err, werr)
+					}
 				}
-			}
+			})
 		})
 	}
 }
 
 func TestRetryErrorsWrapCause(t *testing.T) {
-	base := &scriptBase{step: alwaysErr(errReset)}
-	tr, _, _ := newTestTransport(t, base, Policy{})
-	_, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
-	if !errors.Is(err, syscall.ECONNRESET) {
-		t.Errorf("err = %v, want one wrapping ECONNRESET", err)
-	}
-	var op *net.OpError
-	if !errors.As(err, &op) {
-		t.Errorf("err = %v, want errors.As to find the *net.OpError", err)
-	}
-	if errors.Is(err, ErrRetryBudget) {
-		t.Errorf("err = %v matches ErrRetryBudget with the budget untouched", err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		base := &scriptBase{step: alwaysErr(errReset)}
+		tr, _, _ := newTestTransport(t, base, Policy{})
+		_, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("err = %v, want one wrapping ECONNRESET", err)
+		}
+		var op *net.OpError
+		if !errors.As(err, &op) {
+			t.Errorf("err = %v, want errors.As to find the *net.OpError", err)
+		}
+		if errors.Is(err, ErrRetryBudget) {
+			t.Errorf("err = %v matches ErrRetryBudget with the budget untouched", err)
+		}
+	})
 }
 
 // TestRetryFinalResponseUntouched: the caller gets the last attempt's
 // response itself, body unread.
 func TestRetryFinalResponseUntouched(t *testing.T) {
-	var last *http.Response
-	base := &scriptBase{step: func(n int, req *http.Request) (*http.Response, error) {
-		last = response(req, 503, "X-N", fmt.Sprint(n))
-		return last, nil
-	}}
-	tr, _, _ := newTestTransport(t, base, Policy{})
-	resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp != last || resp.Header.Get("X-N") != "3" {
-		t.Fatalf("got response %d (X-N %q), want the third attempt's, untouched", resp.StatusCode, resp.Header.Get("X-N"))
-	}
-	if b, _ := io.ReadAll(resp.Body); string(b) != "status 503" {
-		t.Errorf("body = %q", b)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		var last *http.Response
+		base := &scriptBase{step: func(n int, req *http.Request) (*http.Response, error) {
+			last = response(req, 503, "X-N", fmt.Sprint(n))
+			return last, nil
+		}}
+		tr, _, _ := newTestTransport(t, base, Policy{})
+		resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp != last || resp.Header.Get("X-N") != "3" {
+			t.Fatalf("got response %d (X-N %q), want the third attempt's, untouched", resp.StatusCode, resp.Header.Get("X-N"))
+		}
+		if b, _ := io.ReadAll(resp.Body); string(b) != "status 503" {
+			t.Errorf("body = %q", b)
+		}
+	})
 }
 
+// TestRetryHooks: CheckRetry replaces bulwark's judgement of an outcome
+// (here a 505, which bulwark alone does not retry), Backoff replaces its
+// waits, a CheckRetry error ends the call with that error, and the safety
+// checks still come first.
 func TestRetryHooks(t *testing.T) {
-	base := &scriptBase{step: always(500)}
-	var backoffCalls []int
-	tr, _, waits := newTestTransport(t, base, Policy{Retry: Retry{
-		CheckRetry: func(ctx context.Context, resp *http.Response, err error) (bool, error) {
-			return resp != nil && resp.StatusCode == 500, errors.New("ignored")
-		},
-		Backoff: func(lo, hi time.Duration, n int, resp *http.Response) time.Duration {
-			backoffCalls = append(backoffCalls, n)
-			return 7 * time.Millisecond
-		},
-	}})
-	resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if base.calls() != 3 || fmt.Sprint(backoffCalls) != "[0 1]" || fmt.Sprint(*waits) != "[7ms 7ms]" {
-		t.Errorf("calls %d, Backoff called with %v, waits %v; want 3, [0 1], [7ms 7ms]", base.calls(), backoffCalls, *waits)
-	}
-	// The safety checks still come first: a POST is still sent once.
-	base2 := &scriptBase{step: always(500)}
-	tr2, _, _ := newTestTransport(t, base2, Policy{Retry: Retry{CheckRetry: func(context.Context, *http.Response, error) (bool, error) { return true, nil }}})
-	resp, err = tr2.RoundTrip(testRequest(t, t.Context(), "POST", "http://api.test/", replayableBody, "x"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if base2.calls() != 1 {
-		t.Errorf("POST with a permissive CheckRetry sent %d times, want 1", base2.calls())
-	}
+	synctest.Test(t, func(t *testing.T) {
+		base := &scriptBase{step: always(505)}
+		var backoffCalls []int
+		tr, _, waits := newTestTransport(t, base, Policy{Retry: Retry{
+			CheckRetry: func(ctx context.Context, resp *http.Response, err error) (bool, error) {
+				return resp != nil && resp.StatusCode == 505, nil
+			},
+			Backoff: func(lo, hi time.Duration, n int, resp *http.Response) time.Duration {
+				backoffCalls = append(backoffCalls, n)
+				return 7 * time.Millisecond
+			},
+		}})
+		resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if base.calls() != 3 || fmt.Sprint(backoffCalls) != "[0 1]" || fmt.Sprint(*waits) != "[7ms 7ms]" {
+			t.Errorf("calls %d, Backoff called with %v, waits %v; want 3, [0 1], [7ms 7ms]", base.calls(), backoffCalls, *waits)
+		}
+		// And the other way: a CheckRetry that refuses keeps a 503 from
+		// being retried.
+		base503 := &scriptBase{step: always(503)}
+		tr503, _, _ := newTestTransport(t, base503, Policy{Retry: Retry{CheckRetry: func(context.Context, *http.Response, error) (bool, error) { return false, nil }}})
+		resp, err = tr503.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if base503.calls() != 1 {
+			t.Errorf("503 with a refusing CheckRetry sent %d times, want 1", base503.calls())
+		}
+		// A CheckRetry error ends the retries: the caller gets it, and the
+		// response it judged is closed.
+		stop := errors.New("check: stop")
+		var bs bodies
+		baseStop := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
+			resp := response(req, 505)
+			resp.Body = bs.make("judged")
+			return resp, nil
+		}}
+		trStop, _, _ := newTestTransport(t, baseStop, Policy{Retry: Retry{CheckRetry: func(context.Context, *http.Response, error) (bool, error) { return true, stop }}})
+		resp, err = trStop.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
+		if resp != nil || !errors.Is(err, stop) || baseStop.calls() != 1 {
+			t.Errorf("got %v, %v after %d sends; want the CheckRetry error after 1", resp, err, baseStop.calls())
+		}
+		if !bs.allClosed() {
+			t.Error("the response CheckRetry judged was not closed")
+		}
+		// The safety checks still come first: a POST is still sent once.
+		base2 := &scriptBase{step: always(500)}
+		tr2, _, _ := newTestTransport(t, base2, Policy{Retry: Retry{CheckRetry: func(context.Context, *http.Response, error) (bool, error) { return true, nil }}})
+		resp, err = tr2.RoundTrip(testRequest(t, t.Context(), "POST", "http://api.test/", replayableBody, "x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if base2.calls() != 1 {
+			t.Errorf("POST with a permissive CheckRetry sent %d times, want 1", base2.calls())
+		}
+	})
 }
 
 func TestRetryBackoffJitter(t *testing.T) {
@@ -345,28 +391,26 @@ func TestRetryBackoffJitter(t *testing.T) {
 		pick   string // "top" or "bottom" of each random range
 		want   []time.Duration
 	}{
-		{None, "top", []time.Duration{100e6, 200e6, 400e6, 800e6, 1e9, 1e9}},
-		{Full, "top", []time.Duration{100e6, 200e6, 400e6, 800e6, 1e9, 1e9}},
-		{Full, "bottom", []time.Duration{0, 0, 0, 0, 0, 0}},
-		{Equal, "top", []time.Duration{100e6, 200e6, 400e6, 800e6, 1e9, 1e9}},
-		{Equal, "bottom", []time.Duration{50e6, 100e6, 200e6, 400e6, 500e6, 500e6}},
+		{JitterNone, "top", []time.Duration{100e6, 200e6, 400e6, 800e6, 1e9, 1e9}},
+		{JitterFull, "top", []time.Duration{100e6, 200e6, 400e6, 800e6, 1e9, 1e9}},
+		{JitterFull, "bottom", []time.Duration{0, 0, 0, 0, 0, 0}},
+		{JitterEqual, "top", []time.Duration{100e6, 200e6, 400e6, 800e6, 1e9, 1e9}},
+		{JitterEqual, "bottom", []time.Duration{50e6, 100e6, 200e6, 400e6, 500e6, 500e6}},
 		// random(base, 3 × previous), previous starting at base.
-		{Decorrelated, "top", []time.Duration{300e6, 900e6, 1e9, 1e9, 1e9, 1e9}},
-		{Decorrelated, "bottom", []time.Duration{100e6, 100e6, 100e6, 100e6, 100e6, 100e6}},
+		{JitterDecorrelated, "top", []time.Duration{300e6, 900e6, 1e9, 1e9, 1e9, 1e9}},
+		{JitterDecorrelated, "bottom", []time.Duration{100e6, 100e6, 100e6, 100e6, 100e6, 100e6}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.jitter.String()+"/"+tt.pick, func(t *testing.T) {
-			tr, err := New(Config{Base: &stubBase{}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			tr.retry.randN = func(n int64) int64 {
+			tr := mustNew(t, Config{Base: &stubBase{}, Default: only(Policy{Retry: Retry{Base: base, Cap: cap, Jitter: tt.jitter}}, "retry")})
+			// Set before the host's stack is built, which takes it.
+			tr.randN = func(n int64) int64 {
 				if tt.pick == "top" {
 					return n - 1
 				}
 				return 0
 			}
-			r := &retryRT{t: tr, base: base, cap: cap, jitter: tt.jitter}
+			r := layerOf[*retryStage](t, tr, "http://api.test/")
 			prev := base
 			for n, want := range tt.want {
 				if got := r.backoffWait(n, nil, &prev); got != want {
@@ -376,8 +420,8 @@ func TestRetryBackoffJitter(t *testing.T) {
 		})
 	}
 	// Huge Base and many retries must not overflow.
-	tr, _ := New(Config{Base: &stubBase{}})
-	r := &retryRT{t: tr, base: time.Hour, cap: 2 * time.Hour, jitter: None}
+	tr := mustNew(t, Config{Base: &stubBase{}, Default: only(Policy{Retry: Retry{Base: time.Hour, Cap: 2 * time.Hour, Jitter: JitterNone}}, "retry")})
+	r := layerOf[*retryStage](t, tr, "http://api.test/")
 	prev := r.base
 	if got := r.backoffWait(9, nil, &prev); got != 2*time.Hour {
 		t.Errorf("backoffWait with a huge base = %v, want the cap", got)
@@ -427,7 +471,7 @@ func TestRetryConfig(t *testing.T) {
 	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
 		t.Errorf("inherited policy\n got %+v\nwant %+v", got, want)
 	}
-	if d := tr.def.policy.Retry; d.MaxAttempts != 5 || d.Base != DefaultRetryBase || d.Jitter != Equal {
+	if d := tr.def.policy.Retry; d.MaxAttempts != 5 || d.Base != DefaultRetryBase || d.Jitter != JitterEqual {
 		t.Errorf("default policy = %+v", d)
 	}
 }
@@ -456,7 +500,10 @@ func TestRetryAfterHonoured(t *testing.T) {
 			policy: Policy{Timeout: Timeout{Total: 10 * time.Second}}, wantCalls: 1},
 		{name: "no pushback layer", status: 503, retryAfter: func(time.Time) string { return "2" },
 			policy: Policy{Retry: Retry{NoPushback: true}}, wantCalls: 2, wantGap: 2 * time.Second},
-		{name: "500 ignores Retry-After", status: 500, retryAfter: func(time.Time) string { return "2" }, wantCalls: 1},
+		// A 500 is retried since the one classification, but on the
+		// backoff: only 429 and 503 carry a Retry-After bulwark obeys.
+		{name: "500 ignores Retry-After", status: 500, retryAfter: func(time.Time) string { return "2" },
+			policy: Policy{Retry: Retry{Jitter: JitterNone}}, wantCalls: 2, wantGap: DefaultRetryBase},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -500,35 +547,37 @@ func TestRetryAfterHonoured(t *testing.T) {
 }
 
 func TestRetryAfterIgnoredCounted(t *testing.T) {
-	for _, np := range []bool{false, true} {
-		base := &scriptBase{step: always(503, "Retry-After", "soon")}
-		tr, _, waits := newTestTransport(t, base, Policy{Retry: Retry{NoPushback: np}})
-		resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
-		if err != nil {
-			t.Fatal(err)
+	synctest.Test(t, func(t *testing.T) {
+		for _, np := range []bool{false, true} {
+			base := &scriptBase{step: always(503, "Retry-After", "soon")}
+			tr, _, waits := newTestTransport(t, base, Policy{Retry: Retry{NoPushback: np}})
+			resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			// Counted once per response, whichever layer parsed it; the
+			// backoff (top of the range: 100ms, 200ms) applied instead.
+			// Without pushback the last response is not parsed: no retry
+			// follows it.
+			want := uint64(3)
+			if np {
+				want = 2
+			}
+			if got := tr.Snapshot().RetryAfterIgnored; got != want {
+				t.Errorf("NoPushback=%v: RetryAfterIgnored = %d, want %d", np, got, want)
+			}
+			if fmt.Sprint(*waits) != "[100ms 200ms]" {
+				t.Errorf("NoPushback=%v: waits = %v, want the backoff's", np, *waits)
+			}
 		}
-		resp.Body.Close()
-		// Counted once per response, whichever layer parsed it; the
-		// backoff (top of the range: 100ms, 200ms) applied instead.
-		// Without pushback the last response is not parsed: no retry
-		// follows it.
-		want := uint64(3)
-		if np {
-			want = 2
-		}
-		if got := tr.Snapshot().RetryAfterIgnored; got != want {
-			t.Errorf("NoPushback=%v: RetryAfterIgnored = %d, want %d", np, got, want)
-		}
-		if fmt.Sprint(*waits) != "[100ms 200ms]" {
-			t.Errorf("NoPushback=%v: waits = %v, want the backoff's", np, *waits)
-		}
-	}
+	})
 }
 
 // TestRetryDeadlineNeverOverrun: no sleep ends past the call's deadline,
 // whether it is Timeout.Total's or the caller's, whatever the jitter picks.
 func TestRetryDeadlineNeverOverrun(t *testing.T) {
-	for _, jitter := range []Jitter{None, Full, Equal, Decorrelated} {
+	for _, jitter := range []Jitter{JitterNone, JitterFull, JitterEqual, JitterDecorrelated} {
 		for _, callerDL := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%v/callerDeadline=%v", jitter, callerDL), func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
@@ -548,7 +597,7 @@ func TestRetryDeadlineNeverOverrun(t *testing.T) {
 						t.Fatal(err)
 					}
 					// Seeded, so that each run picks the same waits.
-					tr.retry.randN = mrand.New(mrand.NewPCG(1, uint64(jitter))).Int64N
+					tr.randN = mrand.New(mrand.NewPCG(1, uint64(jitter))).Int64N
 					start := time.Now()
 					resp, err := tr.RoundTrip(testRequest(t, ctx, "GET", "http://api.test/", noBody, ""))
 					if err != nil {
@@ -669,23 +718,42 @@ func TestRetryBudget(t *testing.T) {
 	}
 }
 
-// amplification offers calls at rps, evenly spaced on an injected clock,
-// to an upstream that always fails, and returns upstream sends ÷ calls.
-func amplification(t testing.TB, step func(int, *http.Request) (*http.Response, error), rps int, d time.Duration, p ...Policy) (float64, error) {
-	base := &scriptBase{step: step}
-	tr, clk, _ := newTestTransport(t, base, append(p, Policy{})[0])
-	tr.retry.sleep = func(context.Context, time.Duration) error { return nil }
-	n := int(d.Seconds()) * rps
+// amplification offers calls at rps, evenly spaced in a synctest bubble
+// of its own, to an upstream that always fails, and returns upstream
+// sends ÷ calls and the last call's error. Each call runs on a goroutine of
+// its own, as an open-loop load does, so that its retries' waits (fake
+// time) do not slow the offered rate.
+func amplification(t *testing.T, step func(int, *http.Request) (*http.Response, error), rps int, d time.Duration, p ...Policy) (float64, error) {
+	t.Helper()
+	var ratio float64
 	var lastErr error
-	for i := 0; i < n; i++ {
-		resp, err := tr.RoundTrip(testRequest(t, context.Background(), "GET", "http://api.test/", noBody, ""))
-		if err == nil {
-			resp.Body.Close()
+	synctest.Test(t, func(t *testing.T) {
+		base := &scriptBase{step: step}
+		tr, clk, _ := newTestTransport(t, base, append(p, Policy{})[0])
+		n := int(d.Seconds()) * rps
+		// Built here, where testRequest may stop the test; the callers only
+		// record.
+		reqs := make([]*http.Request, n)
+		for i := range reqs {
+			reqs[i] = testRequest(t, context.Background(), "GET", "http://api.test/", noBody, "")
 		}
-		lastErr = err
-		clk.advance(time.Second / time.Duration(rps))
-	}
-	return float64(base.calls()) / float64(n), lastErr
+		var wg sync.WaitGroup
+		for i, req := range reqs {
+			wg.Go(func() {
+				resp, err := tr.RoundTrip(req)
+				if err == nil {
+					resp.Body.Close()
+				}
+				if i == n-1 {
+					lastErr = err
+				}
+			})
+			clk.advance(time.Second / time.Duration(rps))
+		}
+		wg.Wait()
+		ratio = float64(base.calls()) / float64(n)
+	})
+	return ratio, lastErr
 }
 
 // TestRetryDrainsDiscarded: a retried response is drained and closed, so its
@@ -703,7 +771,8 @@ func TestRetryDrainsDiscarded(t *testing.T) {
 	defer srv.Close()
 	base := &http.Transport{}
 	defer base.CloseIdleConnections()
-	tr, _, _ := newTestTransport(t, base, Policy{})
+	// A real server, so no bubble: the retries wait nothing instead.
+	tr := mustNew(t, Config{Base: base, Default: Policy{Retry: Retry{Backoff: noWait}}})
 	var newConns, reused atomic.Int32
 	ctx := httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{GotConn: func(ci httptrace.GotConnInfo) {
 		if ci.Reused {
@@ -727,19 +796,30 @@ func TestRetryDrainsDiscarded(t *testing.T) {
 	}
 }
 
+// noWait is a Backoff of no wait, for the tests that cannot run in a
+// synctest bubble (a real server, or t.Run) and would otherwise sleep.
+func noWait(time.Duration, time.Duration, int, *http.Response) time.Duration { return 0 }
+
+// TestRetryContract runs outside a bubble (runContract calls t.Run): the
+// retries wait nothing, through Backoff, instead of sleeping for real.
 func TestRetryContract(t *testing.T) {
 	for _, p := range []Policy{{}, {Timeout: Timeout{Disabled: true}}, {Retry: Retry{KeyPOST: true, BufferBody: 64}}} {
+		p.Retry.Backoff = noWait
+		p.Breaker.Disabled = true // as newTestTransport does: retry is what is tested
+		// Checked here, on the test's goroutine; build runs on runContract's.
+		mustNew(t, Config{Default: p})
 		runContract(t, func(base http.RoundTripper) http.RoundTripper {
-			tr, _, _ := newTestTransport(t, base, p)
+			tr, _ := New(Config{Base: base, Default: p})
 			return tr
 		})
 	}
-	// The layer alone, over the base, without the Transport's other layers.
+	// The retry and pushback layers alone, over the base, without the
+	// Transport's other layers.
+	alone := only(Policy{Retry: Retry{Backoff: noWait}}, "retry", "pushback")
+	mustNew(t, Config{Default: alone})
 	runContract(t, func(base http.RoundTripper) http.RoundTripper {
-		tr, _, _ := newTestTransport(t, base, Policy{})
-		hs := &hostState{t: tr, name: "contract.test:80", policy: &tr.def.policy}
-		hs.pushback = newPushbackRT(base, hs)
-		return newRetryRT(hs.pushback, hs)
+		tr, _ := New(Config{Base: base, Default: alone})
+		return tr
 	})
 }
 
@@ -748,25 +828,27 @@ func TestRetryContract(t *testing.T) {
 func TestRetryBodyBuffering(t *testing.T) {
 	for _, size := range []int{0, 1, 100, 101, 5000} {
 		t.Run(fmt.Sprint(size), func(t *testing.T) {
-			payload := strings.Repeat("b", size)
-			base := &scriptBase{step: always(503)}
-			tr, _, _ := newTestTransport(t, base, Policy{Retry: Retry{BufferBody: 100}})
-			var bs bodies
-			req, _ := http.NewRequestWithContext(t.Context(), "PUT", "http://api.test/", nil)
-			req.Body = bs.make(payload)
-			checkContract(t, tr, req, &bs)
-			want := 3
-			if size > 100 {
-				want = 1
-			}
-			if base.calls() != want {
-				t.Fatalf("sent %d times, want %d", base.calls(), want)
-			}
-			for _, s := range base.all() {
-				if s.body != payload {
-					t.Errorf("sent %d bytes, want %d", len(s.body), size)
+			synctest.Test(t, func(t *testing.T) {
+				payload := strings.Repeat("b", size)
+				base := &scriptBase{step: always(503)}
+				tr, _, _ := newTestTransport(t, base, Policy{Retry: Retry{BufferBody: 100}})
+				var bs bodies
+				req, _ := http.NewRequestWithContext(t.Context(), "PUT", "http://api.test/", nil)
+				req.Body = bs.make(payload)
+				checkContract(t, tr, req, &bs)
+				want := 3
+				if size > 100 {
+					want = 1
 				}
-			}
+				if base.calls() != want {
+					t.Fatalf("sent %d times, want %d", base.calls(), want)
+				}
+				for _, s := range base.all() {
+					if s.body != payload {
+						t.Errorf("sent %d bytes, want %d", len(s.body), size)
+					}
+				}
+			})
 		})
 	}
 }
@@ -840,43 +922,29 @@ func BenchmarkRetry(b *testing.B) {
 	}
 }
 
-// BenchmarkRetryAmplification reports, as upstream/offered, the load an
-// always-failing upstream sees per call offered at 1000 calls a second for
-// 10 s, with the default policy (three attempts, default budget).
-func BenchmarkRetryAmplification(b *testing.B) {
-	var ratio float64
-	for b.Loop() {
-		ratio, _ = amplification(b, always(503), 1000, 10*time.Second)
-	}
-	b.ReportMetric(ratio, "upstream/offered")
-}
-
 // BenchmarkRetryLayers measures the retry and pushback layers alone on the
 // success path, over a base that costs nothing, with the call state an
 // outer layer (the total deadline) would have made.
 func BenchmarkRetryLayers(b *testing.B) {
-	tr, err := New(Config{Base: &stubBase{}})
-	if err != nil {
-		b.Fatal(err)
-	}
 	base := &staticBase{resp: &http.Response{StatusCode: 200, Body: http.NoBody, Header: http.Header{}}}
-	hs := &hostState{t: tr, name: "api.test:80", policy: &tr.def.policy}
-	hs.pushback = newPushbackRT(base, hs)
-	layers := newRetryRT(hs.pushback, hs)
+	tr := mustNew(b, Config{Base: base, Default: only(Policy{}, "retry", "pushback")})
+	layers := layerOf[*retryStage](b, tr, "http://api.test/x")
 	req, _ := http.NewRequestWithContext(context.Background(), "GET", "http://api.test/x", nil)
-	req, st := withCall(req, tr)
-	st.total = tr.now().Add(tr.def.policy.Timeout.Total) // as layer 3 sets it
-	for _, bc := range []struct {
-		name string
-		rt   http.RoundTripper
-	}{{"bare", base}, {"retry+pushback", layers}} {
-		b.Run(bc.name, func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, err := bc.rt.RoundTrip(req); err != nil {
-					b.Fatal(err)
-				}
+	c := call{total: time.Now().Add(DefaultTotalTimeout)} // as the total deadline layer sets it
+	b.Run("bare", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := base.RoundTrip(req); err != nil {
+				b.Fatal(err)
 			}
-		})
-	}
+		}
+	})
+	b.Run("retry+pushback", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := layers.roundTrip(req, c); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

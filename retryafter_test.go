@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -62,49 +63,51 @@ func FuzzParseRetryAfter(f *testing.F) {
 // TestPushback: a 503 with Retry-After from one host pauses every request
 // to that host until then, without sending, and leaves other hosts alone.
 func TestPushback(t *testing.T) {
-	base := &scriptBase{step: func(n int, req *http.Request) (*http.Response, error) {
-		if req.URL.Host == "a.test" && n == 1 {
-			return response(req, 503, "Retry-After", "10"), nil
+	synctest.Test(t, func(t *testing.T) {
+		base := &scriptBase{step: func(n int, req *http.Request) (*http.Response, error) {
+			if req.URL.Host == "a.test" && n == 1 {
+				return response(req, 503, "Retry-After", "10"), nil
+			}
+			return response(req, 200), nil
+		}}
+		// MaxAttempts 1 isolates the pause from the first call's own retry.
+		tr, clk, _ := newTestTransport(t, base, Policy{Retry: Retry{MaxAttempts: 1}})
+		get := func(url, method string) (int, error) {
+			t.Helper()
+			var bs bodies
+			req := newContractRequest(t, t.Context(), url, contractRequest{method: method, body: "p", replayable: true}, &bs)
+			status, _, err := checkContract(t, tr, req, &bs)
+			return status, err
 		}
-		return response(req, 200), nil
-	}}
-	// MaxAttempts 1 isolates the pause from the first call's own retry.
-	tr, clk, _ := newTestTransport(t, base, Policy{Retry: Retry{MaxAttempts: 1}})
-	get := func(url, method string) (int, error) {
-		t.Helper()
-		var bs bodies
-		req := newContractRequest(t, t.Context(), url, contractRequest{method: method, body: "p", replayable: true}, &bs)
-		status, _, err := checkContract(t, tr, req, &bs)
-		return status, err
-	}
-	if st, err := get("http://a.test/1", "GET"); st != 503 || err != nil {
-		t.Fatalf("first call: %d, %v; want the 503", st, err)
-	}
-	start := clk.now()
-	clk.advance(9 * time.Second)
-	for _, m := range []string{"GET", "POST", "PUT"} {
-		_, err := get("http://a.test/2", m)
-		var pe *PushbackError
-		if !errors.As(err, &pe) || !errors.Is(err, ErrPushback) {
-			t.Fatalf("%s during the pause: err = %v, want a *PushbackError", m, err)
+		if st, err := get("http://a.test/1", "GET"); st != 503 || err != nil {
+			t.Fatalf("first call: %d, %v; want the 503", st, err)
 		}
-		if pe.Host != "a.test:80" || !pe.Until.Equal(start.Add(10*time.Second)) {
-			t.Errorf("PushbackError = %+v, want host a.test:80 until %v", pe, start.Add(10*time.Second))
+		start := clk.now()
+		clk.advance(9 * time.Second)
+		for _, m := range []string{"GET", "POST", "PUT"} {
+			_, err := get("http://a.test/2", m)
+			var pe *PushbackError
+			if !errors.As(err, &pe) || !errors.Is(err, ErrPushback) {
+				t.Fatalf("%s during the pause: err = %v, want a *PushbackError", m, err)
+			}
+			if pe.Host != "a.test:80" || !pe.Until.Equal(start.Add(10*time.Second)) {
+				t.Errorf("PushbackError = %+v, want host a.test:80 until %v", pe, start.Add(10*time.Second))
+			}
+			if !strings.Contains(err.Error(), "a.test:80") {
+				t.Errorf("error %q does not name the host", err)
+			}
 		}
-		if !strings.Contains(err.Error(), "a.test:80") {
-			t.Errorf("error %q does not name the host", err)
+		if got := base.calls(); got != 1 {
+			t.Errorf("sent %d requests during the pause, want none", got-1)
 		}
-	}
-	if got := base.calls(); got != 1 {
-		t.Errorf("sent %d requests during the pause, want none", got-1)
-	}
-	if st, err := get("http://b.test/1", "GET"); st != 200 || err != nil {
-		t.Errorf("other host during the pause: %d, %v; want 200", st, err)
-	}
-	clk.advance(time.Second)
-	if st, err := get("http://a.test/3", "GET"); st != 200 || err != nil {
-		t.Errorf("after the pause: %d, %v; want 200", st, err)
-	}
+		if st, err := get("http://b.test/1", "GET"); st != 200 || err != nil {
+			t.Errorf("other host during the pause: %d, %v; want 200", st, err)
+		}
+		clk.advance(time.Second)
+		if st, err := get("http://a.test/3", "GET"); st != 200 || err != nil {
+			t.Errorf("after the pause: %d, %v; want 200", st, err)
+		}
+	})
 }
 
 func TestPushbackCappedAndOff(t *testing.T) {
@@ -118,32 +121,34 @@ func TestPushbackCappedAndOff(t *testing.T) {
 		{"off", Retry{MaxAttempts: 1, NoPushback: true}, nil, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			base := &scriptBase{step: func(n int, req *http.Request) (*http.Response, error) {
-				if n == 1 {
-					return response(req, 429, "Retry-After", "3600"), nil
+			synctest.Test(t, func(t *testing.T) {
+				base := &scriptBase{step: func(n int, req *http.Request) (*http.Response, error) {
+					if n == 1 {
+						return response(req, 429, "Retry-After", "3600"), nil
+					}
+					return response(req, 200), nil
+				}}
+				tr, clk, _ := newTestTransport(t, base, Policy{Retry: tc.policy})
+				do := func() error {
+					resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://a.test/", noBody, ""))
+					if err == nil {
+						resp.Body.Close()
+					}
+					return err
 				}
-				return response(req, 200), nil
-			}}
-			tr, clk, _ := newTestTransport(t, base, Policy{Retry: tc.policy})
-			do := func() error {
-				resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://a.test/", noBody, ""))
-				if err == nil {
-					resp.Body.Close()
+				do()
+				start := clk.now()
+				for _, off := range tc.paused {
+					clk.advance(start.Add(off).Sub(clk.now()))
+					if err := do(); !errors.Is(err, ErrPushback) {
+						t.Errorf("at +%v: err = %v, want ErrPushback", off, err)
+					}
 				}
-				return err
-			}
-			do()
-			start := clk.now()
-			for _, off := range tc.paused {
-				clk.advance(start.Add(off).Sub(clk.now()))
-				if err := do(); !errors.Is(err, ErrPushback) {
-					t.Errorf("at +%v: err = %v, want ErrPushback", off, err)
+				clk.advance(start.Add(tc.open).Sub(clk.now()))
+				if err := do(); err != nil {
+					t.Errorf("at +%v: err = %v, want the request sent", tc.open, err)
 				}
-			}
-			clk.advance(start.Add(tc.open).Sub(clk.now()))
-			if err := do(); err != nil {
-				t.Errorf("at +%v: err = %v, want the request sent", tc.open, err)
-			}
+			})
 		})
 	}
 }
@@ -152,44 +157,48 @@ func TestPushbackCappedAndOff(t *testing.T) {
 // not a failure to retry around: the call fails at once, nothing sent, no
 // sleep. A call that gets the 503 itself waits out the pause and retries.
 func TestPushbackTerminalForRetry(t *testing.T) {
-	base := &scriptBase{step: func(n int, req *http.Request) (*http.Response, error) {
-		if n == 1 {
-			return response(req, 503, "Retry-After", "10"), nil
+	synctest.Test(t, func(t *testing.T) {
+		base := &scriptBase{step: func(n int, req *http.Request) (*http.Response, error) {
+			if n == 1 {
+				return response(req, 503, "Retry-After", "10"), nil
+			}
+			return response(req, 200), nil
+		}}
+		tr, clk, waits := newTestTransport(t, base, Policy{})
+		resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://a.test/", noBody, ""))
+		if err != nil || resp.StatusCode != 200 || base.calls() != 2 || fmt.Sprint(*waits) != "[10s]" {
+			t.Fatalf("got %v, %v after %d sends and waits %v; want 200 after 2 sends and a 10s wait", resp, err, base.calls(), *waits)
 		}
-		return response(req, 200), nil
-	}}
-	tr, clk, waits := newTestTransport(t, base, Policy{})
-	resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://a.test/", noBody, ""))
-	if err != nil || resp.StatusCode != 200 || base.calls() != 2 || fmt.Sprint(*waits) != "[10s]" {
-		t.Fatalf("got %v, %v after %d sends and waits %v; want 200 after 2 sends and a 10s wait", resp, err, base.calls(), *waits)
-	}
-	resp.Body.Close()
+		resp.Body.Close()
 
-	// Another request's 503 paused the host: no retry, no wait.
-	tr.lookup(resp.Request.URL).pushback.pause(clk.now().Add(5 * time.Second))
-	*waits = nil
-	_, err = tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://a.test/", noBody, ""))
-	var pe *PushbackError
-	if !errors.As(err, &pe) || base.calls() != 2 || len(*waits) != 0 {
-		t.Errorf("err = %v, sends %d, waits %v; want the *PushbackError at once", err, base.calls()-2, *waits)
-	}
-	var re *RetryError
-	if errors.As(err, &re) {
-		t.Errorf("err = %v: a single refused attempt should come back unwrapped", err)
-	}
+		// Another request's 503 paused the host: no retry, no wait.
+		layerOf[*pushbackStage](t, tr, "http://a.test/").pause(clk.now().Add(5 * time.Second))
+		*waits = nil
+		_, err = tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://a.test/", noBody, ""))
+		var pe *PushbackError
+		if !errors.As(err, &pe) || base.calls() != 2 || len(*waits) != 0 {
+			t.Errorf("err = %v, sends %d, waits %v; want the *PushbackError at once", err, base.calls()-2, *waits)
+		}
+		var re *RetryError
+		if errors.As(err, &re) {
+			t.Errorf("err = %v: a single refused attempt should come back unwrapped", err)
+		}
+	})
 }
 
 // BenchmarkPushbackRejection: refusing during a pause allocates nothing.
 func BenchmarkPushbackRejection(b *testing.B) {
-	base := &scriptBase{step: always(503, "Retry-After", "10")}
-	tr, _, _ := newTestTransport(b, base, Policy{Retry: Retry{MaxAttempts: 1}})
+	// Real time (a benchmark has no bubble): a pause of an hour outlasts
+	// any -benchtime.
+	base := &scriptBase{step: always(503, "Retry-After", "3600")}
+	tr := mustNew(b, Config{Base: base, Default: only(Policy{Retry: Retry{MaxAttempts: 1, MaxRetryAfter: time.Hour}}, "pushback")})
 	req := testRequest(b, b.Context(), "GET", "http://a.test/", noBody, "")
 	resp, _ := tr.RoundTrip(req)
 	resp.Body.Close()
-	pb := tr.lookup(req.URL).pushback
+	pb := layerOf[*pushbackStage](b, tr, "http://a.test/")
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := pb.RoundTrip(req); err == nil {
+		if _, err := pb.roundTrip(req, call{}); err == nil {
 			b.Fatal("not refused")
 		}
 	}

@@ -144,10 +144,17 @@ func stress(tb testing.TB, n, workers int, seed uint64) time.Duration {
 	if f.msg != "" {
 		tb.Fatal(f.msg)
 	}
-	for _, st := range tr.BulkheadStates() {
-		if st.InFlight != 0 || st.Queued != 0 {
-			tb.Fatalf("bulkhead %s: %d in flight, %d queued after all calls", st.Host, st.InFlight, st.Queued)
+	checked := 0
+	for _, h := range tr.Snapshot().Hosts {
+		for _, st := range h.bulkheads() {
+			checked++
+			if st.InFlight != 0 || st.Queued != 0 {
+				tb.Fatalf("bulkhead %s: %d in flight, %d queued after all calls", h.Host, st.InFlight, st.Queued)
+			}
 		}
+	}
+	if checked != 5 {
+		tb.Fatalf("%d bulkheads checked after all calls, want the five hosts'", checked)
 	}
 	if t, isT := tb.(*testing.T); isT {
 		t.Logf("responses %d (fallback %d), refused by breaker/bulkhead/pushback %d, errors %d",
