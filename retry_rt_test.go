@@ -930,7 +930,8 @@ func BenchmarkRetryLayers(b *testing.B) {
 	tr := mustNew(b, Config{Base: base, Default: only(Policy{}, "retry", "pushback")})
 	layers := layerOf[*retryStage](b, tr, "http://api.test/x")
 	req, _ := http.NewRequestWithContext(context.Background(), "GET", "http://api.test/x", nil)
-	c := call{total: time.Now().Add(DefaultTotalTimeout)} // as the total deadline layer sets it
+	now := time.Now()
+	c := call{start: now, total: now.Add(DefaultTotalTimeout)} // as the router and the total deadline layer set it
 	b.Run("bare", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {

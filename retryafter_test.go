@@ -198,7 +198,7 @@ func BenchmarkPushbackRejection(b *testing.B) {
 	pb := layerOf[*pushbackStage](b, tr, "http://a.test/")
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := pb.roundTrip(req, call{}); err == nil {
+		if _, err := pb.roundTrip(req, call{start: time.Now()}); err == nil {
 			b.Fatal("not refused")
 		}
 	}
