@@ -527,11 +527,14 @@ func (b *breakerStage) isSuccessful(verdict error) bool {
 	return verdict == nil
 }
 
-// pos is the window's position now: the count of calls, or the time. Under
-// winMu.
+// pos is the window's position now: the last call counted, or the time.
+// Under winMu. A count window's calls are at 0, 1, 2, … so that its
+// buckets hold a full tenth each: from 1, the first would hold one call
+// less, and the window would hold 91 calls at the 100th, which MinCalls
+// 100 needs.
 func (b *breakerStage) pos() int64 {
 	if b.byCount {
-		return b.seq
+		return b.seq - 1
 	}
 	return time.Now().UnixNano()
 }

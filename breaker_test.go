@@ -21,11 +21,10 @@ import (
 // opBase answers by the request's X-Op header, one letter:
 //
 //	S 200   F 503   4 404   N 501   R 429   E transport error
-//	T bulwark's attempt timeout     C the caller's cancellation
-//	L 200 after slow (moves clk on by slow, or sleeps in a synctest bubble)
+//	T bulwark's attempt timeout     C the caller's cancellation (context.Canceled)
+//	L 200 after sleeping slow (use inside a synctest bubble)
 //	B blocks until release is closed or the context ends, then 200
 type opBase struct {
-	clk      *fakeClock // nil: time.Sleep (use inside synctest)
 	slow     time.Duration
 	release  chan struct{}
 	calls    atomic.Int64
@@ -62,11 +61,7 @@ func (o *opBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	case "C":
 		return nil, context.Canceled
 	case "L":
-		if o.clk != nil {
-			o.clk.advance(o.slow)
-		} else {
-			time.Sleep(o.slow)
-		}
+		time.Sleep(o.slow)
 	case "B":
 		select {
 		case <-o.release:
@@ -82,16 +77,17 @@ func (o *opBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	}, nil
 }
 
-// testBreaker builds a breaker layer alone over next, for the host
-// "h.test:80" of tr.
-func testBreaker(t testing.TB, tr *Transport, b Breaker, next http.RoundTripper) *breakerRT {
+// The host the breaker tests call, as the breaker names it, and a URL of it.
+const (
+	breakerHost = "h.test:80"
+	breakerURL  = "http://h.test/x"
+)
+
+// testBreaker builds, with the real builder, a Transport whose one layer is
+// a breaker configured by b, over next.
+func testBreaker(t testing.TB, b Breaker, next http.RoundTripper) *Transport {
 	t.Helper()
-	p := Policy{Breaker: b}.withDefaults()
-	if err := p.validate(); err != nil {
-		t.Fatal(err)
-	}
-	hs := &hostState{t: tr, name: "h.test:80", upstream: "default", policy: &p}
-	return newBreakerRT(next, hs)
+	return mustNew(t, Config{Base: next, Default: only(Policy{Breaker: b}, "breaker")})
 }
 
 func mustNew(t testing.TB, cfg Config) *Transport {
@@ -103,14 +99,43 @@ func mustNew(t testing.TB, cfg Config) *Transport {
 	return tr
 }
 
-// send makes one call with op through rt, closing any response.
-func send(t testing.TB, rt http.RoundTripper, ctx context.Context, url, op string) (int, error) {
+// hostBreaker is the snapshot of the breaker of h.test:80; it fails the
+// test when there is none.
+func hostBreaker(t testing.TB, tr *Transport) BreakerSnapshot {
+	t.Helper()
+	for _, h := range tr.Snapshot().Host(breakerHost) {
+		if h.Breaker != nil {
+			return *h.Breaker
+		}
+	}
+	t.Fatalf("no breaker for %s in the snapshot", breakerHost)
+	return BreakerSnapshot{}
+}
+
+// stateOf is the state of the breaker of h.test:80.
+func stateOf(t testing.TB, tr *Transport) CircuitState {
+	t.Helper()
+	s, ok := breakerState(tr, breakerHost)
+	if !ok {
+		t.Fatalf("no breaker for %s", breakerHost)
+	}
+	return s
+}
+
+// newReq makes a GET of url carrying op for opBase.
+func newReq(t testing.TB, ctx context.Context, url, op string) *http.Request {
 	t.Helper()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("X-Op", op)
+	return req
+}
+
+// do sends req through rt, reading and closing any response. It never stops
+// the test, so any goroutine may call it.
+func do(rt http.RoundTripper, req *http.Request) (int, error) {
 	resp, err := rt.RoundTrip(req)
 	if err != nil {
 		return 0, err
@@ -120,28 +145,32 @@ func send(t testing.TB, rt http.RoundTripper, ctx context.Context, url, op strin
 	return resp.StatusCode, nil
 }
 
-// runScript sends the script's ops one by one and returns the 1-based
-// number of the call after which the breaker was open, or 0.
-func runScript(t *testing.T, b *breakerRT, script string) int {
+// send makes one call with op through rt, closing any response.
+func send(t testing.TB, rt http.RoundTripper, ctx context.Context, url, op string) (int, error) {
+	t.Helper()
+	return do(rt, newReq(t, ctx, url, op))
+}
+
+// runScript sends the script's ops one by one to h.test and returns the
+// 1-based number of the call after which its breaker was open, or 0.
+func runScript(t *testing.T, tr *Transport, script string) int {
 	t.Helper()
 	for i, op := range script {
-		ctx := t.Context()
-		if op == 'C' {
-			c, cancel := context.WithCancel(ctx)
-			cancel()
-			ctx = c
-		}
-		_, err := send(t, b, ctx, "http://h.test/x", string(op))
+		_, err := send(t, tr, t.Context(), breakerURL, string(op))
 		if errors.Is(err, ErrBreakerOpen) {
 			t.Fatalf("call %d (%c) refused: breaker opened earlier than reported", i+1, op)
 		}
-		if b.state() == CircuitOpen {
+		if stateOf(t, tr) == CircuitOpen {
 			return i + 1
 		}
 	}
 	return 0
 }
 
+// The trip is evaluated when a failed or slow call arrives (gobreaker asks
+// ReadyToTrip on failures only, and bulwark reports a slow call as one): a
+// success that brings the window to the threshold does not trip it, the
+// next failure does.
 func TestBreakerTrips(t *testing.T) {
 	const slow = time.Second
 	tests := []struct {
@@ -154,7 +183,8 @@ func TestBreakerTrips(t *testing.T) {
 		{"below MinCalls all failing", Breaker{MinCalls: 10}, "FFFFFFFFF", 0},
 		{"just under the rate", Breaker{MinCalls: 10}, "SSSSSSFFFFF", 0},
 		{"threshold reached after MinCalls", Breaker{MinCalls: 10}, "SSSSSSFFFFFF", 12},
-		{"a success reaching MinCalls at the rate", Breaker{MinCalls: 10}, "FFFFFSSSSS", 10},
+		{"a success reaching MinCalls at the rate", Breaker{MinCalls: 10}, "FFFFFSSSSS", 0},
+		{"the failure after it", Breaker{MinCalls: 10}, "FFFFFSSSSSF", 11},
 		{"rate 0.3 exact", Breaker{MinCalls: 10, FailureRate: 0.3}, "SSSSSSSFFF", 10},
 		{"rate 0.7 exact", Breaker{MinCalls: 10, FailureRate: 0.7}, "SSSFFFFFFF", 10},
 		{"rate 0.7 under", Breaker{MinCalls: 10, FailureRate: 0.7}, "SSSSFFFFFF", 0},
@@ -171,52 +201,103 @@ func TestBreakerTrips(t *testing.T) {
 		{"two failures on a quiet endpoint", Breaker{}, "FF", 0},
 		{"default MinCalls", Breaker{}, strings.Repeat("F", 99), 0},
 		{"default MinCalls reached", Breaker{}, strings.Repeat("S", 50) + strings.Repeat("F", 50), 100},
+		{"count window of 20", Breaker{WindowCalls: 20}, strings.Repeat("S", 100) + strings.Repeat("F", 10), 110},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clk := newFakeClock()
-			tr := mustNew(t, Config{})
-			tr.setClock(clk.now)
-			base := &opBase{clk: clk, slow: 2 * slow}
-			b := testBreaker(t, tr, tt.br, base)
-			if got := runScript(t, b, tt.script); got != tt.wantOpen {
-				t.Errorf("script %q: open after call %d, want %d", tt.script, got, tt.wantOpen)
-			}
+			synctest.Test(t, func(t *testing.T) {
+				tr := testBreaker(t, tt.br, &opBase{slow: 2 * slow})
+				if got := runScript(t, tr, tt.script); got != tt.wantOpen {
+					t.Errorf("script %q: open after call %d, want %d", tt.script, got, tt.wantOpen)
+				}
+			})
 		})
 	}
 }
 
 func TestBreakerWindowRolls(t *testing.T) {
-	clk := newFakeClock()
-	tr := mustNew(t, Config{})
-	tr.setClock(clk.now)
-	b := testBreaker(t, tr, Breaker{MinCalls: 10, Window: 10 * time.Second}, &opBase{})
-	// Five successes, then 5 s on four failures: 9 calls, under MinCalls.
-	steps := []struct {
-		advance  time.Duration
-		script   string
-		wantOpen int
-	}{
-		{0, "SSSSS", 0},
-		{5 * time.Second, "FFFF", 0},
-		// A full window after the successes they have expired; one failure
-		// and five successes make 10 calls with 5 failures, which trips.
-		// Had the successes stayed it would be 5 of 15.
-		{5 * time.Second, "FSSSSS", 6},
-	}
-	for _, st := range steps {
-		clk.advance(st.advance)
-		if got := runScript(t, b, st.script); got != st.wantOpen {
-			t.Fatalf("+%v %q: open after call %d, want %d", st.advance, st.script, got, st.wantOpen)
+	synctest.Test(t, func(t *testing.T) {
+		tr := testBreaker(t, Breaker{MinCalls: 10, Window: 10 * time.Second}, &opBase{})
+		// Five successes, then 5 s on four failures: 9 calls, under MinCalls.
+		steps := []struct {
+			advance  time.Duration
+			script   string
+			wantOpen int
+		}{
+			{0, "SSSSS", 0},
+			{5 * time.Second, "FFFF", 0},
+			// A full window after the first successes they have expired;
+			// five successes and one failure make 10 calls with 5
+			// failures, which trips. Had the first successes stayed it
+			// would be 5 of 15.
+			{5 * time.Second, "SSSSSF", 6},
 		}
+		for _, st := range steps {
+			time.Sleep(st.advance)
+			if got := runScript(t, tr, st.script); got != st.wantOpen {
+				t.Fatalf("+%v %q: open after call %d, want %d", st.advance, st.script, got, st.wantOpen)
+			}
+		}
+	})
+}
+
+// TestBreakerDefaultsTripWithinAHundredCalls: with the package defaults, a
+// host that turns sick after a long healthy past is cut off within a
+// hundred calls, since the window is the last 100 calls, not a stretch of
+// time that the past fills; and a host failing from its first call trips
+// once MinCalls (100) calls are in.
+func TestBreakerDefaultsTripWithinAHundredCalls(t *testing.T) {
+	// failingUntilOpen sends failing calls until the breaker refuses one,
+	// and returns how many reached the base.
+	failingUntilOpen := func(t *testing.T, tr *Transport, base *opBase) int64 {
+		t.Helper()
+		before := base.calls.Load()
+		for range 1000 {
+			if _, err := send(t, tr, t.Context(), breakerURL, "F"); errors.Is(err, ErrBreakerOpen) {
+				return base.calls.Load() - before
+			}
+		}
+		t.Fatal("the breaker never opened in 1000 failing calls")
+		return 0
 	}
+
+	t.Run("after a healthy past", func(t *testing.T) {
+		base := &opBase{}
+		tr := mustNew(t, Config{Base: base, Default: only(Policy{}, "breaker")})
+		for i := range 10_000 {
+			if code, err := send(t, tr, t.Context(), breakerURL, "S"); err != nil || code != 200 {
+				t.Fatalf("healthy call %d: %d, %v", i+1, code, err)
+			}
+		}
+		if s := stateOf(t, tr); s != CircuitClosed {
+			t.Fatalf("after 10,000 healthy calls: %v, want closed", s)
+		}
+		n := failingUntilOpen(t, tr, base)
+		t.Logf("after 10,000 healthy calls, %d failing calls reached the upstream before the breaker opened", n)
+		// At a failure rate of 50 % over at most 100 calls, fewer than 50
+		// failures cannot trip it.
+		if n < 50 || n > 100 {
+			t.Errorf("%d failing calls reached the upstream before the breaker opened, want 50 to 100", n)
+		}
+	})
+	t.Run("cold", func(t *testing.T) {
+		base := &opBase{}
+		tr := mustNew(t, Config{Base: base, Default: only(Policy{}, "breaker")})
+		if n := failingUntilOpen(t, tr, base); n != DefaultMinCalls {
+			t.Errorf("failing from the first call: %d calls reached the upstream before the breaker opened, want %d (MinCalls)", n, DefaultMinCalls)
+		}
+	})
 }
 
 func TestBreakerDefaults(t *testing.T) {
 	p := Policy{Timeout: Timeout{Attempt: 2 * time.Second}}.withDefaults()
+	// The window is the last DefaultWindowCalls calls, no time window: the
+	// redesign's count-based default (DefaultBreakerWindow is gone), and
+	// the open time grows up to DefaultMaxOpenFor.
 	want := Breaker{
 		FailureRate: DefaultFailureRate, SlowCallRate: DefaultSlowCallRate, SlowCall: time.Second,
-		Window: DefaultBreakerWindow, MinCalls: DefaultMinCalls, OpenFor: DefaultOpenFor, HalfOpenCalls: DefaultHalfOpenCalls,
+		WindowCalls: DefaultWindowCalls, MinCalls: DefaultMinCalls, OpenFor: DefaultOpenFor,
+		MaxOpenFor: DefaultMaxOpenFor, HalfOpenCalls: DefaultHalfOpenCalls,
 	}
 	got := p.Breaker
 	got.Classify = nil
@@ -228,6 +309,21 @@ func TestBreakerDefaults(t *testing.T) {
 	}
 	if d := (Policy{}).withDefaults().Breaker.SlowCall; d != DefaultAttemptTimeout/2 {
 		t.Errorf("SlowCall with package defaults = %v, want %v", d, DefaultAttemptTimeout/2)
+	}
+	if DefaultOpenFor != 5*time.Second || DefaultWindowCalls != 100 || DefaultMinCalls != 100 {
+		t.Errorf("DefaultOpenFor %v, DefaultWindowCalls %d, DefaultMinCalls %d; want 5s, 100, 100",
+			DefaultOpenFor, DefaultWindowCalls, DefaultMinCalls)
+	}
+	// MinCalls is capped at a count window's size, not at a time window's.
+	if m := (Policy{Breaker: Breaker{WindowCalls: 20}}).withDefaults().Breaker.MinCalls; m != 20 {
+		t.Errorf("MinCalls with WindowCalls 20 = %d, want 20", m)
+	}
+	if m := (Policy{Breaker: Breaker{WindowCalls: 20, Window: time.Minute}}).withDefaults().Breaker.MinCalls; m != DefaultMinCalls {
+		t.Errorf("MinCalls with a time window = %d, want %d", m, DefaultMinCalls)
+	}
+	// MaxOpenFor is at least OpenFor.
+	if m := (Policy{Breaker: Breaker{OpenFor: 2 * time.Minute}}).withDefaults().Breaker.MaxOpenFor; m != 2*time.Minute {
+		t.Errorf("MaxOpenFor with OpenFor 2m = %v, want 2m", m)
 	}
 	// Inheritance: an upstream's zero fields come from Default.
 	up := Policy{Breaker: Breaker{MinCalls: 5}}.inherit(Policy{Breaker: Breaker{MinCalls: 7, OpenFor: time.Second, Disabled: true}})
@@ -246,8 +342,12 @@ func TestBreakerValidate(t *testing.T) {
 		{Breaker{SlowCallRate: 2}, "Breaker.SlowCallRate"},
 		{Breaker{SlowCall: -1}, "Breaker.SlowCall"},
 		{Breaker{Window: time.Millisecond}, "Breaker.Window"},
+		{Breaker{WindowCalls: -1}, "Breaker.WindowCalls"},
+		{Breaker{WindowCalls: maxWindowCalls + 1}, "Breaker.WindowCalls"},
 		{Breaker{MinCalls: -1}, "Breaker.MinCalls"},
+		{Breaker{MinCalls: DefaultWindowCalls + 1}, "Breaker.MinCalls"},
 		{Breaker{OpenFor: -time.Second}, "Breaker.OpenFor"},
+		{Breaker{OpenFor: 10 * time.Second, MaxOpenFor: 5 * time.Second}, "Breaker.MaxOpenFor"},
 		{Breaker{HalfOpenCalls: -3}, "Breaker.HalfOpenCalls"},
 	}
 	for _, tt := range tests {
@@ -257,8 +357,15 @@ func TestBreakerValidate(t *testing.T) {
 			t.Errorf("New(%+v) = %v, want a ConfigError for %s", tt.br, err, tt.field)
 		}
 	}
-	if _, err := New(Config{Default: Policy{Breaker: Breaker{FailureRate: 1, SlowCallRate: 1, MinCalls: 1}}}); err != nil {
-		t.Errorf("valid breaker refused: %v", err)
+	for _, br := range []Breaker{
+		{FailureRate: 1, SlowCallRate: 1, MinCalls: 1},
+		// A time window counts what arrives in it: MinCalls may exceed
+		// WindowCalls, which it ignores.
+		{Window: time.Minute, MinCalls: 2 * DefaultWindowCalls},
+	} {
+		if _, err := New(Config{Default: Policy{Breaker: br}}); err != nil {
+			t.Errorf("valid breaker %+v refused: %v", br, err)
+		}
 	}
 }
 
@@ -281,6 +388,7 @@ func TestDefaultClassify(t *testing.T) {
 		{resp(503), nil, OutcomeFailure},
 		{nil, errStub, OutcomeFailure},
 		{nil, &timeoutError{limit: ErrAttemptTimeout, cause: errStub}, OutcomeFailure},
+		{nil, &timeoutError{limit: ErrTotalTimeout, cause: errStub}, OutcomeFailure},
 		{nil, ErrAttemptTimeout, OutcomeFailure},
 		{nil, context.Canceled, OutcomeIgnored},
 		{nil, fmt.Errorf("wrapped: %w", context.DeadlineExceeded), OutcomeIgnored},
@@ -299,48 +407,47 @@ func TestDefaultClassify(t *testing.T) {
 }
 
 func TestBreakerCustomClassify(t *testing.T) {
-	tr := mustNew(t, Config{})
 	// Count 404 as a failure: this upstream answers 404 when its index is gone.
 	classify := func(resp *http.Response, err error) Outcome {
 		if resp != nil && resp.StatusCode == 404 {
-			return Failure
+			return OutcomeFailure
 		}
 		return DefaultClassify(resp, err)
 	}
-	b := testBreaker(t, tr, Breaker{MinCalls: 4, Classify: classify}, &opBase{})
-	if got := runScript(t, b, "S4S4"); got != 4 {
+	tr := testBreaker(t, Breaker{MinCalls: 4, Classify: classify}, &opBase{})
+	if got := runScript(t, tr, "S4S4"); got != 4 {
 		t.Errorf("open after %d, want 4", got)
 	}
 }
 
-// trip opens b with failures and fails the test if it does not open.
-func trip(t *testing.T, b *breakerRT) {
+// trip opens tr's breaker for h.test with failures and fails the test if it
+// does not open.
+func trip(t *testing.T, tr *Transport) {
 	t.Helper()
 	for range 1000 {
-		if b.state() == CircuitOpen {
+		send(t, tr, t.Context(), breakerURL, "F")
+		if stateOf(t, tr) == CircuitOpen {
 			return
 		}
-		send(t, b, t.Context(), "http://h.test/x", "F")
 	}
 	t.Fatal("breaker never opened")
 }
 
 func TestBreakerOpenRejects(t *testing.T) {
 	base := &opBase{}
-	tr := mustNew(t, Config{})
-	b := testBreaker(t, tr, Breaker{MinCalls: 1}, base)
-	trip(t, b)
+	tr := testBreaker(t, Breaker{MinCalls: 1}, base)
+	trip(t, tr)
 	calls := base.calls.Load()
 	for _, cr := range contractRequests {
 		var bs bodies
 		req := newContractRequest(t, t.Context(), "http://h.test/y", cr, &bs)
-		_, _, err := checkContract(t, b, req, &bs)
+		_, _, err := checkContract(t, tr, req, &bs)
 		if !errors.Is(err, ErrBreakerOpen) {
 			t.Fatalf("%s: err = %v, want ErrBreakerOpen", cr.name, err)
 		}
 		var oe *BreakerOpenError
-		if !errors.As(err, &oe) || oe.Host != "h.test:80" || oe.ProbeAt.IsZero() {
-			t.Errorf("%s: err = %#v, want a *BreakerOpenError for h.test:80 with ProbeAt", cr.name, err)
+		if !errors.As(err, &oe) || oe.Host != breakerHost || oe.ProbeAt.IsZero() {
+			t.Errorf("%s: err = %#v, want a *BreakerOpenError for %s with ProbeAt", cr.name, err, breakerHost)
 		}
 	}
 	if n := base.calls.Load(); n != calls {
@@ -348,7 +455,7 @@ func TestBreakerOpenRejects(t *testing.T) {
 	}
 	req, _ := http.NewRequest(http.MethodGet, "http://h.test/z", nil)
 	allocs := testing.AllocsPerRun(100, func() {
-		if _, err := b.RoundTrip(req); err == nil {
+		if _, err := tr.RoundTrip(req); err == nil {
 			t.Fatal("open breaker let a request through")
 		}
 	})
@@ -374,21 +481,22 @@ func TestBreakerHalfOpen(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				const openFor = 10 * time.Second
 				base := &opBase{slow: 2 * time.Second}
-				tr := mustNew(t, Config{})
-				b := testBreaker(t, tr, Breaker{MinCalls: 1, OpenFor: openFor, HalfOpenCalls: 3, SlowCall: time.Second}, base)
-				trip(t, b)
+				tr := testBreaker(t, Breaker{MinCalls: 1, OpenFor: openFor, HalfOpenCalls: 3, SlowCall: time.Second}, base)
+				trip(t, tr)
+				b := layerOf[*breakerStage](t, tr, breakerURL)
 				opened := b.openErr.Load()
-				time.Sleep(openFor + time.Millisecond)
-				if s := b.state(); s != CircuitHalfOpen {
+				// The first open time is at most OpenFor.
+				time.Sleep(openFor)
+				if s := stateOf(t, tr); s != CircuitHalfOpen {
 					t.Fatalf("after OpenFor: state %v, want half-open", s)
 				}
 				// Probes one at a time keep the order of verdicts fixed.
 				for i, op := range tt.probes {
-					if _, err := send(t, b, t.Context(), "http://h.test/p", string(op)); err != nil {
+					if _, err := send(t, tr, t.Context(), "http://h.test/p", string(op)); err != nil {
 						t.Fatalf("probe %d (%c): %v", i+1, op, err)
 					}
 				}
-				if s := b.state(); s != tt.wantState {
+				if s := stateOf(t, tr); s != tt.wantState {
 					t.Errorf("after probes %q: state %v, want %v", tt.probes, s, tt.wantState)
 				}
 				if tt.wantState == CircuitOpen {
@@ -406,9 +514,8 @@ func TestBreakerHalfOpenConcurrency(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const probes = 3
 		base := &opBase{release: make(chan struct{})}
-		tr := mustNew(t, Config{})
-		b := testBreaker(t, tr, Breaker{MinCalls: 1, OpenFor: time.Second, HalfOpenCalls: probes}, base)
-		trip(t, b)
+		tr := testBreaker(t, Breaker{MinCalls: 1, OpenFor: time.Second, HalfOpenCalls: probes}, base)
+		trip(t, tr)
 		time.Sleep(2 * time.Second)
 		sent := base.calls.Load()
 
@@ -421,8 +528,9 @@ func TestBreakerHalfOpenConcurrency(t *testing.T) {
 			if i == 0 {
 				c = ctx
 			}
+			req := newReq(t, c, "http://h.test/p", "B")
 			wg.Go(func() {
-				if _, err := send(t, b, c, "http://h.test/p", "B"); errors.Is(err, ErrBreakerOpen) {
+				if _, err := do(tr, req); errors.Is(err, ErrBreakerOpen) {
 					refused.Add(1)
 				}
 			})
@@ -438,16 +546,17 @@ func TestBreakerHalfOpenConcurrency(t *testing.T) {
 		// verdict, so one more probe may go.
 		cancelOne()
 		synctest.Wait()
-		if s := b.state(); s != CircuitHalfOpen {
+		if s := stateOf(t, tr); s != CircuitHalfOpen {
 			t.Fatalf("after a cancelled probe: state %v, want half-open", s)
 		}
+		req := newReq(t, t.Context(), "http://h.test/p", "B")
 		wg.Go(func() {
-			if _, err := send(t, b, t.Context(), "http://h.test/p", "B"); err != nil {
+			if _, err := do(tr, req); err != nil {
 				t.Errorf("probe after a freed slot: %v", err)
 			}
 		})
 		synctest.Wait()
-		if _, err := send(t, b, t.Context(), "http://h.test/p", "S"); !errors.Is(err, ErrBreakerOpen) {
+		if _, err := send(t, tr, t.Context(), "http://h.test/p", "S"); !errors.Is(err, ErrBreakerOpen) {
 			t.Errorf("a fourth probe: err = %v, want ErrBreakerOpen", err)
 		}
 		if n := base.maxIn.Load(); n > probes {
@@ -455,13 +564,285 @@ func TestBreakerHalfOpenConcurrency(t *testing.T) {
 		}
 		close(base.release)
 		wg.Wait()
-		if s := b.state(); s != CircuitClosed {
+		if s := stateOf(t, tr); s != CircuitClosed {
 			t.Errorf("after %d good probes: state %v, want closed", probes, s)
 		}
 		if n := base.calls.Load() - sent; n != probes+1 {
 			t.Errorf("%d requests sent while half-open, want %d", n, probes+1)
 		}
 	})
+}
+
+// openCheck checks, at the moment tr's breaker for h.test has just opened,
+// that it stays open for exactly want: the snapshot's OpenUntil and the
+// refusal's ProbeAt say so, a request 1 ms before is refused without
+// reaching base, and one just after (1 ns: gobreaker ends its own open
+// time strictly after it, which the full cut of the jitter makes the same
+// instant) goes through as a probe with op. It leaves the clock at the
+// probe. Use it inside a synctest bubble.
+func openCheck(t *testing.T, tr *Transport, base *opBase, want time.Duration, op string) {
+	t.Helper()
+	opened := time.Now()
+	s := hostBreaker(t, tr)
+	if s.State != CircuitOpen || !s.OpenUntil.Equal(opened.Add(want)) {
+		t.Fatalf("trip %d: state %v until +%v, want open until +%v", s.Trips, s.State, s.OpenUntil.Sub(opened), want)
+	}
+	time.Sleep(want - time.Millisecond)
+	calls := base.calls.Load()
+	_, err := send(t, tr, t.Context(), breakerURL, "S")
+	var oe *BreakerOpenError
+	if !errors.As(err, &oe) || !oe.ProbeAt.Equal(opened.Add(want)) {
+		t.Fatalf("trip %d, at +%v: err = %v, want a *BreakerOpenError with ProbeAt +%v", s.Trips, want-time.Millisecond, err, want)
+	}
+	if base.calls.Load() != calls {
+		t.Fatalf("trip %d: a refused request reached the base", s.Trips)
+	}
+	time.Sleep(time.Millisecond + time.Nanosecond)
+	if _, err := send(t, tr, t.Context(), breakerURL, op); err != nil {
+		t.Fatalf("trip %d, at +%v: probe %s: %v", s.Trips, want, op, err)
+	}
+	if base.calls.Load() != calls+1 {
+		t.Fatalf("trip %d: the probe did not reach the base", s.Trips)
+	}
+}
+
+// TestBreakerOpenTimeGrows: each trip in a row doubles the open time up to
+// MaxOpenFor, and closing starts it over from OpenFor.
+func TestBreakerOpenTimeGrows(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &opBase{}
+		tr := testBreaker(t, Breaker{MinCalls: 1, OpenFor: time.Second, MaxOpenFor: 3 * time.Second, HalfOpenCalls: 1}, base)
+		tr.randN = func(int64) int64 { return 0 } // no cut
+		trip(t, tr)
+		for i, tt := range []struct {
+			open  time.Duration
+			probe string
+		}{
+			{time.Second, "F"},     // the first trip; its probe fails, so
+			{2 * time.Second, "F"}, // the second is twice as long,
+			{3 * time.Second, "F"}, // the third capped at MaxOpenFor,
+			{3 * time.Second, "S"}, // and so is the fourth; a probe closes it
+		} {
+			if s := hostBreaker(t, tr); s.Trips != i+1 {
+				t.Errorf("trip %d: Trips = %d, want %d", i+1, s.Trips, i+1)
+			}
+			openCheck(t, tr, base, tt.open, tt.probe)
+		}
+		if s := hostBreaker(t, tr); s.State != CircuitClosed || s.Trips != 0 {
+			t.Fatalf("after a good probe: %v with %d trips, want closed with 0", s.State, s.Trips)
+		}
+		// Closed, the next trip is the first of a new run.
+		trip(t, tr)
+		openCheck(t, tr, base, time.Second, "S")
+	})
+}
+
+// TestBreakerJitteredOpenTime: the open time is cut by up to a fifth at
+// random, so that the hosts of a fleet do not probe in step.
+func TestBreakerJitteredOpenTime(t *testing.T) {
+	const openFor = 10 * time.Second
+	synctest.Test(t, func(t *testing.T) {
+		base := &opBase{}
+		tr := testBreaker(t, Breaker{MinCalls: 1, OpenFor: openFor, HalfOpenCalls: 1}, base)
+		tr.randN = func(n int64) int64 { return n - 1 } // the full cut
+		trip(t, tr)
+		openCheck(t, tr, base, openFor-openFor/5, "F")
+		// The second trip in a row: the doubled time, cut by a fifth of it.
+		openCheck(t, tr, base, 2*openFor-2*openFor/5, "S")
+	})
+	// With the package's own randomness the open time lies within
+	// [OpenFor - OpenFor/5, OpenFor].
+	synctest.Test(t, func(t *testing.T) {
+		for range 20 {
+			tr := testBreaker(t, Breaker{MinCalls: 1, OpenFor: openFor}, &opBase{})
+			trip(t, tr)
+			if d := time.Until(hostBreaker(t, tr).OpenUntil); d < openFor-openFor/5 || d > openFor {
+				t.Errorf("open for %v, want %v to %v", d, openFor-openFor/5, openFor)
+			}
+		}
+	})
+}
+
+// TestBreakerOnStateChange: the hook sees every change in order, with the
+// host, after it happened and outside the breaker's locks: it may ask the
+// Transport for a snapshot. Were it called under gobreaker's mutex or the
+// window's, the snapshot would deadlock, and go test's -timeout would fail
+// the test with every goroutine's stack.
+func TestBreakerOnStateChange(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		type change struct {
+			host     string
+			from, to CircuitState
+			seen     CircuitState // the breaker's state in a snapshot the hook took
+		}
+		var (
+			mu      sync.Mutex
+			changes []change
+			tr      *Transport
+		)
+		hook := func(host string, from, to CircuitState) {
+			seen := CircuitState(99)
+			for _, h := range tr.Snapshot().Host(host) {
+				if h.Breaker != nil {
+					seen = h.Breaker.State
+				}
+			}
+			mu.Lock()
+			changes = append(changes, change{host, from, to, seen})
+			mu.Unlock()
+		}
+		tr = testBreaker(t, Breaker{MinCalls: 1, OpenFor: time.Second, HalfOpenCalls: 1, OnStateChange: hook}, &opBase{})
+		trip(t, tr)
+		time.Sleep(time.Second)
+		if code, err := send(t, tr, t.Context(), breakerURL, "S"); err != nil || code != 200 {
+			t.Fatalf("probe: %d, %v", code, err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		want := []change{
+			{breakerHost, CircuitClosed, CircuitOpen, CircuitOpen},
+			{breakerHost, CircuitOpen, CircuitHalfOpen, CircuitClosed},
+			{breakerHost, CircuitHalfOpen, CircuitClosed, CircuitClosed},
+		}
+		if fmt.Sprint(changes) != fmt.Sprint(want) {
+			t.Errorf("hook saw %v, want %v", changes, want)
+		}
+	})
+}
+
+func TestControlBreaker(t *testing.T) {
+	base := &opBase{}
+	tr := testBreaker(t, Breaker{MinCalls: 1}, base)
+	other := "http://other.test/x"
+	if _, err := send(t, tr, t.Context(), other, "S"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Set before the host has state: it applies when the state is made.
+	if err := tr.ControlBreaker("H.test:80", BreakerForceOpen); err != nil {
+		t.Fatalf("ControlBreaker: %v", err)
+	}
+	if _, err := send(t, tr, t.Context(), breakerURL, "S"); !errors.Is(err, ErrBreakerOpen) {
+		t.Errorf("forced open: err = %v, want ErrBreakerOpen", err)
+	}
+	if s := hostBreaker(t, tr); s.Control != BreakerForceOpen || s.State != CircuitOpen {
+		t.Errorf("forced open: control %v, state %v; want force-open, open", s.Control, s.State)
+	}
+	if n := base.calls.Load(); n != 1 {
+		t.Errorf("forced open: %d calls reached the base, want none", n-1)
+	}
+	// On a host that has state already.
+	if err := tr.ControlBreaker("other.test:80", BreakerForceOpen); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := send(t, tr, t.Context(), other, "S"); !errors.Is(err, ErrBreakerOpen) {
+		t.Errorf("other.test forced open: err = %v, want ErrBreakerOpen", err)
+	}
+
+	// Forced closed, failures go through and are not counted: MinCalls 1
+	// would trip on the first.
+	if err := tr.ControlBreaker(breakerHost, BreakerForceClosed); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if code, err := send(t, tr, t.Context(), breakerURL, "F"); err != nil || code != 503 {
+			t.Fatalf("forced closed, call %d: %d, %v; want 503", i+1, code, err)
+		}
+	}
+	s := hostBreaker(t, tr)
+	if s.Control != BreakerForceClosed || s.State != CircuitClosed || s.Calls != 0 || s.Trips != 0 {
+		t.Errorf("forced closed: %+v, want force-closed, closed, no calls, no trips", s)
+	}
+
+	// Auto hands the decision back: the next failure counts and trips it.
+	if err := tr.ControlBreaker(breakerHost, BreakerAuto); err != nil {
+		t.Fatal(err)
+	}
+	if code, err := send(t, tr, t.Context(), breakerURL, "F"); err != nil || code != 503 {
+		t.Errorf("auto, failing: %d, %v; want 503", code, err)
+	}
+	if s := hostBreaker(t, tr); s.Control != BreakerAuto || s.State != CircuitOpen {
+		t.Errorf("auto after a failure: control %v, state %v; want auto, open", s.Control, s.State)
+	}
+	// Forced closed lets requests through an open breaker, and Auto gives
+	// the host back to it, still open.
+	if err := tr.ControlBreaker(breakerHost, BreakerForceClosed); err != nil {
+		t.Fatal(err)
+	}
+	if code, err := send(t, tr, t.Context(), breakerURL, "S"); err != nil || code != 200 {
+		t.Errorf("forced closed over an open breaker: %d, %v; want 200", code, err)
+	}
+	if err := tr.ControlBreaker(breakerHost, BreakerAuto); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := send(t, tr, t.Context(), breakerURL, "S"); !errors.Is(err, ErrBreakerOpen) {
+		t.Errorf("auto again over the open breaker: err = %v, want ErrBreakerOpen", err)
+	}
+	// other.test is still forced open.
+	if _, err := send(t, tr, t.Context(), other, "S"); !errors.Is(err, ErrBreakerOpen) {
+		t.Errorf("other.test: err = %v, want ErrBreakerOpen", err)
+	}
+
+	for _, tt := range []struct {
+		host string
+		c    BreakerControl
+	}{
+		{"h.test", BreakerForceOpen},
+		{"", BreakerForceOpen},
+		{":80", BreakerForceOpen},
+		{"h.test:", BreakerForceOpen},
+		{breakerHost, BreakerControl(7)},
+	} {
+		if err := tr.ControlBreaker(tt.host, tt.c); err == nil {
+			t.Errorf("ControlBreaker(%q, %v) = nil, want an error", tt.host, tt.c)
+		}
+	}
+	if s := hostBreaker(t, tr); s.Control != BreakerAuto || s.State != CircuitOpen {
+		t.Errorf("after invalid calls: control %v, state %v; want auto, open still", s.Control, s.State)
+	}
+}
+
+// TestBreakerReenabled: Enabled turns back on, for one upstream, the
+// breaker that Default disabled.
+func TestBreakerReenabled(t *testing.T) {
+	base := &opBase{}
+	tr := mustNew(t, Config{
+		Base:      base,
+		Default:   only(Policy{Breaker: Breaker{MinCalls: 1}}), // every layer off, the breaker too
+		Upstreams: map[string]Policy{"on.test": {Breaker: Breaker{Enabled: true}}},
+	})
+	for range 5 {
+		if code, err := send(t, tr, t.Context(), "http://off.test/", "F"); err != nil || code != 503 {
+			t.Fatalf("no breaker: %d, %v; want 503", code, err)
+		}
+	}
+	if code, err := send(t, tr, t.Context(), "http://on.test/", "F"); err != nil || code != 503 {
+		t.Fatalf("re-enabled breaker, first call: %d, %v; want 503", code, err)
+	}
+	if _, err := send(t, tr, t.Context(), "http://on.test/", "S"); !errors.Is(err, ErrBreakerOpen) {
+		t.Errorf("re-enabled breaker (MinCalls 1 from Default) after a failure: err = %v, want ErrBreakerOpen", err)
+	}
+	snap := tr.Snapshot()
+	if h := snap.Host("on.test:80"); len(h) != 1 || h[0].Breaker == nil || h[0].Breaker.State != CircuitOpen {
+		t.Errorf("on.test: %+v, want one host with an open breaker", h)
+	}
+	if h := snap.Host("off.test:80"); len(h) != 1 || h[0].Breaker != nil {
+		t.Errorf("off.test: %+v, want one host without a breaker", h)
+	}
+
+	both := Policy{Breaker: Breaker{Disabled: true, Enabled: true}}
+	for name, cfg := range map[string]Config{
+		"Default":  {Default: both},
+		"upstream": {Upstreams: map[string]Policy{"both.test": both}},
+		"upstream under a disabled Default": {Default: Policy{Breaker: Breaker{Disabled: true}},
+			Upstreams: map[string]Policy{"both.test": both}},
+	} {
+		_, err := New(cfg)
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Field != "Breaker.Enabled" {
+			t.Errorf("%s with Breaker Disabled and Enabled: New = %v, want a *ConfigError for Breaker.Enabled", name, err)
+		}
+	}
 }
 
 // syncBuffer is a log destination safe for concurrent writes.
@@ -491,7 +872,7 @@ type reentrantHandler struct {
 }
 
 func (h reentrantHandler) Handle(ctx context.Context, r slog.Record) error {
-	h.breakerState(tr, h.host)
+	breakerState(h.tr, h.host)
 	return h.Handler.Handle(ctx, r)
 }
 
@@ -544,28 +925,32 @@ type roundTripFunc func(*http.Request) (*http.Response, error)
 func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
 
 func TestBreakerDisabled(t *testing.T) {
-	base := &opBase{}
-	tr := mustNew(t, Config{Base: base, Upstreams: map[string]Policy{"off.test": {Breaker: Breaker{Disabled: true}}},
-		Default: Policy{Breaker: Breaker{MinCalls: 1}}})
-	for range 5 {
-		if _, err := send(t, tr, t.Context(), "http://off.test/", "F"); err != nil {
-			t.Fatalf("disabled breaker: %v", err)
+	// In a bubble: the retries of the 503s wait their backoff on the fake
+	// clock.
+	synctest.Test(t, func(t *testing.T) {
+		base := &opBase{}
+		tr := mustNew(t, Config{Base: base, Upstreams: map[string]Policy{"off.test": {Breaker: Breaker{Disabled: true}}},
+			Default: Policy{Breaker: Breaker{MinCalls: 1}}})
+		for range 5 {
+			if _, err := send(t, tr, t.Context(), "http://off.test/", "F"); err != nil {
+				t.Fatalf("disabled breaker: %v", err)
+			}
 		}
-	}
-	if _, ok := breakerState(tr, "off.test:80"); ok {
-		t.Error("disabled breaker reports a state")
-	}
+		if _, ok := breakerState(tr, "off.test:80"); ok {
+			t.Error("disabled breaker reports a state")
+		}
+	})
 }
 
 func TestBreakerContract(t *testing.T) {
 	runContract(t, func(base http.RoundTripper) http.RoundTripper {
-		return testBreaker(t, mustNew(t, Config{}), Breaker{}, base)
+		return testBreaker(t, Breaker{}, base)
 	})
 }
 
 func TestBreakerTransportContract(t *testing.T) {
 	runContract(t, func(base http.RoundTripper) http.RoundTripper {
-		return mustNew(t, Config{Base: base, Default: Policy{Breaker: Breaker{MinCalls: 1000}}})
+		return mustNew(t, Config{Base: base, Default: Policy{Breaker: Breaker{MinCalls: 1000, WindowCalls: 1000}}})
 	})
 }
 
@@ -577,7 +962,6 @@ func (s *staticBase) RoundTrip(*http.Request) (*http.Response, error) { return s
 func BenchmarkBreaker(b *testing.B) {
 	resp := &http.Response{StatusCode: 200, Body: http.NoBody}
 	req, _ := http.NewRequest(http.MethodGet, "http://h.test/x", nil)
-	tr := mustNew(b, Config{})
 	b.Run("base", func(b *testing.B) {
 		rt := &staticBase{resp}
 		b.ReportAllocs()
@@ -597,20 +981,28 @@ func BenchmarkBreaker(b *testing.B) {
 	})
 	b.Run("time.Now", func(b *testing.B) {
 		for b.Loop() {
-			tr.now()
+			time.Now()
+		}
+	})
+	b.Run("router", func(b *testing.B) {
+		// The Transport with every layer off: what the breaker adds to.
+		rt := mustNew(b, Config{Base: &staticBase{resp}, Default: only(Policy{})})
+		b.ReportAllocs()
+		for b.Loop() {
+			rt.RoundTrip(req)
 		}
 	})
 	b.Run("closed", func(b *testing.B) {
-		rt := testBreaker(b, tr, Breaker{}, &staticBase{resp})
+		rt := testBreaker(b, Breaker{}, &staticBase{resp})
 		b.ReportAllocs()
 		for b.Loop() {
 			rt.RoundTrip(req)
 		}
 	})
 	b.Run("open", func(b *testing.B) {
-		rt := testBreaker(b, tr, Breaker{MinCalls: 1}, &staticBase{&http.Response{StatusCode: 503, Body: http.NoBody}})
+		rt := testBreaker(b, Breaker{MinCalls: 1}, &staticBase{&http.Response{StatusCode: 503, Body: http.NoBody}})
 		rt.RoundTrip(req)
-		if rt.state() != CircuitOpen {
+		if s, _ := breakerState(rt, breakerHost); s != CircuitOpen {
 			b.Fatal("breaker not open")
 		}
 		b.ReportAllocs()
@@ -621,7 +1013,7 @@ func BenchmarkBreaker(b *testing.B) {
 		}
 	})
 	b.Run("closed-parallel", func(b *testing.B) {
-		rt := testBreaker(b, tr, Breaker{}, &staticBase{resp})
+		rt := testBreaker(b, Breaker{}, &staticBase{resp})
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
@@ -636,41 +1028,52 @@ type panicBase struct{}
 
 func (panicBase) RoundTrip(*http.Request) (*http.Response, error) { panic("base exploded") }
 
-// TestBreakerPanicIsFailure: a panic below the breaker goes on up, and the
-// breaker counts it as a failure, so a half-open probe that panics reopens
-// the circuit instead of keeping its probe slot for good.
+// TestBreakerPanicIsFailure: a panic below the breaker goes on up to the
+// caller, and the breaker counts it as a failure, so a half-open probe that
+// panics reopens the circuit and frees its slot instead of keeping it for
+// good: the next probe goes through.
 func TestBreakerPanicIsFailure(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const openFor = 10 * time.Second
 		var sw switchRT
 		sw.set(&opBase{})
-		tr := mustNew(t, Config{})
-		b := testBreaker(t, tr, Breaker{MinCalls: 1, OpenFor: openFor, HalfOpenCalls: 1}, &sw)
-		trip(t, b)
-		time.Sleep(openFor + time.Millisecond)
-		if s := b.state(); s != CircuitHalfOpen {
+		tr := testBreaker(t, Breaker{MinCalls: 1, OpenFor: openFor, MaxOpenFor: openFor, HalfOpenCalls: 1}, &sw)
+		trip(t, tr)
+		time.Sleep(openFor)
+		if s := stateOf(t, tr); s != CircuitHalfOpen {
 			t.Fatalf("after OpenFor: state %v, want half-open", s)
 		}
-		sw.set(panicBase{})
-		func() {
+		// sendPanicking sends one call that must panic with the base's value.
+		sendPanicking := func(rt http.RoundTripper) {
+			t.Helper()
+			req := newReq(t, t.Context(), "http://h.test/p", "S")
 			defer func() {
 				if r := recover(); r != "base exploded" {
 					t.Errorf("recovered %v, want the base's panic", r)
 				}
 			}()
-			_, _ = send(t, b, t.Context(), "http://h.test/p", "S")
-		}()
-		if s := b.state(); s != CircuitOpen {
+			_, _ = do(rt, req)
+		}
+		sw.set(panicBase{})
+		sendPanicking(tr)
+		if s := stateOf(t, tr); s != CircuitOpen {
 			t.Errorf("after a panicking probe: state %v, want open", s)
+		}
+		// The one probe slot is free: after the open time the next probe
+		// is let through, and its success closes the breaker.
+		sw.set(&opBase{})
+		time.Sleep(openFor)
+		if code, err := send(t, tr, t.Context(), "http://h.test/p", "S"); err != nil || code != 200 {
+			t.Errorf("the probe after a panicking one: %d, %v; want 200", code, err)
+		}
+		if s := stateOf(t, tr); s != CircuitClosed {
+			t.Errorf("after a good probe: state %v, want closed", s)
 		}
 
 		// Closed: the panic is a failed call in the window (one of one).
-		c := testBreaker(t, tr, Breaker{MinCalls: 1}, panicBase{})
-		func() {
-			defer func() { _ = recover() }()
-			_, _ = send(t, c, t.Context(), "http://h.test/p", "S")
-		}()
-		if s := c.state(); s != CircuitOpen {
+		c := testBreaker(t, Breaker{MinCalls: 1}, panicBase{})
+		sendPanicking(c)
+		if s := stateOf(t, c); s != CircuitOpen {
 			t.Errorf("closed, after one panicking call of MinCalls 1: state %v, want open", s)
 		}
 	})

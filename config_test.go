@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -35,6 +36,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"port too big", Config{Upstreams: map[string]Policy{"tax.internal:70000": {}}}, `port must be 1..65535`},
 		{"port not numeric", Config{Upstreams: map[string]Policy{"tax.internal:http": {}}}, `upstream key must be host or host:port`},
 		{"duplicate by case", Config{Upstreams: map[string]Policy{"Tax.internal": {}, "tax.internal": {}}}, `names the same upstream as`},
+		{"disabled and enabled in upstream", Config{Upstreams: map[string]Policy{"tax.internal": {Timeout: Timeout{Disabled: true, Enabled: true}}}},
+			`bulwark: upstream "tax.internal": Timeout.Enabled = true: conflicts with Timeout.Disabled`},
 		{"negative MaxHosts", Config{MaxHosts: -1}, `MaxHosts = -1: must be ≥ 0`},
 		{"negative HostIdle", Config{HostIdle: -time.Minute}, `HostIdle = -1m0s: must be ≥ 0`},
 	}
@@ -90,13 +93,14 @@ func TestPolicyInheritance(t *testing.T) {
 		upstream string
 		want     Timeout
 	}{
-		// Default: Attempt takes the package default, capped at Total.
-		{"http://other.internal/", "default", Timeout{Total: 4 * time.Second, Attempt: 4 * time.Second, Header: "X-Deadline"}},
+		// Default: Attempt takes the package default, capped at Total, and
+		// BodyIdle takes Attempt's; Total, set (in Default), bounds the body.
+		{"http://other.internal/", "default", Timeout{Total: 4 * time.Second, Attempt: 4 * time.Second, BodyIdle: 4 * time.Second, Header: "X-Deadline", totalSet: true}},
 		// Host key, any port; inherits Total and Header from Default.
-		{"http://tax.internal/rate", "tax.internal", Timeout{Total: 4 * time.Second, Attempt: 150 * time.Millisecond, Header: "X-Deadline"}},
-		{"https://TAX.internal:9000/rate", "tax.internal", Timeout{Total: 4 * time.Second, Attempt: 150 * time.Millisecond, Header: "X-Deadline"}},
+		{"http://tax.internal/rate", "tax.internal", Timeout{Total: 4 * time.Second, Attempt: 150 * time.Millisecond, BodyIdle: 150 * time.Millisecond, Header: "X-Deadline", totalSet: true}},
+		{"https://TAX.internal:9000/rate", "tax.internal", Timeout{Total: 4 * time.Second, Attempt: 150 * time.Millisecond, BodyIdle: 150 * time.Millisecond, Header: "X-Deadline", totalSet: true}},
 		// Exact host:port wins over the host key.
-		{"https://tax.internal:8443/rate", "tax.internal:8443", Timeout{Total: 4 * time.Second, Attempt: 4 * time.Second, Header: "X-Deadline", Disabled: true}},
+		{"https://tax.internal:8443/rate", "tax.internal:8443", Timeout{Total: 4 * time.Second, Attempt: 4 * time.Second, BodyIdle: 4 * time.Second, Header: "X-Deadline", Disabled: true, totalSet: true}},
 	}
 	for _, tt := range tests {
 		u, _ := url.Parse(tt.url)
@@ -156,84 +160,84 @@ func TestHostStatePerAuthority(t *testing.T) {
 }
 
 func TestHostStateBounded(t *testing.T) {
-	clock := newFakeClock()
-	tr, err := New(Config{MaxHosts: 64, HostIdle: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr.setClock(clock.now)
-	hot, _ := url.Parse("http://hot.internal/")
-	hotState := tr.lookup(hot)
-	for i := 0; i < 10_000; i++ {
-		// A churn of one new host per millisecond, while the hot host is
-		// used every 20 ms.
-		clock.advance(time.Millisecond)
-		tr.lookup(&url.URL{Scheme: "http", Host: "h" + strconv.Itoa(i) + ".example:80"})
-		if i%20 == 0 {
-			if tr.lookup(hot) != hotState {
-				t.Fatalf("after %d hosts, a host in steady use lost its state to the churn", i+1)
+	synctest.Test(t, func(t *testing.T) {
+		tr, err := New(Config{MaxHosts: 64, HostIdle: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hot, _ := url.Parse("http://hot.internal/")
+		hotState := tr.lookup(hot)
+		for i := 0; i < 10_000; i++ {
+			// A churn of one new host per millisecond, while the hot host is
+			// used every 20 ms.
+			time.Sleep(time.Millisecond)
+			tr.lookup(&url.URL{Scheme: "http", Host: "h" + strconv.Itoa(i) + ".example:80"})
+			if i%20 == 0 {
+				if tr.lookup(hot) != hotState {
+					t.Fatalf("after %d hosts, a host in steady use lost its state to the churn", i+1)
+				}
+			}
+			if n := tr.hostCount(); n > 64 {
+				t.Fatalf("after %d hosts, hostCount = %d > MaxHosts 64", i+1, n)
 			}
 		}
-		if n := tr.hostCount(); n > 64 {
-			t.Fatalf("after %d hosts, hostCount = %d > MaxHosts 64", i+1, n)
+		// Fill to the cap exactly; then, after HostIdle with no requests, one new
+		// host clears every idle one instead of the least recently used alone.
+		for i := 0; tr.hostCount() < 64; i++ {
+			tr.lookup(&url.URL{Scheme: "http", Host: "fill" + strconv.Itoa(i) + ".example"})
 		}
-	}
-	// Fill to the cap exactly; then, after HostIdle with no requests, one new
-	// host clears every idle one instead of the least recently used alone.
-	for i := 0; tr.hostCount() < 64; i++ {
-		tr.lookup(&url.URL{Scheme: "http", Host: "fill" + strconv.Itoa(i) + ".example"})
-	}
-	clock.advance(2 * time.Minute)
-	tr.lookup(&url.URL{Scheme: "http", Host: "fresh.example"})
-	if n := tr.hostCount(); n != 1 {
-		t.Errorf("after HostIdle at the cap, hostCount = %d, want 1 (the new host only)", n)
-	}
+		time.Sleep(2 * time.Minute)
+		tr.lookup(&url.URL{Scheme: "http", Host: "fresh.example"})
+		if n := tr.hostCount(); n != 1 {
+			t.Errorf("after HostIdle at the cap, hostCount = %d, want 1 (the new host only)", n)
+		}
+	})
 }
 
 // TestLastHostFastPath: the last-host shortcut in lookup gives the same
 // state as the map for every spelling of a host, and never an evicted one.
 func TestLastHostFastPath(t *testing.T) {
-	clock := newFakeClock()
-	tr, err := New(Config{MaxHosts: 8, HostIdle: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr.setClock(clock.now)
-	a := &url.URL{Scheme: "http", Host: "a.example"}
-	hs := tr.lookup(a)
-	if tr.last.Load() != hs {
-		t.Fatal("the host just looked up is not the last one")
-	}
-	for _, u := range []*url.URL{
-		{Scheme: "http", Host: "A.EXAMPLE"},
-		{Scheme: "HTTP", Host: "a.example:80"},
-		{Scheme: "http", Host: "a.example"},
-	} {
-		if got := tr.lookup(u); got != hs {
-			t.Errorf("%s://%s: another state than a.example's", u.Scheme, u.Host)
+	synctest.Test(t, func(t *testing.T) {
+		tr, err := New(Config{MaxHosts: 8, HostIdle: time.Minute})
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if tr.last.Load() != hs {
-		t.Error("other spellings displaced the state's own from the fast path")
-	}
-	// Seven more hosts fill the map; a.example, looked up last again, then
-	// idles past HostIdle, and the next new host evicts every idle one:
-	// the next request for a.example must get a fresh state, not the
-	// evicted one.
-	for i := 0; i < 7; i++ {
-		tr.lookup(&url.URL{Scheme: "http", Host: "h" + strconv.Itoa(i) + ".example"})
-	}
-	if tr.lookup(a) != hs || tr.hostCount() != 8 {
-		t.Fatalf("a.example lost its state before the map was full (%d hosts)", tr.hostCount())
-	}
-	clock.advance(2 * time.Minute)
-	tr.lookup(&url.URL{Scheme: "http", Host: "new.example"})
-	// A lookup that found a.example in the map just before the eviction
-	// may store it on the fast path just after.
-	tr.last.Store(hs)
-	if got := tr.lookup(a); got == hs {
-		t.Error("a.example got its evicted state back")
-	}
+		a := &url.URL{Scheme: "http", Host: "a.example"}
+		hs := tr.lookup(a)
+		if tr.last.Load() != hs {
+			t.Fatal("the host just looked up is not the last one")
+		}
+		for _, u := range []*url.URL{
+			{Scheme: "http", Host: "A.EXAMPLE"},
+			{Scheme: "HTTP", Host: "a.example:80"},
+			{Scheme: "http", Host: "a.example"},
+		} {
+			if got := tr.lookup(u); got != hs {
+				t.Errorf("%s://%s: another state than a.example's", u.Scheme, u.Host)
+			}
+		}
+		if tr.last.Load() != hs {
+			t.Error("other spellings displaced the state's own from the fast path")
+		}
+		// Seven more hosts fill the map; a.example, looked up last again, then
+		// idles past HostIdle, and the next new host evicts every idle one:
+		// the next request for a.example must get a fresh state, not the
+		// evicted one.
+		for i := 0; i < 7; i++ {
+			tr.lookup(&url.URL{Scheme: "http", Host: "h" + strconv.Itoa(i) + ".example"})
+		}
+		if tr.lookup(a) != hs || tr.hostCount() != 8 {
+			t.Fatalf("a.example lost its state before the map was full (%d hosts)", tr.hostCount())
+		}
+		time.Sleep(2 * time.Minute)
+		tr.lookup(&url.URL{Scheme: "http", Host: "new.example"})
+		// A lookup that found a.example in the map just before the eviction
+		// may store it on the fast path just after.
+		tr.last.Store(hs)
+		if got := tr.lookup(a); got == hs {
+			t.Error("a.example got its evicted state back")
+		}
+	})
 }
 
 func TestRoundTripBadInput(t *testing.T) {
@@ -259,30 +263,30 @@ func TestRoundTripBadInput(t *testing.T) {
 // Eviction spares a host whose requests still hold bulkhead slots, so its
 // next request does not get a second bulkhead beside the first.
 func TestEvictionSparesBusyHosts(t *testing.T) {
-	clock := newFakeClock()
-	base := &stubBase{}
-	tr, err := New(Config{Base: base, MaxHosts: 16, HostIdle: time.Minute, Default: Policy{Timeout: Timeout{Disabled: true}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr.setClock(clock.now)
-	busyURL, _ := url.Parse("http://busy.internal/")
-	req, _ := http.NewRequest("GET", busyURL.String(), nil)
-	resp, err := tr.RoundTrip(req) // holds a slot until the body is closed
-	if err != nil {
-		t.Fatal(err)
-	}
-	busy := tr.lookup(busyURL)
-	clock.advance(2 * time.Minute) // idle by the clock, but busy
-	for i := 0; i < 200; i++ {
-		clock.advance(time.Millisecond)
-		tr.lookup(&url.URL{Scheme: "http", Host: "churn" + strconv.Itoa(i) + ".example"})
-	}
-	if tr.lookup(busyURL) != busy {
-		t.Error("a host with a slot held was evicted")
-	}
-	if in, _, _ := bulkheadStats(tr, "busy.internal:80"); in != 1 {
-		t.Errorf("in flight = %d, want 1", in)
-	}
-	resp.Body.Close()
+	synctest.Test(t, func(t *testing.T) {
+		base := &stubBase{}
+		tr, err := New(Config{Base: base, MaxHosts: 16, HostIdle: time.Minute, Default: Policy{Timeout: Timeout{Disabled: true}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		busyURL, _ := url.Parse("http://busy.internal/")
+		req, _ := http.NewRequest("GET", busyURL.String(), nil)
+		resp, err := tr.RoundTrip(req) // holds a slot until the body is closed
+		if err != nil {
+			t.Fatal(err)
+		}
+		busy := tr.lookup(busyURL)
+		time.Sleep(2 * time.Minute) // idle by the clock, but busy
+		for i := 0; i < 200; i++ {
+			time.Sleep(time.Millisecond)
+			tr.lookup(&url.URL{Scheme: "http", Host: "churn" + strconv.Itoa(i) + ".example"})
+		}
+		if tr.lookup(busyURL) != busy {
+			t.Error("a host with a slot held was evicted")
+		}
+		if in, _, _ := bulkheadStats(tr, "busy.internal:80"); in != 1 {
+			t.Errorf("in flight = %d, want 1", in)
+		}
+		resp.Body.Close()
+	})
 }

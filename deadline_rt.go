@@ -111,7 +111,8 @@ func (t Timeout) inherit(parent Timeout) Timeout {
 // Enabled or Disabled wins, else Default's Disabled applies.
 func inheritOff(disabled, enabled, parent bool) bool {
 	if enabled {
-		return false
+		// Disabled too stays set, for validate to refuse.
+		return disabled
 	}
 	return disabled || parent
 }
