@@ -90,14 +90,6 @@ func testBreaker(t testing.TB, b Breaker, next http.RoundTripper) *Transport {
 	return mustNew(t, Config{Base: next, Default: only(Policy{Breaker: b}, "breaker")})
 }
 
-func mustNew(t testing.TB, cfg Config) *Transport {
-	t.Helper()
-	tr, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tr
-}
 
 // hostBreaker is the snapshot of the breaker of h.test:80; it fails the
 // test when there is none.
@@ -112,8 +104,8 @@ func hostBreaker(t testing.TB, tr *Transport) BreakerSnapshot {
 	return BreakerSnapshot{}
 }
 
-// stateOf is the state of the breaker of h.test:80.
-func stateOf(t testing.TB, tr *Transport) CircuitState {
+// breakerStateOf is the state of the breaker of h.test:80.
+func breakerStateOf(t testing.TB, tr *Transport) CircuitState {
 	t.Helper()
 	s, ok := breakerState(tr, breakerHost)
 	if !ok {
@@ -122,8 +114,8 @@ func stateOf(t testing.TB, tr *Transport) CircuitState {
 	return s
 }
 
-// newReq makes a GET of url carrying op for opBase.
-func newReq(t testing.TB, ctx context.Context, url, op string) *http.Request {
+// breakerReq makes a GET of url carrying op for opBase.
+func breakerReq(t testing.TB, ctx context.Context, url, op string) *http.Request {
 	t.Helper()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -148,7 +140,7 @@ func do(rt http.RoundTripper, req *http.Request) (int, error) {
 // send makes one call with op through rt, closing any response.
 func send(t testing.TB, rt http.RoundTripper, ctx context.Context, url, op string) (int, error) {
 	t.Helper()
-	return do(rt, newReq(t, ctx, url, op))
+	return do(rt, breakerReq(t, ctx, url, op))
 }
 
 // runScript sends the script's ops one by one to h.test and returns the
@@ -160,7 +152,7 @@ func runScript(t *testing.T, tr *Transport, script string) int {
 		if errors.Is(err, ErrBreakerOpen) {
 			t.Fatalf("call %d (%c) refused: breaker opened earlier than reported", i+1, op)
 		}
-		if stateOf(t, tr) == CircuitOpen {
+		if breakerStateOf(t, tr) == CircuitOpen {
 			return i + 1
 		}
 	}
@@ -269,7 +261,7 @@ func TestBreakerDefaultsTripWithinAHundredCalls(t *testing.T) {
 				t.Fatalf("healthy call %d: %d, %v", i+1, code, err)
 			}
 		}
-		if s := stateOf(t, tr); s != CircuitClosed {
+		if s := breakerStateOf(t, tr); s != CircuitClosed {
 			t.Fatalf("after 10,000 healthy calls: %v, want closed", s)
 		}
 		n := failingUntilOpen(t, tr, base)
@@ -426,7 +418,7 @@ func trip(t *testing.T, tr *Transport) {
 	t.Helper()
 	for range 1000 {
 		send(t, tr, t.Context(), breakerURL, "F")
-		if stateOf(t, tr) == CircuitOpen {
+		if breakerStateOf(t, tr) == CircuitOpen {
 			return
 		}
 	}
@@ -487,7 +479,7 @@ func TestBreakerHalfOpen(t *testing.T) {
 				opened := b.openErr.Load()
 				// The first open time is at most OpenFor.
 				time.Sleep(openFor)
-				if s := stateOf(t, tr); s != CircuitHalfOpen {
+				if s := breakerStateOf(t, tr); s != CircuitHalfOpen {
 					t.Fatalf("after OpenFor: state %v, want half-open", s)
 				}
 				// Probes one at a time keep the order of verdicts fixed.
@@ -496,7 +488,7 @@ func TestBreakerHalfOpen(t *testing.T) {
 						t.Fatalf("probe %d (%c): %v", i+1, op, err)
 					}
 				}
-				if s := stateOf(t, tr); s != tt.wantState {
+				if s := breakerStateOf(t, tr); s != tt.wantState {
 					t.Errorf("after probes %q: state %v, want %v", tt.probes, s, tt.wantState)
 				}
 				if tt.wantState == CircuitOpen {
@@ -528,7 +520,7 @@ func TestBreakerHalfOpenConcurrency(t *testing.T) {
 			if i == 0 {
 				c = ctx
 			}
-			req := newReq(t, c, "http://h.test/p", "B")
+			req := breakerReq(t, c, "http://h.test/p", "B")
 			wg.Go(func() {
 				if _, err := do(tr, req); errors.Is(err, ErrBreakerOpen) {
 					refused.Add(1)
@@ -546,10 +538,10 @@ func TestBreakerHalfOpenConcurrency(t *testing.T) {
 		// verdict, so one more probe may go.
 		cancelOne()
 		synctest.Wait()
-		if s := stateOf(t, tr); s != CircuitHalfOpen {
+		if s := breakerStateOf(t, tr); s != CircuitHalfOpen {
 			t.Fatalf("after a cancelled probe: state %v, want half-open", s)
 		}
-		req := newReq(t, t.Context(), "http://h.test/p", "B")
+		req := breakerReq(t, t.Context(), "http://h.test/p", "B")
 		wg.Go(func() {
 			if _, err := do(tr, req); err != nil {
 				t.Errorf("probe after a freed slot: %v", err)
@@ -564,7 +556,7 @@ func TestBreakerHalfOpenConcurrency(t *testing.T) {
 		}
 		close(base.release)
 		wg.Wait()
-		if s := stateOf(t, tr); s != CircuitClosed {
+		if s := breakerStateOf(t, tr); s != CircuitClosed {
 			t.Errorf("after %d good probes: state %v, want closed", probes, s)
 		}
 		if n := base.calls.Load() - sent; n != probes+1 {
@@ -1040,13 +1032,13 @@ func TestBreakerPanicIsFailure(t *testing.T) {
 		tr := testBreaker(t, Breaker{MinCalls: 1, OpenFor: openFor, MaxOpenFor: openFor, HalfOpenCalls: 1}, &sw)
 		trip(t, tr)
 		time.Sleep(openFor)
-		if s := stateOf(t, tr); s != CircuitHalfOpen {
+		if s := breakerStateOf(t, tr); s != CircuitHalfOpen {
 			t.Fatalf("after OpenFor: state %v, want half-open", s)
 		}
 		// sendPanicking sends one call that must panic with the base's value.
 		sendPanicking := func(rt http.RoundTripper) {
 			t.Helper()
-			req := newReq(t, t.Context(), "http://h.test/p", "S")
+			req := breakerReq(t, t.Context(), "http://h.test/p", "S")
 			defer func() {
 				if r := recover(); r != "base exploded" {
 					t.Errorf("recovered %v, want the base's panic", r)
@@ -1056,7 +1048,7 @@ func TestBreakerPanicIsFailure(t *testing.T) {
 		}
 		sw.set(panicBase{})
 		sendPanicking(tr)
-		if s := stateOf(t, tr); s != CircuitOpen {
+		if s := breakerStateOf(t, tr); s != CircuitOpen {
 			t.Errorf("after a panicking probe: state %v, want open", s)
 		}
 		// The one probe slot is free: after the open time the next probe
@@ -1066,14 +1058,14 @@ func TestBreakerPanicIsFailure(t *testing.T) {
 		if code, err := send(t, tr, t.Context(), "http://h.test/p", "S"); err != nil || code != 200 {
 			t.Errorf("the probe after a panicking one: %d, %v; want 200", code, err)
 		}
-		if s := stateOf(t, tr); s != CircuitClosed {
+		if s := breakerStateOf(t, tr); s != CircuitClosed {
 			t.Errorf("after a good probe: state %v, want closed", s)
 		}
 
 		// Closed: the panic is a failed call in the window (one of one).
 		c := testBreaker(t, Breaker{MinCalls: 1}, panicBase{})
 		sendPanicking(c)
-		if s := stateOf(t, c); s != CircuitOpen {
+		if s := breakerStateOf(t, c); s != CircuitOpen {
 			t.Errorf("closed, after one panicking call of MinCalls 1: state %v, want open", s)
 		}
 	})

@@ -111,8 +111,7 @@ func (t Timeout) inherit(parent Timeout) Timeout {
 // Enabled or Disabled wins, else Default's Disabled applies.
 func inheritOff(disabled, enabled, parent bool) bool {
 	if enabled {
-		// Disabled too stays set, for validate to refuse.
-		return disabled
+		return false
 	}
 	return disabled || parent
 }
