@@ -90,7 +90,6 @@ func testBreaker(t testing.TB, b Breaker, next http.RoundTripper) *Transport {
 	return mustNew(t, Config{Base: next, Default: only(Policy{Breaker: b}, "breaker")})
 }
 
-
 // hostBreaker is the snapshot of the breaker of h.test:80; it fails the
 // test when there is none.
 func hostBreaker(t testing.TB, tr *Transport) BreakerSnapshot {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -26,7 +27,9 @@ const (
 	refSREMinDL     = 150 * time.Millisecond
 	hangEvery       = 20 // one call in 20 (5 %) never completes
 	sreQueuePerCent = 50 // queue ≤ 50 % of threads, the SRE book's advice
-	sreCalRounds    = 3
+	sreCalCalls     = 1000
+	sreCalMin       = 500 * time.Millisecond
+	sreCalMax       = 2 * time.Second
 )
 
 type deadlineRun struct {
@@ -173,15 +176,38 @@ func (l *lab) sreP999(ctx context.Context) (time.Duration, error) {
 	tr := loopbackTransport()
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
-	var rounds [sreCalRounds]float64
-	for i := range rounds {
-		d, err := calibrate(ctx, c, srv.url+"/", 400, 8)
-		if err != nil {
-			return 0, err
+	rate := 2 * l.set.load
+	length := min(max(time.Duration(float64(sreCalCalls)/rate*float64(time.Second)), sreCalMin), sreCalMax)
+	var (
+		mu    sync.Mutex
+		lat   []float64
+		first error
+	)
+	openLoop(ctx, rate, length, 4000, func(ctx context.Context, i int, at time.Time, dropped bool) {
+		if dropped {
+			return
 		}
-		rounds[i] = float64(d)
+		t0 := time.Now()
+		code, _, err := send(ctx, c, http.MethodGet, srv.url+"/")
+		d := time.Since(t0)
+		if err == nil && code != http.StatusOK {
+			err = fmt.Errorf("status %d", code)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			first = errors.Join(first, err)
+			return
+		}
+		lat = append(lat, float64(d))
+	})
+	if first != nil {
+		return 0, fmt.Errorf("calibrating %s: %w", srv.url, first)
 	}
-	return time.Duration(percentile(rounds[:], 0.5)), nil
+	if len(lat) == 0 {
+		return 0, fmt.Errorf("calibrating %s: no call completed", srv.url)
+	}
+	return time.Duration(percentile(lat, 0.999)), nil
 }
 
 func (l *lab) deadlineRun(ctx context.Context, r *deadlineRun, start time.Time, length, dl time.Duration) error {
