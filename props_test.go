@@ -265,10 +265,15 @@ func TestPropertyAmplification(t *testing.T) {
 			ratio := rapid.Float64Range(0.01, 1).Draw(rt, "ratio")
 			floor := rapid.SampledFrom([]float64{-1, 0.5, 2}).Draw(rt, "floor")
 			window := 10 * time.Second
-			n := rapid.IntRange(20, 300).Draw(rt, "calls")
+			const backoffCap = 4 * time.Millisecond
 			gap := time.Duration(rapid.IntRange(1, 25).Draw(rt, "gapMs")) * time.Millisecond
 			fault := rapid.SampledFrom([]int{out503, outReset}).Draw(rt, "fault")
 			maxAttempts := rapid.IntRange(2, MaxAttemptsLimit).Draw(rt, "maxAttempts")
+			// The bound is for one budget window, so the run is drawn to fit
+			// one: on the virtual clock a call takes its gap and at most
+			// Cap before each retry, the upstream answering at once.
+			perCall := gap + time.Duration(maxAttempts-1)*backoffCap
+			n := rapid.IntRange(20, min(300, int(window/perCall))).Draw(rt, "calls")
 			var f propFailure
 			defer f.report(rt)
 			synctest.Test(t, func(t *testing.T) {
@@ -277,7 +282,7 @@ func TestPropertyAmplification(t *testing.T) {
 				tr, err := New(Config{Base: base, Default: Policy{
 					Retry: Retry{
 						MaxAttempts: maxAttempts,
-						Base:        time.Millisecond, Cap: 4 * time.Millisecond,
+						Base:        time.Millisecond, Cap: backoffCap,
 						Budget: Budget{Ratio: ratio, Window: window, MinPerSecond: floor},
 					},
 					Breaker: Breaker{Disabled: true},
@@ -294,8 +299,9 @@ func TestPropertyAmplification(t *testing.T) {
 					}
 					time.Sleep(gap)
 				}
-				if time.Since(start) > window {
-					return // the run must fit one window for the bound to apply
+				if took := time.Since(start); took > window {
+					rt.Fatalf("%d calls took %v, past the %v window the bound is for, which the draws rule out", n, took, window)
+					return
 				}
 				sent := len(base.got[""])
 				allowed := float64(n) * (1 + ratio)
