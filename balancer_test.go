@@ -476,6 +476,45 @@ func TestBalancerSuccessRate(t *testing.T) {
 	})
 }
 
+// TestBalancerCountsByClassification: an instance's run of failures is
+// counted by the one classification (classify(...).health()): 429 is a
+// failure, 501 (a wrong request) is not.
+func TestBalancerCountsByClassification(t *testing.T) {
+	for _, tt := range []struct {
+		status    int
+		wantEject bool
+	}{
+		{http.StatusTooManyRequests, true},
+		{http.StatusNotImplemented, false},
+		{http.StatusInternalServerError, true},
+		{http.StatusNotFound, false},
+	} {
+		t.Run(fmt.Sprint(tt.status), func(t *testing.T) {
+			const bad = "10.0.0.1:80"
+			var badHits atomic.Int64
+			base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+				if req.URL.Host == bad {
+					badHits.Add(1)
+					return response(req, tt.status), nil
+				}
+				return response(req, http.StatusOK), nil
+			})
+			tr := balancerOnly(t, base, "tax.internal", Endpoints{Addrs: []string{bad, "10.0.0.2:80"}})
+			c := &http.Client{Transport: tr}
+			for i := 0; i < 200 && badHits.Load() < 4*DefaultConsecutiveFailures; i++ {
+				getTax(t, c, "")
+			}
+			s := stateOf(t, tr, bad)
+			if tt.wantEject {
+				if !s.Ejected || badHits.Load() != DefaultConsecutiveFailures {
+					t.Errorf("%d: %+v after %d hits, want ejected after %d", tt.status, s, badHits.Load(), DefaultConsecutiveFailures)
+				}
+			} else if s.Ejected || s.ConsecutiveFailures != 0 || badHits.Load() != 4*DefaultConsecutiveFailures {
+				t.Errorf("%d: %+v after %d hits, want never counted as a failure", tt.status, s, badHits.Load())
+			}
+		})
+	}
+}
 func TestOutlierArithmetic(t *testing.T) {
 	for _, c := range []struct{ n, pct, want int }{
 		{1, 10, 0}, {2, 10, 1}, {5, 10, 1}, {20, 10, 2}, {25, 10, 2}, {3, 100, 2}, {10, 0, 1},
