@@ -121,13 +121,16 @@ func TestBulkheadReleaseAtEOFAndClose(t *testing.T) {
 }
 
 func TestBulkheadReleaseOnError(t *testing.T) {
-	tr := newBulkheadTransport(t, &stubBase{err: errStub}, Bulkhead{MaxConcurrent: 1})
-	for i := 0; i < 3; i++ {
-		if _, err := bhSend(t, t.Context(), tr, "http://a.test/"); !errors.Is(err, errStub) {
-			t.Fatalf("call %d: err = %v, want the base's error", i+1, err)
+	// In a bubble: the retries of the failed calls wait no real time.
+	synctest.Test(t, func(t *testing.T) {
+		tr := newBulkheadTransport(t, &stubBase{err: errStub}, Bulkhead{MaxConcurrent: 1})
+		for i := 0; i < 3; i++ {
+			if _, err := bhSend(t, t.Context(), tr, "http://a.test/"); !errors.Is(err, errStub) {
+				t.Fatalf("call %d: err = %v, want the base's error", i+1, err)
+			}
 		}
-	}
-	wantStats(t, tr, "a.test:80", 0, 0)
+		wantStats(t, tr, "a.test:80", 0, 0)
+	})
 }
 
 // slowBody yields one chunk per value sent on feed, then EOF once feed is
@@ -494,12 +497,8 @@ func TestBulkheadRateLimit(t *testing.T) {
 
 func TestBulkheadContract(t *testing.T) {
 	runContract(t, func(base http.RoundTripper) http.RoundTripper {
-		tr, err := New(Config{Base: base})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := Policy{Bulkhead: Bulkhead{MaxConcurrent: 4, MaxQueue: 4, MaxWait: time.Second}}.withDefaults()
-		return newBulkheadRT(base, &hostState{t: tr, name: "contract.test:80", upstream: "default", policy: &p}, p.Bulkhead, "contract.test:80")
+		// The bulkhead alone, over the attempt layers below it.
+		return mustNew(t, Config{Base: base, Default: only(Policy{Bulkhead: Bulkhead{MaxConcurrent: 4, MaxQueue: 4, MaxWait: time.Second}}, "bulkhead")})
 	})
 	t.Run("full", func(t *testing.T) {
 		tr := newBulkheadTransport(t, &stubBase{}, Bulkhead{MaxConcurrent: 1})
@@ -555,18 +554,18 @@ func TestBulkheadConfig(t *testing.T) {
 		}
 		resp.Body.Close()
 	}
-	got := map[string]BulkheadState{}
-	for _, s := range tr.BulkheadStates() {
-		got[s.Host] = s
+	got := map[string]HostSnapshot{}
+	for _, h := range tr.Snapshot().Hosts {
+		got[h.Host] = h
 	}
-	if s := got["tax.test:80"]; s.MaxConcurrent != 40 || s.MaxQueue != 2 || s.Upstream != "tax.test" || s.Scheme != "http" {
-		t.Errorf("tax.test: %+v, want MaxConcurrent 40 and MaxQueue 2 inherited", s)
+	if h := got["tax.test:80"]; h.Bulkhead == nil || h.Bulkhead.MaxConcurrent != 40 || h.Bulkhead.MaxQueue != 2 || h.Upstream != "tax.test" || h.Scheme != "http" {
+		t.Errorf("tax.test: %+v (bulkhead %+v), want MaxConcurrent 40 and MaxQueue 2 inherited", h, h.Bulkhead)
 	}
-	if s := got["other.test:80"]; s.MaxConcurrent != DefaultMaxConcurrent || s.Upstream != "default" {
-		t.Errorf("other.test: %+v, want the default %d slots", s, DefaultMaxConcurrent)
+	if h := got["other.test:80"]; h.Bulkhead == nil || h.Bulkhead.MaxConcurrent != DefaultMaxConcurrent || h.Upstream != "default" {
+		t.Errorf("other.test: %+v (bulkhead %+v), want the default %d slots", h, h.Bulkhead, DefaultMaxConcurrent)
 	}
-	if _, ok := got["recs.test:80"]; ok {
-		t.Errorf("recs.test has a bulkhead although it is disabled")
+	if h, ok := got["recs.test:80"]; !ok || h.Bulkhead != nil {
+		t.Errorf("recs.test: %+v (seen %v), want a bulkhead-less host: it is disabled", h, ok)
 	}
 	if _, _, ok := bulkheadStats(tr, "recs.test:80"); ok {
 		t.Errorf("BulkheadStats(recs.test:80) ok although disabled")
@@ -600,13 +599,11 @@ func (wrappedBenchBase) RoundTrip(req *http.Request) (*http.Response, error) {
 // BenchmarkBulkhead measures the layer over wrappedBenchBase (bare is wrappedBenchBase
 // alone), then the whole stack with the bulkhead off and on.
 func BenchmarkBulkhead(b *testing.B) {
-	tr, err := New(Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	layer := func(bh Bulkhead) *bulkheadRT {
-		p := Policy{Bulkhead: bh}.withDefaults()
-		return newBulkheadRT(wrappedBenchBase{}, &hostState{t: tr, name: "bench.test:80", upstream: "default", policy: &p}, p.Bulkhead, "bench.test:80")
+	// The bulkhead alone, built by the real builder; below it only what
+	// every instance stack has (the base adapter and the attempt span).
+	layer := func(bh Bulkhead) stageRT {
+		tr := mustNew(b, Config{Base: wrappedBenchBase{}, Default: only(Policy{Bulkhead: bh}, "bulkhead")})
+		return stageRT{layerOf[*bulkheadStage](b, tr, "http://bench.test/")}
 	}
 	req, _ := http.NewRequest(http.MethodGet, "http://bench.test/", nil)
 	run := func(b *testing.B, rt http.RoundTripper, wantErr bool) {
@@ -638,11 +635,11 @@ func BenchmarkBulkhead(b *testing.B) {
 	})
 	// slot is the bulkhead's own cost, without a base: take and give back.
 	b.Run("slot", func(b *testing.B) {
-		rt := layer(Bulkhead{MaxConcurrent: 1 << 20})
+		rt := layer(Bulkhead{MaxConcurrent: 1 << 20}).s.(*bulkheadStage)
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if err := rt.acquire(req, nil); err != nil {
+				if err := rt.acquire(req, call{}); err != nil {
 					b.Fatal(err)
 				}
 				rt.release()
@@ -666,7 +663,7 @@ func BenchmarkBulkhead(b *testing.B) {
 			}
 		}()
 		for i := 0; ; i++ {
-			if _, q := rt.stats(); q == 1 {
+			if _, q := rt.s.(*bulkheadStage).stats(); q == 1 {
 				break
 			}
 			if i == 5000 {
@@ -691,8 +688,7 @@ func BenchmarkBulkhead(b *testing.B) {
 	b.Run("stack-on", func(b *testing.B) { run(b, stack(Bulkhead{MaxConcurrent: 1 << 20}), false) })
 	b.Run("stack-rejected", func(b *testing.B) { rejecting(b, stack(Bulkhead{MaxConcurrent: 1})) })
 	b.Run("stack-rejected-no-timeout", func(b *testing.B) {
-		// Without the total-deadline layer's per-call state, which is what
-		// the two allocations of stack-rejected are.
+		// Without the deadline layers: what they add to a refusal.
 		t, err := New(Config{Base: wrappedBenchBase{}, Default: Policy{Bulkhead: Bulkhead{MaxConcurrent: 1}, Timeout: Timeout{Disabled: true}}})
 		if err != nil {
 			b.Fatal(err)
