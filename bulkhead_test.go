@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -733,5 +734,123 @@ func TestBulkheadHandOffRace(t *testing.T) {
 			wantStats(t, tr, "race.test:80", 0, 0)
 		}
 		t.Logf("admitted %d, refused %d", admitted, refused)
+	})
+}
+
+// closeTracker is a response body that records being closed.
+type closeTracker struct {
+	io.Reader
+	closed atomic.Bool
+}
+
+func (b *closeTracker) Close() error {
+	b.closed.Store(true)
+	return nil
+}
+
+// TestBulkheadBaseBreaksContract (issue 16): a base that panics, or breaks
+// the RoundTripper contract, must not cost the bulkhead a slot. Each case
+// runs the package defaults (every layer in the stack) with one slot: the
+// broken call is seen by the caller as it should be, no slot is held after
+// it, and the next call gets the slot rather than ErrBulkheadFull.
+func TestBulkheadBaseBreaksContract(t *testing.T) {
+	const url = "http://broken.test/"
+	// after checks the slot came back: none held, and the next call (the
+	// base now healthy) is admitted.
+	after := func(t *testing.T, tr *Transport, healthy *atomic.Bool) {
+		t.Helper()
+		wantStats(t, tr, "broken.test:80", 0, 0)
+		healthy.Store(true)
+		resp, err := bhSend(t, t.Context(), tr, url)
+		if err != nil {
+			t.Fatalf("next call: %v, want it admitted (ErrBulkheadFull means the slot leaked)", err)
+		}
+		resp.Body.Close()
+		wantStats(t, tr, "broken.test:80", 0, 0)
+	}
+	// broken is a base that calls brk until healthy is set.
+	broken := func(healthy *atomic.Bool, brk func(req *http.Request) (*http.Response, error)) http.RoundTripper {
+		return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			if healthy.Load() {
+				return (&stubBase{}).RoundTrip(req)
+			}
+			return brk(req)
+		})
+	}
+	newTransport := func(t *testing.T, base http.RoundTripper) *Transport {
+		return mustNew(t, Config{Base: base, Default: Policy{Bulkhead: Bulkhead{MaxConcurrent: 1}}})
+	}
+
+	t.Run("panic", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			type boom struct{}
+			var healthy atomic.Bool
+			tr := newTransport(t, broken(&healthy, func(*http.Request) (*http.Response, error) { panic(boom{}) }))
+			var got any
+			func() {
+				defer func() { got = recover() }()
+				resp, err := bhSend(t, t.Context(), tr, url)
+				t.Errorf("the base panicked, yet RoundTrip returned %v, %v", resp, err)
+			}()
+			if _, ok := got.(boom); !ok {
+				t.Fatalf("recovered %v (%T), want the base's own panic value", got, got)
+			}
+			after(t, tr, &healthy)
+		})
+	})
+
+	t.Run("nil response and nil error", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var healthy atomic.Bool
+			var calls atomic.Int64
+			tr := newTransport(t, broken(&healthy, func(*http.Request) (*http.Response, error) {
+				calls.Add(1)
+				return nil, nil
+			}))
+			resp, err := bhSend(t, t.Context(), tr, url)
+			if resp != nil || err == nil {
+				t.Fatalf("RoundTrip = %v, %v; want no response and an error", resp, err)
+			}
+			if msg := err.Error(); !strings.Contains(msg, "nil *Response") || !strings.Contains(msg, "nil error") {
+				t.Errorf("err = %q, want one that says the base returned a nil response and a nil error", msg)
+			}
+			if n := calls.Load(); n != 1 {
+				t.Errorf("base called %d times, want 1: a broken base is not worth a retry", n)
+			}
+			after(t, tr, &healthy)
+		})
+	})
+
+	t.Run("response and error", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var healthy atomic.Bool
+			var (
+				mu     sync.Mutex
+				bodies []*closeTracker
+			)
+			tr := newTransport(t, broken(&healthy, func(req *http.Request) (*http.Response, error) {
+				b := &closeTracker{Reader: strings.NewReader("half an answer")}
+				mu.Lock()
+				bodies = append(bodies, b)
+				mu.Unlock()
+				resp := &http.Response{StatusCode: 200, Header: http.Header{}, Body: b, Request: req}
+				return resp, errStub
+			}))
+			resp, err := bhSend(t, t.Context(), tr, url)
+			if resp != nil || !errors.Is(err, errStub) {
+				t.Fatalf("RoundTrip = %v, %v; want only the base's error", resp, err)
+			}
+			mu.Lock()
+			if len(bodies) == 0 {
+				t.Fatal("the base was never called")
+			}
+			for i, b := range bodies {
+				if !b.closed.Load() {
+					t.Errorf("attempt %d of %d: the response returned beside the error was not closed", i+1, len(bodies))
+				}
+			}
+			mu.Unlock()
+			after(t, tr, &healthy)
+		})
 	})
 }
