@@ -10,16 +10,92 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
-// fleet is a set of loopback instances of one logical upstream.
+// memNet is an in-memory network: listeners by address, connections over
+// net.Pipe. httptest servers on it can run in a testing/synctest bubble,
+// where a goroutine waiting on a real socket (an idle connection, an
+// Accept) is not durably blocked and would keep the fake clock from ever
+// moving; on memNet every such wait is on a channel of the bubble.
+type memNet struct {
+	mu sync.Mutex
+	ls map[string]*memListener
+}
+
+func newMemNet() *memNet { return &memNet{ls: map[string]*memListener{}} }
+
+// memListener is a net.Listener of a memNet.
+type memListener struct {
+	addr   memAddr
+	conns  chan net.Conn
+	closed chan struct{}
+	once   sync.Once
+}
+
+type memAddr string
+
+func (a memAddr) Network() string { return "tcp" }
+func (a memAddr) String() string  { return string(a) }
+
+func (l *memListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *memListener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return nil
+}
+
+func (l *memListener) Addr() net.Addr { return l.addr }
+
+// listen makes the listener for addr ("host:port").
+func (n *memNet) listen(addr string) *memListener {
+	l := &memListener{addr: memAddr(addr), conns: make(chan net.Conn), closed: make(chan struct{})}
+	n.mu.Lock()
+	n.ls[addr] = l
+	n.mu.Unlock()
+	return l
+}
+
+// dial connects to the listener at addr, as a DialContext.
+func (n *memNet) dial(ctx context.Context, _, addr string) (net.Conn, error) {
+	n.mu.Lock()
+	l := n.ls[addr]
+	n.mu.Unlock()
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("memnet: connection refused")}
+	if l == nil {
+		return nil, refused
+	}
+	client, server := net.Pipe()
+	select {
+	case l.conns <- server:
+		return client, nil
+	case <-l.closed:
+		return nil, refused
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// transport is an *http.Transport (so the balancer clones one per
+// instance) whose connections go over n.
+func (n *memNet) transport() *http.Transport { return &http.Transport{DialContext: n.dial} }
+
+// fleet is a set of instances of one logical upstream: httptest servers on
+// a memNet.
 type fleet struct {
+	net       *memNet
 	srvs      []*httptest.Server
 	addrs     []string
 	hits      []atomic.Int64 // requests served, per instance
@@ -27,23 +103,27 @@ type fleet struct {
 	wrongHost atomic.Int64   // requests whose Host was not the logical name
 	mu        sync.Mutex
 	calls     map[string][]int // X-Call → instances that served it, in order
+	last      []time.Time      // when each instance last served, on the test's clock
 }
 
-// newFleet starts n instances; status(i) is what instance i answers.
+// newFleet starts n instances; status(i) is what instance i answers. Base
+// a Transport on f.transport() to reach them.
 func newFleet(t *testing.T, n int, logical string, status func(i int) int) *fleet {
 	t.Helper()
-	f := &fleet{hits: make([]atomic.Int64, n), conns: make([]atomic.Int64, n), calls: map[string][]int{}}
+	f := &fleet{net: newMemNet(), hits: make([]atomic.Int64, n), conns: make([]atomic.Int64, n),
+		calls: map[string][]int{}, last: make([]time.Time, n)}
 	for i := 0; i < n; i++ {
 		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			f.hits[i].Add(1)
 			if r.Host != logical {
 				f.wrongHost.Add(1)
 			}
+			f.mu.Lock()
+			f.last[i] = time.Now()
 			if c := r.Header.Get("X-Call"); c != "" {
-				f.mu.Lock()
 				f.calls[c] = append(f.calls[c], i)
-				f.mu.Unlock()
 			}
+			f.mu.Unlock()
 			w.WriteHeader(status(i))
 			io.WriteString(w, "ok")
 		}))
@@ -52,19 +132,31 @@ func newFleet(t *testing.T, n int, logical string, status func(i int) int) *flee
 				f.conns[i].Add(1)
 			}
 		}
+		addr := fmt.Sprintf("10.9.0.%d:8080", i+1)
+		srv.Listener = f.net.listen(addr)
 		srv.Start()
 		t.Cleanup(srv.Close)
 		f.srvs = append(f.srvs, srv)
-		f.addrs = append(f.addrs, srv.Listener.Addr().String())
+		f.addrs = append(f.addrs, addr)
 	}
 	return f
 }
 
+// transport is a base that reaches the fleet's instances.
+func (f *fleet) transport() *http.Transport { return f.net.transport() }
+
+// lastServed is when instance i last served a request.
+func (f *fleet) lastServed(i int) time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.last[i]
+}
+
 // balancedTransport builds a Transport whose upstream "tax.internal" has p
-// (Endpoints filled in by the caller), an injected clock, retries that do
-// not sleep, a seeded picker and a log buffer. It returns the logical
-// host's balancer too.
-func balancedTransport(t *testing.T, base http.RoundTripper, p Policy) (*Transport, *fakeClock, *balancerRT, *syncBuffer) {
+// (Endpoints filled in by the caller), a seeded picker and a log buffer. It
+// returns the logical host's balancer too. Tests that wait (ejections,
+// resolves, retry backoff) call it inside a testing/synctest bubble.
+func balancedTransport(t *testing.T, base http.RoundTripper, p Policy) (*Transport, *balancerStage, *syncBuffer) {
 	t.Helper()
 	logs := new(syncBuffer)
 	tr := mustNew(t, Config{
@@ -72,15 +164,8 @@ func balancedTransport(t *testing.T, base http.RoundTripper, p Policy) (*Transpo
 		Upstreams: map[string]Policy{"tax.internal": p},
 		Logger:    slog.New(slog.NewTextHandler(logs, nil)),
 	})
-	clk := newFakeClock()
-	tr.setClock(clk.now)
-	tr.retry.sleep = func(ctx context.Context, _ time.Duration) error { return ctx.Err() }
 	t.Cleanup(tr.CloseIdleConnections)
-	u, _ := url.Parse("http://tax.internal/rate")
-	bal := tr.lookup(u).balancer
-	if bal == nil {
-		t.Fatal("no balancer for tax.internal")
-	}
+	bal := layerOf[*balancerStage](t, tr, "http://tax.internal/rate")
 	var mu sync.Mutex
 	rng := mrand.New(mrand.NewPCG(1, 2))
 	bal.randN = func(n uint64) uint64 {
@@ -88,7 +173,7 @@ func balancedTransport(t *testing.T, base http.RoundTripper, p Policy) (*Transpo
 		defer mu.Unlock()
 		return rng.Uint64N(n)
 	}
-	return tr, clk, bal, logs
+	return tr, bal, logs
 }
 
 func getTax(t *testing.T, c *http.Client, call string) (int, error) {
@@ -136,167 +221,178 @@ func checkCounts(t *testing.T, tr *Transport, f *fleet) {
 }
 
 func TestBalancerEjectsSickInstance(t *testing.T) {
-	const sick = 2
-	f := newFleet(t, 5, "tax.internal", func(i int) int {
-		if i == sick {
-			return http.StatusInternalServerError
+	synctest.Test(t, func(t *testing.T) {
+		const sick = 2
+		f := newFleet(t, 5, "tax.internal", func(i int) int {
+			if i == sick {
+				return http.StatusInternalServerError
+			}
+			return http.StatusOK
+		})
+		tr, _, logs := balancedTransport(t, f.transport(), Policy{Endpoints: Endpoints{Addrs: f.addrs}})
+		clk := newFakeClock()
+		c := &http.Client{Transport: tr}
+
+		const calls = 1000
+		ok := 0
+		for i := 0; i < calls; i++ {
+			if st, err := getTax(t, c, ""); err == nil && st == http.StatusOK {
+				ok++
+			}
 		}
-		return http.StatusOK
+		if got := f.hits[sick].Load(); got != DefaultConsecutiveFailures {
+			t.Errorf("sick instance served %d requests, want %d (ejected after its consecutive failures)", got, DefaultConsecutiveFailures)
+		}
+		if rate := float64(ok) / calls; rate < 0.99 {
+			t.Errorf("success rate %.3f, want ≥ 0.99", rate)
+		}
+		for i := range f.addrs {
+			if i != sick && f.hits[i].Load() < calls/10 {
+				t.Errorf("healthy instance %d served only %d of %d", i, f.hits[i].Load(), calls)
+			}
+		}
+		// The ejection is timed from the failure that completed the run
+		// (the retry of that call waits after it, on the same clock).
+		ejectedAt := f.lastServed(sick)
+		s := stateOf(t, tr, f.addrs[sick])
+		if !s.Ejected || s.Ejections != 1 || !s.EjectedUntil.Equal(ejectedAt.Add(DefaultBaseEjection)) {
+			t.Fatalf("sick state = %+v, want ejected once until %v (its last failure + %v)", s, ejectedAt.Add(DefaultBaseEjection), DefaultBaseEjection)
+		}
+		checkCounts(t, tr, f)
+		connsAtEjection := f.conns[sick].Load()
+
+		// Its time served, it returns, fails again, and is out twice as long.
+		clk.advance(DefaultBaseEjection)
+		for i := 0; i < 500 && f.hits[sick].Load() < 2*DefaultConsecutiveFailures; i++ {
+			getTax(t, c, "")
+		}
+		ejectedAt = f.lastServed(sick)
+		s = stateOf(t, tr, f.addrs[sick])
+		if !s.Ejected || s.Ejections != 2 || !s.EjectedUntil.Equal(ejectedAt.Add(2*DefaultBaseEjection)) {
+			t.Fatalf("after return: sick state = %+v, want ejected twice until %v (its last failure + %v)", s, ejectedAt.Add(2*DefaultBaseEjection), 2*DefaultBaseEjection)
+		}
+		if f.hits[sick].Load() != 2*DefaultConsecutiveFailures {
+			t.Errorf("sick instance served %d requests in all, want %d", f.hits[sick].Load(), 2*DefaultConsecutiveFailures)
+		}
+		for i := 0; i < 100; i++ {
+			getTax(t, c, "")
+		}
+		if f.hits[sick].Load() != 2*DefaultConsecutiveFailures {
+			t.Errorf("ejected instance got requests: %d", f.hits[sick].Load())
+		}
+		if f.conns[sick].Load() > connsAtEjection+1 {
+			t.Errorf("sick instance got %d new connections after returning once", f.conns[sick].Load()-connsAtEjection)
+		}
+		checkCounts(t, tr, f)
+		l := logs.String()
+		if strings.Count(l, "endpoint ejected") != 2 || strings.Count(l, "endpoint returned") != 1 {
+			t.Errorf("logs:\n%s\nwant two ejections and one return", l)
+		}
+		if !strings.Contains(l, "endpoint="+f.addrs[sick]) || !strings.Contains(l, "level=INFO") {
+			t.Errorf("logs do not name the instance at Info:\n%s", l)
+		}
 	})
-	tr, clk, _, logs := balancedTransport(t, nil, Policy{Endpoints: Endpoints{Addrs: f.addrs}})
-	c := &http.Client{Transport: tr}
-
-	const calls = 1000
-	ok := 0
-	for i := 0; i < calls; i++ {
-		if st, err := getTax(t, c, ""); err == nil && st == http.StatusOK {
-			ok++
-		}
-	}
-	if got := f.hits[sick].Load(); got != DefaultConsecutiveFailures {
-		t.Errorf("sick instance served %d requests, want %d (ejected after its consecutive failures)", got, DefaultConsecutiveFailures)
-	}
-	if rate := float64(ok) / calls; rate < 0.99 {
-		t.Errorf("success rate %.3f, want ≥ 0.99", rate)
-	}
-	for i := range f.addrs {
-		if i != sick && f.hits[i].Load() < calls/10 {
-			t.Errorf("healthy instance %d served only %d of %d", i, f.hits[i].Load(), calls)
-		}
-	}
-	s := stateOf(t, tr, f.addrs[sick])
-	if !s.Ejected || s.Ejections != 1 || !s.EjectedUntil.Equal(clk.now().Add(DefaultBaseEjection)) {
-		t.Fatalf("sick state = %+v, want ejected once until now+%v", s, DefaultBaseEjection)
-	}
-	checkCounts(t, tr, f)
-	connsAtEjection := f.conns[sick].Load()
-
-	// Its time served, it returns, fails again, and is out twice as long.
-	clk.advance(DefaultBaseEjection)
-	for i := 0; i < 500 && f.hits[sick].Load() < 2*DefaultConsecutiveFailures; i++ {
-		getTax(t, c, "")
-	}
-	s = stateOf(t, tr, f.addrs[sick])
-	if !s.Ejected || s.Ejections != 2 || !s.EjectedUntil.Equal(clk.now().Add(2*DefaultBaseEjection)) {
-		t.Fatalf("after return: sick state = %+v, want ejected twice until now+%v", s, 2*DefaultBaseEjection)
-	}
-	if f.hits[sick].Load() != 2*DefaultConsecutiveFailures {
-		t.Errorf("sick instance served %d requests in all, want %d", f.hits[sick].Load(), 2*DefaultConsecutiveFailures)
-	}
-	for i := 0; i < 100; i++ {
-		getTax(t, c, "")
-	}
-	if f.hits[sick].Load() != 2*DefaultConsecutiveFailures {
-		t.Errorf("ejected instance got requests: %d", f.hits[sick].Load())
-	}
-	if f.conns[sick].Load() > connsAtEjection+1 {
-		t.Errorf("sick instance got %d new connections after returning once", f.conns[sick].Load()-connsAtEjection)
-	}
-	checkCounts(t, tr, f)
-	l := logs.String()
-	if strings.Count(l, "endpoint ejected") != 2 || strings.Count(l, "endpoint returned") != 1 {
-		t.Errorf("logs:\n%s\nwant two ejections and one return", l)
-	}
-	if !strings.Contains(l, "endpoint="+f.addrs[sick]) || !strings.Contains(l, "level=INFO") {
-		t.Errorf("logs do not name the instance at Info:\n%s", l)
-	}
 }
 
 func TestBalancerAllSickBreakerOpens(t *testing.T) {
-	f := newFleet(t, 5, "tax.internal", func(int) int { return http.StatusInternalServerError })
-	tr, _, _, _ := balancedTransport(t, nil, Policy{
-		Endpoints: Endpoints{Addrs: f.addrs},
-		Breaker:   Breaker{MinCalls: 20},
-		Retry:     Retry{Disabled: true},
+	synctest.Test(t, func(t *testing.T) {
+		f := newFleet(t, 5, "tax.internal", func(int) int { return http.StatusInternalServerError })
+		tr, _, _ := balancedTransport(t, f.transport(), Policy{
+			Endpoints: Endpoints{Addrs: f.addrs},
+			Breaker:   Breaker{MinCalls: 20},
+			Retry:     Retry{Disabled: true},
+		})
+		c := &http.Client{Transport: tr}
+		open := 0
+		for i := 0; i < 100; i++ {
+			if _, err := getTax(t, c, ""); errors.Is(err, ErrBreakerOpen) {
+				open++
+			}
+		}
+		ejected := 0
+		for _, s := range endpointStates(tr, "tax.internal:80") {
+			if s.Ejected {
+				ejected++
+			}
+		}
+		// 10 % of 5 rounds to none, but one may always be ejected.
+		if ejected != 1 {
+			t.Errorf("%d instances ejected, want 1 (the cap)", ejected)
+		}
+		if st, _ := breakerState(tr, "tax.internal:80"); st != CircuitOpen || open == 0 {
+			t.Errorf("breaker %v after 100 calls (%d refused), want open", st, open)
+		}
+		var sent int64
+		for i := range f.hits {
+			sent += f.hits[i].Load()
+		}
+		if sent != 20 {
+			t.Errorf("instances served %d requests, want 20 (the breaker's MinCalls)", sent)
+		}
+		checkCounts(t, tr, f)
 	})
-	c := &http.Client{Transport: tr}
-	open := 0
-	for i := 0; i < 100; i++ {
-		if _, err := getTax(t, c, ""); errors.Is(err, ErrBreakerOpen) {
-			open++
-		}
-	}
-	ejected := 0
-	for _, s := range endpointStates(tr, "tax.internal:80") {
-		if s.Ejected {
-			ejected++
-		}
-	}
-	// 10 % of 5 rounds to none, but one may always be ejected.
-	if ejected != 1 {
-		t.Errorf("%d instances ejected, want 1 (the cap)", ejected)
-	}
-	if st, _ := breakerState(tr, "tax.internal:80"); st != CircuitOpen || open == 0 {
-		t.Errorf("breaker %v after 100 calls (%d refused), want open", st, open)
-	}
-	var sent int64
-	for i := range f.hits {
-		sent += f.hits[i].Load()
-	}
-	if sent != 20 {
-		t.Errorf("instances served %d requests, want 20 (the breaker's MinCalls)", sent)
-	}
-	checkCounts(t, tr, f)
 }
 
 func TestBalancerRetriesElsewhere(t *testing.T) {
-	// Two of five always answer 503: a call that meets both still ends on
-	// a healthy instance in three attempts, if no attempt repeats one.
-	f := newFleet(t, 5, "tax.internal", func(i int) int {
-		if i < 2 {
-			return http.StatusServiceUnavailable
-		}
-		return http.StatusOK
-	})
-	tr, _, _, _ := balancedTransport(t, nil, Policy{
-		Endpoints: Endpoints{Addrs: f.addrs, Outlier: Outlier{Disabled: true}},
-		Retry:     Retry{Budget: Budget{Disabled: true}, NoPushback: true},
-		Breaker:   Breaker{Disabled: true},
-	})
-	c := &http.Client{Transport: tr}
-	const calls = 300
-	for i := 0; i < calls; i++ {
-		if st, err := getTax(t, c, fmt.Sprint(i)); err != nil || st != http.StatusOK {
-			t.Fatalf("call %d: %d, %v", i, st, err)
-		}
-	}
-	retried := 0
-	for call, insts := range f.calls {
-		seen := map[int]bool{}
-		for _, i := range insts {
-			if seen[i] {
-				t.Fatalf("call %s went to instance %d twice: %v", call, i, insts)
+	// In a bubble: the waits before retries take no real time.
+	synctest.Test(t, func(t *testing.T) {
+		// Two of five always answer 503: a call that meets both still ends
+		// on a healthy instance in three attempts, if no attempt repeats one.
+		f := newFleet(t, 5, "tax.internal", func(i int) int {
+			if i < 2 {
+				return http.StatusServiceUnavailable
 			}
-			seen[i] = true
+			return http.StatusOK
+		})
+		tr, _, _ := balancedTransport(t, f.transport(), Policy{
+			Endpoints: Endpoints{Addrs: f.addrs, Outlier: Outlier{Disabled: true}},
+			Retry:     Retry{Budget: Budget{Disabled: true}, NoPushback: true},
+			Breaker:   Breaker{Disabled: true},
+		})
+		c := &http.Client{Transport: tr}
+		const calls = 300
+		for i := 0; i < calls; i++ {
+			if st, err := getTax(t, c, fmt.Sprint(i)); err != nil || st != http.StatusOK {
+				t.Fatalf("call %d: %d, %v", i, st, err)
+			}
 		}
-		if len(insts) > 1 {
-			retried++
+		retried := 0
+		for call, insts := range f.calls {
+			seen := map[int]bool{}
+			for _, i := range insts {
+				if seen[i] {
+					t.Fatalf("call %s went to instance %d twice: %v", call, i, insts)
+				}
+				seen[i] = true
+			}
+			if len(insts) > 1 {
+				retried++
+			}
 		}
-	}
-	if retried < calls/10 {
-		t.Errorf("only %d of %d calls were retried", retried, calls)
-	}
-	checkCounts(t, tr, f)
+		if retried < calls/10 {
+			t.Errorf("only %d of %d calls were retried", retried, calls)
+		}
+		checkCounts(t, tr, f)
+	})
 }
 
 func TestBalancerPickAvoidsTried(t *testing.T) {
 	for _, rr := range []bool{false, true} {
-		tr := mustNew(t, Config{})
-		b := testBalancer(t, tr, &stubBase{}, Endpoints{Addrs: []string{"10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"}, RoundRobin: rr})
+		b := testBalancer(t, &stubBase{}, Endpoints{Addrs: []string{"10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"}, RoundRobin: rr})
 		set := b.set.Load()
 		for trial := 0; trial < 50; trial++ {
-			var st callState
+			var tried triedSet
 			seen := map[uint32]bool{}
 			for k := 0; k < 3; k++ {
-				in := b.pick(set, &st)
+				in := b.pick(set, &tried)
 				if seen[in.id] {
 					t.Fatalf("rr=%v: attempt %d repeated %s", rr, k+1, in.addr)
 				}
 				seen[in.id] = true
-				st.markTried(in.id)
+				tried.mark(in.id)
 			}
 			// Everything tried: any instance will do, but one is picked.
-			if b.pick(set, &st) == nil {
+			if b.pick(set, &tried) == nil {
 				t.Fatal("nil pick")
 			}
 		}
@@ -304,8 +400,7 @@ func TestBalancerPickAvoidsTried(t *testing.T) {
 }
 
 func TestBalancerPrefersLessLoaded(t *testing.T) {
-	tr := mustNew(t, Config{})
-	b := testBalancer(t, tr, &stubBase{}, Endpoints{Addrs: []string{"10.0.0.1:80", "10.0.0.2:80"}})
+	b := testBalancer(t, &stubBase{}, Endpoints{Addrs: []string{"10.0.0.1:80", "10.0.0.2:80"}})
 	set := b.set.Load()
 	set.all[0].inflight.Store(5)
 	for i := 0; i < 20; i++ {
@@ -315,68 +410,111 @@ func TestBalancerPrefersLessLoaded(t *testing.T) {
 	}
 }
 
-// testBalancer builds the balancer layer alone for "tax.internal:80".
-func testBalancer(t testing.TB, tr *Transport, base http.RoundTripper, e Endpoints) *balancerRT {
+// balancerOnly builds, with the real builder, a Transport whose upstream
+// has the balancer alone: each instance keeps its bulkhead and attempt
+// deadline, and no breaker, retry or pushback sits above.
+func balancerOnly(t testing.TB, base http.RoundTripper, upstream string, e Endpoints) *Transport {
 	t.Helper()
-	tr.base = base
-	p := Policy{Endpoints: e}.withDefaults()
-	if err := p.validate(); err != nil {
-		t.Fatal(err)
-	}
-	hs := &hostState{t: tr, key: hostKey{"http", "tax.internal", "80"}, name: "tax.internal:80", upstream: "tax.internal", policy: &p}
-	return newBalancerRT(hs, tr.instanceStack)
+	return mustNew(t, Config{Base: base, Upstreams: map[string]Policy{
+		upstream: only(Policy{Endpoints: e}, "bulkhead", "timeout"),
+	}})
+}
+
+// testBalancer is the balancer of balancerOnly's "tax.internal".
+func testBalancer(t testing.TB, base http.RoundTripper, e Endpoints) *balancerStage {
+	t.Helper()
+	return layerOf[*balancerStage](t, balancerOnly(t, base, "tax.internal", e), "http://tax.internal/")
 }
 
 func TestBalancerSuccessRate(t *testing.T) {
-	clk := newFakeClock()
-	tr := mustNew(t, Config{})
-	tr.setClock(clk.now)
-	addrs := []string{"10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80", "10.0.0.4:80", "10.0.0.5:80", "10.0.0.6:80"}
-	b := testBalancer(t, tr, &stubBase{}, Endpoints{Addrs: addrs})
-	all := b.set.Load().all
-	for i, in := range all {
-		in.reqs.Store(200)
-		if i == 0 {
-			in.fails.Store(100) // 50 %, never five in a row
+	synctest.Test(t, func(t *testing.T) {
+		clk := newFakeClock()
+		addrs := []string{"10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80", "10.0.0.4:80", "10.0.0.5:80", "10.0.0.6:80"}
+		b := testBalancer(t, &stubBase{}, Endpoints{Addrs: addrs})
+		all := b.set.Load().all
+		for i, in := range all {
+			in.reqs.Store(200)
+			if i == 0 {
+				in.fails.Store(100) // 50 %, never five in a row
+			}
 		}
-	}
-	all[5].reqs.Store(50) // below the volume: not compared
-	clk.advance(DefaultOutlierInterval)
-	if !b.sweep(t.Context(), clk.now()) {
-		t.Fatal("sweep changed nothing")
-	}
-	if !all[0].ejected || len(b.set.Load().active) != 5 {
-		t.Fatalf("success-rate outlier not ejected (ejected=%v, active %d)", all[0].ejected, len(b.set.Load().active))
-	}
-	// Four samples are too few to compare.
-	for i, in := range all[1:] {
-		in.reqs.Store(200)
-		if i == 0 {
-			in.fails.Store(200)
+		all[5].reqs.Store(50) // below the volume: not compared
+		clk.advance(DefaultOutlierInterval)
+		if !b.sweep(t.Context(), clk.now()) {
+			t.Fatal("sweep changed nothing")
 		}
-	}
-	all[5].reqs.Store(0)
-	all[4].reqs.Store(0)
-	clk.advance(DefaultOutlierInterval)
-	b.sweep(t.Context(), clk.now())
-	if all[1].ejected {
-		t.Error("ejected on the success rate of four instances")
-	}
-	// Returned, and healthy for as long as it was out: its count drops.
-	clk.advance(DefaultBaseEjection)
-	b.sweep(t.Context(), clk.now())
-	if all[0].ejected || all[0].times != 1 {
-		t.Fatalf("after its time: ejected=%v times=%d", all[0].ejected, all[0].times)
-	}
-	for i := 0; i < 3; i++ {
+		if !all[0].ejected || len(b.set.Load().active) != 5 {
+			t.Fatalf("success-rate outlier not ejected (ejected=%v, active %d)", all[0].ejected, len(b.set.Load().active))
+		}
+		// Four samples are too few to compare.
+		for i, in := range all[1:] {
+			in.reqs.Store(200)
+			if i == 0 {
+				in.fails.Store(200)
+			}
+		}
+		all[5].reqs.Store(0)
+		all[4].reqs.Store(0)
 		clk.advance(DefaultOutlierInterval)
 		b.sweep(t.Context(), clk.now())
-	}
-	if all[0].times != 0 {
-		t.Errorf("times = %d after %v healthy, want 0", all[0].times, 3*DefaultOutlierInterval)
-	}
+		if all[1].ejected {
+			t.Error("ejected on the success rate of four instances")
+		}
+		// Returned, and healthy for as long as it was out: its count drops.
+		clk.advance(DefaultBaseEjection)
+		b.sweep(t.Context(), clk.now())
+		if all[0].ejected || all[0].times != 1 {
+			t.Fatalf("after its time: ejected=%v times=%d", all[0].ejected, all[0].times)
+		}
+		for i := 0; i < 3; i++ {
+			clk.advance(DefaultOutlierInterval)
+			b.sweep(t.Context(), clk.now())
+		}
+		if all[0].times != 0 {
+			t.Errorf("times = %d after %v healthy, want 0", all[0].times, 3*DefaultOutlierInterval)
+		}
+	})
 }
 
+// TestBalancerCountsByClassification: an instance's run of failures is
+// counted by the one classification (classify(...).health()): 429 is a
+// failure, 501 (a wrong request) is not.
+func TestBalancerCountsByClassification(t *testing.T) {
+	for _, tt := range []struct {
+		status    int
+		wantEject bool
+	}{
+		{http.StatusTooManyRequests, true},
+		{http.StatusNotImplemented, false},
+		{http.StatusInternalServerError, true},
+		{http.StatusNotFound, false},
+	} {
+		t.Run(fmt.Sprint(tt.status), func(t *testing.T) {
+			const bad = "10.0.0.1:80"
+			var badHits atomic.Int64
+			base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+				if req.URL.Host == bad {
+					badHits.Add(1)
+					return response(req, tt.status), nil
+				}
+				return response(req, http.StatusOK), nil
+			})
+			tr := balancerOnly(t, base, "tax.internal", Endpoints{Addrs: []string{bad, "10.0.0.2:80"}})
+			c := &http.Client{Transport: tr}
+			for i := 0; i < 200 && badHits.Load() < 4*DefaultConsecutiveFailures; i++ {
+				getTax(t, c, "")
+			}
+			s := stateOf(t, tr, bad)
+			if tt.wantEject {
+				if !s.Ejected || badHits.Load() != DefaultConsecutiveFailures {
+					t.Errorf("%d: %+v after %d hits, want ejected after %d", tt.status, s, badHits.Load(), DefaultConsecutiveFailures)
+				}
+			} else if s.Ejected || s.ConsecutiveFailures != 0 || badHits.Load() != 4*DefaultConsecutiveFailures {
+				t.Errorf("%d: %+v after %d hits, want never counted as a failure", tt.status, s, badHits.Load())
+			}
+		})
+	}
+}
 func TestOutlierArithmetic(t *testing.T) {
 	for _, c := range []struct{ n, pct, want int }{
 		{1, 10, 0}, {2, 10, 1}, {5, 10, 1}, {20, 10, 2}, {25, 10, 2}, {3, 100, 2}, {10, 0, 1},
@@ -453,68 +591,74 @@ func (h *hostsBase) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 func TestBalancerResolver(t *testing.T) {
-	fr := &fakeResolver{called: make(chan struct{}, 1)}
-	fr.set(nil, errors.New("fake: no such host"))
-	base := &hostsBase{hosts: map[string]int{}}
-	tr, clk, b, logs := balancedTransport(t, base, Policy{Endpoints: Endpoints{Resolver: fr}})
-	c := &http.Client{Transport: tr}
+	synctest.Test(t, func(t *testing.T) {
+		fr := &fakeResolver{called: make(chan struct{}, 1)}
+		fr.set(nil, errors.New("fake: no such host"))
+		base := &hostsBase{hosts: map[string]int{}}
+		tr, b, logs := balancedTransport(t, base, Policy{Endpoints: Endpoints{Resolver: fr}})
+		clk := newFakeClock()
+		c := &http.Client{Transport: tr}
 
-	if _, err := getTax(t, c, ""); !errors.Is(err, ErrNoEndpoints) {
-		t.Fatalf("no endpoints yet: err = %v, want ErrNoEndpoints", err)
-	}
-	<-fr.called
-	fr.set([]string{"10.0.0.1:80", "10.0.0.2:80"}, nil)
-	for i := 0; i < 20; i++ {
-		if st, err := getTax(t, c, ""); err != nil || st != 200 {
-			t.Fatalf("get: %d, %v", st, err)
+		if _, err := getTax(t, c, ""); !errors.Is(err, ErrNoEndpoints) {
+			t.Fatalf("no endpoints yet: err = %v, want ErrNoEndpoints", err)
 		}
-	}
-	<-fr.called
-	if base.hosts["10.0.0.1:80"]+base.hosts["10.0.0.2:80"] != 20 {
-		t.Fatalf("requests went to %v", base.hosts)
-	}
+		<-fr.called
+		fr.set([]string{"10.0.0.1:80", "10.0.0.2:80"}, nil)
+		for i := 0; i < 20; i++ {
+			if st, err := getTax(t, c, ""); err != nil || st != 200 {
+				t.Fatalf("get: %d, %v", st, err)
+			}
+		}
+		<-fr.called
+		if base.hosts["10.0.0.1:80"]+base.hosts["10.0.0.2:80"] != 20 {
+			t.Fatalf("requests went to %v", base.hosts)
+		}
 
-	// The interval passes, the lookup fails: the last good set stays.
-	waitRefresh := func() {
-		t.Helper()
-		select {
-		case <-fr.called:
-		case <-time.After(10 * time.Second):
-			t.Fatal("no background resolve")
+		// The interval passes, the lookup fails: the last good set stays.
+		waitRefresh := func() {
+			t.Helper()
+			// Every goroutine of the bubble idle: the background lookup
+			// has run, if one was started, and is over.
+			synctest.Wait()
+			select {
+			case <-fr.called:
+			default:
+				t.Fatal("no background resolve")
+			}
+			if b.resolving.Load() {
+				t.Fatal("background resolve did not finish")
+			}
 		}
-		for i := 0; i < 1000 && b.resolving.Load(); i++ {
-			time.Sleep(time.Millisecond)
-		}
-		if b.resolving.Load() {
-			t.Fatal("background resolve did not finish")
-		}
-	}
-	fr.set(nil, errors.New("fake: SERVFAIL"))
-	clk.advance(DefaultResolveEvery)
-	getTax(t, c, "")
-	waitRefresh()
-	if n := len(endpointStates(tr, "tax.internal:80")); n != 2 {
-		t.Fatalf("after a failed lookup: %d endpoints, want the last good 2", n)
-	}
-	if !strings.Contains(logs.String(), "keeping the last good endpoints") {
-		t.Errorf("failed lookup not logged:\n%s", logs.String())
-	}
-
-	// Then the set changes.
-	fr.set([]string{"10.0.0.3:80"}, nil)
-	clk.advance(DefaultResolveEvery)
-	getTax(t, c, "")
-	waitRefresh()
-	before := base.hosts["10.0.0.3:80"]
-	for i := 0; i < 10; i++ {
+		fr.set(nil, errors.New("fake: SERVFAIL"))
+		clk.advance(DefaultResolveEvery)
 		getTax(t, c, "")
-	}
-	if got := base.hosts["10.0.0.3:80"] - before; got != 10 {
-		t.Errorf("%d of 10 requests went to the new set's instance (hosts %v)", got, base.hosts)
-	}
-	if fr.names[0] != "tax.internal:80" {
-		t.Errorf("resolver asked for %q, want the logical host:port", fr.names[0])
-	}
+		waitRefresh()
+		if n := len(endpointStates(tr, "tax.internal:80")); n != 2 {
+			t.Fatalf("after a failed lookup: %d endpoints, want the last good 2", n)
+		}
+		if !strings.Contains(logs.String(), "keeping the last good endpoints") {
+			t.Errorf("failed lookup not logged:\n%s", logs.String())
+		}
+
+		// Then the set changes.
+		fr.set([]string{"10.0.0.3:80"}, nil)
+		clk.advance(DefaultResolveEvery)
+		getTax(t, c, "")
+		waitRefresh()
+		before := base.hosts["10.0.0.3:80"]
+		for i := 0; i < 10; i++ {
+			getTax(t, c, "")
+		}
+		if got := base.hosts["10.0.0.3:80"] - before; got != 10 {
+			t.Errorf("%d of 10 requests went to the new set's instance (hosts %v)", got, base.hosts)
+		}
+		fr.mu.Lock()
+		first := fr.names[0]
+		fr.mu.Unlock()
+		if first != "tax.internal:80" {
+			t.Errorf("resolver asked for %q, want the logical host:port", first)
+		}
+	})
 }
 
 func TestDNSResolver(t *testing.T) {
@@ -601,7 +745,7 @@ func TestBalancerConfig(t *testing.T) {
 
 func TestBalancerContract(t *testing.T) {
 	runContract(t, func(base http.RoundTripper) http.RoundTripper {
-		return testBalancer(t, mustNew(t, Config{}), base, Endpoints{Addrs: []string{"10.0.0.1:80", "10.0.0.2:80"}})
+		return balancerOnly(t, base, "contract.test", Endpoints{Addrs: []string{"10.0.0.1:80", "10.0.0.2:80"}})
 	})
 	t.Run("stack", func(t *testing.T) {
 		runContract(t, func(base http.RoundTripper) http.RoundTripper {
@@ -636,53 +780,52 @@ func BenchmarkBalancerPick(b *testing.B) {
 		if rr {
 			name = "roundrobin"
 		}
-		bal := testBalancer(b, mustNew(b, Config{}), &stubBase{}, Endpoints{Addrs: addrs, RoundRobin: rr})
+		bal := testBalancer(b, &stubBase{}, Endpoints{Addrs: addrs, RoundRobin: rr})
 		set := bal.set.Load()
 		b.Run(name+"/first", func(b *testing.B) {
 			b.ReportAllocs()
-			var st callState
+			var tried triedSet
 			for b.Loop() {
-				st.ntried = 0
-				in := bal.pick(set, &st)
-				st.markTried(in.id)
+				tried.n = 0
+				in := bal.pick(set, &tried)
+				tried.mark(in.id)
 			}
 		})
 		b.Run(name+"/retry", func(b *testing.B) {
 			b.ReportAllocs()
-			var st callState
+			var tried triedSet
 			for b.Loop() {
-				st.ntried = 0
-				st.markTried(set.active[0].id)
-				st.markTried(set.active[1].id)
-				in := bal.pick(set, &st)
-				st.markTried(in.id)
+				tried.n = 0
+				tried.mark(set.active[0].id)
+				tried.mark(set.active[1].id)
+				in := bal.pick(set, &tried)
+				tried.mark(in.id)
 			}
 		})
 		b.Run(name+"/parallel", func(b *testing.B) {
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
-				var st callState
+				var tried triedSet
 				for pb.Next() {
-					st.ntried = 0
-					in := bal.pick(set, &st)
-					st.markTried(in.id)
+					tried.n = 0
+					in := bal.pick(set, &tried)
+					tried.mark(in.id)
 				}
 			})
 		})
 	}
-	// The whole layer over a stub base, with the layers below it off:
-	// pick, clock read, request copy, outcome and in-flight accounting.
-	tr := mustNew(b, Config{})
-	bal := testBalancer(b, tr, wrappedBenchBase{}, Endpoints{Addrs: addrs})
-	bal.hs.policy.Bulkhead.Disabled = true
-	bal.hs.policy.Timeout.Disabled = true
-	bal.install(nil, tr.now()) // rebuild the instances without those layers
-	bal.install(addrs, tr.now())
+	// The whole layer over a stub base, with the layers below it off
+	// (no bulkhead, no attempt deadline): pick, clock read, request copy,
+	// outcome and in-flight accounting.
+	tr := mustNew(b, Config{Base: wrappedBenchBase{}, Upstreams: map[string]Policy{
+		"tax.internal": only(Policy{Endpoints: Endpoints{Addrs: addrs}}),
+	}})
+	bal := layerOf[*balancerStage](b, tr, "http://tax.internal/")
 	req, _ := http.NewRequest(http.MethodGet, "http://tax.internal/rate", nil)
 	b.Run("layer", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			resp, err := bal.RoundTrip(req)
+			resp, err := bal.roundTrip(req, call{})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -692,12 +835,12 @@ func BenchmarkBalancerPick(b *testing.B) {
 }
 
 // TestBalancerBulkheadStates: with Endpoints, each instance has a bulkhead
-// of its own, and BulkheadStates reports each, under the logical host, with
-// the instance in Endpoint: a held response shows on the instance that
-// served it and nowhere else.
+// of its own, and Snapshot reports each under the logical host, with its
+// instance: a held response shows on the instance that served it and
+// nowhere else.
 func TestBalancerBulkheadStates(t *testing.T) {
 	f := newFleet(t, 2, "tax.internal", func(int) int { return 200 })
-	tr, _, _, _ := balancedTransport(t, nil, Policy{
+	tr, _, _ := balancedTransport(t, f.transport(), Policy{
 		Endpoints: Endpoints{Addrs: f.addrs},
 		Bulkhead:  Bulkhead{MaxConcurrent: 3},
 	})
@@ -712,18 +855,28 @@ func TestBalancerBulkheadStates(t *testing.T) {
 	}
 	check := func(wantHeld int) {
 		t.Helper()
-		states := tr.BulkheadStates()
-		if len(states) != len(f.addrs) {
-			t.Fatalf("%d bulkhead states, want one per instance (%d): %+v", len(states), len(f.addrs), states)
+		hosts := tr.Snapshot().Host("tax.internal:80")
+		if len(hosts) != 1 {
+			t.Fatalf("%d snapshots of tax.internal:80, want 1: %+v", len(hosts), hosts)
 		}
-		for _, s := range states {
+		h := hosts[0]
+		if h.Host != "tax.internal:80" || h.Upstream != "tax.internal" || h.Bulkhead != nil {
+			t.Errorf("host %+v: want host tax.internal:80, upstream tax.internal, no bulkhead of its own", h)
+		}
+		if len(h.Endpoints) != len(f.addrs) {
+			t.Fatalf("%d endpoints, want one per instance (%d): %+v", len(h.Endpoints), len(f.addrs), h.Endpoints)
+		}
+		for _, e := range h.Endpoints {
 			want := 0
-			if s.Endpoint == served {
+			if e.Addr == served {
 				want = wantHeld
 			}
-			if s.Host != "tax.internal:80" || s.Upstream != "tax.internal" || s.MaxConcurrent != 3 || s.InFlight != want {
-				t.Errorf("state %+v: want host tax.internal:80, upstream tax.internal, 3 slots, %d held", s, want)
+			if e.Bulkhead == nil || e.Bulkhead.MaxConcurrent != 3 || e.Bulkhead.InFlight != want {
+				t.Errorf("instance %s: bulkhead %+v, want 3 slots, %d held", e.Addr, e.Bulkhead, want)
 			}
+		}
+		if held, _, _ := bulkheadStats(tr, "tax.internal:80"); held != wantHeld {
+			t.Errorf("bulkheadStats = %d held, want %d", held, wantHeld)
 		}
 	}
 	check(1)

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -121,13 +122,16 @@ func TestBulkheadReleaseAtEOFAndClose(t *testing.T) {
 }
 
 func TestBulkheadReleaseOnError(t *testing.T) {
-	tr := newBulkheadTransport(t, &stubBase{err: errStub}, Bulkhead{MaxConcurrent: 1})
-	for i := 0; i < 3; i++ {
-		if _, err := bhSend(t, t.Context(), tr, "http://a.test/"); !errors.Is(err, errStub) {
-			t.Fatalf("call %d: err = %v, want the base's error", i+1, err)
+	// In a bubble: the retries of the failed calls wait no real time.
+	synctest.Test(t, func(t *testing.T) {
+		tr := newBulkheadTransport(t, &stubBase{err: errStub}, Bulkhead{MaxConcurrent: 1})
+		for i := 0; i < 3; i++ {
+			if _, err := bhSend(t, t.Context(), tr, "http://a.test/"); !errors.Is(err, errStub) {
+				t.Fatalf("call %d: err = %v, want the base's error", i+1, err)
+			}
 		}
-	}
-	wantStats(t, tr, "a.test:80", 0, 0)
+		wantStats(t, tr, "a.test:80", 0, 0)
+	})
 }
 
 // slowBody yields one chunk per value sent on feed, then EOF once feed is
@@ -494,12 +498,8 @@ func TestBulkheadRateLimit(t *testing.T) {
 
 func TestBulkheadContract(t *testing.T) {
 	runContract(t, func(base http.RoundTripper) http.RoundTripper {
-		tr, err := New(Config{Base: base})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := Policy{Bulkhead: Bulkhead{MaxConcurrent: 4, MaxQueue: 4, MaxWait: time.Second}}.withDefaults()
-		return newBulkheadRT(base, &hostState{t: tr, name: "contract.test:80", upstream: "default", policy: &p}, p.Bulkhead, "contract.test:80")
+		// The bulkhead alone, over the attempt layers below it.
+		return mustNew(t, Config{Base: base, Default: only(Policy{Bulkhead: Bulkhead{MaxConcurrent: 4, MaxQueue: 4, MaxWait: time.Second}}, "bulkhead")})
 	})
 	t.Run("full", func(t *testing.T) {
 		tr := newBulkheadTransport(t, &stubBase{}, Bulkhead{MaxConcurrent: 1})
@@ -555,18 +555,18 @@ func TestBulkheadConfig(t *testing.T) {
 		}
 		resp.Body.Close()
 	}
-	got := map[string]BulkheadState{}
-	for _, s := range tr.BulkheadStates() {
-		got[s.Host] = s
+	got := map[string]HostSnapshot{}
+	for _, h := range tr.Snapshot().Hosts {
+		got[h.Host] = h
 	}
-	if s := got["tax.test:80"]; s.MaxConcurrent != 40 || s.MaxQueue != 2 || s.Upstream != "tax.test" || s.Scheme != "http" {
-		t.Errorf("tax.test: %+v, want MaxConcurrent 40 and MaxQueue 2 inherited", s)
+	if h := got["tax.test:80"]; h.Bulkhead == nil || h.Bulkhead.MaxConcurrent != 40 || h.Bulkhead.MaxQueue != 2 || h.Upstream != "tax.test" || h.Scheme != "http" {
+		t.Errorf("tax.test: %+v (bulkhead %+v), want MaxConcurrent 40 and MaxQueue 2 inherited", h, h.Bulkhead)
 	}
-	if s := got["other.test:80"]; s.MaxConcurrent != DefaultMaxConcurrent || s.Upstream != "default" {
-		t.Errorf("other.test: %+v, want the default %d slots", s, DefaultMaxConcurrent)
+	if h := got["other.test:80"]; h.Bulkhead == nil || h.Bulkhead.MaxConcurrent != DefaultMaxConcurrent || h.Upstream != "default" {
+		t.Errorf("other.test: %+v (bulkhead %+v), want the default %d slots", h, h.Bulkhead, DefaultMaxConcurrent)
 	}
-	if _, ok := got["recs.test:80"]; ok {
-		t.Errorf("recs.test has a bulkhead although it is disabled")
+	if h, ok := got["recs.test:80"]; !ok || h.Bulkhead != nil {
+		t.Errorf("recs.test: %+v (seen %v), want a bulkhead-less host: it is disabled", h, ok)
 	}
 	if _, _, ok := bulkheadStats(tr, "recs.test:80"); ok {
 		t.Errorf("BulkheadStats(recs.test:80) ok although disabled")
@@ -600,13 +600,11 @@ func (wrappedBenchBase) RoundTrip(req *http.Request) (*http.Response, error) {
 // BenchmarkBulkhead measures the layer over wrappedBenchBase (bare is wrappedBenchBase
 // alone), then the whole stack with the bulkhead off and on.
 func BenchmarkBulkhead(b *testing.B) {
-	tr, err := New(Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	layer := func(bh Bulkhead) *bulkheadRT {
-		p := Policy{Bulkhead: bh}.withDefaults()
-		return newBulkheadRT(wrappedBenchBase{}, &hostState{t: tr, name: "bench.test:80", upstream: "default", policy: &p}, p.Bulkhead, "bench.test:80")
+	// The bulkhead alone, built by the real builder; below it only what
+	// every instance stack has (the base adapter and the attempt span).
+	layer := func(bh Bulkhead) stageRT {
+		tr := mustNew(b, Config{Base: wrappedBenchBase{}, Default: only(Policy{Bulkhead: bh}, "bulkhead")})
+		return stageRT{layerOf[*bulkheadStage](b, tr, "http://bench.test/")}
 	}
 	req, _ := http.NewRequest(http.MethodGet, "http://bench.test/", nil)
 	run := func(b *testing.B, rt http.RoundTripper, wantErr bool) {
@@ -638,11 +636,11 @@ func BenchmarkBulkhead(b *testing.B) {
 	})
 	// slot is the bulkhead's own cost, without a base: take and give back.
 	b.Run("slot", func(b *testing.B) {
-		rt := layer(Bulkhead{MaxConcurrent: 1 << 20})
+		rt := layer(Bulkhead{MaxConcurrent: 1 << 20}).s.(*bulkheadStage)
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if err := rt.acquire(req, nil); err != nil {
+				if err := rt.acquire(req, call{}); err != nil {
 					b.Fatal(err)
 				}
 				rt.release()
@@ -666,7 +664,7 @@ func BenchmarkBulkhead(b *testing.B) {
 			}
 		}()
 		for i := 0; ; i++ {
-			if _, q := rt.stats(); q == 1 {
+			if _, q := rt.s.(*bulkheadStage).stats(); q == 1 {
 				break
 			}
 			if i == 5000 {
@@ -691,8 +689,7 @@ func BenchmarkBulkhead(b *testing.B) {
 	b.Run("stack-on", func(b *testing.B) { run(b, stack(Bulkhead{MaxConcurrent: 1 << 20}), false) })
 	b.Run("stack-rejected", func(b *testing.B) { rejecting(b, stack(Bulkhead{MaxConcurrent: 1})) })
 	b.Run("stack-rejected-no-timeout", func(b *testing.B) {
-		// Without the total-deadline layer's per-call state, which is what
-		// the two allocations of stack-rejected are.
+		// Without the deadline layers: what they add to a refusal.
 		t, err := New(Config{Base: wrappedBenchBase{}, Default: Policy{Bulkhead: Bulkhead{MaxConcurrent: 1}, Timeout: Timeout{Disabled: true}}})
 		if err != nil {
 			b.Fatal(err)
@@ -737,5 +734,123 @@ func TestBulkheadHandOffRace(t *testing.T) {
 			wantStats(t, tr, "race.test:80", 0, 0)
 		}
 		t.Logf("admitted %d, refused %d", admitted, refused)
+	})
+}
+
+// closeTracker is a response body that records being closed.
+type closeTracker struct {
+	io.Reader
+	closed atomic.Bool
+}
+
+func (b *closeTracker) Close() error {
+	b.closed.Store(true)
+	return nil
+}
+
+// TestBulkheadBaseBreaksContract (issue 16): a base that panics, or breaks
+// the RoundTripper contract, must not cost the bulkhead a slot. Each case
+// runs the package defaults (every layer in the stack) with one slot: the
+// broken call is seen by the caller as it should be, no slot is held after
+// it, and the next call gets the slot rather than ErrBulkheadFull.
+func TestBulkheadBaseBreaksContract(t *testing.T) {
+	const url = "http://broken.test/"
+	// after checks the slot came back: none held, and the next call (the
+	// base now healthy) is admitted.
+	after := func(t *testing.T, tr *Transport, healthy *atomic.Bool) {
+		t.Helper()
+		wantStats(t, tr, "broken.test:80", 0, 0)
+		healthy.Store(true)
+		resp, err := bhSend(t, t.Context(), tr, url)
+		if err != nil {
+			t.Fatalf("next call: %v, want it admitted (ErrBulkheadFull means the slot leaked)", err)
+		}
+		resp.Body.Close()
+		wantStats(t, tr, "broken.test:80", 0, 0)
+	}
+	// broken is a base that calls brk until healthy is set.
+	broken := func(healthy *atomic.Bool, brk func(req *http.Request) (*http.Response, error)) http.RoundTripper {
+		return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			if healthy.Load() {
+				return (&stubBase{}).RoundTrip(req)
+			}
+			return brk(req)
+		})
+	}
+	newTransport := func(t *testing.T, base http.RoundTripper) *Transport {
+		return mustNew(t, Config{Base: base, Default: Policy{Bulkhead: Bulkhead{MaxConcurrent: 1}}})
+	}
+
+	t.Run("panic", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			type boom struct{}
+			var healthy atomic.Bool
+			tr := newTransport(t, broken(&healthy, func(*http.Request) (*http.Response, error) { panic(boom{}) }))
+			var got any
+			func() {
+				defer func() { got = recover() }()
+				resp, err := bhSend(t, t.Context(), tr, url)
+				t.Errorf("the base panicked, yet RoundTrip returned %v, %v", resp, err)
+			}()
+			if _, ok := got.(boom); !ok {
+				t.Fatalf("recovered %v (%T), want the base's own panic value", got, got)
+			}
+			after(t, tr, &healthy)
+		})
+	})
+
+	t.Run("nil response and nil error", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var healthy atomic.Bool
+			var calls atomic.Int64
+			tr := newTransport(t, broken(&healthy, func(*http.Request) (*http.Response, error) {
+				calls.Add(1)
+				return nil, nil
+			}))
+			resp, err := bhSend(t, t.Context(), tr, url)
+			if resp != nil || err == nil {
+				t.Fatalf("RoundTrip = %v, %v; want no response and an error", resp, err)
+			}
+			if msg := err.Error(); !strings.Contains(msg, "nil *Response") || !strings.Contains(msg, "nil error") {
+				t.Errorf("err = %q, want one that says the base returned a nil response and a nil error", msg)
+			}
+			if n := calls.Load(); n != 1 {
+				t.Errorf("base called %d times, want 1: a broken base is not worth a retry", n)
+			}
+			after(t, tr, &healthy)
+		})
+	})
+
+	t.Run("response and error", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			var healthy atomic.Bool
+			var (
+				mu     sync.Mutex
+				bodies []*closeTracker
+			)
+			tr := newTransport(t, broken(&healthy, func(req *http.Request) (*http.Response, error) {
+				b := &closeTracker{Reader: strings.NewReader("half an answer")}
+				mu.Lock()
+				bodies = append(bodies, b)
+				mu.Unlock()
+				resp := &http.Response{StatusCode: 200, Header: http.Header{}, Body: b, Request: req}
+				return resp, errStub
+			}))
+			resp, err := bhSend(t, t.Context(), tr, url)
+			if resp != nil || !errors.Is(err, errStub) {
+				t.Fatalf("RoundTrip = %v, %v; want only the base's error", resp, err)
+			}
+			mu.Lock()
+			if len(bodies) == 0 {
+				t.Fatal("the base was never called")
+			}
+			for i, b := range bodies {
+				if !b.closed.Load() {
+					t.Errorf("attempt %d of %d: the response returned beside the error was not closed", i+1, len(bodies))
+				}
+			}
+			mu.Unlock()
+			after(t, tr, &healthy)
+		})
 	})
 }

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"testing/iotest"
+	"testing/synctest"
 	"time"
 )
 
@@ -72,57 +73,63 @@ func get(t testing.TB, rt http.RoundTripper, url string, hdr ...string) result {
 }
 
 func TestStaleFallbackWhileOpen(t *testing.T) {
-	const maxAge = 5 * time.Minute
-	clk := newFakeClock()
-	base := &contentBase{pages: map[string]string{"/rate": "7.25%"}, header: http.Header{"Age": {"3"}}}
-	tr := mustNew(t, Config{Base: base, Default: Policy{
-		Breaker:  Breaker{MinCalls: 1},
-		Fallback: Fallback{Stale: StaleCache{MaxAge: maxAge}},
-	}})
-	tr.setClock(clk.now)
-	const url = "http://tax.test/rate"
+	synctest.Test(t, func(t *testing.T) {
+		const maxAge = 5 * time.Minute
+		clk := newFakeClock()
+		base := &contentBase{pages: map[string]string{"/rate": "7.25%"}, header: http.Header{"Age": {"3"}}}
+		tr := mustNew(t, Config{Base: base, Default: Policy{
+			// Open for longer than the test's MaxAge: the breaker reads the
+			// bubble's clock too, and must not let probes through here.
+			Breaker:  Breaker{MinCalls: 1, OpenFor: time.Hour},
+			Fallback: Fallback{Stale: StaleCache{MaxAge: maxAge}},
+		}})
+		const url = "http://tax.test/rate"
 
-	if r := get(t, tr, url); r.err != nil || r.body != "7.25%" || r.header.Get(FallbackHeader) != "" {
-		t.Fatalf("healthy: %+v", r)
-	}
-	base.sick.Store(503)
-	clk.advance(time.Minute)
-	// The 503 trips the breaker and is replaced by the stale answer.
-	r := get(t, tr, url)
-	if r.err != nil || r.code != 200 || r.body != "7.25%" || r.header.Get(FallbackHeader) != "stale" || r.header.Get("Age") != "63" {
-		t.Fatalf("503 with a stale entry: %+v", r)
-	}
-	if s, _ := breakerState(tr, "tax.test:80"); s != CircuitOpen {
-		t.Fatalf("breaker %v, want open", s)
-	}
-	calls := base.calls.Load()
-	steps := []struct {
-		advance   time.Duration
-		wantStale bool
-	}{
-		{0, true},
-		{maxAge - time.Minute - time.Second, true},
-		{time.Second, true}, // exactly MaxAge old
-		{time.Nanosecond, false},
-		{0, false}, // dropped, not served again
-	}
-	for _, st := range steps {
-		clk.advance(st.advance)
-		r := get(t, tr, url)
-		switch {
-		case st.wantStale && (r.err != nil || r.body != "7.25%" || r.header.Get(FallbackHeader) != "stale"):
-			t.Errorf("+%v: %+v, want the stale answer", st.advance, r)
-		case !st.wantStale && !errors.Is(r.err, ErrBreakerOpen):
-			t.Errorf("+%v: %+v, want ErrBreakerOpen past MaxAge", st.advance, r)
+		if r := get(t, tr, url); r.err != nil || r.body != "7.25%" || r.header.Get(FallbackHeader) != "" {
+			t.Fatalf("healthy: %+v", r)
 		}
-	}
-	if n := base.calls.Load(); n != calls {
-		t.Errorf("%d requests reached the host while open", n-calls)
-	}
-	// A different URL has no entry.
-	if r := get(t, tr, "http://tax.test/other"); !errors.Is(r.err, ErrBreakerOpen) {
-		t.Errorf("uncached URL: %+v, want ErrBreakerOpen", r)
-	}
+		stored := clk.now() // the answer was received now: nothing waited
+		base.sick.Store(503)
+		clk.advance(time.Minute)
+		// The 503 trips the breaker and is replaced by the stale answer.
+		r := get(t, tr, url)
+		if r.err != nil || r.code != 200 || r.body != "7.25%" || r.header.Get(FallbackHeader) != "stale" || r.header.Get("Age") != "63" {
+			t.Fatalf("503 with a stale entry: %+v", r)
+		}
+		if s, _ := breakerState(tr, "tax.test:80"); s != CircuitOpen {
+			t.Fatalf("breaker %v, want open", s)
+		}
+		calls := base.calls.Load()
+		// The steps are the stored answer's age: the retry of the 503 above
+		// waited its backoff on the same clock.
+		steps := []struct {
+			age       time.Duration
+			wantStale bool
+		}{
+			{clk.now().Sub(stored), true},
+			{maxAge - time.Second, true},
+			{maxAge, true}, // exactly MaxAge old
+			{maxAge + time.Nanosecond, false},
+			{maxAge + time.Nanosecond, false}, // dropped, not served again
+		}
+		for _, st := range steps {
+			clk.advance(stored.Add(st.age).Sub(clk.now()))
+			r := get(t, tr, url)
+			switch {
+			case st.wantStale && (r.err != nil || r.body != "7.25%" || r.header.Get(FallbackHeader) != "stale"):
+				t.Errorf("%v old: %+v, want the stale answer", st.age, r)
+			case !st.wantStale && !errors.Is(r.err, ErrBreakerOpen):
+				t.Errorf("%v old: %+v, want ErrBreakerOpen past MaxAge", st.age, r)
+			}
+		}
+		if n := base.calls.Load(); n != calls {
+			t.Errorf("%d requests reached the host while open", n-calls)
+		}
+		// A different URL has no entry.
+		if r := get(t, tr, "http://tax.test/other"); !errors.Is(r.err, ErrBreakerOpen) {
+			t.Errorf("uncached URL: %+v, want ErrBreakerOpen", r)
+		}
+	})
 }
 
 func TestStaleCacheStoring(t *testing.T) {
@@ -149,52 +156,55 @@ func TestStaleCacheStoring(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			base := &contentBase{pages: map[string]string{"/p": "0123456789"}, header: tt.header}
-			tr := mustNew(t, Config{Base: base, Default: Policy{
-				Breaker: Breaker{Disabled: true}, Fallback: Fallback{Stale: StaleCache{MaxAge: time.Hour}},
-			}})
-			req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://s.test/p", nil)
-			for i := 0; i+1 < len(tt.reqHdr); i += 2 {
-				req.Header.Set(tt.reqHdr[i], tt.reqHdr[i+1])
-			}
-			resp, err := tr.RoundTrip(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if tt.read != nil {
-				tt.read(resp.Body)
-			} else {
-				io.ReadAll(resp.Body)
-			}
-			resp.Body.Close()
-			base.sick.Store(502)
-			look := tt.lookHdr
-			if look == nil {
-				look = tt.reqHdr
-			}
-			r := get(t, tr, "http://s.test/p", look...)
-			if got := r.header.Get(FallbackHeader) == "stale"; got != tt.want {
-				t.Errorf("served stale = %v, want %v (%+v)", got, tt.want, r)
-			}
-			if tt.want && r.body != "0123456789" {
-				t.Errorf("stale body %q", r.body)
-			}
-			if !tt.want && (r.code != 502 || r.body != "sick") {
-				t.Errorf("without an entry: %+v, want the original 502 intact", r)
-			}
+			// In a bubble: the retries of the 502 wait no real time.
+			synctest.Test(t, func(t *testing.T) {
+				base := &contentBase{pages: map[string]string{"/p": "0123456789"}, header: tt.header}
+				tr := mustNew(t, Config{Base: base, Default: Policy{
+					Breaker: Breaker{Disabled: true}, Fallback: Fallback{Stale: StaleCache{MaxAge: time.Hour}},
+				}})
+				req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://s.test/p", nil)
+				for i := 0; i+1 < len(tt.reqHdr); i += 2 {
+					req.Header.Set(tt.reqHdr[i], tt.reqHdr[i+1])
+				}
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if tt.read != nil {
+					tt.read(resp.Body)
+				} else {
+					io.ReadAll(resp.Body)
+				}
+				resp.Body.Close()
+				base.sick.Store(502)
+				look := tt.lookHdr
+				if look == nil {
+					look = tt.reqHdr
+				}
+				r := get(t, tr, "http://s.test/p", look...)
+				if got := r.header.Get(FallbackHeader) == "stale"; got != tt.want {
+					t.Errorf("served stale = %v, want %v (%+v)", got, tt.want, r)
+				}
+				if tt.want && r.body != "0123456789" {
+					t.Errorf("stale body %q", r.body)
+				}
+				if !tt.want && (r.code != 502 || r.body != "sick") {
+					t.Errorf("without an entry: %+v, want the original 502 intact", r)
+				}
+			})
 		})
 	}
 }
 
 func TestStaleCacheBounds(t *testing.T) {
-	clk := newFakeClock()
+	now := time.Now() // one instant: these are bounds of size, not of age
 	c := newStaleCache((Fallback{Stale: StaleCache{MaxAge: time.Hour, MaxEntries: 3, MaxBytes: 100, MaxEntryBytes: 40}}).withDefaults().Stale)
 	put := func(path string, n int) {
-		c.store(&staleEntry{key: "http://b.test" + path, status: 200, body: bytes.Repeat([]byte("x"), n), received: clk.now()})
+		c.store(&staleEntry{key: "http://b.test" + path, status: 200, body: bytes.Repeat([]byte("x"), n), received: now})
 	}
 	has := func(path string) bool {
 		req, _ := http.NewRequest(http.MethodGet, "http://b.test"+path, nil)
-		return c.serve(req, clk.now()) != nil
+		return c.serve(req, now) != nil
 	}
 	put("/a", 10)
 	put("/b", 10)
@@ -217,28 +227,31 @@ func TestStaleCacheBounds(t *testing.T) {
 	}
 
 	// A body over MaxEntryBytes is not kept, whether its length is known
-	// in advance or not.
-	base := &contentBase{pages: map[string]string{"/big": strings.Repeat("y", 50)}}
-	tr := mustNew(t, Config{Base: base, Default: Policy{Breaker: Breaker{Disabled: true},
-		Fallback: Fallback{Stale: StaleCache{MaxAge: time.Hour, MaxEntryBytes: 40}}}})
-	for _, known := range []bool{true, false} {
-		base.sick.Store(0)
-		rt := roundTripFunc(func(req *http.Request) (*http.Response, error) {
-			resp, err := base.RoundTrip(req)
-			if err == nil && !known {
-				resp.ContentLength = -1
+	// in advance or not. (In a bubble: the retries of the 500 wait no real
+	// time.)
+	synctest.Test(t, func(t *testing.T) {
+		base := &contentBase{pages: map[string]string{"/big": strings.Repeat("y", 50)}}
+		tr := mustNew(t, Config{Base: base, Default: Policy{Breaker: Breaker{Disabled: true},
+			Fallback: Fallback{Stale: StaleCache{MaxAge: time.Hour, MaxEntryBytes: 40}}}})
+		for _, known := range []bool{true, false} {
+			base.sick.Store(0)
+			rt := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+				resp, err := base.RoundTrip(req)
+				if err == nil && !known {
+					resp.ContentLength = -1
+				}
+				return resp, err
+			})
+			tr := mustNew(t, Config{Base: rt, Default: tr.def.policy})
+			if r := get(t, tr, "http://s.test/big"); len(r.body) != 50 {
+				t.Fatalf("big body read %d bytes", len(r.body))
 			}
-			return resp, err
-		})
-		tr := mustNew(t, Config{Base: rt, Default: tr.def.policy})
-		if r := get(t, tr, "http://s.test/big"); len(r.body) != 50 {
-			t.Fatalf("big body read %d bytes", len(r.body))
+			base.sick.Store(500)
+			if r := get(t, tr, "http://s.test/big"); r.code != 500 {
+				t.Errorf("length known=%v: over MaxEntryBytes served %+v", known, r)
+			}
 		}
-		base.sick.Store(500)
-		if r := get(t, tr, "http://s.test/big"); r.code != 500 {
-			t.Errorf("length known=%v: over MaxEntryBytes served %+v", known, r)
-		}
-	}
+	})
 }
 
 func TestFallbackKinds(t *testing.T) {
@@ -284,54 +297,57 @@ func TestFallbackKinds(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			gotCause = nil
-			base := &contentBase{pages: map[string]string{"/": "page"}, err: tt.err}
-			base.sick.Store(tt.sick)
-			if tt.err != nil {
-				base.sick.Store(1)
-			}
-			tr := mustNew(t, Config{Base: base, Default: Policy{Breaker: Breaker{Disabled: true}, Fallback: tt.fb}})
-			method, path := tt.method, tt.path
-			if method == "" {
-				method = http.MethodGet
-			}
-			if path == "" {
-				path = "/"
-			}
-			var bs bodies
-			cr := contractRequest{method: method, body: "x"}
-			if method == http.MethodGet || method == http.MethodHead {
-				cr.body = ""
-			}
-			req := newContractRequest(t, t.Context(), "http://f.test"+path, cr, &bs)
-			resp, err := tr.RoundTrip(req)
-			if tt.wantErr {
-				if err == nil {
-					resp.Body.Close()
-					t.Fatalf("got a response, want an error")
+			// In a bubble: the retries of failed calls wait no real time.
+			synctest.Test(t, func(t *testing.T) {
+				gotCause = nil
+				base := &contentBase{pages: map[string]string{"/": "page"}, err: tt.err}
+				base.sick.Store(tt.sick)
+				if tt.err != nil {
+					base.sick.Store(1)
 				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("err = %v", err)
-			}
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if string(b) != tt.wantBody || resp.Header.Get(FallbackHeader) != tt.wantKind {
-				t.Errorf("got %d %q kind %q, want %q kind %q", resp.StatusCode, b, resp.Header.Get(FallbackHeader), tt.wantBody, tt.wantKind)
-			}
-			if tt.wantKind == "func" && tt.sick == 503 {
-				var se *UpstreamStatusError
-				if !errors.As(gotCause, &se) || se.StatusCode != 503 || se.Host != "f.test:80" {
-					t.Errorf("cause = %v, want an *UpstreamStatusError 503", gotCause)
+				tr := mustNew(t, Config{Base: base, Default: Policy{Breaker: Breaker{Disabled: true}, Fallback: tt.fb}})
+				method, path := tt.method, tt.path
+				if method == "" {
+					method = http.MethodGet
 				}
-			}
-			if tt.wantKind == "func" && tt.err != nil && !errors.Is(gotCause, tt.err) {
-				t.Errorf("cause = %v, want %v", gotCause, tt.err)
-			}
-			if !bs.allClosed() {
-				t.Error("request body left open")
-			}
+				if path == "" {
+					path = "/"
+				}
+				var bs bodies
+				cr := contractRequest{method: method, body: "x"}
+				if method == http.MethodGet || method == http.MethodHead {
+					cr.body = ""
+				}
+				req := newContractRequest(t, t.Context(), "http://f.test"+path, cr, &bs)
+				resp, err := tr.RoundTrip(req)
+				if tt.wantErr {
+					if err == nil {
+						resp.Body.Close()
+						t.Fatalf("got a response, want an error")
+					}
+					return
+				}
+				if err != nil {
+					t.Fatalf("err = %v", err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if string(b) != tt.wantBody || resp.Header.Get(FallbackHeader) != tt.wantKind {
+					t.Errorf("got %d %q kind %q, want %q kind %q", resp.StatusCode, b, resp.Header.Get(FallbackHeader), tt.wantBody, tt.wantKind)
+				}
+				if tt.wantKind == "func" && tt.sick == 503 {
+					var se *UpstreamStatusError
+					if !errors.As(gotCause, &se) || se.StatusCode != 503 || se.Host != "f.test:80" {
+						t.Errorf("cause = %v, want an *UpstreamStatusError 503", gotCause)
+					}
+				}
+				if tt.wantKind == "func" && tt.err != nil && !errors.Is(gotCause, tt.err) {
+					t.Errorf("cause = %v, want %v", gotCause, tt.err)
+				}
+				if !bs.allClosed() {
+					t.Error("request body left open")
+				}
+			})
 		})
 	}
 }
@@ -360,13 +376,15 @@ func TestFallbackNotOnCallerCancel(t *testing.T) {
 			t.Errorf("block=%v: err = %v, want context.Canceled", block, err)
 		}
 	}
-	// The fallback layer alone, with the caller's context ended after a 503.
-	f := &fallbackRT{next: roundTripFunc(func(req *http.Request) (*http.Response, error) {
-		resp, err := (&stubBase{status: 503}).RoundTrip(req)
-		return resp, err
-	}), hs: &hostState{t: mustNew(t, Config{}), name: "c.test:80"}, fn: fn}
+	// The fallback layer alone, with the caller's context ended after a
+	// 503: the base answers, then the caller gives up.
 	ctx, cancel := context.WithCancel(t.Context())
-	cancel()
+	f := mustNew(t, Config{Base: roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		resp, err := (&stubBase{status: 503}).RoundTrip(req)
+		cancel()
+		return resp, err
+	}), Default: only(Policy{Fallback: Fallback{Func: fn}})})
+	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://c.test/", nil)
 	if resp, err := f.RoundTrip(req); err != nil || resp.StatusCode != 503 {
 		t.Errorf("cancelled caller: %v, %v; want the 503 as it was", resp, err)
@@ -404,14 +422,17 @@ func TestFallbackValidate(t *testing.T) {
 	if (Fallback{}).enabled() || (Fallback{Constant: &ConstantResponse{}, Disabled: true}).enabled() {
 		t.Error("zero or disabled Fallback enabled")
 	}
-	// The constant is copied: changing it after New changes nothing.
-	c := &ConstantResponse{Body: []byte("one")}
-	tr := mustNew(t, Config{Base: &stubBase{status: 503}, Default: Policy{Fallback: Fallback{Constant: c}}})
-	r := get(t, tr, "http://k.test/")
-	c.Body[0] = 'X'
-	if r2 := get(t, tr, "http://k.test/"); r.body != "one" || r2.body != "one" {
-		t.Errorf("constant bodies %q then %q, want \"one\"", r.body, r2.body)
-	}
+	// The constant is copied: changing it after New changes nothing. (In a
+	// bubble: the retries of the 503 wait no real time.)
+	synctest.Test(t, func(t *testing.T) {
+		c := &ConstantResponse{Body: []byte("one")}
+		tr := mustNew(t, Config{Base: &stubBase{status: 503}, Default: Policy{Fallback: Fallback{Constant: c}}})
+		r := get(t, tr, "http://k.test/")
+		c.Body[0] = 'X'
+		if r2 := get(t, tr, "http://k.test/"); r.body != "one" || r2.body != "one" {
+			t.Errorf("constant bodies %q then %q, want \"one\"", r.body, r2.body)
+		}
+	})
 }
 
 func TestFallbackContract(t *testing.T) {
@@ -424,8 +445,7 @@ func TestFallbackContract(t *testing.T) {
 		}}
 	t.Run("layer", func(t *testing.T) {
 		runContract(t, func(base http.RoundTripper) http.RoundTripper {
-			p := Policy{Fallback: fb}.withDefaults()
-			return newFallbackRT(base, &hostState{t: mustNew(t, Config{}), name: "contract.test:80", policy: &p})
+			return mustNew(t, Config{Base: base, Default: only(Policy{Fallback: fb})})
 		})
 	})
 	t.Run("stack", func(t *testing.T) {
@@ -450,38 +470,41 @@ func TestFallbackContract(t *testing.T) {
 // caller: each chunk reaches the caller while the upstream is still
 // writing, and the whole is stored once the caller reaches EOF.
 func TestStaleCacheStreams(t *testing.T) {
-	pr, pw := io.Pipe()
-	var sick atomic.Bool
-	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
-		if sick.Load() {
-			return (&stubBase{status: 503}).RoundTrip(req)
+	// In a bubble: the retries of the final 503 wait no real time.
+	synctest.Test(t, func(t *testing.T) {
+		pr, pw := io.Pipe()
+		var sick atomic.Bool
+		base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			if sick.Load() {
+				return (&stubBase{status: 503}).RoundTrip(req)
+			}
+			return &http.Response{StatusCode: 200, Header: http.Header{}, Body: pr, ContentLength: -1, Request: req}, nil
+		})
+		tr := mustNew(t, Config{Base: base, Default: Policy{Breaker: Breaker{Disabled: true},
+			Fallback: Fallback{Stale: StaleCache{MaxAge: time.Hour}}}})
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://stream.test/events", nil)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
 		}
-		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: pr, ContentLength: -1, Request: req}, nil
+		buf := make([]byte, 16)
+		for _, chunk := range []string{"one,", "two,", "three"} {
+			go pw.Write([]byte(chunk))
+			n, err := io.ReadFull(resp.Body, buf[:len(chunk)])
+			if err != nil || string(buf[:n]) != chunk {
+				t.Fatalf("chunk %q: got %q, %v", chunk, buf[:n], err)
+			}
+		}
+		pw.Close()
+		if n, err := resp.Body.Read(buf); n != 0 || err != io.EOF {
+			t.Fatalf("after the stream: %d, %v; want EOF", n, err)
+		}
+		resp.Body.Close()
+		sick.Store(true)
+		if r := get(t, tr, "http://stream.test/events"); r.body != "one,two,three" || r.header.Get(FallbackHeader) != "stale" {
+			t.Errorf("stale stream: %+v", r)
+		}
 	})
-	tr := mustNew(t, Config{Base: base, Default: Policy{Breaker: Breaker{Disabled: true},
-		Fallback: Fallback{Stale: StaleCache{MaxAge: time.Hour}}}})
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://stream.test/events", nil)
-	resp, err := tr.RoundTrip(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 16)
-	for _, chunk := range []string{"one,", "two,", "three"} {
-		go pw.Write([]byte(chunk))
-		n, err := io.ReadFull(resp.Body, buf[:len(chunk)])
-		if err != nil || string(buf[:n]) != chunk {
-			t.Fatalf("chunk %q: got %q, %v", chunk, buf[:n], err)
-		}
-	}
-	pw.Close()
-	if n, err := resp.Body.Read(buf); n != 0 || err != io.EOF {
-		t.Fatalf("after the stream: %d, %v; want EOF", n, err)
-	}
-	resp.Body.Close()
-	sick.Store(true)
-	if r := get(t, tr, "http://stream.test/events"); r.body != "one,two,three" || r.header.Get(FallbackHeader) != "stale" {
-		t.Errorf("stale stream: %+v", r)
-	}
 }
 
 // TestStaleNeverReplaysSetCookie: two callers of one bulwark client, over

@@ -170,17 +170,21 @@ func TestPropertyCalls(t *testing.T) {
 			wg.Wait()
 			// Bodies are closed; let any goroutine a layer started finish.
 			synctest.Wait()
-			for _, st := range tr.BulkheadStates() {
-				if st.InFlight != 0 || st.Queued != 0 {
-					rt.Fatalf("bulkhead %s: %d in flight, %d queued after all calls", st.Host, st.InFlight, st.Queued)
+			for _, h := range tr.Snapshot().Hosts {
+				for _, st := range h.bulkheads() {
+					if st.InFlight != 0 || st.Queued != 0 {
+						rt.Fatalf("bulkhead %s: %d in flight, %d queued after all calls", h.Host, st.InFlight, st.Queued)
+					}
 				}
 			}
 			tr.mu.RLock()
 			for _, hs := range tr.hosts {
-				if b := hs.breaker; b != nil && b.state() == CircuitHalfOpen {
-					c := b.cb.Counts()
-					if out := int64(c.Requests) - int64(c.TotalSuccesses+c.TotalFailures+c.TotalExclusions); out != 0 {
-						rt.Fatalf("half-open breaker has %d probes outstanding after all calls", out)
+				for _, p := range hs.parts {
+					if b, ok := p.(*breakerStage); ok && b.state().State == CircuitHalfOpen {
+						c := b.cb.Counts()
+						if out := int64(c.Requests) - int64(c.TotalSuccesses+c.TotalFailures+c.TotalExclusions); out != 0 {
+							rt.Fatalf("half-open breaker has %d probes outstanding after all calls", out)
+						}
 					}
 				}
 			}
