@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	neturl "net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -633,26 +634,35 @@ func TestShareable(t *testing.T) {
 // stale is a fallback answer only within its freshness lifetime, counted
 // from the upstream's Age.
 func TestStaleServedOnlyWhileFresh(t *testing.T) {
-	clk := newFakeClock()
-	base := &contentBase{pages: map[string]string{"/p": "page"},
-		header: http.Header{"Cache-Control": {"public, must-revalidate, max-age=60"}, "Age": {"10"}}}
-	tr := mustNew(t, Config{Base: base, Default: Policy{Breaker: Breaker{Disabled: true}, Retry: Retry{MaxAttempts: 1},
-		Fallback: Fallback{Stale: StaleCache{MaxAge: time.Hour}}}})
-	tr.setClock(clk.now)
-	const url = "http://s.test/p"
-	get(t, tr, url)
-	base.sick.Store(503)
-	for _, st := range []struct {
-		advance time.Duration
-		stale   bool
-	}{
-		{49 * time.Second, true}, // Age 59
-		{time.Second, false},     // Age 60: stale
-		{-time.Second, false},    // dropped once seen past its lifetime
-	} {
-		clk.advance(st.advance)
-		if r := get(t, tr, url); (r.header.Get(FallbackHeader) == "stale") != st.stale {
-			t.Errorf("+%v: %+v, want stale %v", st.advance, r, st.stale)
+	synctest.Test(t, func(t *testing.T) {
+		clk := newFakeClock()
+		base := &contentBase{pages: map[string]string{"/p": "page"},
+			header: http.Header{"Cache-Control": {"public, must-revalidate, max-age=60"}, "Age": {"10"}}}
+		tr := mustNew(t, Config{Base: base, Default: Policy{Breaker: Breaker{Disabled: true}, Retry: Retry{MaxAttempts: 1},
+			Fallback: Fallback{Stale: StaleCache{MaxAge: time.Hour}}}})
+		const url = "http://s.test/p"
+		get(t, tr, url)
+		base.sick.Store(503)
+		for _, st := range []struct {
+			advance time.Duration
+			stale   bool
+		}{
+			{49 * time.Second, true}, // Age 59
+			{time.Second, false},     // Age 60: stale
+		} {
+			clk.advance(st.advance)
+			if r := get(t, tr, url); (r.header.Get(FallbackHeader) == "stale") != st.stale {
+				t.Errorf("+%v: %+v, want stale %v", st.advance, r, st.stale)
+			}
 		}
-	}
+		// Seen past its lifetime, the entry is dropped, not kept for later.
+		u, _ := neturl.Parse(url)
+		c := tr.lookup(u).rt.(*fallbackStage).stale
+		c.mu.Lock()
+		n := len(c.entries)
+		c.mu.Unlock()
+		if n != 0 {
+			t.Errorf("stale cache holds %d entries after the answer went stale, want 0", n)
+		}
+	})
 }

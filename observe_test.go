@@ -713,8 +713,8 @@ func TestObserveNoProvidersAllocatesNothing(t *testing.T) {
 	}
 	// Only the deadline layers, so observeStageOf can walk to the span layer.
 	tr := mustTransport(t, Config{Base: benchBase{}, Default: only(Policy{}, "timeout")})
-	if tr.obs.tracing() || tr.obs.metering() || tr.obs.propagator() != nil {
-		t.Fatalf("observer on with placeholder globals: tracing %v, metering %v", tr.obs.tracing(), tr.obs.metering())
+	if tr.obs.state.Load() != 0 {
+		t.Fatalf("observer on with placeholder globals: state %b", tr.obs.state.Load())
 	}
 	u, _ := url.Parse("http://stub.internal/x")
 	hs := tr.lookup(u)
@@ -1004,7 +1004,7 @@ func TestGlobalProvidersSetAfterNew(t *testing.T) {
 func testGlobalProvidersSetAfterNew(t *testing.T) {
 	base := &seqBase{statuses: []int{200}}
 	tr := mustTransport(t, Config{Base: base})
-	if tr.obs.tracing() || tr.obs.metering() || tr.obs.propagator() != nil {
+	if tr.obs.state.Load() != 0 {
 		t.Fatal("observer on before any global provider was set")
 	}
 	// A host seen before the globals are set...
