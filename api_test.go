@@ -217,7 +217,7 @@ func TestReenable(t *testing.T) {
 	}
 }
 
-// TestPolicyDurationBound: a duration past MaxPolicyDuration anywhere in a
+// TestPolicyDurationBound: a duration past maxPolicyDuration anywhere in a
 // Policy is refused, naming the field, rather than overflowing later.
 func TestPolicyDurationBound(t *testing.T) {
 	huge := time.Duration(1<<63 - 1)
@@ -237,8 +237,8 @@ func TestPolicyDurationBound(t *testing.T) {
 			t.Errorf("New with %s = %v: want a ConfigError on %s", tt.field, huge, err)
 		}
 	}
-	if _, err := New(Config{Default: Policy{Timeout: Timeout{Total: MaxPolicyDuration}}}); err != nil {
-		t.Errorf("Timeout.Total = MaxPolicyDuration: %v, want accepted", err)
+	if _, err := New(Config{Default: Policy{Timeout: Timeout{Total: maxPolicyDuration}}}); err != nil {
+		t.Errorf("Timeout.Total = maxPolicyDuration: %v, want accepted", err)
 	}
 }
 

@@ -457,7 +457,7 @@ func (h *deadlineHandler) incoming(hd http.Header) (time.Duration, bool) {
 		}
 	}
 	consider(h.opts.Header, parseMillis)
-	consider(grpcTimeoutHeader, ParseGRPCTimeout)
+	consider(grpcTimeoutHeader, parseGRPCTimeout)
 	consider(envoyTimeoutHeader, parseMillis)
 	if found && best > h.opts.Max {
 		best = h.opts.Max
@@ -498,11 +498,11 @@ func allDigits(s string) bool {
 	return s != ""
 }
 
-// ParseGRPCTimeout parses a grpc-timeout header value: 1 to 8 ASCII digits
+// parseGRPCTimeout parses a grpc-timeout header value: 1 to 8 ASCII digits
 // followed by a unit, H, M, S, m, u or n (hours to nanoseconds), as the gRPC
 // over HTTP/2 specification defines it. It reports false for anything else
 // and for a zero timeout.
-func ParseGRPCTimeout(s string) (time.Duration, bool) {
+func parseGRPCTimeout(s string) (time.Duration, bool) {
 	if len(s) < 2 || len(s) > 9 {
 		return 0, false
 	}

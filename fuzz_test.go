@@ -27,8 +27,8 @@ func FuzzDeadlineHeaders(f *testing.F) {
 		if d, ok := parseMillis(v); ok && d <= 0 {
 			t.Fatalf("parseMillis(%q) = %v, true; want a positive duration", v, d)
 		}
-		if d, ok := ParseGRPCTimeout(v); ok && d <= 0 {
-			t.Fatalf("ParseGRPCTimeout(%q) = %v, true; want a positive duration", v, d)
+		if d, ok := parseGRPCTimeout(v); ok && d <= 0 {
+			t.Fatalf("parseGRPCTimeout(%q) = %v, true; want a positive duration", v, d)
 		}
 		var set bool
 		var left time.Duration

@@ -15,9 +15,9 @@ const IdempotencyKeyHeader = "Idempotency-Key"
 
 const xIdempotencyKeyHeader = "X-Idempotency-Key"
 
-// MaxBufferBody is the largest Retry.BufferBody New accepts: buffering is
+// maxBufferBody is the largest Retry.BufferBody New accepts: buffering is
 // for small bodies, never a way to hold an upload in memory.
-const MaxBufferBody = 64 << 20
+const maxBufferBody = 64 << 20
 
 // idempotentMethod reports whether sending a request with method m twice
 // has the effect of sending it once (RFC 9110 §9.2.2). The empty method is

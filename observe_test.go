@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
@@ -19,7 +18,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -882,106 +880,6 @@ func TestObserveLogs(t *testing.T) {
 		if up != "default" {
 			t.Errorf("record %d upstream = %q, want default", i, up)
 		}
-	}
-}
-
-// Recommended arrangement: otelhttp outside bulwark. otelhttp's span is the
-// logical request; bulwark's attempt spans are its children; no logical
-// span of bulwark's; the server sees the attempt as its parent.
-func TestObserveOtelhttpOutside(t *testing.T) {
-	k := newOtelKit(t)
-	var mu sync.Mutex
-	var parents []string
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		parents = append(parents, r.Header.Get("Traceparent"))
-		n := len(parents)
-		mu.Unlock()
-		if n == 1 {
-			w.WriteHeader(http.StatusServiceUnavailable)
-		}
-		io.WriteString(w, "ok")
-	}))
-	defer srv.Close()
-	base := http.DefaultTransport.(*http.Transport).Clone()
-	defer base.CloseIdleConnections()
-	tr := mustTransport(t, retryOnce(k.config(base)))
-	client := &http.Client{Transport: otelhttp.NewTransport(tr,
-		otelhttp.WithTracerProvider(k.tp), otelhttp.WithMeterProvider(k.mp), otelhttp.WithPropagators(propagation.TraceContext{}))}
-
-	resp, err := client.Get(srv.URL + "/rate")
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-
-	var outer []sdktrace.ReadOnlySpan
-	var attempts []sdktrace.ReadOnlySpan
-	for _, s := range k.sr.Ended() {
-		switch {
-		case s.InstrumentationScope().Name == instrumentationName && s.Name() == "GET":
-			attempts = append(attempts, s)
-		case s.InstrumentationScope().Name == instrumentationName:
-			t.Errorf("bulwark made span %q under otelhttp, want attempt spans only", s.Name())
-		default:
-			outer = append(outer, s)
-		}
-	}
-	if len(outer) != 1 || len(attempts) != 2 {
-		t.Fatalf("got %d otelhttp spans and %d attempt spans, want 1 and 2", len(outer), len(attempts))
-	}
-	for i, s := range attempts {
-		if s.Parent().SpanID() != outer[0].SpanContext().SpanID() {
-			t.Errorf("attempt %d's parent = %v, want otelhttp's span", i+1, s.Parent().SpanID())
-		}
-		if !strings.Contains(parents[i], s.SpanContext().SpanID().String()) {
-			t.Errorf("server saw traceparent %q for attempt %d, want span %s", parents[i], i+1, s.SpanContext().SpanID())
-		}
-	}
-	if evs := outer[0].Events(); len(evs) == 0 || evs[len(evs)-1].Name != eventRetry {
-		t.Errorf("otelhttp span events = %v, want bulwark's retry event", evs)
-	}
-}
-
-// otelhttp inside bulwark (as Config.Base) with bulwark's tracer off: one
-// client span per attempt, otelhttp's, each a child of the caller's span;
-// bulwark's events still land on the caller's span.
-func TestObserveOtelhttpInside(t *testing.T) {
-	k := newOtelKit(t)
-	inner := otelhttp.NewTransport(&seqBase{statuses: []int{503, 200}},
-		otelhttp.WithTracerProvider(k.tp), otelhttp.WithMeterProvider(k.mp), otelhttp.WithPropagators(propagation.TraceContext{}))
-	cfg := k.config(inner)
-	cfg.TracerProvider = tracenoop.NewTracerProvider()
-	tr := mustTransport(t, retryOnce(cfg))
-	const target = "http://tax.internal/rate"
-	ctx, caller := k.caller(t.Context())
-	resp, err := obsGet(t, tr, ctx, target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	caller.End()
-
-	var client []sdktrace.ReadOnlySpan
-	for _, s := range k.sr.Ended() {
-		if s.InstrumentationScope().Name == instrumentationName {
-			t.Errorf("bulwark made span %q with its tracer off", s.Name())
-		}
-		if s.SpanKind() == trace.SpanKindClient {
-			client = append(client, s)
-		}
-	}
-	if len(client) != 2 {
-		t.Fatalf("%d client spans, want 2 (one per attempt)", len(client))
-	}
-	for _, s := range client {
-		if s.Parent().SpanID() != caller.SpanContext().SpanID() {
-			t.Errorf("otelhttp span's parent = %v, want the caller's", s.Parent().SpanID())
-		}
-	}
-	if evs := spansNamed(k.sr, "caller")[0].Events(); len(evs) != 1 || evs[0].Name != eventRetry {
-		t.Errorf("caller events = %v, want the retry", evs)
 	}
 }
 

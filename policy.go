@@ -88,11 +88,11 @@ func (p Policy) switches() error {
 	return nil
 }
 
-// MaxPolicyDuration is the longest duration any Policy field may hold. A
+// maxPolicyDuration is the longest duration any Policy field may hold. A
 // week is past any sane timeout, window or backoff; the bound keeps every
 // sum bulwark makes of them (a deadline, a wait plus a margin, a doubled
 // open time) far from time.Duration's overflow.
-const MaxPolicyDuration = 7 * 24 * time.Hour
+const maxPolicyDuration = 7 * 24 * time.Hour
 
 // validate reports the first invalid field of a policy after inheritance
 // and defaults.
@@ -116,7 +116,7 @@ func (p Policy) validate() error {
 }
 
 // durationsInRange refuses any time.Duration field of v (a struct, walked
-// through nested structs) past MaxPolicyDuration, naming it as a path from
+// through nested structs) past maxPolicyDuration, naming it as a path from
 // prefix. Negative values are each field's own validate's to refuse, with
 // its own reason.
 func durationsInRange(v reflect.Value, prefix string) error {
@@ -129,8 +129,8 @@ func durationsInRange(v reflect.Value, prefix string) error {
 		fv := v.Field(i)
 		switch {
 		case f.Type == reflect.TypeFor[time.Duration]():
-			if d := time.Duration(fv.Int()); d > MaxPolicyDuration {
-				return fieldError(prefix+f.Name, d, "must be ≤ "+MaxPolicyDuration.String())
+			if d := time.Duration(fv.Int()); d > maxPolicyDuration {
+				return fieldError(prefix+f.Name, d, "must be ≤ "+maxPolicyDuration.String())
 			}
 		case f.Type.Kind() == reflect.Struct:
 			if err := durationsInRange(fv, prefix+f.Name+"."); err != nil {

@@ -272,7 +272,7 @@ func TestPropertyAmplification(t *testing.T) {
 			const backoffCap = 4 * time.Millisecond
 			gap := time.Duration(rapid.IntRange(1, 25).Draw(rt, "gapMs")) * time.Millisecond
 			fault := rapid.SampledFrom([]int{out503, outReset}).Draw(rt, "fault")
-			maxAttempts := rapid.IntRange(2, MaxAttemptsLimit).Draw(rt, "maxAttempts")
+			maxAttempts := rapid.IntRange(2, maxAttemptsLimit).Draw(rt, "maxAttempts")
 			// The bound is for one budget window, so the run is drawn to fit
 			// one: on the virtual clock a call takes its gap and at most
 			// Cap before each retry, the upstream answering at once.

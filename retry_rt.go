@@ -26,7 +26,7 @@ const NoRetryHeader = "Bulwark-No-Retry"
 // Package defaults for Retry.
 const (
 	DefaultMaxAttempts   = 3
-	MaxAttemptsLimit     = 10 // the most Retry.MaxAttempts may be
+	maxAttemptsLimit     = 10 // the most Retry.MaxAttempts may be
 	DefaultRetryBase     = 100 * time.Millisecond
 	DefaultRetryCap      = 10 * time.Second
 	DefaultMaxRetryAfter = 30 * time.Second
@@ -89,7 +89,7 @@ func (j Jitter) String() string {
 // the call's deadline, and the host's retry budget has room.
 type Retry struct {
 	// MaxAttempts is the most times one call is sent, the first included:
-	// 1 means never retry. It may not exceed MaxAttemptsLimit (New refuses a
+	// 1 means never retry. It may not exceed 10 (New refuses a
 	// larger value rather than clamping it, so a typo is seen). Zero
 	// inherits from Default, then DefaultMaxAttempts.
 	MaxAttempts int
@@ -123,7 +123,7 @@ type Retry struct {
 
 	// BufferBody lets a request whose body has no GetBody be retried by
 	// reading up to this many bytes of it into memory before the first send
-	// (at most MaxBufferBody). A longer body is sent once. Zero inherits from
+	// (at most 64 MiB). A longer body is sent once. Zero inherits from
 	// Default, then means never buffer: such a body is sent once.
 	BufferBody int64
 
@@ -275,8 +275,8 @@ func (r Retry) validate() error {
 	switch {
 	case r.MaxAttempts < 1:
 		return fieldError("Retry.MaxAttempts", r.MaxAttempts, "must be ≥ 1")
-	case r.MaxAttempts > MaxAttemptsLimit:
-		return fieldError("Retry.MaxAttempts", r.MaxAttempts, fmt.Sprintf("must be ≤ %d", MaxAttemptsLimit))
+	case r.MaxAttempts > maxAttemptsLimit:
+		return fieldError("Retry.MaxAttempts", r.MaxAttempts, fmt.Sprintf("must be ≤ %d", maxAttemptsLimit))
 	case r.Base < 0:
 		return fieldError("Retry.Base", r.Base, "must be ≥ 0")
 	case r.Cap < r.Base:
@@ -285,8 +285,8 @@ func (r Retry) validate() error {
 		return fieldError("Retry.MaxRetryAfter", r.MaxRetryAfter, "must be ≥ 0")
 	case r.Jitter > JitterNone:
 		return fieldError("Retry.Jitter", r.Jitter, "unknown jitter")
-	case r.BufferBody < 0 || r.BufferBody > MaxBufferBody:
-		return fieldError("Retry.BufferBody", r.BufferBody, fmt.Sprintf("must be in [0, %d]", MaxBufferBody))
+	case r.BufferBody < 0 || r.BufferBody > maxBufferBody:
+		return fieldError("Retry.BufferBody", r.BufferBody, fmt.Sprintf("must be in [0, %d]", maxBufferBody))
 	case !(r.Budget.Ratio > 0 && r.Budget.Ratio <= 1):
 		return fieldError("Retry.Budget.Ratio", r.Budget.Ratio, "must be in (0, 1]")
 	case r.Budget.Window < 100*time.Millisecond:

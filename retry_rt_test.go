@@ -440,7 +440,7 @@ func TestRetryConfig(t *testing.T) {
 		{Retry{MaxRetryAfter: -1}, "Retry.MaxRetryAfter"},
 		{Retry{Jitter: JitterNone + 1}, "Retry.Jitter"},
 		{Retry{BufferBody: -1}, "Retry.BufferBody"},
-		{Retry{BufferBody: MaxBufferBody + 1}, "Retry.BufferBody"},
+		{Retry{BufferBody: maxBufferBody + 1}, "Retry.BufferBody"},
 		{Retry{Budget: Budget{Ratio: 1.5}}, "Retry.Budget.Ratio"},
 		{Retry{Budget: Budget{Ratio: -0.1}}, "Retry.Budget.Ratio"},
 		{Retry{Budget: Budget{Window: time.Millisecond}}, "Retry.Budget.Window"},

@@ -9,7 +9,7 @@
 // This is a module of its own so that Toxiproxy and what it pulls in stay
 // out of the library's go.mod; it sees bulwark only through its exported
 // API, as a caller would.
-package faults_test
+package integration_test
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package faults_test
+package integration_test
 
 import (
 	"testing"
