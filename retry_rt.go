@@ -532,7 +532,7 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 		d.wait = r.backoffWait(attempt-1, resp, prevWait)
 	}
 	if r.pause != nil {
-		if until := r.pause.pausedUntil(); until.After(now) {
+		if until := r.pause.pausedUntil(req); until.After(now) {
 			d.wait = max(d.wait, until.Sub(now))
 		}
 	}

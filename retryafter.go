@@ -98,7 +98,9 @@ func retryAfter(resp *http.Response, now time.Time, ignored *atomic.Uint64) (tim
 
 // PushbackError is the error for a request refused, without being sent,
 // because its host answered an earlier request with 429 or 503 and a
-// Retry-After that has not yet run out. It matches ErrPushback.
+// Retry-After that has not yet run out: any such answer, or a Shedder's
+// refusal of the request's priority or a more important one (see
+// ShedPriorityHeader). It matches ErrPushback.
 type PushbackError struct {
 	Host  string    // "host:port"
 	Until time.Time // when the host said it will have room again
@@ -117,31 +119,52 @@ func (e *PushbackError) Unwrap() error { return ErrPushback }
 // requests fail at once with a *PushbackError and nothing is sent: the
 // server has told every caller when it will have room, and guessing earlier
 // only adds to its load.
+//
+// A Shedder's refusal says which priority it refused (ShedPriorityHeader);
+// its Retry-After then pauses only requests of that priority and less
+// important ones (requestPriority reads a request's), since the Shedder
+// keeps room for the more important. Each refused priority is paused until
+// its own time: a request waits for the latest pause of its priority or any
+// more important one.
+//
+// It also sends a priority set with WithPriority upstream as PriorityHeader,
+// so that the server's Shedder sees what the client's pushback saw.
 type pushbackStage struct {
 	next    stage
 	e       env
 	max     time.Duration
 	ignored *atomic.Uint64 // the Transport's count of ignored Retry-After values
 
-	// paused is the current pause, nil before the first. The error value is
-	// made once per pause, so rejecting costs no allocation.
+	// paused is the pause of the whole host, nil before the first. The
+	// error value is made once per pause, so rejecting costs no allocation.
 	paused atomic.Pointer[PushbackError]
-	mu     sync.Mutex // serialises writers of paused
+	// tiers[p] is the pause a Shedder's refusals of priority p asked for,
+	// nil when there is none: it holds back requests of priority p and
+	// less important ones.
+	tiers [NumPriorities]atomic.Pointer[PushbackError]
+	mu    sync.Mutex // serialises writers of paused and tiers
 }
 
 // pauser is what the retry layer asks of the pushback layer: until when
-// the host asked callers to stay away (zero: no pause).
-type pauser interface{ pausedUntil() time.Time }
+// the host asked callers of req's priority to stay away (zero: no pause).
+type pauser interface{ pausedUntil(req *http.Request) time.Time }
 
 func newPushback(next stage, max time.Duration, e env, ignored *atomic.Uint64) *pushbackStage {
 	return &pushbackStage{next: next, e: e, max: max, ignored: ignored}
 }
 
 func (p *pushbackStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
-	if e := p.pausedNow(); e != nil {
+	prio, fromContext := requestPriority(req)
+	if e := p.pausedFor(prio); e != nil {
 		p.e.rep.rejected(req.Context(), layerPushback)
 		closeBody(req)
 		return nil, e
+	}
+	if _, set := req.Header[PriorityHeader]; fromContext && !set {
+		// A copy: a RoundTripper must not change its caller's request. The
+		// value is the copy's own, since a layer below may write to it.
+		req = req.Clone(req.Context())
+		req.Header[PriorityHeader] = []string{priorityNames[prio]}
 	}
 	resp, err := p.next.roundTrip(req, c)
 	if err != nil || !pushbackStatus(resp.StatusCode) {
@@ -149,47 +172,82 @@ func (p *pushbackStage) roundTrip(req *http.Request, c call) (*http.Response, er
 	}
 	now := time.Now()
 	if d, ok := retryAfter(resp, now, p.ignored); ok && d > 0 {
-		p.pause(now.Add(min(d, p.max)))
+		until := now.Add(min(d, p.max))
+		if tier, ok := shedPriority(resp.Header); ok {
+			p.pauseIn(&p.tiers[tier], until)
+		} else {
+			p.pauseIn(&p.paused, until)
+		}
 	}
 	return resp, nil
 }
 
-func (p *pushbackStage) pausedUntil() time.Time {
-	if e := p.paused.Load(); e != nil {
+// shedPriority reads the priority a Shedder's refusal names. Anything but
+// one valid name counts as none, so the whole host pauses: a refusal that
+// cannot be read is obeyed as fully as anyone else's.
+func shedPriority(h http.Header) (Priority, bool) {
+	if v := h[ShedPriorityHeader]; len(v) == 1 {
+		return parsePriority(trimOWS(v[0]))
+	}
+	return 0, false
+}
+
+func (p *pushbackStage) pausedUntil(req *http.Request) time.Time {
+	prio, _ := requestPriority(req)
+	if e := p.pausedFor(prio); e != nil {
 		return e.Until
 	}
 	return time.Time{}
 }
 
-// pausedNow returns the pause in force now, or nil. A host that never asked
-// for a pause, or whose last pause was seen to end, costs one atomic load,
-// without reading the clock. The first request to see a pause over clears
-// it and reports the end.
-func (p *pushbackStage) pausedNow() *PushbackError {
-	e := p.paused.Load()
+// pausedFor returns the pause a request of priority prio is held by now,
+// or nil: the host's, or a Shedder's of prio or a more important priority,
+// whichever lasts longest. A host that never asked for a pause costs an
+// atomic load per slot looked at, without reading the clock.
+func (p *pushbackStage) pausedFor(prio Priority) *PushbackError {
+	var now time.Time
+	e := p.pausedIn(&p.paused, &now)
+	for q := range prio.clamp() + 1 {
+		if te := p.pausedIn(&p.tiers[q], &now); te != nil && (e == nil || te.Until.After(e.Until)) {
+			e = te
+		}
+	}
+	return e
+}
+
+// pausedIn returns the pause in slot if it is in force now, or nil. It
+// reads the clock into *now only when there is a pause to compare, and at
+// most once for several slots. The first request to see a pause over
+// clears it and reports the end.
+func (p *pushbackStage) pausedIn(slot *atomic.Pointer[PushbackError], now *time.Time) *PushbackError {
+	e := slot.Load()
 	if e == nil {
 		return nil
 	}
-	if time.Now().Before(e.Until) {
+	if now.IsZero() {
+		*now = time.Now()
+	}
+	if now.Before(e.Until) {
 		return e
 	}
 	// A new pause stored meanwhile makes the swap fail: it stays.
-	if p.paused.CompareAndSwap(e, nil) {
+	if slot.CompareAndSwap(e, nil) {
 		p.e.rep.pushbackChanged(false, e.Until)
 	}
 	return nil
 }
 
-// pause extends the pause to until; a shorter Retry-After arriving later
-// (from a request already in flight) does not cut the pause short.
-func (p *pushbackStage) pause(until time.Time) {
+// pauseIn extends the pause in slot to until; a shorter Retry-After
+// arriving later (from a request already in flight) does not cut the pause
+// short.
+func (p *pushbackStage) pauseIn(slot *atomic.Pointer[PushbackError], until time.Time) {
 	p.mu.Lock()
-	e := p.paused.Load()
+	e := slot.Load()
 	if e != nil && !until.After(e.Until) {
 		p.mu.Unlock()
 		return
 	}
-	p.paused.Store(&PushbackError{Host: p.e.host, Until: until})
+	slot.Store(&PushbackError{Host: p.e.host, Until: until})
 	p.mu.Unlock()
 	// Reported (and logged) outside the lock, and only when a pause starts:
 	// a pause lengthened by a later Retry-After is the same pause.
@@ -198,13 +256,25 @@ func (p *pushbackStage) pause(until time.Time) {
 	}
 }
 
-// PushbackSnapshot is a host's pause, as Snapshot reports it.
+// PushbackSnapshot is a host's pauses, as Snapshot reports it.
 type PushbackSnapshot struct {
-	// Until is when the host said it will have room again; zero, or a time
-	// past, when no pause is in force.
+	// Until is when the host said it will have room again, for every
+	// request; zero, or a time past, when no such pause is in force.
 	Until time.Time
+	// Tiers[p] is when a Shedder's refusal of priority p ends, which holds
+	// back requests of priority p and less important ones; zero when none.
+	Tiers [NumPriorities]time.Time
 }
 
 func (p *pushbackStage) snapshot(h *HostSnapshot) {
-	h.Pushback = &PushbackSnapshot{Until: p.pausedUntil()}
+	s := &PushbackSnapshot{}
+	if e := p.paused.Load(); e != nil {
+		s.Until = e.Until
+	}
+	for i := range p.tiers {
+		if e := p.tiers[i].Load(); e != nil {
+			s.Tiers[i] = e.Until
+		}
+	}
+	h.Pushback = s
 }

@@ -1,9 +1,13 @@
 package bulwark
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -172,7 +176,8 @@ func TestPushbackTerminalForRetry(t *testing.T) {
 		resp.Body.Close()
 
 		// Another request's 503 paused the host: no retry, no wait.
-		layerOf[*pushbackStage](t, tr, "http://a.test/").pause(clk.now().Add(5 * time.Second))
+		pb := layerOf[*pushbackStage](t, tr, "http://a.test/")
+		pb.pauseIn(&pb.paused, clk.now().Add(5*time.Second))
 		*waits = nil
 		_, err = tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://a.test/", noBody, ""))
 		var pe *PushbackError
@@ -200,6 +205,183 @@ func BenchmarkPushbackRejection(b *testing.B) {
 	for b.Loop() {
 		if _, err := pb.roundTrip(req, call{start: time.Now()}); err == nil {
 			b.Fatal("not refused")
+		}
+	}
+}
+
+// TestPushbackByShedPriority: a Shedder's refusal names the priority it
+// refused, and its Retry-After pauses that priority and less important
+// ones only, each refused priority until its own time; a 503 without the
+// name pauses the whole host. Steps on one timeline of the fake clock.
+func TestPushbackByShedPriority(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var prios []string // PriorityHeader of each request that reached the base
+		base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
+			prios = append(prios, req.Header.Get(PriorityHeader))
+			// "/shed/<priority>/<seconds>" is a Shedder's refusal, "/plain/<seconds>" anyone's.
+			switch parts := strings.Split(req.URL.Path, "/"); parts[1] {
+			case "shed":
+				return response(req, 503, "Retry-After", parts[3], ShedPriorityHeader, parts[2], NoRetryHeader, "1"), nil
+			case "plain":
+				return response(req, 503, "Retry-After", parts[2]), nil
+			}
+			return response(req, 200), nil
+		}}
+		tr, clk, _ := newTestTransport(t, base, Policy{Retry: Retry{MaxAttempts: 1}})
+		t0 := clk.now()
+		at := func(d time.Duration) time.Time { return t0.Add(d) }
+		// how sets a request's priority: by header, WithPriority or method.
+		type how int
+		const (
+			byHeader how = iota
+			byContext
+			byMethod
+		)
+		steps := []struct {
+			at    time.Duration
+			path  string
+			how   how
+			prio  Priority // for header and context; method: GET is normal, POST high
+			until time.Time
+		}{
+			{0, "/shed/low/10", byHeader, PriorityLow, time.Time{}}, // the refusal itself goes through
+			{0, "/", byHeader, PriorityLow, at(10 * time.Second)},
+			{0, "/", byContext, PriorityTest, at(10 * time.Second)},
+			{0, "/", byHeader, PriorityNormal, time.Time{}},
+			{0, "/", byContext, PriorityHigh, time.Time{}},
+			{0, "/", byHeader, PriorityCritical, time.Time{}},
+			{2 * time.Second, "/shed/HIGH/3", byMethod, PriorityHigh, time.Time{}},
+			{2 * time.Second, "/", byMethod, PriorityHigh, at(5 * time.Second)},
+			{2 * time.Second, "/", byMethod, PriorityNormal, at(5 * time.Second)},
+			{2 * time.Second, "/", byHeader, PriorityLow, at(10 * time.Second)}, // its own, longer pause
+			{2 * time.Second, "/", byContext, PriorityCritical, time.Time{}},
+			{5 * time.Second, "/", byMethod, PriorityHigh, time.Time{}},
+			{5 * time.Second, "/", byHeader, PriorityNormal, time.Time{}},
+			{5 * time.Second, "/", byHeader, PriorityTest, at(10 * time.Second)},
+			{10 * time.Second, "/", byHeader, PriorityLow, time.Time{}},
+			{10 * time.Second, "/shed/nonsense/4", byHeader, PriorityLow, time.Time{}}, // unreadable: the whole host
+			{10 * time.Second, "/", byHeader, PriorityCritical, at(14 * time.Second)},
+			{14 * time.Second, "/plain/5", byHeader, PriorityTest, time.Time{}},
+			{14 * time.Second, "/", byHeader, PriorityCritical, at(19 * time.Second)},
+			{14 * time.Second, "/", byContext, PriorityCritical, at(19 * time.Second)},
+			{19 * time.Second, "/", byHeader, PriorityCritical, time.Time{}},
+		}
+		for i, st := range steps {
+			clk.advance(at(st.at).Sub(clk.now()))
+			ctx, m := t.Context(), http.MethodGet
+			switch st.how {
+			case byContext:
+				ctx = WithPriority(ctx, st.prio)
+			case byMethod:
+				if st.prio == PriorityHigh {
+					m = http.MethodPost
+				}
+			}
+			req := testRequest(t, ctx, m, "http://a.test"+st.path, noBody, "")
+			if st.how == byHeader {
+				req.Header.Set(PriorityHeader, st.prio.String())
+			}
+			sentBefore := base.calls()
+			resp, err := tr.RoundTrip(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			var pe *PushbackError
+			switch {
+			case st.until.IsZero() && err != nil:
+				t.Errorf("step %d (+%v %s %v): %v, want it sent", i, st.at, st.path, st.prio, err)
+			case !st.until.IsZero() && (!errors.As(err, &pe) || !pe.Until.Equal(st.until) || base.calls() != sentBefore):
+				t.Errorf("step %d (+%v %s %v): %v, want a *PushbackError until +%v and nothing sent", i, st.at, st.path, st.prio, err, st.until.Sub(t0))
+			}
+		}
+		// WithPriority's priority reached the upstream as PriorityHeader; a
+		// method's default is not sent.
+		want := []string{"low", "normal", "high", "critical", "", "critical", "", "normal", "low", "low", "test", "critical"}
+		if !slices.Equal(prios, want) {
+			t.Errorf("PriorityHeader sent %q, want %q", prios, want)
+		}
+	})
+}
+
+// TestPushbackSendsWithPriority: the priority WithPriority sets goes
+// upstream as PriorityHeader on a copy of the request, only when the caller
+// set no such header of its own, and the caller's request is never changed.
+func TestPushbackSendsWithPriority(t *testing.T) {
+	var got []string
+	base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
+		got = append(got, strings.Join(req.Header[PriorityHeader], ","))
+		return response(req, 200), nil
+	}}
+	tr, _, _ := newTestTransport(t, base, Policy{})
+	for _, tc := range []struct {
+		name   string
+		ctx    bool     // WithPriority(PriorityCritical)
+		header []string // the caller's PriorityHeader
+		want   string
+	}{
+		{"context only", true, nil, "critical"},
+		{"header wins", true, []string{"low"}, "low"},
+		{"unreadable header kept", true, []string{"urgent"}, "urgent"},
+		{"empty header kept", true, []string{""}, ""},
+		{"neither", false, nil, ""},
+	} {
+		got = nil
+		ctx := t.Context()
+		if tc.ctx {
+			ctx = WithPriority(ctx, PriorityCritical)
+		}
+		req := testRequest(t, ctx, "GET", "http://a.test/", noBody, "")
+		if tc.header != nil {
+			req.Header[PriorityHeader] = slices.Clone(tc.header)
+		}
+		before := req.Header.Clone()
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		resp.Body.Close()
+		if len(got) != 1 || got[0] != tc.want {
+			t.Errorf("%s: upstream saw %s %q, want %q", tc.name, PriorityHeader, got, tc.want)
+		}
+		if !reflect.DeepEqual(req.Header, before) {
+			t.Errorf("%s: caller's header changed to %v, was %v", tc.name, req.Header, before)
+		}
+	}
+	// The copy keeps the RoundTripper contract: the caller's request
+	// unchanged, its body closed, whatever the method and body.
+	for _, cr := range contractRequests {
+		var bs bodies
+		req := newContractRequest(t, WithPriority(t.Context(), PriorityLow), "http://a.test/c", cr, &bs)
+		if st, _, err := checkContract(t, tr, req, &bs); err != nil || st != 200 {
+			t.Errorf("%s: %d, %v; want 200", cr.name, st, err)
+		}
+	}
+}
+
+// TestRequestPriority: the client and the Shedder read a request's
+// priority alike: its header, then WithPriority, then its method.
+func TestRequestPriority(t *testing.T) {
+	ctx := WithPriority(t.Context(), PriorityLow)
+	for _, tc := range []struct {
+		ctx     context.Context
+		method  string
+		header  string
+		want    Priority
+		fromCtx bool
+	}{
+		{t.Context(), "GET", "", PriorityNormal, false},
+		{t.Context(), "POST", "", PriorityHigh, false},
+		{ctx, "POST", "", PriorityLow, true},
+		{ctx, "GET", "Critical", PriorityCritical, false},
+		{ctx, "GET", "urgent", PriorityLow, true},
+		{WithPriority(t.Context(), 200), "GET", "", PriorityTest, true}, // out of range: the least
+	} {
+		req := httptest.NewRequestWithContext(tc.ctx, tc.method, "/", nil)
+		if tc.header != "" {
+			req.Header.Set(PriorityHeader, tc.header)
+		}
+		if p, fromCtx := requestPriority(req); p != tc.want || fromCtx != tc.fromCtx || DefaultPriority(req) != tc.want {
+			t.Errorf("requestPriority(%s, %q) = %v, %v; want %v, %v", tc.method, tc.header, p, fromCtx, tc.want, tc.fromCtx)
 		}
 	}
 }

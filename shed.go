@@ -5,9 +5,10 @@
 // one import gives it both halves. It shares DeadlineHandler's context
 // deadline: the patience a queued request is allowed is the deadline the
 // caller sent, which DeadlineHandler (deadline_rt.go) turns back into a
-// context deadline upstream of the Shedder. And it shares the NoRetryHeader
-// marker with bulwark's own client, so the two halves agree on one name
-// without an import between packages.
+// context deadline upstream of the Shedder. And it shares with bulwark's
+// own client the NoRetryHeader marker and the reading of a request's
+// Priority (DefaultPriority, ShedPriorityHeader), so the two halves agree
+// on one name and one rule without an import between packages.
 
 package bulwark
 
@@ -81,29 +82,67 @@ func (p Priority) String() string {
 // classifier's mistake can never buy a request the critical reserve.
 func (p Priority) clamp() Priority { return min(p, PriorityTest) }
 
-// DefaultPriority is the Shedder's default classifier. A PriorityHeader
-// naming a priority wins; otherwise the method decides, in Stripe's order:
-// requests that change state (POST, PUT, PATCH, DELETE and any other
-// unsafe method) are PriorityHigh, safe ones (GET, HEAD, OPTIONS, TRACE)
-// are PriorityNormal.
+// DefaultPriority is the Shedder's default classifier, and the priority
+// bulwark's client gives a request. A PriorityHeader naming a priority
+// wins; then a priority the request's context carries (WithPriority);
+// otherwise the method decides, in Stripe's order: requests that change
+// state (POST, PUT, PATCH, DELETE and any other unsafe method) are
+// PriorityHigh, safe ones (GET, HEAD, OPTIONS, TRACE) are PriorityNormal.
 //
 // The header is trusted as sent. A service reachable by callers who should
 // not choose their own priority must strip or overwrite it at its edge, or
 // configure ShedConfig.Classify with a function of something it trusts
 // (the route, an authenticated principal).
 func DefaultPriority(r *http.Request) Priority {
+	p, _ := requestPriority(r)
+	return p
+}
+
+// requestPriority is DefaultPriority, the one reading of a request's
+// priority that the Shedder and the client's pushback share. fromContext
+// reports that the priority is WithPriority's: the header named none.
+func requestPriority(r *http.Request) (p Priority, fromContext bool) {
 	if v := r.Header[PriorityHeader]; len(v) > 0 {
-		for i, name := range priorityNames {
-			if strings.EqualFold(v[0], name) {
-				return Priority(i)
-			}
+		if p, ok := parsePriority(v[0]); ok {
+			return p, false
 		}
+	}
+	if p, ok := r.Context().Value(priorityKey{}).(Priority); ok {
+		return p, true
 	}
 	switch r.Method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, "":
-		return PriorityNormal
+		return PriorityNormal, false
 	}
-	return PriorityHigh
+	return PriorityHigh, false
+}
+
+// parsePriority reads a priority's name, in any case.
+func parsePriority(v string) (Priority, bool) {
+	for i, name := range priorityNames {
+		if strings.EqualFold(v, name) {
+			return Priority(i), true
+		}
+	}
+	return 0, false
+}
+
+// priorityKey is the context key WithPriority stores a Priority under.
+type priorityKey struct{}
+
+// WithPriority returns a copy of ctx that carries p as the Priority of the
+// requests made with it, for a caller that would rather not set
+// PriorityHeader on each request itself. A request's own PriorityHeader
+// still wins; a value beyond PriorityTest counts as PriorityTest.
+//
+// On bulwark's client it decides which Shedder refusals pause the request
+// (see ShedPriorityHeader), and bulwark sends it upstream as
+// PriorityHeader, on a copy of the request, when the request has no such
+// header, so the server's Shedder sees the same priority. The header is
+// added by the pushback layer: an upstream with Retry.NoPushback gets no
+// header from it. On a server, DefaultPriority reads it after the header.
+func WithPriority(ctx context.Context, p Priority) context.Context {
+	return context.WithValue(ctx, priorityKey{}, p.clamp())
 }
 
 // Package defaults for ShedConfig.
@@ -265,9 +304,10 @@ func (s ShedStats) ShedTotal() uint64 {
 // from more work than it can do. It lets at most Workers requests into the
 // handler at once and keeps a short queue, ordered by Priority, in front of
 // it. Past that it answers 503 Service Unavailable at once, with
-// Retry-After and NoRetryHeader, without calling the wrapped handler: a 503
-// in a millisecond lets the caller fall back or go elsewhere, where a 200 in
-// forty seconds helps nobody.
+// Retry-After, NoRetryHeader, ShedReasonHeader and ShedPriorityHeader,
+// without calling the wrapped handler: a 503 in a millisecond lets the
+// caller fall back or go elsewhere, where a 200 in forty seconds helps
+// nobody.
 //
 // Under pressure lower priorities go first: a full queue gives a more
 // important arrival the place of its least important waiter, freed workers
@@ -338,11 +378,28 @@ var (
 		}
 		return v
 	}()
+	// priorityHdrValue is a priority's name as the value of
+	// ShedPriorityHeader. Its capacity equals its length, so a later
+	// Header().Add copies.
+	priorityHdrValue = func() (v [numPriorities][]string) {
+		for i, n := range priorityNames {
+			v[i] = []string{n}
+		}
+		return v
+	}()
 )
 
 // ShedReasonHeader is the response header on a Shedder's 503 that names the
 // ShedReason, for logs and debugging; clients should not branch on it.
 const ShedReasonHeader = "Bulwark-Shed-Reason"
+
+// ShedPriorityHeader is the response header on a Shedder's 503 that names
+// the Priority it refused, as Priority.String spells it. Bulwark's client
+// reads it: the refusal's Retry-After then pauses requests to that host of
+// that priority and less important ones only. Without it, a Shedder
+// refusing low-priority work would stop the client's critical requests
+// too, before they could reach the workers the Shedder reserves for them.
+const ShedPriorityHeader = "Bulwark-Shed-Priority"
 
 // NewShedder returns a Shedder that serves next under cfg. A bad cfg is an
 // error matching ErrInvalidConfig, never a panic.
@@ -588,6 +645,7 @@ func (s *Shedder) refuse(w http.ResponseWriter, p Priority, why ShedReason) {
 	h["Retry-After"] = s.retryAfter
 	h[NoRetryHeader] = shedNoRetryValue
 	h[ShedReasonHeader] = shedReasonHdrValue[why]
+	h[ShedPriorityHeader] = priorityHdrValue[p]
 	h["Content-Type"] = shedContentType
 	h["Content-Length"] = shedContentLength
 	h["X-Content-Type-Options"] = shedNoSniff

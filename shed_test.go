@@ -646,6 +646,175 @@ func TestShedderLoopbackTwiceCapacity(t *testing.T) {
 	}
 }
 
+// Every refusal names the priority it refused, the classifier's answer
+// clamped as the Shedder counted it.
+func TestShedderNamesRefusedPriority(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate()
+		var next atomic.Int32 // the priority the classifier answers
+		s := mustShedder(t, g, ShedConfig{Workers: 1, Queue: -1,
+			Classify: func(*http.Request) Priority { return Priority(next.Load()) }})
+		first := start(s, newReq("GET", "/first", ""))
+		synctest.Wait()
+		for _, tc := range []struct {
+			p    Priority
+			want string
+		}{
+			{PriorityCritical, "critical"}, {PriorityHigh, "high"}, {PriorityNormal, "normal"},
+			{PriorityLow, "low"}, {PriorityTest, "test"}, {200, "test"},
+		} {
+			next.Store(int32(tc.p))
+			rec := serveNow(s, newReq("GET", "/", ""))
+			checkShed(t, tc.p.String(), rec, ShedQueueFull)
+			if got := rec.Result().Header.Get(ShedPriorityHeader); got != tc.want {
+				t.Errorf("refusal of %v: %s = %q, want %q", tc.p, ShedPriorityHeader, got, tc.want)
+			}
+		}
+		close(g.release)
+		checkOK(t, "first", <-first)
+	})
+}
+
+// A Shedder at three times its capacity, called over loopback by a bulwark
+// client with package defaults: the flood of low-priority requests is shed,
+// and the client's pushback must not turn that refusal into a local one for
+// the critical requests the Shedder keeps its reserve for. A plain 503 with
+// Retry-After from another server still pauses that host for everyone.
+func TestShedderCriticalThroughBulwarkClient(t *testing.T) {
+	const workers, queue = 4, 2 // one worker reserved for critical
+	blocked := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(blocked) }) }
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/low") {
+			select {
+			case <-blocked:
+			case <-r.Context().Done():
+			}
+		}
+		io.WriteString(w, "ok")
+	})
+	// A Retry-After far longer than the test, so that the pause it starts
+	// surely lasts while the critical requests go, however slow the machine.
+	s := mustShedder(t, h, ShedConfig{Workers: workers, Queue: queue, MaxQueueWait: time.Hour, RetryAfter: 30 * time.Second})
+	// A critical request's worker is given back after its response is
+	// written, so the client may see the answer first: the test waits for
+	// done before the next, lest a lingering worker send the next critical
+	// request to the queue (where it would displace a low waiter).
+	done := make(chan struct{}, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.ServeHTTP(w, r)
+		if strings.HasPrefix(r.URL.Path, "/critical") {
+			done <- struct{}{}
+		}
+	}))
+	defer srv.Close()
+	var plainSent atomic.Int32
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		plainSent.Add(1)
+		w.Header().Set("Retry-After", "30")
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer plain.Close()
+	defer release() // before the servers close: they wait for the held requests
+	client, err := NewClient(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.CloseIdleConnections()
+
+	type result struct {
+		code int
+		err  error
+		tier string
+	}
+	// do sends a GET of priority prio: in PriorityHeader, or with
+	// WithPriority when viaContext is set.
+	do := func(url string, prio Priority, viaContext bool) result {
+		ctx := t.Context()
+		if viaContext {
+			ctx = WithPriority(ctx, prio)
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if !viaContext {
+			req.Header.Set(PriorityHeader, prio.String())
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return result{err: err}
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return result{code: resp.StatusCode, tier: resp.Header.Get(ShedPriorityHeader)}
+	}
+	const offered = 3 * (workers + queue)
+	const held = workers - 1 + queue // the low requests in the handler or queued
+	results := make(chan result, offered)
+	for i := range offered {
+		go func() { results <- do(fmt.Sprintf("%s/low/%d", srv.URL, i), PriorityLow, i%2 == 0) }()
+	}
+	deadline := time.After(60 * time.Second)
+	recv := func() result {
+		t.Helper()
+		select {
+		case r := <-results:
+			return r
+		case <-deadline:
+			release()
+			t.Fatal("no answer in 60s")
+			return result{}
+		}
+	}
+	// Every low request beyond those held is refused: by the Shedder (503)
+	// or, once the client has seen a refusal, by the client's pushback.
+	shed := 0
+	for range offered - held {
+		switch r := recv(); {
+		case r.err == nil && r.code == http.StatusServiceUnavailable && r.tier == "low":
+			shed++
+		case errors.Is(r.err, ErrPushback):
+		default:
+			t.Fatalf("low request past capacity: %+v, want a 503 naming the low tier, or ErrPushback", r)
+		}
+	}
+	if shed == 0 {
+		t.Fatal("no low request reached the Shedder's refusal")
+	}
+	// Critical requests, by header and by WithPriority (which the client
+	// must send on for the Shedder to see it), reach the reserve.
+	for i := range 6 {
+		if r := do(fmt.Sprintf("%s/critical/%d", srv.URL, i), PriorityCritical, i%2 == 0); r.err != nil || r.code != http.StatusOK {
+			t.Fatalf("critical request %d during the overload: %d, %v; want 200", i, r.code, r.err)
+		}
+		select {
+		case <-done:
+		case <-deadline:
+			t.Fatal("the Shedder did not finish a critical request in 60s")
+		}
+	}
+	if st := s.Stats(); st.Served[PriorityCritical] != 6 {
+		t.Errorf("Shedder served %d critical requests, want 6", st.Served[PriorityCritical])
+	}
+	// The low tier is still paused by the client: nothing more is sent.
+	if r := do(srv.URL+"/low/again", PriorityLow, false); !errors.Is(r.err, ErrPushback) {
+		t.Errorf("low request after the refusal: %+v, want ErrPushback", r)
+	}
+	// A plain 503 with Retry-After, without the tier, pauses its host for
+	// every priority.
+	if r := do(plain.URL+"/", PriorityLow, false); r.err != nil || r.code != http.StatusServiceUnavailable {
+		t.Fatalf("plain 503: %+v", r)
+	}
+	if r := do(plain.URL+"/", PriorityCritical, true); !errors.Is(r.err, ErrPushback) || plainSent.Load() != 1 {
+		t.Errorf("critical request after a plain 503: %+v after %d sends, want ErrPushback and nothing sent", r, plainSent.Load())
+	}
+	release()
+	for range held {
+		if r := recv(); r.err != nil || r.code != http.StatusOK {
+			t.Errorf("held low request: %+v, want 200", r)
+		}
+	}
+}
+
 // Example shows a Shedder behind DeadlineHandler: one worker, no queue; a
 // second request while the first is being served is refused at once.
 func ExampleShedder() {
