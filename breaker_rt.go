@@ -373,8 +373,10 @@ type breakerStage struct {
 
 	// control is a BreakerControl.
 	control atomic.Uint32
-	// holdUntil is, in unix nanoseconds, the end of the current open time
-	// (zero once it has passed): refusals need no call into gobreaker.
+	// holdUntil is, in unix nanoseconds, the end of the current open time,
+	// and zero once it has passed: a timer set at the trip clears it, so a
+	// refusal costs one atomic load, no clock reading and no call into
+	// gobreaker.
 	holdUntil atomic.Int64
 	// openErr is the error every refusal returns, made each time the
 	// breaker opens.
@@ -445,11 +447,8 @@ func (b *breakerStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	case BreakerForceClosed:
 		return b.next.roundTrip(req, c)
 	}
-	if h := b.holdUntil.Load(); h != 0 {
-		if time.Now().UnixNano() < h {
-			return nil, b.refuse(req)
-		}
-		b.holdUntil.CompareAndSwap(h, 0)
+	if b.holdUntil.Load() != 0 {
+		return nil, b.refuse(req)
 	}
 	var (
 		resp *http.Response
@@ -569,9 +568,12 @@ func (b *breakerStage) onStateChange(_ string, from, to gobreaker.State) {
 	switch to {
 	case gobreaker.StateOpen:
 		b.trips++
-		until := now.Add(b.openTime(b.trips))
-		b.openErr.Store(&BreakerOpenError{Host: b.e.host, ProbeAt: until})
-		b.holdUntil.Store(until.UnixNano())
+		d := b.openTime(b.trips)
+		until := now.Add(d).UnixNano()
+		b.openErr.Store(&BreakerOpenError{Host: b.e.host, ProbeAt: now.Add(d)})
+		b.holdUntil.Store(until)
+		// A later trip's hold is not this timer's to clear.
+		time.AfterFunc(d, func() { b.holdUntil.CompareAndSwap(until, 0) })
 	case gobreaker.StateClosed:
 		b.trips = 0
 	}
@@ -666,7 +668,7 @@ func (b *breakerStage) state() BreakerSnapshot {
 	s.Calls, s.Failures, s.Slow, s.Trips = w[winCalls], w[winFailures], w[winSlow], b.trips
 	b.winMu.Unlock()
 	s.State = circuitState(gs)
-	if h := b.holdUntil.Load(); h != 0 && time.Now().UnixNano() < h {
+	if h := b.holdUntil.Load(); h != 0 {
 		s.State, s.OpenUntil = CircuitOpen, time.Unix(0, h)
 	}
 	s.Control = BreakerControl(b.control.Load())

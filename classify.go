@@ -151,6 +151,16 @@ func (k kind) failed() bool {
 	return true
 }
 
+// reached reports whether an outcome with kind k came from the host, rather
+// than from bulwark refusing to send.
+func reached(k kind) bool {
+	switch k {
+	case kindTooShort, kindBreakerOpen, kindBulkheadFull, kindPushback, kindBudget:
+		return false
+	}
+	return true
+}
+
 // label is the bulwark.outcome attribute's value for k.
 func (k kind) label() string {
 	switch k {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -68,6 +69,11 @@ func TestClassify(t *testing.T) {
 			}
 			if got := k.failed(); got != tt.failed {
 				t.Errorf("failed = %v, want %v", got, tt.failed)
+			}
+			wantReached := !strings.HasPrefix(tt.label, "breaker") && !strings.HasPrefix(tt.label, "bulkhead") &&
+				tt.label != "pushback" && tt.label != "retry_budget" && tt.label != "deadline_too_short"
+			if got := reached(k); got != wantReached {
+				t.Errorf("reached = %v, want %v", got, wantReached)
 			}
 			if got := k.label(); got != tt.label {
 				t.Errorf("label = %q, want %q", got, tt.label)

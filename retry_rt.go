@@ -387,9 +387,6 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 	if err != nil {
 		return nil, err
 	}
-	if r.budget != nil {
-		r.budget.call(c.start)
-	}
 	if r.balanced {
 		c.tried = new(triedSet)
 	}
@@ -398,7 +395,13 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 	for attempt := 1; ; attempt++ {
 		c.attempt = attempt
 		resp, err := r.next.roundTrip(cur, c)
-		d := r.decide(req, c, replayable, attempt, resp, err, &prevWait)
+		k := classify(resp, err)
+		if attempt == 1 && r.budget != nil && reached(k) {
+			// The budget counts calls that reached the host: one refused
+			// here by an open breaker or a pause is no request of its.
+			r.budget.call(c.start)
+		}
+		d := r.decide(req, c, replayable, attempt, k, resp, err, &prevWait)
 		switch d.v {
 		case budgetSpent:
 			r.e.rep.rejected(ctx, layerBudget)
@@ -471,9 +474,8 @@ type decision struct {
 
 // decide is the retry decision after attempt number attempt: a list of
 // checks in a fixed order, the first that applies settling it.
-func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt int, resp *http.Response, err error, prevWait *time.Duration) decision {
+func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt int, k kind, resp *http.Response, err error, prevWait *time.Duration) decision {
 	ctx := req.Context()
-	k := classify(resp, err)
 	// 0. A success is final (unless the user's CheckRetry judges it).
 	if k == kindSuccess && r.check == nil {
 		return decision{}
