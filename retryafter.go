@@ -147,7 +147,9 @@ type pushbackStage struct {
 
 // pauser is what the retry layer asks of the pushback layer: until when
 // the host asked callers of req's priority to stay away (zero: no pause).
-type pauser interface{ pausedUntil(req *http.Request) time.Time }
+type pauser interface {
+	pausedUntil(req *http.Request) time.Time
+}
 
 func newPushback(next stage, max time.Duration, e env, ignored *atomic.Uint64) *pushbackStage {
 	return &pushbackStage{next: next, e: e, max: max, ignored: ignored}
