@@ -370,6 +370,7 @@ type breakerStage struct {
 	slow     time.Duration
 	onChange func(host string, from, to CircuitState)
 	randN    func(int64) int64
+	fleet    *fleetLink // where a trip is shared; nil without a Fleet
 
 	// control is a BreakerControl.
 	control atomic.Uint32
@@ -574,6 +575,7 @@ func (b *breakerStage) onStateChange(_ string, from, to gobreaker.State) {
 		b.holdUntil.Store(until)
 		// A later trip's hold is not this timer's to clear.
 		time.AfterFunc(d, func() { b.holdUntil.CompareAndSwap(until, 0) })
+		b.publishOpen(now.Add(d), b.trips)
 	case gobreaker.StateClosed:
 		b.trips = 0
 	}

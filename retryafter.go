@@ -134,6 +134,7 @@ type pushbackStage struct {
 	e       env
 	max     time.Duration
 	ignored *atomic.Uint64 // the Transport's count of ignored Retry-After values
+	fleet   *fleetLink     // where a pause is shared; nil without a Fleet
 
 	// paused is the pause of the whole host, nil before the first. The
 	// error value is made once per pause, so rejecting costs no allocation.
@@ -176,9 +177,11 @@ func (p *pushbackStage) roundTrip(req *http.Request, c call) (*http.Response, er
 	if d, ok := retryAfter(resp, now, p.ignored); ok && d > 0 {
 		until := now.Add(min(d, p.max))
 		if tier, ok := shedPriority(resp.Header); ok {
-			p.pauseIn(&p.tiers[tier], until)
-		} else {
-			p.pauseIn(&p.paused, until)
+			if p.pauseIn(&p.tiers[tier], until) {
+				p.publishPause(until, true, tier)
+			}
+		} else if p.pauseIn(&p.paused, until) {
+			p.publishPause(until, false, 0)
 		}
 	}
 	return resp, nil
@@ -241,13 +244,13 @@ func (p *pushbackStage) pausedIn(slot *atomic.Pointer[PushbackError], now *time.
 
 // pauseIn extends the pause in slot to until; a shorter Retry-After
 // arriving later (from a request already in flight) does not cut the pause
-// short.
-func (p *pushbackStage) pauseIn(slot *atomic.Pointer[PushbackError], until time.Time) {
+// short. It reports whether the pause was extended.
+func (p *pushbackStage) pauseIn(slot *atomic.Pointer[PushbackError], until time.Time) bool {
 	p.mu.Lock()
 	e := slot.Load()
 	if e != nil && !until.After(e.Until) {
 		p.mu.Unlock()
-		return
+		return false
 	}
 	slot.Store(&PushbackError{Host: p.e.host, Until: until})
 	p.mu.Unlock()
@@ -256,6 +259,7 @@ func (p *pushbackStage) pauseIn(slot *atomic.Pointer[PushbackError], until time.
 	if e == nil || !e.Until.After(time.Now()) {
 		p.e.rep.pushbackChanged(true, until)
 	}
+	return true
 }
 
 // PushbackSnapshot is a host's pauses, as Snapshot reports it.

@@ -17,6 +17,8 @@ type Snapshot struct {
 	// for more than a day. A growing count means an upstream sends headers
 	// bulwark cannot obey.
 	RetryAfterIgnored uint64
+	// Fleet is the health of the link to Config.Fleet; nil without one.
+	Fleet *FleetSnapshot
 }
 
 // HostSnapshot is one host's state. A layer the host's policy disables has
@@ -70,6 +72,7 @@ func (t *Transport) Snapshot() Snapshot {
 		return a.Scheme < b.Scheme
 	})
 	s.RetryAfterIgnored = t.ignoredRA.Load()
+	s.Fleet = t.fleet.snapshot()
 	return s
 }
 

@@ -93,6 +93,12 @@ type Config struct {
 	// HostIdle is how long without a request makes a host's state the first
 	// to be evicted when MaxHosts is reached. Zero means DefaultHostIdle.
 	HostIdle time.Duration
+
+	// Fleet, if not nil, shares breaker verdicts and pushback pauses with
+	// the other processes calling the same hosts, off the request path (see
+	// Fleet); the Transport then runs two goroutines until Close. Nil means
+	// each process decides alone.
+	Fleet Fleet
 }
 
 // Transport is bulwark's http.RoundTripper: the router that picks each
@@ -131,6 +137,8 @@ type Transport struct {
 	// controls holds manual breaker overrides by "host:port", applied to
 	// hosts created later too (see ControlBreaker).
 	controls map[string]BreakerControl
+
+	fleet *fleetLink // nil without Config.Fleet (fleet.go)
 }
 
 // route is a compiled policy and the upstream label it goes by.
@@ -258,6 +266,8 @@ func New(cfg Config) (*Transport, error) {
 			t.byHost[host] = r
 		}
 	}
+	// Last, so that a refused configuration starts no goroutine.
+	t.fleet = newFleetLink(cfg.Fleet, t)
 	return t, nil
 }
 
@@ -391,6 +401,7 @@ func (t *Transport) addHost(k hostKey, u *url.URL, now int64) *hostState {
 		hs.controlBreaker(c)
 	}
 	t.hosts[k] = hs
+	t.fleet.attach(hs)
 	t.obs.refresh()
 	return hs
 }

@@ -1,0 +1,491 @@
+package bulwark
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Fleet shares per-host state between the processes (pods) that call the
+// same upstreams, so that they act as one: when one pod's breaker trips,
+// the others stop calling the host too, and one pod's Retry-After pauses
+// the whole fleet. Set it as Config.Fleet; bulwark's redisfleet module
+// implements it over Redis. The core never imports a store's client.
+//
+// Nothing on the request path waits on a Fleet. What a pod learns (a trip,
+// a pause) is handed to a bounded queue without blocking, and one
+// goroutine of the Transport's calls Publish from it; when the queue is
+// full the update is dropped and counted (FleetSnapshot.Dropped). Another
+// goroutine runs Receive, which hands what other pods published to the
+// FleetSink; the sink updates local state (a breaker's hold, a pushback
+// pause) with atomic stores, as a local trip does. If the store is down,
+// slow or partitioned, each pod keeps its own local decisions: no request
+// fails because of the Fleet. Transport.Close stops both goroutines.
+//
+// Freshness: an update reaches the other pods after the queue hand-off, one
+// Publish and the store's delivery (for Redis pub/sub, about a round trip
+// or two: milliseconds on one network). A pod that was disconnected
+// catches up when Receive starts again, from the state the store keeps.
+//
+// Breaker semantics: a pod whose own window trips publishes "open until
+// T", and every other pod adopts it (capped at its own MaxOpenFor), so the
+// fleet stops after one pod's MinCalls rather than each pod's. The
+// alternatives were weighed: aggregating counts across pods puts a store
+// write on every call, and a quorum of K pods lets K × MinCalls failures
+// through and needs K healthy pods to agree, when one pod's full window of
+// evidence is already what a local breaker trusts. The risk of trusting one
+// pod (a pod whose own network is broken trips for a healthy host) is
+// bounded by the open time: the hold ends at T, capped, and each pod's own
+// breaker decides again from there. A verdict is trusted no further than a
+// local one would be.
+//
+// Implementations must be safe for concurrent use by the two goroutines.
+type Fleet interface {
+	// Publish shares one update with the other pods. It is called from a
+	// single goroutine, never on the request path, with a context that
+	// bounds it (fleetOpTimeout); an error is counted and logged once per
+	// outage.
+	Publish(ctx context.Context, u FleetUpdate) error
+	// Receive delivers what the other pods publish to sink until ctx is
+	// done or the connection fails; it returns the reason. It should call
+	// sink.Connected once it is receiving, and first hand the sink the
+	// state the store still holds, so a pod that starts late or reconnects
+	// catches up. The Transport calls it again, after a backoff, when it
+	// returns before ctx is done. A pod's own updates need not be filtered
+	// out: applying them again changes nothing.
+	Receive(ctx context.Context, sink *FleetSink) error
+}
+
+// FleetKind is what a FleetUpdate says.
+type FleetKind uint8
+
+const (
+	// FleetBreakerOpen says a pod's breaker for Host tripped and holds
+	// until Until.
+	FleetBreakerOpen FleetKind = iota + 1
+	// FleetPushback says Host answered a pod with 429 or 503 and a
+	// Retry-After that ends at Until.
+	FleetPushback
+)
+
+// String returns "breaker-open" or "pushback".
+func (k FleetKind) String() string {
+	switch k {
+	case FleetBreakerOpen:
+		return "breaker-open"
+	case FleetPushback:
+		return "pushback"
+	}
+	return "fleet-kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// FleetUpdate is one piece of per-host state shared through a Fleet.
+type FleetUpdate struct {
+	Kind FleetKind
+	// Host is the "host:port", as errors and Snapshot spell it. State is
+	// shared by host:port, whatever the scheme.
+	Host string
+	// Until is when the open time or pause ends. Pods compare it against
+	// their own clocks, so clock skew between pods shortens or lengthens a
+	// shared hold by the skew; the receiving side caps it (MaxOpenFor,
+	// Retry.MaxRetryAfter) either way.
+	Until time.Time
+	// Generation is, for a breaker verdict, the publisher's trips in a row
+	// (1 for a first trip): what its open time doubled from.
+	Generation uint64
+	// Shed, for a pushback, says the pause is a Shedder's refusal of
+	// Priority (and less important priorities); otherwise it pauses every
+	// request to the host.
+	Shed     bool
+	Priority Priority
+}
+
+// maxFleetHold is the longest hold a fleet update may ask for: past it the
+// update is ignored as hostile or broken, not capped (as for Retry-After).
+const maxFleetHold = maxRetryAfterHeader
+
+// fleetQueue bounds the updates waiting to be published: trips and pauses
+// are rare, so a full queue means the store is far behind, and newer
+// updates are dropped rather than blocking a request.
+const fleetQueue = 256
+
+// fleetOpTimeout bounds one Publish.
+const fleetOpTimeout = time.Second
+
+// Backoff between Receive attempts while the store is unreachable.
+const (
+	fleetMinBackoff = 50 * time.Millisecond
+	fleetMaxBackoff = 2 * time.Second
+)
+
+// maxFleetPending bounds the updates kept for hosts this process has not
+// called yet, applied when it first does.
+const maxFleetPending = 1024
+
+// FleetSnapshot is the health of the Transport's link to its Fleet, as
+// Snapshot reports it.
+type FleetSnapshot struct {
+	// Connected says Receive is running and said it was receiving.
+	Connected bool
+	// LastError is the last error from Publish or Receive, and when; empty
+	// when there has been none.
+	LastError   string
+	LastErrorAt time.Time
+	// Published counts updates published; PublishErrors those Publish
+	// failed; Dropped those dropped because the queue was full.
+	Published, PublishErrors, Dropped uint64
+	// Received counts updates handed to the sink; Applied those that
+	// changed a local hold or pause (or were kept for a host not called
+	// yet); Ignored those refused as invalid (by the sink, or reported
+	// through FleetSink.Invalid by the Fleet): a growing count means
+	// something writes garbage where the fleet's state lives.
+	Received, Applied, Ignored uint64
+}
+
+// fleetLink is a Transport's side of its Fleet: the queue, the two
+// goroutines and the counters.
+type fleetLink struct {
+	f    Fleet
+	t    *Transport
+	out  chan FleetUpdate
+	sink FleetSink
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+
+	connected atomic.Bool
+	// roundOK says the current Receive said it was receiving, so the
+	// next one starts from the shortest backoff.
+	roundOK   atomic.Bool
+	unhealthy atomic.Bool // logged as down, not yet as back
+
+	published, publishErrs, dropped atomic.Uint64
+	received, applied, ignored      atomic.Uint64
+
+	errMu     sync.Mutex
+	lastErr   string
+	lastErrAt time.Time
+
+	pendMu  sync.Mutex
+	pending map[fleetKey]FleetUpdate // at most maxFleetPending
+}
+
+// fleetKey is what one update overwrites: a kind of state of one host.
+type fleetKey struct {
+	kind     FleetKind
+	host     string
+	shed     bool
+	priority Priority
+}
+
+func newFleetLink(f Fleet, t *Transport) *fleetLink {
+	if f == nil {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &fleetLink{f: f, t: t, out: make(chan FleetUpdate, fleetQueue), cancel: cancel,
+		pending: make(map[fleetKey]FleetUpdate)}
+	l.sink.l = l
+	l.wg.Add(2)
+	go l.publishLoop(ctx)
+	go l.receiveLoop(ctx)
+	return l
+}
+
+// Close stops the Transport's background work: the goroutines that publish
+// to and receive from Config.Fleet. It does not close the Fleet, nor idle
+// connections. After Close the Transport still sends requests, with local
+// state only. It returns nil; calling it again does nothing.
+func (t *Transport) Close() error {
+	if l := t.fleet; l != nil {
+		l.once.Do(func() {
+			l.cancel()
+			l.wg.Wait()
+		})
+	}
+	return nil
+}
+
+// publish hands u to the publisher without blocking; nil-safe, so a layer
+// calls it whether or not there is a Fleet.
+func (l *fleetLink) publish(u FleetUpdate) {
+	if l == nil {
+		return
+	}
+	select {
+	case l.out <- u:
+	default:
+		l.dropped.Add(1)
+	}
+}
+
+func (l *fleetLink) publishLoop(ctx context.Context) {
+	defer l.wg.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case u := <-l.out:
+			pctx, cancel := context.WithTimeout(ctx, fleetOpTimeout)
+			err := l.f.Publish(pctx, u)
+			cancel()
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil {
+				l.publishErrs.Add(1)
+				l.fail(err)
+				continue
+			}
+			l.published.Add(1)
+			l.recovered()
+		}
+	}
+}
+
+func (l *fleetLink) receiveLoop(ctx context.Context) {
+	defer l.wg.Done()
+	backoff := fleetMinBackoff
+	for ctx.Err() == nil {
+		l.roundOK.Store(false)
+		err := l.f.Receive(ctx, &l.sink)
+		l.connected.Store(false)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			err = errors.New("bulwark: Fleet.Receive returned")
+		}
+		l.fail(err)
+		if l.roundOK.Load() {
+			backoff = fleetMinBackoff
+		}
+		tm := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			tm.Stop()
+			return
+		case <-tm.C:
+		}
+		backoff = min(2*backoff, fleetMaxBackoff)
+	}
+}
+
+// fail records err and logs the first error of an outage.
+func (l *fleetLink) fail(err error) {
+	now := time.Now()
+	l.errMu.Lock()
+	l.lastErr, l.lastErrAt = err.Error(), now
+	l.errMu.Unlock()
+	if l.unhealthy.CompareAndSwap(false, true) {
+		l.t.logger.Warn("bulwark: fleet unreachable, using local state only", "error", err)
+	}
+}
+
+// recovered logs the end of an outage.
+func (l *fleetLink) recovered() {
+	if l.unhealthy.CompareAndSwap(true, false) {
+		l.t.logger.Info("bulwark: fleet reachable again")
+	}
+}
+
+func (l *fleetLink) snapshot() *FleetSnapshot {
+	if l == nil {
+		return nil
+	}
+	s := &FleetSnapshot{
+		Connected: l.connected.Load(),
+		Published: l.published.Load(), PublishErrors: l.publishErrs.Load(), Dropped: l.dropped.Load(),
+		Received: l.received.Load(), Applied: l.applied.Load(), Ignored: l.ignored.Load(),
+	}
+	l.errMu.Lock()
+	s.LastError, s.LastErrorAt = l.lastErr, l.lastErrAt
+	l.errMu.Unlock()
+	return s
+}
+
+// FleetSink is where a Fleet's Receive hands what it received. Its methods
+// are safe for concurrent use and never block on requests.
+type FleetSink struct{ l *fleetLink }
+
+// Connected tells the Transport that Receive is receiving (Snapshot shows
+// it, and an outage logged as begun is logged as over).
+func (s *FleetSink) Connected() {
+	s.l.connected.Store(true)
+	s.l.roundOK.Store(true)
+	s.l.recovered()
+}
+
+// Invalid counts a value the Fleet read from its store and could not
+// accept (corrupt, hostile, from an unknown version); it shows in
+// FleetSnapshot.Ignored.
+func (s *FleetSink) Invalid(error) { s.l.ignored.Add(1) }
+
+// Apply validates u and applies it to this process's state for u.Host, or
+// keeps it for when the host is first called. An invalid update (unknown
+// kind or priority, a host that is not "host:port", a hold past a day) is
+// ignored and counted. A valid hold is capped by the host's policy
+// (Breaker.MaxOpenFor, Retry.MaxRetryAfter). An update whose time has
+// passed changes nothing.
+func (s *FleetSink) Apply(u FleetUpdate) {
+	l := s.l
+	l.received.Add(1)
+	now := time.Now()
+	if !validFleetUpdate(u, now) {
+		l.ignored.Add(1)
+		return
+	}
+	if !u.Until.After(now) {
+		return
+	}
+	k := fleetKey{kind: u.Kind, host: u.Host, shed: u.Shed, priority: u.Priority}
+	// Kept before the hosts are looked at, so that a host created
+	// meanwhile finds it (attach runs under the Transport's lock, after
+	// the host is in its map).
+	l.pendMu.Lock()
+	if len(l.pending) >= maxFleetPending {
+		for pk, pu := range l.pending {
+			if !pu.Until.After(now) {
+				delete(l.pending, pk)
+			}
+		}
+	}
+	applied := false
+	if old, ok := l.pending[k]; ok || len(l.pending) < maxFleetPending {
+		if !ok || u.Until.After(old.Until) {
+			l.pending[k] = u
+			applied = true
+		}
+	}
+	l.pendMu.Unlock()
+	l.t.eachHost(func(hs *hostState) {
+		if hs.name == u.Host {
+			applyFleet(hs, u, now)
+		}
+	})
+	if applied {
+		l.applied.Add(1)
+	}
+}
+
+func validFleetUpdate(u FleetUpdate, now time.Time) bool {
+	switch {
+	case u.Kind != FleetBreakerOpen && u.Kind != FleetPushback:
+		return false
+	case len(u.Host) == 0 || len(u.Host) > 300:
+		return false
+	case u.Until.After(now.Add(maxFleetHold)):
+		return false
+	case u.Priority >= NumPriorities:
+		return false
+	}
+	h, p, err := net.SplitHostPort(u.Host)
+	return err == nil && h != "" && p != ""
+}
+
+// attach connects a new host's layers to the fleet and applies what the
+// fleet said of the host before this process called it. Under t.mu, after
+// the host is in t.hosts.
+func (l *fleetLink) attach(hs *hostState) {
+	if l == nil {
+		return
+	}
+	for _, p := range hs.parts {
+		switch s := p.(type) {
+		case *breakerStage:
+			s.fleet = l
+		case *pushbackStage:
+			s.fleet = l
+		}
+	}
+	now := time.Now()
+	l.pendMu.Lock()
+	var ups []FleetUpdate
+	for k, u := range l.pending {
+		if k.host == hs.name && u.Until.After(now) {
+			ups = append(ups, u)
+		}
+	}
+	l.pendMu.Unlock()
+	for _, u := range ups {
+		applyFleet(hs, u, now)
+	}
+}
+
+// applyFleet hands u to the host's layer it is about; it reports whether
+// that changed anything.
+func applyFleet(hs *hostState, u FleetUpdate, now time.Time) bool {
+	changed := false
+	for _, p := range hs.parts {
+		switch s := p.(type) {
+		case *breakerStage:
+			if u.Kind == FleetBreakerOpen && s.adoptOpen(u.Until, now) {
+				changed = true
+			}
+		case *pushbackStage:
+			if u.Kind == FleetPushback && s.adoptPause(u, now) {
+				changed = true
+			}
+		}
+	}
+	return changed
+}
+
+// adoptOpen holds the breaker open until until, capped at MaxOpenFor from
+// now, as a local trip would, unless it already holds as long: a refusal
+// still costs one atomic load. The local state machine is left as it is,
+// so when the hold ends the pod's own breaker decides again (the tripping
+// pod probes, and publishes a longer hold if the host is still sick).
+func (b *breakerStage) adoptOpen(until, now time.Time) bool {
+	if cap := now.Add(b.maxOpen); until.After(cap) {
+		until = cap
+	}
+	un := until.UnixNano()
+	if b.holdUntil.Load() >= un {
+		return false
+	}
+	// The error first, so that a refusal that sees the hold names its end.
+	b.openErr.Store(&BreakerOpenError{Host: b.e.host, ProbeAt: until})
+	for {
+		cur := b.holdUntil.Load()
+		if cur >= un {
+			return false
+		}
+		if b.holdUntil.CompareAndSwap(cur, un) {
+			break
+		}
+	}
+	time.AfterFunc(until.Sub(now), func() { b.holdUntil.CompareAndSwap(un, 0) })
+	b.e.rep.logger.Info("bulwark: circuit breaker open by the fleet", "host", b.e.host, "until", until)
+	return true
+}
+
+// publishOpen shares a local trip. Under gobreaker's mutex: the hand-off
+// does not block.
+func (b *breakerStage) publishOpen(until time.Time, trips int) {
+	b.fleet.publish(FleetUpdate{Kind: FleetBreakerOpen, Host: b.e.host, Until: until, Generation: uint64(trips)})
+}
+
+// adoptPause pauses the host (or a Shedder's tier) as a local Retry-After
+// would, capped at MaxRetryAfter from now.
+func (p *pushbackStage) adoptPause(u FleetUpdate, now time.Time) bool {
+	until := u.Until
+	if cap := now.Add(p.max); until.After(cap) {
+		until = cap
+	}
+	slot := &p.paused
+	if u.Shed {
+		slot = &p.tiers[u.Priority]
+	}
+	return p.pauseIn(slot, until)
+}
+
+// publishPause shares a local Retry-After pause.
+func (p *pushbackStage) publishPause(until time.Time, shed bool, prio Priority) {
+	p.fleet.publish(FleetUpdate{Kind: FleetPushback, Host: p.e.host, Until: until, Shed: shed, Priority: prio})
+}

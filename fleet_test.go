@@ -1,0 +1,256 @@
+package bulwark
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// memHub is an in-memory store two Transports (two pods) share: what one
+// publishes is kept and handed to every receiving sink.
+type memHub struct {
+	mu    sync.Mutex
+	sinks []*FleetSink
+	state []FleetUpdate
+}
+
+// memFleet is one pod's Fleet over a memHub. down makes every call fail;
+// stuck makes Publish wait for its context.
+type memFleet struct {
+	hub         *memHub
+	down, stuck bool
+}
+
+func (f *memFleet) Publish(ctx context.Context, u FleetUpdate) error {
+	if f.stuck {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	if f.down {
+		return errors.New("store down")
+	}
+	f.hub.mu.Lock()
+	defer f.hub.mu.Unlock()
+	f.hub.state = append(f.hub.state, u)
+	for _, s := range f.hub.sinks {
+		s.Apply(u)
+	}
+	return nil
+}
+
+func (f *memFleet) Receive(ctx context.Context, s *FleetSink) error {
+	if f.down {
+		return errors.New("store down")
+	}
+	f.hub.mu.Lock()
+	for _, u := range f.hub.state {
+		s.Apply(u)
+	}
+	f.hub.sinks = append(f.hub.sinks, s)
+	f.hub.mu.Unlock()
+	s.Connected()
+	<-ctx.Done()
+	f.hub.mu.Lock()
+	f.hub.sinks = slices.DeleteFunc(f.hub.sinks, func(x *FleetSink) bool { return x == s })
+	f.hub.mu.Unlock()
+	return ctx.Err()
+}
+
+func fleetPolicy() Policy {
+	p := only(Policy{}, "breaker", "pushback")
+	p.Breaker.MinCalls, p.Breaker.WindowCalls = 5, 10
+	p.Breaker.OpenFor, p.Breaker.MaxOpenFor = 10*time.Second, 20*time.Second
+	return p
+}
+
+func newPod(t *testing.T, f Fleet, base http.RoundTripper) *Transport {
+	t.Helper()
+	tr := mustNew(t, Config{Base: base, Default: fleetPolicy(), Fleet: f})
+	t.Cleanup(func() { _ = tr.Close() })
+	return tr
+}
+
+// TestFleetBreakerVerdict: one pod's trip stops the other pod's calls
+// without a single failure of its own, including for a host the other pod
+// had not called yet, until the shared open time ends.
+func TestFleetBreakerVerdict(t *testing.T) {
+	for _, seenFirst := range []bool{true, false} {
+		synctest.Test(t, func(t *testing.T) {
+			hub := &memHub{}
+			baseA, baseB := &statusBase{codes: []int{500}}, &statusBase{codes: []int{200}}
+			a, b := newPod(t, &memFleet{hub: hub}, baseA), newPod(t, &memFleet{hub: hub}, baseB)
+			if seenFirst {
+				if code, err := sendOnce(t, b, "GET", "http://api.test/"); err != nil || code != 200 {
+					t.Fatalf("pod B before: %d, %v", code, err)
+				}
+			}
+			for range 5 {
+				_, _ = sendOnce(t, a, "GET", "http://api.test/")
+			}
+			if s, _ := breakerState(a, "api.test:80"); s != CircuitOpen {
+				t.Fatalf("pod A's breaker %v after 5 failures, want open", s)
+			}
+			synctest.Wait()
+			sentB := baseB.sent()
+			_, err := sendOnce(t, b, "GET", "http://api.test/")
+			var oe *BreakerOpenError
+			if !errors.As(err, &oe) || baseB.sent() != sentB {
+				t.Fatalf("pod B after A's trip: %v, sent %d more; want a BreakerOpenError and nothing sent", err, baseB.sent()-sentB)
+			}
+			if d := time.Until(oe.ProbeAt); d <= 0 || d > 20*time.Second {
+				t.Fatalf("adopted hold ends in %v, want within MaxOpenFor", d)
+			}
+			fs := b.Snapshot().Fleet
+			if fs == nil || !fs.Connected || fs.Applied == 0 || fs.Ignored != 0 {
+				t.Fatalf("pod B's fleet snapshot %+v", fs)
+			}
+			if fa := a.Snapshot().Fleet; fa.Published != 1 || fa.Dropped != 0 {
+				t.Fatalf("pod A's fleet snapshot %+v, want one published", fa)
+			}
+			time.Sleep(time.Until(oe.ProbeAt) + time.Millisecond)
+			if code, err := sendOnce(t, b, "GET", "http://api.test/"); err != nil || code != 200 {
+				t.Fatalf("pod B after the hold: %d, %v; want its own breaker to let it through", code, err)
+			}
+		})
+	}
+}
+
+// TestFleetPushback: one pod's Retry-After pauses the other pod too, for
+// the whole host and for a Shedder's tier.
+func TestFleetPushback(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hub := &memHub{}
+		baseA := &statusBase{codes: []int{429}, header: http.Header{"Retry-After": {"30"}}}
+		baseB := &statusBase{codes: []int{200}}
+		a, b := newPod(t, &memFleet{hub: hub}, baseA), newPod(t, &memFleet{hub: hub}, baseB)
+		_, _ = sendOnce(t, a, "GET", "http://api.test/")
+		synctest.Wait()
+		_, err := sendOnce(t, b, "GET", "http://api.test/")
+		var pe *PushbackError
+		if !errors.As(err, &pe) || baseB.sent() != 0 {
+			t.Fatalf("pod B: %v, sent %d; want a PushbackError and nothing sent", err, baseB.sent())
+		}
+		if d := time.Until(pe.Until); d <= 29*time.Second || d > 30*time.Second {
+			t.Fatalf("shared pause ends in %v, want 30s", d)
+		}
+
+		baseA.header = http.Header{"Retry-After": {"30"}, ShedPriorityHeader: {"low"}}
+		_, _ = sendOnce(t, a, "GET", "http://shed.test/")
+		synctest.Wait()
+		req, _ := http.NewRequestWithContext(WithPriority(t.Context(), PriorityLow), "GET", "http://shed.test/", nil)
+		if _, err := b.RoundTrip(req); !errors.Is(err, ErrPushback) {
+			t.Fatalf("low-priority request on pod B: %v, want ErrPushback", err)
+		}
+		if code, err := sendOnce(t, b, "GET", "http://shed.test/"); err != nil || code != 200 {
+			t.Fatalf("default-priority request on pod B: %d, %v; want it sent", code, err)
+		}
+	})
+}
+
+// TestFleetHostileUpdates: what a store hands the sink is validated: junk
+// is ignored and counted, and a hold is capped by the receiving policy.
+func TestFleetHostileUpdates(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hub := &memHub{}
+		b := newPod(t, &memFleet{hub: hub}, &statusBase{codes: []int{200}})
+		synctest.Wait()
+		if _, err := sendOnce(t, b, "GET", "http://api.test/"); err != nil {
+			t.Fatal(err)
+		}
+		hub.mu.Lock()
+		sink := hub.sinks[0]
+		hub.mu.Unlock()
+		now := time.Now()
+		for _, u := range []FleetUpdate{
+			{Kind: 0, Host: "api.test:80", Until: now.Add(time.Second)},
+			{Kind: 9, Host: "api.test:80", Until: now.Add(time.Second)},
+			{Kind: FleetBreakerOpen, Host: "", Until: now.Add(time.Second)},
+			{Kind: FleetBreakerOpen, Host: "api.test", Until: now.Add(time.Second)},
+			{Kind: FleetBreakerOpen, Host: "api.test:80", Until: now.Add(48 * time.Hour)},
+			{Kind: FleetPushback, Host: "api.test:80", Until: now.Add(time.Second), Shed: true, Priority: NumPriorities},
+			{Kind: FleetPushback, Host: "api.test:80", Until: now.Add(time.Second), Priority: 200},
+		} {
+			sink.Apply(u)
+		}
+		sink.Invalid(errors.New("corrupt"))
+		fs := b.Snapshot().Fleet
+		if fs.Ignored != 8 || fs.Applied != 0 {
+			t.Fatalf("fleet snapshot %+v, want 8 ignored, none applied", fs)
+		}
+		if s, _ := breakerState(b, "api.test:80"); s != CircuitClosed {
+			t.Fatalf("breaker %v after junk, want closed", s)
+		}
+		// A past time changes nothing; a long hold is capped at MaxOpenFor.
+		sink.Apply(FleetUpdate{Kind: FleetBreakerOpen, Host: "api.test:80", Until: now.Add(-time.Second)})
+		sink.Apply(FleetUpdate{Kind: FleetBreakerOpen, Host: "api.test:80", Until: now.Add(23 * time.Hour)})
+		h := b.Snapshot().Host("api.test:80")[0]
+		if h.Breaker.State != CircuitOpen || h.Breaker.OpenUntil.After(now.Add(20*time.Second)) {
+			t.Fatalf("breaker %+v, want open until at most MaxOpenFor from now", h.Breaker)
+		}
+		// And the pending table is bounded.
+		for i := range 3 * maxFleetPending {
+			sink.Apply(FleetUpdate{Kind: FleetPushback, Host: "h" + strconv.Itoa(i) + ".test:80", Until: now.Add(time.Minute)})
+		}
+		b.fleet.pendMu.Lock()
+		n := len(b.fleet.pending)
+		b.fleet.pendMu.Unlock()
+		if n > maxFleetPending {
+			t.Fatalf("%d pending updates kept, want at most %d", n, maxFleetPending)
+		}
+	})
+}
+
+// TestFleetDown: a store that fails or hangs costs no request: local
+// decisions stand, the failure shows in Snapshot, and a full queue drops.
+func TestFleetDown(t *testing.T) {
+	for _, f := range []*memFleet{{hub: &memHub{}, down: true}, {hub: &memHub{}, stuck: true}} {
+		synctest.Test(t, func(t *testing.T) {
+			base := &statusBase{codes: []int{200}}
+			tr := newPod(t, f, base)
+			for range 10 {
+				if code, err := sendOnce(t, tr, "GET", "http://api.test/"); err != nil || code != 200 {
+					t.Fatalf("request with the fleet down: %d, %v", code, err)
+				}
+			}
+			// Far more pauses than the queue holds, each on its own host.
+			base.codes = []int{429}
+			base.header = http.Header{"Retry-After": {"5"}}
+			for i := range fleetQueue + 50 {
+				_, _ = sendOnce(t, tr, "GET", "http://h"+strconv.Itoa(i)+".test/")
+			}
+			if _, err := sendOnce(t, tr, "GET", "http://h1.test/"); !errors.Is(err, ErrPushback) {
+				t.Fatalf("local pause with the fleet down: %v, want ErrPushback", err)
+			}
+			time.Sleep(3 * time.Second)
+			fs := tr.Snapshot().Fleet
+			if fs.LastError == "" || fs.Published != 0 || fs.PublishErrors == 0 {
+				t.Fatalf("fleet snapshot %+v, want publish errors", fs)
+			}
+			if f.down && fs.Connected {
+				t.Fatalf("fleet snapshot %+v, want disconnected", fs)
+			}
+			if f.stuck && fs.Dropped == 0 {
+				t.Fatalf("fleet snapshot %+v, want drops with Publish stuck", fs)
+			}
+		})
+	}
+}
+
+// TestFleetCloseWithout: Close without a Fleet, and twice, is harmless.
+func TestFleetCloseWithout(t *testing.T) {
+	tr := mustNew(t, Config{})
+	for range 2 {
+		if err := tr.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if tr.Snapshot().Fleet != nil {
+		t.Fatal("a Fleet snapshot without a Fleet")
+	}
+}
