@@ -1,0 +1,326 @@
+// Package redisfleet shares bulwark's per-host state (breaker verdicts,
+// pushback pauses) between processes through Redis: a bulwark.Fleet for
+// Config.Fleet. It takes a redis.UniversalClient, so a single node,
+// Sentinel and Cluster all work.
+//
+// Every Redis call runs on the Transport's two fleet goroutines, never on a
+// request, each bounded by Options.Timeout. Each update is written once,
+// with one script: the key of its state (the longest hold wins; the key
+// expires when the hold ends, so keys never accumulate) and a PUBLISH on
+// one channel. Other processes get it by pub/sub rather than polling: a
+// trip reaches them in about a round trip, where polling would trade that
+// delay against a read per process per interval whether or not anything
+// happened. A process that was disconnected reads the keys again when it
+// resubscribes, so nothing that is still in force is missed for longer
+// than the reconnection takes.
+//
+// What is read from Redis is untrusted: a value that does not parse, names
+// an unknown version or kind, or is too long is ignored and counted
+// (bulwark's FleetSnapshot.Ignored), and the Transport caps every hold by
+// its own policy.
+package redisfleet
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/bulwark-http/bulwark"
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults for Options.
+const (
+	DefaultPrefix  = "bulwark:fleet:"
+	DefaultTimeout = 200 * time.Millisecond
+)
+
+// Options configures a Fleet. The zero value is usable.
+type Options struct {
+	// Prefix namespaces every key and the channel, so that several fleets
+	// (or environments) can share one Redis. Empty means DefaultPrefix.
+	Prefix string
+	// ID names this process in what it publishes, so it can skip its own
+	// updates. Empty means a random one. At most 64 bytes, without '|'.
+	ID string
+	// Timeout bounds each Redis call. Zero means DefaultTimeout.
+	Timeout time.Duration
+}
+
+// Fleet is a bulwark.Fleet over Redis. It is safe for concurrent use.
+type Fleet struct {
+	c       redis.UniversalClient
+	prefix  string
+	channel string
+	id      string
+	timeout time.Duration
+}
+
+// New returns a Fleet over c. It does not close c.
+func New(c redis.UniversalClient, o Options) (*Fleet, error) {
+	if c == nil {
+		return nil, errors.New("redisfleet: nil client")
+	}
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	if o.ID == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		o.ID = hex.EncodeToString(b[:])
+	}
+	if len(o.ID) > maxID || strings.ContainsAny(o.ID, "|\r\n") {
+		return nil, errors.New("redisfleet: ID must be at most 64 bytes, without '|' or line breaks")
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	return &Fleet{c: c, prefix: o.Prefix, channel: o.Prefix + "updates", id: o.ID, timeout: o.Timeout}, nil
+}
+
+// Limits on what is read from Redis.
+const (
+	maxValue   = 512
+	maxID      = 64
+	maxHost    = 300
+	maxCatchUp = 4096 // keys read when (re)subscribing
+	maxHold    = 24 * time.Hour
+	// pingEvery is how long the subscription may stay silent before a
+	// PING checks it; two silent checks in a row end it, so a partitioned
+	// server is noticed within about three of these.
+	pingEvery = time.Second
+)
+
+// key is where the state an update describes lives.
+func (f *Fleet) key(u bulwark.FleetUpdate) string {
+	switch {
+	case u.Kind == bulwark.FleetBreakerOpen:
+		return f.prefix + "breaker:" + u.Host
+	case u.Shed:
+		return f.prefix + "pause:" + u.Priority.String() + ":" + u.Host
+	}
+	return f.prefix + "pause:" + u.Host
+}
+
+// encode writes an update as "1|kind|until-ms|generation|shed|priority|id|host":
+// the host last, since it is the only field that could hold a '|'.
+func (f *Fleet) encode(u bulwark.FleetUpdate) string {
+	shed := "0"
+	if u.Shed {
+		shed = "1"
+	}
+	return strings.Join([]string{"1", strconv.Itoa(int(u.Kind)), strconv.FormatInt(u.Until.UnixMilli(), 10),
+		strconv.FormatUint(u.Generation, 10), shed, strconv.Itoa(int(u.Priority)), f.id, u.Host}, "|")
+}
+
+var errCorrupt = errors.New("redisfleet: corrupt value")
+
+// decode parses and validates a value read from Redis; it returns the
+// publisher's ID too.
+func decode(s string, now time.Time) (bulwark.FleetUpdate, string, error) {
+	var u bulwark.FleetUpdate
+	if len(s) > maxValue {
+		return u, "", errCorrupt
+	}
+	p := strings.SplitN(s, "|", 8)
+	if len(p) != 8 || p[0] != "1" {
+		return u, "", errCorrupt
+	}
+	kind, err1 := smallUint(p[1], 1)
+	until, err2 := smallUint(p[2], 13)
+	gen, err3 := smallUint(p[3], 19)
+	prio, err4 := smallUint(p[5], 1)
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
+		return u, "", errCorrupt
+	}
+	u.Kind, u.Generation, u.Priority = bulwark.FleetKind(kind), gen, bulwark.Priority(prio)
+	u.Until = time.UnixMilli(int64(until))
+	switch {
+	case u.Kind != bulwark.FleetBreakerOpen && u.Kind != bulwark.FleetPushback:
+		return u, "", errCorrupt
+	case p[4] != "0" && p[4] != "1":
+		return u, "", errCorrupt
+	case u.Priority >= bulwark.NumPriorities:
+		return u, "", errCorrupt
+	case u.Until.After(now.Add(maxHold)):
+		return u, "", errCorrupt
+	case p[6] == "" || len(p[6]) > maxID:
+		return u, "", errCorrupt
+	}
+	u.Shed = p[4] == "1"
+	u.Host = p[7]
+	if len(u.Host) > maxHost || strings.ContainsAny(u.Host, " \t\r\n|/") {
+		return u, "", errCorrupt
+	}
+	if h, port, err := net.SplitHostPort(u.Host); err != nil || h == "" || port == "" {
+		return u, "", errCorrupt
+	}
+	return u, p[6], nil
+}
+
+// smallUint parses up to digits decimal digits, nothing else.
+func smallUint(s string, digits int) (uint64, error) {
+	if s == "" || len(s) > digits {
+		return 0, errCorrupt
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, errCorrupt
+		}
+	}
+	return strconv.ParseUint(s, 10, 64)
+}
+
+// publishScript keeps the longest hold under KEYS[1] (a value that does
+// not parse is overwritten), with the key expiring when the hold ends, and
+// publishes the update when it is news. ARGV: value, until (ms), TTL (ms),
+// channel.
+var publishScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if cur then
+	local u = tonumber(string.match(cur, '^1|%d|(%d+)|'))
+	if u and u >= tonumber(ARGV[2]) then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+redis.call('PUBLISH', ARGV[4], ARGV[1])
+return 1
+`)
+
+// Publish implements bulwark.Fleet: one script run, bounded by Timeout.
+func (f *Fleet) Publish(ctx context.Context, u bulwark.FleetUpdate) error {
+	ttl := time.Until(u.Until).Milliseconds()
+	if ttl <= 0 {
+		return nil // over already: nothing to tell
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	v := f.encode(u)
+	return publishScript.Run(ctx, f.c, []string{f.key(u)}, v, u.Until.UnixMilli(), ttl, f.channel).Err()
+}
+
+// Receive implements bulwark.Fleet: it subscribes to the channel, reads the
+// state still held under the prefix, then hands the sink each update
+// published, until ctx is done or the connection fails.
+func (f *Fleet) Receive(ctx context.Context, sink *bulwark.FleetSink) error {
+	ps := f.c.Subscribe(ctx)
+	defer ps.Close()
+	// A blocked read returns when ctx is done, not only at its timeout.
+	stop := context.AfterFunc(ctx, func() { _ = ps.Close() })
+	defer stop()
+	sctx, cancel := context.WithTimeout(ctx, f.timeout)
+	err := ps.Subscribe(sctx, f.channel)
+	if err == nil {
+		_, err = ps.ReceiveTimeout(sctx, f.timeout) // the subscription's confirmation
+	}
+	cancel()
+	if err != nil {
+		return err
+	}
+	sink.Connected()
+	if err := f.catchUp(ctx, sink); err != nil {
+		return err
+	}
+	silent := 0
+	for {
+		msg, err := ps.ReceiveTimeout(ctx, pingEvery)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			var ne net.Error
+			if !errors.As(err, &ne) || !ne.Timeout() {
+				return err
+			}
+			if silent++; silent > 2 {
+				return errors.New("redisfleet: subscription silent, no answer to PING")
+			}
+			pctx, cancel := context.WithTimeout(ctx, f.timeout)
+			err = ps.Ping(pctx)
+			cancel()
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		silent = 0
+		if m, ok := msg.(*redis.Message); ok {
+			f.deliver(m.Payload, sink, time.Now())
+		}
+	}
+}
+
+// deliver hands one value read from Redis to the sink, or counts it.
+func (f *Fleet) deliver(v string, sink *bulwark.FleetSink, now time.Time) {
+	u, id, err := decode(v, now)
+	if err != nil {
+		sink.Invalid(err)
+		return
+	}
+	if id == f.id {
+		return
+	}
+	sink.Apply(u)
+}
+
+// catchUp reads every key under the prefix (at most maxCatchUp per
+// node), on every master of a Cluster. A value whose key does not match it
+// is ignored.
+func (f *Fleet) catchUp(ctx context.Context, sink *bulwark.FleetSink) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*f.timeout)
+	defer cancel()
+	scan := func(ctx context.Context, c redis.Cmdable) error {
+		var cursor uint64
+		read := 0
+		for read < maxCatchUp {
+			keys, next, err := c.Scan(ctx, cursor, f.prefix+"*", 256).Result()
+			if err != nil {
+				return err
+			}
+			keys = keys[:min(len(keys), maxCatchUp-read)]
+			read += len(keys)
+			if len(keys) > 0 {
+				cmds := make([]*redis.StringCmd, len(keys))
+				pipe := c.Pipeline()
+				for i, k := range keys {
+					cmds[i] = pipe.Get(ctx, k)
+				}
+				_, _ = pipe.Exec(ctx)
+				now := time.Now()
+				for i, cmd := range cmds {
+					v, err := cmd.Result()
+					if errors.Is(err, redis.Nil) {
+						continue // expired meanwhile
+					}
+					if err != nil {
+						if ctx.Err() != nil {
+							return err
+						}
+						sink.Invalid(err) // not a string, for one
+						continue
+					}
+					u, id, derr := decode(v, now)
+					if derr != nil || f.key(u) != keys[i] {
+						sink.Invalid(errCorrupt)
+						continue
+					}
+					if id != f.id {
+						sink.Apply(u)
+					}
+				}
+			}
+			if cursor = next; cursor == 0 {
+				return nil
+			}
+		}
+		return nil
+	}
+	if cc, ok := f.c.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return scan(ctx, n) })
+	}
+	return scan(ctx, f.c)
+}

@@ -1,0 +1,384 @@
+package redisfleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bulwark-http/bulwark"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// redisServer is a redis-server of the test's own on 127.0.0.1, with no
+// persistence, that the test can kill and start again on the same port.
+type redisServer struct {
+	t    *testing.T
+	port int
+	dir  string
+	cmd  *exec.Cmd
+}
+
+// startRedis starts a redis-server for the test, or skips the test when
+// the binary is absent (CI installs it: .ci/run).
+func startRedis(t *testing.T) *redisServer {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server not installed (apt-get install redis-server; .ci/run installs it): skipping the tests against a real Redis")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	s := &redisServer{t: t, port: port, dir: t.TempDir()}
+	s.start()
+	t.Cleanup(s.kill)
+	return s
+}
+
+func (s *redisServer) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+
+func (s *redisServer) start() {
+	s.t.Helper()
+	s.cmd = exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir, "--daemonize", "no", "--loglevel", "warning")
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: s.addr(), MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("redis-server on %s did not answer: %v", s.addr(), err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (s *redisServer) kill() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+		s.cmd = nil
+	}
+}
+
+// client is a go-redis client with small timeouts and no retries, as a
+// user of the fleet should configure it.
+func (s *redisServer) client(t *testing.T) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.addr(), DialTimeout: 200 * time.Millisecond,
+		ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1, PoolSize: 4})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// pod is one process of the fleet: a Transport with its own Redis client.
+func pod(t *testing.T, s *redisServer, prefix string) *bulwark.Transport {
+	t.Helper()
+	f, err := New(s.client(t), Options{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := bulwark.Policy{}
+	p.Retry.Disabled = true
+	p.Bulkhead.Disabled = true
+	p.Breaker.MinCalls, p.Breaker.WindowCalls = 5, 10
+	p.Breaker.OpenFor, p.Breaker.MaxOpenFor = 10*time.Second, 20*time.Second
+	tr, err := bulwark.New(bulwark.Config{Default: p, Fleet: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = tr.Close()
+		tr.CloseIdleConnections()
+	})
+	return tr
+}
+
+// upstream is an httptest server answering code, counting what it got.
+type upstream struct {
+	*httptest.Server
+	hits atomic.Int64
+	code atomic.Int64
+}
+
+func newUpstream(t *testing.T, code int, header http.Header) *upstream {
+	u := &upstream{}
+	u.code.Store(int64(code))
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.hits.Add(1)
+		for k, v := range header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(int(u.code.Load()))
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+func (u *upstream) host() string { return u.Listener.Addr().String() }
+
+func get(t *testing.T, tr http.RoundTripper, url string) (int, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// eventually polls cond every 10 ms for up to 10 s: real Redis, real time,
+// on a loaded machine, so no tight bound.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func connected(tr *bulwark.Transport) bool {
+	f := tr.Snapshot().Fleet
+	return f != nil && f.Connected
+}
+
+func fleetOf(tr *bulwark.Transport) bulwark.FleetSnapshot { return *tr.Snapshot().Fleet }
+
+// trip sends MinCalls failing requests through tr.
+func trip(t *testing.T, tr http.RoundTripper, url string) {
+	t.Helper()
+	for range 5 {
+		if code, err := get(t, tr, url); err != nil || code != 500 {
+			t.Fatalf("tripping request: %d, %v", code, err)
+		}
+	}
+	if _, err := get(t, tr, url); !errors.Is(err, bulwark.ErrBreakerOpen) {
+		t.Fatalf("after 5 failures: %v, want the breaker open", err)
+	}
+}
+
+// refused reports whether tr refuses url with err's kind without sending.
+func refusedBy(t *testing.T, tr http.RoundTripper, url string, target error) bool {
+	_, err := get(t, tr, url)
+	return errors.Is(err, target)
+}
+
+// TestBreakerVerdictShared: pod A's trip stops pod B, which has called the
+// host before, and pod C, started after the trip, without either sending a
+// single request more to the sick host.
+func TestBreakerVerdictShared(t *testing.T) {
+	s := startRedis(t)
+	sick := newUpstream(t, 500, nil)
+	a, b := pod(t, s, "t1:"), pod(t, s, "t1:")
+	eventually(t, "both pods subscribed", func() bool { return connected(a) && connected(b) })
+	if _, err := get(t, b, sick.URL); err != nil {
+		t.Fatal(err)
+	}
+	trip(t, a, sick.URL)
+	eventually(t, "pod B to adopt A's verdict", func() bool { return fleetOf(b).Applied > 0 })
+	before := sick.hits.Load()
+	_, err := get(t, b, sick.URL)
+	var oe *bulwark.BreakerOpenError
+	if !errors.As(err, &oe) || sick.hits.Load() != before {
+		t.Fatalf("pod B: %v (sent %d more), want a BreakerOpenError without sending", err, sick.hits.Load()-before)
+	}
+	if d := time.Until(oe.ProbeAt); d <= 0 || d > 20*time.Second {
+		t.Fatalf("adopted hold ends in %v, want within MaxOpenFor", d)
+	}
+	c := pod(t, s, "t1:")
+	eventually(t, "pod C to catch up from the keys", func() bool { return fleetOf(c).Applied > 0 })
+	if !refusedBy(t, c, sick.URL, bulwark.ErrBreakerOpen) || sick.hits.Load() != before {
+		t.Fatalf("pod C sent to the sick host: %d hits, want %d", sick.hits.Load(), before)
+	}
+	// Another prefix is another fleet.
+	d := pod(t, s, "other:")
+	eventually(t, "pod D subscribed", func() bool { return connected(d) })
+	if code, err := get(t, d, sick.URL); err != nil || code != 500 {
+		t.Fatalf("pod D of another fleet: %d, %v; want it to call", code, err)
+	}
+	if f := fleetOf(a); f.Published != 1 || f.PublishErrors != 0 || f.Dropped != 0 || f.Ignored != 0 {
+		t.Fatalf("pod A's fleet: %+v", f)
+	}
+}
+
+// TestPushbackShared: pod A's Retry-After pauses pod B for that host.
+func TestPushbackShared(t *testing.T) {
+	s := startRedis(t)
+	busy := newUpstream(t, 429, http.Header{"Retry-After": {"20"}})
+	a, b := pod(t, s, "t2:"), pod(t, s, "t2:")
+	eventually(t, "both pods subscribed", func() bool { return connected(a) && connected(b) })
+	if code, err := get(t, a, busy.URL); err != nil || code != 429 {
+		t.Fatalf("pod A: %d, %v", code, err)
+	}
+	eventually(t, "pod B to adopt A's pause", func() bool { return fleetOf(b).Applied > 0 })
+	_, err := get(t, b, busy.URL)
+	var pe *bulwark.PushbackError
+	if !errors.As(err, &pe) || busy.hits.Load() != 1 {
+		t.Fatalf("pod B: %v (%d hits), want a PushbackError without sending", err, busy.hits.Load())
+	}
+	if d := time.Until(pe.Until); d < 15*time.Second || d > 20*time.Second {
+		t.Fatalf("shared pause ends in %v, want about 20s", d)
+	}
+}
+
+// TestRedisRestart: with Redis killed, no request fails because of it and
+// each pod decides alone; the outage shows in Snapshot; once an empty
+// Redis is back, the pods resubscribe and sharing resumes.
+func TestRedisRestart(t *testing.T) {
+	s := startRedis(t)
+	ok := newUpstream(t, 200, nil)
+	sick := newUpstream(t, 500, nil)
+	a, b := pod(t, s, "t3:"), pod(t, s, "t3:")
+	eventually(t, "both pods subscribed", func() bool { return connected(a) && connected(b) })
+
+	s.kill()
+	eventually(t, "pods to see Redis gone", func() bool { return !connected(a) && !connected(b) })
+	for i := range 50 {
+		for _, tr := range []*bulwark.Transport{a, b} {
+			if code, err := get(t, tr, ok.URL); err != nil || code != 200 {
+				t.Fatalf("request %d with Redis down: %d, %v", i, code, err)
+			}
+		}
+	}
+	trip(t, a, sick.URL) // local decision, publish fails
+	eventually(t, "the failed publish to show", func() bool { return fleetOf(a).PublishErrors > 0 })
+	if f := fleetOf(a); f.LastError == "" || f.LastErrorAt.IsZero() {
+		t.Fatalf("pod A's fleet with Redis down: %+v", f)
+	}
+	if code, err := get(t, b, sick.URL); err != nil || code != 500 {
+		t.Fatalf("pod B with Redis down: %d, %v; want it to decide alone", code, err)
+	}
+
+	s.start()
+	eventually(t, "pods to resubscribe", func() bool { return connected(a) && connected(b) })
+	sick2 := newUpstream(t, 500, nil)
+	trip(t, a, sick2.URL)
+	eventually(t, "pod B to adopt the verdict after the restart", func() bool {
+		return refusedBy(t, b, sick2.URL, bulwark.ErrBreakerOpen)
+	})
+	if h := sick2.hits.Load(); h > 5+4 {
+		t.Fatalf("sick host got %d calls, want pod A's 5 and fewer than B's own MinCalls", h)
+	}
+}
+
+// TestHostileValues: garbage under the fleet's keys and on its channel is
+// ignored and counted, costs no request, and a hold read from Redis is
+// capped by the reader's policy.
+func TestHostileValues(t *testing.T) {
+	s := startRedis(t)
+	ok := newUpstream(t, 200, nil)
+	c := s.client(t)
+	ctx := t.Context()
+	p := "t4:"
+	far := strconv.FormatInt(time.Now().Add(23*time.Hour).UnixMilli(), 10)
+	tooFar := strconv.FormatInt(time.Now().Add(48*time.Hour).UnixMilli(), 10)
+	garbage := map[string]string{
+		p + "breaker:" + ok.host():                 "garbage",
+		p + "breaker:a.test:80":                    "1|1|" + tooFar + "|1|0|0|x|a.test:80",
+		p + "breaker:b.test:80":                    "1|1|" + far + "|1|0|0|x|c.test:80", // key and host disagree
+		p + "pause:d.test:80":                      "2|2|" + far + "|0|0|0|x|d.test:80", // unknown version
+		p + "pause:e.test:80":                      "1|2|" + far + "|0|0|9|x|e.test:80", // no such priority
+		p + "pause:f.test:80":                      "1|2|-5|0|0|0|x|f.test:80",
+		p + "breaker:" + string(make([]byte, 600)): "1|1|" + far + "|1|0|0|x|" + string(make([]byte, 600)) + ":80",
+	}
+	for k, v := range garbage {
+		if err := c.Set(ctx, k, v, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.HSet(ctx, p+"breaker:g.test:80", "x", "y").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c.Expire(ctx, p+"breaker:g.test:80", time.Minute)
+	b := pod(t, s, p)
+	eventually(t, "the garbage to be counted", func() bool { return fleetOf(b).Ignored >= uint64(len(garbage)+1) })
+	for _, msg := range []string{"", "garbage", "1|1|" + far, "1|1|" + tooFar + "|1|0|0|x|h.test:80", "1|x|1|1|0|0|x|h.test:80"} {
+		if err := c.Publish(ctx, p+"updates", msg).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := uint64(len(garbage) + 1 + 5)
+	eventually(t, "the published garbage to be counted", func() bool { return fleetOf(b).Ignored >= want })
+	if f := fleetOf(b); f.Ignored != want || f.Applied != 0 {
+		t.Fatalf("fleet %+v, want %d ignored and none applied", f, want)
+	}
+	if code, err := get(t, b, ok.URL); err != nil || code != 200 {
+		t.Fatalf("request after the garbage: %d, %v", code, err)
+	}
+	// A well-formed hold of 23 hours is obeyed for MaxOpenFor only.
+	if err := c.Publish(ctx, p+"updates", "1|1|"+far+"|1|0|0|x|"+ok.host()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the long hold to be adopted", func() bool { return fleetOf(b).Applied > 0 })
+	_, err := get(t, b, ok.URL)
+	var oe *bulwark.BreakerOpenError
+	if !errors.As(err, &oe) || time.Until(oe.ProbeAt) > 20*time.Second {
+		t.Fatalf("after a 23 h hold: %v, want open for at most MaxOpenFor", err)
+	}
+}
+
+// TestKeysExpire: what a pod writes expires with the hold, so keys do not
+// accumulate.
+func TestKeysExpire(t *testing.T) {
+	s := startRedis(t)
+	c := s.client(t)
+	f, _ := New(c, Options{Prefix: "t5:"})
+	until := time.Now().Add(2 * time.Second)
+	for i := range 20 {
+		u := bulwark.FleetUpdate{Kind: bulwark.FleetBreakerOpen, Host: fmt.Sprintf("h%d.test:80", i), Until: until, Generation: 1}
+		if err := f.Publish(t.Context(), u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys, _ := c.Keys(t.Context(), "t5:*").Result()
+	if len(keys) != 20 {
+		t.Fatalf("%d keys, want 20", len(keys))
+	}
+	for _, k := range keys {
+		if ttl := c.PTTL(t.Context(), k).Val(); ttl <= 0 || ttl > 2*time.Second {
+			t.Fatalf("key %s has TTL %v, want the hold's", k, ttl)
+		}
+	}
+	// A shorter hold published later does not shorten the longer one.
+	short := bulwark.FleetUpdate{Kind: bulwark.FleetBreakerOpen, Host: "h0.test:80", Until: time.Now().Add(500 * time.Millisecond)}
+	if err := f.Publish(t.Context(), short); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := c.PTTL(t.Context(), "t5:breaker:h0.test:80").Val(); ttl < time.Second {
+		t.Fatalf("TTL %v after a shorter hold, want the longer kept", ttl)
+	}
+	eventually(t, "the keys to expire", func() bool {
+		n, _ := c.Keys(t.Context(), "t5:*").Result()
+		return len(n) == 0
+	})
+}
