@@ -26,7 +26,7 @@ func TestMain(m *testing.M) {
 // redisServer is a redis-server of the test's own on 127.0.0.1, with no
 // persistence, that the test can kill and start again on the same port.
 type redisServer struct {
-	t    *testing.T
+	t    testing.TB
 	port int
 	dir  string
 	cmd  *exec.Cmd
@@ -34,7 +34,7 @@ type redisServer struct {
 
 // startRedis starts a redis-server for the test, or skips the test when
 // the binary is absent (CI installs it: .ci/run).
-func startRedis(t *testing.T) *redisServer {
+func startRedis(t testing.TB) *redisServer {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Skip("redis-server not installed (apt-get install redis-server; .ci/run installs it): skipping the tests against a real Redis")
@@ -87,7 +87,7 @@ func (s *redisServer) kill() {
 
 // client is a go-redis client with small timeouts and no retries, as a
 // user of the fleet should configure it.
-func (s *redisServer) client(t *testing.T) *redis.Client {
+func (s *redisServer) client(t testing.TB) *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: s.addr(), DialTimeout: 200 * time.Millisecond,
 		ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1, PoolSize: 4})
 	t.Cleanup(func() { _ = c.Close() })
@@ -156,7 +156,7 @@ func get(t *testing.T, tr http.RoundTripper, url string) (int, error) {
 
 // eventually polls cond every 10 ms for up to 10 s: real Redis, real time,
 // on a loaded machine, so no tight bound.
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {

@@ -1,0 +1,128 @@
+package redisfleet
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/bulwark-http/bulwark"
+	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
+)
+
+// okBase answers every request at once with 200 and no body, so that a
+// benchmark measures the layers above it.
+type okBase struct{}
+
+func (okBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: 200, Body: http.NoBody, Header: http.Header{}, Request: req}, nil
+}
+
+func benchTransport(b *testing.B, f bulwark.Fleet) *bulwark.Transport {
+	p := bulwark.Policy{}
+	p.Retry.Disabled, p.Bulkhead.Disabled, p.Timeout.Disabled = true, true, true
+	tr, err := bulwark.New(bulwark.Config{Base: okBase{}, Default: p, Fleet: f})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = tr.Close() })
+	return tr
+}
+
+func roundTrips(b *testing.B, rt http.RoundTripper) {
+	req, _ := http.NewRequest("GET", "http://api.test/", nil)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		resp, err := rt.RoundTrip(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+}
+
+// BenchmarkFleet is a call through bulwark's breaker and pushback layers
+// with and without a Fleet over a real redis-server: the difference is
+// what the fleet costs a request, with no Redis round trip in it.
+func BenchmarkFleet(b *testing.B) {
+	b.Run("local", func(b *testing.B) { roundTrips(b, benchTransport(b, nil)) })
+	b.Run("redisfleet", func(b *testing.B) {
+		s := startRedis(b)
+		f, err := New(s.client(b), Options{Prefix: "bench:"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		tr := benchTransport(b, f)
+		eventually(b, "subscribed", func() bool { return connected(tr) })
+		roundTrips(b, tr)
+	})
+}
+
+// redisStore is gobreaker's SharedDataStore over go-redis: a lock by SET NX
+// with a TTL, the state by GET and SET, each one round trip.
+type redisStore struct{ c *redis.Client }
+
+func (s redisStore) Lock(name string) error {
+	for range 1000 {
+		ok, err := s.c.SetNX(context.Background(), name, "1", 5*time.Second).Result()
+		if err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return errors.New("lock not acquired")
+}
+
+func (s redisStore) Unlock(name string) error { return s.c.Del(context.Background(), name).Err() }
+
+func (s redisStore) GetData(name string) ([]byte, error) {
+	v, err := s.c.Get(context.Background(), name).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	return v, err
+}
+
+func (s redisStore) SetData(name string, data []byte) error {
+	return s.c.Set(context.Background(), name, data, 0).Err()
+}
+
+// BenchmarkGobreaker is gobreaker v2's local breaker and its
+// DistributedCircuitBreaker on the same redis-server, around the same
+// base, for comparison with BenchmarkFleet.
+func BenchmarkGobreaker(b *testing.B) {
+	req, _ := http.NewRequest("GET", "http://api.test/", nil)
+	call := func() (*http.Response, error) { return okBase{}.RoundTrip(req) }
+	b.Run("local", func(b *testing.B) {
+		cb := gobreaker.NewCircuitBreaker[*http.Response](gobreaker.Settings{Name: "api"})
+		b.ReportAllocs()
+		for b.Loop() {
+			resp, err := cb.Execute(call)
+			if err != nil {
+				b.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+	})
+	b.Run("distributed", func(b *testing.B) {
+		s := startRedis(b)
+		cb, err := gobreaker.NewDistributedCircuitBreaker[*http.Response](redisStore{s.client(b)}, gobreaker.Settings{Name: "api"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			resp, err := cb.Execute(call)
+			if err != nil {
+				b.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+	})
+}
