@@ -126,3 +126,44 @@ func BenchmarkGobreaker(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkFleetPaired times a call through a Transport without a Fleet
+// and one with a redisfleet, alternately in one loop, so that the load of
+// a shared machine falls on both alike: local-ns/op and fleet-ns/op are
+// the means of each, delta-ns/op their difference.
+func BenchmarkFleetPaired(b *testing.B) {
+	s := startRedis(b)
+	f, err := New(s.client(b), Options{Prefix: "bench:"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	local, fleet := benchTransport(b, nil), benchTransport(b, f)
+	eventually(b, "subscribed", func() bool { return connected(fleet) })
+	req, _ := http.NewRequest("GET", "http://api.test/", nil)
+	var tl, tf time.Duration
+	one := func(rt http.RoundTripper) time.Duration {
+		start := time.Now()
+		resp, err := rt.RoundTrip(req)
+		d := time.Since(start)
+		if err != nil {
+			b.Fatal(err)
+		}
+		resp.Body.Close()
+		return d
+	}
+	b.ReportAllocs()
+	n := 0
+	for b.Loop() {
+		if n%2 == 0 {
+			tl += one(local)
+			tf += one(fleet)
+		} else {
+			tf += one(fleet)
+			tl += one(local)
+		}
+		n++
+	}
+	b.ReportMetric(float64(tl.Nanoseconds())/float64(n), "local-ns/op")
+	b.ReportMetric(float64(tf.Nanoseconds())/float64(n), "fleet-ns/op")
+	b.ReportMetric(float64((tf-tl).Nanoseconds())/float64(n), "delta-ns/op")
+}
