@@ -371,6 +371,7 @@ type breakerStage struct {
 	onChange func(host string, from, to CircuitState)
 	randN    func(int64) int64
 	fleet    *fleetLink // where a trip is shared; nil without a Fleet
+	peers    fleetPeers // the other pods' windows (fleet.go)
 
 	// control is a BreakerControl.
 	control atomic.Uint32
@@ -523,6 +524,9 @@ func (b *breakerStage) isSuccessful(verdict error) bool {
 		}
 		b.seq++
 		b.win.Add(b.pos(), c)
+		if c[winFailures]+c[winSlow] > 0 {
+			b.fleet.countsChanged(b)
+		}
 	}
 	return verdict == nil
 }
@@ -545,6 +549,8 @@ func (b *breakerStage) readyToTrip(gobreaker.Counts) bool {
 	b.winMu.Lock()
 	defer b.winMu.Unlock()
 	s := b.win.Sum(b.pos())
+	// The other pods' windows count as if they were this one's (fleet.go).
+	s = b.peers.add(s, time.Now())
 	calls := s[winCalls]
 	if calls == 0 || calls < b.minCalls {
 		return false
@@ -568,6 +574,7 @@ func (b *breakerStage) onStateChange(_ string, from, to gobreaker.State) {
 	b.seq = 0
 	switch to {
 	case gobreaker.StateOpen:
+		b.peers.reset()
 		b.trips++
 		d := b.openTime(b.trips)
 		until := now.Add(d).UnixNano()
@@ -647,6 +654,10 @@ type BreakerSnapshot struct {
 	Control BreakerControl
 	// Calls, Failures and Slow are what the window holds now.
 	Calls, Failures, Slow int64
+	// FleetCalls, FleetFailures and FleetSlow are the other pods' windows
+	// as they last published them, still fresh (Config.Fleet): the breaker
+	// adds them to its own when deciding whether to trip.
+	FleetCalls, FleetFailures, FleetSlow int64
 	// OpenUntil is when an open breaker lets probes through; zero unless
 	// open on its own.
 	OpenUntil time.Time
@@ -669,6 +680,8 @@ func (b *breakerStage) state() BreakerSnapshot {
 	w := b.win.Sum(b.pos())
 	s.Calls, s.Failures, s.Slow, s.Trips = w[winCalls], w[winFailures], w[winSlow], b.trips
 	b.winMu.Unlock()
+	f := b.peers.add(window.Counts{}, time.Now())
+	s.FleetCalls, s.FleetFailures, s.FleetSlow = f[winCalls], f[winFailures], f[winSlow]
 	s.State = circuitState(gs)
 	if h := b.holdUntil.Load(); h != 0 {
 		s.State, s.OpenUntil = CircuitOpen, time.Unix(0, h)

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/bulwark-http/bulwark/internal/window"
 )
 
 // Fleet shares per-host state between the processes (pods) that call the
@@ -31,32 +33,43 @@ import (
 // or two: milliseconds on one network). A pod that was disconnected
 // catches up when Receive starts again, from the state the store keeps.
 //
-// Breaker semantics: a pod whose own window trips publishes "open until
-// T", and every other pod adopts it (capped at its own MaxOpenFor), so the
-// fleet stops after one pod's MinCalls rather than each pod's. The
-// alternatives were weighed: aggregating counts across pods puts a store
-// write on every call, and a quorum of K pods lets K × MinCalls failures
-// through and needs K healthy pods to agree, when one pod's full window of
-// evidence is already what a local breaker trusts. The risk of trusting one
-// pod (a pod whose own network is broken trips for a healthy host) is
-// bounded by the open time: the hold ends at T, capped, and each pod's own
-// breaker decides again from there. A verdict is trusted no further than a
-// local one would be.
+// Breaker semantics: counts are aggregated, verdicts adopted. A pod whose
+// window just counted a failure or a slow call publishes its window's
+// counts (coalesced: at most one update per host waits in the queue, so a
+// busy sick host costs one publish per store round trip, and a healthy one
+// none). Each pod adds the other pods' latest counts (each valid for
+// fleetCountsFor) to its own when deciding whether to trip, so the fleet
+// trips after about MinCalls calls fleet-wide rather than MinCalls per pod.
+// The pod that trips publishes "open until T", and every other pod adopts
+// it (capped at its own MaxOpenFor). A quorum of K pods was the other
+// choice: it lets K × MinCalls failures through and needs K healthy pods
+// to agree, when a full window of evidence is what a local breaker already
+// trusts. The risk of aggregation (pods whose own networks are broken trip
+// the fleet for a healthy host) is bounded by the open time: the hold ends
+// at T, capped, and each pod's own breaker decides again from there. A
+// fleet verdict is trusted no further than a local one.
+//
+// Half-open probes are not limited fleet-wide: when a shared hold ends,
+// the pod that tripped is half-open and probes, while the pods that
+// adopted the hold are closed; a probe that fails trips the first pod
+// again and its longer hold reaches the others about a round trip later.
 //
 // Implementations must be safe for concurrent use by the two goroutines.
 type Fleet interface {
 	// Publish shares one update with the other pods. It is called from a
 	// single goroutine, never on the request path, with a context that
 	// bounds it (fleetOpTimeout); an error is counted and logged once per
-	// outage.
+	// outage. A FleetBreakerCounts update need not be kept: it is stale
+	// after fleetCountsFor anyway.
 	Publish(ctx context.Context, u FleetUpdate) error
 	// Receive delivers what the other pods publish to sink until ctx is
 	// done or the connection fails; it returns the reason. It should call
 	// sink.Connected once it is receiving, and first hand the sink the
 	// state the store still holds, so a pod that starts late or reconnects
 	// catches up. The Transport calls it again, after a backoff, when it
-	// returns before ctx is done. A pod's own updates need not be filtered
-	// out: applying them again changes nothing.
+	// returns before ctx is done. A pod's own updates must be left out
+	// (redisfleet does so by its ID): its own counts would count twice.
+	// The Fleet sets FleetUpdate.From to the publishing pod's identity.
 	Receive(ctx context.Context, sink *FleetSink) error
 }
 
@@ -70,15 +83,20 @@ const (
 	// FleetPushback says Host answered a pod with 429 or 503 and a
 	// Retry-After that ends at Until.
 	FleetPushback
+	// FleetBreakerCounts is a pod's closed breaker window for Host:
+	// Calls, Failures and Slow.
+	FleetBreakerCounts
 )
 
-// String returns "breaker-open" or "pushback".
+// String returns "breaker-open", "pushback" or "breaker-counts".
 func (k FleetKind) String() string {
 	switch k {
 	case FleetBreakerOpen:
 		return "breaker-open"
 	case FleetPushback:
 		return "pushback"
+	case FleetBreakerCounts:
+		return "breaker-counts"
 	}
 	return "fleet-kind(" + strconv.Itoa(int(k)) + ")"
 }
@@ -102,6 +120,12 @@ type FleetUpdate struct {
 	// request to the host.
 	Shed     bool
 	Priority Priority
+	// Calls, Failures and Slow are, for FleetBreakerCounts, what the
+	// publisher's window holds.
+	Calls, Failures, Slow int64
+	// From names the publishing pod, as the Fleet knows it (at most 64
+	// bytes); receiving pods keep one set of counts per From.
+	From string
 }
 
 // maxFleetHold is the longest hold a fleet update may ask for: past it the
@@ -121,6 +145,14 @@ const (
 	fleetMinBackoff = 50 * time.Millisecond
 	fleetMaxBackoff = 2 * time.Second
 )
+
+// fleetCountsFor is how long a pod's published counts count in the
+// others' decisions: long enough to span a burst of failures across the
+// fleet, short enough that an old burst does not trip a breaker later.
+const fleetCountsFor = 10 * time.Second
+
+// maxFleetPeers bounds the pods whose counts a breaker keeps.
+const maxFleetPeers = 256
 
 // maxFleetPending bounds the updates kept for hosts this process has not
 // called yet, applied when it first does.
@@ -149,10 +181,11 @@ type FleetSnapshot struct {
 // fleetLink is a Transport's side of its Fleet: the queue, the two
 // goroutines and the counters.
 type fleetLink struct {
-	f    Fleet
-	t    *Transport
-	out  chan FleetUpdate
-	sink FleetSink
+	f     Fleet
+	t     *Transport
+	out   chan FleetUpdate
+	dirty chan *breakerStage // breakers whose counts are to be published
+	sink  FleetSink
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -188,7 +221,7 @@ func newFleetLink(f Fleet, t *Transport) *fleetLink {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &fleetLink{f: f, t: t, out: make(chan FleetUpdate, fleetQueue), cancel: cancel,
+	l := &fleetLink{f: f, t: t, out: make(chan FleetUpdate, fleetQueue), dirty: make(chan *breakerStage, fleetQueue), cancel: cancel,
 		pending: make(map[fleetKey]FleetUpdate)}
 	l.sink.l = l
 	l.wg.Add(2)
@@ -224,27 +257,47 @@ func (l *fleetLink) publish(u FleetUpdate) {
 	}
 }
 
+// countsChanged queues b's counts for publishing, unless they already
+// wait: the update sent reads the window when it goes, so one queued per
+// host is enough however many calls count meanwhile. Under gobreaker's
+// mutex and winMu: the hand-off does not block.
+func (l *fleetLink) countsChanged(b *breakerStage) {
+	if l == nil || !b.peers.dirty.CompareAndSwap(false, true) {
+		return
+	}
+	select {
+	case l.dirty <- b:
+	default:
+		b.peers.dirty.Store(false)
+		l.dropped.Add(1)
+	}
+}
+
 func (l *fleetLink) publishLoop(ctx context.Context) {
 	defer l.wg.Done()
 	for {
+		var u FleetUpdate
 		select {
 		case <-ctx.Done():
 			return
-		case u := <-l.out:
-			pctx, cancel := context.WithTimeout(ctx, fleetOpTimeout)
-			err := l.f.Publish(pctx, u)
-			cancel()
-			if ctx.Err() != nil {
-				return
-			}
-			if err != nil {
-				l.publishErrs.Add(1)
-				l.fail(err)
-				continue
-			}
-			l.published.Add(1)
-			l.recovered()
+		case b := <-l.dirty:
+			b.peers.dirty.Store(false)
+			u = b.counts()
+		case u = <-l.out:
 		}
+		pctx, cancel := context.WithTimeout(ctx, fleetOpTimeout)
+		err := l.f.Publish(pctx, u)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			l.publishErrs.Add(1)
+			l.fail(err)
+			continue
+		}
+		l.published.Add(1)
+		l.recovered()
 	}
 }
 
@@ -343,6 +396,19 @@ func (s *FleetSink) Apply(u FleetUpdate) {
 	if !u.Until.After(now) {
 		return
 	}
+	if u.Kind == FleetBreakerCounts {
+		// Counts matter only to a host in use: nothing is kept for later.
+		applied := false
+		l.t.eachHost(func(hs *hostState) {
+			if hs.name == u.Host && applyFleet(hs, u, now) {
+				applied = true
+			}
+		})
+		if applied {
+			l.applied.Add(1)
+		}
+		return
+	}
 	k := fleetKey{kind: u.Kind, host: u.Host, shed: u.Shed, priority: u.Priority}
 	// Kept before the hosts are looked at, so that a host created
 	// meanwhile finds it (attach runs under the Transport's lock, after
@@ -375,7 +441,10 @@ func (s *FleetSink) Apply(u FleetUpdate) {
 
 func validFleetUpdate(u FleetUpdate, now time.Time) bool {
 	switch {
-	case u.Kind != FleetBreakerOpen && u.Kind != FleetPushback:
+	case u.Kind != FleetBreakerOpen && u.Kind != FleetPushback && u.Kind != FleetBreakerCounts:
+		return false
+	case u.Kind == FleetBreakerCounts && (u.From == "" || len(u.From) > 64 ||
+		u.Calls < 0 || u.Calls > maxWindowCalls || u.Failures < 0 || u.Failures > u.Calls || u.Slow < 0 || u.Slow > u.Calls):
 		return false
 	case len(u.Host) == 0 || len(u.Host) > 300:
 		return false
@@ -424,7 +493,8 @@ func applyFleet(hs *hostState, u FleetUpdate, now time.Time) bool {
 	for _, p := range hs.parts {
 		switch s := p.(type) {
 		case *breakerStage:
-			if u.Kind == FleetBreakerOpen && s.adoptOpen(u.Until, now) {
+			if u.Kind == FleetBreakerOpen && s.adoptOpen(u.Until, now) ||
+				u.Kind == FleetBreakerCounts && s.peers.set(u, now) {
 				changed = true
 			}
 		case *pushbackStage:
@@ -461,6 +531,8 @@ func (b *breakerStage) adoptOpen(until, now time.Time) bool {
 		}
 	}
 	time.AfterFunc(until.Sub(now), func() { b.holdUntil.CompareAndSwap(un, 0) })
+	// The counts that led to this verdict are spent.
+	b.peers.reset()
 	b.e.rep.logger.Info("bulwark: circuit breaker open by the fleet", "host", b.e.host, "until", until)
 	return true
 }
@@ -488,4 +560,81 @@ func (p *pushbackStage) adoptPause(u FleetUpdate, now time.Time) bool {
 // publishPause shares a local Retry-After pause.
 func (p *pushbackStage) publishPause(until time.Time, shed bool, prio Priority) {
 	p.fleet.publish(FleetUpdate{Kind: FleetPushback, Host: p.e.host, Until: until, Shed: shed, Priority: prio})
+}
+
+// counts is the update that publishes b's window as it is now.
+func (b *breakerStage) counts() FleetUpdate {
+	b.winMu.Lock()
+	s := b.win.Sum(b.pos())
+	b.winMu.Unlock()
+	return FleetUpdate{Kind: FleetBreakerCounts, Host: b.e.host, Until: time.Now().Add(fleetCountsFor),
+		Calls: s[winCalls], Failures: s[winFailures], Slow: s[winSlow]}
+}
+
+// fleetPeers is what a breaker knows of the other pods' windows for its
+// host: each pod's latest counts, until they go stale.
+type fleetPeers struct {
+	dirty atomic.Bool // counts queued for publishing (fleetLink.countsChanged)
+	mu    sync.Mutex
+	m     map[string]peerCounts // by FleetUpdate.From, at most maxFleetPeers
+}
+
+type peerCounts struct {
+	c     window.Counts
+	until time.Time
+}
+
+// set keeps u's counts for its pod, until at most fleetCountsFor from now.
+func (p *fleetPeers) set(u FleetUpdate, now time.Time) bool {
+	until := u.Until
+	if cap := now.Add(fleetCountsFor); until.After(cap) {
+		until = cap
+	}
+	var c window.Counts
+	c[winCalls], c[winFailures], c[winSlow] = u.Calls, u.Failures, u.Slow
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		p.m = make(map[string]peerCounts)
+	}
+	if _, ok := p.m[u.From]; !ok && len(p.m) >= maxFleetPeers {
+		p.expire(now)
+		if len(p.m) >= maxFleetPeers {
+			return false
+		}
+	}
+	p.m[u.From] = peerCounts{c: c, until: until}
+	return true
+}
+
+// add returns s plus the counts of every pod whose counts are fresh.
+// Under winMu (lock order: gobreaker's, winMu, p.mu).
+func (p *fleetPeers) add(s window.Counts, now time.Time) window.Counts {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.m) == 0 {
+		return s
+	}
+	p.expire(now)
+	for _, pc := range p.m {
+		for i := range s {
+			s[i] += pc.c[i]
+		}
+	}
+	return s
+}
+
+func (p *fleetPeers) expire(now time.Time) {
+	for k, pc := range p.m {
+		if !pc.until.After(now) {
+			delete(p.m, k)
+		}
+	}
+}
+
+// reset forgets the other pods' counts: a verdict has been reached.
+func (p *fleetPeers) reset() {
+	p.mu.Lock()
+	clear(p.m)
+	p.mu.Unlock()
 }

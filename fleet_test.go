@@ -3,6 +3,7 @@ package bulwark
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
@@ -16,8 +17,13 @@ import (
 // publishes is kept and handed to every receiving sink.
 type memHub struct {
 	mu    sync.Mutex
-	sinks []*FleetSink
+	sinks []hubSink
 	state []FleetUpdate
+}
+
+type hubSink struct {
+	owner *memFleet
+	s     *FleetSink
 }
 
 // memFleet is one pod's Fleet over a memHub. down makes every call fail;
@@ -35,11 +41,16 @@ func (f *memFleet) Publish(ctx context.Context, u FleetUpdate) error {
 	if f.down {
 		return errors.New("store down")
 	}
+	u.From = fmt.Sprintf("%p", f)
 	f.hub.mu.Lock()
 	defer f.hub.mu.Unlock()
-	f.hub.state = append(f.hub.state, u)
+	if u.Kind != FleetBreakerCounts {
+		f.hub.state = append(f.hub.state, u)
+	}
 	for _, s := range f.hub.sinks {
-		s.Apply(u)
+		if s.owner != f { // a pod's own counts must not come back
+			s.s.Apply(u)
+		}
 	}
 	return nil
 }
@@ -52,12 +63,12 @@ func (f *memFleet) Receive(ctx context.Context, s *FleetSink) error {
 	for _, u := range f.hub.state {
 		s.Apply(u)
 	}
-	f.hub.sinks = append(f.hub.sinks, s)
+	f.hub.sinks = append(f.hub.sinks, hubSink{f, s})
 	f.hub.mu.Unlock()
 	s.Connected()
 	<-ctx.Done()
 	f.hub.mu.Lock()
-	f.hub.sinks = slices.DeleteFunc(f.hub.sinks, func(x *FleetSink) bool { return x == s })
+	f.hub.sinks = slices.DeleteFunc(f.hub.sinks, func(x hubSink) bool { return x.s == s })
 	f.hub.mu.Unlock()
 	return ctx.Err()
 }
@@ -110,8 +121,8 @@ func TestFleetBreakerVerdict(t *testing.T) {
 			if fs == nil || !fs.Connected || fs.Applied == 0 || fs.Ignored != 0 {
 				t.Fatalf("pod B's fleet snapshot %+v", fs)
 			}
-			if fa := a.Snapshot().Fleet; fa.Published != 1 || fa.Dropped != 0 {
-				t.Fatalf("pod A's fleet snapshot %+v, want one published", fa)
+			if fa := a.Snapshot().Fleet; fa.Published == 0 || fa.Dropped != 0 {
+				t.Fatalf("pod A's fleet snapshot %+v, want published, none dropped", fa)
 			}
 			time.Sleep(time.Until(oe.ProbeAt) + time.Millisecond)
 			if code, err := sendOnce(t, b, "GET", "http://api.test/"); err != nil || code != 200 {
@@ -119,6 +130,76 @@ func TestFleetBreakerVerdict(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFleetAggregatedCounts: four pods that each see a quarter of
+// MinCalls' failures trip together: the pod whose failure brings the
+// fleet's count to MinCalls trips, and the others adopt its verdict.
+func TestFleetAggregatedCounts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hub := &memHub{}
+		base := &statusBase{codes: []int{500}}
+		var pods []*Transport
+		for range 4 {
+			p := fleetPolicy()
+			p.Breaker.MinCalls, p.Breaker.WindowCalls = 8, 8
+			tr := mustNew(t, Config{Base: base, Default: p, Fleet: &memFleet{hub: hub}})
+			t.Cleanup(func() { _ = tr.Close() })
+			pods = append(pods, tr)
+		}
+		synctest.Wait()
+		for round := range 2 {
+			for i, tr := range pods {
+				if s, _ := breakerState(tr, "api.test:80"); s == CircuitOpen {
+					t.Fatalf("pod %d open after round %d, fleet-wide %d failures; want 8 first", i, round, base.sent())
+				}
+				_, _ = sendOnce(t, tr, "GET", "http://api.test/")
+				synctest.Wait()
+			}
+		}
+		if base.sent() != 8 {
+			t.Fatalf("%d calls sent, want 8", base.sent())
+		}
+		for i, tr := range pods {
+			if s, _ := breakerState(tr, "api.test:80"); s != CircuitOpen {
+				t.Fatalf("pod %d %v after 8 failures fleet-wide, want open", i, s)
+			}
+		}
+		// The counts came from the other pods only: no pod counted its own
+		// twice (the first trip came at the 8th failure, not before).
+		if f := pods[0].Snapshot().Fleet; f.Ignored != 0 || f.Dropped != 0 {
+			t.Fatalf("fleet snapshot %+v", f)
+		}
+	})
+}
+
+// TestFleetCountsExpire: other pods' counts stop counting after
+// fleetCountsFor, so an old burst trips nothing.
+func TestFleetCountsExpire(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hub := &memHub{}
+		base := &statusBase{codes: []int{500}}
+		a, b := newPod(t, &memFleet{hub: hub}, base), newPod(t, &memFleet{hub: hub}, base)
+		synctest.Wait()
+		_, _ = sendOnce(t, b, "GET", "http://api.test/") // b has the host
+		for range 3 {
+			_, _ = sendOnce(t, a, "GET", "http://api.test/")
+		}
+		synctest.Wait()
+		time.Sleep(fleetCountsFor + time.Second)
+		_, _ = sendOnce(t, b, "GET", "http://api.test/")
+		if s, _ := breakerState(b, "api.test:80"); s != CircuitClosed {
+			t.Fatalf("pod B %v with 2 own failures and 3 stale ones, want closed", s)
+		}
+		_, _ = sendOnce(t, a, "GET", "http://api.test/")
+		synctest.Wait()
+		for range 2 {
+			_, _ = sendOnce(t, b, "GET", "http://api.test/")
+		}
+		if s, _ := breakerState(b, "api.test:80"); s != CircuitOpen {
+			t.Fatalf("pod B %v with 4 own failures and 4 fresh ones of A (MinCalls 5), want open", s)
+		}
+	})
 }
 
 // TestFleetPushback: one pod's Retry-After pauses the other pod too, for
@@ -164,7 +245,7 @@ func TestFleetHostileUpdates(t *testing.T) {
 			t.Fatal(err)
 		}
 		hub.mu.Lock()
-		sink := hub.sinks[0]
+		sink := hub.sinks[0].s
 		hub.mu.Unlock()
 		now := time.Now()
 		for _, u := range []FleetUpdate{

@@ -28,19 +28,30 @@ func TestEncodeDecode(t *testing.T) {
 			t.Fatalf("decode(encode(%+v)) = %+v, %q, %v", u, got, id, err)
 		}
 		got.Until = u.Until
+		if got.From != "pod-1" {
+			t.Fatalf("From %q, want the publisher's ID", got.From)
+		}
+		got.From = ""
 		if got != u {
 			t.Fatalf("decode(encode(%+v)) = %+v", u, got)
 		}
 	}
 	ms := strconv.FormatInt(now.Add(time.Minute).UnixMilli(), 10)
+	ok := "1|3|" + ms + "|0|0|0|10,5,1|id|h:80"
+	if u, id, err := decode(ok, now); err != nil || id != "id" || u.From != "id" || u.Calls != 10 || u.Failures != 5 || u.Slow != 1 {
+		t.Fatalf("decode(%q) = %+v, %q, %v", ok, u, id, err)
+	}
+	pre := "1|1|" + ms + "|1|0|0|0,0,0|"
 	for _, v := range []string{
-		"", "1", "garbage", "1|1|" + ms + "|1|0|0|id",
-		"0|1|" + ms + "|1|0|0|id|h:80", "1|3|" + ms + "|1|0|0|id|h:80", "1|1|-1|1|0|0|id|h:80",
-		"1|1|" + ms + "|x|0|0|id|h:80", "1|1|" + ms + "|1|2|0|id|h:80", "1|1|" + ms + "|1|0|5|id|h:80",
-		"1|1|" + ms + "|1|0|0||h:80", "1|1|" + ms + "|1|0|0|id|h", "1|1|" + ms + "|1|0|0|id|:80",
-		"1|1|" + ms + "|1|0|0|id|h:", "1|1|" + ms + "|1|0|0|id|h|x:80", "1|1|" + ms + "|1|0|0|id|h x:80",
-		"1|1|" + strconv.FormatInt(now.Add(25*time.Hour).UnixMilli(), 10) + "|1|0|0|id|h:80",
-		"1|1|99999999999999|1|0|0|id|h:80", "1|1| " + ms + "|1|0|0|id|h:80",
+		"", "1", "garbage", "1|1|" + ms + "|1|0|0|0,0,0|id",
+		"0|1|" + ms + "|1|0|0|0,0,0|id|h:80", "1|4|" + ms + "|1|0|0|0,0,0|id|h:80", "1|1|-1|1|0|0|0,0,0|id|h:80",
+		"1|1|" + ms + "|x|0|0|0,0,0|id|h:80", "1|1|" + ms + "|1|2|0|0,0,0|id|h:80", "1|1|" + ms + "|1|0|5|0,0,0|id|h:80",
+		pre + "|h:80", pre + "id|h", pre + "id|:80", pre + "id|h:", pre + "id|h|x:80", pre + "id|h x:80",
+		"1|1|" + strconv.FormatInt(now.Add(25*time.Hour).UnixMilli(), 10) + "|1|0|0|0,0,0|id|h:80",
+		"1|1|99999999999999|1|0|0|0,0,0|id|h:80", "1|1| " + ms + "|1|0|0|0,0,0|id|h:80",
+		"1|3|" + ms + "|0|0|0|10,11,0|id|h:80", "1|3|" + ms + "|0|0|0|10,1,11|id|h:80",
+		"1|3|" + ms + "|0|0|0|10,1|id|h:80", "1|3|" + ms + "|0|0|0|-1,0,0|id|h:80",
+		"1|3|" + ms + "|0|0|0|99999999,0,0|id|h:80", "1|3|" + ms + "|0|0|0|1,0,0,0|id|h:80",
 	} {
 		if u, _, err := decode(v, now); err == nil {
 			t.Errorf("decode(%q) = %+v, want an error", v, u)

@@ -1,13 +1,14 @@
-// Package redisfleet shares bulwark's per-host state (breaker verdicts,
-// pushback pauses) between processes through Redis: a bulwark.Fleet for
-// Config.Fleet. It takes a redis.UniversalClient, so a single node,
+// Package redisfleet shares bulwark's per-host state (breaker counts and
+// verdicts, pushback pauses) between processes through Redis: a
+// bulwark.Fleet for Config.Fleet. It takes a redis.UniversalClient, so a single node,
 // Sentinel and Cluster all work.
 //
 // Every Redis call runs on the Transport's two fleet goroutines, never on a
-// request, each bounded by Options.Timeout. Each update is written once,
-// with one script: the key of its state (the longest hold wins; the key
-// expires when the hold ends, so keys never accumulate) and a PUBLISH on
-// one channel. Other processes get it by pub/sub rather than polling: a
+// request, each bounded by Options.Timeout. Each hold (an open verdict, a
+// pause) is written once, with one script: the key of its state (the
+// longest hold wins; the key expires when the hold ends, so keys never
+// accumulate) and a PUBLISH on one channel. A breaker's counts, stale in
+// seconds, are only published. Other processes get it by pub/sub rather than polling: a
 // trip reaches them in about a round trip, where polling would trade that
 // delay against a read per process per interval whether or not anything
 // happened. A process that was disconnected reads the keys again when it
@@ -107,15 +108,17 @@ func (f *Fleet) key(u bulwark.FleetUpdate) string {
 	return f.prefix + "pause:" + u.Host
 }
 
-// encode writes an update as "1|kind|until-ms|generation|shed|priority|id|host":
+// encode writes an update as
+// "1|kind|until-ms|generation|shed|priority|calls,failures,slow|id|host":
 // the host last, since it is the only field that could hold a '|'.
 func (f *Fleet) encode(u bulwark.FleetUpdate) string {
 	shed := "0"
 	if u.Shed {
 		shed = "1"
 	}
+	counts := strconv.FormatInt(u.Calls, 10) + "," + strconv.FormatInt(u.Failures, 10) + "," + strconv.FormatInt(u.Slow, 10)
 	return strings.Join([]string{"1", strconv.Itoa(int(u.Kind)), strconv.FormatInt(u.Until.UnixMilli(), 10),
-		strconv.FormatUint(u.Generation, 10), shed, strconv.Itoa(int(u.Priority)), f.id, u.Host}, "|")
+		strconv.FormatUint(u.Generation, 10), shed, strconv.Itoa(int(u.Priority)), counts, f.id, u.Host}, "|")
 }
 
 var errCorrupt = errors.New("redisfleet: corrupt value")
@@ -127,10 +130,22 @@ func decode(s string, now time.Time) (bulwark.FleetUpdate, string, error) {
 	if len(s) > maxValue {
 		return u, "", errCorrupt
 	}
-	p := strings.SplitN(s, "|", 8)
-	if len(p) != 8 || p[0] != "1" {
+	p := strings.SplitN(s, "|", 9)
+	if len(p) != 9 || p[0] != "1" {
 		return u, "", errCorrupt
 	}
+	c := strings.Split(p[6], ",")
+	if len(c) != 3 {
+		return u, "", errCorrupt
+	}
+	calls, errC := smallUint(c[0], 7)
+	fails, errF := smallUint(c[1], 7)
+	slow, errS := smallUint(c[2], 7)
+	if errors.Join(errC, errF, errS) != nil || fails > calls || slow > calls {
+		return u, "", errCorrupt
+	}
+	u.Calls, u.Failures, u.Slow = int64(calls), int64(fails), int64(slow)
+	p = append(p[:6], p[7:]...)
 	kind, err1 := smallUint(p[1], 1)
 	until, err2 := smallUint(p[2], 13)
 	gen, err3 := smallUint(p[3], 19)
@@ -141,7 +156,7 @@ func decode(s string, now time.Time) (bulwark.FleetUpdate, string, error) {
 	u.Kind, u.Generation, u.Priority = bulwark.FleetKind(kind), gen, bulwark.Priority(prio)
 	u.Until = time.UnixMilli(int64(until))
 	switch {
-	case u.Kind != bulwark.FleetBreakerOpen && u.Kind != bulwark.FleetPushback:
+	case u.Kind != bulwark.FleetBreakerOpen && u.Kind != bulwark.FleetPushback && u.Kind != bulwark.FleetBreakerCounts:
 		return u, "", errCorrupt
 	case p[4] != "0" && p[4] != "1":
 		return u, "", errCorrupt
@@ -153,7 +168,7 @@ func decode(s string, now time.Time) (bulwark.FleetUpdate, string, error) {
 		return u, "", errCorrupt
 	}
 	u.Shed = p[4] == "1"
-	u.Host = p[7]
+	u.Host, u.From = p[7], p[6]
 	if len(u.Host) > maxHost || strings.ContainsAny(u.Host, " \t\r\n|/") {
 		return u, "", errCorrupt
 	}
@@ -200,6 +215,10 @@ func (f *Fleet) Publish(ctx context.Context, u bulwark.FleetUpdate) error {
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	v := f.encode(u)
+	if u.Kind == bulwark.FleetBreakerCounts {
+		// Counts go stale within seconds: published, not kept.
+		return f.c.Publish(ctx, f.channel, v).Err()
+	}
 	return publishScript.Run(ctx, f.c, []string{f.key(u)}, v, u.Until.UnixMilli(), ttl, f.channel).Err()
 }
 

@@ -174,11 +174,16 @@ func connected(tr *bulwark.Transport) bool {
 
 func fleetOf(tr *bulwark.Transport) bulwark.FleetSnapshot { return *tr.Snapshot().Fleet }
 
-// trip sends MinCalls failing requests through tr.
+// trip sends failing requests through tr until its breaker opens, at most
+// MinCalls of them (fewer when other pods' failures count too).
 func trip(t *testing.T, tr http.RoundTripper, url string) {
 	t.Helper()
 	for range 5 {
-		if code, err := get(t, tr, url); err != nil || code != 500 {
+		code, err := get(t, tr, url)
+		if errors.Is(err, bulwark.ErrBreakerOpen) {
+			return
+		}
+		if err != nil || code != 500 {
 			t.Fatalf("tripping request: %d, %v", code, err)
 		}
 	}
@@ -205,7 +210,10 @@ func TestBreakerVerdictShared(t *testing.T) {
 		t.Fatal(err)
 	}
 	trip(t, a, sick.URL)
-	eventually(t, "pod B to adopt A's verdict", func() bool { return fleetOf(b).Applied > 0 })
+	eventually(t, "pod B to adopt A's verdict", func() bool {
+		h := b.Snapshot().Host(sick.host())
+		return len(h) == 1 && h[0].Breaker.State == bulwark.CircuitOpen
+	})
 	before := sick.hits.Load()
 	_, err := get(t, b, sick.URL)
 	var oe *bulwark.BreakerOpenError
@@ -226,7 +234,7 @@ func TestBreakerVerdictShared(t *testing.T) {
 	if code, err := get(t, d, sick.URL); err != nil || code != 500 {
 		t.Fatalf("pod D of another fleet: %d, %v; want it to call", code, err)
 	}
-	if f := fleetOf(a); f.Published != 1 || f.PublishErrors != 0 || f.Dropped != 0 || f.Ignored != 0 {
+	if f := fleetOf(a); f.Published == 0 || f.PublishErrors != 0 || f.Dropped != 0 || f.Ignored != 0 {
 		t.Fatalf("pod A's fleet: %+v", f)
 	}
 }
@@ -304,12 +312,12 @@ func TestHostileValues(t *testing.T) {
 	tooFar := strconv.FormatInt(time.Now().Add(48*time.Hour).UnixMilli(), 10)
 	garbage := map[string]string{
 		p + "breaker:" + ok.host():                 "garbage",
-		p + "breaker:a.test:80":                    "1|1|" + tooFar + "|1|0|0|x|a.test:80",
-		p + "breaker:b.test:80":                    "1|1|" + far + "|1|0|0|x|c.test:80", // key and host disagree
-		p + "pause:d.test:80":                      "2|2|" + far + "|0|0|0|x|d.test:80", // unknown version
-		p + "pause:e.test:80":                      "1|2|" + far + "|0|0|9|x|e.test:80", // no such priority
-		p + "pause:f.test:80":                      "1|2|-5|0|0|0|x|f.test:80",
-		p + "breaker:" + string(make([]byte, 600)): "1|1|" + far + "|1|0|0|x|" + string(make([]byte, 600)) + ":80",
+		p + "breaker:a.test:80":                    "1|1|" + tooFar + "|1|0|0|0,0,0|x|a.test:80",
+		p + "breaker:b.test:80":                    "1|1|" + far + "|1|0|0|0,0,0|x|c.test:80", // key and host disagree
+		p + "pause:d.test:80":                      "2|2|" + far + "|0|0|0|0,0,0|x|d.test:80", // unknown version
+		p + "pause:e.test:80":                      "1|2|" + far + "|0|0|9|0,0,0|x|e.test:80", // no such priority
+		p + "pause:f.test:80":                      "1|2|-5|0|0|0|0,0,0|x|f.test:80",
+		p + "breaker:" + string(make([]byte, 600)): "1|1|" + far + "|1|0|0|0,0,0|x|" + string(make([]byte, 600)) + ":80",
 	}
 	for k, v := range garbage {
 		if err := c.Set(ctx, k, v, time.Minute).Err(); err != nil {
@@ -322,7 +330,7 @@ func TestHostileValues(t *testing.T) {
 	c.Expire(ctx, p+"breaker:g.test:80", time.Minute)
 	b := pod(t, s, p)
 	eventually(t, "the garbage to be counted", func() bool { return fleetOf(b).Ignored >= uint64(len(garbage)+1) })
-	for _, msg := range []string{"", "garbage", "1|1|" + far, "1|1|" + tooFar + "|1|0|0|x|h.test:80", "1|x|1|1|0|0|x|h.test:80"} {
+	for _, msg := range []string{"", "garbage", "1|1|" + far, "1|1|" + tooFar + "|1|0|0|0,0,0|x|h.test:80", "1|x|1|1|0|0|0,0,0|x|h.test:80"} {
 		if err := c.Publish(ctx, p+"updates", msg).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -336,7 +344,7 @@ func TestHostileValues(t *testing.T) {
 		t.Fatalf("request after the garbage: %d, %v", code, err)
 	}
 	// A well-formed hold of 23 hours is obeyed for MaxOpenFor only.
-	if err := c.Publish(ctx, p+"updates", "1|1|"+far+"|1|0|0|x|"+ok.host()).Err(); err != nil {
+	if err := c.Publish(ctx, p+"updates", "1|1|"+far+"|1|0|0|0,0,0|x|"+ok.host()).Err(); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the long hold to be adopted", func() bool { return fleetOf(b).Applied > 0 })
@@ -381,4 +389,33 @@ func TestKeysExpire(t *testing.T) {
 		n, _ := c.Keys(t.Context(), "t5:*").Result()
 		return len(n) == 0
 	})
+}
+
+// TestCountsAggregated: failures seen by two pods add up: the fleet trips
+// after MinCalls failures in all, not MinCalls each.
+func TestCountsAggregated(t *testing.T) {
+	s := startRedis(t)
+	sick := newUpstream(t, 500, nil)
+	a, b := pod(t, s, "t6:"), pod(t, s, "t6:")
+	eventually(t, "both pods subscribed", func() bool { return connected(a) && connected(b) })
+	_, _ = get(t, a, sick.URL)
+	_, _ = get(t, b, sick.URL)
+	peers := func(tr *bulwark.Transport) int64 { return tr.Snapshot().Host(sick.host())[0].Breaker.FleetFailures }
+	eventually(t, "pod A to hold pod B's counts", func() bool { return peers(a) == 1 })
+	_, _ = get(t, a, sick.URL)
+	_, _ = get(t, a, sick.URL)
+	eventually(t, "pod B to hold pod A's counts", func() bool { return peers(b) == 3 })
+	if st := b.Snapshot().Host(sick.host())[0].Breaker.State; st != bulwark.CircuitClosed {
+		t.Fatalf("pod B %v at 4 failures fleet-wide, want closed", st)
+	}
+	_, _ = get(t, b, sick.URL) // the fifth
+	if !refusedBy(t, b, sick.URL, bulwark.ErrBreakerOpen) {
+		t.Fatal("pod B not open after the fleet's fifth failure")
+	}
+	eventually(t, "pod A to adopt B's verdict", func() bool {
+		return a.Snapshot().Host(sick.host())[0].Breaker.State == bulwark.CircuitOpen
+	})
+	if h := sick.hits.Load(); h != 5 {
+		t.Fatalf("sick host got %d calls, want MinCalls (5) fleet-wide", h)
+	}
 }
