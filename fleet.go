@@ -49,10 +49,13 @@ import (
 // at T, capped, and each pod's own breaker decides again from there. A
 // fleet verdict is trusted no further than a local one.
 //
-// Half-open probes are not limited fleet-wide: when a shared hold ends,
-// the pod that tripped is half-open and probes, while the pods that
-// adopted the hold are closed; a probe that fails trips the first pod
-// again and its longer hold reaches the others about a round trip later.
+// Half-open probes come from one pod: the pods that adopt a verdict hold a
+// little longer than the pod that tripped (fleetProbeGrace, at most a
+// quarter of the hold), so that when its hold ends that pod alone is
+// half-open and probes. A probe that fails trips it again, and its longer
+// hold reaches the others before their grace runs out; if its probes
+// succeed, the others resume at the end of their grace. If the probes take
+// longer than the grace (a slow host), the others' own breakers decide.
 //
 // Implementations must be safe for concurrent use by the two goroutines.
 type Fleet interface {
@@ -127,6 +130,11 @@ type FleetUpdate struct {
 	// bytes); receiving pods keep one set of counts per From.
 	From string
 }
+
+// fleetProbeGrace is how much longer than the pod that tripped the others
+// hold a verdict: time for its probes to fail and its next verdict to
+// arrive.
+const fleetProbeGrace = time.Second
 
 // maxFleetHold is the longest hold a fleet update may ask for: past it the
 // update is ignored as hostile or broken, not capped (as for Retry-After).
@@ -506,12 +514,14 @@ func applyFleet(hs *hostState, u FleetUpdate, now time.Time) bool {
 	return changed
 }
 
-// adoptOpen holds the breaker open until until, capped at MaxOpenFor from
-// now, as a local trip would, unless it already holds as long: a refusal
-// still costs one atomic load. The local state machine is left as it is,
-// so when the hold ends the pod's own breaker decides again (the tripping
-// pod probes, and publishes a longer hold if the host is still sick).
+// adoptOpen holds the breaker open until until and a grace, capped at
+// MaxOpenFor from now, as a local trip would, unless it already holds as
+// long: a refusal still costs one atomic load. The local state machine is
+// left as it is, so when the hold ends the pod's own breaker decides again
+// (the tripping pod has probed by then, and published a longer hold if the
+// host is still sick).
 func (b *breakerStage) adoptOpen(until, now time.Time) bool {
+	until = until.Add(min(fleetProbeGrace, until.Sub(now)/4))
 	if cap := now.Add(b.maxOpen); until.After(cap) {
 		until = cap
 	}

@@ -132,6 +132,43 @@ func TestFleetBreakerVerdict(t *testing.T) {
 	}
 }
 
+// TestFleetProbesFromOnePod: when the shared hold ends, the pod that
+// tripped probes alone; its failed probe's longer hold reaches the other
+// pod before that one's grace ends, so the other pod never calls.
+func TestFleetProbesFromOnePod(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hub := &memHub{}
+		baseA, baseB := &statusBase{codes: []int{500}}, &statusBase{codes: []int{500}}
+		a, b := newPod(t, &memFleet{hub: hub}, baseA), newPod(t, &memFleet{hub: hub}, baseB)
+		a.randN = func(int64) int64 { return 0 } // open exactly OpenFor
+		synctest.Wait()
+		if _, err := sendOnce(t, b, "GET", "http://api.test/"); err != nil {
+			t.Fatal(err)
+		}
+		for range 4 {
+			_, _ = sendOnce(t, a, "GET", "http://api.test/")
+		}
+		synctest.Wait()
+		if s, _ := breakerState(b, "api.test:80"); s != CircuitOpen {
+			t.Fatalf("pod B %v after the fleet's fifth failure, want open", s)
+		}
+		time.Sleep(10*time.Second + time.Millisecond) // A's hold is over, B's grace is not
+		if s, _ := breakerState(b, "api.test:80"); s != CircuitOpen {
+			t.Fatalf("pod B %v at the end of A's hold, want open for the grace", s)
+		}
+		sentA := baseA.sent()
+		_, _ = sendOnce(t, a, "GET", "http://api.test/") // A's probe fails: open for 20 s
+		if baseA.sent() != sentA+1 {
+			t.Fatalf("pod A sent %d probes, want 1", baseA.sent()-sentA)
+		}
+		synctest.Wait()
+		time.Sleep(2 * time.Second) // past B's first grace
+		if _, err := sendOnce(t, b, "GET", "http://api.test/"); !errors.Is(err, ErrBreakerOpen) || baseB.sent() != 1 {
+			t.Fatalf("pod B after A's failed probe: %v, %d sent; want open, only its first call", err, baseB.sent())
+		}
+	})
+}
+
 // TestFleetAggregatedCounts: four pods that each see a quarter of
 // MinCalls' failures trip together: the pod whose failure brings the
 // fleet's count to MinCalls trips, and the others adopt its verdict.
