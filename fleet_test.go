@@ -145,7 +145,7 @@ func TestFleetProbesFromOnePod(t *testing.T) {
 		if _, err := sendOnce(t, b, "GET", "http://api.test/"); err != nil {
 			t.Fatal(err)
 		}
-		for range 4 {
+		for range 5 {
 			_, _ = sendOnce(t, a, "GET", "http://api.test/")
 		}
 		synctest.Wait()
