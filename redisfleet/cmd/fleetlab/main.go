@@ -6,7 +6,8 @@
 // each process deciding alone (local) and sharing through Redis (shared),
 // and reports the requests the upstream received before every process had
 // stopped calling it, and the time from the first process's trip until the
-// last one was open. It does so for two loads: every process calling at
+// last one was open; then, after the fleet has run on for a few open
+// times, the calls the upstream received in all, probes included. It does so for two loads: every process calling at
 // the same rate (the hardest case for sharing a verdict, since every
 // process is about as close to tripping as the first), and skewed, process
 // i calling at 1/(i+1) of the first one's rate.
@@ -43,6 +44,8 @@ var (
 	runs     = flag.Int("runs", 3, "runs of each mode")
 	minCalls = flag.Int("mincalls", 20, "each breaker's MinCalls (and WindowCalls)")
 	interval = flag.Duration("interval", 2*time.Millisecond, "pause between one process's requests")
+	openFor  = flag.Duration("openfor", time.Second, "each breaker's OpenFor (MaxOpenFor 4×)")
+	after    = flag.Duration("after", 3*time.Second, "how long the fleet runs on once every process is open, probing")
 	child    = flag.Bool("child", false, "internal: run as one process of the fleet")
 	redisURL = flag.String("redis", "", "internal: Redis address, empty for local only")
 	target   = flag.String("upstream", "", "internal: the upstream's URL")
@@ -129,9 +132,9 @@ func runParent() error {
 }
 
 func runModes(up *sickUpstream, url, addr string, rc *redis.Client, skew bool) error {
-	fmt.Printf("%-7s %4s %18s %22s\n", "mode", "run", "calls before stop", "first trip → all open")
+	fmt.Printf("%-7s %4s %18s %22s %24s\n", "mode", "run", "calls before stop", "first trip → all open", "calls in all, +"+after.String())
 	for _, mode := range []string{"local", "shared"} {
-		var calls []int
+		var calls, totals []int
 		var spans []time.Duration
 		for r := range *runs {
 			ra := ""
@@ -139,14 +142,14 @@ func runModes(up *sickUpstream, url, addr string, rc *redis.Client, skew bool) e
 				ra = addr
 				_ = rc.FlushAll(context.Background()).Err()
 			}
-			n, span, err := runFleet(up, url, ra, mode+strconv.Itoa(r)+strconv.FormatBool(skew), skew)
+			n, span, total, err := runFleet(up, url, ra, mode+strconv.Itoa(r)+strconv.FormatBool(skew), skew)
 			if err != nil {
 				return err
 			}
-			calls, spans = append(calls, n), append(spans, span)
-			fmt.Printf("%-7s %4d %18d %22v\n", mode, r+1, n, span.Round(time.Millisecond))
+			calls, spans, totals = append(calls, n), append(spans, span), append(totals, total)
+			fmt.Printf("%-7s %4d %18d %22v %24d\n", mode, r+1, n, span.Round(time.Millisecond), total)
 		}
-		fmt.Printf("%-7s %4s %18d %22v\n\n", mode, "med", medianInt(calls), medianDur(spans).Round(time.Millisecond))
+		fmt.Printf("%-7s %4s %18d %22v %24d\n\n", mode, "med", medianInt(calls), medianDur(spans).Round(time.Millisecond), medianInt(totals))
 	}
 	return nil
 }
@@ -185,11 +188,11 @@ func (u *sickUpstream) before(t int64) int {
 
 // runFleet starts the children, lets them go together, and waits for
 // each to report the time its breaker first refused.
-func runFleet(up *sickUpstream, url, redisAddr, prefix string, skew bool) (int, time.Duration, error) {
+func runFleet(up *sickUpstream, url, redisAddr, prefix string, skew bool) (int, time.Duration, int, error) {
 	up.reset()
 	exe, err := os.Executable()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	type kid struct {
 		cmd   *exec.Cmd
@@ -203,19 +206,19 @@ func runFleet(up *sickUpstream, url, redisAddr, prefix string, skew bool) (int, 
 			every *= time.Duration(i + 1)
 		}
 		cmd := exec.Command(exe, "-child", "-redis", redisAddr, "-upstream", url,
-			"-mincalls", strconv.Itoa(*minCalls), "-interval", every.String())
+			"-mincalls", strconv.Itoa(*minCalls), "-interval", every.String(), "-openfor", openFor.String())
 		cmd.Env = append(os.Environ(), "FLEETLAB_PREFIX="+prefix)
 		cmd.Stderr = os.Stderr
 		in, err := cmd.StdinPipe()
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		out, err := cmd.StdoutPipe()
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		if err := cmd.Start(); err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		kids[i] = kid{cmd, in, bufio.NewScanner(out)}
 	}
@@ -227,7 +230,7 @@ func runFleet(up *sickUpstream, url, redisAddr, prefix string, skew bool) (int, 
 	}()
 	for i, k := range kids {
 		if !k.out.Scan() || k.out.Text() != "READY" {
-			return 0, 0, fmt.Errorf("child %d did not get ready", i)
+			return 0, 0, 0, fmt.Errorf("child %d did not get ready", i)
 		}
 	}
 	for _, k := range kids {
@@ -236,17 +239,18 @@ func runFleet(up *sickUpstream, url, redisAddr, prefix string, skew bool) (int, 
 	opens := make([]int64, len(kids))
 	for i, k := range kids {
 		if !k.out.Scan() {
-			return 0, 0, fmt.Errorf("child %d ended without opening", i)
+			return 0, 0, 0, fmt.Errorf("child %d ended without opening", i)
 		}
 		f := strings.Fields(k.out.Text())
 		if len(f) != 2 || f[0] != "OPEN" {
-			return 0, 0, fmt.Errorf("child %d said %q", i, k.out.Text())
+			return 0, 0, 0, fmt.Errorf("child %d said %q", i, k.out.Text())
 		}
 		opens[i], _ = strconv.ParseInt(f[1], 10, 64)
 	}
 	sort.Slice(opens, func(i, j int) bool { return opens[i] < opens[j] })
 	first, last := opens[0], opens[len(opens)-1]
-	return up.before(last), time.Duration(last - first), nil
+	time.Sleep(time.Until(time.Unix(0, last).Add(*after)))
+	return up.before(last), time.Duration(last - first), up.before(time.Now().UnixNano()), nil
 }
 
 // runChild is one process: it calls the upstream until its breaker
@@ -255,7 +259,7 @@ func runChild() error {
 	p := bulwark.Policy{}
 	p.Retry.Disabled = true
 	p.Breaker.MinCalls, p.Breaker.WindowCalls = *minCalls, *minCalls
-	p.Breaker.OpenFor = 30 * time.Second
+	p.Breaker.OpenFor, p.Breaker.MaxOpenFor = *openFor, 4**openFor
 	cfg := bulwark.Config{Default: p}
 	if *redisURL != "" {
 		rc := redis.NewClient(&redis.Options{Addr: *redisURL, DialTimeout: 200 * time.Millisecond,
@@ -304,10 +308,6 @@ func runChild() error {
 				fmt.Println("OPEN", time.Now().UnixNano())
 				reported = true
 			}
-		}
-		if reported {
-			time.Sleep(10 * time.Millisecond)
-			continue
 		}
 		time.Sleep(*interval)
 	}
