@@ -125,6 +125,9 @@ type Transport struct {
 	routes
 	// updateMu serialises Updates.
 	updateMu sync.Mutex
+	// updateBuilt, when set (by tests), is called by Update between
+	// building the new stacks and swapping them in.
+	updateBuilt func()
 
 	mu    sync.RWMutex
 	hosts map[hostKey]*hostState

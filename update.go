@@ -25,6 +25,10 @@ import "time"
 //	Fallback.Stale.*                                       → an empty stale cache
 //	a host's upstream key                                  → all of the host's state anew
 //
+// A kept breaker's new thresholds apply from the moment Update builds its
+// new stack, to the requests still in the old one too: they share its
+// window, and whether it trips is the host's decision, not one request's.
+//
 // Requests never wait for Update: it builds the new stacks without the
 // Transport's lock and takes it only to swap them in, as a new host's first
 // request does. Concurrent Updates are applied one after another.
@@ -50,6 +54,9 @@ func (t *Transport) Update(cfg Config) error {
 	next := make([]*hostState, len(old))
 	for i, prev := range old {
 		next[i] = t.rebuild(prev)
+	}
+	if t.updateBuilt != nil {
+		t.updateBuilt()
 	}
 
 	t.mu.Lock()

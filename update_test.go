@@ -203,3 +203,42 @@ func TestUpdateUnderLoad(t *testing.T) {
 	}
 	t.Logf("%d requests, %d Updates", senders*each, updates)
 }
+
+// TestUpdateDoesNotBlockRequests: while Update builds the new stacks,
+// requests to every host go on through the old ones; they only ever wait
+// for the swap, under the lock a new host's first request takes too.
+func TestUpdateDoesNotBlockRequests(t *testing.T) {
+	cfg := Config{Base: okBase{}, Default: countedPolicy(0.5, 10)}
+	tr := mustNew(t, cfg)
+	for h := range 4 {
+		sendOnce(t, tr, "GET", fmt.Sprintf("http://h%d.test/", h))
+	}
+	building, release := make(chan struct{}), make(chan struct{})
+	tr.updateBuilt = func() {
+		close(building)
+		<-release
+	}
+	cfg.Default.Breaker.FailureRate = 0.8
+	done := make(chan error)
+	go func() { done <- tr.Update(cfg) }()
+	<-building
+	for i := range 100 {
+		if _, err := sendOnce(t, tr, "GET", fmt.Sprintf("http://h%d.test/", i%4)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A new host meanwhile gets the new policy at once.
+	sendOnce(t, tr, "GET", "http://new.test/")
+	if b := layerOf[*breakerStage](t, tr, "http://new.test/"); b.failRate != 0.8 {
+		t.Errorf("a host added during Update has failure rate %v, want the new 0.8", b.failRate)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for h := range 4 {
+		if b := layerOf[*breakerStage](t, tr, fmt.Sprintf("http://h%d.test/", h)); b.failRate != 0.8 {
+			t.Errorf("h%d: failure rate %v after Update, want 0.8", h, b.failRate)
+		}
+	}
+}
