@@ -59,11 +59,13 @@ func (t *Transport) Update(cfg Config) error {
 		t.updateBuilt()
 	}
 
+	var dropped []idleCloser
 	t.mu.Lock()
 	for i, prev := range old {
 		if t.hosts[prev.key] != prev {
 			continue // evicted meanwhile; or replaced, which only Update does
 		}
+		dropped = append(dropped, replacedClosers(prev, next[i])...)
 		hs := next[i]
 		t.hosts[prev.key] = hs
 		// A lookup that found prev just before will store it in t.last
@@ -80,8 +82,36 @@ func (t *Transport) Update(cfg Config) error {
 		t.evictLocked(time.Now().UnixNano())
 	}
 	t.mu.Unlock()
+	// A balancer not kept has transports of its own: their idle
+	// connections go now, and those its requests in flight still use go
+	// idle after them and are closed by the transport's IdleConnTimeout.
+	for _, c := range dropped {
+		c.closeIdle()
+	}
 	t.obs.refresh()
 	return nil
+}
+
+// replacedClosers is the layers of prev with connections of their own that
+// hs does not keep.
+func replacedClosers(prev, hs *hostState) []idleCloser {
+	var out []idleCloser
+	for _, p := range prev.parts {
+		c, ok := p.(idleCloser)
+		if !ok {
+			continue
+		}
+		kept := false
+		for _, q := range hs.parts {
+			if q == p {
+				kept = true
+			}
+		}
+		if !kept {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // rebuild is prev's host under the current routes: a new hostState, with

@@ -242,3 +242,44 @@ func TestUpdateDoesNotBlockRequests(t *testing.T) {
 		}
 	}
 }
+
+// TestUpdateBalancer: a balanced upstream keeps its instances and their
+// ejections across an Update that leaves Endpoints, Bulkhead and Timeout
+// alone, and starts afresh when one of them changes.
+func TestUpdateBalancer(t *testing.T) {
+	base := &debugBase{}
+	pool := Policy{Endpoints: Endpoints{Addrs: []string{"10.0.0.1:80", "10.0.0.2:80"}}}
+	cfg := Config{Base: base, Default: only(Policy{}, "bulkhead"), Upstreams: map[string]Policy{"pool.test": pool}}
+	tr := mustNew(t, cfg)
+	for range 40 {
+		sendOnce(t, tr, "GET", "http://pool.test/")
+	}
+	ejected := func() int {
+		n := 0
+		for _, e := range endpointStates(tr, "pool.test:80") {
+			if e.Ejected {
+				n++
+			}
+		}
+		return n
+	}
+	if ejected() != 1 {
+		t.Fatalf("setup: %d instances ejected, want 1", ejected())
+	}
+	pool.Retry.MaxAttempts = 2 // the balancer's shape is unchanged
+	cfg.Upstreams = map[string]Policy{"pool.test": pool}
+	if err := tr.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if ejected() != 1 {
+		t.Errorf("after an Update of Retry: %d instances ejected, want the 1 kept", ejected())
+	}
+	pool.Bulkhead.MaxConcurrent = 7
+	cfg.Upstreams = map[string]Policy{"pool.test": pool}
+	if err := tr.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if ejected() != 0 {
+		t.Errorf("after an Update of Bulkhead: %d instances ejected, want a new balancer with none", ejected())
+	}
+}
