@@ -18,20 +18,60 @@ import "net/http"
 //     instance served it), has a bulkhead per instance;
 //   - the bulkhead holds a slot for exactly one attempt;
 //   - the attempt deadline makes the attempt's context and headers;
-//   - the attempt span, innermost, covers what goes on the wire.
+//   - the attempt span covers what goes on the wire;
+//   - the fault layer, innermost and only when a Fault policy is on,
+//     stands in for the wire, so every layer above sees its faults as real.
+//
+// A host's routes (Config.Routes) get stacks of their own from the same
+// code (compose), sharing the host's bulkhead, pushback and balancer.
 func (t *Transport) buildStack(hs *hostState) {
-	p := hs.policy
 	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep}
+	hs.rt, hs.parts = t.compose(hs.policy, e, &hs.shared)
+}
+
+// buildRoute composes the stack of one route on a host: the same layers as
+// the host's, made for the route's policy, except for the host's shared
+// ones (see hostShared), which the route's stack passes through.
+func (t *Transport) buildRoute(hs *hostState, p *Policy) (stage, []any) {
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep}
+	shared := hs.shared
+	return t.compose(p, e, &shared)
+}
+
+// hostShared is the per-host state that a host's routes share with it:
+// limits on what the host as a whole receives (its bulkhead, the pauses it
+// asked for, the balancer and its instances), where a route's own layers
+// (breaker, retry and its budget, deadlines, fallback, fault) judge the
+// route's calls. Nil fields are layers the host's policy turns off.
+type hostShared struct {
+	bulkhead *bulkheadStage
+	pushback *pushbackStage
+	balancer *balancerStage
+	built    bool // false while the host's own stack is being composed
+}
+
+// compose builds a stack for p, outer to inner, with its parts, outer
+// first. On the host's own stack (sh.built false) it makes the shared
+// layers and records them in sh; on a route's it passes through them.
+func (t *Transport) compose(p *Policy, e env, sh *hostShared) (stage, []any) {
 	var s stage
 	var parts []any
-	if p.Endpoints.enabled() {
+	switch {
+	case sh.built && sh.balancer != nil:
+		s = sh.balancer
+	case sh.built:
+		s = t.attemptStack(p, e, t.base)
+		if sh.bulkhead != nil {
+			s = sharedStage{via: sh.bulkhead, next: s}
+		}
+	case p.Endpoints.enabled():
 		b := newBalancer(e, p, t.base, t.instanceStack)
-		s, parts = b, append(parts, b)
-	} else {
+		s, parts, sh.balancer = b, append(parts, b), b
+	default:
 		var bh *bulkheadStage
-		s, bh = t.instanceStack(p, e, t.base, hs.name)
+		s, bh = t.instanceStack(p, e, t.base, e.host)
 		if bh != nil {
-			parts = append(parts, bh)
+			parts, sh.bulkhead = append(parts, bh), bh
 		}
 	}
 	if !p.Breaker.Disabled {
@@ -39,9 +79,12 @@ func (t *Transport) buildStack(hs *hostState) {
 		s, parts = b, append(parts, b)
 	}
 	var pause pauser
-	if !p.Retry.NoPushback {
+	switch {
+	case sh.built && sh.pushback != nil:
+		s, pause = sharedStage{via: sh.pushback, next: s}, sh.pushback
+	case !sh.built && !p.Retry.NoPushback:
 		pb := newPushback(s, p.Retry.MaxRetryAfter, e, &t.ignoredRA)
-		s, pause, parts = pb, pb, append(parts, pb)
+		s, pause, parts, sh.pushback = pb, pb, append(parts, pb), pb
 	}
 	if !p.Retry.Disabled {
 		r := newRetry(s, p.Retry, e, pause, &t.ignoredRA, t.randN, p.Endpoints.enabled())
@@ -53,27 +96,57 @@ func (t *Transport) buildStack(hs *hostState) {
 	if p.Fallback.enabled() {
 		s = newFallback(s, p.Fallback, e)
 	}
-	hs.rt = s
+	sh.built = true
 	// Outer first, as the stack reads.
 	for i, j := 0, len(parts)-1; i < j; i, j = i+1, j-1 {
 		parts[i], parts[j] = parts[j], parts[i]
 	}
-	hs.parts = parts
+	return s, parts
+}
+
+// passer is a shared layer that a route's stack passes through with its
+// own layers below (bulkheadStage.pass, pushbackStage.pass).
+type passer interface {
+	pass(next stage, req *http.Request, c call) (*http.Response, error)
+}
+
+// sharedStage puts a host's shared layer into a route's stack, over the
+// route's own layers below it.
+type sharedStage struct {
+	via  passer
+	next stage
+}
+
+func (s sharedStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+	return s.via.pass(s.next, req, c)
 }
 
 // instanceStack composes the per-attempt layers over base for one host,
 // or for one instance of a balanced upstream (name is its "host:port"):
-// bulkhead, attempt deadline, attempt span. The bulkhead is nil when
+// bulkhead, attempt deadline, attempt span, fault. The bulkhead is nil when
 // disabled.
 func (t *Transport) instanceStack(p *Policy, e env, base http.RoundTripper, name string) (stage, *bulkheadStage) {
-	var s stage = baseStage{base}
-	s = newObserveStage(s, e)
-	if !p.Timeout.Disabled {
-		s = newAttemptStage(s, p.Timeout, e.rep)
-	}
+	s := t.attemptStack(p, e, base)
 	if p.Bulkhead.Disabled {
 		return s, nil
 	}
 	bh := newBulkhead(s, p.Bulkhead, name, e.rep)
 	return bh, bh
+}
+
+// attemptStack composes the layers of one attempt over base: attempt
+// deadline, attempt span, and, when p injects faults, the fault layer,
+// below the span and the deadline so that an injected fault is marked in
+// the span and an injected delay counts against the deadline. Off, the
+// fault layer is not there at all.
+func (t *Transport) attemptStack(p *Policy, e env, base http.RoundTripper) stage {
+	var s stage = baseStage{base}
+	if p.Fault.enabled() {
+		s = newFault(s, p.Fault, e)
+	}
+	s = newObserveStage(s, e)
+	if !p.Timeout.Disabled {
+		s = newAttemptStage(s, p.Timeout, e.rep)
+	}
+	return s
 }
