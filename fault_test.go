@@ -224,3 +224,14 @@ func TestFaultConfig(t *testing.T) {
 		}
 	}
 }
+
+func TestFaultContract(t *testing.T) {
+	runContract(t, func(base http.RoundTripper) http.RoundTripper {
+		// Delays and resets (an abort's empty body is not the contract's
+		// "hello"), with the attempt layers and retries over them.
+		return mustNew(t, Config{Base: base, Default: Policy{
+			Breaker: Breaker{Disabled: true},
+			Fault:   Fault{Delay: time.Millisecond, DelayRate: 0.5, ResetRate: 0.2, Seed: 7},
+		}})
+	})
+}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // routeOf reports the pattern of the route the Transport picks for a
@@ -215,4 +216,13 @@ func mustURL(t *testing.T, s string) *url.URL {
 		t.Fatal(err)
 	}
 	return u
+}
+
+func TestRouteContract(t *testing.T) {
+	runContract(t, func(base http.RoundTripper) http.RoundTripper {
+		// The contract's requests go to /x and /c: one through a route's
+		// stack, one through the host's.
+		return mustNew(t, Config{Base: base, Default: Policy{Bulkhead: Bulkhead{MaxConcurrent: 4}},
+			Routes: map[string]Policy{"/x": {Retry: Retry{MaxAttempts: 2}, Timeout: Timeout{Attempt: time.Second}}}})
+	})
 }
