@@ -130,10 +130,10 @@ type Config struct {
 //
 // The stack, outer to inner, for one request:
 //
-//	router → fallback → total deadline → retry → pushback → breaker → [balancer →] bulkhead → attempt deadline → attempt span → base
+//	router → fallback → total deadline → retry → pushback → breaker → [balancer →] bulkhead → attempt deadline → attempt span → [fault →] base
 //
-// Each host's stack is composed once, when the host is first seen, never per
-// call.
+// Each host's stack is composed once, when the host is first seen, and each
+// route's on a host when the route is first used there, never per call.
 type Transport struct {
 	base   http.RoundTripper
 	logger *slog.Logger
