@@ -226,3 +226,21 @@ func TestRouteContract(t *testing.T) {
 			Routes: map[string]Policy{"/x": {Retry: Retry{MaxAttempts: 2}, Timeout: Timeout{Attempt: time.Second}}}})
 	})
 }
+
+// TestRouteControlBreaker checks that ControlBreaker reaches the breakers
+// of a host's routes, those built before the control and after it.
+func TestRouteControlBreaker(t *testing.T) {
+	tr := mustNew(t, Config{Base: &statusBase{codes: []int{200}},
+		Routes: map[string]Policy{"/a": {Retry: Retry{Disabled: true}}, "/b": {Retry: Retry{Disabled: true}}}})
+	if _, err := sendOnce(t, tr, "GET", "http://api.example.com/a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.ControlBreaker("api.example.com:80", BreakerForceOpen); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/a", "/b"} {
+		if _, err := sendOnce(t, tr, "GET", "http://api.example.com"+path); !errors.Is(err, ErrBreakerOpen) {
+			t.Errorf("GET %s with the host forced open: err = %v, want ErrBreakerOpen", path, err)
+		}
+	}
+}

@@ -127,7 +127,8 @@ func (h HostSnapshot) ejected() int {
 // breaker. The override applies to the host over every scheme, now and to
 // state created later (after an eviction too), until it is set back to
 // BreakerAuto. It has no effect on a host whose policy disables the
-// breaker. An invalid host or control is an error.
+// breaker. It sets the breakers of the host's routes (Config.Routes) too.
+// An invalid host or control is an error.
 func (t *Transport) ControlBreaker(host string, c BreakerControl) error {
 	if c > BreakerForceClosed {
 		return fmt.Errorf("bulwark: ControlBreaker(%q, %v): unknown control", host, c)
