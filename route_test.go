@@ -159,14 +159,22 @@ func TestRouteSharesBulkhead(t *testing.T) {
 		Default: Policy{Bulkhead: Bulkhead{MaxConcurrent: 1}, Retry: Retry{Disabled: true}},
 		Routes:  map[string]Policy{"/slow": {Timeout: Timeout{Attempt: 1e9}}},
 	})
+	// Built here: the goroutine below only reports.
+	held, err := http.NewRequestWithContext(t.Context(), "GET", "http://api.example.com/slow", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if _, err := sendOnce(t, tr, "GET", "http://api.example.com/slow"); err != nil {
+		resp, err := tr.RoundTrip(held)
+		if err != nil {
 			t.Errorf("held request: %v", err)
+			return
 		}
+		resp.Body.Close()
 	})
 	<-entered
-	_, err := sendOnce(t, tr, "GET", "http://api.example.com/fast")
+	_, err = sendOnce(t, tr, "GET", "http://api.example.com/fast")
 	close(hold)
 	wg.Wait()
 	if !errors.Is(err, ErrBulkheadFull) {
