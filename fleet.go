@@ -192,7 +192,7 @@ type fleetLink struct {
 	f     Fleet
 	t     *Transport
 	out   chan FleetUpdate
-	dirty chan *breakerStage // breakers whose counts are to be published
+	dirty chan *breakerCore // breakers whose counts are to be published
 	sink  FleetSink
 
 	cancel context.CancelFunc
@@ -229,7 +229,7 @@ func newFleetLink(f Fleet, t *Transport) *fleetLink {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &fleetLink{f: f, t: t, out: make(chan FleetUpdate, fleetQueue), dirty: make(chan *breakerStage, fleetQueue), cancel: cancel,
+	l := &fleetLink{f: f, t: t, out: make(chan FleetUpdate, fleetQueue), dirty: make(chan *breakerCore, fleetQueue), cancel: cancel,
 		pending: make(map[fleetKey]FleetUpdate)}
 	l.sink.l = l
 	l.wg.Add(2)
@@ -269,7 +269,7 @@ func (l *fleetLink) publish(u FleetUpdate) {
 // wait: the update sent reads the window when it goes, so one queued per
 // host is enough however many calls count meanwhile. Under gobreaker's
 // mutex and winMu: the hand-off does not block.
-func (l *fleetLink) countsChanged(b *breakerStage) {
+func (l *fleetLink) countsChanged(b *breakerCore) {
 	if l == nil || !b.peers.dirty.CompareAndSwap(false, true) {
 		return
 	}
@@ -465,20 +465,13 @@ func validFleetUpdate(u FleetUpdate, now time.Time) bool {
 	return err == nil && h != "" && p != ""
 }
 
-// attach connects a new host's layers to the fleet and applies what the
-// fleet said of the host before this process called it. Under t.mu, after
-// the host is in t.hosts.
+// attach applies to a new host what the fleet said of it before this
+// process called it. Under t.mu, after the host is in t.hosts. (The
+// host's breaker and pushback layers got the link when compose built
+// them; a route's breaker has none: the fleet shares per-host state.)
 func (l *fleetLink) attach(hs *hostState) {
 	if l == nil {
 		return
-	}
-	for _, p := range hs.parts {
-		switch s := p.(type) {
-		case *breakerStage:
-			s.fleet = l
-		case *pushbackStage:
-			s.fleet = l
-		}
 	}
 	now := time.Now()
 	l.pendMu.Lock()
@@ -520,9 +513,12 @@ func applyFleet(hs *hostState, u FleetUpdate, now time.Time) bool {
 // left as it is, so when the hold ends the pod's own breaker decides again
 // (the tripping pod has probed by then, and published a longer hold if the
 // host is still sick).
-func (b *breakerStage) adoptOpen(until, now time.Time) bool {
+func (b *breakerCore) adoptOpen(until, now time.Time) bool {
 	until = until.Add(min(fleetProbeGrace, until.Sub(now)/4))
-	if cap := now.Add(b.maxOpen); until.After(cap) {
+	b.winMu.Lock()
+	maxOpen := b.maxOpen // Update may retune it
+	b.winMu.Unlock()
+	if cap := now.Add(maxOpen); until.After(cap) {
 		until = cap
 	}
 	un := until.UnixNano()
@@ -549,7 +545,7 @@ func (b *breakerStage) adoptOpen(until, now time.Time) bool {
 
 // publishOpen shares a local trip. Under gobreaker's mutex: the hand-off
 // does not block.
-func (b *breakerStage) publishOpen(until time.Time, trips int) {
+func (b *breakerCore) publishOpen(until time.Time, trips int) {
 	b.fleet.publish(FleetUpdate{Kind: FleetBreakerOpen, Host: b.e.host, Until: until, Generation: uint64(trips)})
 }
 
@@ -573,7 +569,7 @@ func (p *pushbackStage) publishPause(until time.Time, shed bool, prio Priority) 
 }
 
 // counts is the update that publishes b's window as it is now.
-func (b *breakerStage) counts() FleetUpdate {
+func (b *breakerCore) counts() FleetUpdate {
 	b.winMu.Lock()
 	s := b.win.Sum(b.pos())
 	b.winMu.Unlock()

@@ -372,3 +372,34 @@ func TestFleetCloseWithout(t *testing.T) {
 		t.Fatal("a Fleet snapshot without a Fleet")
 	}
 }
+
+// TestFleetAfterUpdate: a host rebuilt by Update still shares, whether its
+// breaker was kept (a threshold moved) or made anew (the window changed).
+func TestFleetAfterUpdate(t *testing.T) {
+	for _, change := range []func(*Policy){
+		func(p *Policy) { p.Breaker.FailureRate = 0.4 },
+		func(p *Policy) { p.Breaker.WindowCalls = 20 },
+	} {
+		synctest.Test(t, func(t *testing.T) {
+			hub := &memHub{}
+			baseA, baseB := &statusBase{codes: []int{200}}, &statusBase{codes: []int{200}}
+			a, b := newPod(t, &memFleet{hub: hub}, baseA), newPod(t, &memFleet{hub: hub}, baseB)
+			_, _ = sendOnce(t, a, "GET", "http://api.test/")
+			p := fleetPolicy()
+			change(&p)
+			if err := a.Update(Config{Base: baseA, Default: p}); err != nil {
+				t.Fatal(err)
+			}
+			baseA.mu.Lock()
+			baseA.codes = []int{500}
+			baseA.mu.Unlock()
+			for range 5 {
+				_, _ = sendOnce(t, a, "GET", "http://api.test/")
+			}
+			synctest.Wait()
+			if _, err := sendOnce(t, b, "GET", "http://api.test/"); !errors.Is(err, ErrBreakerOpen) || baseB.sent() != 0 {
+				t.Fatalf("pod B after A's trip past an Update: %v, %d sent", err, baseB.sent())
+			}
+		})
+	}
+}
