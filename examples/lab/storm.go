@@ -38,7 +38,15 @@ var stormSpec = spec{
 	blurb: "a 2 s blip on a fixed-capacity service, with no retries, 3 immediate retries, exponential backoff, full jitter, and bulwark's retries (full jitter with a retry budget)",
 	run:   (*lab).storm,
 	verdict: func(sc *scenario) string {
-		imm, bw := sc.runs[1], sc.runs[len(sc.runs)-1]
+		var imm, bw *run
+		for _, r := range sc.runs {
+			switch r.short {
+			case "imm×3":
+				imm = r
+			case "bulwark":
+				bw = r
+			}
+		}
 		return fmt.Sprintf("around the blip bulwark's retries peaked at %.0f req/s on the service while a plain client with 3 immediate retries hit it with %.0f req/s (calls ok: bulwark %s, immediate retries %s).",
 			bw.metrics["peak"], imm.metrics["peak"], pctSp(bw.metrics["ok"]), pctSp(imm.metrics["ok"]))
 	},
