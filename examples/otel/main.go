@@ -137,9 +137,9 @@ func guide(w io.Writer, spans tracetest.SpanStubs, rawJSON bool) {
 		for _, a := range s.Attributes {
 			switch a.Key {
 			case "http.response.status_code", "http.request.method":
-				attrs = append(attrs, fmt.Sprintf("%s=%s", a.Key, a.Value.Emit()))
+				attrs = append(attrs, fmt.Sprintf("%s=%s", a.Key, a.Value.String()))
 			case "http.request.resend_count":
-				resend = a.Value.Emit()
+				resend = a.Value.String()
 				attrs = append(attrs, fmt.Sprintf("%s=%s", a.Key, resend))
 			}
 		}
@@ -151,7 +151,7 @@ func guide(w io.Writer, spans tracetest.SpanStubs, rawJSON bool) {
 	for _, e := range root.Events {
 		var attrs []string
 		for _, a := range e.Attributes {
-			attrs = append(attrs, fmt.Sprintf("%s=%s", a.Key, a.Value.Emit()))
+			attrs = append(attrs, fmt.Sprintf("%s=%s", a.Key, a.Value.String()))
 		}
 		fmt.Fprintf(w, "  • event %-26s %s on %s: %s\n", e.Name, at(e.Time), root.Name, strings.Join(attrs, " "))
 		switch e.Name {
