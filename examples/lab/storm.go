@@ -226,8 +226,8 @@ func (l *lab) storm(ctx context.Context) (*scenario, error) {
 		sc.runs = append(sc.runs, r)
 	}
 	none, bw := sc.runs[0], sc.runs[len(sc.runs)-1]
-	refused := fmt.Sprintf("bulwark's retry budget (20 %% of calls, floor 10/s) refused the retry of %.0f calls in this run, %.0f of them started during the blip or the second after it; those failed as they would have with no retries.",
-		bw.metrics["refused"], bw.metrics["refused_blip"])
+	refused := fmt.Sprintf("bulwark's retry budget (%.0f %% of calls, floor %.0f/s) refused the retry of %.0f calls in this run, %.0f of them started during the blip or the second after it; those calls failed, as they would have with no retries.",
+		100*bulwark.DefaultBudgetRatio, float64(bulwark.DefaultBudgetMinPerSecond), bw.metrics["refused"], bw.metrics["refused_blip"])
 	if bw.metrics["ok"] < none.metrics["ok"] {
 		sc.explain = append(sc.explain, fmt.Sprintf("Why bulwark's calls ok (%s) is below no retries (%s): %s The retries it did allow added to the backlog that the service works through after the stall (it received %.0f requests against %.0f with no retries), and waiting behind that backlog costs some first attempts their attempt timeout. The budget trades a little success in a blip for a bounded load: compare the peaks.",
 			pctSp(bw.metrics["ok"]), pctSp(none.metrics["ok"]), refused, bw.metrics["received"], none.metrics["received"]))
