@@ -38,6 +38,11 @@ type Policy struct {
 	// attempt to one of them and ejects the sick ones; see Endpoints. The
 	// zero value sends requests to the URL's host as it is.
 	Endpoints Endpoints
+
+	// Fault injects latency, answers and connection resets into attempts,
+	// for chaos tests; see Fault. The zero value injects nothing, and the
+	// layer is then not in the stack.
+	Fault Fault
 }
 
 // inherit fills p's zero fields from parent.
@@ -48,6 +53,7 @@ func (p Policy) inherit(parent Policy) Policy {
 	p.Fallback = p.Fallback.inherit(parent.Fallback)
 	p.Retry = p.Retry.inherit(parent.Retry)
 	p.Endpoints = p.Endpoints.inherit(parent.Endpoints)
+	p.Fault = p.Fault.inherit(parent.Fault)
 	return p
 }
 
@@ -80,6 +86,7 @@ func (p Policy) switches() error {
 		{"Retry.Budget", p.Retry.Budget.Disabled, p.Retry.Budget.Enabled},
 		{"Endpoints", p.Endpoints.Disabled, p.Endpoints.Enabled},
 		{"Endpoints.Outlier", p.Endpoints.Outlier.Disabled, p.Endpoints.Outlier.Enabled},
+		{"Fault", p.Fault.Disabled, p.Fault.Enabled},
 	} {
 		if s.disabled && s.enabled {
 			return fieldError(s.field+".Enabled", true, "conflicts with "+s.field+".Disabled")
@@ -107,6 +114,7 @@ func (p Policy) validate() error {
 		p.Bulkhead.validate(),
 		p.Fallback.validate(),
 		p.Endpoints.validate(),
+		p.Fault.validate(),
 	} {
 		if err != nil {
 			return err
@@ -148,6 +156,7 @@ var ErrInvalidConfig = errors.New("bulwark: invalid config")
 // Default), which field, the value given and why it was refused.
 type ConfigError struct {
 	Upstream string // the Upstreams key; empty for Config.Default or Config itself
+	Route    string // the Routes key, when the value is a route's
 	Field    string // e.g. "Retry.MaxAttempts"
 	Value    any
 	Reason   string
@@ -157,6 +166,13 @@ func (e *ConfigError) Error() string {
 	where := "Default"
 	if e.Upstream != "" {
 		where = fmt.Sprintf("upstream %q", e.Upstream)
+	}
+	if e.Route != "" {
+		if e.Upstream != "" {
+			where = fmt.Sprintf("route %q on upstream %q", e.Route, e.Upstream)
+		} else {
+			where = fmt.Sprintf("route %q", e.Route)
+		}
 	}
 	if e.Field == "" {
 		return fmt.Sprintf("bulwark: %s: %s", where, e.Reason)
