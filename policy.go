@@ -38,6 +38,11 @@ type Policy struct {
 	// attempt to one of them and ejects the sick ones; see Endpoints. The
 	// zero value sends requests to the URL's host as it is.
 	Endpoints Endpoints
+
+	// Throttle is client-side adaptive throttling per host: it refuses
+	// locally a share of requests that grows as the host accepts fewer of
+	// them; see Throttle. The zero value is off.
+	Throttle Throttle
 }
 
 // inherit fills p's zero fields from parent.
@@ -48,6 +53,7 @@ func (p Policy) inherit(parent Policy) Policy {
 	p.Fallback = p.Fallback.inherit(parent.Fallback)
 	p.Retry = p.Retry.inherit(parent.Retry)
 	p.Endpoints = p.Endpoints.inherit(parent.Endpoints)
+	p.Throttle = p.Throttle.inherit(parent.Throttle)
 	return p
 }
 
@@ -62,6 +68,7 @@ func (p Policy) withDefaults() Policy {
 	p.Fallback = p.Fallback.withDefaults()
 	p.Retry = p.Retry.withDefaults()
 	p.Endpoints = p.Endpoints.withDefaults()
+	p.Throttle = p.Throttle.withDefaults()
 	return p
 }
 
@@ -80,6 +87,7 @@ func (p Policy) switches() error {
 		{"Retry.Budget", p.Retry.Budget.Disabled, p.Retry.Budget.Enabled},
 		{"Endpoints", p.Endpoints.Disabled, p.Endpoints.Enabled},
 		{"Endpoints.Outlier", p.Endpoints.Outlier.Disabled, p.Endpoints.Outlier.Enabled},
+		{"Throttle", p.Throttle.Disabled, p.Throttle.Enabled},
 	} {
 		if s.disabled && s.enabled {
 			return fieldError(s.field+".Enabled", true, "conflicts with "+s.field+".Disabled")
@@ -107,6 +115,7 @@ func (p Policy) validate() error {
 		p.Bulkhead.validate(),
 		p.Fallback.validate(),
 		p.Endpoints.validate(),
+		p.Throttle.validate(),
 	} {
 		if err != nil {
 			return err

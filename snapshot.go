@@ -37,6 +37,7 @@ type HostSnapshot struct {
 	Bulkhead *BulkheadSnapshot // nil too for a balanced upstream: see Endpoints
 	Budget   *BudgetSnapshot
 	Pushback *PushbackSnapshot
+	Throttle *ThrottleSnapshot // nil unless Throttle is enabled
 	// Endpoints are a balanced upstream's instances, each with its own
 	// bulkhead; nil for other hosts.
 	Endpoints []EndpointState

@@ -12,6 +12,9 @@ import "net/http"
 //   - the retry layer waits outside pushback, breaker and bulkhead, so a
 //     waiting retry holds no permit, and every attempt is seen below;
 //   - pushback refuses before the breaker counts anything;
+//   - the throttle, just above the breaker, counts what the host accepted
+//     of what it was sent: an open breaker's refusals are not requests the
+//     host turned down, and its own refusals never reach the breaker;
 //   - the breaker sees every attempt, outside the bulkhead, so an open
 //     breaker refuses before a slot is taken;
 //   - the balancer, below the breaker (which sees every attempt whichever
@@ -37,6 +40,10 @@ func (t *Transport) buildStack(hs *hostState) {
 	if !p.Breaker.Disabled {
 		b := newBreaker(s, p.Breaker, e, t.randN)
 		s, parts = b, append(parts, b)
+	}
+	if p.Throttle.Enabled {
+		th := newThrottle(s, p.Throttle, e, t.randN)
+		s, parts = th, append(parts, th)
 	}
 	var pause pauser
 	if !p.Retry.NoPushback {
