@@ -6,17 +6,6 @@ import (
 	"time"
 )
 
-// server is a simulated upstream on virtual time: cores that each hold a
-// request for service, and a FIFO for the rest, as the capacity
-// drop scenario describes.
-type server struct {
-	cores   []int64 // the time each core is busy until (ns)
-	queue   []simReq
-	service int64
-}
-
-type simReq struct{ arrive int64 }
-
 type done struct {
 	arrive, end int64
 }
