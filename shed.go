@@ -287,6 +287,10 @@ type ShedStats struct {
 	Served [NumPriorities]uint64
 	// Shed counts refused requests by reason, then priority.
 	Shed [NumShedReasons][NumPriorities]uint64
+	// ServedRetries and ShedRetries count the requests among those that
+	// were retries (see isRetry): a retry waits behind every first
+	// attempt of its priority.
+	ServedRetries, ShedRetries uint64
 }
 
 // ShedTotal is the number of refused requests, all reasons and priorities.
@@ -312,7 +316,9 @@ func (s ShedStats) ShedTotal() uint64 {
 // Under pressure lower priorities go first: a full queue gives a more
 // important arrival the place of its least important waiter, freed workers
 // go to the most important waiter, and a share of the workers is reserved
-// for PriorityCritical. A queued request whose caller's patience has run out
+// for PriorityCritical. Within a priority, retries go before first attempts
+// (AttemptHeader, grpc-previous-rpc-attempts, x-envoy-attempt-count; see
+// shed_retry.go). A queued request whose caller's patience has run out
 // is dropped before it is served (queue-time shedding, as CoDel does for
 // packets).
 //
@@ -353,9 +359,9 @@ type Shedder struct {
 	now func() time.Time
 
 	mu       sync.Mutex
-	inflight int                                  // guarded by mu
-	queue    [numPriorities]fifo[waiter, *waiter] // guarded by mu; one per priority
-	queued   int                                  // guarded by mu; sum of the lists' lengths
+	inflight int                             // guarded by mu
+	queue    [numRanks]fifo[waiter, *waiter] // guarded by mu; one per rank (priority, then first attempt or retry)
+	queued   int                             // guarded by mu; sum of the lists' lengths
 
 	// Mirrors of inflight and queued, written under mu, so Stats reads
 	// them without contending with the hot path.
@@ -363,6 +369,8 @@ type Shedder struct {
 	statQueued   atomic.Int64
 	served       [numPriorities]atomic.Uint64
 	shed         [numShedReasons][numPriorities]atomic.Uint64
+	servedRetry  atomic.Uint64
+	shedRetry    atomic.Uint64
 }
 
 // Header values shared by every refusal, allocated once.
@@ -573,6 +581,7 @@ func formatValue(v any) string {
 // becomes free within r's patience, and refuses it with a 503 otherwise.
 func (s *Shedder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p := s.classify(r).clamp()
+	rk := rankOf(p, isRetry(r.Header))
 	limit := s.shared
 	if p == PriorityCritical {
 		limit = s.workers
@@ -586,7 +595,7 @@ func (s *Shedder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.inflight++
 		s.statInflight.Store(int64(s.inflight))
 		s.mu.Unlock()
-		s.serve(w, r, p)
+		s.serve(w, r, p, rk)
 		return
 	}
 	// No worker: queue, unless the request's patience is already spent.
@@ -594,7 +603,7 @@ func (s *Shedder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	if err := ctx.Err(); err != nil {
 		s.mu.Unlock()
-		s.refuse(w, p, doneReason(ctx))
+		s.refuseRank(w, rk, doneReason(ctx))
 		return
 	}
 	now := s.now()
@@ -606,21 +615,24 @@ func (s *Shedder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if !now.Before(patience) {
 		s.mu.Unlock()
-		s.refuse(w, p, ShedWaitedTooLong)
+		s.refuseRank(w, rk, ShedWaitedTooLong)
 		return
 	}
-	wt, ok := s.enqueueLocked(p, patience)
+	wt, ok := s.enqueueLocked(rk, patience)
 	s.mu.Unlock()
 	if !ok {
-		s.refuse(w, p, ShedQueueFull)
+		s.refuseRank(w, rk, ShedQueueFull)
 		return
 	}
 	s.wait(w, r, wt, !byDeadline)
 }
 
 // serve runs the wrapped handler on a worker this request holds.
-func (s *Shedder) serve(w http.ResponseWriter, r *http.Request, p Priority) {
+func (s *Shedder) serve(w http.ResponseWriter, r *http.Request, p Priority, rk rank) {
 	s.served[p].Add(1)
+	if rk.retry() {
+		s.servedRetry.Add(1)
+	}
 	// Deferred so that a panicking handler (net/http recovers it) still
 	// gives its worker back.
 	defer s.release()
@@ -674,6 +686,7 @@ const (
 // waiter is one queued request.
 type waiter struct {
 	prio     Priority
+	rank     rank
 	state    uint8
 	ready    chan struct{} // buffered: the one send never blocks
 	patience time.Time     // the instant it stops waiting
@@ -684,13 +697,15 @@ func (w *waiter) fifoLinks() *links[waiter] { return &w.links }
 
 // enqueueLocked queues a request of priority p and the given patience, displacing a less important
 // waiter if the queue is full. It reports false when there is no room.
-func (s *Shedder) enqueueLocked(p Priority, patience time.Time) (*waiter, bool) {
+func (s *Shedder) enqueueLocked(rk rank, patience time.Time) (*waiter, bool) {
+	p := rk.priority()
 	if s.queued >= s.queueCap {
 		// The least important waiter gives way to a more important arrival:
-		// the newest of the lowest priority, so that those who have waited
-		// longest keep their place.
+		// the newest of the lowest rank, so that those who have waited
+		// longest keep their place. A first attempt outranks a retry of
+		// its own priority.
 		victim := (*waiter)(nil)
-		for q := numPriorities - 1; q > int(p); q-- {
+		for q := numRanks - 1; q > int(rk); q-- {
 			if victim = s.queue[q].tail; victim != nil {
 				break
 			}
@@ -700,8 +715,8 @@ func (s *Shedder) enqueueLocked(p Priority, patience time.Time) (*waiter, bool) 
 		}
 		s.settleLocked(victim, dropped)
 	}
-	w := &waiter{prio: p, patience: patience, ready: make(chan struct{}, 1)}
-	s.queue[p].push(w)
+	w := &waiter{prio: p, rank: rk, patience: patience, ready: make(chan struct{}, 1)}
+	s.queue[rk].push(w)
 	s.queued++
 	s.statQueued.Store(int64(s.queued))
 	return w, true
@@ -709,7 +724,7 @@ func (s *Shedder) enqueueLocked(p Priority, patience time.Time) (*waiter, bool) 
 
 // settleLocked takes w out of the queue in state st and wakes it.
 func (s *Shedder) settleLocked(w *waiter, st uint8) {
-	s.queue[w.prio].remove(w)
+	s.queue[w.rank].remove(w)
 	s.queued--
 	s.statQueued.Store(int64(s.queued))
 	w.state = st
@@ -724,8 +739,8 @@ func (s *Shedder) settleLocked(w *waiter, st uint8) {
 func (s *Shedder) dispatchLocked() {
 	for s.queued > 0 && s.inflight < s.workers {
 		var w *waiter
-		if w = s.queue[PriorityCritical].head; w == nil && s.inflight < s.shared {
-			for q := 1; q < numPriorities && w == nil; q++ {
+		if w = s.firstOf(PriorityCritical); w == nil && s.inflight < s.shared {
+			for q := 2; q < numRanks && w == nil; q++ {
 				w = s.queue[q].head
 			}
 		}
@@ -779,16 +794,16 @@ func (s *Shedder) wait(w http.ResponseWriter, r *http.Request, wt *waiter, useTi
 			// Granted as the context ended: the caller is gone, so give
 			// the worker to someone still waiting for an answer.
 			s.release()
-			s.refuse(w, wt.prio, doneReason(ctx))
+			s.refuseRank(w, wt.rank, doneReason(ctx))
 			return
 		}
-		s.serve(w, r, wt.prio)
+		s.serve(w, r, wt.prio, wt.rank)
 	case dropped:
-		s.refuse(w, wt.prio, ShedDisplaced)
+		s.refuseRank(w, wt.rank, ShedDisplaced)
 	case expired:
-		s.refuse(w, wt.prio, ShedWaitedTooLong)
+		s.refuseRank(w, wt.rank, ShedWaitedTooLong)
 	default: // left on its own
-		s.refuse(w, wt.prio, why)
+		s.refuseRank(w, wt.rank, why)
 	}
 }
 
@@ -807,5 +822,6 @@ func (s *Shedder) Stats() ShedStats {
 			st.Shed[r][p] = s.shed[r][p].Load()
 		}
 	}
+	st.ServedRetries, st.ShedRetries = s.servedRetry.Load(), s.shedRetry.Load()
 	return st
 }
