@@ -24,6 +24,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/bulwark-http/bulwark/internal/limit"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -222,6 +223,19 @@ type ShedConfig struct {
 	// otel.GetMeterProvider(); a noop provider turns them off.
 	MeterProvider metric.MeterProvider
 
+	// Adaptive makes the worker count learn from the handler's latency,
+	// with the gradient the client's adaptive bulkhead uses (see
+	// Bulkhead.Adaptive): it starts at Workers, which is its ceiling, and
+	// comes down to no fewer than MinWorkers while the handler's latency
+	// rises above its baseline, so a handler whose capacity shrank gets
+	// the work it can do and the rest is queued or refused fast. The
+	// critical reserve stays a share of the current count.
+	Adaptive bool
+
+	// MinWorkers is an adaptive worker count's floor. Zero means 1; more
+	// than Workers is an error. Ignored unless Adaptive.
+	MinWorkers int
+
 	// Name, when set, is the bulwark.shed.name attribute of every point of
 	// the Shedder's metrics, so that several Shedders on one MeterProvider
 	// (one per listener, or per handler) stay apart. Empty means no such
@@ -291,6 +305,9 @@ type ShedStats struct {
 	// were retries (see isRetry): a retry waits behind every first
 	// attempt of its priority.
 	ServedRetries, ShedRetries uint64
+	// Workers is the worker count in force: ShedConfig.Workers, or the
+	// adaptive count's current value.
+	Workers int
 }
 
 // ShedTotal is the number of refused requests, all reasons and priorities.
@@ -345,12 +362,14 @@ func (s ShedStats) ShedTotal() uint64 {
 // registration lasts as long as the MeterProvider. A registration error
 // goes to otel.Handle; NewShedder does not fail over metrics.
 type Shedder struct {
-	next     http.Handler
-	classify func(*http.Request) Priority
-	workers  int // limit for PriorityCritical
-	shared   int // limit for every other priority: workers minus the reserve
-	queueCap int
-	maxWait  time.Duration
+	next        http.Handler
+	classify    func(*http.Request) Priority
+	workers     int             // limit for PriorityCritical; with Adaptive, the ceiling
+	lim         *limit.Gradient // nil unless Adaptive
+	reserveFrac float64         // the critical reserve's share, for an adaptive count
+	shared      int             // limit for every other priority: workers minus the reserve
+	queueCap    int
+	maxWait     time.Duration
 	// retryAfter is the Retry-After value, shared by every refusal so that
 	// writing one allocates nothing. Its capacity equals its length, so a
 	// later Header().Add copies rather than writing into it.
@@ -436,6 +455,9 @@ func NewShedder(next http.Handler, cfg ShedConfig) (*Shedder, error) {
 	if workers == 0 {
 		workers = DefaultWorkers()
 	}
+	if cfg.MinWorkers < 0 || (cfg.Adaptive && cfg.MinWorkers > workers) {
+		return nil, shedFieldError("MinWorkers", cfg.MinWorkers, "must be in [0, Workers]")
+	}
 	queue := cfg.Queue
 	switch {
 	case queue == 0:
@@ -467,14 +489,19 @@ func NewShedder(next http.Handler, cfg ShedConfig) (*Shedder, error) {
 		classify = DefaultPriority
 	}
 	s := &Shedder{
-		next:       next,
-		classify:   classify,
-		workers:    workers,
-		shared:     workers - reserved,
-		queueCap:   queue,
-		maxWait:    maxWait,
-		retryAfter: []string{strconv.FormatInt(secs, 10)},
-		now:        time.Now,
+		next:        next,
+		classify:    classify,
+		workers:     workers,
+		shared:      workers - reserved,
+		reserveFrac: reserveFrac(cfg.ReservedCritical),
+		queueCap:    queue,
+		maxWait:     maxWait,
+		retryAfter:  []string{strconv.FormatInt(secs, 10)},
+		now:         time.Now,
+	}
+	if cfg.Adaptive {
+		// Validated: 1 ≤ MinWorkers ≤ workers.
+		s.lim, _ = limit.New(limit.Config{Min: max(1, cfg.MinWorkers), Max: workers})
 	}
 	s.registerMetrics(cfg.MeterProvider, cfg.Name)
 	return s, nil
@@ -582,12 +609,12 @@ func formatValue(v any) string {
 func (s *Shedder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p := s.classify(r).clamp()
 	rk := rankOf(p, isRetry(r.Header))
-	limit := s.shared
-	if p == PriorityCritical {
-		limit = s.workers
-	}
 
 	s.mu.Lock()
+	workers, limit := s.capacityLocked()
+	if p == PriorityCritical {
+		limit = workers
+	}
 	// Every change of state hands free workers to the waiters who may use
 	// them (dispatchLocked), so a free worker this request may use means no
 	// waiter of its priority or above is being passed over.
@@ -632,6 +659,9 @@ func (s *Shedder) serve(w http.ResponseWriter, r *http.Request, p Priority, rk r
 	s.served[p].Add(1)
 	if rk.retry() {
 		s.servedRetry.Add(1)
+	}
+	if s.lim != nil {
+		defer s.sample(time.Now())
 	}
 	// Deferred so that a panicking handler (net/http recovers it) still
 	// gives its worker back.
@@ -737,9 +767,10 @@ func (s *Shedder) settleLocked(w *waiter, st uint8) {
 // waiter whose patience has run out is dropped rather than served: its
 // caller has stopped waiting for the answer, so serving it is pure waste.
 func (s *Shedder) dispatchLocked() {
-	for s.queued > 0 && s.inflight < s.workers {
+	workers, shared := s.capacityLocked()
+	for s.queued > 0 && s.inflight < workers {
 		var w *waiter
-		if w = s.firstOf(PriorityCritical); w == nil && s.inflight < s.shared {
+		if w = s.firstOf(PriorityCritical); w == nil && s.inflight < shared {
 			for q := 2; q < numRanks && w == nil; q++ {
 				w = s.queue[q].head
 			}
@@ -823,5 +854,9 @@ func (s *Shedder) Stats() ShedStats {
 		}
 	}
 	st.ServedRetries, st.ShedRetries = s.servedRetry.Load(), s.shedRetry.Load()
+	st.Workers = s.workers
+	if s.lim != nil {
+		st.Workers = s.lim.Limit()
+	}
 	return st
 }

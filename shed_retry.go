@@ -1,8 +1,10 @@
 package bulwark
 
 import (
+	"math"
 	"net/http"
 	"strconv"
+	"time"
 )
 
 // Retries are shed first: within one priority, a Shedder queues a retry
@@ -70,4 +72,46 @@ func headerAbove(h http.Header, key string, n int64) bool {
 	}
 	x, _ := strconv.ParseInt(s, 10, 64)
 	return x > n
+}
+
+// capacityLocked is the worker count in force and the share of it the
+// non-critical priorities may use. With Adaptive both follow the learned
+// limit, the reserve a share of it as ShedConfig.ReservedCritical says.
+func (s *Shedder) capacityLocked() (workers, shared int) {
+	if s.lim == nil {
+		return s.workers, s.shared
+	}
+	workers = s.lim.Limit()
+	reserved := 0
+	if s.reserveFrac > 0 {
+		reserved = min(int(math.Ceil(s.reserveFrac*float64(workers))), workers-1)
+	}
+	return workers, workers - reserved
+}
+
+// reserveFrac is the critical reserve's share that ReservedCritical means.
+func reserveFrac(v float64) float64 {
+	switch {
+	case v == 0:
+		return DefaultReservedCritical
+	case v < 0:
+		return 0
+	}
+	return v
+}
+
+// sample feeds the adaptive worker count one handler run that started at
+// start; when the count rose, waiters get the new workers.
+func (s *Shedder) sample(start time.Time) {
+	now := time.Now()
+	s.mu.Lock()
+	inflight := s.inflight
+	s.mu.Unlock()
+	old := s.lim.Limit()
+	if l, changed := s.lim.Sample(now.UnixNano(), now.Sub(start), inflight, false); changed && l > old {
+		s.mu.Lock()
+		s.dispatchLocked()
+		s.statInflight.Store(int64(s.inflight))
+		s.mu.Unlock()
+	}
 }

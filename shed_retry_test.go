@@ -1,6 +1,8 @@
 package bulwark
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -78,4 +80,56 @@ func TestShedRetriesFirst(t *testing.T) {
 			t.Errorf("shed: %d retries of %d, want retries the most shed", st.ShedRetries, st.ShedTotal())
 		}
 	})
+}
+
+// TestShedAdaptiveWorkers: a handler with 20 "cores" of 20 ms each (the
+// rest wait inside it) drops to 5 and back, under 600 requests a second,
+// on virtual time; an adaptive Shedder's worker count comes down near 5
+// and back up.
+func TestShedAdaptiveWorkers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cores := newCoresBase(20*time.Millisecond, 20)
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			resp, err := cores.RoundTrip(r)
+			if err == nil {
+				resp.Body.Close()
+			}
+		})
+		s, err := NewShedder(h, ShedConfig{Workers: 64, Adaptive: true, Queue: 8, ReservedCritical: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		send := func(d time.Duration) {
+			tick := time.NewTicker(time.Second / 600)
+			defer tick.Stop()
+			for end := time.Now().Add(d); time.Now().Before(end); {
+				<-tick.C
+				wg.Go(func() {
+					ctx, cancel := context.WithTimeout(t.Context(), 250*time.Millisecond)
+					defer cancel()
+					s.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil).WithContext(ctx))
+				})
+			}
+		}
+		send(3 * time.Second)
+		high := s.Stats().Workers
+		cores.remove(15)
+		send(3 * time.Second)
+		drop := s.Stats().Workers
+		cores.add(15)
+		send(3 * time.Second)
+		restored := s.Stats().Workers
+		wg.Wait()
+		t.Logf("workers: high %d, 3 s into the drop %d, 3 s after the restore %d", high, drop, restored)
+		if drop < 3 || drop > 10 {
+			t.Errorf("workers during the drop: %d, want in [3, 10]", drop)
+		}
+		if restored < 12 {
+			t.Errorf("workers after the restore: %d, want ≥ 12", restored)
+		}
+	})
+	if _, err := NewShedder(http.NotFoundHandler(), ShedConfig{Workers: 4, Adaptive: true, MinWorkers: 5}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("MinWorkers > Workers: %v, want ErrInvalidConfig", err)
+	}
 }
