@@ -309,3 +309,20 @@ func TestThrottleContract(t *testing.T) {
 		return mustNew(t, Config{Base: base, Default: only(Policy{Throttle: Throttle{Enabled: true}})})
 	})
 }
+
+// TestThrottleRealRandomness: a Transport without a test's randN throttles
+// with the package's randomness (a 503-only backend: most of 200 calls are
+// refused locally, some still go).
+func TestThrottleRealRandomness(t *testing.T) {
+	base := &statusBase{codes: []int{503}}
+	tr := mustNew(t, Config{Base: base, Default: only(Policy{Throttle: Throttle{Enabled: true}})})
+	refused := 0
+	for range 200 {
+		if _, err := sendOnce(t, tr, http.MethodGet, "http://th.test/"); errors.Is(err, ErrThrottled) {
+			refused++
+		}
+	}
+	if refused < 100 || base.sent() < 2 {
+		t.Errorf("%d refused, %d sent; want most refused and a few sent", refused, base.sent())
+	}
+}

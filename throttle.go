@@ -3,6 +3,7 @@ package bulwark
 import (
 	"errors"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"sync"
 	"time"
@@ -161,10 +162,13 @@ func (t *throttleStage) probability(c window.Counts) float64 {
 	return min(t.maxP, max(0, (req-t.k*acc)/(req+1)))
 }
 
-// randUnit draws uniformly from [0, 1) with 53 bits of the Transport's
-// randomness.
+// randUnit draws uniformly from [0, 1): from the Transport's randN when a
+// test set it, else from math/rand/v2's global source.
 func (t *throttleStage) randUnit() float64 {
-	return float64(t.randN(1<<53)) / (1 << 53)
+	if t.randN != nil {
+		return float64(t.randN(1<<53)) / (1 << 53)
+	}
+	return rand.Float64()
 }
 
 func (t *throttleStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
