@@ -3,6 +3,7 @@ package bulwark
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"math/rand/v2"
@@ -133,9 +134,15 @@ func (b *coresBase) RoundTrip(req *http.Request) (*http.Response, error) {
 // second with 250 ms deadlines. The adaptive limit comes down near what 5
 // cores serve and goes back up, on virtual time.
 func TestAdaptiveBulkheadFollowsCapacity(t *testing.T) {
+	for _, queue := range []int{0, 4} {
+		t.Run(fmt.Sprintf("queue %d", queue), func(t *testing.T) { testAdaptiveCapacity(t, queue) })
+	}
+}
+
+func testAdaptiveCapacity(t *testing.T, queue int) {
 	synctest.Test(t, func(t *testing.T) {
 		base := newCoresBase(20*time.Millisecond, 20)
-		tr := mustNew(t, Config{Base: base, Default: only(Policy{Bulkhead: Bulkhead{Adaptive: true, MinConcurrent: 1, MaxConcurrent: 100}}, "bulkhead")})
+		tr := mustNew(t, Config{Base: base, Default: only(Policy{Bulkhead: Bulkhead{Adaptive: true, MinConcurrent: 1, MaxConcurrent: 100, MaxQueue: queue}}, "bulkhead")})
 		const url = "http://cores.test/"
 		limitNow := func() int {
 			h := tr.Snapshot().Host("cores.test:80")

@@ -854,3 +854,11 @@ func TestBulkheadBaseBreaksContract(t *testing.T) {
 		})
 	})
 }
+
+// TestAdaptiveBulkheadContract: the adaptive limit, with a queue, keeps
+// the RoundTripper contract.
+func TestAdaptiveBulkheadContract(t *testing.T) {
+	runContract(t, func(base http.RoundTripper) http.RoundTripper {
+		return mustNew(t, Config{Base: base, Default: only(Policy{Bulkhead: Bulkhead{Adaptive: true, MinConcurrent: 2, MaxConcurrent: 4, MaxQueue: 4, MaxWait: time.Second}}, "bulkhead")})
+	})
+}
