@@ -46,6 +46,7 @@ package bulwark
 //
 //	rep.retryScheduled(ctx, attempt, delay, reason, fromRetryAfter) // before sleeping; attempt is the one about to be sent
 //	rep.rejected(ctx, layer)         // layerBreaker, layerBulkhead, layerPushback, layerBudget, layerDeadline
+//	rep.shadowRejected(ctx, layer)   // a layer in shadow mode would have refused, and let the request through
 //	rep.fallbackServed(ctx, kind)    // "stale", "constant" or "func"
 //	rep.breakerStateChanged(from, to)
 //	rep.pushbackChanged(active, until)
@@ -75,6 +76,7 @@ package bulwark
 //	bulwark.requests          counter    {bulwark.upstream, bulwark.outcome}   calls, by final outcome
 //	bulwark.retries           counter    {bulwark.upstream, bulwark.retry.reason}
 //	bulwark.rejections        counter    {bulwark.upstream, bulwark.layer}
+//	bulwark.shadow.rejections counter    {bulwark.upstream, bulwark.layer}     refusals a layer in shadow mode let through
 //	bulwark.fallbacks         counter    {bulwark.upstream, bulwark.fallback.kind}
 //	bulwark.breaker.transitions counter  {bulwark.upstream, bulwark.breaker.state} (the new state)
 //	bulwark.outlier.ejections counter    {bulwark.upstream, bulwark.instance}  instances ejected
@@ -154,14 +156,15 @@ const instrumentationName = "github.com/bulwark-http/bulwark"
 
 // Span names and event names.
 const (
-	spanRequest    = "bulwark.request"
-	eventRetry     = "bulwark.retry"
-	eventRejected  = "bulwark.rejected"
-	eventFallback  = "bulwark.fallback"
-	eventEjected   = "bulwark.outlier.ejected"
-	eventReturned  = "bulwark.outlier.returned"
-	otherLabel     = "other"
-	redactedMarker = "REDACTED"
+	spanRequest         = "bulwark.request"
+	eventRetry          = "bulwark.retry"
+	eventRejected       = "bulwark.rejected"
+	eventShadowRejected = "bulwark.shadow_rejected"
+	eventFallback       = "bulwark.fallback"
+	eventEjected        = "bulwark.outlier.ejected"
+	eventReturned       = "bulwark.outlier.returned"
+	otherLabel          = "other"
+	redactedMarker      = "REDACTED"
 )
 
 // The layers that reject a request, as rejected() takes them and as the
@@ -221,6 +224,7 @@ type observer struct {
 	meter   metric.Meter
 
 	requests, retries, rejections, fallbacks, transitions metric.Int64Counter
+	shadowRejections                                      metric.Int64Counter
 	ejections, returns                                    metric.Int64Counter
 	attemptDuration, retryDelay                           metric.Float64Histogram
 
@@ -301,6 +305,7 @@ func newObserver(cfg Config, logger *slog.Logger) *observer {
 	o.requests = counter("bulwark.requests", "Calls through bulwark, by final outcome.")
 	o.retries = counter("bulwark.retries", "Retries scheduled, by reason.")
 	o.rejections = counter("bulwark.rejections", "Requests bulwark refused to send, by the layer that refused.")
+	o.shadowRejections = counter("bulwark.shadow.rejections", "Requests a layer in shadow mode would have refused and sent anyway, by layer.")
 	o.fallbacks = counter("bulwark.fallbacks", "Final failures answered by a fallback, by kind.")
 	o.transitions = counter("bulwark.breaker.transitions", "Circuit breaker state changes, by the new state.")
 	o.ejections = counter("bulwark.outlier.ejections", "Instances ejected by outlier detection.")
@@ -496,6 +501,19 @@ func (hs *reporter) rejected(ctx context.Context, layer string) {
 	}
 	if o := hs.o; o.metering() {
 		o.rejections.Add(ctx, 1, hs.labels(keyLayer, layer).add...)
+	}
+}
+
+// shadowRejected reports that layer, in shadow mode, would have refused
+// the request and sends it instead: a "bulwark.shadow_rejected" event on
+// the span and the bulwark.shadow.rejections counter, so a threshold can be
+// tuned on real traffic before it is enforced.
+func (hs *reporter) shadowRejected(ctx context.Context, layer string) {
+	if recording(ctx) {
+		event(ctx, eventShadowRejected, keyLayer.String(layer))
+	}
+	if o := hs.o; o.metering() {
+		o.shadowRejections.Add(ctx, 1, hs.labels(keyLayer, layer).add...)
 	}
 }
 

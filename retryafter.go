@@ -139,7 +139,13 @@ type pushbackStage struct {
 	e       env
 	max     time.Duration
 	ignored *atomic.Uint64 // the Transport's count of ignored Retry-After values
+	// The pauses, shared with the pushback layer of a stack Update builds
+	// for the same host, so a pause outlives a policy change.
+	*pauses
+}
 
+// pauses is a host's pushback state.
+type pauses struct {
 	// paused is the pause of the whole host, nil before the first. The
 	// error value is made once per pause, so rejecting costs no allocation.
 	paused atomic.Pointer[PushbackError]
@@ -157,7 +163,7 @@ type pauser interface {
 }
 
 func newPushback(next stage, max time.Duration, e env, ignored *atomic.Uint64) *pushbackStage {
-	return &pushbackStage{next: next, e: e, max: max, ignored: ignored}
+	return &pushbackStage{next: next, e: e, max: max, ignored: ignored, pauses: new(pauses)}
 }
 
 func (p *pushbackStage) roundTrip(req *http.Request, c call) (*http.Response, error) {

@@ -43,11 +43,11 @@ func (s *Shedder) firstOf(p Priority) *waiter {
 }
 
 // refuseRank refuses a request of rank rk, counting a retry's refusal.
-func (s *Shedder) refuseRank(w http.ResponseWriter, rk rank, why ShedReason) {
+func (s *Shedder) refuseRank(w http.ResponseWriter, r *http.Request, rk rank, why ShedReason) {
 	if rk.retry() {
 		s.shedRetry.Add(1)
 	}
-	s.refuse(w, rk.priority(), why)
+	s.refuse(w, r, rk.priority(), why)
 }
 
 // isRetry reports whether a request says it is a retry: AttemptHeader

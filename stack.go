@@ -1,6 +1,9 @@
 package bulwark
 
-import "net/http"
+import (
+	"net/http"
+	"reflect"
+)
 
 // buildStack composes a host's layers, outer to inner, once, and records
 // in hs.parts the layers the router and Snapshot ask about. It is the one
@@ -22,15 +25,26 @@ import "net/http"
 //   - the bulkhead holds a slot for exactly one attempt;
 //   - the attempt deadline makes the attempt's context and headers;
 //   - the attempt span, innermost, covers what goes on the wire.
-func (t *Transport) buildStack(hs *hostState) {
+//
+// prev, when not nil, is the host's state before Transport.Update: the new
+// stack keeps the state of prev's layers whose shape p leaves unchanged
+// (see reuse), and builds the others afresh. prev's stack is not touched:
+// requests sent through it finish there.
+func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 	p := hs.policy
 	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep}
+	old := reuseFrom(prev, hs)
 	var s stage
 	var parts []any
-	if p.Endpoints.enabled() {
+	switch {
+	case old.balancer != nil:
+		s, parts = old.balancer, append(parts, old.balancer)
+	case p.Endpoints.enabled():
 		b := newBalancer(e, p, t.base, t.instanceStack)
 		s, parts = b, append(parts, b)
-	} else {
+	case old.bulkhead != nil:
+		s, parts = old.bulkhead, append(parts, old.bulkhead)
+	default:
 		var bh *bulkheadStage
 		s, bh = t.instanceStack(p, e, t.base, hs.name)
 		if bh != nil {
@@ -38,27 +52,46 @@ func (t *Transport) buildStack(hs *hostState) {
 		}
 	}
 	if !p.Breaker.Disabled {
-		b := newBreaker(s, p.Breaker, e, t.randN)
+		var b *breakerStage
+		if old.breaker != nil {
+			old.breaker.retune(p.Breaker)
+			b = old.breaker.link(s, p.Breaker)
+		} else {
+			b = newBreaker(s, p.Breaker, e, t.randN)
+		}
 		s, parts = b, append(parts, b)
 	}
 	if p.Throttle.Enabled {
 		th := newThrottle(s, p.Throttle, e, t.randN)
+		if old.throttle != nil {
+			th.throttleCounts = old.throttle
+		}
 		s, parts = th, append(parts, th)
 	}
 	var pause pauser
 	if !p.Retry.NoPushback {
 		pb := newPushback(s, p.Retry.MaxRetryAfter, e, &t.ignoredRA)
+		if old.pauses != nil {
+			pb.pauses = old.pauses
+		}
 		s, pause, parts = pb, pb, append(parts, pb)
 	}
 	if !p.Retry.Disabled {
 		r := newRetry(s, p.Retry, e, pause, &t.ignoredRA, t.randN, p.Endpoints.enabled())
+		if old.budget != nil {
+			r.budget = old.budget
+		}
 		s, parts = r, append(parts, r)
 	}
 	if !p.Timeout.Disabled {
 		s = &totalStage{next: s, total: p.Timeout.Total}
 	}
 	if p.Fallback.enabled() {
-		s = newFallback(s, p.Fallback, e)
+		f := newFallback(s, p.Fallback, e)
+		if old.stale != nil {
+			f.stale = old.stale
+		}
+		s, parts = f, append(parts, f)
 	}
 	hs.rt = s
 	// Outer first, as the stack reads.
@@ -83,4 +116,82 @@ func (t *Transport) instanceStack(p *Policy, e env, base http.RoundTripper, name
 	}
 	bh := newBulkhead(s, p.Bulkhead, name, e.rep)
 	return bh, bh
+}
+
+// kept is the state of a host's previous stack that its new one keeps.
+type kept struct {
+	balancer *balancerStage
+	bulkhead *bulkheadStage
+	breaker  *breakerCore
+	pauses   *pauses
+	budget   *retryBudget
+	stale    *staleCache
+	throttle *throttleCounts
+}
+
+// reuseFrom picks the layers of prev (nil: none) whose state survives a
+// change to policy p. A layer keeps its state when its own sub-policy's
+// shape is unchanged; anything else is built afresh, empty:
+//
+//   - the breaker keeps its window, state, trips and manual control unless
+//     Window, WindowCalls, HalfOpenCalls or OpenFor change (breakerShape);
+//     its rates, MinCalls, MaxOpenFor, SlowCall, Classify, OnStateChange
+//     and Shadow move in place;
+//   - the bulkhead (slots held, queue), or a balanced upstream's balancer
+//     (instances, ejections, their bulkheads), is kept whole when the
+//     Bulkhead, Timeout and, balanced, Endpoints policies are all equal;
+//     otherwise the new one starts empty, and requests still in the old one
+//     hold their slots there, so for as long as they run the host may see
+//     up to both limits at once;
+//   - the pushback pauses are always kept (they are the host's word, not
+//     the policy's);
+//   - the retry budget is kept when Retry.Budget is unchanged;
+//   - the stale cache is kept when Fallback.Stale is unchanged;
+//   - the throttle's counts are kept when Throttle is unchanged.
+//
+// Equal means reflect.DeepEqual, under which a non-nil func or an
+// interface holding one is never equal: a policy with a Resolver whose
+// type holds a func, say, gets a fresh balancer on every Update.
+//
+// A host whose upstream label changes (an Upstreams key added or removed)
+// keeps nothing: its state is reported under another label.
+func reuseFrom(prev, hs *hostState) kept {
+	var k kept
+	if prev == nil || prev.upstream != hs.upstream {
+		return k
+	}
+	p, q := hs.policy, prev.policy
+	for _, part := range prev.parts {
+		switch l := part.(type) {
+		case *balancerStage:
+			if p.Endpoints.enabled() && reflect.DeepEqual(q.Endpoints, p.Endpoints) &&
+				reflect.DeepEqual(q.Bulkhead, p.Bulkhead) && reflect.DeepEqual(q.Timeout, p.Timeout) {
+				k.balancer = l
+			}
+		case *bulkheadStage:
+			if !p.Endpoints.enabled() && !p.Bulkhead.Disabled &&
+				reflect.DeepEqual(q.Bulkhead, p.Bulkhead) && reflect.DeepEqual(q.Timeout, p.Timeout) {
+				k.bulkhead = l
+			}
+		case *breakerStage:
+			if shapeOf(q.Breaker) == shapeOf(p.Breaker) {
+				k.breaker = l.breakerCore
+			}
+		case *pushbackStage:
+			k.pauses = l.pauses
+		case *retryStage:
+			if l.budget != nil && reflect.DeepEqual(q.Retry.Budget, p.Retry.Budget) {
+				k.budget = l.budget
+			}
+		case *throttleStage:
+			if reflect.DeepEqual(q.Throttle, p.Throttle) {
+				k.throttle = l.throttleCounts
+			}
+		case *fallbackStage:
+			if l.stale != nil && reflect.DeepEqual(q.Fallback.Stale, p.Fallback.Stale) {
+				k.stale = l.stale
+			}
+		}
+	}
+	return k
 }

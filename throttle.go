@@ -143,7 +143,13 @@ type throttleStage struct {
 	k, maxP  float64
 	randN    func(int64) int64
 	rejected *ThrottledError
+	// The counts, shared with the throttle of a stack Update builds for
+	// the same host and Throttle policy, so they outlive the change.
+	*throttleCounts
+}
 
+// throttleCounts is a host's throttle state.
+type throttleCounts struct {
 	mu       sync.Mutex
 	w        *window.Window
 	reported float64 // the probability last reported
@@ -153,7 +159,7 @@ func newThrottle(next stage, p Throttle, e env, randN func(int64) int64) *thrott
 	// Validated: Window ≥ 100 ms, so ten buckets fit.
 	w, _ := window.New(int64(p.Window), throttleBuckets)
 	return &throttleStage{next: next, e: e, k: p.K, maxP: p.MaxProbability, randN: randN,
-		rejected: &ThrottledError{Host: e.host}, w: w}
+		rejected: &ThrottledError{Host: e.host}, throttleCounts: &throttleCounts{w: w}}
 }
 
 // probability is the SRE formula on the counts, capped.

@@ -120,17 +120,30 @@ type Transport struct {
 	// ignoredRA counts Retry-After values ignored as malformed (Snapshot).
 	ignoredRA atomic.Uint64
 
-	def      *route
-	exact    map[hostPort]*route
-	byHost   map[string]*route
-	maxHosts int
-	idle     time.Duration
+	// routes are the policies, guarded by mu: New sets them, Update
+	// replaces them.
+	routes
+	// updateMu serialises Updates.
+	updateMu sync.Mutex
+	// updateBuilt, when set (by tests), is called by Update between
+	// building the new stacks and swapping them in.
+	updateBuilt func()
 
 	mu    sync.RWMutex
 	hosts map[hostKey]*hostState
 	// controls holds manual breaker overrides by "host:port", applied to
 	// hosts created later too (see ControlBreaker).
 	controls map[string]BreakerControl
+}
+
+// routes is what New and Update compile from a Config: a route per
+// Upstreams key, Default's, and the limits on the per-host state.
+type routes struct {
+	def      *route
+	exact    map[hostPort]*route
+	byHost   map[string]*route
+	maxHosts int
+	idle     time.Duration
 }
 
 // route is a compiled policy and the upstream label it goes by.
@@ -176,27 +189,16 @@ const touchEvery = 10 * time.Millisecond
 // New validates cfg and builds a Transport. Every invalid value is a
 // *ConfigError (matching ErrInvalidConfig) naming the upstream and field.
 func New(cfg Config) (*Transport, error) {
+	rs, err := compile(cfg)
+	if err != nil {
+		return nil, err
+	}
 	t := &Transport{
 		base:     cfg.Base,
 		logger:   cfg.Logger,
-		exact:    make(map[hostPort]*route),
-		byHost:   make(map[string]*route),
-		maxHosts: cfg.MaxHosts,
-		idle:     cfg.HostIdle,
+		routes:   *rs,
 		hosts:    make(map[hostKey]*hostState),
 		controls: make(map[string]BreakerControl),
-	}
-	switch {
-	case cfg.MaxHosts < 0:
-		return nil, &ConfigError{Field: "MaxHosts", Value: cfg.MaxHosts, Reason: "must be ≥ 0"}
-	case cfg.MaxHosts == 0:
-		t.maxHosts = DefaultMaxHosts
-	}
-	switch {
-	case cfg.HostIdle < 0:
-		return nil, &ConfigError{Field: "HostIdle", Value: cfg.HostIdle, Reason: "must be ≥ 0"}
-	case cfg.HostIdle == 0:
-		t.idle = DefaultHostIdle
 	}
 	if t.base == nil {
 		if dt, ok := http.DefaultTransport.(*http.Transport); ok {
@@ -210,6 +212,31 @@ func New(cfg Config) (*Transport, error) {
 	}
 	t.obs = newObserver(cfg, t.logger)
 	t.registerGauges()
+	return t, nil
+}
+
+// compile validates cfg's policies and host limits, and compiles them: the
+// one validation New and Update share. Every invalid value is a
+// *ConfigError.
+func compile(cfg Config) (*routes, error) {
+	rs := &routes{
+		exact:    make(map[hostPort]*route),
+		byHost:   make(map[string]*route),
+		maxHosts: cfg.MaxHosts,
+		idle:     cfg.HostIdle,
+	}
+	switch {
+	case cfg.MaxHosts < 0:
+		return nil, &ConfigError{Field: "MaxHosts", Value: cfg.MaxHosts, Reason: "must be ≥ 0"}
+	case cfg.MaxHosts == 0:
+		rs.maxHosts = DefaultMaxHosts
+	}
+	switch {
+	case cfg.HostIdle < 0:
+		return nil, &ConfigError{Field: "HostIdle", Value: cfg.HostIdle, Reason: "must be ≥ 0"}
+	case cfg.HostIdle == 0:
+		rs.idle = DefaultHostIdle
+	}
 
 	if err := cfg.Default.switches(); err != nil {
 		return nil, err
@@ -222,7 +249,7 @@ func New(cfg Config) (*Transport, error) {
 		// Every host no Upstreams key names would go to these instances.
 		return nil, &ConfigError{Field: "Endpoints", Value: "set", Reason: "belongs in an Upstreams policy, not Default"}
 	}
-	t.def = &route{upstream: "default", policy: def}
+	rs.def = &route{upstream: "default", policy: def}
 
 	// Sorted so that the first error reported does not depend on map order.
 	keys := make([]string, 0, len(cfg.Upstreams))
@@ -253,12 +280,12 @@ func New(cfg Config) (*Transport, error) {
 		}
 		r := &route{upstream: k, policy: p}
 		if port != "" {
-			t.exact[hostPort{host, port}] = r
+			rs.exact[hostPort{host, port}] = r
 		} else {
-			t.byHost[host] = r
+			rs.byHost[host] = r
 		}
 	}
-	return t, nil
+	return rs, nil
 }
 
 type errString string
@@ -386,7 +413,7 @@ func (t *Transport) addHost(k hostKey, u *url.URL, now int64) *hostState {
 		rawScheme: strings.Clone(u.Scheme), rawHost: strings.Clone(u.Host)}
 	hs.lastUsed.Store(now)
 	hs.rep = t.obs.reporter(hs.upstream, hs.name, k.port)
-	t.buildStack(hs)
+	t.buildStack(hs, nil)
 	if c, ok := t.controls[hs.name]; ok {
 		hs.controlBreaker(c)
 	}
