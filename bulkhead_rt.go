@@ -290,6 +290,13 @@ func newBulkhead(next stage, p Bulkhead, name string, rep *reporter) *bulkheadSt
 }
 
 func (b *bulkheadStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+	return b.pass(b.next, req, c)
+}
+
+// pass holds a slot of this bulkhead for an attempt sent through next: its
+// own layer below, or a route's (see sharedStage), so that the routes of a
+// host share the host's slots.
+func (b *bulkheadStage) pass(next stage, req *http.Request, c call) (*http.Response, error) {
 	if b.limiter != nil {
 		if err := b.waitRate(req, c); err != nil {
 			if b.shadowed(req, err) {
@@ -319,7 +326,7 @@ func (b *bulkheadStage) roundTrip(req *http.Request, c call) (*http.Response, er
 	if b.lim != nil {
 		start = time.Now()
 	}
-	resp, err := b.next.roundTrip(req, c)
+	resp, err := next.roundTrip(req, c)
 	returned = true
 	if b.lim != nil {
 		b.sample(start, resp, err)

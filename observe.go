@@ -225,7 +225,7 @@ type observer struct {
 
 	requests, retries, rejections, fallbacks, transitions metric.Int64Counter
 	shadowRejections                                      metric.Int64Counter
-	ejections, returns                                    metric.Int64Counter
+	ejections, returns, faults                            metric.Int64Counter
 	attemptDuration, retryDelay                           metric.Float64Histogram
 
 	// state is what is on (obsTracing, …), kept by refresh; static means
@@ -310,6 +310,7 @@ func newObserver(cfg Config, logger *slog.Logger) *observer {
 	o.transitions = counter("bulwark.breaker.transitions", "Circuit breaker state changes, by the new state.")
 	o.ejections = counter("bulwark.outlier.ejections", "Instances ejected by outlier detection.")
 	o.returns = counter("bulwark.outlier.returns", "Ejected instances returned to the balancer's set.")
+	o.faults = counter("bulwark.faults", "Faults injected by the fault layer, by kind; refused header triggers as kind refused.")
 	// The semantic conventions' buckets for http.client.request.duration.
 	durations := []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
 	o.attemptDuration = hist("bulwark.attempt.duration", "Duration of one attempt, until its response body is read or closed.", durations)
@@ -514,6 +515,14 @@ func (hs *reporter) shadowRejected(ctx context.Context, layer string) {
 	}
 	if o := hs.o; o.metering() {
 		o.shadowRejections.Add(ctx, 1, hs.labels(keyLayer, layer).add...)
+	}
+}
+
+// faultInjected reports that the fault layer injected a fault of kind
+// ("delay", "abort", "reset"), or refused a header trigger ("refused").
+func (hs *reporter) faultInjected(ctx context.Context, kind string) {
+	if o := hs.o; o.metering() {
+		o.faults.Add(ctx, 1, hs.labels(keyFault, kind).add...)
 	}
 }
 

@@ -43,6 +43,11 @@ type Policy struct {
 	// locally a share of requests that grows as the host accepts fewer of
 	// them; see Throttle. The zero value is off.
 	Throttle Throttle
+
+	// Fault injects latency, answers and connection resets into attempts,
+	// for chaos tests; see Fault. The zero value injects nothing, and the
+	// layer is then not in the stack.
+	Fault Fault
 }
 
 // inherit fills p's zero fields from parent.
@@ -54,6 +59,7 @@ func (p Policy) inherit(parent Policy) Policy {
 	p.Retry = p.Retry.inherit(parent.Retry)
 	p.Endpoints = p.Endpoints.inherit(parent.Endpoints)
 	p.Throttle = p.Throttle.inherit(parent.Throttle)
+	p.Fault = p.Fault.inherit(parent.Fault)
 	return p
 }
 
@@ -88,6 +94,7 @@ func (p Policy) switches() error {
 		{"Endpoints", p.Endpoints.Disabled, p.Endpoints.Enabled},
 		{"Endpoints.Outlier", p.Endpoints.Outlier.Disabled, p.Endpoints.Outlier.Enabled},
 		{"Throttle", p.Throttle.Disabled, p.Throttle.Enabled},
+		{"Fault", p.Fault.Disabled, p.Fault.Enabled},
 	} {
 		if s.disabled && s.enabled {
 			return fieldError(s.field+".Enabled", true, "conflicts with "+s.field+".Disabled")
@@ -116,6 +123,7 @@ func (p Policy) validate() error {
 		p.Fallback.validate(),
 		p.Endpoints.validate(),
 		p.Throttle.validate(),
+		p.Fault.validate(),
 	} {
 		if err != nil {
 			return err
@@ -157,6 +165,7 @@ var ErrInvalidConfig = errors.New("bulwark: invalid config")
 // Default), which field, the value given and why it was refused.
 type ConfigError struct {
 	Upstream string // the Upstreams key; empty for Config.Default or Config itself
+	Route    string // the Routes key, when the value is a route's
 	Field    string // e.g. "Retry.MaxAttempts"
 	Value    any
 	Reason   string
@@ -166,6 +175,13 @@ func (e *ConfigError) Error() string {
 	where := "Default"
 	if e.Upstream != "" {
 		where = fmt.Sprintf("upstream %q", e.Upstream)
+	}
+	if e.Route != "" {
+		if e.Upstream != "" {
+			where = fmt.Sprintf("route %q on upstream %q", e.Route, e.Upstream)
+		} else {
+			where = fmt.Sprintf("route %q", e.Route)
+		}
 	}
 	if e.Field == "" {
 		return fmt.Sprintf("bulwark: %s: %s", where, e.Reason)

@@ -167,6 +167,12 @@ func newPushback(next stage, max time.Duration, e env, ignored *atomic.Uint64) *
 }
 
 func (p *pushbackStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+	return p.pass(p.next, req, c)
+}
+
+// pass is the pushback layer over next: its own layer below, or a route's
+// (see sharedStage), so that the routes of a host share its pauses.
+func (p *pushbackStage) pass(next stage, req *http.Request, c call) (*http.Response, error) {
 	prio, fromContext := requestPriority(req)
 	if e := p.pausedFor(prio); e != nil {
 		p.e.rep.rejected(req.Context(), layerPushback)
@@ -179,7 +185,7 @@ func (p *pushbackStage) roundTrip(req *http.Request, c call) (*http.Response, er
 		req = req.Clone(req.Context())
 		req.Header[PriorityHeader] = []string{priorityNames[prio]}
 	}
-	resp, err := p.next.roundTrip(req, c)
+	resp, err := next.roundTrip(req, c)
 	if err != nil {
 		return resp, err
 	}

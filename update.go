@@ -42,7 +42,7 @@ func (t *Transport) Update(cfg Config) error {
 
 	// New hosts get the new policies from here on.
 	t.mu.Lock()
-	t.routes = *rs
+	t.policies = *rs
 	old := make([]*hostState, 0, len(t.hosts))
 	for _, hs := range t.hosts {
 		old = append(old, hs)
@@ -118,10 +118,12 @@ func replacedClosers(prev, hs *hostState) []idleCloser {
 // a stack that keeps what prev's may keep (buildStack, reuseFrom).
 func (t *Transport) rebuild(prev *hostState) *hostState {
 	t.mu.RLock()
-	r := t.route(prev.key)
+	r, table := t.route(prev.key), t.table
 	t.mu.RUnlock()
 	hs := &hostState{key: prev.key, name: prev.name, upstream: r.upstream, policy: &r.policy,
 		rawScheme: prev.rawScheme, rawHost: prev.rawHost, rep: prev.rep}
+	// Routes start again on their next use, under the new table.
+	hs.table, hs.routes = table, table.slots()
 	hs.lastUsed.Store(prev.lastUsed.Load())
 	if hs.upstream != prev.upstream {
 		hs.rep = t.obs.reporter(hs.upstream, hs.name, hs.key.port)
