@@ -39,6 +39,11 @@ type Policy struct {
 	// zero value sends requests to the URL's host as it is.
 	Endpoints Endpoints
 
+	// Throttle is client-side adaptive throttling per host: it refuses
+	// locally a share of requests that grows as the host accepts fewer of
+	// them; see Throttle. The zero value is off.
+	Throttle Throttle
+
 	// Fault injects latency, answers and connection resets into attempts,
 	// for chaos tests; see Fault. The zero value injects nothing, and the
 	// layer is then not in the stack.
@@ -53,6 +58,7 @@ func (p Policy) inherit(parent Policy) Policy {
 	p.Fallback = p.Fallback.inherit(parent.Fallback)
 	p.Retry = p.Retry.inherit(parent.Retry)
 	p.Endpoints = p.Endpoints.inherit(parent.Endpoints)
+	p.Throttle = p.Throttle.inherit(parent.Throttle)
 	p.Fault = p.Fault.inherit(parent.Fault)
 	return p
 }
@@ -68,6 +74,7 @@ func (p Policy) withDefaults() Policy {
 	p.Fallback = p.Fallback.withDefaults()
 	p.Retry = p.Retry.withDefaults()
 	p.Endpoints = p.Endpoints.withDefaults()
+	p.Throttle = p.Throttle.withDefaults()
 	return p
 }
 
@@ -86,6 +93,7 @@ func (p Policy) switches() error {
 		{"Retry.Budget", p.Retry.Budget.Disabled, p.Retry.Budget.Enabled},
 		{"Endpoints", p.Endpoints.Disabled, p.Endpoints.Enabled},
 		{"Endpoints.Outlier", p.Endpoints.Outlier.Disabled, p.Endpoints.Outlier.Enabled},
+		{"Throttle", p.Throttle.Disabled, p.Throttle.Enabled},
 		{"Fault", p.Fault.Disabled, p.Fault.Enabled},
 	} {
 		if s.disabled && s.enabled {
@@ -114,6 +122,7 @@ func (p Policy) validate() error {
 		p.Bulkhead.validate(),
 		p.Fallback.validate(),
 		p.Endpoints.validate(),
+		p.Throttle.validate(),
 		p.Fault.validate(),
 	} {
 		if err != nil {

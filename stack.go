@@ -15,6 +15,9 @@ import (
 //   - the retry layer waits outside pushback, breaker and bulkhead, so a
 //     waiting retry holds no permit, and every attempt is seen below;
 //   - pushback refuses before the breaker counts anything;
+//   - the throttle, just above the breaker, counts what the host accepted
+//     of what it was sent: an open breaker's refusals are not requests the
+//     host turned down, and its own refusals never reach the breaker;
 //   - the breaker sees every attempt, outside the bulkhead, so an open
 //     breaker refuses before a slot is taken;
 //   - the balancer, below the breaker (which sees every attempt whichever
@@ -100,6 +103,13 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 			}
 		}
 		s, parts = b, append(parts, b)
+	}
+	if p.Throttle.Enabled {
+		th := newThrottle(s, p.Throttle, e, t.randN)
+		if old.throttle != nil {
+			th.throttleCounts = old.throttle
+		}
+		s, parts = th, append(parts, th)
 	}
 	var pause pauser
 	switch {
@@ -193,6 +203,7 @@ type kept struct {
 	pauses   *pauses
 	budget   *retryBudget
 	stale    *staleCache
+	throttle *throttleCounts
 }
 
 // reuseFrom picks the layers of prev (nil: none) whose state survives a
@@ -212,7 +223,8 @@ type kept struct {
 //   - the pushback pauses are always kept (they are the host's word, not
 //     the policy's);
 //   - the retry budget is kept when Retry.Budget is unchanged;
-//   - the stale cache is kept when Fallback.Stale is unchanged.
+//   - the stale cache is kept when Fallback.Stale is unchanged;
+//   - the throttle's counts are kept when Throttle is unchanged.
 //
 // Equal means reflect.DeepEqual, under which a non-nil func or an
 // interface holding one is never equal: a policy with a Resolver whose
@@ -247,6 +259,10 @@ func reuseFrom(prev, hs *hostState) kept {
 		case *retryStage:
 			if l.budget != nil && reflect.DeepEqual(q.Retry.Budget, p.Retry.Budget) {
 				k.budget = l.budget
+			}
+		case *throttleStage:
+			if reflect.DeepEqual(q.Throttle, p.Throttle) {
+				k.throttle = l.throttleCounts
 			}
 		case *fallbackStage:
 			if l.stale != nil && reflect.DeepEqual(q.Fallback.Stale, p.Fallback.Stale) {
