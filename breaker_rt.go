@@ -686,3 +686,11 @@ func (b *breakerStage) setControl(c BreakerControl) { b.control.Store(uint32(c))
 
 // breakerController is a layer that takes a manual breaker override.
 type breakerController interface{ setControl(BreakerControl) }
+
+// open reports whether the breaker refuses requests now (open, or forced
+// open), so that the retry layer sends no hedge into it. One atomic load
+// or two; a half-open breaker answers false and lets its probes decide.
+func (b *breakerStage) open() bool {
+	c := BreakerControl(b.control.Load())
+	return c == BreakerForceOpen || (c != BreakerForceClosed && b.holdUntil.Load() != 0)
+}

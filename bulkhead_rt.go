@@ -427,3 +427,7 @@ func (b *bulkheadStage) state() BulkheadSnapshot {
 	in, q := b.stats()
 	return BulkheadSnapshot{InFlight: in, Queued: q, MaxConcurrent: b.max, MaxQueue: b.maxQueue}
 }
+
+// isFull reports whether every slot is held, so that the retry layer sends
+// no hedge that would queue or be refused. A racy read: it is advice.
+func (b *bulkheadStage) isFull() bool { return b.inFlight.Load() >= int64(b.max) }

@@ -238,6 +238,9 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 		r.bodyUntil = c.total
 	}
 	r.ctx, r.cancel = context.WithCancelCause(ctx)
+	if c.slot != nil {
+		c.slot.set(r.cancel)
+	}
 	r.limit.Store(limit)
 	r.timer = time.AfterFunc(ours.Sub(now), r.expire)
 	out := req.WithContext(r.ctx)

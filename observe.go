@@ -72,6 +72,7 @@ package bulwark
 //
 //	bulwark.requests          counter    {bulwark.upstream, bulwark.outcome}   calls, by final outcome
 //	bulwark.retries           counter    {bulwark.upstream, bulwark.retry.reason}
+//	bulwark.hedges            counter    {bulwark.upstream, bulwark.hedge} (sent, won, or skipped_<reason>)
 //	bulwark.rejections        counter    {bulwark.upstream, bulwark.layer}
 //	bulwark.fallbacks         counter    {bulwark.upstream, bulwark.fallback.kind}
 //	bulwark.breaker.transitions counter  {bulwark.upstream, bulwark.breaker.state} (the new state)
@@ -152,6 +153,7 @@ const instrumentationName = "github.com/bulwark-http/bulwark"
 const (
 	spanRequest    = "bulwark.request"
 	eventRetry     = "bulwark.retry"
+	eventHedge     = "bulwark.hedge"
 	eventRejected  = "bulwark.rejected"
 	eventFallback  = "bulwark.fallback"
 	eventEjected   = "bulwark.outlier.ejected"
@@ -191,6 +193,7 @@ const (
 	keyUpstream       = attribute.Key("bulwark.upstream")
 	keyOutcome        = attribute.Key("bulwark.outcome")
 	keyAttempt        = attribute.Key("bulwark.attempt")
+	keyHedge          = attribute.Key("bulwark.hedge")
 	keyLayer          = attribute.Key("bulwark.layer")
 	keyRetryReason    = attribute.Key("bulwark.retry.reason")
 	keyRetryDelay     = attribute.Key("bulwark.retry.delay") // seconds, float
@@ -215,6 +218,7 @@ type observer struct {
 	meter   metric.Meter
 
 	requests, retries, rejections, fallbacks, transitions metric.Int64Counter
+	hedges                                                metric.Int64Counter
 	ejections, returns                                    metric.Int64Counter
 	attemptDuration, retryDelay                           metric.Float64Histogram
 
@@ -294,6 +298,7 @@ func newObserver(cfg Config, logger *slog.Logger) *observer {
 	}
 	o.requests = counter("bulwark.requests", "Calls through bulwark, by final outcome.")
 	o.retries = counter("bulwark.retries", "Retries scheduled, by reason.")
+	o.hedges = counter("bulwark.hedges", "Hedged attempts sent, won, and skipped (by reason).")
 	o.rejections = counter("bulwark.rejections", "Requests bulwark refused to send, by the layer that refused.")
 	o.fallbacks = counter("bulwark.fallbacks", "Final failures answered by a fallback, by kind.")
 	o.transitions = counter("bulwark.breaker.transitions", "Circuit breaker state changes, by the new state.")
@@ -479,6 +484,17 @@ func (hs *reporter) retryScheduled(ctx context.Context, attempt int, delay time.
 			slog.String("upstream", hs.upstream), slog.String("host", hs.host),
 			slog.Int("attempt", attempt), slog.Duration("delay", delay),
 			slog.String("reason", reason), slog.Bool("retry_after", fromRetryAfter))
+	}
+}
+
+// hedge reports a hedging event: "sent", "won", or "skipped_" and the
+// reason (budget, deadline, breaker, pushback, bulkhead), a short fixed word.
+func (hs *reporter) hedge(ctx context.Context, what string) {
+	if recording(ctx) {
+		event(ctx, eventHedge, keyHedge.String(what))
+	}
+	if o := hs.o; o.metering() {
+		o.hedges.Add(ctx, 1, hs.labels(keyHedge, what).add...)
 	}
 }
 
@@ -798,7 +814,7 @@ func (r *observeStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	out := req
 	if tracing {
 		ctx, a.span = o.tracer.Start(ctx, spanName(req.Method),
-			trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(r.attrs(req, c.attempt)...))
+			trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(r.attrs(req, c.attempt, c.hedge)...))
 		out = req.WithContext(ctx)
 	}
 	if prop != nil {
@@ -900,7 +916,7 @@ func errorType(outcome string, err error) string {
 }
 
 // attrs are an attempt span's start attributes.
-func (r *observeStage) attrs(req *http.Request, attemptNo int) []attribute.KeyValue {
+func (r *observeStage) attrs(req *http.Request, attemptNo int, hedge bool) []attribute.KeyValue {
 	kv := make([]attribute.KeyValue, 0, 8)
 	kv = append(kv, methodAttr(req.Method))
 	if req.Method != "" && spanName(req.Method) == "HTTP" {
@@ -918,6 +934,10 @@ func (r *observeStage) attrs(req *http.Request, attemptNo int) []attribute.KeyVa
 	}
 	if attemptNo > 1 {
 		kv = append(kv, semconv.HTTPRequestResendCountKey.Int(attemptNo-1))
+	}
+	if hedge {
+		// A hedge runs beside the attempt before it rather than after it.
+		kv = append(kv, keyHedge.String("hedge"))
 	}
 	return kv
 }

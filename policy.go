@@ -33,6 +33,10 @@ type Policy struct {
 	// Retry-After) and the host-wide pushback a Retry-After triggers.
 	Retry Retry
 
+	// Hedge sends a second attempt beside a slow one and takes the first
+	// answer; see Hedge. The zero value does not hedge.
+	Hedge Hedge
+
 	// Endpoints lists the instances behind a logical upstream (statically
 	// or through a Resolver), and turns on the balancer that sends each
 	// attempt to one of them and ejects the sick ones; see Endpoints. The
@@ -47,6 +51,7 @@ func (p Policy) inherit(parent Policy) Policy {
 	p.Breaker = p.Breaker.inherit(parent.Breaker)
 	p.Fallback = p.Fallback.inherit(parent.Fallback)
 	p.Retry = p.Retry.inherit(parent.Retry)
+	p.Hedge = p.Hedge.inherit(parent.Hedge)
 	p.Endpoints = p.Endpoints.inherit(parent.Endpoints)
 	return p
 }
@@ -61,6 +66,7 @@ func (p Policy) withDefaults() Policy {
 	p.Breaker = p.Breaker.withDefaults(p.Timeout)
 	p.Fallback = p.Fallback.withDefaults()
 	p.Retry = p.Retry.withDefaults()
+	p.Hedge = p.Hedge.withDefaults()
 	p.Endpoints = p.Endpoints.withDefaults()
 	return p
 }
@@ -78,6 +84,7 @@ func (p Policy) switches() error {
 		{"Bulkhead", p.Bulkhead.Disabled, p.Bulkhead.Enabled},
 		{"Retry", p.Retry.Disabled, p.Retry.Enabled},
 		{"Retry.Budget", p.Retry.Budget.Disabled, p.Retry.Budget.Enabled},
+		{"Hedge", p.Hedge.Disabled, p.Hedge.Enabled},
 		{"Endpoints", p.Endpoints.Disabled, p.Endpoints.Enabled},
 		{"Endpoints.Outlier", p.Endpoints.Outlier.Disabled, p.Endpoints.Outlier.Enabled},
 	} {
@@ -103,6 +110,7 @@ func (p Policy) validate() error {
 	for _, err := range []error{
 		p.Timeout.validate(),
 		p.Retry.validate(),
+		p.Hedge.validate(p.Timeout),
 		p.Breaker.validate(),
 		p.Bulkhead.validate(),
 		p.Fallback.validate(),

@@ -37,6 +37,7 @@ type HostSnapshot struct {
 	Bulkhead *BulkheadSnapshot // nil too for a balanced upstream: see Endpoints
 	Budget   *BudgetSnapshot
 	Pushback *PushbackSnapshot
+	Hedge    *HedgeSnapshot // nil unless the upstream hedges
 	// Endpoints are a balanced upstream's instances, each with its own
 	// bulkhead; nil for other hosts.
 	Endpoints []EndpointState

@@ -24,6 +24,11 @@ func (t *Transport) buildStack(hs *hostState) {
 	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep}
 	var s stage
 	var parts []any
+	// What the hedger asks before sending a hedge: is the breaker open,
+	// the bulkhead full? (A balanced upstream's bulkheads are per
+	// instance; the balancer's pick and each instance's bulkhead decide.)
+	var open opener
+	var full filler
 	if p.Endpoints.enabled() {
 		b := newBalancer(e, p, t.base, t.instanceStack)
 		s, parts = b, append(parts, b)
@@ -31,20 +36,32 @@ func (t *Transport) buildStack(hs *hostState) {
 		var bh *bulkheadStage
 		s, bh = t.instanceStack(p, e, t.base, hs.name)
 		if bh != nil {
-			parts = append(parts, bh)
+			parts, full = append(parts, bh), bh
 		}
 	}
 	if !p.Breaker.Disabled {
 		b := newBreaker(s, p.Breaker, e, t.randN)
-		s, parts = b, append(parts, b)
+		s, parts, open = b, append(parts, b), b
 	}
 	var pause pauser
 	if !p.Retry.NoPushback {
 		pb := newPushback(s, p.Retry.MaxRetryAfter, e, &t.ignoredRA)
 		s, pause, parts = pb, pb, append(parts, pb)
 	}
-	if !p.Retry.Disabled {
-		r := newRetry(s, p.Retry, e, pause, &t.ignoredRA, t.randN, p.Endpoints.enabled())
+	// Hedges and retries are one attempt scheduler: the retry layer. A
+	// policy that hedges but does not retry gets it with one attempt per
+	// round.
+	if !p.Retry.Disabled || p.Hedge.enabled() {
+		rp := p.Retry
+		if rp.Disabled {
+			rp.MaxAttempts = 1 + p.Hedge.MaxHedges
+			rp.Budget.Disabled = true
+		}
+		r := newRetry(s, rp, e, pause, &t.ignoredRA, t.randN, p.Endpoints.enabled())
+		if p.Hedge.enabled() {
+			r.hedge = newHedger(p.Hedge, open, full)
+			r.max = max(r.max, 1+p.Hedge.MaxHedges)
+		}
 		s, parts = r, append(parts, r)
 	}
 	if !p.Timeout.Disabled {
