@@ -163,12 +163,7 @@ type hedger struct {
 
 func newHedger(p Hedge, breaker opener, bulkhead filler) *hedger {
 	h := &hedger{fixed: p.Delay, minDelay: p.MinDelay, max: p.MaxHedges, breaker: breaker, bulkhead: bulkhead}
-	h.pool.New = func() any {
-		run := &hedgeRun{done: make(chan struct{}, 1)}
-		run.timer = time.AfterFunc(time.Hour, run.fire)
-		run.timer.Stop()
-		return run
-	}
+	h.pool.New = func() any { return &hedgeRun{done: make(chan struct{}, 1)} }
 	return h
 }
 
@@ -189,7 +184,22 @@ type attemptSlot struct {
 	mu      sync.Mutex
 	cancel  context.CancelCauseFunc
 	stopped bool
+	// The hedge this attempt's timer sends after delay (zero: none), and
+	// whether it did: arm is slotIdle until the attempt layer arms it,
+	// then taken by the timer or disarmed by the attempt's answer,
+	// whichever comes first.
+	run   *hedgeRun
+	delay time.Duration
+	arm   atomic.Uint32
 }
+
+// The states of attemptSlot.arm.
+const (
+	slotIdle uint32 = iota
+	slotArmed
+	slotTaken
+	slotDisarmed
+)
 
 func (s *attemptSlot) set(cancel context.CancelCauseFunc) {
 	s.mu.Lock()
@@ -227,7 +237,6 @@ type hedgeRun struct {
 	first *http.Request // what replay copies
 	c     call
 	delay time.Duration
-	timer *time.Timer
 
 	mu       sync.Mutex
 	closed   bool // the first attempt returned: no more hedges
@@ -256,25 +265,25 @@ func (r *retryStage) hedged(first *http.Request, req *http.Request, c call) (*ht
 	run := h.pool.Get().(*hedgeRun)
 	run.r, run.req, run.first, run.c, run.delay = r, req, first, c, d
 	run.pending = 1
+	run.slots[0].run, run.slots[0].delay = run, d
 	c.slot = &run.slots[0]
-	run.timer.Reset(d)
 	resp, err := r.next.roundTrip(first, c)
 	r.record(classify(resp, err), c.start)
 	run.mu.Lock()
 	run.closed = true
 	if run.launched == 0 {
 		run.mu.Unlock()
-		if run.timer.Stop() {
-			// The timer never fired: nothing else saw run.
+		if run.slots[0].arm.Load() != slotTaken {
+			// The attempt's timer never sent the hedge, and never will
+			// (the attempt layer disarmed it): nothing else saw run.
 			run.reset()
 			h.pool.Put(run)
 		}
-		// Else it fired and found the round closed; run is left to the
-		// collector.
+		// Else the timer found the round closed, or is about to; run is
+		// left to the collector.
 		return resp, err, 1
 	}
 	run.mu.Unlock()
-	run.timer.Stop()
 	run.finish(0, resp, err)
 	<-run.done
 	run.mu.Lock()
@@ -289,12 +298,20 @@ func (r *retryStage) hedged(first *http.Request, req *http.Request, c call) (*ht
 	return resp, err, n
 }
 
+// reset readies a round no hedge touched for the pool. Field by field:
+// the struct holds locks.
 func (run *hedgeRun) reset() {
-	*run = hedgeRun{timer: run.timer, done: run.done}
+	run.r, run.req, run.first, run.c, run.delay = nil, nil, nil, call{}, 0
+	run.closed, run.launched, run.pending, run.won, run.winner, run.final = false, 0, 0, false, 0, false
+	run.resp, run.err, run.reached = nil, nil, false
+	s := &run.slots[0]
+	s.cancel, s.stopped, s.run, s.delay = nil, false, nil, 0
+	s.arm.Store(slotIdle)
 }
 
-// fire is the timer's work: send a hedge if the round is still open and
-// nothing forbids it, then arm the timer for the next.
+// fire is the work of an attempt's timer at the hedge delay: send a hedge
+// if the round is still open and nothing forbids it. The hedge's own
+// attempt timer sends the next, if MaxHedges allows.
 func (run *hedgeRun) fire() {
 	r, h := run.r, run.r.hedge
 	ctx := run.req.Context()
@@ -322,12 +339,12 @@ func (run *hedgeRun) fire() {
 	run.mu.Unlock()
 	h.sent.Add(1)
 	r.e.rep.hedge(ctx, "sent")
-	if i < h.max {
-		run.timer.Reset(run.delay)
-	}
 	c := run.c
 	c.attempt = run.c.attempt + i
 	c.slot = &run.slots[i]
+	if i < h.max {
+		c.slot.run, c.slot.delay = run, run.delay
+	}
 	c.hedge = true
 	start := time.Now()
 	resp, err := r.next.roundTrip(next, c)
