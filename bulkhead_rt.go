@@ -428,6 +428,11 @@ func (b *bulkheadStage) state() BulkheadSnapshot {
 	return BulkheadSnapshot{InFlight: in, Queued: q, MaxConcurrent: b.max, MaxQueue: b.maxQueue}
 }
 
-// isFull reports whether every slot is held, so that the retry layer sends
-// no hedge that would queue or be refused. A racy read: it is advice.
-func (b *bulkheadStage) isFull() bool { return b.inFlight.Load() >= int64(b.max) }
+// isFull reports whether the slots a hedge may take are all held, so that
+// the retry layer sends no hedge that would queue, be refused, or take a
+// slot a first attempt needs: the last tenth of the slots (at least one
+// when there are ten or more) is kept for calls, not hedges. A racy read:
+// it is advice.
+func (b *bulkheadStage) isFull() bool {
+	return b.inFlight.Load() >= int64(b.max-b.max/10)
+}

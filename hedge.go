@@ -430,7 +430,7 @@ func (r *retryStage) sendTime() time.Duration {
 // says how long the host takes: an answer or a failure from the host, not a
 // refusal by bulwark nor a cancellation (whose time is the canceller's).
 func (r *retryStage) record(k kind, start time.Time) {
-	if r.lat == nil || !reached(k) || k == kindCanceled || k == kindDeadline {
+	if r.lat == nil || !reached(k) || k == kindCanceled || k == kindDeadline || !r.lat.Want() {
 		return
 	}
 	now := time.Now()

@@ -11,6 +11,7 @@
 package latency
 
 import (
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,8 +51,24 @@ type Tracker struct {
 	scratch   *ddsketch.DDSketch
 	rotateAt  int64 // unix ns
 	since     int   // samples since the last refresh
+	n         int   // samples in cur
 
 	quantile, median atomic.Int64 // ns; 0: not enough samples
+	// plenty is set once the current sketch holds plentyCount samples:
+	// then Want samples one call in eight.
+	plenty atomic.Bool
+}
+
+// plentyCount is how many samples a period needs before Want thins them:
+// enough for a p99 to rest on a handful of samples.
+const plentyCount = 1000
+
+// Want reports whether the caller should time this call and Record it:
+// always until the current period holds plentyCount samples, then one call
+// in eight, so that a busy host pays for the clock and the lock on an
+// eighth of its calls.
+func (t *Tracker) Want() bool {
+	return !t.plenty.Load() || rand.Uint32()&7 == 0
 }
 
 // New returns a Tracker that reports quantile q (in (0, 1)) and the
@@ -79,6 +96,8 @@ func (t *Tracker) Record(d time.Duration, now time.Time) {
 		if t.rotateAt != 0 {
 			t.prev, t.cur = t.cur, t.prev
 			t.cur.Clear()
+			t.plenty.Store(false)
+			t.n = 0
 			if pos >= t.rotateAt+t.period {
 				// Idle for more than a period: the old samples are stale too.
 				t.prev.Clear()
@@ -88,6 +107,9 @@ func (t *Tracker) Record(d time.Duration, now time.Time) {
 		t.since = refreshEvery // refresh now
 	}
 	_ = t.cur.Add(float64(d))
+	if t.n++; t.n == plentyCount {
+		t.plenty.Store(true)
+	}
 	t.since++
 	if t.since >= refreshEvery {
 		t.since = 0
