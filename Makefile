@@ -24,8 +24,8 @@ staticcheck:
 unit:
 	@for m in $(MODULES); do echo "go test $$m"; (cd $$m && $(GO) test -race -count=1 -timeout 8m ./...) || exit 1; done
 
-# The main job: the resilience lab replays the reference note's outages on
-# 127.0.0.1 (plain client against bulwark) in under a minute, prints tables
+# The main job: the resilience lab replays four well-known outages (Release
+# It!, the SRE book, the AWS Builders' Library) on 127.0.0.1 (plain client against bulwark) in under a minute, prints tables
 # and sparklines, and writes an HTML report. `go run ./lab -h` for flags.
 demo:
 	cd examples && $(GO) run ./lab

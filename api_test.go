@@ -287,3 +287,20 @@ func TestSnapshot(t *testing.T) {
 		}
 	})
 }
+
+// TestTimeoutNamedOnce: a base that returns its context's cause, as
+// net/http's Transport does, gets the caller an error that names the bound
+// once, and still matches it.
+func TestTimeoutNamedOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			<-req.Context().Done()
+			return nil, context.Cause(req.Context())
+		})
+		tr := mustNew(t, Config{Base: base, Default: only(Policy{Timeout: Timeout{Attempt: time.Second}}, "timeout")})
+		_, err := sendOnce(t, tr, http.MethodGet, "http://h.test/")
+		if !errors.Is(err, ErrAttemptTimeout) || strings.Count(err.Error(), "timed out") != 1 {
+			t.Fatalf("err = %q, want one that names the attempt timeout once", err)
+		}
+	})
+}

@@ -3,6 +3,7 @@ package bulwark
 import (
 	"cmp"
 	"context"
+	"errors"
 	"io"
 	"maps"
 	"net/http"
@@ -364,6 +365,11 @@ func (r *attemptRun) cut(err error) error {
 		return err
 	}
 	if lim, ok := context.Cause(r.ctx).(*wrapError); ok && (lim == errAttemptTimeout || lim == errTotalTimeout) {
+		if errors.Is(err, lim) {
+			// net/http returns the context's cause itself: it names the
+			// bound already.
+			return err
+		}
 		return &timeoutError{limit: lim, cause: err}
 	}
 	return err

@@ -43,8 +43,8 @@ type Params struct {
 	BulkheadCapacity int           // requests in flight per host
 }
 
-// Defaults are bulwark's package defaults (the reference note's
-// resilience4j figures), used for the cost benchmarks: a benchmark of
+// Defaults are bulwark's package defaults (resilience4j's breaker
+// figures among them), used for the cost benchmarks: a benchmark of
 // middleware cost should run the configuration users get.
 var Defaults = Params{
 	Total:       bulwark.DefaultTotalTimeout,

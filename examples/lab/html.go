@@ -27,7 +27,7 @@ td:first-child,th:first-child{text-align:left}
 </style></head><body>
 <h1>bulwark resilience lab</h1>
 `)
-	fmt.Fprintf(&b, "<p class=\"note\">Measured on this machine at %s, on 127.0.0.1. Time is scaled ×%g: every duration the reference note names is multiplied by it. Load: %.0f req/s per run.</p>\n",
+	fmt.Fprintf(&b, "<p class=\"note\">Measured on this machine at %s, on 127.0.0.1. Time is scaled ×%g: every duration of the scenarios (40 ms, 10 s, a 2 s blip, 100 s) is multiplied by it. Load: %.0f req/s per run.</p>\n",
 		html.EscapeString(at.Format(time.RFC3339)), set.scale, set.load)
 	for _, sc := range scs {
 		fmt.Fprintf(&b, "<h2 id=\"%s\">%s</h2>\n", sc.key, html.EscapeString(sc.title))
@@ -60,8 +60,8 @@ td:first-child,th:first-child{text-align:left}
 		}
 		latMax, gaugeMax = niceCeil(latMax), 4*math.Ceil(gaugeMax/4)
 		if len(sc.runs) > 2 {
-			// Many runs: first the reference note's picture, one row per run
-			// of what the upstream received.
+			// Many runs: first the storm's own picture, one row per run of
+			// what the upstream received.
 			for _, s0 := range sc.runs[0].tl.order {
 				if s0.kind != kindLoad || !s0.spark {
 					continue

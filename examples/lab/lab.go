@@ -12,15 +12,16 @@ import (
 	"time"
 )
 
-// settings are what the flags choose. Every duration the reference note
-// names (40 ms, 10 s, a 2 s blip, 100 s deadlines) is multiplied by scale.
+// settings are what the flags choose. Every duration of the scenarios, as
+// their sources tell them (40 ms, 10 s, a 2 s blip, 100 s deadlines), is
+// multiplied by scale.
 type settings struct {
-	scale    float64       // reference-note time × scale = lab time
+	scale    float64       // scenario time × scale = lab time
 	load     float64       // requests per second offered in each run
 	duration time.Duration // length of each run; zero: each scenario's default
 }
 
-// ref converts one of the reference note's durations to lab time.
+// ref converts one of the scenarios' unscaled durations to lab time.
 func (s settings) ref(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * s.scale)
 }

@@ -1,5 +1,7 @@
-// Command lab is bulwark's resilience lab: it replays the reference note's
-// outages on 127.0.0.1 with real HTTP servers and clients, measures what
+// Command lab is bulwark's resilience lab: it replays four well-known
+// outages (from Michael Nygard's Release It!, Google's Site Reliability
+// Engineering book and the AWS Builders' Library) on 127.0.0.1 with real
+// HTTP servers and clients, measures what
 // happens with a plain client and with bulwark, prints per-second tables
 // and sparklines, and writes a self-contained HTML report.
 //
@@ -38,13 +40,13 @@ func mainErr(args []string, stdout, stderr io.Writer) error {
 		which    = fs.String("scenario", "all", "which scenario to run: all, tuesday, storm, deadlines or outlier")
 		duration = fs.Duration("duration", 0, "length of each run (0: each scenario's default: tuesday 9s, storm 4.4s (grows with -scale), deadlines 5s, outlier 5s)")
 		load     = fs.Float64("load", 400, "requests per second offered in each run (10..5000)")
-		scale    = fs.Float64("scale", 0.25, "time scale: every duration in the reference note (40 ms, 10 s, a 2 s blip, 100 s) is multiplied by it (0.05..2)")
+		scale    = fs.Float64("scale", 0.25, "time scale: every duration of the scenarios (40 ms, 10 s, a 2 s blip, 100 s) is multiplied by it (0.05..2)")
 		report   = fs.String("html", filepath.Join(os.TempDir(), "bulwark-lab.html"), "where to write the HTML report (empty: none)")
 	)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: go run ./lab [flags]
 
-The resilience lab replays the reference note's outages on 127.0.0.1 and
+The resilience lab replays four well-known outages on 127.0.0.1 and
 measures a plain http.Client against bulwark:
 
   tuesday    the tax service turns slow (40 ms -> 10 s) and drains checkout's

@@ -14,7 +14,9 @@ import (
 	"github.com/bulwark-http/bulwark"
 )
 
-// The reference note's retry storm: a 2 s blip on a service with fixed
+// The retry storm of the AWS Builders' Library ("Timeouts, retries, and
+// backoff with jitter") and Marc Brooker's "Exponential Backoff And
+// Jitter" (AWS Architecture Blog): a 2 s blip on a service with fixed
 // capacity, and many clients. The service stalls (a GC pause, a leader
 // election) and, like most servers, works through its queue afterwards
 // without noticing that the callers of the queued requests gave up.
@@ -171,7 +173,7 @@ func (l *lab) storm(ctx context.Context) (*scenario, error) {
 		length: length,
 		marks:  []mark{{blipFrom, blipTo, fmt.Sprintf("%v stall", blip)}},
 		intro: []string{
-			fmt.Sprintf("service: %d workers × %v each = %.0f req/s capacity, FIFO queue of %d; stalls %.1fs–%.1fs (the note's 2 s blip)",
+			fmt.Sprintf("service: %d workers × %v each = %.0f req/s capacity, FIFO queue of %d; stalls %.1fs–%.1fs (a 2 s blip)",
 				workers, svc, capacity, 10*workers, blipFrom.Seconds(), blipTo.Seconds()),
 			fmt.Sprintf("%d clients, %.0f req/s offered in all, attempt timeout %v, up to 3 retries, backoff base %v cap %v",
 				stormClients, s.load, s.ref(refAttemptTimeout), s.ref(refBackoffBase), s.ref(refBackoffCap)),

@@ -15,23 +15,23 @@ import (
 	"github.com/bulwark-http/bulwark"
 )
 
-// The reference note's Tuesday, scaled: a checkout service with a fixed
-// pool of workers (its 200 threads, here 200/5) serves POST /checkout,
+// The Tuesday of Michael Nygard's Release It! (2nd ed.), scaled: a
+// checkout service with a fixed pool of workers (200 threads, here 200/5) serves POST /checkout,
 // which calls a tax service, and GET /orders/{id}, which touches nothing
 // but itself. The tax service goes from 40 ms to 10 s for a while, then
 // heals.
 const (
 	refPoolThreads = 200
-	poolDivisor    = 5 // lab workers = reference threads / poolDivisor
+	poolDivisor    = 5 // lab workers = the 200 threads / poolDivisor
 	refTaxBulkhead = 40
 	refTaxHealthy  = 40 * time.Millisecond
 	refTaxSick     = 10 * time.Second
 	refOrderTime   = 3 * time.Millisecond
-	refTaxTimeout  = 150 * time.Millisecond // the note's choice near p99.9
+	refTaxTimeout  = 150 * time.Millisecond // near the healthy p99.9 of 40 ms calls
 	refPatience    = 5 * time.Second        // how long a user waits
 )
 
-// The breaker's open time, in the reference note's time: resilience4j's
+// The breaker's open time, in unscaled time: resilience4j's
 // 60 s would outlast the whole scaled run; 4 s probes the sick service a
 // few times and lets traffic back within a second of lab time of the heal.
 const refBreakerOpenFor = 4 * time.Second
@@ -58,27 +58,29 @@ func breakerWindow(s settings) time.Duration {
 // this scenario; lastGood returns the last tax rate a call returned ("" for
 // none yet), which the fallback answers with.
 //
-// Layers, as the reference note prescribes for the tax call:
+// Layers for the tax call, Release It!'s remedies for a slow dependency:
 //   - Timeout: the attempt timeout near the healthy p99.9 (a capacity
 //     decision), the call bounded at twice that.
-//   - Breaker with slow-call detection: "slow is worse than down", so a call
-//     that takes half the attempt timeout already counts as slow, and half
-//     the window being slow (or failed) trips it. MinCalls keeps a quiet
-//     moment from tripping it; the window is sized in calls and the open
-//     time scaled (above).
-//     HalfOpenCalls is 5 rather than the note's 10: at the lab's load ten
+//   - Breaker with slow-call detection: slow is worse than down (Release
+//     It!), so a call that takes half the attempt timeout already counts as
+//     slow, and half the window being slow (or failed) trips it. MinCalls
+//     keeps a quiet moment from tripping it; the window is sized in calls
+//     and the open time scaled (above).
+//     HalfOpenCalls is 5 rather than resilience4j's 10: at the lab's load ten
 //     probes would be most of a second's tax traffic.
-//   - Bulkhead: the note's 40 of 200 threads, scaled with the pool: 8 of the
+//   - Bulkhead: 40 of the 200 threads, scaled with the pool: 8 of the
 //     lab's 40 workers (40 of 40 would isolate nothing). No queue: a full
 //     bulkhead refuses at once and the fallback answers.
 //   - Fallback: the tax call is a POST, which the stale cache never stores
 //     or serves, so a Fallback.Func answers from the last good rate held in
-//     memory: no network call, as the note's rule for fallbacks demands.
-//   - Retry: off. The call is a POST without an idempotency key, which the
-//     note says not to retry (bulwark would not replay it anyway), and a
-//     retry of a call that timed out because the service is slow only adds
-//     load to the sick service and holds a worker longer; the breaker and
-//     the fallback are the answer to slowness, not another try.
+//     memory: no network call, for a fallback that calls out can fail, or
+//     hang, the same way as the call it stands in for.
+//   - Retry: off. The call is a POST without an idempotency key, which is
+//     not safe to retry: the service may have acted on the first one
+//     (bulwark would not replay it anyway). And a retry of a call that
+//     timed out because the service is slow only adds load to the sick
+//     service and holds a worker longer; the breaker and the fallback are
+//     the answer to slowness, not another try.
 func protectedTaxClient(base http.RoundTripper, taxHost string, attempt time.Duration, bulkhead int, s settings, lastGood func() string) (*bulwark.Transport, error) {
 	return bulwark.New(bulwark.Config{
 		Base: base,
@@ -153,7 +155,7 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 		length: length,
 		marks:  []mark{{sickFrom, sickTo, fmt.Sprintf("tax %v → %v", s.ref(refTaxHealthy), s.ref(refTaxSick))}},
 		intro: []string{
-			fmt.Sprintf("checkout: %d workers (the note's %d threads ÷ %d), %.0f req/s offered, half POST /checkout (calls tax), half GET /orders/{id} (local, %v)",
+			fmt.Sprintf("checkout: %d workers (%d threads ÷ %d), %.0f req/s offered, half POST /checkout (calls tax), half GET /orders/{id} (local, %v)",
 				workers, refPoolThreads, poolDivisor, s.load, max(s.ref(refOrderTime), 500*time.Microsecond)),
 			fmt.Sprintf("tax answers in %v, then %v from %.1fs to %.1fs; users give up after %v; both runs side by side, each with its own servers",
 				s.ref(refTaxHealthy), s.ref(refTaxSick), sickFrom.Seconds(), sickTo.Seconds(), patience),
@@ -161,7 +163,7 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 	}
 
 	// Calibrate on a healthy tax service: the attempt timeout comes from its
-	// measured p99.9, never below the note's 150 ms (scaled).
+	// measured p99.9, never below 150 ms (scaled).
 	p999, err := l.taxP999(ctx)
 	if err != nil {
 		return nil, err
@@ -175,7 +177,7 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 		r.tl = newTimeline(start, 100*time.Millisecond, length+patience+time.Second)
 		r.sickAt, r.healAt = start.Add(sickFrom), start.Add(sickTo)
 		r.workers = make(chan struct{}, workers)
-		r.maxQueue = int64(25 * workers) // the note's accept queue holds thousands
+		r.maxQueue = int64(25 * workers) // a server's accept queue holds thousands
 		r.lastRate.Store("")
 		r.tl.define("offered", kindLoad, false, false)
 		r.tl.define("tax recv", kindLoad, true, true)
@@ -210,7 +212,7 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 			out.notes = []string{
 				fmt.Sprintf("bulwark layers for tax: Timeout (attempt %v, total %v); Breaker (slow call ≥ %v, trips at 50%% slow or failed of ≥ %d calls in %v, open %v, 5 probes);",
 					attempt, 2*attempt, attempt/2, breakerMinCalls, breakerWindow(s), s.ref(refBreakerOpenFor)),
-				fmt.Sprintf("Bulkhead %d in flight (the note's %d of %d threads, scaled with the pool), no queue; Fallback.Func with the last good rate, from memory", refTaxBulkhead/poolDivisor, refTaxBulkhead, refPoolThreads),
+				fmt.Sprintf("Bulkhead %d in flight (%d of %d threads, scaled with the pool), no queue; Fallback.Func with the last good rate, from memory", refTaxBulkhead/poolDivisor, refTaxBulkhead, refPoolThreads),
 				"(the tax call is a POST: no stale cache, no retries). \"of which fallback\" counts checkouts whose response carried " + bulwark.FallbackHeader + ".",
 			}
 		} else {
@@ -363,7 +365,7 @@ func (r *tuesdayRun) checkoutMux(srv *server, s settings) http.Handler {
 		}
 		defer func() { <-r.workers }()
 		// The tax call runs under the server's lifetime, not the user's
-		// request: like the note's thread-per-request server, a worker does
+		// request: like a thread-per-request server's, a worker does
 		// not notice that its user gave up. (Passing req.Context() would be
 		// a mitigation of its own and hide the problem being shown.)
 		code, rate, fallback, err := r.callTax(srv.ctx)
@@ -444,7 +446,7 @@ func (r *tuesdayRun) sampleBreaker() (stop func()) {
 }
 
 // acquire takes a worker, waiting in the accept queue for one; a full
-// queue is an immediate 503. Like the note's accept queue it does not
+// queue is an immediate 503. Like a server's accept queue it does not
 // notice that the user behind a queued request gave up: the request still
 // gets a worker when its turn comes (a dead order then costs nothing, a
 // dead checkout still makes its tax call).
