@@ -254,13 +254,13 @@ type hedgeRun struct {
 
 // hedged runs a call's first round and returns its outcome and how many
 // attempts it sent.
-func (r *retryStage) hedged(first *http.Request, req *http.Request, c call) (*http.Response, error, int) {
+func (r *retryStage) hedged(first *http.Request, req *http.Request, c call) (*http.Response, int, error) {
 	h := r.hedge
 	d, ok := h.delay(r.lat)
 	if !ok {
 		resp, err := r.next.roundTrip(first, c)
 		r.record(classify(resp, err), c.start)
-		return resp, err, 1
+		return resp, 1, err
 	}
 	run := h.pool.Get().(*hedgeRun)
 	run.r, run.req, run.first, run.c, run.delay = r, req, first, c, d
@@ -281,7 +281,7 @@ func (r *retryStage) hedged(first *http.Request, req *http.Request, c call) (*ht
 		}
 		// Else the timer found the round closed, or is about to; run is
 		// left to the collector.
-		return resp, err, 1
+		return resp, 1, err
 	}
 	run.mu.Unlock()
 	run.finish(0, resp, err)
@@ -295,7 +295,7 @@ func (r *retryStage) hedged(first *http.Request, req *http.Request, c call) (*ht
 	} else {
 		run.mu.Unlock()
 	}
-	return resp, err, n
+	return resp, n, err
 }
 
 // reset readies a round no hedge touched for the pool. Field by field:

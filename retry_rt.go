@@ -406,7 +406,7 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 			// The first round may send hedges: attempt becomes the
 			// number of the last attempt it sent.
 			var n int
-			resp, err, n = r.hedged(cur, req, c)
+			resp, n, err = r.hedged(cur, req, c)
 			attempt = n
 		} else {
 			start := c.start
