@@ -396,3 +396,36 @@ func TestHedgeContract(t *testing.T) {
 		return tr
 	})
 }
+
+// TestHedgeObserved: the hedge's attempt span says it is a hedge, and the
+// bulwark.hedges counter counts it sent and won.
+func TestHedgeObserved(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		k := newOtelKit(t)
+		cfg := k.config(&hedgeBase{wait: slowFirst})
+		cfg.Default.Hedge = Hedge{Delay: 10 * time.Millisecond}
+		tr := mustTransport(t, cfg)
+		ctx, caller := k.caller(t.Context())
+		if _, _, err := hedgeGet(t, tr, ctx, http.MethodGet); err != nil {
+			t.Fatal(err)
+		}
+		caller.End()
+		synctest.Wait()
+		var hedges int
+		for _, s := range spansNamed(k.sr, "GET") {
+			if v, ok := attr(s, keyHedge); ok && v.AsString() == "hedge" {
+				hedges++
+			}
+		}
+		if hedges != 1 {
+			t.Errorf("%d attempt spans marked as a hedge, want 1", hedges)
+		}
+		rm := k.collect(t)
+		if n := counter(t, rm, "bulwark.hedges", keyUpstream.String("default"), keyHedge.String("sent")); n != 1 {
+			t.Errorf("hedges sent = %d, want 1", n)
+		}
+		if n := counter(t, rm, "bulwark.hedges", keyUpstream.String("default"), keyHedge.String("won")); n != 1 {
+			t.Errorf("hedges won = %d, want 1", n)
+		}
+	})
+}
