@@ -33,12 +33,15 @@ const (
 // (CACM 2013).
 //
 // Hedges are attempts like retries: only a request safe to send twice is
-// hedged (see Retry), each hedge counts toward Retry.MaxAttempts and takes
-// a token from the retry budget, carries its own deadline header and
-// Bulwark-Attempt, and no hedge is sent while the host's breaker is open,
-// its pushback pause runs, its bulkhead is full, or the host's median
-// latency no longer fits before the call's deadline. A cancelled loser
-// counts neither as a failure nor as a slow call in the breaker.
+// hedged (see Retry); each hedge counts toward Retry.MaxAttempts (raised
+// to 1 + MaxHedges when lower), takes a token from the retry budget, and
+// carries its own deadline header and Bulwark-Attempt. No hedge is sent
+// while the host's breaker is open, its pushback pause runs, its bulkhead
+// is (nine tenths) full, or the host's median latency no longer fits
+// before the call's deadline. A cancelled loser counts neither as a
+// failure nor as a slow call in the breaker. Hedges are sent in a call's
+// first round only: if every attempt of it fails, retries follow one at a
+// time.
 //
 // Hedging is off unless Delay or Quantile is set. It needs the attempt
 // timeout (Timeout not disabled), which gives each attempt the context a

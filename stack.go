@@ -10,7 +10,9 @@ import "net/http"
 //   - fallback, outermost, sees only the call's final outcome;
 //   - the total deadline bounds everything below it, retries included;
 //   - the retry layer waits outside pushback, breaker and bulkhead, so a
-//     waiting retry holds no permit, and every attempt is seen below;
+//     waiting retry holds no permit, and every attempt is seen below; it
+//     is also the one place hedges are launched (hedge.go), asking the
+//     breaker and bulkhead built here whether they would refuse one;
 //   - pushback refuses before the breaker counts anything;
 //   - the breaker sees every attempt, outside the bulkhead, so an open
 //     breaker refuses before a slot is taken;
