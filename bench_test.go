@@ -1,6 +1,7 @@
 package bulwark
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -112,5 +113,95 @@ func TestCallAllocations(t *testing.T) {
 		if added := allocs(mustNew(t, tc.cfg)) - bare; added > tc.max {
 			t.Errorf("%s: %v allocations per call over the base, want at most %v", tc.name, added, tc.max)
 		}
+	}
+}
+
+// BenchmarkRouteLookup measures what Config.Routes adds to the router: the
+// same call with all layers off, to a Transport without routes and to one
+// with eight, for a literal pattern, a wildcard pattern and a path that
+// matches none. Compare the routes cases with "hosts" in one run.
+func BenchmarkRouteLookup(b *testing.B) {
+	off := only(Policy{})
+	// The route's own layers off; the bulkhead and pushback are the host's.
+	roff := Policy{Timeout: off.Timeout, Retry: Retry{Disabled: true}, Breaker: off.Breaker}
+	routes := map[string]Policy{
+		"POST api.example.com/v1/charges": roff,
+		"GET /v1/rates/{id}":              roff,
+		"GET /v1/rates/latest":            roff,
+		"/v1/accounts/":                   roff,
+		"/static/":                        roff,
+		"GET /v1/users/{id}/orders":       roff,
+		"DELETE /v1/users/{id}":           roff,
+		"/{$}":                            roff,
+	}
+	for _, bc := range []struct {
+		name, method, url string
+		routes            map[string]Policy
+	}{
+		{"hosts", "GET", "http://api.example.com/v1/rates/latest", nil},
+		{"literal", "GET", "http://api.example.com/v1/rates/latest", routes},
+		{"literal-host", "POST", "http://api.example.com/v1/charges", routes},
+		{"wildcard", "GET", "http://api.example.com/v1/rates/42", routes},
+		{"miss", "GET", "http://api.example.com/v2/other", routes},
+		// Every request a different ID: the memo never hits.
+		{"wildcard-distinct", "GET", "http://api.example.com/v1/rates/%d", routes},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			tr := mustNew(b, Config{Base: benchBase{}, Default: off, Routes: bc.routes})
+			reqs := make([]*http.Request, 1)
+			if strings.Contains(bc.url, "%d") {
+				reqs = make([]*http.Request, 8192)
+			}
+			for i := range reqs {
+				u := bc.url
+				if len(reqs) > 1 {
+					u = fmt.Sprintf(bc.url, i)
+				}
+				var err error
+				if reqs[i], err = http.NewRequest(bc.method, u, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				resp, err := tr.RoundTrip(reqs[i%len(reqs)])
+				i++
+				if err != nil {
+					b.Fatal(err)
+				}
+				resp.Body.Close()
+			}
+		})
+	}
+}
+
+// BenchmarkRouteMatch measures the route lookup alone (routeStack, on a
+// host already looked up), the part of BenchmarkRouteLookup that routes
+// add, with less of the machine's noise around it.
+func BenchmarkRouteMatch(b *testing.B) {
+	roff := Policy{Retry: Retry{Disabled: true}}
+	routes := map[string]Policy{
+		"POST api.example.com/v1/charges": roff, "GET /v1/rates/{id}": roff, "GET /v1/rates/latest": roff,
+		"/v1/accounts/": roff, "/static/": roff, "GET /v1/users/{id}/orders": roff, "DELETE /v1/users/{id}": roff, "/{$}": roff,
+	}
+	for _, bc := range []struct{ name, url string }{
+		{"literal", "http://api.example.com/v1/rates/latest"},
+		{"wildcard", "http://api.example.com/v1/rates/42"},
+		{"subtree", "http://api.example.com/v1/accounts/7"},
+		{"miss", "http://api.example.com/v2/other"},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			tr := mustNew(b, Config{Base: benchBase{}, Routes: routes})
+			req, err := http.NewRequest("GET", bc.url, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			hs := tr.lookup(req.URL)
+			b.ReportAllocs()
+			for b.Loop() {
+				tr.routeStack(hs, req)
+			}
+		})
 	}
 }

@@ -160,6 +160,17 @@ type Breaker struct {
 	// happened. host is the "host:port". Nil inherits from Default.
 	OnStateChange func(host string, from, to CircuitState)
 
+	// Shadow runs the breaker in shadow mode: it counts, trips and probes
+	// as it would, and reports each refusal it would make (the
+	// bulwark.shadow.rejections metric, a "bulwark.shadow_rejected" span
+	// event, BreakerSnapshot.WouldReject), but sends the request anyway.
+	// Requests it lets through that way are not counted in its window, so
+	// it behaves exactly as an enforcing breaker would on the same traffic.
+	// Use it to tune thresholds on production traffic before enforcing
+	// them. An upstream inherits Shadow from Default (it is or-ed: an
+	// upstream cannot enforce what Default shadows).
+	Shadow bool
+
 	// Disabled turns the breaker off for this upstream: every request goes
 	// through. An upstream inherits Disabled from Default unless it sets
 	// Enabled.
@@ -186,6 +197,7 @@ func (b Breaker) inherit(parent Breaker) Breaker {
 	if b.OnStateChange == nil {
 		b.OnStateChange = parent.OnStateChange
 	}
+	b.Shadow = b.Shadow || parent.Shadow
 	b.Disabled = inheritOff(b.Disabled, b.Enabled, parent.Disabled)
 	return b
 }
@@ -362,14 +374,30 @@ const (
 // does not do, in front of it: a manual control, and an open time that
 // grows on trips in a row. gobreaker's own open time is the shortest one
 // possible; while a longer one runs, this layer refuses without asking it.
+//
+// The stage is one stack's link to the host's breaker: what it sends to
+// and how it judges an attempt are fixed when the stack is built. The
+// state (window, state machine, control) is in the shared *breakerCore, so
+// Transport.Update can build a new stack around the same breaker when only
+// its thresholds move.
 type breakerStage struct {
+	*breakerCore
 	next     stage
-	e        env
-	cb       *gobreaker.CircuitBreaker[struct{}]
 	classify func(*http.Response, error) Outcome
 	slow     time.Duration
 	onChange func(host string, from, to CircuitState)
-	randN    func(int64) int64
+	shadow   bool
+}
+
+// breakerCore is a breaker's state, shared by the stages of successive
+// stacks of one host (see Transport.Update).
+type breakerCore struct {
+	e     env
+	cb    *gobreaker.CircuitBreaker[struct{}]
+	randN func(int64) int64
+	// shape is what the core was built from and cannot change: the
+	// window's kind and size, and gobreaker's Settings.
+	shape breakerShape
 
 	// control is a BreakerControl.
 	control atomic.Uint32
@@ -381,9 +409,12 @@ type breakerStage struct {
 	// openErr is the error every refusal returns, made each time the
 	// breaker opens.
 	openErr atomic.Pointer[BreakerOpenError]
+	// wouldReject counts the refusals a breaker in shadow mode let through.
+	wouldReject atomic.Uint64
 
 	// Guarded by winMu; the hooks that write them run under gobreaker's
-	// mutex too (lock order: gobreaker's, then winMu).
+	// mutex too (lock order: gobreaker's, then winMu). The thresholds
+	// (minCalls to maxOpen) may be changed by Update (retune).
 	winMu    sync.Mutex
 	win      *window.Window
 	byCount  bool
@@ -405,6 +436,21 @@ type breakerStage struct {
 	flushMu sync.Mutex // one reporter at a time, so hooks see changes in order
 }
 
+// breakerShape is what a breaker's state is built on: a change in any of
+// these makes Update build a new breaker (an empty window, closed), since
+// the old window's buckets or gobreaker's fixed Settings no longer fit.
+// Every other Breaker field is a threshold that Update moves in place.
+type breakerShape struct {
+	window        time.Duration
+	windowCalls   int
+	halfOpenCalls int
+	openFor       time.Duration // gobreaker's Timeout is made of it
+}
+
+func shapeOf(p Breaker) breakerShape {
+	return breakerShape{window: p.Window, windowCalls: p.WindowCalls, halfOpenCalls: p.HalfOpenCalls, openFor: p.OpenFor}
+}
+
 // maxBreakerEvents bounds the queue of unreported state changes.
 const maxBreakerEvents = 8
 
@@ -415,40 +461,52 @@ type breakerEvent struct {
 }
 
 func newBreaker(next stage, p Breaker, e env, randN func(int64) int64) *breakerStage {
-	b := &breakerStage{
-		next: next, e: e, classify: p.Classify, slow: p.SlowCall, onChange: p.OnStateChange, randN: randN,
-		minCalls: int64(p.MinCalls), failRate: p.FailureRate, slowRate: p.SlowCallRate,
-		openFor: p.OpenFor, maxOpen: p.MaxOpenFor,
-	}
+	c := &breakerCore{e: e, randN: randN, shape: shapeOf(p)}
+	c.retune(p)
 	if p.Window > 0 {
-		b.win, _ = window.New(int64(p.Window), breakerBuckets)
+		c.win, _ = window.New(int64(p.Window), breakerBuckets)
 	} else {
-		b.byCount = true
-		b.win, _ = window.New(int64(p.WindowCalls), min(breakerBuckets, p.WindowCalls))
+		c.byCount = true
+		c.win, _ = window.New(int64(p.WindowCalls), min(breakerBuckets, p.WindowCalls))
 	}
-	b.cb = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
+	c.cb = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        e.host,
 		MaxRequests: uint32(max(p.HalfOpenCalls, 1)),
 		// The shortest open time there can be (see openTime): a longer
 		// one is held by this layer.
 		Timeout:       max(p.OpenFor-p.OpenFor/5, 1),
-		ReadyToTrip:   b.readyToTrip,
-		OnStateChange: b.onStateChange,
-		IsSuccessful:  b.isSuccessful,
+		ReadyToTrip:   c.readyToTrip,
+		OnStateChange: c.onStateChange,
+		IsSuccessful:  c.isSuccessful,
 		IsExcluded:    func(err error) bool { return err == errVerdictIgnored },
 	})
-	return b
+	return c.link(next, p)
+}
+
+// link is a stage over next that shares c's state, with p's per-attempt
+// settings.
+func (c *breakerCore) link(next stage, p Breaker) *breakerStage {
+	return &breakerStage{breakerCore: c, next: next, classify: p.Classify, slow: p.SlowCall, onChange: p.OnStateChange, shadow: p.Shadow}
+}
+
+// retune sets the thresholds p gives: the rates, MinCalls and the open
+// times of later trips. The window keeps what it holds.
+func (c *breakerCore) retune(p Breaker) {
+	c.winMu.Lock()
+	c.minCalls, c.failRate, c.slowRate = int64(p.MinCalls), p.FailureRate, p.SlowCallRate
+	c.openFor, c.maxOpen = p.OpenFor, p.MaxOpenFor
+	c.winMu.Unlock()
 }
 
 func (b *breakerStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	switch BreakerControl(b.control.Load()) {
 	case BreakerForceOpen:
-		return nil, b.refuse(req)
+		return b.refuse(req, c)
 	case BreakerForceClosed:
 		return b.next.roundTrip(req, c)
 	}
 	if b.holdUntil.Load() != 0 {
-		return nil, b.refuse(req)
+		return b.refuse(req, c)
 	}
 	var (
 		resp *http.Response
@@ -468,19 +526,26 @@ func (b *breakerStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	}
 	if !ran {
 		// Open, or half-open with every probe slot taken.
-		return nil, b.refuse(req)
+		return b.refuse(req, c)
 	}
 	return resp, err
 }
 
-// refuse is a request the breaker does not send.
-func (b *breakerStage) refuse(req *http.Request) error {
+// refuse is a request the breaker does not send; in shadow mode, it is
+// counted and sent, uncounted by the window, as an enforcing breaker would
+// not have seen it either.
+func (b *breakerStage) refuse(req *http.Request, c call) (*http.Response, error) {
+	if b.shadow {
+		b.wouldReject.Add(1)
+		b.e.rep.shadowRejected(req.Context(), layerBreaker)
+		return b.next.roundTrip(req, c)
+	}
 	b.e.rep.rejected(req.Context(), layerBreaker)
 	closeBody(req)
 	if e := b.openErr.Load(); e != nil {
-		return e
+		return nil, e
 	}
-	return ErrBreakerOpen
+	return nil, ErrBreakerOpen
 }
 
 // verdict is what gobreaker is told of an attempt that took took: one of the
@@ -508,7 +573,7 @@ func (b *breakerStage) verdict(resp *http.Response, err error, took time.Duratio
 // how ReadyToTrip gets asked, and, half-open, a slow probe reopens the
 // breaker since the host is evidently not well yet. Any other error is a
 // panic below, which Execute reports as a failure.
-func (b *breakerStage) isSuccessful(verdict error) bool {
+func (b *breakerCore) isSuccessful(verdict error) bool {
 	b.winMu.Lock()
 	defer b.winMu.Unlock()
 	if b.cbState == gobreaker.StateClosed {
@@ -531,7 +596,7 @@ func (b *breakerStage) isSuccessful(verdict error) bool {
 // buckets hold a full tenth each: from 1, the first would hold one call
 // less, and the window would hold 91 calls at the 100th, which MinCalls
 // 100 needs.
-func (b *breakerStage) pos() int64 {
+func (b *breakerCore) pos() int64 {
 	if b.byCount {
 		return b.seq - 1
 	}
@@ -540,7 +605,7 @@ func (b *breakerStage) pos() int64 {
 
 // readyToTrip is gobreaker's ReadyToTrip hook, under its mutex: our window
 // decides, not gobreaker's counts.
-func (b *breakerStage) readyToTrip(gobreaker.Counts) bool {
+func (b *breakerCore) readyToTrip(gobreaker.Counts) bool {
 	b.winMu.Lock()
 	defer b.winMu.Unlock()
 	s := b.win.Sum(b.pos())
@@ -557,7 +622,7 @@ func (b *breakerStage) readyToTrip(gobreaker.Counts) bool {
 
 // onStateChange is gobreaker's OnStateChange hook, under its mutex: it
 // must not log or call user code, so it only records.
-func (b *breakerStage) onStateChange(_ string, from, to gobreaker.State) {
+func (b *breakerCore) onStateChange(_ string, from, to gobreaker.State) {
 	now := time.Now()
 	b.winMu.Lock()
 	s := b.win.Sum(b.pos())
@@ -590,7 +655,7 @@ func (b *breakerStage) onStateChange(_ string, from, to gobreaker.State) {
 
 // openTime is the open time of the n-th trip in a row: OpenFor doubled
 // n-1 times, capped at MaxOpenFor, less up to a fifth at random.
-func (b *breakerStage) openTime(n int) time.Duration {
+func (b *breakerCore) openTime(n int) time.Duration {
 	d := b.maxOpen
 	if s := n - 1; s < 62 && b.openFor <= b.maxOpen>>s {
 		d = b.openFor << s
@@ -651,6 +716,10 @@ type BreakerSnapshot struct {
 	// Trips is how many times in a row it has opened: what its next open
 	// time doubles from.
 	Trips int
+	// Shadow is whether the breaker is in shadow mode (Breaker.Shadow), and
+	// WouldReject how many requests it would have refused and sent instead.
+	Shadow      bool
+	WouldReject uint64
 }
 
 func (b *breakerStage) snapshot(h *HostSnapshot) {
@@ -672,6 +741,7 @@ func (b *breakerStage) state() BreakerSnapshot {
 		s.State, s.OpenUntil = CircuitOpen, time.Unix(0, h)
 	}
 	s.Control = BreakerControl(b.control.Load())
+	s.Shadow, s.WouldReject = b.shadow, b.wouldReject.Load()
 	switch s.Control {
 	case BreakerForceOpen:
 		s.State = CircuitOpen
@@ -682,15 +752,19 @@ func (b *breakerStage) state() BreakerSnapshot {
 }
 
 // setControl sets the manual override.
-func (b *breakerStage) setControl(c BreakerControl) { b.control.Store(uint32(c)) }
+func (b *breakerCore) setControl(c BreakerControl) { b.control.Store(uint32(c)) }
 
 // breakerController is a layer that takes a manual breaker override.
 type breakerController interface{ setControl(BreakerControl) }
 
 // open reports whether the breaker refuses requests now (open, or forced
 // open), so that the retry layer sends no hedge into it. One atomic load
-// or two; a half-open breaker answers false and lets its probes decide.
+// or two; a half-open breaker answers false and lets its probes decide,
+// and so does one in shadow mode, which refuses nothing.
 func (b *breakerStage) open() bool {
+	if b.shadow {
+		return false
+	}
 	c := BreakerControl(b.control.Load())
 	return c == BreakerForceOpen || (c != BreakerForceClosed && b.holdUntil.Load() != 0)
 }

@@ -74,6 +74,17 @@ type Bulkhead struct {
 	// evenly, 1/Rate apart. Ignored when Rate is zero.
 	Burst int
 
+	// Shadow runs the bulkhead in shadow mode: it takes slots, queues and
+	// takes rate-limit tokens as it would, and reports each refusal it
+	// would make (the bulwark.shadow.rejections metric, a
+	// "bulwark.shadow_rejected" span event, BulkheadSnapshot.WouldReject),
+	// but sends the request anyway, holding no slot, so what it counts is
+	// what an enforcing bulkhead would count on the same traffic. A
+	// request still waits in the queue (or for its rate-limit turn) as
+	// long as an enforcing one would. An upstream inherits Shadow from
+	// Default (it is or-ed).
+	Shadow bool
+
 	// Disabled turns off this layer for the upstream: no concurrency bound,
 	// no queue and no rate limit. An upstream inherits Disabled from
 	// Default unless it sets Enabled.
@@ -90,6 +101,7 @@ func (b Bulkhead) inherit(parent Bulkhead) Bulkhead {
 	b.MaxWait = cmp.Or(b.MaxWait, parent.MaxWait)
 	b.Rate = cmp.Or(b.Rate, parent.Rate)
 	b.Burst = cmp.Or(b.Burst, parent.Burst)
+	b.Shadow = b.Shadow || parent.Shadow
 	b.Disabled = inheritOff(b.Disabled, b.Enabled, parent.Disabled)
 	return b
 }
@@ -169,6 +181,9 @@ type bulkheadStage struct {
 	limiter  *rate.Limiter // nil: no rate limit
 	full     *BulkheadFullError
 	limited  *RateLimitError
+	shadow   bool
+	// wouldReject counts the refusals of a bulkhead in shadow mode.
+	wouldReject atomic.Uint64
 
 	// inFlight is the number of slots held, including ones handed to
 	// waiters. Without a queue (MaxQueue 0, the default) it is the whole
@@ -204,6 +219,7 @@ func newBulkhead(next stage, p Bulkhead, name string, rep *reporter) *bulkheadSt
 		maxWait:  p.MaxWait,
 		full:     &BulkheadFullError{Host: name},
 		limited:  &RateLimitError{Host: name},
+		shadow:   p.Shadow,
 	}
 	if p.Rate > 0 {
 		b.limiter = rate.NewLimiter(rate.Limit(p.Rate), p.Burst)
@@ -212,14 +228,27 @@ func newBulkhead(next stage, p Bulkhead, name string, rep *reporter) *bulkheadSt
 }
 
 func (b *bulkheadStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+	return b.pass(b.next, req, c)
+}
+
+// pass holds a slot of this bulkhead for an attempt sent through next: its
+// own layer below, or a route's (see sharedStage), so that the routes of a
+// host share the host's slots.
+func (b *bulkheadStage) pass(next stage, req *http.Request, c call) (*http.Response, error) {
 	if b.limiter != nil {
 		if err := b.waitRate(req, c); err != nil {
+			if b.shadowed(req, err) {
+				return b.next.roundTrip(req, c)
+			}
 			b.refused(req, err)
 			closeBody(req)
 			return nil, err
 		}
 	}
 	if err := b.acquire(req, c); err != nil {
+		if b.shadowed(req, err) {
+			return b.next.roundTrip(req, c)
+		}
 		b.refused(req, err)
 		closeBody(req)
 		return nil, err
@@ -231,7 +260,7 @@ func (b *bulkheadStage) roundTrip(req *http.Request, c call) (*http.Response, er
 			b.release()
 		}
 	}()
-	resp, err := b.next.roundTrip(req, c)
+	resp, err := next.roundTrip(req, c)
 	returned = true
 	if err != nil {
 		b.release()
@@ -249,6 +278,18 @@ func (b *bulkheadStage) refused(req *http.Request, err error) {
 	if err == error(b.full) || err == error(b.limited) {
 		b.rep.rejected(req.Context(), layerBulkhead)
 	}
+}
+
+// shadowed reports whether a bulkhead in shadow mode lets a request it
+// would have refused with err through (without a slot), and counts it. A
+// caller who gave up is not the bulkhead's refusal: it ends as it would.
+func (b *bulkheadStage) shadowed(req *http.Request, err error) bool {
+	if !b.shadow || (err != error(b.full) && err != error(b.limited)) {
+		return false
+	}
+	b.wouldReject.Add(1)
+	b.rep.shadowRejected(req.Context(), layerBulkhead)
+	return true
 }
 
 // bodyEnd releases the slot of a response whose body is finished.
@@ -416,6 +457,11 @@ type BulkheadSnapshot struct {
 	InFlight, Queued int
 	// MaxConcurrent and MaxQueue are the bulkhead's limits.
 	MaxConcurrent, MaxQueue int
+	// Shadow is whether the bulkhead is in shadow mode (Bulkhead.Shadow),
+	// and WouldReject how many requests it would have refused and sent
+	// instead.
+	Shadow      bool
+	WouldReject uint64
 }
 
 func (b *bulkheadStage) snapshot(h *HostSnapshot) {
@@ -425,7 +471,8 @@ func (b *bulkheadStage) snapshot(h *HostSnapshot) {
 
 func (b *bulkheadStage) state() BulkheadSnapshot {
 	in, q := b.stats()
-	return BulkheadSnapshot{InFlight: in, Queued: q, MaxConcurrent: b.max, MaxQueue: b.maxQueue}
+	return BulkheadSnapshot{InFlight: in, Queued: q, MaxConcurrent: b.max, MaxQueue: b.maxQueue,
+		Shadow: b.shadow, WouldReject: b.wouldReject.Load()}
 }
 
 // isFull reports whether the slots a hedge may take are all held, so that

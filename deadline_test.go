@@ -472,28 +472,6 @@ func TestDeadlineHeaderShrinksAcrossRetries(t *testing.T) {
 	})
 }
 
-// The zero Config is a drop-in for http.DefaultClient.
-func TestNewClientZeroConfig(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, r.Method+" "+r.URL.Path)
-	}))
-	defer srv.Close()
-	c, err := NewClient(Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.CloseIdleConnections()
-	resp, err := c.Post(srv.URL+"/orders", "text/plain", strings.NewReader("x"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || string(b) != "POST /orders" {
-		t.Errorf("got %d %q, want 200 \"POST /orders\"", resp.StatusCode, b)
-	}
-}
-
 // dripBase answers 200 with a body of n bytes, one every `every`, each
 // read waiting on the attempt's context as a real connection would; after
 // the n bytes the body ends, or, with stall, waits for the context to end.

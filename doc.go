@@ -7,7 +7,7 @@
 // of layers from the host's Policy, outer to inner:
 //
 //	layer             per       does
-//	router            request   picks the upstream's policy and per-host state (transport.go)
+//	router            request   picks the upstream's policy and per-host state, and the route's (transport.go, route.go)
 //	fallback          host      on a final failure, answers from something local (fallback.go)
 //	total deadline    request   bounds the whole call, retries included (deadline_rt.go)
 //	retry             request   backoff with jitter, attempt cap, budget, Retry-After; replayable requests only (retry_rt.go)
@@ -17,6 +17,7 @@
 //	bulkhead          host      bounded concurrency, short FIFO queue, rate limit; per instance when balanced (bulkhead_rt.go)
 //	attempt deadline  attempt   bounds one attempt; writes the deadline header (deadline_rt.go)
 //	attempt span      attempt   one OpenTelemetry client span per attempt; injects its trace context (observe.go)
+//	fault             attempt   with a Fault policy only: injects latency, answers and resets, for chaos tests (fault.go)
 //	base              -         a clone of http.DefaultTransport by default
 //
 // Why this order: a retry waits outside the breaker and the bulkhead, so a
@@ -36,11 +37,23 @@
 // released on every path, a panic below included; the panic still reaches
 // the caller.
 //
+// Config.Routes gives endpoints policies of their own, keyed by
+// http.ServeMux patterns ("POST api.example.com/v1/charges"): a route has
+// its own breaker, retries, timeouts, fallback and faults, and shares its
+// host's bulkhead, pushback and balancer.
+//
+// Package bulwarktest has a scripted upstream, in memory for synctest
+// bubbles or over a socket, and a Recorder of the hooks, for testing code
+// that uses bulwark.
+//
 // State can be seen and steered: Transport.Snapshot reports every host's
 // breaker, bulkhead, retry budget, pushback and instances;
 // Breaker.OnStateChange and Retry.OnRetry are hooks; ControlBreaker forces a
 // host's breaker open or closed; spans, events and metrics go to
-// OpenTelemetry (see Config.TracerProvider).
+// OpenTelemetry (see Config.TracerProvider); DebugHandler serves it all as a
+// live page and as JSON. Transport.Update changes policies while requests
+// run, and a Shadow setting on the breaker, the bulkhead and the Shedder
+// has a layer report what it would refuse without refusing it.
 //
 // On the server side, DeadlineHandler turns an incoming deadline header back
 // into a context deadline, so a deadline crosses every hop, and a Shedder

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	neturl "net/url"
 	"strings"
 	"sync/atomic"
@@ -506,54 +505,6 @@ func TestStaleCacheStreams(t *testing.T) {
 			t.Errorf("stale stream: %+v", r)
 		}
 	})
-}
-
-// TestStaleNeverReplaysSetCookie: two callers of one bulwark client, over
-// loopback. The first's answer sets a cookie; when the upstream fails, the
-// second must not be handed that answer, cookie and all, as a stale one.
-func TestStaleNeverReplaysSetCookie(t *testing.T) {
-	var sick atomic.Bool
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if sick.Load() {
-			http.Error(w, "down", http.StatusServiceUnavailable)
-			return
-		}
-		http.SetCookie(w, &http.Cookie{Name: "session", Value: "alice"})
-		io.WriteString(w, "hello alice")
-	}))
-	defer srv.Close()
-	client, err := NewClient(Config{Default: Policy{
-		Breaker:  Breaker{Disabled: true},
-		Retry:    Retry{MaxAttempts: 1},
-		Fallback: Fallback{Stale: StaleCache{MaxAge: time.Hour}},
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.CloseIdleConnections()
-	call := func() (*http.Response, string) {
-		t.Helper()
-		req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL+"/home", nil)
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		return resp, string(b)
-	}
-	if resp, body := call(); resp.StatusCode != 200 || body != "hello alice" {
-		t.Fatalf("first caller: %d %q", resp.StatusCode, body)
-	}
-	sick.Store(true)
-	resp, body := call()
-	if resp.Header.Get(FallbackHeader) != "" || len(resp.Cookies()) != 0 {
-		t.Fatalf("second caller got %d %q, %s %q, cookies %v; want the upstream's 503, not the first caller's answer",
-			resp.StatusCode, body, FallbackHeader, resp.Header.Get(FallbackHeader), resp.Cookies())
-	}
-	if resp.StatusCode != http.StatusServiceUnavailable {
-		t.Errorf("second caller: %d, want the 503", resp.StatusCode)
-	}
 }
 
 // TestShareable is the stale cache's sharing rule, one row per rule and per

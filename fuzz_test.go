@@ -195,7 +195,7 @@ func FuzzNewShedder(f *testing.F) {
 			t.Fatalf("NewShedder(%+v): an idle Shedder answered %d, want the handler's 204", cfg, rec.Code)
 		}
 		rec = httptest.NewRecorder()
-		s.refuse(rec, PriorityNormal, ShedQueueFull)
+		s.refuse(rec, httptest.NewRequest("GET", "/", nil), PriorityNormal, ShedQueueFull)
 		v := rec.Result().Header["Retry-After"]
 		n, err := strconv.ParseInt(strings.Join(v, ","), 10, 64)
 		if d, res := parseRetryAfter(v, time.Now()); err != nil || n < 1 || res != retryAfterValid || d != time.Duration(n)*time.Second {

@@ -46,6 +46,7 @@ package bulwark
 //
 //	rep.retryScheduled(ctx, attempt, delay, reason, fromRetryAfter) // before sleeping; attempt is the one about to be sent
 //	rep.rejected(ctx, layer)         // layerBreaker, layerBulkhead, layerPushback, layerBudget, layerDeadline
+//	rep.shadowRejected(ctx, layer)   // a layer in shadow mode would have refused, and let the request through
 //	rep.fallbackServed(ctx, kind)    // "stale", "constant" or "func"
 //	rep.breakerStateChanged(from, to)
 //	rep.pushbackChanged(active, until)
@@ -74,6 +75,7 @@ package bulwark
 //	bulwark.retries           counter    {bulwark.upstream, bulwark.retry.reason}
 //	bulwark.hedges            counter    {bulwark.upstream, bulwark.hedge} (sent, won, or skipped_<reason>)
 //	bulwark.rejections        counter    {bulwark.upstream, bulwark.layer}
+//	bulwark.shadow.rejections counter    {bulwark.upstream, bulwark.layer}     refusals a layer in shadow mode let through
 //	bulwark.fallbacks         counter    {bulwark.upstream, bulwark.fallback.kind}
 //	bulwark.breaker.transitions counter  {bulwark.upstream, bulwark.breaker.state} (the new state)
 //	bulwark.outlier.ejections counter    {bulwark.upstream, bulwark.instance}  instances ejected
@@ -151,15 +153,16 @@ const instrumentationName = "github.com/bulwark-http/bulwark"
 
 // Span names and event names.
 const (
-	spanRequest    = "bulwark.request"
-	eventRetry     = "bulwark.retry"
-	eventHedge     = "bulwark.hedge"
-	eventRejected  = "bulwark.rejected"
-	eventFallback  = "bulwark.fallback"
-	eventEjected   = "bulwark.outlier.ejected"
-	eventReturned  = "bulwark.outlier.returned"
-	otherLabel     = "other"
-	redactedMarker = "REDACTED"
+	spanRequest         = "bulwark.request"
+	eventRetry          = "bulwark.retry"
+	eventHedge          = "bulwark.hedge"
+	eventRejected       = "bulwark.rejected"
+	eventShadowRejected = "bulwark.shadow_rejected"
+	eventFallback       = "bulwark.fallback"
+	eventEjected        = "bulwark.outlier.ejected"
+	eventReturned       = "bulwark.outlier.returned"
+	otherLabel          = "other"
+	redactedMarker      = "REDACTED"
 )
 
 // The layers that reject a request, as rejected() takes them and as the
@@ -218,8 +221,8 @@ type observer struct {
 	meter   metric.Meter
 
 	requests, retries, rejections, fallbacks, transitions metric.Int64Counter
-	hedges                                                metric.Int64Counter
-	ejections, returns                                    metric.Int64Counter
+	shadowRejections, hedges                              metric.Int64Counter
+	ejections, returns, faults                            metric.Int64Counter
 	attemptDuration, retryDelay                           metric.Float64Histogram
 
 	// state is what is on (obsTracing, …), kept by refresh; static means
@@ -300,10 +303,12 @@ func newObserver(cfg Config, logger *slog.Logger) *observer {
 	o.retries = counter("bulwark.retries", "Retries scheduled, by reason.")
 	o.hedges = counter("bulwark.hedges", "Hedged attempts sent, won, and skipped (by reason).")
 	o.rejections = counter("bulwark.rejections", "Requests bulwark refused to send, by the layer that refused.")
+	o.shadowRejections = counter("bulwark.shadow.rejections", "Requests a layer in shadow mode would have refused and sent anyway, by layer.")
 	o.fallbacks = counter("bulwark.fallbacks", "Final failures answered by a fallback, by kind.")
 	o.transitions = counter("bulwark.breaker.transitions", "Circuit breaker state changes, by the new state.")
 	o.ejections = counter("bulwark.outlier.ejections", "Instances ejected by outlier detection.")
 	o.returns = counter("bulwark.outlier.returns", "Ejected instances returned to the balancer's set.")
+	o.faults = counter("bulwark.faults", "Faults injected by the fault layer, by kind; refused header triggers as kind refused.")
 	// The semantic conventions' buckets for http.client.request.duration.
 	durations := []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
 	o.attemptDuration = hist("bulwark.attempt.duration", "Duration of one attempt, until its response body is read or closed.", durations)
@@ -506,6 +511,27 @@ func (hs *reporter) rejected(ctx context.Context, layer string) {
 	}
 	if o := hs.o; o.metering() {
 		o.rejections.Add(ctx, 1, hs.labels(keyLayer, layer).add...)
+	}
+}
+
+// shadowRejected reports that layer, in shadow mode, would have refused
+// the request and sends it instead: a "bulwark.shadow_rejected" event on
+// the span and the bulwark.shadow.rejections counter, so a threshold can be
+// tuned on real traffic before it is enforced.
+func (hs *reporter) shadowRejected(ctx context.Context, layer string) {
+	if recording(ctx) {
+		event(ctx, eventShadowRejected, keyLayer.String(layer))
+	}
+	if o := hs.o; o.metering() {
+		o.shadowRejections.Add(ctx, 1, hs.labels(keyLayer, layer).add...)
+	}
+}
+
+// faultInjected reports that the fault layer injected a fault of kind
+// ("delay", "abort", "reset"), or refused a header trigger ("refused").
+func (hs *reporter) faultInjected(ctx context.Context, kind string) {
+	if o := hs.o; o.metering() {
+		o.faults.Add(ctx, 1, hs.labels(keyFault, kind).add...)
 	}
 }
 

@@ -42,6 +42,11 @@ type Policy struct {
 	// attempt to one of them and ejects the sick ones; see Endpoints. The
 	// zero value sends requests to the URL's host as it is.
 	Endpoints Endpoints
+
+	// Fault injects latency, answers and connection resets into attempts,
+	// for chaos tests; see Fault. The zero value injects nothing, and the
+	// layer is then not in the stack.
+	Fault Fault
 }
 
 // inherit fills p's zero fields from parent.
@@ -53,6 +58,7 @@ func (p Policy) inherit(parent Policy) Policy {
 	p.Retry = p.Retry.inherit(parent.Retry)
 	p.Hedge = p.Hedge.inherit(parent.Hedge)
 	p.Endpoints = p.Endpoints.inherit(parent.Endpoints)
+	p.Fault = p.Fault.inherit(parent.Fault)
 	return p
 }
 
@@ -87,6 +93,7 @@ func (p Policy) switches() error {
 		{"Hedge", p.Hedge.Disabled, p.Hedge.Enabled},
 		{"Endpoints", p.Endpoints.Disabled, p.Endpoints.Enabled},
 		{"Endpoints.Outlier", p.Endpoints.Outlier.Disabled, p.Endpoints.Outlier.Enabled},
+		{"Fault", p.Fault.Disabled, p.Fault.Enabled},
 	} {
 		if s.disabled && s.enabled {
 			return fieldError(s.field+".Enabled", true, "conflicts with "+s.field+".Disabled")
@@ -115,6 +122,7 @@ func (p Policy) validate() error {
 		p.Bulkhead.validate(),
 		p.Fallback.validate(),
 		p.Endpoints.validate(),
+		p.Fault.validate(),
 	} {
 		if err != nil {
 			return err
@@ -156,6 +164,7 @@ var ErrInvalidConfig = errors.New("bulwark: invalid config")
 // Default), which field, the value given and why it was refused.
 type ConfigError struct {
 	Upstream string // the Upstreams key; empty for Config.Default or Config itself
+	Route    string // the Routes key, when the value is a route's
 	Field    string // e.g. "Retry.MaxAttempts"
 	Value    any
 	Reason   string
@@ -165,6 +174,13 @@ func (e *ConfigError) Error() string {
 	where := "Default"
 	if e.Upstream != "" {
 		where = fmt.Sprintf("upstream %q", e.Upstream)
+	}
+	if e.Route != "" {
+		if e.Upstream != "" {
+			where = fmt.Sprintf("route %q on upstream %q", e.Route, e.Upstream)
+		} else {
+			where = fmt.Sprintf("route %q", e.Route)
+		}
 	}
 	if e.Field == "" {
 		return fmt.Sprintf("bulwark: %s: %s", where, e.Reason)

@@ -1,7 +1,6 @@
 package bulwark
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -12,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httptrace"
 	"reflect"
 	"strings"
 	"sync"
@@ -754,46 +752,6 @@ func amplification(t *testing.T, step func(int, *http.Request) (*http.Response, 
 		ratio = float64(base.calls()) / float64(n)
 	})
 	return ratio, lastErr
-}
-
-// TestRetryDrainsDiscarded: a retried response is drained and closed, so its
-// connection is reused: three attempts, one connection.
-func TestRetryDrainsDiscarded(t *testing.T) {
-	var hits atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if hits.Add(1) < 3 {
-			w.WriteHeader(503)
-			w.Write(bytes.Repeat([]byte("x"), 2000))
-			return
-		}
-		w.Write([]byte("ok"))
-	}))
-	defer srv.Close()
-	base := &http.Transport{}
-	defer base.CloseIdleConnections()
-	// A real server, so no bubble: the retries wait nothing instead.
-	tr := mustNew(t, Config{Base: base, Default: Policy{Retry: Retry{Backoff: noWait}}})
-	var newConns, reused atomic.Int32
-	ctx := httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{GotConn: func(ci httptrace.GotConnInfo) {
-		if ci.Reused {
-			reused.Add(1)
-		} else {
-			newConns.Add(1)
-		}
-	}})
-	req := testRequest(t, ctx, "GET", srv.URL, noBody, "")
-	resp, err := tr.RoundTrip(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if string(b) != "ok" || hits.Load() != 3 {
-		t.Fatalf("body %q after %d hits, want ok after 3", b, hits.Load())
-	}
-	if newConns.Load() != 1 || reused.Load() != 2 {
-		t.Errorf("new connections %d, reused %d; want 1 and 2", newConns.Load(), reused.Load())
-	}
 }
 
 // noWait is a Backoff of no wait, for the tests that cannot run in a

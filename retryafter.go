@@ -134,7 +134,13 @@ type pushbackStage struct {
 	e       env
 	max     time.Duration
 	ignored *atomic.Uint64 // the Transport's count of ignored Retry-After values
+	// The pauses, shared with the pushback layer of a stack Update builds
+	// for the same host, so a pause outlives a policy change.
+	*pauses
+}
 
+// pauses is a host's pushback state.
+type pauses struct {
 	// paused is the pause of the whole host, nil before the first. The
 	// error value is made once per pause, so rejecting costs no allocation.
 	paused atomic.Pointer[PushbackError]
@@ -152,10 +158,16 @@ type pauser interface {
 }
 
 func newPushback(next stage, max time.Duration, e env, ignored *atomic.Uint64) *pushbackStage {
-	return &pushbackStage{next: next, e: e, max: max, ignored: ignored}
+	return &pushbackStage{next: next, e: e, max: max, ignored: ignored, pauses: new(pauses)}
 }
 
 func (p *pushbackStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+	return p.pass(p.next, req, c)
+}
+
+// pass is the pushback layer over next: its own layer below, or a route's
+// (see sharedStage), so that the routes of a host share its pauses.
+func (p *pushbackStage) pass(next stage, req *http.Request, c call) (*http.Response, error) {
 	prio, fromContext := requestPriority(req)
 	if e := p.pausedFor(prio); e != nil {
 		p.e.rep.rejected(req.Context(), layerPushback)
@@ -168,7 +180,7 @@ func (p *pushbackStage) roundTrip(req *http.Request, c call) (*http.Response, er
 		req = req.Clone(req.Context())
 		req.Header[PriorityHeader] = []string{priorityNames[prio]}
 	}
-	resp, err := p.next.roundTrip(req, c)
+	resp, err := next.roundTrip(req, c)
 	if err != nil || !pushbackStatus(resp.StatusCode) {
 		return resp, err
 	}

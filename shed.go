@@ -227,6 +227,16 @@ type ShedConfig struct {
 	// (one per listener, or per handler) stay apart. Empty means no such
 	// attribute.
 	Name string
+
+	// Shadow runs the Shedder in shadow mode: it queues, displaces and
+	// times out as it would, and counts each refusal it would make
+	// (ShedStats.Shed, the bulwark.shed.refused metric with
+	// bulwark.shed.shadow "true"), but serves the request anyway, outside
+	// the worker count, so the counts are what an enforcing Shedder would
+	// report on the same traffic. A queued request still waits as long as
+	// it would have. A caller who went away (ShedCanceled) is answered as
+	// before. Use it to size Workers and Queue on production traffic.
+	Shadow bool
 }
 
 // ShedReason says why a Shedder refused a request.
@@ -285,7 +295,9 @@ type ShedStats struct {
 
 	// Served counts the requests handed to the wrapped handler, by priority.
 	Served [NumPriorities]uint64
-	// Shed counts refused requests by reason, then priority.
+	// Shed counts refused requests by reason, then priority; in shadow
+	// mode (ShedConfig.Shadow), the requests it would have refused, which
+	// it served: those are not in Served.
 	Shed [NumShedReasons][NumPriorities]uint64
 }
 
@@ -345,6 +357,7 @@ type Shedder struct {
 	shared   int // limit for every other priority: workers minus the reserve
 	queueCap int
 	maxWait  time.Duration
+	shadow   bool
 	// retryAfter is the Retry-After value, shared by every refusal so that
 	// writing one allocates nothing. Its capacity equals its length, so a
 	// later Header().Add copies rather than writing into it.
@@ -467,6 +480,7 @@ func NewShedder(next http.Handler, cfg ShedConfig) (*Shedder, error) {
 		maxWait:    maxWait,
 		retryAfter: []string{strconv.FormatInt(secs, 10)},
 		now:        time.Now,
+		shadow:     cfg.Shadow,
 	}
 	s.registerMetrics(cfg.MeterProvider, cfg.Name)
 	return s, nil
@@ -477,6 +491,7 @@ const (
 	keyShedPriority = attribute.Key("bulwark.shed.priority")
 	keyShedReason   = attribute.Key("bulwark.shed.reason")
 	keyShedName     = attribute.Key("bulwark.shed.name")
+	keyShedShadow   = attribute.Key("bulwark.shed.shadow")
 )
 
 // registerMetrics registers the observable instruments described on
@@ -507,6 +522,9 @@ func (s *Shedder) registerMetrics(mp metric.MeterProvider, name string) {
 	set := func(kv ...attribute.KeyValue) metric.ObserveOption {
 		if name != "" {
 			kv = append(kv, keyShedName.String(name))
+		}
+		if s.shadow {
+			kv = append(kv, keyShedShadow.Bool(true))
 		}
 		return metric.WithAttributeSet(attribute.NewSet(kv...))
 	}
@@ -594,7 +612,7 @@ func (s *Shedder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	if err := ctx.Err(); err != nil {
 		s.mu.Unlock()
-		s.refuse(w, p, doneReason(ctx))
+		s.refuse(w, r, p, doneReason(ctx))
 		return
 	}
 	now := s.now()
@@ -606,13 +624,13 @@ func (s *Shedder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if !now.Before(patience) {
 		s.mu.Unlock()
-		s.refuse(w, p, ShedWaitedTooLong)
+		s.refuse(w, r, p, ShedWaitedTooLong)
 		return
 	}
 	wt, ok := s.enqueueLocked(p, patience)
 	s.mu.Unlock()
 	if !ok {
-		s.refuse(w, p, ShedQueueFull)
+		s.refuse(w, r, p, ShedQueueFull)
 		return
 	}
 	s.wait(w, r, wt, !byDeadline)
@@ -639,8 +657,15 @@ func (s *Shedder) release() {
 // refuse writes the 503. It never touches the wrapped handler, and on the
 // hot rejection path allocates nothing of its own: every header value is
 // shared.
-func (s *Shedder) refuse(w http.ResponseWriter, p Priority, why ShedReason) {
+func (s *Shedder) refuse(w http.ResponseWriter, r *http.Request, p Priority, why ShedReason) {
 	s.shed[why][p].Add(1)
+	if s.shadow && why != ShedCanceled {
+		// Counted as a refusal, served anyway, on no worker: the queue
+		// and the workers stay what an enforcing Shedder's would be. A
+		// caller who went away is not the Shedder's refusal.
+		s.next.ServeHTTP(w, r)
+		return
+	}
 	h := w.Header()
 	h["Retry-After"] = s.retryAfter
 	h[NoRetryHeader] = shedNoRetryValue
@@ -779,16 +804,16 @@ func (s *Shedder) wait(w http.ResponseWriter, r *http.Request, wt *waiter, useTi
 			// Granted as the context ended: the caller is gone, so give
 			// the worker to someone still waiting for an answer.
 			s.release()
-			s.refuse(w, wt.prio, doneReason(ctx))
+			s.refuse(w, r, wt.prio, doneReason(ctx))
 			return
 		}
 		s.serve(w, r, wt.prio)
 	case dropped:
-		s.refuse(w, wt.prio, ShedDisplaced)
+		s.refuse(w, r, wt.prio, ShedDisplaced)
 	case expired:
-		s.refuse(w, wt.prio, ShedWaitedTooLong)
+		s.refuse(w, r, wt.prio, ShedWaitedTooLong)
 	default: // left on its own
-		s.refuse(w, wt.prio, why)
+		s.refuse(w, r, wt.prio, why)
 	}
 }
 

@@ -41,6 +41,9 @@ type HostSnapshot struct {
 	// Endpoints are a balanced upstream's instances, each with its own
 	// bulkhead; nil for other hosts.
 	Endpoints []EndpointState
+	// Routes are the Config.Routes used on this host so far, with the state
+	// of their own layers, sorted by pattern; nil when none was used.
+	Routes []RouteSnapshot
 }
 
 // snapshotter is a layer with state to show in a HostSnapshot.
@@ -61,6 +64,8 @@ func (t *Transport) Snapshot() Snapshot {
 				sn.snapshot(&h)
 			}
 		}
+		hs.eachRoute(func(rs *routeState) { h.Routes = append(h.Routes, rs.snapshot()) })
+		sort.Slice(h.Routes, func(i, j int) bool { return h.Routes[i].Pattern < h.Routes[j].Pattern })
 		s.Hosts = append(s.Hosts, h)
 	})
 	sort.Slice(s.Hosts, func(i, j int) bool {
@@ -123,7 +128,8 @@ func (h HostSnapshot) ejected() int {
 // breaker. The override applies to the host over every scheme, now and to
 // state created later (after an eviction too), until it is set back to
 // BreakerAuto. It has no effect on a host whose policy disables the
-// breaker. An invalid host or control is an error.
+// breaker. It sets the breakers of the host's routes (Config.Routes) too.
+// An invalid host or control is an error.
 func (t *Transport) ControlBreaker(host string, c BreakerControl) error {
 	if c > BreakerForceClosed {
 		return fmt.Errorf("bulwark: ControlBreaker(%q, %v): unknown control", host, c)
@@ -154,9 +160,13 @@ func (t *Transport) ControlBreaker(host string, c BreakerControl) error {
 
 // controlBreaker hands c to the host's breaker, if it has one.
 func (hs *hostState) controlBreaker(c BreakerControl) {
-	for _, p := range hs.parts {
-		if b, ok := p.(breakerController); ok {
-			b.setControl(c)
+	set := func(parts []any) {
+		for _, p := range parts {
+			if b, ok := p.(breakerController); ok {
+				b.setControl(c)
+			}
 		}
 	}
+	set(hs.parts)
+	hs.eachRoute(func(rs *routeState) { set(rs.parts) })
 }

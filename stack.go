@@ -1,6 +1,9 @@
 package bulwark
 
-import "net/http"
+import (
+	"net/http"
+	"reflect"
+)
 
 // buildStack composes a host's layers, outer to inner, once, and records
 // in hs.parts the layers the router and Snapshot ask about. It is the one
@@ -20,10 +23,49 @@ import "net/http"
 //     instance served it), has a bulkhead per instance;
 //   - the bulkhead holds a slot for exactly one attempt;
 //   - the attempt deadline makes the attempt's context and headers;
-//   - the attempt span, innermost, covers what goes on the wire.
-func (t *Transport) buildStack(hs *hostState) {
-	p := hs.policy
+//   - the attempt span covers what goes on the wire;
+//   - the fault layer, innermost and only when a Fault policy is on,
+//     stands in for the wire, so every layer above sees its faults as real.
+//
+// A host's routes (Config.Routes) get stacks of their own from the same
+// code (compose), sharing the host's bulkhead, pushback and balancer.
+//
+// prev, when not nil, is the host's state before Transport.Update: the new
+// stack keeps the state of prev's layers whose shape p leaves unchanged
+// (see reuseFrom), and builds the others afresh. prev's stack is not
+// touched: requests sent through it finish there. A route's stack keeps
+// nothing across an Update; it is built again on the route's next use.
+func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep}
+	hs.rt, hs.parts = t.compose(hs.policy, e, &hs.shared, reuseFrom(prev, hs))
+}
+
+// buildRoute composes the stack of one route on a host: the same layers as
+// the host's, made for the route's policy, except for the host's shared
+// ones (see hostShared), which the route's stack passes through.
+func (t *Transport) buildRoute(hs *hostState, p *Policy) (stage, []any) {
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep}
+	shared := hs.shared
+	return t.compose(p, e, &shared, kept{})
+}
+
+// hostShared is the per-host state that a host's routes share with it:
+// limits on what the host as a whole receives (its bulkhead, the pauses it
+// asked for, the balancer and its instances), where a route's own layers
+// (breaker, retry and its budget, deadlines, fallback, fault) judge the
+// route's calls. Nil fields are layers the host's policy turns off.
+type hostShared struct {
+	bulkhead *bulkheadStage
+	pushback *pushbackStage
+	balancer *balancerStage
+	built    bool // false while the host's own stack is being composed
+}
+
+// compose builds a stack for p, outer to inner, with its parts, outer
+// first. On the host's own stack (sh.built false) it makes the shared
+// layers, or keeps old's, and records them in sh; on a route's it passes
+// through them.
+func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, []any) {
 	var s stage
 	var parts []any
 	// What the hedger asks before sending a hedge: is the breaker open,
@@ -31,24 +73,48 @@ func (t *Transport) buildStack(hs *hostState) {
 	// instance; the balancer's pick and each instance's bulkhead decide.)
 	var open opener
 	var full filler
-	if p.Endpoints.enabled() {
+	switch {
+	case sh.built && sh.balancer != nil:
+		s = sh.balancer
+	case sh.built:
+		s = t.attemptStack(p, e, t.base)
+		if sh.bulkhead != nil {
+			s, full = sharedStage{via: sh.bulkhead, next: s}, sh.bulkhead
+		}
+	case old.balancer != nil:
+		s, parts, sh.balancer = old.balancer, append(parts, old.balancer), old.balancer
+	case p.Endpoints.enabled():
 		b := newBalancer(e, p, t.base, t.instanceStack)
-		s, parts = b, append(parts, b)
-	} else {
+		s, parts, sh.balancer = b, append(parts, b), b
+	case old.bulkhead != nil:
+		s, parts, sh.bulkhead, full = old.bulkhead, append(parts, old.bulkhead), old.bulkhead, old.bulkhead
+	default:
 		var bh *bulkheadStage
-		s, bh = t.instanceStack(p, e, t.base, hs.name)
+		s, bh = t.instanceStack(p, e, t.base, e.host)
 		if bh != nil {
-			parts, full = append(parts, bh), bh
+			parts, sh.bulkhead, full = append(parts, bh), bh, bh
 		}
 	}
 	if !p.Breaker.Disabled {
-		b := newBreaker(s, p.Breaker, e, t.randN)
+		var b *breakerStage
+		if old.breaker != nil {
+			old.breaker.retune(p.Breaker)
+			b = old.breaker.link(s, p.Breaker)
+		} else {
+			b = newBreaker(s, p.Breaker, e, t.randN)
+		}
 		s, parts, open = b, append(parts, b), b
 	}
 	var pause pauser
-	if !p.Retry.NoPushback {
+	switch {
+	case sh.built && sh.pushback != nil:
+		s, pause = sharedStage{via: sh.pushback, next: s}, sh.pushback
+	case !sh.built && !p.Retry.NoPushback:
 		pb := newPushback(s, p.Retry.MaxRetryAfter, e, &t.ignoredRA)
-		s, pause, parts = pb, pb, append(parts, pb)
+		if old.pauses != nil {
+			pb.pauses = old.pauses
+		}
+		s, pause, parts, sh.pushback = pb, pb, append(parts, pb), pb
 	}
 	// Hedges and retries are one attempt scheduler: the retry layer. A
 	// policy that hedges but does not retry gets it with one attempt per
@@ -60,6 +126,9 @@ func (t *Transport) buildStack(hs *hostState) {
 			rp.Budget.Disabled = true
 		}
 		r := newRetry(s, rp, e, pause, &t.ignoredRA, t.randN, p.Endpoints.enabled())
+		if old.budget != nil && r.budget != nil {
+			r.budget = old.budget
+		}
 		if p.Hedge.enabled() {
 			r.hedge = newHedger(p.Hedge, open, full)
 			r.max = max(r.max, 1+p.Hedge.MaxHedges)
@@ -70,29 +139,135 @@ func (t *Transport) buildStack(hs *hostState) {
 		s = &totalStage{next: s, total: p.Timeout.Total}
 	}
 	if p.Fallback.enabled() {
-		s = newFallback(s, p.Fallback, e)
+		f := newFallback(s, p.Fallback, e)
+		if old.stale != nil {
+			f.stale = old.stale
+		}
+		s, parts = f, append(parts, f)
 	}
-	hs.rt = s
+	sh.built = true
 	// Outer first, as the stack reads.
 	for i, j := 0, len(parts)-1; i < j; i, j = i+1, j-1 {
 		parts[i], parts[j] = parts[j], parts[i]
 	}
-	hs.parts = parts
+	return s, parts
+}
+
+// passer is a shared layer that a route's stack passes through with its
+// own layers below (bulkheadStage.pass, pushbackStage.pass).
+type passer interface {
+	pass(next stage, req *http.Request, c call) (*http.Response, error)
+}
+
+// sharedStage puts a host's shared layer into a route's stack, over the
+// route's own layers below it.
+type sharedStage struct {
+	via  passer
+	next stage
+}
+
+func (s sharedStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+	return s.via.pass(s.next, req, c)
 }
 
 // instanceStack composes the per-attempt layers over base for one host,
 // or for one instance of a balanced upstream (name is its "host:port"):
-// bulkhead, attempt deadline, attempt span. The bulkhead is nil when
+// bulkhead, attempt deadline, attempt span, fault. The bulkhead is nil when
 // disabled.
 func (t *Transport) instanceStack(p *Policy, e env, base http.RoundTripper, name string) (stage, *bulkheadStage) {
-	var s stage = baseStage{base}
-	s = newObserveStage(s, e)
-	if !p.Timeout.Disabled {
-		s = newAttemptStage(s, p.Timeout, e.rep)
-	}
+	s := t.attemptStack(p, e, base)
 	if p.Bulkhead.Disabled {
 		return s, nil
 	}
 	bh := newBulkhead(s, p.Bulkhead, name, e.rep)
 	return bh, bh
+}
+
+// attemptStack composes the layers of one attempt over base: attempt
+// deadline, attempt span, and, when p injects faults, the fault layer,
+// below the span and the deadline so that an injected fault is marked in
+// the span and an injected delay counts against the deadline. Off, the
+// fault layer is not there at all.
+func (t *Transport) attemptStack(p *Policy, e env, base http.RoundTripper) stage {
+	var s stage = baseStage{base}
+	if p.Fault.enabled() {
+		s = newFault(s, p.Fault, e)
+	}
+	s = newObserveStage(s, e)
+	if !p.Timeout.Disabled {
+		s = newAttemptStage(s, p.Timeout, e.rep)
+	}
+	return s
+}
+
+// kept is the state of a host's previous stack that its new one keeps.
+type kept struct {
+	balancer *balancerStage
+	bulkhead *bulkheadStage
+	breaker  *breakerCore
+	pauses   *pauses
+	budget   *retryBudget
+	stale    *staleCache
+}
+
+// reuseFrom picks the layers of prev (nil: none) whose state survives a
+// change to policy p. A layer keeps its state when its own sub-policy's
+// shape is unchanged; anything else is built afresh, empty:
+//
+//   - the breaker keeps its window, state, trips and manual control unless
+//     Window, WindowCalls, HalfOpenCalls or OpenFor change (breakerShape);
+//     its rates, MinCalls, MaxOpenFor, SlowCall, Classify, OnStateChange
+//     and Shadow move in place;
+//   - the bulkhead (slots held, queue), or a balanced upstream's balancer
+//     (instances, ejections, their bulkheads), is kept whole when the
+//     Bulkhead, Timeout and, balanced, Endpoints policies are all equal;
+//     otherwise the new one starts empty, and requests still in the old one
+//     hold their slots there, so for as long as they run the host may see
+//     up to both limits at once;
+//   - the pushback pauses are always kept (they are the host's word, not
+//     the policy's);
+//   - the retry budget is kept when Retry.Budget is unchanged;
+//   - the stale cache is kept when Fallback.Stale is unchanged.
+//
+// Equal means reflect.DeepEqual, under which a non-nil func or an
+// interface holding one is never equal: a policy with a Resolver whose
+// type holds a func, say, gets a fresh balancer on every Update.
+//
+// A host whose upstream label changes (an Upstreams key added or removed)
+// keeps nothing: its state is reported under another label.
+func reuseFrom(prev, hs *hostState) kept {
+	var k kept
+	if prev == nil || prev.upstream != hs.upstream {
+		return k
+	}
+	p, q := hs.policy, prev.policy
+	for _, part := range prev.parts {
+		switch l := part.(type) {
+		case *balancerStage:
+			if p.Endpoints.enabled() && reflect.DeepEqual(q.Endpoints, p.Endpoints) &&
+				reflect.DeepEqual(q.Bulkhead, p.Bulkhead) && reflect.DeepEqual(q.Timeout, p.Timeout) {
+				k.balancer = l
+			}
+		case *bulkheadStage:
+			if !p.Endpoints.enabled() && !p.Bulkhead.Disabled &&
+				reflect.DeepEqual(q.Bulkhead, p.Bulkhead) && reflect.DeepEqual(q.Timeout, p.Timeout) {
+				k.bulkhead = l
+			}
+		case *breakerStage:
+			if shapeOf(q.Breaker) == shapeOf(p.Breaker) {
+				k.breaker = l.breakerCore
+			}
+		case *pushbackStage:
+			k.pauses = l.pauses
+		case *retryStage:
+			if l.budget != nil && reflect.DeepEqual(q.Retry.Budget, p.Retry.Budget) {
+				k.budget = l.budget
+			}
+		case *fallbackStage:
+			if l.stale != nil && reflect.DeepEqual(q.Fallback.Stale, p.Fallback.Stale) {
+				k.stale = l.stale
+			}
+		}
+	}
+	return k
 }

@@ -56,6 +56,34 @@ type Config struct {
 	// without leading zeros. Any other key is a *ConfigError from New.
 	Upstreams map[string]Policy
 
+	// Routes holds per-route policies keyed by net/http ServeMux patterns
+	// ("[METHOD ][HOST]/[PATH]", as http.ServeMux documents them):
+	// "POST api.example.com/v1/charges", "GET /v1/rates/{id}",
+	// "/static/", "/{$}". A request's route is the one an http.ServeMux
+	// holding these patterns would pick for it, by ServeMux's precedence
+	// (the most specific pattern wins; a host in a pattern is matched
+	// against the request's Host without its port); a request that matches
+	// none, or that ServeMux would redirect (an unclean path, a missing
+	// trailing slash), uses its host's policy alone. A malformed pattern,
+	// or two that conflict as ServeMux says, is a *ConfigError from New.
+	// Nil means no routes, and routing costs nothing.
+	//
+	// A route's zero fields inherit from the policy of the host the request
+	// goes to (its Upstreams policy or Default), then from the package
+	// defaults. A route has its own breaker, retry layer and retry budget,
+	// timeouts, fallback and fault injection, one set per host it is used
+	// on: a failing charge endpoint opens its own breaker without stopping
+	// the rates endpoint of the same host. What limits the host as a whole
+	// stays per host and is shared by all its routes: the bulkhead (and its
+	// rate limit), the pushback pauses a Retry-After asks for, and on a
+	// balanced upstream the balancer with its instances (their bulkheads,
+	// attempt deadlines and fault layers follow the upstream's policy, so a
+	// route's Timeout.Attempt and Fault do not apply there). A route policy
+	// that sets Bulkhead, Endpoints, Retry.NoPushback or
+	// Retry.MaxRetryAfter is a *ConfigError. Snapshot shows each route's
+	// own state in HostSnapshot.Routes.
+	Routes map[string]Policy
+
 	// TracerProvider and MeterProvider are where bulwark's spans and metrics
 	// go. Nil means the global providers from go.opentelemetry.io/otel,
 	// looked up again as requests arrive, so setting them after New works.
@@ -102,10 +130,10 @@ type Config struct {
 //
 // The stack, outer to inner, for one request:
 //
-//	router → fallback → total deadline → retry → pushback → breaker → [balancer →] bulkhead → attempt deadline → attempt span → base
+//	router → fallback → total deadline → retry → pushback → breaker → [balancer →] bulkhead → attempt deadline → attempt span → [fault →] base
 //
-// Each host's stack is composed once, when the host is first seen, never per
-// call.
+// Each host's stack is composed once, when the host is first seen, and each
+// route's on a host when the route is first used there, never per call.
 type Transport struct {
 	base   http.RoundTripper
 	logger *slog.Logger
@@ -120,11 +148,14 @@ type Transport struct {
 	// ignoredRA counts Retry-After values ignored as malformed (Snapshot).
 	ignoredRA atomic.Uint64
 
-	def      *route
-	exact    map[hostPort]*route
-	byHost   map[string]*route
-	maxHosts int
-	idle     time.Duration
+	// policies are the compiled Config, guarded by mu: New sets them,
+	// Update replaces them.
+	policies
+	// updateMu serialises Updates.
+	updateMu sync.Mutex
+	// updateBuilt, when set (by tests), is called by Update between
+	// building the new stacks and swapping them in.
+	updateBuilt func()
 
 	mu    sync.RWMutex
 	hosts map[hostKey]*hostState
@@ -133,10 +164,23 @@ type Transport struct {
 	controls map[string]BreakerControl
 }
 
+// policies is what New and Update compile from a Config: a route per
+// Upstreams key, Default's, the table of Config.Routes, and the limits on
+// the per-host state.
+type policies struct {
+	def      *route
+	exact    map[hostPort]*route
+	byHost   map[string]*route
+	table    *routeTable // nil: no Config.Routes
+	maxHosts int
+	idle     time.Duration
+}
+
 // route is a compiled policy and the upstream label it goes by.
 type route struct {
 	upstream string // the Upstreams key, or "default"
 	policy   Policy
+	raw      Policy // as written, over Default's: what routes inherit from
 }
 
 type hostPort struct{ host, port string }
@@ -156,6 +200,15 @@ type hostState struct {
 	policy   *Policy
 	rt       stage
 	rep      *reporter
+	// shared holds the layers the host's routes share with it.
+	shared hostShared
+	// table is the route table the host was built under (nil: no
+	// routes), and routes[i] its i-th route's stack on this host, built on
+	// its first request (nil until then). A host keeps its table, so an
+	// Update, which replaces the host, never races a lookup.
+	table   *routeTable
+	routes  []atomic.Pointer[routeState]
+	routeMu sync.Mutex // serialises building routes' stacks
 	// parts are the stack's layers that implement one of the small
 	// interfaces the router and Snapshot ask (snapshotter, busier,
 	// idleCloser, breakerController), in stack order, outer first.
@@ -176,27 +229,16 @@ const touchEvery = 10 * time.Millisecond
 // New validates cfg and builds a Transport. Every invalid value is a
 // *ConfigError (matching ErrInvalidConfig) naming the upstream and field.
 func New(cfg Config) (*Transport, error) {
+	rs, err := compile(cfg)
+	if err != nil {
+		return nil, err
+	}
 	t := &Transport{
 		base:     cfg.Base,
 		logger:   cfg.Logger,
-		exact:    make(map[hostPort]*route),
-		byHost:   make(map[string]*route),
-		maxHosts: cfg.MaxHosts,
-		idle:     cfg.HostIdle,
+		policies: *rs,
 		hosts:    make(map[hostKey]*hostState),
 		controls: make(map[string]BreakerControl),
-	}
-	switch {
-	case cfg.MaxHosts < 0:
-		return nil, &ConfigError{Field: "MaxHosts", Value: cfg.MaxHosts, Reason: "must be ≥ 0"}
-	case cfg.MaxHosts == 0:
-		t.maxHosts = DefaultMaxHosts
-	}
-	switch {
-	case cfg.HostIdle < 0:
-		return nil, &ConfigError{Field: "HostIdle", Value: cfg.HostIdle, Reason: "must be ≥ 0"}
-	case cfg.HostIdle == 0:
-		t.idle = DefaultHostIdle
 	}
 	if t.base == nil {
 		if dt, ok := http.DefaultTransport.(*http.Transport); ok {
@@ -210,6 +252,31 @@ func New(cfg Config) (*Transport, error) {
 	}
 	t.obs = newObserver(cfg, t.logger)
 	t.registerGauges()
+	return t, nil
+}
+
+// compile validates cfg's policies and host limits, and compiles them: the
+// one validation New and Update share. Every invalid value is a
+// *ConfigError.
+func compile(cfg Config) (*policies, error) {
+	rs := &policies{
+		exact:    make(map[hostPort]*route),
+		byHost:   make(map[string]*route),
+		maxHosts: cfg.MaxHosts,
+		idle:     cfg.HostIdle,
+	}
+	switch {
+	case cfg.MaxHosts < 0:
+		return nil, &ConfigError{Field: "MaxHosts", Value: cfg.MaxHosts, Reason: "must be ≥ 0"}
+	case cfg.MaxHosts == 0:
+		rs.maxHosts = DefaultMaxHosts
+	}
+	switch {
+	case cfg.HostIdle < 0:
+		return nil, &ConfigError{Field: "HostIdle", Value: cfg.HostIdle, Reason: "must be ≥ 0"}
+	case cfg.HostIdle == 0:
+		rs.idle = DefaultHostIdle
+	}
 
 	if err := cfg.Default.switches(); err != nil {
 		return nil, err
@@ -222,7 +289,8 @@ func New(cfg Config) (*Transport, error) {
 		// Every host no Upstreams key names would go to these instances.
 		return nil, &ConfigError{Field: "Endpoints", Value: "set", Reason: "belongs in an Upstreams policy, not Default"}
 	}
-	t.def = &route{upstream: "default", policy: def}
+	rs.def = &route{upstream: "default", policy: def, raw: cfg.Default}
+	parents := []*route{rs.def}
 
 	// Sorted so that the first error reported does not depend on map order.
 	keys := make([]string, 0, len(cfg.Upstreams))
@@ -247,18 +315,25 @@ func New(cfg Config) (*Transport, error) {
 		if err := cfg.Upstreams[k].switches(); err != nil {
 			return nil, inUpstream(err, k)
 		}
-		p := cfg.Upstreams[k].inherit(cfg.Default).withDefaults()
+		raw := cfg.Upstreams[k].inherit(cfg.Default)
+		p := raw.withDefaults()
 		if err := p.validate(); err != nil {
 			return nil, inUpstream(err, k)
 		}
-		r := &route{upstream: k, policy: p}
+		r := &route{upstream: k, policy: p, raw: raw}
+		parents = append(parents, r)
 		if port != "" {
-			t.exact[hostPort{host, port}] = r
+			rs.exact[hostPort{host, port}] = r
 		} else {
-			t.byHost[host] = r
+			rs.byHost[host] = r
 		}
 	}
-	return t, nil
+	table, err := compileRoutes(cfg.Routes, parents)
+	if err != nil {
+		return nil, err
+	}
+	rs.table = table
+	return rs, nil
 }
 
 type errString string
@@ -290,7 +365,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, doneError(req.Context())
 	}
 	now := time.Now()
-	return t.send(t.lookupAt(req.URL, now.UnixNano()), req, now)
+	hs := t.lookupAt(req.URL, now.UnixNano())
+	rt := hs.rt
+	if hs.table != nil {
+		if r := t.routeStack(hs, req); r != nil {
+			rt = r
+		}
+	}
+	return t.send(hs, rt, req, now)
 }
 
 // CloseIdleConnections closes the base's idle connections, when the base
@@ -386,7 +468,8 @@ func (t *Transport) addHost(k hostKey, u *url.URL, now int64) *hostState {
 		rawScheme: strings.Clone(u.Scheme), rawHost: strings.Clone(u.Host)}
 	hs.lastUsed.Store(now)
 	hs.rep = t.obs.reporter(hs.upstream, hs.name, k.port)
-	t.buildStack(hs)
+	hs.table, hs.routes = t.table, t.table.slots()
+	t.buildStack(hs, nil)
 	if c, ok := t.controls[hs.name]; ok {
 		hs.controlBreaker(c)
 	}
@@ -489,13 +572,13 @@ func (t *Transport) hostCount() int {
 	return len(t.hosts)
 }
 
-// send is the router's hand-off to a host's stack: it counts the call's
+// send is the router's hand-off to a host's stack (or its route's, rt): it counts the call's
 // final outcome and, when the caller's context has no span, wraps the call
 // in a logical span so that its attempts share one trace.
-func (t *Transport) send(hs *hostState, req *http.Request, start time.Time) (*http.Response, error) {
+func (t *Transport) send(hs *hostState, rt stage, req *http.Request, start time.Time) (*http.Response, error) {
 	o := hs.rep.begin(req)
 	if o == nil {
-		return hs.rt.roundTrip(req, call{start: start})
+		return rt.roundTrip(req, call{start: start})
 	}
 	if o.ctx != nil {
 		req = req.WithContext(o.ctx)
@@ -507,7 +590,7 @@ func (t *Transport) send(hs *hostState, req *http.Request, start time.Time) (*ht
 			o.abort()
 		}
 	}()
-	resp, err := hs.rt.roundTrip(req, call{start: start})
+	resp, err := rt.roundTrip(req, call{start: start})
 	returned = true
 	o.end(req, resp, err)
 	return resp, err

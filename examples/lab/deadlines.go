@@ -107,7 +107,7 @@ func (l *lab) deadlines(ctx context.Context) (*scenario, error) {
 			{"503s (no worker free)", strconv.FormatInt(r.rejected.Load(), 10)},
 			{"most workers held by hung calls", fmt.Sprintf("%d of %d", r.maxHung.Load(), cap(r.workers))},
 		}
-		out.metrics = map[string]float64{"errors": 1 - all, "last": 1 - last}
+		out.metrics = map[string]float64{"errors": 1 - all, "last": 1 - last, "held": float64(r.maxHung.Load()) / float64(cap(r.workers))}
 		sc.runs = append(sc.runs, out)
 	}
 	return sc, nil

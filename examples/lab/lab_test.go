@@ -133,10 +133,18 @@ func TestDeadlinesShortBeatsLong(t *testing.T) {
 	var buf bytes.Buffer
 	l.render(&buf, sc)
 	t.Log("\n" + buf.String())
-	long, short := byShort(t, sc, "100s").metrics["last"], byShort(t, sc, "p99.9").metrics["last"]
-	if long < short+0.3 {
-		t.Errorf("error rate in the last second: 100 s-style %.1f%%, near p99.9 %.1f%%; want the long deadline worse by at least 30 points", 100*long, 100*short)
+	// The mechanism, asserted: hung calls hold the server's workers until
+	// their caller's deadline, so a long deadline lets them fill the
+	// server while a short one frees them. That holds however slow a
+	// loaded machine makes the healthy calls; the error rates that follow
+	// from it depend on that speed too, so they are logged, not asserted
+	// (on a machine busy enough that healthy calls miss a 75 ms deadline,
+	// both runs fail).
+	lr, sr := byShort(t, sc, "100s"), byShort(t, sc, "p99.9")
+	if lh, sh := lr.metrics["held"], sr.metrics["held"]; lh < 0.8 || sh > 0.5 {
+		t.Errorf("most workers held by hung calls: 100 s-style %.0f%%, near p99.9 %.0f%%; want ≥ 80%% and ≤ 50%%", 100*lh, 100*sh)
 	}
+	t.Logf("error rate in the last second: 100 s-style %.1f%%, near p99.9 %.1f%%", 100*lr.metrics["last"], 100*sr.metrics["last"])
 }
 
 func TestOutlierEjectionHelps(t *testing.T) {

@@ -1,0 +1,259 @@
+package bulwark
+
+import (
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// The request headers that trigger a fault when Fault.AllowHeaders is set,
+// after Envoy's x-envoy-fault-* headers. A header trigger always fires; it
+// is not drawn at a rate. Without AllowHeaders they are ignored (and
+// counted as refused), so a caller cannot inject faults into a Transport
+// whose operator did not ask for it.
+const (
+	// FaultDelayHeader adds a latency before the attempt is sent: a Go
+	// duration ("250ms"), at most Fault's bound on durations.
+	FaultDelayHeader = "Bulwark-Fault-Delay"
+	// FaultAbortHeader answers the attempt with this status (200..599)
+	// without sending it.
+	FaultAbortHeader = "Bulwark-Fault-Abort"
+	// FaultResetHeader, with any value, fails the attempt with a connection
+	// reset without sending it.
+	FaultResetHeader = "Bulwark-Fault-Reset"
+)
+
+// FaultHeader is the response header an injected abort carries, so that a
+// reader can tell it from a real answer of the upstream. Its value is
+// "abort".
+const FaultHeader = "Bulwark-Fault"
+
+// Fault injects faults into attempts, for chaos tests and game days: added
+// latency, an answer without sending, a connection reset. Each is drawn at
+// its own rate for every attempt, or triggered by the Bulwark-Fault-*
+// request headers when AllowHeaders is set. The zero value injects nothing,
+// and with nothing to inject the fault layer is not in the stack at all.
+//
+// The layer sits at the attempt, below the attempt deadline and the attempt
+// span, just above the base: the retry, breaker, pushback and fallback
+// layers see an injected fault as a real one, an injected delay counts
+// against the attempt's deadline, and the attempt's span carries a
+// bulwark.fault attribute ("delay", "abort", "reset"). Every injection is
+// also counted in the bulwark.faults metric, by kind; header triggers that
+// are refused are counted there as "refused".
+type Fault struct {
+	// Disabled turns fault injection off, whatever Default says; Enabled
+	// undoes a Default's Disabled. Fault is off unless a rate is set or
+	// AllowHeaders is.
+	Disabled, Enabled bool
+
+	// Delay is the latency added to an attempt before it is sent, with
+	// probability DelayRate (0..1). The wait ends early when the attempt's
+	// context ends. Zero Delay or DelayRate inherit; zero after inheritance
+	// means no drawn delay.
+	Delay     time.Duration
+	DelayRate float64
+
+	// AbortStatus (200..599) answers an attempt without sending it, with
+	// probability AbortRate (0..1): an empty body, FaultHeader set, and
+	// for 429 and 503 no Retry-After. Zero inherits; zero after
+	// inheritance means no drawn abort.
+	AbortStatus int
+	AbortRate   float64
+
+	// ResetRate (0..1) fails an attempt without sending it with a
+	// connection reset: a *net.OpError wrapping ECONNRESET, which bulwark
+	// classifies as a transient transport error. Zero inherits.
+	ResetRate float64
+
+	// AllowHeaders lets the Bulwark-Fault-* request headers trigger faults
+	// (FaultDelayHeader, FaultAbortHeader, FaultResetHeader). Inherited
+	// OR-wise from Default.
+	AllowHeaders bool
+
+	// Seed seeds the layer's random source, so that a run injects the same
+	// faults in the same order for the same sequence of attempts (tests use
+	// it). Zero inherits; zero after inheritance means a random seed.
+	Seed uint64
+}
+
+func (f Fault) inherit(parent Fault) Fault {
+	if f.Delay == 0 {
+		f.Delay = parent.Delay
+	}
+	if f.DelayRate == 0 {
+		f.DelayRate = parent.DelayRate
+	}
+	if f.AbortStatus == 0 {
+		f.AbortStatus = parent.AbortStatus
+	}
+	if f.AbortRate == 0 {
+		f.AbortRate = parent.AbortRate
+	}
+	if f.ResetRate == 0 {
+		f.ResetRate = parent.ResetRate
+	}
+	if f.Seed == 0 {
+		f.Seed = parent.Seed
+	}
+	f.AllowHeaders = f.AllowHeaders || parent.AllowHeaders
+	f.Disabled = inheritOff(f.Disabled, f.Enabled, parent.Disabled)
+	return f
+}
+
+func (f Fault) validate() error {
+	for _, r := range []struct {
+		field string
+		v     float64
+	}{{"Fault.DelayRate", f.DelayRate}, {"Fault.AbortRate", f.AbortRate}, {"Fault.ResetRate", f.ResetRate}} {
+		if !(r.v >= 0 && r.v <= 1) { // NaN too
+			return fieldError(r.field, r.v, "must be in [0, 1]")
+		}
+	}
+	switch {
+	case f.Delay < 0:
+		return fieldError("Fault.Delay", f.Delay, "must be ≥ 0")
+	case f.AbortStatus != 0 && (f.AbortStatus < 200 || f.AbortStatus > 599):
+		return fieldError("Fault.AbortStatus", f.AbortStatus, "must be in 200..599")
+	case f.AbortRate > 0 && f.AbortStatus == 0:
+		return fieldError("Fault.AbortRate", f.AbortRate, "needs Fault.AbortStatus")
+	}
+	return nil
+}
+
+// enabled reports whether the layer has anything to do.
+func (f Fault) enabled() bool {
+	return !f.Disabled && (f.AllowHeaders || (f.Delay > 0 && f.DelayRate > 0) || f.AbortRate > 0 || f.ResetRate > 0)
+}
+
+// The kinds of fault, as the span attribute and the metric name them.
+const (
+	faultDelay   = "delay"
+	faultAbort   = "abort"
+	faultReset   = "reset"
+	faultRefused = "refused" // a header trigger without AllowHeaders
+)
+
+var keyFault = attribute.Key("bulwark.fault")
+
+// faultStage injects the faults of a Fault policy into the attempts that
+// pass through it.
+type faultStage struct {
+	next stage
+	p    Fault
+	e    env
+
+	mu  sync.Mutex // rand.Rand is not safe for concurrent use
+	rnd *rand.Rand
+}
+
+func newFault(next stage, p Fault, e env) *faultStage {
+	seed := p.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	return &faultStage{next: next, p: p, e: e, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+}
+
+// draw reports whether an event of probability rate happens. A rate of
+// zero draws nothing, so the sequence of a run with one kind of fault does
+// not depend on the other kinds' being configured.
+func (f *faultStage) draw(rate float64) bool {
+	if rate <= 0 {
+		return false
+	}
+	f.mu.Lock()
+	x := f.rnd.Float64()
+	f.mu.Unlock()
+	return x < rate
+}
+
+func (f *faultStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+	delay, abort, reset := f.fromHeaders(req, c)
+	if !reset && f.draw(f.p.ResetRate) {
+		reset = true
+	}
+	if abort == 0 && f.draw(f.p.AbortRate) {
+		abort = f.p.AbortStatus
+	}
+	if delay == 0 && f.p.Delay > 0 && f.draw(f.p.DelayRate) {
+		delay = f.p.Delay
+	}
+	ctx := req.Context()
+	if delay > 0 {
+		f.injected(req, faultDelay)
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			closeBody(req)
+			return nil, doneError(ctx)
+		}
+	}
+	switch {
+	case reset:
+		f.injected(req, faultReset)
+		closeBody(req)
+		return nil, &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}
+	case abort != 0:
+		f.injected(req, faultAbort)
+		closeBody(req)
+		return &http.Response{
+			Status: strconv.Itoa(abort) + " " + http.StatusText(abort), StatusCode: abort,
+			Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+			Header: http.Header{FaultHeader: {faultAbort}}, Body: http.NoBody, Request: req,
+		}, nil
+	}
+	return f.next.roundTrip(req, c)
+}
+
+// fromHeaders reads the header triggers. Refused triggers are counted, and
+// so are allowed ones when injected. The headers are removed from an
+// attempt's own copy of the header so that the upstream does not see them;
+// a shared one is left as it is, since a RoundTripper must not change its
+// caller's request.
+func (f *faultStage) fromHeaders(req *http.Request, c call) (delay time.Duration, abort int, reset bool) {
+	h := req.Header
+	d, a, r := h[FaultDelayHeader], h[FaultAbortHeader], h[FaultResetHeader]
+	if d == nil && a == nil && r == nil {
+		return 0, 0, false
+	}
+	if c.ownHeader {
+		delete(h, FaultDelayHeader)
+		delete(h, FaultAbortHeader)
+		delete(h, FaultResetHeader)
+	}
+	if !f.p.AllowHeaders {
+		f.e.rep.faultInjected(req.Context(), faultRefused)
+		return 0, 0, false
+	}
+	if len(d) > 0 {
+		if v, err := time.ParseDuration(strings.TrimSpace(d[0])); err == nil && v > 0 {
+			delay = min(v, maxPolicyDuration)
+		}
+	}
+	if len(a) > 0 {
+		if v, err := strconv.Atoi(strings.TrimSpace(a[0])); err == nil && v >= 200 && v <= 599 {
+			abort = v
+		}
+	}
+	return delay, abort, r != nil
+}
+
+// injected marks the attempt's span and counts the fault.
+func (f *faultStage) injected(req *http.Request, kind string) {
+	if span := trace.SpanFromContext(req.Context()); span.IsRecording() {
+		span.SetAttributes(keyFault.String(kind))
+	}
+	f.e.rep.faultInjected(req.Context(), kind)
+}

@@ -1,0 +1,277 @@
+package bulwark
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// routeOf reports the pattern of the route the Transport picks for a
+// request, "" for none, by finding the stack routeStack returned among the
+// host's route stacks.
+func routeOf(t *testing.T, tr *Transport, req *http.Request) string {
+	t.Helper()
+	hs := tr.lookup(req.URL)
+	got := tr.routeStack(hs, req)
+	if got == nil {
+		return ""
+	}
+	for i := range hs.routes {
+		if rs := hs.routes[i].Load(); rs != nil && rs.rt == got {
+			return rs.pattern
+		}
+	}
+	t.Fatalf("routeStack(%s %s) returned a stack that is no route's", req.Method, req.URL)
+	return ""
+}
+
+// TestRoutePrecedence checks that a request's route is the one ServeMux's
+// precedence picks: host-specific over host-less, method-specific over any
+// method (GET covering HEAD), literal over wildcard, {$} for the exact
+// path only, and no route where ServeMux would redirect.
+func TestRoutePrecedence(t *testing.T) {
+	patterns := []string{
+		"POST api.example.com/v1/charges",
+		"/v1/charges",
+		"GET /v1/rates/{id}",
+		"GET /v1/rates/latest",
+		"/static/",
+		"api.example.com/static/",
+		"/{$}",
+		"/files/{path...}",
+	}
+	routes := map[string]Policy{}
+	for _, p := range patterns {
+		routes[p] = Policy{}
+	}
+	tr := mustNew(t, Config{Base: &statusBase{codes: []int{200}}, Routes: routes})
+	// Three rounds: from the mux, from the memo, and after 2,000 other paths
+	// have replaced every memo slot.
+	for round := range 3 {
+		if round == 2 {
+			for i := range 2000 {
+				req, _ := http.NewRequest("GET", fmt.Sprintf("http://h%d.example.com/v1/rates/%d", i%7, i), nil)
+				if got := routeOf(t, tr, req); got != "GET /v1/rates/{id}" {
+					t.Fatalf("route of %s = %q", req.URL, got)
+				}
+			}
+		}
+		checkRoutes(t, tr)
+	}
+}
+
+func checkRoutes(t *testing.T, tr *Transport) {
+	t.Helper()
+	for _, tc := range []struct {
+		method, url, want string
+	}{
+		{"POST", "http://api.example.com/v1/charges", "POST api.example.com/v1/charges"},
+		{"POST", "https://api.example.com:8443/v1/charges", "POST api.example.com/v1/charges"}, // the port is not matched
+		{"GET", "http://api.example.com/v1/charges", "/v1/charges"},                            // the host pattern is POST only
+		{"POST", "http://other.example.com/v1/charges", "/v1/charges"},
+		{"GET", "http://api.example.com/v1/rates/42", "GET /v1/rates/{id}"},
+		{"HEAD", "http://api.example.com/v1/rates/42", "GET /v1/rates/{id}"}, // GET matches HEAD
+		{"POST", "http://api.example.com/v1/rates/42", ""},
+		{"GET", "http://api.example.com/v1/rates/latest", "GET /v1/rates/latest"}, // literal beats wildcard
+		{"GET", "http://api.example.com/static/css/a.css", "api.example.com/static/"},
+		{"GET", "http://cdn.example.com/static/css/a.css", "/static/"},
+		{"GET", "http://cdn.example.com/static", ""}, // ServeMux would redirect to /static/
+		{"GET", "http://cdn.example.com/", "/{$}"},
+		{"GET", "http://cdn.example.com/other", ""}, // {$} is the exact path only
+		{"PUT", "http://cdn.example.com/files/a/b/c", "/files/{path...}"},
+		{"GET", "http://cdn.example.com/v1/../v1/charges", ""}, // unclean: ServeMux would redirect
+	} {
+		req, err := http.NewRequest(tc.method, tc.url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := routeOf(t, tr, req); got != tc.want {
+			t.Errorf("route of %s %s = %q, want %q", tc.method, tc.url, got, tc.want)
+		}
+	}
+
+	// Without Host set (a hand-made request), the URL's host is matched.
+	req := &http.Request{Method: "POST", URL: mustURL(t, "http://api.example.com/v1/charges"), Header: http.Header{}}
+	if got := routeOf(t, tr, req); got != "POST api.example.com/v1/charges" {
+		t.Errorf("route of a request without Host = %q, want the host's pattern", got)
+	}
+}
+
+// TestRoutePolicies checks that a route's policy applies to its requests
+// and inherits the rest from its host's: no retries on charges, the
+// upstream's retries elsewhere, and a breaker per route.
+func TestRoutePolicies(t *testing.T) {
+	base := &statusBase{codes: []int{503}}
+	tr := mustNew(t, Config{
+		Base:      base,
+		Upstreams: map[string]Policy{"api.example.com": {Retry: Retry{MaxAttempts: 3, Base: 1, Cap: 1}}},
+		Routes:    map[string]Policy{"POST /v1/charges": {Retry: Retry{Disabled: true}}},
+	})
+	count := func(method, url string) int {
+		t.Helper()
+		base.mu.Lock()
+		before := len(base.reqs)
+		base.mu.Unlock()
+		if _, err := sendOnce(t, tr, method, url); err != nil {
+			t.Fatalf("%s %s: %v", method, url, err)
+		}
+		base.mu.Lock()
+		defer base.mu.Unlock()
+		return len(base.reqs) - before
+	}
+	if n := count("POST", "http://api.example.com/v1/charges"); n != 1 {
+		t.Errorf("attempts on the no-retry route = %d, want 1", n)
+	}
+	if n := count("GET", "http://api.example.com/v1/rates"); n != 3 {
+		t.Errorf("attempts on the host's policy = %d, want 3 (the upstream's MaxAttempts)", n)
+	}
+	s := tr.Snapshot().Host("api.example.com:80")
+	if len(s) != 1 || len(s[0].Routes) != 1 {
+		t.Fatalf("snapshot = %+v, want one host with one route", s)
+	}
+	r := s[0].Routes[0]
+	if r.Pattern != "POST /v1/charges" || r.Breaker == nil || r.Breaker.Calls != 1 {
+		t.Errorf("route snapshot = %+v, want its own breaker with 1 call", r)
+	}
+	if s[0].Breaker.Calls != 3 {
+		t.Errorf("host breaker calls = %d, want 3: the route's call is not the host's", s[0].Breaker.Calls)
+	}
+}
+
+// TestRouteSharesBulkhead checks that a host's routes share its bulkhead:
+// a request held on a route fills the host's one slot.
+func TestRouteSharesBulkhead(t *testing.T) {
+	hold, entered := make(chan struct{}), make(chan struct{})
+	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		if strings.HasPrefix(req.URL.Path, "/slow") {
+			entered <- struct{}{}
+			<-hold
+		}
+		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
+	})
+	tr := mustNew(t, Config{
+		Base:    base,
+		Default: Policy{Bulkhead: Bulkhead{MaxConcurrent: 1}, Retry: Retry{Disabled: true}},
+		Routes:  map[string]Policy{"/slow": {Timeout: Timeout{Attempt: 1e9}}},
+	})
+	// Built here: the goroutine below only reports.
+	held, err := http.NewRequestWithContext(t.Context(), "GET", "http://api.example.com/slow", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		resp, err := tr.RoundTrip(held)
+		if err != nil {
+			t.Errorf("held request: %v", err)
+			return
+		}
+		resp.Body.Close()
+	})
+	<-entered
+	_, err = sendOnce(t, tr, "GET", "http://api.example.com/fast")
+	close(hold)
+	wg.Wait()
+	if !errors.Is(err, ErrBulkheadFull) {
+		t.Errorf("request beside a held route request: err = %v, want ErrBulkheadFull", err)
+	}
+}
+
+func TestRouteConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		routes map[string]Policy
+		want   string // in the error text
+	}{
+		{"malformed", map[string]Policy{"GET /{x": {}}, `route "GET /{x"`},
+		{"conflict", map[string]Policy{"GET /v1/rates/{id}": {}, "/v1/rates/latest": {}}, "conflicts"},
+		{"per host field", map[string]Policy{"/x": {Bulkhead: Bulkhead{MaxConcurrent: 3}}}, "Bulkhead"},
+		{"pushback", map[string]Policy{"/x": {Retry: Retry{NoPushback: true}}}, "Retry.NoPushback"},
+		{"bad value", map[string]Policy{"/x": {Retry: Retry{MaxAttempts: -1}}}, "Retry.MaxAttempts"},
+		{"switches", map[string]Policy{"/x": {Fault: Fault{Enabled: true, Disabled: true}}}, "Fault.Enabled"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := New(Config{Routes: tc.routes})
+			var ce *ConfigError
+			if !errors.As(err, &ce) || !errors.Is(err, ErrInvalidConfig) {
+				t.Fatalf("New = %v, want a *ConfigError", err)
+			}
+			if ce.Route == "" || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("New = %q (Route %q), want it to name the route and contain %q", err, ce.Route, tc.want)
+			}
+		})
+	}
+	// A route's value is checked against every parent it can inherit from.
+	_, err := New(Config{
+		Upstreams: map[string]Policy{"a.example.com": {Timeout: Timeout{Total: 1e9}}},
+		Routes:    map[string]Policy{"/x": {Timeout: Timeout{Attempt: 2e9}}},
+	})
+	var ce *ConfigError
+	if !errors.As(err, &ce) || ce.Upstream != "a.example.com" || ce.Route != "/x" {
+		t.Errorf("New with a route invalid under one upstream = %v, want a ConfigError naming both", err)
+	}
+}
+
+func mustURL(t *testing.T, s string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+func TestRouteContract(t *testing.T) {
+	runContract(t, func(base http.RoundTripper) http.RoundTripper {
+		// The contract's requests go to /x and /c: one through a route's
+		// stack, one through the host's.
+		return mustNew(t, Config{Base: base, Default: Policy{Bulkhead: Bulkhead{MaxConcurrent: 4}},
+			Routes: map[string]Policy{"/x": {Retry: Retry{MaxAttempts: 2}, Timeout: Timeout{Attempt: time.Second}}}})
+	})
+}
+
+// TestRouteControlBreaker checks that ControlBreaker reaches the breakers
+// of a host's routes, those built before the control and after it.
+func TestRouteControlBreaker(t *testing.T) {
+	tr := mustNew(t, Config{Base: &statusBase{codes: []int{200}},
+		Routes: map[string]Policy{"/a": {Retry: Retry{Disabled: true}}, "/b": {Retry: Retry{Disabled: true}}}})
+	if _, err := sendOnce(t, tr, "GET", "http://api.example.com/a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.ControlBreaker("api.example.com:80", BreakerForceOpen); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/a", "/b"} {
+		if _, err := sendOnce(t, tr, "GET", "http://api.example.com"+path); !errors.Is(err, ErrBreakerOpen) {
+			t.Errorf("GET %s with the host forced open: err = %v, want ErrBreakerOpen", path, err)
+		}
+	}
+}
+
+// TestRouteUpdate: Update replaces the route table; a host built before it
+// serves the new routes' policies, and one Update never races a lookup.
+func TestRouteUpdate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &statusBase{codes: []int{503}}
+		cfg := Config{Base: base, Default: Policy{Breaker: Breaker{Disabled: true}},
+			Routes: map[string]Policy{"GET /once": {Retry: Retry{MaxAttempts: 1}}}}
+		tr := mustNew(t, cfg)
+		if _, err := sendOnce(t, tr, http.MethodGet, "http://h.test/once"); err != nil || base.sent() != 1 {
+			t.Fatalf("before Update: err %v, sent %d; want 1 send", err, base.sent())
+		}
+		cfg.Routes = map[string]Policy{"GET /once": {Retry: Retry{MaxAttempts: 2}}}
+		if err := tr.Update(cfg); err != nil {
+			t.Fatal(err)
+		}
+		base.reqs = nil
+		if _, err := sendOnce(t, tr, http.MethodGet, "http://h.test/once"); err != nil || base.sent() != 2 {
+			t.Fatalf("after Update: err %v, sent %d; want 2 sends under the new route", err, base.sent())
+		}
+	})
+}

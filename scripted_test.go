@@ -1,0 +1,180 @@
+package bulwark_test
+
+// Black-box tests of bulwark against bulwarktest's scripted upstream, over
+// a real socket where connections matter and in memory, in a synctest
+// bubble, where time does.
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/bulwark-http/bulwark"
+	"github.com/bulwark-http/bulwark/bulwarktest"
+)
+
+// noWait is a Backoff of no wait, for tests on a real server, which cannot
+// run in a synctest bubble and would otherwise sleep.
+func noWait(time.Duration, time.Duration, int, *http.Response) time.Duration { return 0 }
+
+// TestRetryDrainsDiscarded: a retried response is drained and closed, so its
+// connection is reused: three attempts, one connection.
+func TestRetryDrainsDiscarded(t *testing.T) {
+	u := bulwarktest.NewUpstream(map[string]bulwarktest.Script{"/": {
+		{Status: 503, Body: strings.Repeat("x", 2000), Times: 2},
+		{Status: 200, Body: "ok"},
+	}})
+	srv := u.Start(t)
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	tr, err := bulwark.New(bulwark.Config{Base: base, Default: bulwark.Policy{Retry: bulwark.Retry{Backoff: noWait}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var newConns, reused atomic.Int32
+	ctx := httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{GotConn: func(ci httptrace.GotConnInfo) {
+		if ci.Reused {
+			reused.Add(1)
+		} else {
+			newConns.Add(1)
+		}
+	}})
+	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/", nil)
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if got := u.Attempts("/"); string(b) != "ok" || !slices.Equal(got, []int{1, 2, 3}) {
+		t.Fatalf("body %q after attempts %v, want ok after [1 2 3]", b, got)
+	}
+	if newConns.Load() != 1 || reused.Load() != 2 {
+		t.Errorf("new connections %d, reused %d; want 1 and 2", newConns.Load(), reused.Load())
+	}
+}
+
+// TestStaleNeverReplaysSetCookie: two callers of one bulwark client, over
+// loopback. The first's answer sets a cookie; when the upstream fails, the
+// second must not be handed that answer, cookie and all, as a stale one.
+func TestStaleNeverReplaysSetCookie(t *testing.T) {
+	u := bulwarktest.NewUpstream(map[string]bulwarktest.Script{"/home": {
+		{Header: http.Header{"Set-Cookie": {"session=alice"}}, Body: "hello alice"},
+		{Status: http.StatusServiceUnavailable, Body: "down"},
+	}})
+	srv := u.Start(t)
+	client, err := bulwark.NewClient(bulwark.Config{Default: bulwark.Policy{
+		Breaker:  bulwark.Breaker{Disabled: true},
+		Retry:    bulwark.Retry{MaxAttempts: 1},
+		Fallback: bulwark.Fallback{Stale: bulwark.StaleCache{MaxAge: time.Hour}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.CloseIdleConnections()
+	call := func() (*http.Response, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL+"/home", nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(b)
+	}
+	if resp, body := call(); resp.StatusCode != 200 || body != "hello alice" {
+		t.Fatalf("first caller: %d %q", resp.StatusCode, body)
+	}
+	resp, body := call()
+	if resp.Header.Get(bulwark.FallbackHeader) != "" || len(resp.Cookies()) != 0 {
+		t.Fatalf("second caller got %d %q, %s %q, cookies %v; want the upstream's 503, not the first caller's answer",
+			resp.StatusCode, body, bulwark.FallbackHeader, resp.Header.Get(bulwark.FallbackHeader), resp.Cookies())
+	}
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("second caller: %d, want the 503", resp.StatusCode)
+	}
+}
+
+// The zero Config is a drop-in for http.DefaultClient.
+func TestNewClientZeroConfig(t *testing.T) {
+	u := bulwarktest.NewUpstream(map[string]bulwarktest.Script{"/orders": {{Body: "created"}}})
+	srv := u.Start(t)
+	c, err := bulwark.NewClient(bulwark.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseIdleConnections()
+	resp, err := c.Post(srv.URL+"/orders", "text/plain", strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "created" {
+		t.Errorf("got %d %q, want 200 \"created\"", resp.StatusCode, b)
+	}
+	r := u.Requests()
+	if len(r) != 1 || r[0].Method != "POST" || r[0].Body != "x" || r[0].Attempt != 1 {
+		t.Errorf("upstream saw %+v, want one POST /orders with body x, attempt 1", r)
+	}
+}
+
+// TestRoutesScripted: one host, two routes. The charge endpoint does not
+// retry; the rates endpoint retries on the server's
+// Retry-After; their breakers are their own, so the charge endpoint's
+// failures do not stop the rates.
+func TestRoutesScripted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		u := bulwarktest.NewUpstream(map[string]bulwarktest.Script{
+			"/v1/charges":  {{Status: 500}},
+			"/v1/rates/7":  {{Status: 503, Header: http.Header{"Retry-After": {"1"}}}, {Status: 200, Body: "1.08"}},
+			"/v1/rates/42": {{Status: 200, Body: "0.93"}},
+		})
+		var rec bulwarktest.Recorder
+		tr, err := bulwark.New(bulwark.Config{
+			Base:    u.Transport(),
+			Default: rec.Hook(bulwark.Policy{Breaker: bulwark.Breaker{MinCalls: 3, FailureRate: 0.5}}),
+			Routes: map[string]bulwark.Policy{
+				"POST api.example.com/v1/charges": {Retry: bulwark.Retry{Disabled: true}, Timeout: bulwark.Timeout{Attempt: 30 * time.Second}},
+				"GET /v1/rates/{id}":              {Timeout: bulwark.Timeout{Attempt: 2 * time.Second}},
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			req, _ := http.NewRequestWithContext(t.Context(), "POST", "http://api.example.com/v1/charges", strings.NewReader("{}"))
+			if resp, err := tr.RoundTrip(req); err == nil {
+				resp.Body.Close()
+			}
+		}
+		if got := len(u.RequestsTo("/v1/charges")); got != 3 {
+			t.Errorf("charge requests = %d, want 3: one per call, no retries", got)
+		}
+		for _, path := range []string{"/v1/rates/7", "/v1/rates/42"} {
+			req, _ := http.NewRequestWithContext(t.Context(), "GET", "http://api.example.com"+path, nil)
+			resp, err := tr.RoundTrip(req)
+			if err != nil || resp.StatusCode != 200 {
+				t.Fatalf("GET %s after the charge route's breaker opened: %v, %v", path, resp, err)
+			}
+			resp.Body.Close()
+		}
+		if got := rec.Waits(); !slices.Equal(got, []time.Duration{time.Second}) {
+			t.Errorf("retry waits = %v, want the rates route's one Retry-After second", got)
+		}
+		h, _ := bulwarktest.Host(tr, "api.example.com:80")
+		if len(h.Routes) != 2 || h.Routes[0].Pattern != "GET /v1/rates/{id}" || h.Routes[1].Breaker.State != bulwark.CircuitOpen {
+			t.Errorf("routes = %+v, want the charge route's breaker open and the rates route's own", h.Routes)
+		}
+		if h.Routes[0].Breaker.State != bulwark.CircuitClosed {
+			t.Errorf("rates route breaker = %v, want closed", h.Routes[0].Breaker.State)
+		}
+	})
+}

@@ -1,0 +1,204 @@
+package bulwark
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// scriptedStatus answers a request for "/N" by the script: a failure in
+// the bursts of bad calls, a success otherwise. It depends only on N, so
+// an enforcing and a shadow Transport see the same outcome for every call
+// they send.
+type scriptedStatus struct{}
+
+func (scriptedStatus) RoundTrip(req *http.Request) (*http.Response, error) {
+	n, _ := strconv.Atoi(req.URL.Path[1:])
+	code := http.StatusOK
+	if (n >= 20 && n < 60) || (n >= 120 && n < 130) || (n >= 200 && n < 230) {
+		code = http.StatusInternalServerError
+	}
+	return response(req, code), nil
+}
+
+// TestShadowBreakerMatchesEnforcingTwin: a breaker in shadow mode, fed the
+// traffic an enforcing twin gets, counts as WouldReject exactly the
+// requests the twin refuses, and refuses none itself.
+func TestShadowBreakerMatchesEnforcingTwin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := only(Policy{}, "breaker")
+		p.Breaker = Breaker{WindowCalls: 20, MinCalls: 10, FailureRate: 0.5, OpenFor: time.Second, MaxOpenFor: 4 * time.Second, HalfOpenCalls: 3}
+		build := func(shadow bool) *Transport {
+			q := p
+			q.Breaker.Shadow = shadow
+			tr := mustNew(t, Config{Base: scriptedStatus{}, Default: q})
+			tr.randN = func(int64) int64 { return 0 }
+			return tr
+		}
+		enforcing, shadow := build(false), build(true)
+		refused := 0
+		for i := range 300 {
+			url := "http://api.test/" + strconv.Itoa(i)
+			if _, err := sendOnce(t, enforcing, "GET", url); errors.Is(err, ErrBreakerOpen) {
+				refused++
+			} else if err != nil {
+				t.Fatalf("enforcing call %d: %v", i, err)
+			}
+			if _, err := sendOnce(t, shadow, "GET", url); err != nil {
+				t.Fatalf("shadow call %d: %v; a shadow breaker never refuses", i, err)
+			}
+			// 70 ms never divides an open time (1, 2, 4 s), so a call
+			// never comes at the instant a hold ends; and the timer that
+			// ends it has run by the time the next call is sent.
+			time.Sleep(70 * time.Millisecond)
+			synctest.Wait()
+		}
+		if refused == 0 {
+			t.Fatal("the script never opened the enforcing breaker: the test proves nothing")
+		}
+		b := shadow.Snapshot().Hosts[0].Breaker
+		if !b.Shadow || b.WouldReject != uint64(refused) {
+			t.Errorf("shadow breaker: Shadow %v, WouldReject %d; the enforcing twin refused %d", b.Shadow, b.WouldReject, refused)
+		}
+		if e := enforcing.Snapshot().Hosts[0].Breaker; e.WouldReject != 0 || e.Shadow {
+			t.Errorf("enforcing breaker reports shadow counts: %+v", e)
+		}
+	})
+}
+
+// holdBase holds each attempt for the duration in its "d" query parameter
+// (bubble time), counting the attempts it holds at once.
+type holdBase struct {
+	mu        sync.Mutex
+	now, peak int
+}
+
+func (b *holdBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	d, _ := time.ParseDuration(req.URL.Query().Get("d"))
+	b.mu.Lock()
+	b.now++
+	b.peak = max(b.peak, b.now)
+	b.mu.Unlock()
+	time.Sleep(d)
+	b.mu.Lock()
+	b.now--
+	b.mu.Unlock()
+	return response(req, http.StatusOK), nil
+}
+
+// TestShadowBulkheadMatchesEnforcingTwin: bursts of concurrent calls, each
+// held a scripted time; the shadow bulkhead's WouldReject equals the
+// enforcing twin's refusals, and every shadow call is sent.
+func TestShadowBulkheadMatchesEnforcingTwin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for _, queue := range []int{0, 2} {
+			p := only(Policy{}, "bulkhead")
+			p.Bulkhead = Bulkhead{MaxConcurrent: 3, MaxQueue: queue, MaxWait: 15 * time.Millisecond}
+			sp := p
+			sp.Bulkhead.Shadow = true
+			enforcing := mustNew(t, Config{Base: &holdBase{}, Default: p})
+			shadowBase := &holdBase{}
+			shadow := mustNew(t, Config{Base: shadowBase, Default: sp})
+			var mu sync.Mutex
+			refused, shadowErrs := 0, 0
+			var wg sync.WaitGroup
+			for i := range 120 {
+				// Arrivals and holds on a 10 ms grid, queue timeouts at
+				// 15 ms: a release never comes at the instant a wait
+				// ends, and the releases at an arrival's instant are done
+				// (synctest.Wait) before it, so both Transports see the
+				// same order.
+				n := 1 + (i*7)%5 // 1..5 calls at once
+				hold := time.Duration(10*(1+(i*3)%4)) * time.Millisecond
+				url := "http://api.test/?d=" + hold.String()
+				for range n {
+					wg.Go(func() {
+						if _, err := sendOnce(t, enforcing, "GET", url); errors.Is(err, ErrBulkheadFull) {
+							mu.Lock()
+							refused++
+							mu.Unlock()
+						}
+					})
+					wg.Go(func() {
+						if _, err := sendOnce(t, shadow, "GET", url); err != nil {
+							mu.Lock()
+							shadowErrs++
+							mu.Unlock()
+						}
+					})
+				}
+				synctest.Wait()
+				time.Sleep(10 * time.Millisecond)
+				synctest.Wait()
+			}
+			wg.Wait()
+			if refused == 0 {
+				t.Fatalf("queue %d: the enforcing bulkhead refused nothing: the test proves nothing", queue)
+			}
+			b := shadow.Snapshot().Hosts[0].Bulkhead
+			if shadowErrs != 0 || b.WouldReject != uint64(refused) || b.InFlight != 0 {
+				t.Errorf("queue %d: shadow errors %d, WouldReject %d, in flight %d; the enforcing twin refused %d",
+					queue, shadowErrs, b.WouldReject, b.InFlight, refused)
+			}
+			if shadowBase.peak <= 3 {
+				t.Errorf("queue %d: the shadow bulkhead's base never held more than its limit (%d): it limited", queue, shadowBase.peak)
+			}
+		}
+	})
+}
+
+// TestShadowShedderMatchesEnforcingTwin: a Shedder in shadow mode counts
+// in Shed what its enforcing twin refuses, and serves every request.
+func TestShadowShedderMatchesEnforcingTwin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			d, _ := time.ParseDuration(r.URL.Query().Get("d"))
+			time.Sleep(d)
+		})
+		cfg := ShedConfig{Workers: 3, Queue: 2, MaxQueueWait: 15 * time.Millisecond, ReservedCritical: -1}
+		enforcing, err := NewShedder(h, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Shadow = true
+		shadow, err := NewShedder(h, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		refused, shadowRefused := 0, 0
+		var wg sync.WaitGroup
+		serve := func(s *Shedder, url string, count *int) {
+			rec := httptest.NewRecorder()
+			s.ServeHTTP(rec, httptest.NewRequest("GET", url, nil))
+			if rec.Code == http.StatusServiceUnavailable {
+				mu.Lock()
+				*count++
+				mu.Unlock()
+			}
+		}
+		for i := range 120 {
+			n := 1 + (i*7)%5
+			url := "/?d=" + (time.Duration(10*(1+(i*3)%4)) * time.Millisecond).String()
+			for range n {
+				wg.Go(func() { serve(enforcing, url, &refused) })
+				wg.Go(func() { serve(shadow, url, &shadowRefused) })
+			}
+			synctest.Wait()
+			time.Sleep(10 * time.Millisecond)
+			synctest.Wait()
+		}
+		wg.Wait()
+		if refused == 0 {
+			t.Fatal("the enforcing Shedder refused nothing: the test proves nothing")
+		}
+		if got := shadow.Stats().ShedTotal(); shadowRefused != 0 || got != uint64(refused) {
+			t.Errorf("shadow Shedder: refused %d, would have refused %d; the enforcing twin refused %d", shadowRefused, got, refused)
+		}
+	})
+}

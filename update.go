@@ -1,0 +1,133 @@
+package bulwark
+
+import "time"
+
+// Update replaces the Transport's policies with cfg's while it runs. cfg is
+// validated as New validates it; on error (a *ConfigError) nothing changes.
+//
+// Update applies Default, Upstreams, MaxHosts and HostIdle. Base, the
+// providers, Propagator and Logger are New's and Update ignores them, so
+// the Config given to New can be edited and passed again.
+//
+// Each host's stack is built anew under its new policy and swapped in
+// atomically; a request already past the router finishes through the stack
+// it started in, under the old policy. A layer's state survives when its
+// shape does: a breaker keeps its window, state and manual control when
+// only its thresholds move, a bulkhead keeps its slots and queue when its
+// policy and the timeouts are unchanged, pushback pauses always survive.
+// Which change rebuilds which layer is listed on reuseFrom, in stack.go,
+// and summed up here:
+//
+//	Breaker.Window, WindowCalls, HalfOpenCalls, OpenFor    → a new breaker, closed, with an empty window
+//	Bulkhead.*, Timeout.*                                  → a new bulkhead (the old one's requests keep their slots)
+//	Endpoints.*, Bulkhead.*, Timeout.* of a balanced host  → a new balancer: instances re-resolved, ejections forgotten
+//	Retry.Budget.*                                         → a new, full retry budget
+//	Fallback.Stale.*                                       → an empty stale cache
+//	a host's upstream key                                  → all of the host's state anew
+//
+// A kept breaker's new thresholds apply from the moment Update builds its
+// new stack, to the requests still in the old one too: they share its
+// window, and whether it trips is the host's decision, not one request's.
+//
+// Requests never wait for Update: it builds the new stacks without the
+// Transport's lock and takes it only to swap them in, as a new host's first
+// request does. Concurrent Updates are applied one after another.
+func (t *Transport) Update(cfg Config) error {
+	rs, err := compile(cfg)
+	if err != nil {
+		return err
+	}
+	t.updateMu.Lock()
+	defer t.updateMu.Unlock()
+
+	// New hosts get the new policies from here on.
+	t.mu.Lock()
+	t.policies = *rs
+	old := make([]*hostState, 0, len(t.hosts))
+	for _, hs := range t.hosts {
+		old = append(old, hs)
+	}
+	t.mu.Unlock()
+
+	// Build the replacements outside the lock: requests to every host go on
+	// meanwhile, through the old stacks.
+	next := make([]*hostState, len(old))
+	for i, prev := range old {
+		next[i] = t.rebuild(prev)
+	}
+	if t.updateBuilt != nil {
+		t.updateBuilt()
+	}
+
+	var dropped []idleCloser
+	t.mu.Lock()
+	for i, prev := range old {
+		if t.hosts[prev.key] != prev {
+			continue // evicted meanwhile; or replaced, which only Update does
+		}
+		dropped = append(dropped, replacedClosers(prev, next[i])...)
+		hs := next[i]
+		t.hosts[prev.key] = hs
+		// A lookup that found prev just before will store it in t.last
+		// after this: gone makes the fast path skip it.
+		prev.gone.Store(true)
+		t.last.CompareAndSwap(prev, nil)
+		// ControlBreaker may have set a control since hs was built: the map
+		// is what holds, under this lock.
+		if c, ok := t.controls[hs.name]; ok {
+			hs.controlBreaker(c)
+		}
+	}
+	if len(t.hosts) > t.maxHosts {
+		t.evictLocked(time.Now().UnixNano())
+	}
+	t.mu.Unlock()
+	// A balancer not kept has transports of its own: their idle
+	// connections go now, and those its requests in flight still use go
+	// idle after them and are closed by the transport's IdleConnTimeout.
+	for _, c := range dropped {
+		c.closeIdle()
+	}
+	t.obs.refresh()
+	return nil
+}
+
+// replacedClosers is the layers of prev with connections of their own that
+// hs does not keep.
+func replacedClosers(prev, hs *hostState) []idleCloser {
+	var out []idleCloser
+	for _, p := range prev.parts {
+		c, ok := p.(idleCloser)
+		if !ok {
+			continue
+		}
+		kept := false
+		for _, q := range hs.parts {
+			if q == p {
+				kept = true
+			}
+		}
+		if !kept {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// rebuild is prev's host under the current routes: a new hostState, with
+// a stack that keeps what prev's may keep (buildStack, reuseFrom).
+func (t *Transport) rebuild(prev *hostState) *hostState {
+	t.mu.RLock()
+	r, table := t.route(prev.key), t.table
+	t.mu.RUnlock()
+	hs := &hostState{key: prev.key, name: prev.name, upstream: r.upstream, policy: &r.policy,
+		rawScheme: prev.rawScheme, rawHost: prev.rawHost, rep: prev.rep}
+	// Routes start again on their next use, under the new table.
+	hs.table, hs.routes = table, table.slots()
+	hs.lastUsed.Store(prev.lastUsed.Load())
+	if hs.upstream != prev.upstream {
+		hs.rep = t.obs.reporter(hs.upstream, hs.name, hs.key.port)
+	}
+	t.buildStack(hs, prev)
+	return hs
+}
