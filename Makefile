@@ -11,27 +11,41 @@ FUZZTIME    ?= 20s
 
 .PHONY: test vet staticcheck unit demo bench fuzz soak
 
+# Each phase says what it does and, when it ends, how long it took (wall
+# seconds from date +%s), so a long silence is never a hang in disguise.
 test: vet staticcheck unit
+	@echo "make test: all phases passed"
 
 vet:
-	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
-		if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi
-	@for m in $(MODULES); do echo "go vet $$m"; (cd $$m && $(GO) vet ./...) || exit 1; done
+	@t0=$$(date +%s); echo "== gofmt and go vet, every module ($(words $(MODULES)) modules)"; \
+		out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+		if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi; \
+		for m in $(MODULES); do echo "   go vet $$m"; (cd $$m && $(GO) vet ./...) || exit 1; done; \
+		echo "   gofmt and vet took $$(( $$(date +%s) - t0 ))s"
 
+# The first run downloads staticcheck through the Go module proxy.
 staticcheck:
-	@for m in $(MODULES); do echo "staticcheck $$m"; (cd $$m && $(GO) run $(STATICCHECK) ./...) || exit 1; done
+	@t0=$$(date +%s); echo "== staticcheck, every module (the first run downloads and builds $(STATICCHECK))"; \
+		for m in $(MODULES); do echo "   staticcheck $$m"; (cd $$m && $(GO) run $(STATICCHECK) ./...) || exit 1; done; \
+		echo "   staticcheck took $$(( $$(date +%s) - t0 ))s"
 
 unit:
-	@for m in $(MODULES); do echo "go test $$m"; (cd $$m && $(GO) test -race -count=1 -timeout 8m ./...) || exit 1; done
+	@t0=$$(date +%s); echo "== go test -race, every module (the examples' lab runs real scenarios on 127.0.0.1: about a minute)"; \
+		for m in $(MODULES); do t1=$$(date +%s); echo "   go test -race $$m"; \
+			(cd $$m && $(GO) test -race -count=1 -timeout 8m ./...) || exit 1; \
+			echo "   $$m took $$(( $$(date +%s) - t1 ))s"; done; \
+		echo "   the tests took $$(( $$(date +%s) - t0 ))s"
 
-# The main job: the resilience lab replays four well-known outages (Release
-# It!, the SRE book, the AWS Builders' Library) on 127.0.0.1 (plain client against bulwark) in under a minute, prints tables
-# and sparklines, and writes an HTML report. `go run ./lab -h` for flags.
+# The main job: the resilience lab replays well-known outages (Release It!,
+# Google's SRE book, the AWS Builders' Library) on 127.0.0.1, plain client
+# against bulwark, in under a minute: a verdict per scenario, tables,
+# sparklines and an HTML report. `go run ./lab -h` for flags.
 demo:
 	cd examples && $(GO) run ./lab
 
 # Cost benchmarks of bulwark and its peers (bench/, -count 6 for benchstat),
-# the protection scenarios, and BENCHMARKS.md rendered from their output.
+# the protection scenarios, BENCHMARKS.md rendered from their output, and
+# the README's peers table from BENCHMARKS.md.
 BENCHSTAT := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 BENCHTIME ?= 300ms
 # How long bench/cmd/hedge offers each stack each scenario (the issue's 20 s).
@@ -43,6 +57,7 @@ bench:
 	cd bench && $(GO) run ./cmd/protect > out/protect.jsonl
 	cd bench && $(GO) run ./cmd/hedge -duration $(HEDGETIME) > out/hedge.md
 	cd bench && $(GO) run ./cmd/report -cost out/cost.txt -benchstat out/benchstat.txt -protect out/protect.jsonl -hedge out/hedge.md > ../BENCHMARKS.md
+	cd bench && $(GO) run ./cmd/readme -bench ../BENCHMARKS.md -readme ../README.md
 
 # Each fuzz target of the root package for a bounded time ($(FUZZTIME) each):
 # go test -fuzz takes one target per run, hence the loop over -list.

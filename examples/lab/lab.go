@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,10 +56,18 @@ type stat struct{ label, value string }
 // scenario is one of the lab's experiments, after it ran.
 type scenario struct {
 	key, title string
+	verdict    string // the key figure, plain against bulwark (spec.verdict)
 	intro      []string
-	marks      []mark
-	runs       []*run
-	length     time.Duration // the arrivals' span; buckets after it are drain
+	// explain are sentences under the charts that say why a result looks
+	// the way it does, with the run's own figures.
+	explain []string
+	// headings names the charts: series name → a heading a person would
+	// write; a series without one is headed by its name.
+	headings map[string]string
+	took     time.Duration // wall time of the scenario
+	marks    []mark
+	runs     []*run
+	length   time.Duration // the arrivals' span; buckets after it are drain
 }
 
 // lab is one invocation: where its output goes and what it measured.
@@ -66,6 +75,8 @@ type lab struct {
 	set      settings
 	out      io.Writer // the report
 	progress io.Writer // the progress indicator; io.Discard in tests
+	tty      bool      // progress is a terminal: redraw one line in place
+	k, n     int       // scenario k of n, for the progress line
 }
 
 // server is an HTTP server of the lab's own on 127.0.0.1. stop is closed
@@ -222,9 +233,12 @@ func calibrate(ctx context.Context, c *http.Client, url string, n, conc int) (ti
 	return time.Duration(percentile(lat, 0.999)), nil
 }
 
-// progress draws a one-line indicator until the returned func is called.
+// showProgress redraws a one-line indicator on a terminal until the
+// returned func is called; anywhere else it writes nothing (runAll writes
+// one line per scenario). Elapsed time is clamped to total: a run that
+// drains late shows a full bar, not 5.8s/5.0s.
 func (l *lab) showProgress(what string, total time.Duration) func() {
-	if l.progress == io.Discard {
+	if l.progress == io.Discard || !l.tty {
 		return func() {}
 	}
 	done := make(chan struct{})
@@ -234,12 +248,12 @@ func (l *lab) showProgress(what string, total time.Duration) func() {
 		t := time.NewTicker(200 * time.Millisecond)
 		defer t.Stop()
 		for {
-			el := time.Since(start)
+			el := min(time.Since(start), total)
 			n := min(30, int(30*el/max(total, 1)))
-			fmt.Fprintf(l.progress, "\r  %-44s [%-30s] %4.1fs/%.1fs ", what, bar(n), el.Seconds(), total.Seconds())
+			fmt.Fprintf(l.progress, "\r  scenario %d of %d: %-40.40s [%-30s] %4.1fs/%.1fs ", l.k, l.n, what, bar(n), el.Seconds(), total.Seconds())
 			select {
 			case <-done:
-				fmt.Fprintf(l.progress, "\r%90s\r", "")
+				fmt.Fprintf(l.progress, "\r%110s\r", "")
 				return
 			case <-t.C:
 			}
@@ -248,10 +262,13 @@ func (l *lab) showProgress(what string, total time.Duration) func() {
 	return func() { close(done); wg.Wait() }
 }
 
-func bar(n int) string {
-	b := make([]rune, n)
-	for i := range b {
-		b[i] = '#'
+func bar(n int) string { return strings.Repeat("#", n) }
+
+// roundUp rounds d up to a multiple of m: a timeout chosen from a measured
+// percentile must not fall below it by rounding.
+func roundUp(d, m time.Duration) time.Duration {
+	if r := d % m; r != 0 {
+		return d + m - r
 	}
-	return string(b)
+	return d
 }

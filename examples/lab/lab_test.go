@@ -5,11 +5,17 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
+	"html"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -140,7 +146,7 @@ func TestDeadlinesShortBeatsLong(t *testing.T) {
 	// from it depend on that speed too, so they are logged, not asserted
 	// (on a machine busy enough that healthy calls miss a 75 ms deadline,
 	// both runs fail).
-	lr, sr := byShort(t, sc, "100s"), byShort(t, sc, "p99.9")
+	lr, sr := byShort(t, sc, "plain 100s"), byShort(t, sc, "bulwark p99.9")
 	if lh, sh := lr.metrics["held"], sr.metrics["held"]; lh < 0.8 || sh > 0.5 {
 		t.Errorf("most workers held by hung calls: 100 s-style %.0f%%, near p99.9 %.0f%%; want ≥ 80%% and ≤ 50%%", 100*lh, 100*sh)
 	}
@@ -198,29 +204,56 @@ func TestFlags(t *testing.T) {
 	}
 }
 
-// report runs the shortest real scenario and writes the HTML report.
-func report(t *testing.T) string {
+// labRun is one run of the whole lab, as make demo runs it but with short
+// settings, its output captured as a pipe would capture it.
+type labRun struct {
+	html, stdout, stderr string
+}
+
+var (
+	labOnce sync.Once
+	labOut  labRun
+	labErr  error
+)
+
+// report runs every scenario of the registry once, briefly (about 15 s in
+// all, the storm's five runs most of it), and writes the HTML report; the
+// tests that read the report or the output share the one run.
+func report(t *testing.T) labRun {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "lab.html")
-	var out bytes.Buffer
-	args := []string{"-scenario", "deadlines", "-duration", "1s", "-load", "100", "-scale", "0.1", "-html", path}
-	if err := mainErr(args, &out, io.Discard); err != nil {
-		t.Fatal(err)
+	labOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "lab-report")
+		if err != nil {
+			labErr = err
+			return
+		}
+		path := filepath.Join(dir, "lab.html")
+		var out, errOut bytes.Buffer
+		// ×0.05 and 1.4 s: the shortest run in which the storm still has
+		// a second after its (0.1 s) blip.
+		args := []string{"-scenario", "all", "-duration", "1.4s", "-load", "100", "-scale", "0.05", "-html", path}
+		if labErr = mainErr(args, &out, &errOut); labErr != nil {
+			return
+		}
+		labOut = labRun{html: path, stdout: out.String(), stderr: errOut.String()}
+	})
+	if labErr != nil {
+		t.Fatal(labErr)
 	}
-	if !strings.Contains(out.String(), path) {
-		t.Errorf("output does not name the report path %s:\n%s", path, out.String())
+	if !strings.Contains(labOut.stdout, labOut.html) {
+		t.Errorf("output does not name the report path %s:\n%s", labOut.html, labOut.stdout)
 	}
-	return path
+	return labOut
 }
 
 func TestReportSelfContained(t *testing.T) {
-	b, err := os.ReadFile(report(t))
+	b, err := os.ReadFile(report(t).html)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := string(b)
-	if n := strings.Count(s, "<svg"); n < 4 {
-		t.Errorf("report has %d <svg> charts, want at least 4 (two per run)", n)
+	if n := strings.Count(s, "<svg"); n < 2*len(scenarios) {
+		t.Errorf("report has %d <svg> charts, want at least %d (two per scenario)", n, 2*len(scenarios))
 	}
 	for _, bad := range []string{"<script", " src=", "href=", "url(", "@import"} {
 		if strings.Contains(s, bad) {
@@ -229,15 +262,140 @@ func TestReportSelfContained(t *testing.T) {
 	}
 }
 
+// TestOutputInAPipe checks what a log gets from the lab: no carriage
+// returns (no redrawn progress bar), one progress line per scenario, and
+// a verdict for each scenario in its section and in the summary.
+func TestOutputInAPipe(t *testing.T) {
+	r := report(t)
+	for name, s := range map[string]string{"stdout": r.stdout, "stderr": r.stderr} {
+		if strings.Contains(s, "\r") {
+			t.Errorf("%s in a pipe has carriage returns:\n%q", name, s)
+		}
+	}
+	var progress []string
+	for _, l := range strings.Split(strings.TrimSpace(r.stderr), "\n") {
+		if l != "" {
+			progress = append(progress, l)
+		}
+	}
+	if len(progress) != len(scenarios) {
+		t.Errorf("stderr in a pipe has %d lines, want one per scenario (%d):\n%s", len(progress), len(scenarios), r.stderr)
+	}
+	for k, sp := range scenarios {
+		if want := fmt.Sprintf("scenario %d of %d: %s", k+1, len(scenarios), sp.key); k < len(progress) && progress[k] != want {
+			t.Errorf("progress line %d = %q, want %q", k+1, progress[k], want)
+		}
+	}
+	n := 0
+	for _, l := range strings.Split(r.stdout, "\n") {
+		if strings.HasPrefix(l, "Verdict: ") {
+			n++
+		}
+	}
+	if n != 2*len(scenarios) {
+		t.Errorf("stdout has %d lines starting with \"Verdict: \", want %d (each section and the summary):\n%s", n, 2*len(scenarios), r.stdout)
+	}
+}
+
+// TestProgressOnATerminal draws the progress line as on a terminal and
+// checks that it says which scenario runs and never shows more time
+// elapsed than the total.
+func TestProgressOnATerminal(t *testing.T) {
+	var buf syncBuffer
+	l := &lab{progress: &buf, tty: true, k: 2, n: 4}
+	stop := l.showProgress("storm: full jitter", 100*time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // long past the total: the clamp shows
+	stop()
+	out := buf.String()
+	if !strings.Contains(out, "scenario 2 of 4") {
+		t.Errorf("progress does not say \"scenario 2 of 4\": %q", out)
+	}
+	re := regexp.MustCompile(`([0-9.]+)s/([0-9.]+)s`)
+	for _, m := range re.FindAllStringSubmatch(out, -1) {
+		el, _ := strconv.ParseFloat(m[1], 64)
+		total, _ := strconv.ParseFloat(m[2], 64)
+		if el > total {
+			t.Errorf("progress overshoots: %s", m[0])
+		}
+	}
+	if isTerminal(&buf) {
+		t.Errorf("a buffer counts as a terminal")
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestRegistry(t *testing.T) {
+	seen := map[string]bool{}
+	for _, sp := range scenarios {
+		if sp.key == "" || sp.title == "" || sp.blurb == "" || sp.run == nil || sp.verdict == nil {
+			t.Errorf("scenario %q: every field of its spec must be set", sp.key)
+		}
+		if seen[sp.key] {
+			t.Errorf("scenario %q registered twice", sp.key)
+		}
+		seen[sp.key] = true
+	}
+}
+
+func TestNiceAxis(t *testing.T) {
+	for _, tc := range []struct{ v, top, step float64 }{
+		{25, 25, 5}, {19, 20, 5}, {2100, 2500, 500}, {3450, 4000, 1000}, {0.8, 0.8, 0.2}, {7, 8, 2}, {1, 1, 0.2}, {12, 15, 5},
+	} {
+		top, step := niceAxis(tc.v, 4)
+		if math.Abs(top-tc.top) > 1e-9 || math.Abs(step-tc.step) > 1e-9 {
+			t.Errorf("niceAxis(%g, 4) = %g, %g; want %g, %g", tc.v, top, step, tc.top, tc.step)
+		}
+	}
+}
+
+func TestRoundUp(t *testing.T) {
+	for _, tc := range []struct{ d, want time.Duration }{
+		{37400 * time.Microsecond, 38 * time.Millisecond},
+		{37600 * time.Microsecond, 38 * time.Millisecond},
+		{38 * time.Millisecond, 38 * time.Millisecond},
+	} {
+		if got := roundUp(tc.d, time.Millisecond); got != tc.want || got < tc.d {
+			t.Errorf("roundUp(%v) = %v, want %v (never below)", tc.d, got, tc.want)
+		}
+	}
+}
+
+// citations are phrases that point at documents a reader of the report
+// cannot open; the lab cites public sources by name instead.
+var citations = []string{"reference note", "the note", "the book", "Tuesday"}
+
+// goIdent matches a Go identifier a heading should not show: camelCase
+// (protectedTaxClient) or a qualified field (Outlier.Disabled).
+var goIdent = regexp.MustCompile(`\b[a-z]+[A-Z][A-Za-z]*\b|\b[A-Z][a-z]+\.[A-Z][A-Za-z]*\b`)
+
 // TestReportInChromium opens the report in headless Chromium and checks
-// that the charts are in the DOM it built. CI installs Chromium; where it
-// is absent the test is skipped and says so.
+// the DOM it built: a verdict at the top and in every scenario's section,
+// at least two series with data in every chart, headings without Go
+// identifiers, and no text citing a document absent from the repository.
+// CI installs Chromium; where it is absent the test is skipped and says
+// so.
 func TestReportInChromium(t *testing.T) {
 	const chromium = "/usr/bin/chromium"
 	if _, err := os.Stat(chromium); err != nil {
 		t.Skip("skipped: " + chromium + " not found, so the HTML report was not checked in a browser")
 	}
-	path := report(t)
+	path := report(t).html
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, chromium,
@@ -247,14 +405,62 @@ func TestReportInChromium(t *testing.T) {
 	cmd.WaitDelay = 5 * time.Second
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
-	dom, err := cmd.Output()
+	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("chromium: %v\n%s", err, stderr.String())
 	}
-	if n := strings.Count(string(dom), "<svg"); n < 4 {
-		t.Errorf("chromium's DOM has %d <svg> elements, want at least 4:\n%.2000s", n, dom)
+	dom := string(out)
+	if !strings.Contains(dom, "<polyline") {
+		t.Fatalf("chromium's DOM has no <polyline>: the charts drew no lines")
 	}
-	if !strings.Contains(string(dom), "<polyline") {
-		t.Errorf("chromium's DOM has no <polyline>: the charts drew no lines")
+
+	// The verdicts first: one per scenario before the first section.
+	first := strings.Index(dom, `<section class="scenario"`)
+	if first < 0 {
+		t.Fatalf("chromium's DOM has no scenario section:\n%.2000s", dom)
+	}
+	if n := strings.Count(dom[:first], ">Verdict: "); n != len(scenarios) {
+		t.Errorf("%d verdicts at the top of the page, want %d (one per scenario)", n, len(scenarios))
+	}
+	sections := strings.Split(dom[first:], `<section class="scenario"`)[1:]
+	if len(sections) != len(scenarios) {
+		t.Errorf("%d scenario sections, want %d", len(sections), len(scenarios))
+	}
+	points := regexp.MustCompile(`<polyline[^>]* points="([^"]*)"`)
+	for k, sec := range sections {
+		key := fmt.Sprint(k + 1)
+		if m := regexp.MustCompile(`id="([^"]+)"`).FindStringSubmatch(sec); m != nil {
+			key = m[1]
+		}
+		if !regexp.MustCompile(`<p class="verdict">Verdict: [^<]*[0-9]`).MatchString(sec) {
+			t.Errorf("section %s has no verdict with a figure", key)
+		}
+		svgs := strings.Split(sec, "<svg")[1:]
+		if len(svgs) == 0 {
+			t.Errorf("section %s has no chart", key)
+		}
+		for i, svg := range svgs {
+			svg = svg[:strings.Index(svg, "</svg>")]
+			withData := 0
+			for _, m := range points.FindAllStringSubmatch(svg, -1) {
+				if len(strings.Fields(m[1])) >= 2 {
+					withData++
+				}
+			}
+			if withData < 2 {
+				t.Errorf("section %s, chart %d: %d series with data, want at least 2 (plain and bulwark on the same axes)", key, i+1, withData)
+			}
+		}
+		for _, m := range regexp.MustCompile(`<h[23][^>]*>([^<]*)</h[23]>`).FindAllStringSubmatch(sec, -1) {
+			if id := goIdent.FindString(m[1]); id != "" {
+				t.Errorf("section %s: heading %q shows the Go identifier %q", key, m[1], id)
+			}
+		}
+	}
+	text := html.UnescapeString(regexp.MustCompile(`<[^>]*>`).ReplaceAllString(dom, " "))
+	for _, c := range citations {
+		if i := strings.Index(strings.ToLower(text), strings.ToLower(c)); i >= 0 {
+			t.Errorf("the page cites a document absent from the repository (%q): …%s…", c, text[max(0, i-60):min(len(text), i+60)])
+		}
 	}
 }

@@ -5,10 +5,11 @@
 // happens with a plain client and with bulwark, prints per-second tables
 // and sparklines, and writes a self-contained HTML report.
 //
-// Scenarios: "tuesday" (a slow tax service drains checkout's worker pool),
-// "storm" (a 2 s blip turns into a retry storm), "deadlines" (5 % of
-// calls never complete) and "outlier" (3 of 20 instances sick, without and
-// with outlier ejection). Time is scaled (-scale) so the whole lab finishes
+// The scenarios are the registry in registry.go, one file each: "tuesday"
+// (a slow tax service drains checkout's worker pool), "storm" (a 2 s blip
+// turns into a retry storm), "deadlines" (5 % of calls never complete) and
+// "outlier" (3 of 20 instances sick, without and with outlier ejection).
+// Each sums itself up in one computed "Verdict:" line. Time is scaled (-scale) so the whole lab finishes
 // in under a minute; every run is bounded and stops by itself.
 package main
 
@@ -37,33 +38,18 @@ func mainErr(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lab", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		which    = fs.String("scenario", "all", "which scenario to run: all, tuesday, storm, deadlines or outlier")
+		which    = fs.String("scenario", "all", "which scenario to run: all, "+keys())
 		duration = fs.Duration("duration", 0, "length of each run (0: each scenario's default: tuesday 9s, storm 4.4s (grows with -scale), deadlines 5s, outlier 5s)")
 		load     = fs.Float64("load", 400, "requests per second offered in each run (10..5000)")
 		scale    = fs.Float64("scale", 0.25, "time scale: every duration of the scenarios (40 ms, 10 s, a 2 s blip, 100 s) is multiplied by it (0.05..2)")
 		report   = fs.String("html", filepath.Join(os.TempDir(), "bulwark-lab.html"), "where to write the HTML report (empty: none)")
 	)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `Usage: go run ./lab [flags]
-
-The resilience lab replays four well-known outages on 127.0.0.1 and
-measures a plain http.Client against bulwark:
-
-  tuesday    the tax service turns slow (40 ms -> 10 s) and drains checkout's
-             40-worker pool; GET /orders fails with it unless the tax call is
-             bounded
-  storm      a 2 s blip on a fixed-capacity service, with no retries, 3
-             immediate retries, exponential backoff, full jitter, and full
-             jitter with bulwark's retry budget (bulwark.Retry)
-  deadlines  5%% of calls never complete: a 100 s-style deadline against one
-             near the healthy p99.9
-  outlier    3 of 20 instances answer 500s: bulwark's balancer without and
-             with outlier detection (Endpoints.Outlier)
-
-Time is scaled (-scale). The defaults finish in under a minute on two cores.
-
-Flags:
-`)
+		fmt.Fprintf(fs.Output(), "Usage: go run ./lab [flags]\n\nThe resilience lab replays well-known outages on 127.0.0.1 and\nmeasures a plain http.Client against bulwark:\n\n")
+		for _, sp := range scenarios {
+			fmt.Fprintf(fs.Output(), "  %-10s %s\n", sp.key, sp.blurb)
+		}
+		fmt.Fprintf(fs.Output(), "\nTime is scaled (-scale). The defaults finish in under a minute on two cores.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -84,7 +70,7 @@ Flags:
 	case set.duration > 0 && set.duration < time.Second:
 		return fmt.Errorf("-duration %v: must be at least 1s", set.duration)
 	}
-	steps, err := pick(*which)
+	specs, err := pick(*which)
 	if err != nil {
 		return err
 	}
@@ -95,11 +81,17 @@ Flags:
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 
-	l := &lab{set: set, out: stdout, progress: stderr}
+	l := &lab{set: set, out: stdout, progress: stderr, tty: isTerminal(stderr)}
 	fmt.Fprintf(stdout, "bulwark resilience lab: real HTTP on 127.0.0.1, time scaled ×%g, %.0f req/s offered per run\n", set.scale, set.load)
-	scs, err := l.runAll(ctx, steps)
+	scs, err := l.runAll(ctx, specs)
 	if err != nil {
 		return err
+	}
+	if len(scs) > 1 {
+		fmt.Fprintf(stdout, "\nSummary\n=======\n")
+		for _, sc := range scs {
+			fmt.Fprintf(stdout, "%s [%s]\n", verdictLine(sc), sc.key)
+		}
 	}
 	if *report != "" {
 		f, err := os.Create(*report)
@@ -119,30 +111,38 @@ Flags:
 	return nil
 }
 
-type step func(*lab, context.Context) (*scenario, error)
-
-func pick(which string) ([]step, error) {
-	all := map[string]step{"tuesday": (*lab).tuesday, "storm": (*lab).storm, "deadlines": (*lab).deadlines, "outlier": (*lab).outlier}
-	if which == "all" {
-		return []step{all["tuesday"], all["storm"], all["deadlines"], all["outlier"]}, nil
+// isTerminal reports whether w is a terminal (a character device), where
+// a progress line redrawn with carriage returns is welcome; in a pipe or a
+// file it would be one long line of log.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
 	}
-	if s, ok := all[which]; ok {
-		return []step{s}, nil
-	}
-	return nil, fmt.Errorf("-scenario %q: want all, tuesday, storm, deadlines or outlier", which)
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
-// runAll runs the scenarios in order, printing each as it finishes.
-func (l *lab) runAll(ctx context.Context, steps []step) ([]*scenario, error) {
+// runAll runs the scenarios in order, printing each as it finishes. Away
+// from a terminal, progress is one line per scenario.
+func (l *lab) runAll(ctx context.Context, specs []spec) ([]*scenario, error) {
 	var scs []*scenario
-	for _, st := range steps {
-		sc, err := st(l, ctx)
+	for k, sp := range specs {
+		l.k, l.n = k+1, len(specs)
+		t0 := time.Now()
+		if !l.tty && l.progress != io.Discard {
+			fmt.Fprintf(l.progress, "scenario %d of %d: %s\n", l.k, l.n, sp.key)
+		}
+		sc, err := sp.run(l, ctx)
 		if err != nil {
 			return scs, err
 		}
 		if err := ctx.Err(); err != nil {
 			return scs, fmt.Errorf("interrupted: %w", err)
 		}
+		sc.key, sc.title = sp.key, sp.title
+		sc.verdict = sp.verdict(sc)
+		sc.took = time.Since(t0)
 		l.render(l.out, sc)
 		scs = append(scs, sc)
 	}

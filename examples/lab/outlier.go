@@ -55,6 +55,19 @@ const (
 	outlierHostPort = outlierHost + ":80"
 )
 
+// outlierSpec is the scenario's entry in the registry.
+var outlierSpec = spec{
+	key:   "outlier",
+	title: "4. Outlier detection: 3 of 20 instances sick",
+	blurb: "3 of 20 instances answer 500s: bulwark's balancer without and with outlier ejection",
+	run:   (*lab).outlier,
+	verdict: func(sc *scenario) string {
+		off, on := sc.runs[0].metrics, sc.runs[1].metrics
+		return fmt.Sprintf("with outlier ejection bulwark answered %s of calls ok and sent %s of requests to the sick instances; balancing alone answered %s and sent them %s.",
+			pctSp(on["ok"]), pctSp(on["share"]), pctSp(off["ok"]), pctSp(off["share"]))
+	},
+}
+
 type outlierRun struct {
 	eject     bool
 	tl        *timeline
@@ -108,9 +121,14 @@ func (l *lab) outlier(ctx context.Context) (*scenario, error) {
 		}
 	}
 	sc := &scenario{
-		key:    "outlier",
-		title:  "4. Outlier detection: 3 of 20 instances sick",
 		length: length,
+		headings: map[string]string{
+			"ok":        "Calls answered ok",
+			"p50":       "Median latency of every call (ms)",
+			"p99":       "99th percentile latency of every call (ms)",
+			"sick recv": "Requests reaching the sick instances (req/s)",
+			"ejected":   "Instances ejected",
+		},
 		intro: []string{
 			fmt.Sprintf("%s is %d instances on 127.0.0.1; healthy ones answer in %v; %s answer 500 at once (a fast failure has nothing in flight, so the power of two choices favours it)",
 				outlierHost, outlierInstances, s.ref(refInstanceTime), strings.Join(sick, ", ")),
@@ -148,9 +166,9 @@ func (l *lab) outlier(ctx context.Context) (*scenario, error) {
 	for _, r := range runs {
 		out := &run{tl: r.tl}
 		if r.eject {
-			out.name, out.short = "bulwark Endpoints with outlier detection", "eject"
+			out.name, out.short = "bulwark balancer with outlier ejection", "eject"
 		} else {
-			out.name, out.short = "bulwark Endpoints, Outlier.Disabled (balancing only)", "no-eject"
+			out.name, out.short = "bulwark balancer without outlier ejection (balancing only)", "no-eject"
 		}
 		calls, ok := r.calls.Load(), r.ok.Load()
 		rate := float64(ok) / float64(max(calls, 1))

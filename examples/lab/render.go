@@ -36,7 +36,7 @@ func cell(s *series, v float64, ok bool) string {
 
 // columns are the table's short names for series.
 var columns = map[string]string{
-	"tax recv": "tax/s", "checkout ok": "chk ok", "orders ok": "ord ok", "orders p99": "ord p99",
+	"tax recv": "tax/s", "refused": "refusd", "checkout ok": "chk ok", "orders ok": "ord ok", "orders p99": "ord p99",
 	"breaker open": "brk op",
 	"recv":         "recv/s", "503": "503/s",
 	"p50": "p50", "sick recv": "sick/s", "ejected": "ejectd",
@@ -52,6 +52,9 @@ func abbrev(name string) string {
 
 func (l *lab) render(w io.Writer, sc *scenario) {
 	fmt.Fprintf(w, "\n%s\n%s\n", sc.title, strings.Repeat("=", utf8.RuneCountInString(sc.title)))
+	if v := verdictLine(sc); v != "" {
+		fmt.Fprintf(w, "%s\n\n", v)
+	}
 	for _, line := range sc.intro {
 		fmt.Fprintf(w, "  %s\n", line)
 	}
@@ -62,6 +65,12 @@ func (l *lab) render(w io.Writer, sc *scenario) {
 	l.renderTable(w, sc)
 	l.renderSparks(w, sc)
 	renderHeadlines(w, sc)
+	if len(sc.explain) > 0 {
+		fmt.Fprintln(w)
+	}
+	for _, e := range sc.explain {
+		fmt.Fprintf(w, "  %s\n", e)
+	}
 }
 
 // renderTable prints one row per second and a column per table series of

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -30,10 +31,31 @@ const (
 	capacityFactor    = 1.75 // service capacity ÷ offered load
 )
 
+// stormSpec is the scenario's entry in the registry.
+var stormSpec = spec{
+	key:   "storm",
+	title: "2. Retry storm: a blip on a service with fixed capacity",
+	blurb: "a 2 s blip on a fixed-capacity service, with no retries, 3 immediate retries, exponential backoff, full jitter, and bulwark's retries (full jitter with a retry budget)",
+	run:   (*lab).storm,
+	verdict: func(sc *scenario) string {
+		var imm, bw *run
+		for _, r := range sc.runs {
+			switch r.short {
+			case "imm×3":
+				imm = r
+			case "bulwark":
+				bw = r
+			}
+		}
+		return fmt.Sprintf("around the blip bulwark's retries peaked at %.0f req/s on the service while a plain client with 3 immediate retries hit it with %.0f req/s (calls ok: bulwark %s, immediate retries %s).",
+			bw.metrics["peak"], imm.metrics["peak"], pctSp(bw.metrics["ok"]), pctSp(imm.metrics["ok"]))
+	},
+}
+
 // caller makes one logical call, retrying as it sees fit, and reports
-// whether it ended in a 200.
+// whether it ended in a 200 and whether a retry budget refused it a retry.
 type caller interface {
-	call(ctx context.Context, url string) bool
+	call(ctx context.Context, url string) (ok, refused bool)
 }
 
 // retryLoop is a lab-local client retry loop: the COMPARISON BASELINES,
@@ -46,7 +68,11 @@ type retryLoop struct {
 	sleep    func(retry int) time.Duration
 }
 
-func (r *retryLoop) call(ctx context.Context, url string) bool {
+func (r *retryLoop) call(ctx context.Context, url string) (bool, bool) {
+	return r.try(ctx, url), false
+}
+
+func (r *retryLoop) try(ctx context.Context, url string) bool {
 	for a := range r.attempts {
 		if a > 0 {
 			if d := r.sleep(a); d > 0 {
@@ -116,16 +142,24 @@ func bulwarkRetryClient(c *http.Client, s settings) caller {
 		// gets here.
 		panic(err)
 	}
-	return oneCall{bc}
+	return &oneCall{c: bc}
 }
 
 // oneCall sends each call once through its client; retries, if any, are
-// the client's business.
-type oneCall struct{ c *http.Client }
+// the client's business. It counts the calls whose retry bulwark's budget
+// refused (the error says so: ErrRetryBudget).
+type oneCall struct {
+	c       *http.Client
+	refused atomic.Int64
+}
 
-func (o oneCall) call(ctx context.Context, url string) bool {
+func (o *oneCall) call(ctx context.Context, url string) (bool, bool) {
 	code, _, err := send(ctx, o.c, http.MethodGet, url)
-	return err == nil && code == http.StatusOK
+	refused := errors.Is(err, bulwark.ErrRetryBudget)
+	if refused {
+		o.refused.Add(1)
+	}
+	return err == nil && code == http.StatusOK, refused
 }
 
 type stormStrategy struct {
@@ -150,7 +184,7 @@ func stormStrategies() []stormStrategy {
 		{"full jitter", "jitter", loop(4, func(s settings, k int) time.Duration {
 			return rand.N(backoff(s.ref(refBackoffBase), s.ref(refBackoffCap), k) + 1)
 		})},
-		{"bulwark: full jitter + retry budget (bulwark.Retry)", "bulwark", bulwarkRetryClient},
+		{"bulwark: full jitter + retry budget", "bulwark", bulwarkRetryClient},
 	}
 }
 
@@ -168,10 +202,12 @@ func (l *lab) storm(ctx context.Context) (*scenario, error) {
 	workers := stormWorkers(s)
 	capacity := float64(workers) / svc.Seconds()
 	sc := &scenario{
-		key:    "storm",
-		title:  "2. Retry storm: a blip on a service with fixed capacity",
 		length: length,
-		marks:  []mark{{blipFrom, blipTo, fmt.Sprintf("%v stall", blip)}},
+		headings: map[string]string{
+			"recv": "Requests the service received (req/s), every client",
+			"ok":   "Calls that ended ok, every client",
+		},
+		marks: []mark{{blipFrom, blipTo, fmt.Sprintf("%v stall", blip)}},
 		intro: []string{
 			fmt.Sprintf("service: %d workers × %v each = %.0f req/s capacity, FIFO queue of %d; stalls %.1fs–%.1fs (a 2 s blip)",
 				workers, svc, capacity, 10*workers, blipFrom.Seconds(), blipTo.Seconds()),
@@ -189,6 +225,16 @@ func (l *lab) storm(ctx context.Context) (*scenario, error) {
 		}
 		sc.runs = append(sc.runs, r)
 	}
+	none, bw := sc.runs[0], sc.runs[len(sc.runs)-1]
+	refused := fmt.Sprintf("bulwark's retry budget (%.0f %% of calls, floor %.0f/s) refused the retry of %.0f calls in this run, %.0f of them started during the blip or the second after it; those calls failed, as they would have with no retries.",
+		100*bulwark.DefaultBudgetRatio, float64(bulwark.DefaultBudgetMinPerSecond), bw.metrics["refused"], bw.metrics["refused_blip"])
+	if bw.metrics["ok"] < none.metrics["ok"] {
+		sc.explain = append(sc.explain, fmt.Sprintf("Why bulwark's calls ok (%s) is below no retries (%s): %s The retries it did allow added to the backlog that the service works through after the stall (it received %.0f requests against %.0f with no retries), and waiting behind that backlog costs some first attempts their attempt timeout. The budget trades a little success in a blip for a bounded load: compare the peaks.",
+			pctSp(bw.metrics["ok"]), pctSp(none.metrics["ok"]), refused, bw.metrics["received"], none.metrics["received"]))
+	} else {
+		sc.explain = append(sc.explain, fmt.Sprintf("bulwark's calls ok (%s) against no retries (%s): %s", pctSp(bw.metrics["ok"]), pctSp(none.metrics["ok"]), refused))
+	}
+	sc.explain = append(sc.explain, "The spikes after the stall are the retries the clients held: immediate retries fire as fast as attempts time out, and backoff without jitter releases every client's retry at the same instants; jitter spreads them, and the budget caps how many there are.")
 	return sc, nil
 }
 
@@ -205,6 +251,7 @@ func (l *lab) stormRun(ctx context.Context, st stormStrategy, length, drain, bli
 	tl.define("calls", kindLoad, false, false) // first attempts: the offered load
 	tl.define("recv", kindLoad, true, true)
 	tl.define("ok", kindRate, true, true)
+	tl.define("refused", kindLoad, false, false) // calls whose retry the budget refused
 	stallFrom, stallTo := start.Add(blipFrom), start.Add(blipTo)
 	svc := s.ref(refServiceTime)
 
@@ -278,7 +325,11 @@ func (l *lab) stormRun(ctx context.Context, st stormStrategy, length, drain, bli
 				}
 				at := time.Now()
 				tl.count("calls", at)
-				tl.outcome("ok", at, c.call(ctx, srv.url+"/work"))
+				ok, refused := c.call(ctx, srv.url+"/work")
+				tl.outcome("ok", at, ok)
+				if refused {
+					tl.count("refused", at)
+				}
 			}
 		})
 	}
@@ -306,6 +357,18 @@ func (l *lab) stormRun(ctx context.Context, st stormStrategy, length, drain, bli
 		{"calls ok, whole run", pct(okAll)},
 		{"recovered (≥90% ok) after the blip", rec},
 	}
-	r.metrics = map[string]float64{"peak": peak, "ok": okAll}
+	refusedS := "no budget"
+	var refused, refusedBlip int64
+	if oc, ok := c.(*oneCall); ok {
+		refused = oc.refused.Load()
+		rs := tl.get("refused")
+		for b := fromB; b < min(toB+tl.at(time.Second), len(rs.num)); b++ {
+			refusedBlip += rs.num[b]
+		}
+		refusedS = strconv.FormatInt(refused, 10)
+	}
+	r.headline = append(r.headline, stat{"calls whose retry the budget refused", refusedS})
+	r.metrics = map[string]float64{"peak": peak, "ok": okAll, "received": float64(received.Load()),
+		"refused": float64(refused), "refused_blip": float64(refusedBlip)}
 	return r, nil
 }

@@ -23,8 +23,9 @@ const (
 type series struct {
 	name  string
 	kind  kind
-	table bool // shown as a column of the per-second table
-	spark bool // drawn as a sparkline row
+	table bool          // shown as a column of the per-second table
+	spark bool          // drawn as a sparkline row
+	w     time.Duration // the timeline's bucket width
 	num   []int64
 	den   []int64     // kindRate and kindGauge only
 	lat   [][]float64 // kindP99 and kindP50 only, milliseconds
@@ -119,7 +120,7 @@ func newTimeline(start time.Time, width, length time.Duration) *timeline {
 
 // define adds a series; rows appear in the order they are defined.
 func (tl *timeline) define(name string, k kind, table, spark bool) {
-	s := &series{name: name, kind: k, table: table, spark: spark, num: make([]int64, tl.n)}
+	s := &series{name: name, kind: k, table: table, spark: spark, w: tl.width, num: make([]int64, tl.n)}
 	switch k {
 	case kindRate, kindGauge:
 		s.den = make([]int64, tl.n)
@@ -226,3 +227,6 @@ func (tl *timeline) recoveredAt(name string, from, until int, want float64) int 
 	}
 	return first
 }
+
+// width is the bucket width of the series' timeline.
+func (s *series) width() time.Duration { return s.w }

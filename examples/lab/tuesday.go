@@ -124,6 +124,22 @@ func lastRateFallback(lastGood func() string) func(*http.Request, error) (*http.
 	}
 }
 
+// tuesdaySpec is the scenario's entry in the registry.
+var tuesdaySpec = spec{
+	key:   "tuesday",
+	title: "1. A slow dependency: tax gets slow, checkout's shared worker pool drains",
+	blurb: "the tax service turns slow (40 ms -> 10 s) and drains checkout's 40-worker pool; GET /orders fails with it unless the tax call is bounded",
+	run:   (*lab).tuesday,
+	verdict: func(sc *scenario) string {
+		p, b := sc.runs[0].metrics["orders_sick"], sc.runs[1].metrics["orders_sick"]
+		return fmt.Sprintf("while tax was slow, bulwark kept GET /orders at %s while the plain client fell to %s (checkout: bulwark %s, plain %s).",
+			pctSp(b), pctSp(p), pctSp(sc.runs[1].metrics["checkout_sick"]), pctSp(sc.runs[0].metrics["checkout_sick"]))
+	},
+}
+
+// pctSp formats a share as "7.7 %", for sentences.
+func pctSp(f float64) string { return fmt.Sprintf("%.1f %%", 100*f) }
+
 type tuesdayRun struct {
 	protected bool
 	tl        *timeline
@@ -150,11 +166,16 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 	workers := refPoolThreads / poolDivisor
 	patience := s.ref(refPatience)
 	sc := &scenario{
-		key:    "tuesday",
-		title:  "1. Tuesday: tax gets slow, checkout's shared worker pool drains",
 		length: length,
-		marks:  []mark{{sickFrom, sickTo, fmt.Sprintf("tax %v → %v", s.ref(refTaxHealthy), s.ref(refTaxSick))}},
+		headings: map[string]string{
+			"tax recv":    "Requests the tax service received (req/s)",
+			"checkout ok": "POST /checkout answered ok",
+			"orders ok":   "GET /orders answered ok (and bulwark's breaker: share of time open)",
+			"orders p99":  "GET /orders, 99th percentile latency (ms)",
+		},
+		marks: []mark{{sickFrom, sickTo, fmt.Sprintf("tax %v → %v", s.ref(refTaxHealthy), s.ref(refTaxSick))}},
 		intro: []string{
+			"the outage of a slow dependency told in Michael Nygard's Release It! (2nd ed.): slow is worse than down, because a slow service holds its callers' threads",
 			fmt.Sprintf("checkout: %d workers (%d threads ÷ %d), %.0f req/s offered, half POST /checkout (calls tax), half GET /orders/{id} (local, %v)",
 				workers, refPoolThreads, poolDivisor, s.load, max(s.ref(refOrderTime), 500*time.Microsecond)),
 			fmt.Sprintf("tax answers in %v, then %v from %.1fs to %.1fs; users give up after %v; both runs side by side, each with its own servers",
@@ -168,8 +189,9 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 	if err != nil {
 		return nil, err
 	}
-	attempt := max(s.ref(refTaxTimeout), p999).Round(time.Millisecond)
-	sc.intro = append(sc.intro, fmt.Sprintf("healthy tax p99.9 measured %v → bulwark attempt timeout %v", p999.Round(100*time.Microsecond), attempt))
+	// Rounded up: a timeout below the measured p99.9 would cut healthy calls.
+	attempt := roundUp(max(s.ref(refTaxTimeout), p999), time.Millisecond)
+	sc.intro = append(sc.intro, fmt.Sprintf("healthy tax p99.9 measured %v → bulwark attempt timeout %v (the larger of it and 150 ms scaled, rounded up)", roundUp(p999, 100*time.Microsecond), attempt))
 
 	start := time.Now().Add(50 * time.Millisecond)
 	runs := []*tuesdayRun{{protected: false}, {protected: true}}
@@ -208,11 +230,11 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 	for _, r := range runs {
 		out := &run{tl: r.tl}
 		if r.protected {
-			out.name, out.short = "bulwark client (protectedTaxClient)", "bulwark"
+			out.name, out.short = "bulwark client (timeout, breaker, bulkhead, fallback on the tax call)", "bulwark"
 			out.notes = []string{
 				fmt.Sprintf("bulwark layers for tax: Timeout (attempt %v, total %v); Breaker (slow call ≥ %v, trips at 50%% slow or failed of ≥ %d calls in %v, open %v, 5 probes);",
 					attempt, 2*attempt, attempt/2, breakerMinCalls, breakerWindow(s), s.ref(refBreakerOpenFor)),
-				fmt.Sprintf("Bulkhead %d in flight (%d of %d threads, scaled with the pool), no queue; Fallback.Func with the last good rate, from memory", refTaxBulkhead/poolDivisor, refTaxBulkhead, refPoolThreads),
+				fmt.Sprintf("Bulkhead %d in flight (%d of %d threads, scaled with the pool), no queue; a fallback function that answers with the last good rate, from memory", refTaxBulkhead/poolDivisor, refTaxBulkhead, refPoolThreads),
 				"(the tax call is a POST: no stale cache, no retries). \"of which fallback\" counts checkouts whose response carried " + bulwark.FallbackHeader + ".",
 			}
 		} else {
@@ -246,6 +268,17 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 			"tax_sick": float64(r.taxSick.Load()), "breaker_open_sick": openSick}
 		sc.runs = append(sc.runs, out)
 	}
+	// Why the plain client's tax traffic spikes at the heal: its workers
+	// were stuck on slow calls while checkouts queued behind them; when tax
+	// answers fast again the whole backlog calls it at once.
+	spike := 0.0
+	recv := runs[0].tl.get("tax recv")
+	for b := healB; b < endB; b++ {
+		v, _ := recv.value(b, b+1, runs[0].tl.width)
+		spike = max(spike, v)
+	}
+	sc.explain = append(sc.explain, fmt.Sprintf("The plain client's tax traffic spikes to %.0f req/s (in a 100 ms bucket) when tax heals: while its workers were stuck on slow tax calls, checkouts piled up in the accept queue (their users long gone); once tax answers fast again the whole backlog calls it at once. bulwark's breaker and bulkhead never let that queue form, and after the heal its half-open probes let traffic back gradually.", spike))
+	sc.runs[0].metrics["tax_spike"] = spike
 	return sc, nil
 }
 

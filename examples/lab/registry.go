@@ -1,0 +1,58 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// spec is one scenario of the lab: how to run it and how to sum it up.
+// Adding a scenario is a new file that defines its spec and one line in
+// scenarios below.
+type spec struct {
+	key   string // the -scenario name
+	title string // the heading of its section
+	blurb string // one line for -h: what it replays
+	run   func(*lab, context.Context) (*scenario, error)
+	// verdict is the scenario's key figure, plain against bulwark, in one
+	// sentence computed from its runs (without the "Verdict: " prefix).
+	verdict func(*scenario) string
+}
+
+// scenarios is the lab's registry, in the order "all" runs them.
+var scenarios = []spec{
+	tuesdaySpec,
+	stormSpec,
+	deadlinesSpec,
+	outlierSpec,
+}
+
+// keys lists the registry's names, for flags and errors.
+func keys() string {
+	var ks []string
+	for _, s := range scenarios {
+		ks = append(ks, s.key)
+	}
+	return strings.Join(ks, ", ")
+}
+
+// pick returns the scenarios -scenario names.
+func pick(which string) ([]spec, error) {
+	if which == "all" {
+		return scenarios, nil
+	}
+	for _, s := range scenarios {
+		if s.key == which {
+			return []spec{s}, nil
+		}
+	}
+	return nil, fmt.Errorf("-scenario %q: want all, %s", which, keys())
+}
+
+// verdictLine is a scenario's verdict as printed: "Verdict: ...".
+func verdictLine(sc *scenario) string {
+	if sc.verdict == "" {
+		return ""
+	}
+	return "Verdict: " + sc.verdict
+}
