@@ -39,7 +39,9 @@ const (
 // while the host's breaker is open, its pushback pause runs, its bulkhead
 // is (nine tenths) full, or the host's median latency no longer fits
 // before the call's deadline. A cancelled loser counts neither as a
-// failure nor as a slow call in the breaker. Hedges are sent in a call's
+// failure nor as a slow call in the breaker, and the call returns once its
+// cancelled losers have (at once, from a base that honours the context), so
+// no request body or bulkhead slot outlives the call. Hedges are sent in a call's
 // first round only: if every attempt of it fails, retries follow one at a
 // time.
 //
@@ -376,7 +378,12 @@ func (run *hedgeRun) finish(i int, resp *http.Response, err error) {
 	default:
 		drop = resp
 	}
-	signal := !run.final && (run.won || (run.closed && run.pending == 0))
+	// The round ends when every attempt has returned, the winner's and
+	// the cancelled losers' alike: so every request body is closed and
+	// every bulkhead slot a loser held is free when RoundTrip returns, as
+	// the RoundTripper contract wants. A loser, once cancelled, returns at
+	// once from any base that honours its context.
+	signal := !run.final && run.closed && run.pending == 0
 	if signal {
 		run.final = true
 	}
