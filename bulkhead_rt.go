@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/bulwark-http/bulwark/internal/limit"
 	"golang.org/x/time/rate"
 )
 
@@ -21,7 +22,22 @@ import (
 // connections. Size it per upstream from its latency and your share of the
 // caller's capacity, as Nygard's Release It! sizes bulkheads: a slow
 // dependency should be able to strand only its own share.
+//
+// It is also the floor of the package default limit, which is adaptive:
+// see Bulkhead.Adaptive.
 const DefaultMaxConcurrent = 100
+
+// DefaultAdaptiveMax is the ceiling of an adaptive limit when
+// Bulkhead.MaxConcurrent is zero. It is generous on purpose: the adaptive
+// limit starts there and comes down only when latency says the host is
+// queueing, so a healthy host at any steady latency is never refused, while
+// a host that slows down under load gets fewer requests at once.
+const DefaultAdaptiveMax = 1000
+
+// DefaultMinConcurrent is the floor of an adaptive limit set with
+// Bulkhead.Adaptive when Bulkhead.MinConcurrent is zero (or MaxConcurrent,
+// if that is less).
+const DefaultMinConcurrent = 10
 
 // ErrRateLimited reports that the host's client-side rate limit
 // (Bulkhead.Rate) had no token for the request before its deadline, so the
@@ -41,8 +57,29 @@ var ErrRateLimited = errors.New("bulwark: client-side rate limit reached")
 // never closes a body keeps its slot, as it would keep the connection.
 type Bulkhead struct {
 	// MaxConcurrent is how many requests to one host may be in flight at
-	// once. Zero inherits from Default, then DefaultMaxConcurrent.
+	// once: a fixed limit, or an adaptive limit's ceiling when Adaptive is
+	// set. Zero inherits from Default, then the package default: an
+	// adaptive limit from DefaultMaxConcurrent up to DefaultAdaptiveMax.
 	MaxConcurrent int
+
+	// Adaptive makes the limit learn from latency, within MinConcurrent and
+	// MaxConcurrent, per host (per instance under Endpoints): a gradient
+	// (after Netflix's concurrency-limits and Envoy's adaptive_concurrency)
+	// compares each 100 ms window's mean latency with a slowly rising
+	// baseline, lowers the limit while latency is more than 25 % above it
+	// (an attempt that timed out, or got 429 or 503, counts as a queue
+	// too), and raises it by √limit while requests use more than half of
+	// it. It starts at MaxConcurrent. The queue (MaxQueue) still applies
+	// to requests past the limit. Adaptive is on whenever MaxConcurrent is
+	// zero after inheritance; set MaxConcurrent without Adaptive for a
+	// fixed limit.
+	Adaptive bool
+
+	// MinConcurrent is an adaptive limit's floor. Zero inherits from
+	// Default, then DefaultMaxConcurrent for the package default limit, or
+	// DefaultMinConcurrent (at most MaxConcurrent) for one set Adaptive.
+	// Ignored for a fixed limit.
+	MinConcurrent int
 
 	// MaxQueue is how many requests may wait, in arrival order, for a slot
 	// when all MaxConcurrent are taken; one more is refused with
@@ -97,6 +134,8 @@ type Bulkhead struct {
 
 func (b Bulkhead) inherit(parent Bulkhead) Bulkhead {
 	b.MaxConcurrent = cmp.Or(b.MaxConcurrent, parent.MaxConcurrent)
+	b.MinConcurrent = cmp.Or(b.MinConcurrent, parent.MinConcurrent)
+	b.Adaptive = b.Adaptive || parent.Adaptive
 	b.MaxQueue = cmp.Or(b.MaxQueue, parent.MaxQueue)
 	b.MaxWait = cmp.Or(b.MaxWait, parent.MaxWait)
 	b.Rate = cmp.Or(b.Rate, parent.Rate)
@@ -107,7 +146,17 @@ func (b Bulkhead) inherit(parent Bulkhead) Bulkhead {
 }
 
 func (b Bulkhead) withDefaults() Bulkhead {
-	b.MaxConcurrent = cmp.Or(b.MaxConcurrent, DefaultMaxConcurrent)
+	switch {
+	case b.MaxConcurrent == 0 && !b.Adaptive:
+		// The package default: adaptive, never tighter than the fixed
+		// limit it replaced.
+		b.Adaptive = true
+		b.MaxConcurrent = DefaultAdaptiveMax
+		b.MinConcurrent = cmp.Or(b.MinConcurrent, min(DefaultMaxConcurrent, DefaultAdaptiveMax))
+	case b.Adaptive:
+		b.MaxConcurrent = cmp.Or(b.MaxConcurrent, DefaultAdaptiveMax)
+		b.MinConcurrent = cmp.Or(b.MinConcurrent, min(DefaultMinConcurrent, b.MaxConcurrent))
+	}
 	if b.Rate > 0 && b.Burst == 0 {
 		b.Burst = 1
 	}
@@ -118,6 +167,10 @@ func (b Bulkhead) validate() error {
 	switch {
 	case b.MaxConcurrent < 0:
 		return fieldError("Bulkhead.MaxConcurrent", b.MaxConcurrent, "must be ≥ 0")
+	case b.MinConcurrent < 0:
+		return fieldError("Bulkhead.MinConcurrent", b.MinConcurrent, "must be ≥ 0")
+	case b.Adaptive && b.MinConcurrent > b.MaxConcurrent:
+		return fieldError("Bulkhead.MinConcurrent", b.MinConcurrent, "must be ≤ MaxConcurrent")
 	case b.MaxQueue < 0:
 		return fieldError("Bulkhead.MaxQueue", b.MaxQueue, "must be ≥ 0")
 	case b.MaxWait < 0:
@@ -172,16 +225,19 @@ func (e *RateLimitError) Unwrap() []error { return []error{ErrRateLimited, ErrBu
 // first decides, and the other sees it. Without one, there is nobody to hand
 // to, and a compare-and-swap counter is all it takes.
 type bulkheadStage struct {
-	next     stage
-	rep      *reporter
-	name     string
-	max      int
-	maxQueue int
-	maxWait  time.Duration
-	limiter  *rate.Limiter // nil: no rate limit
-	full     *BulkheadFullError
-	limited  *RateLimitError
-	shadow   bool
+	next          stage
+	rep           *reporter
+	name          string
+	max           int
+	lim           *limit.Gradient // nil: the limit is max, fixed
+	minConcurrent int
+	reported      atomic.Int64 // the limit last reported to rep
+	maxQueue      int
+	maxWait       time.Duration
+	limiter       *rate.Limiter // nil: no rate limit
+	full          *BulkheadFullError
+	limited       *RateLimitError
+	shadow        bool
 	// wouldReject counts the refusals of a bulkhead in shadow mode.
 	wouldReject atomic.Uint64
 
@@ -220,6 +276,12 @@ func newBulkhead(next stage, p Bulkhead, name string, rep *reporter) *bulkheadSt
 		full:     &BulkheadFullError{Host: name},
 		limited:  &RateLimitError{Host: name},
 		shadow:   p.Shadow,
+	}
+	if p.Adaptive {
+		b.minConcurrent = max(1, p.MinConcurrent)
+		b.reported.Store(int64(p.MaxConcurrent))
+		// Validated: 1 ≤ MinConcurrent ≤ MaxConcurrent.
+		b.lim, _ = limit.New(limit.Config{Min: max(1, p.MinConcurrent), Max: p.MaxConcurrent})
 	}
 	if p.Rate > 0 {
 		b.limiter = rate.NewLimiter(rate.Limit(p.Rate), p.Burst)
@@ -260,8 +322,15 @@ func (b *bulkheadStage) pass(next stage, req *http.Request, c call) (*http.Respo
 			b.release()
 		}
 	}()
+	var start time.Time
+	if b.lim != nil {
+		start = time.Now()
+	}
 	resp, err := next.roundTrip(req, c)
 	returned = true
+	if b.lim != nil {
+		b.sample(start, resp, err)
+	}
 	if err != nil {
 		b.release()
 		return nil, err
@@ -270,6 +339,42 @@ func (b *bulkheadStage) pass(next stage, req *http.Request, c call) (*http.Respo
 	// costs nothing, where a closure would allocate on every request.
 	onBodyEnd(resp, b)
 	return resp, nil
+}
+
+// sample feeds the adaptive limit one attempt: its latency to the response
+// headers (a body's reading time is the caller's, not the host's), the slots
+// held, and whether it was dropped: bulwark's own timeout, or a 429 or 503,
+// the host saying it has too much to do.
+func (b *bulkheadStage) sample(start time.Time, resp *http.Response, err error) {
+	now := time.Now()
+	k := classify(resp, err)
+	dropped := k == kindTimeout || k == kindTooMany ||
+		(k == kindServerError && resp.StatusCode == http.StatusServiceUnavailable)
+	if !reached(k) || k == kindCanceled || k == kindDeadline {
+		// Refused below, or the caller gave up: nothing about the host.
+		return
+	}
+	old := b.lim.Limit()
+	if l, changed := b.lim.Sample(now.UnixNano(), now.Sub(start), int(b.inFlight.Load()), dropped); changed {
+		// Reported when it has moved by a quarter since last reported, so
+		// the log shows the trend, not every window's step.
+		if last := b.reported.Load(); 4*abs(int64(l)-last) >= last {
+			b.reported.Store(int64(l))
+			b.rep.limitChanged(b.name, int(last), l)
+		}
+		if b.maxQueue > 0 && l > old {
+			b.grantWaiters()
+		}
+	}
+}
+
+// limitNow is the limit in force: the adaptive one's current value, or the
+// fixed one.
+func (b *bulkheadStage) limitNow() int64 {
+	if b.lim != nil {
+		return int64(b.lim.Limit())
+	}
+	return int64(b.max)
 }
 
 // refused reports a refusal of the bulkhead's own (full, or rate limited),
@@ -300,7 +405,7 @@ func (b *bulkheadStage) acquire(req *http.Request, c call) error {
 	if b.maxQueue == 0 {
 		for {
 			n := b.inFlight.Load()
-			if n >= int64(b.max) {
+			if n >= b.limitNow() {
 				return b.full
 			}
 			if b.inFlight.CompareAndSwap(n, n+1) {
@@ -312,7 +417,7 @@ func (b *bulkheadStage) acquire(req *http.Request, c call) error {
 	// A free slot goes to the queue first: taking it past waiters would
 	// break FIFO order (and a releaser hands slots to waiters directly, so
 	// a free slot with waiters only exists for an instant anyway).
-	if n := b.inFlight.Load(); n < int64(b.max) && b.queue.head == nil {
+	if n := b.inFlight.Load(); n < b.limitNow() && b.queue.head == nil {
 		b.inFlight.Store(n + 1)
 		b.mu.Unlock()
 		return nil
@@ -389,7 +494,9 @@ func (b *bulkheadStage) release() {
 		return
 	}
 	b.mu.Lock()
-	if w := b.queue.head; w != nil {
+	// An adaptive limit may have come down below the slots held: then the
+	// slot goes back to the pool, not to a waiter.
+	if w := b.queue.head; w != nil && b.inFlight.Load() <= b.limitNow() {
 		b.queue.remove(w)
 		w.granted = true
 		b.mu.Unlock()
@@ -400,6 +507,24 @@ func (b *bulkheadStage) release() {
 	b.mu.Unlock()
 }
 
+// grantWaiters hands the slots an adaptive limit's rise freed to waiters,
+// in order.
+func (b *bulkheadStage) grantWaiters() {
+	for {
+		b.mu.Lock()
+		w := b.queue.head
+		if w == nil || b.inFlight.Load() >= b.limitNow() {
+			b.mu.Unlock()
+			return
+		}
+		b.queue.remove(w)
+		w.granted = true
+		b.inFlight.Add(1)
+		b.mu.Unlock()
+		close(w.ready)
+	}
+}
+
 // waitRate takes a rate-limit token, waiting for it only when the wait ends
 // in time for the call's deadline. It runs before a slot is taken, so a
 // request waiting for its turn holds no slot.
@@ -407,7 +532,7 @@ func (b *bulkheadStage) waitRate(req *http.Request, c call) error {
 	ctx := req.Context()
 	// A bulkhead that would refuse anyway should not spend a token. (With
 	// a queue, a waiter may leave any moment: let acquire decide.)
-	if b.maxQueue == 0 && b.inFlight.Load() >= int64(b.max) {
+	if b.maxQueue == 0 && b.inFlight.Load() >= b.limitNow() {
 		return b.full
 	}
 	now := time.Now()
@@ -457,6 +582,12 @@ type BulkheadSnapshot struct {
 	InFlight, Queued int
 	// MaxConcurrent and MaxQueue are the bulkhead's limits.
 	MaxConcurrent, MaxQueue int
+	// Limit is the concurrency limit in force: MaxConcurrent for a fixed
+	// limit, the adaptive limit's current value (between MinConcurrent and
+	// MaxConcurrent) when Adaptive.
+	Limit         int
+	Adaptive      bool
+	MinConcurrent int
 	// Shadow is whether the bulkhead is in shadow mode (Bulkhead.Shadow),
 	// and WouldReject how many requests it would have refused and sent
 	// instead.
@@ -471,8 +602,19 @@ func (b *bulkheadStage) snapshot(h *HostSnapshot) {
 
 func (b *bulkheadStage) state() BulkheadSnapshot {
 	in, q := b.stats()
-	return BulkheadSnapshot{InFlight: in, Queued: q, MaxConcurrent: b.max, MaxQueue: b.maxQueue,
+	s := BulkheadSnapshot{InFlight: in, Queued: q, MaxConcurrent: b.max, MaxQueue: b.maxQueue, Limit: int(b.limitNow()),
 		Shadow: b.shadow, WouldReject: b.wouldReject.Load()}
+	if b.lim != nil {
+		s.Adaptive, s.MinConcurrent = true, b.minConcurrent
+	}
+	return s
+}
+
+func abs(n int64) int64 {
+	if n < 0 {
+		return -n
+	}
+	return n
 }
 
 // isFull reports whether the slots a hedge may take are all held, so that
@@ -481,5 +623,6 @@ func (b *bulkheadStage) state() BulkheadSnapshot {
 // when there are ten or more) is kept for calls, not hedges. A racy read:
 // it is advice.
 func (b *bulkheadStage) isFull() bool {
-	return b.inFlight.Load() >= int64(b.max-b.max/10)
+	limit := b.limitNow() // the limit in force (adaptive or fixed)
+	return b.inFlight.Load() >= limit-limit/10
 }

@@ -562,8 +562,8 @@ func TestBulkheadConfig(t *testing.T) {
 	if h := got["tax.test:80"]; h.Bulkhead == nil || h.Bulkhead.MaxConcurrent != 40 || h.Bulkhead.MaxQueue != 2 || h.Upstream != "tax.test" || h.Scheme != "http" {
 		t.Errorf("tax.test: %+v (bulkhead %+v), want MaxConcurrent 40 and MaxQueue 2 inherited", h, h.Bulkhead)
 	}
-	if h := got["other.test:80"]; h.Bulkhead == nil || h.Bulkhead.MaxConcurrent != DefaultMaxConcurrent || h.Upstream != "default" {
-		t.Errorf("other.test: %+v (bulkhead %+v), want the default %d slots", h, h.Bulkhead, DefaultMaxConcurrent)
+	if h := got["other.test:80"]; h.Bulkhead == nil || !h.Bulkhead.Adaptive || h.Bulkhead.MaxConcurrent != DefaultAdaptiveMax || h.Upstream != "default" {
+		t.Errorf("other.test: %+v (bulkhead %+v), want the default adaptive limit up to %d", h, h.Bulkhead, DefaultAdaptiveMax)
 	}
 	if h, ok := got["recs.test:80"]; !ok || h.Bulkhead != nil {
 		t.Errorf("recs.test: %+v (seen %v), want a bulkhead-less host: it is disabled", h, ok)
@@ -852,5 +852,13 @@ func TestBulkheadBaseBreaksContract(t *testing.T) {
 			mu.Unlock()
 			after(t, tr, &healthy)
 		})
+	})
+}
+
+// TestAdaptiveBulkheadContract: the adaptive limit, with a queue, keeps
+// the RoundTripper contract.
+func TestAdaptiveBulkheadContract(t *testing.T) {
+	runContract(t, func(base http.RoundTripper) http.RoundTripper {
+		return mustNew(t, Config{Base: base, Default: only(Policy{Bulkhead: Bulkhead{Adaptive: true, MinConcurrent: 2, MaxConcurrent: 4, MaxQueue: 4, MaxWait: time.Second}}, "bulkhead")})
 	})
 }

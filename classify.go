@@ -30,6 +30,7 @@ const (
 	kindBreakerOpen                // not sent: ErrBreakerOpen
 	kindBulkheadFull               // not sent: ErrBulkheadFull (rate limit included)
 	kindPushback                   // not sent: ErrPushback
+	kindThrottled                  // not sent: ErrThrottled
 	kindBudget                     // ErrRetryBudget
 	kindTransient                  // a transport error another try may cure
 	kindPermanent                  // a transport error another try will not cure
@@ -61,6 +62,8 @@ func classify(resp *http.Response, err error) kind {
 		return kindBulkheadFull
 	case errors.Is(err, ErrPushback):
 		return kindPushback
+	case errors.Is(err, ErrThrottled):
+		return kindThrottled
 	case errors.Is(err, ErrRetryBudget):
 		return kindBudget
 	case errors.Is(err, ErrDeadlineTooShort):
@@ -155,7 +158,7 @@ func (k kind) failed() bool {
 // than from bulwark refusing to send.
 func reached(k kind) bool {
 	switch k {
-	case kindTooShort, kindBreakerOpen, kindBulkheadFull, kindPushback, kindBudget:
+	case kindTooShort, kindBreakerOpen, kindBulkheadFull, kindPushback, kindBudget, kindThrottled:
 		return false
 	}
 	return true
@@ -184,6 +187,8 @@ func (k kind) label() string {
 		return outcomeBulkhead
 	case kindPushback:
 		return outcomePushback
+	case kindThrottled:
+		return outcomeThrottled
 	case kindBudget:
 		return outcomeBudget
 	}

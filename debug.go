@@ -1,6 +1,7 @@
 package bulwark
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"html/template"
@@ -336,7 +337,8 @@ func debugBulkhead(b *BulkheadSnapshot) *DebugBulkhead {
 	if b == nil {
 		return nil
 	}
-	return &DebugBulkhead{InFlight: b.InFlight, Queued: b.Queued, MaxConcurrent: b.MaxConcurrent, MaxQueue: b.MaxQueue,
+	// The limit in force: an adaptive limit's current value.
+	return &DebugBulkhead{InFlight: b.InFlight, Queued: b.Queued, MaxConcurrent: cmp.Or(b.Limit, b.MaxConcurrent), MaxQueue: b.MaxQueue,
 		Shadow: b.Shadow, WouldReject: b.WouldReject}
 }
 

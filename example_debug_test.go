@@ -50,7 +50,7 @@ func ExampleDebugHandler() {
 		fmt.Println(h.Upstream, h.Breaker.State, h.Bulkhead.InFlight, "of", h.Bulkhead.MaxConcurrent)
 	}
 	// Output:
-	// default closed 0 of 100
+	// default closed 0 of 1000
 }
 
 // Update changes a running Transport's policies; an invalid Config is

@@ -203,3 +203,24 @@ func FuzzNewShedder(f *testing.F) {
 		}
 	})
 }
+
+// FuzzRateLimitHeaders: whatever the rate-limit fields say, reading them
+// does not panic, a pause is never negative nor past a day, and a field
+// saying nothing is spent never pauses.
+func FuzzRateLimitHeaders(f *testing.F) {
+	f.Add(`"default";r=0;t=30`, "0", "20", "0", "5")
+	f.Add("limit=100, remaining=0, reset=7", "1", "x", "-1", "1800000000")
+	f.Add(`"a";r=0;t=5, "b";r=1;t=9`, "", "", "0, 0", "99999999999999999999")
+	f.Fuzz(func(t *testing.T, rl, rem, reset, xrem, xreset string) {
+		h := http.Header{}
+		for k, v := range map[string]string{hdrRateLimit: rl, hdrRLRemaining: rem, hdrRLReset: reset, hdrXRLRemaining: xrem, hdrXRLReset: xreset} {
+			if v != "" {
+				h[k] = strings.Split(v, "\n")
+			}
+		}
+		d, res := rateLimitPause(h, time.Unix(1_800_000_000, 0))
+		if d < 0 || d > maxRetryAfterHeader || (res != retryAfterValid && d != 0) {
+			t.Fatalf("rateLimitPause(%v) = %v, %v", h, d, res)
+		}
+	})
+}

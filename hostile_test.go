@@ -324,3 +324,37 @@ func TestHostileUserinfoRedacted(t *testing.T) {
 		}
 	}
 }
+
+// TestHostileRateLimit: broken rate-limit fields on a 200 are ignored and
+// counted, and never pause the host.
+func TestHostileRateLimit(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		h    http.Header
+	}{
+		{"negative reset", http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {"-1"}}},
+		{"huge reset", http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {"99999999999999999999"}}},
+		{"unix reset past a day", http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {"9999999999"}}},
+		{"several remaining", http.Header{"X-Ratelimit-Remaining": {"0", "0"}, "X-Ratelimit-Reset": {"5"}}},
+		{"malformed remaining", http.Header{"X-Ratelimit-Remaining": {"\x00none™"}, "X-Ratelimit-Reset": {"5"}}},
+		{"ietf negative", http.Header{"Ratelimit": {`"d";r=0;t=-3`}}},
+		{"ietf huge", http.Header{"Ratelimit": {`"d";r=0;t=86401`}}},
+		{"ietf malformed", http.Header{"Ratelimit": {`"d";r=zero;t=3`}}},
+		{"draft fields negative", http.Header{"Ratelimit-Remaining": {"0"}, "Ratelimit-Reset": {"-7"}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &statusBase{codes: []int{200}, header: tt.h}
+				tr := mustNew(t, Config{Base: base, Default: only(Policy{}, "pushback")})
+				for i := range 2 {
+					if _, err := sendOnce(t, tr, http.MethodGet, "http://api.test/"); err != nil {
+						t.Fatalf("call %d: %v; want it sent", i+1, err)
+					}
+				}
+				if n := tr.Snapshot().RetryAfterIgnored; n != 2 {
+					t.Errorf("ignored %d, want 2", n)
+				}
+			})
+		})
+	}
+}

@@ -50,6 +50,8 @@ package bulwark
 //	rep.fallbackServed(ctx, kind)    // "stale", "constant" or "func"
 //	rep.breakerStateChanged(from, to)
 //	rep.pushbackChanged(active, until)
+//	rep.limitChanged(name, old, new) // an adaptive bulkhead limit moved by a quarter or more
+//	rep.throttleChanged(old, new)    // the throttle probability moved by 0.1 or more
 //	rep.endpointChanged(ctx, ev)     // an outlier ejection or return (outlier.go's endpointEvent)
 //
 // The gauges read Transport.Snapshot, never a layer's fields.
@@ -88,6 +90,8 @@ package bulwark
 //	bulwark.breaker.state          0 closed, 1 half-open, 2 open (the worst host)
 //	bulwark.bulkhead.in_flight     slots held (summed over the upstream's hosts)
 //	bulwark.bulkhead.queued        requests waiting for a slot (summed)
+//	bulwark.bulkhead.limit         the concurrency limit in force (summed), adaptive or fixed
+//	bulwark.throttle.probability   the SRE throttle's local rejection probability, in parts per million (the highest host)
 //	bulwark.retry.budget.remaining retries the budget allows now (the scarcest host)
 //	bulwark.outlier.ejected        instances ejected now (summed over the upstream's hosts)
 //
@@ -171,6 +175,7 @@ const (
 	layerBreaker  = "breaker"
 	layerBulkhead = "bulkhead"
 	layerPushback = "pushback"
+	layerThrottle = "throttle"
 	layerBudget   = "budget"
 	layerDeadline = "deadline"
 )
@@ -186,6 +191,7 @@ const (
 	outcomeBreaker     = "breaker_open"
 	outcomeBulkhead    = "bulkhead_full"
 	outcomePushback    = "pushback"
+	outcomeThrottled   = "throttled"
 	outcomeBudget      = "retry_budget"
 	outcomeTooShort    = "deadline_too_short"
 	outcomeError       = "error" // any other transport error
@@ -612,6 +618,28 @@ func (hs *reporter) pushbackChanged(active bool, until time.Time) {
 	}
 }
 
+// limitChanged reports, at Info, that the adaptive bulkhead limit of name
+// (the host, or an instance) moved from old to limit.
+func (hs *reporter) limitChanged(name string, old, limit int) {
+	ctx := context.Background()
+	if l := hs.logger; l.Enabled(ctx, slog.LevelInfo) {
+		l.LogAttrs(ctx, slog.LevelInfo, "bulwark: adaptive limit changed",
+			slog.String("upstream", hs.upstream), slog.String("host", name),
+			slog.Int("from", old), slog.Int("to", limit))
+	}
+}
+
+// throttleChanged reports, at Info, that the host's client-side throttle
+// probability moved from old to p.
+func (hs *reporter) throttleChanged(old, p float64) {
+	ctx := context.Background()
+	if l := hs.logger; l.Enabled(ctx, slog.LevelInfo) {
+		l.LogAttrs(ctx, slog.LevelInfo, "bulwark: throttle probability changed",
+			slog.String("upstream", hs.upstream), slog.String("host", hs.host),
+			slog.Float64("from", old), slog.Float64("to", p))
+	}
+}
+
 // gaugeAgg says how a gauge combines the values of the hosts that share an
 // upstream label.
 type gaugeAgg int
@@ -687,6 +715,18 @@ func (t *Transport) registerGauges() {
 			func(h HostSnapshot, observe func(string, int64)) {
 				for _, b := range h.bulkheads() {
 					observe(h.Upstream, int64(b.Queued))
+				}
+			}),
+		gauge("bulwark.bulkhead.limit", "Bulkhead concurrency limit in force, adaptive or fixed.", "{request}", gaugeSum,
+			func(h HostSnapshot, observe func(string, int64)) {
+				for _, b := range h.bulkheads() {
+					observe(h.Upstream, int64(b.Limit))
+				}
+			}),
+		gauge("bulwark.throttle.probability", "Client-side throttle's local rejection probability, in parts per million; the highest of the upstream's hosts.", "ppm", gaugeMax,
+			func(h HostSnapshot, observe func(string, int64)) {
+				if h.Throttle != nil {
+					observe(h.Upstream, int64(h.Throttle.Probability*1e6))
 				}
 			}),
 		gauge("bulwark.retry.budget.remaining", "Retries the retry budget allows now; the scarcest of the upstream's hosts.", "{retry}", gaugeMin,

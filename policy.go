@@ -43,6 +43,11 @@ type Policy struct {
 	// zero value sends requests to the URL's host as it is.
 	Endpoints Endpoints
 
+	// Throttle is client-side adaptive throttling per host: it refuses
+	// locally a share of requests that grows as the host accepts fewer of
+	// them; see Throttle. The zero value is off.
+	Throttle Throttle
+
 	// Fault injects latency, answers and connection resets into attempts,
 	// for chaos tests; see Fault. The zero value injects nothing, and the
 	// layer is then not in the stack.
@@ -58,6 +63,7 @@ func (p Policy) inherit(parent Policy) Policy {
 	p.Retry = p.Retry.inherit(parent.Retry)
 	p.Hedge = p.Hedge.inherit(parent.Hedge)
 	p.Endpoints = p.Endpoints.inherit(parent.Endpoints)
+	p.Throttle = p.Throttle.inherit(parent.Throttle)
 	p.Fault = p.Fault.inherit(parent.Fault)
 	return p
 }
@@ -74,6 +80,7 @@ func (p Policy) withDefaults() Policy {
 	p.Retry = p.Retry.withDefaults()
 	p.Hedge = p.Hedge.withDefaults()
 	p.Endpoints = p.Endpoints.withDefaults()
+	p.Throttle = p.Throttle.withDefaults()
 	return p
 }
 
@@ -93,6 +100,7 @@ func (p Policy) switches() error {
 		{"Hedge", p.Hedge.Disabled, p.Hedge.Enabled},
 		{"Endpoints", p.Endpoints.Disabled, p.Endpoints.Enabled},
 		{"Endpoints.Outlier", p.Endpoints.Outlier.Disabled, p.Endpoints.Outlier.Enabled},
+		{"Throttle", p.Throttle.Disabled, p.Throttle.Enabled},
 		{"Fault", p.Fault.Disabled, p.Fault.Enabled},
 	} {
 		if s.disabled && s.enabled {
@@ -122,6 +130,7 @@ func (p Policy) validate() error {
 		p.Bulkhead.validate(),
 		p.Fallback.validate(),
 		p.Endpoints.validate(),
+		p.Throttle.validate(),
 		p.Fault.validate(),
 	} {
 		if err != nil {

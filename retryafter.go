@@ -127,6 +127,11 @@ func (e *PushbackError) Unwrap() error { return ErrPushback }
 // its own time: a request waits for the latest pause of its priority or any
 // more important one.
 //
+// A response of any status whose rate-limit fields say a quota is spent
+// until a reset (RateLimit, RateLimit-Remaining / -Reset, X-RateLimit-
+// Remaining / -Reset; see ratelimit.go) pauses the whole host until then,
+// capped the same way.
+//
 // It also sends a priority set with WithPriority upstream as PriorityHeader,
 // so that the server's Shedder sees what the client's pushback saw.
 type pushbackStage struct {
@@ -181,7 +186,11 @@ func (p *pushbackStage) pass(next stage, req *http.Request, c call) (*http.Respo
 		req.Header[PriorityHeader] = []string{priorityNames[prio]}
 	}
 	resp, err := next.roundTrip(req, c)
-	if err != nil || !pushbackStatus(resp.StatusCode) {
+	if err != nil {
+		return resp, err
+	}
+	p.obeyRateLimit(resp) // ratelimit.go: a spent quota, on any status
+	if !pushbackStatus(resp.StatusCode) {
 		return resp, err
 	}
 	now := time.Now()

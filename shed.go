@@ -24,6 +24,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/bulwark-http/bulwark/internal/limit"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -222,6 +223,19 @@ type ShedConfig struct {
 	// otel.GetMeterProvider(); a noop provider turns them off.
 	MeterProvider metric.MeterProvider
 
+	// Adaptive makes the worker count learn from the handler's latency,
+	// with the gradient the client's adaptive bulkhead uses (see
+	// Bulkhead.Adaptive): it starts at Workers, which is its ceiling, and
+	// comes down to no fewer than MinWorkers while the handler's latency
+	// rises above its baseline, so a handler whose capacity shrank gets
+	// the work it can do and the rest is queued or refused fast. The
+	// critical reserve stays a share of the current count.
+	Adaptive bool
+
+	// MinWorkers is an adaptive worker count's floor. Zero means 1; more
+	// than Workers is an error. Ignored unless Adaptive.
+	MinWorkers int
+
 	// Name, when set, is the bulwark.shed.name attribute of every point of
 	// the Shedder's metrics, so that several Shedders on one MeterProvider
 	// (one per listener, or per handler) stay apart. Empty means no such
@@ -299,6 +313,13 @@ type ShedStats struct {
 	// mode (ShedConfig.Shadow), the requests it would have refused, which
 	// it served: those are not in Served.
 	Shed [NumShedReasons][NumPriorities]uint64
+	// ServedRetries and ShedRetries count the requests among those that
+	// were retries (see isRetry): a retry waits behind every first
+	// attempt of its priority.
+	ServedRetries, ShedRetries uint64
+	// Workers is the worker count in force: ShedConfig.Workers, or the
+	// adaptive count's current value.
+	Workers int
 }
 
 // ShedTotal is the number of refused requests, all reasons and priorities.
@@ -324,7 +345,9 @@ func (s ShedStats) ShedTotal() uint64 {
 // Under pressure lower priorities go first: a full queue gives a more
 // important arrival the place of its least important waiter, freed workers
 // go to the most important waiter, and a share of the workers is reserved
-// for PriorityCritical. A queued request whose caller's patience has run out
+// for PriorityCritical. Within a priority, retries go before first attempts
+// (AttemptHeader, grpc-previous-rpc-attempts, x-envoy-attempt-count; see
+// shed_retry.go). A queued request whose caller's patience has run out
 // is dropped before it is served (queue-time shedding, as CoDel does for
 // packets).
 //
@@ -351,13 +374,15 @@ func (s ShedStats) ShedTotal() uint64 {
 // registration lasts as long as the MeterProvider. A registration error
 // goes to otel.Handle; NewShedder does not fail over metrics.
 type Shedder struct {
-	next     http.Handler
-	classify func(*http.Request) Priority
-	workers  int // limit for PriorityCritical
-	shared   int // limit for every other priority: workers minus the reserve
-	queueCap int
-	maxWait  time.Duration
-	shadow   bool
+	next        http.Handler
+	classify    func(*http.Request) Priority
+	workers     int             // limit for PriorityCritical; with Adaptive, the ceiling
+	lim         *limit.Gradient // nil unless Adaptive
+	reserveFrac float64         // the critical reserve's share, for an adaptive count
+	shared      int             // limit for every other priority: workers minus the reserve
+	queueCap    int
+	maxWait     time.Duration
+	shadow      bool
 	// retryAfter is the Retry-After value, shared by every refusal so that
 	// writing one allocates nothing. Its capacity equals its length, so a
 	// later Header().Add copies rather than writing into it.
@@ -366,9 +391,9 @@ type Shedder struct {
 	now func() time.Time
 
 	mu       sync.Mutex
-	inflight int                                  // guarded by mu
-	queue    [numPriorities]fifo[waiter, *waiter] // guarded by mu; one per priority
-	queued   int                                  // guarded by mu; sum of the lists' lengths
+	inflight int                             // guarded by mu
+	queue    [numRanks]fifo[waiter, *waiter] // guarded by mu; one per rank (priority, then first attempt or retry)
+	queued   int                             // guarded by mu; sum of the lists' lengths
 
 	// Mirrors of inflight and queued, written under mu, so Stats reads
 	// them without contending with the hot path.
@@ -376,6 +401,8 @@ type Shedder struct {
 	statQueued   atomic.Int64
 	served       [numPriorities]atomic.Uint64
 	shed         [numShedReasons][numPriorities]atomic.Uint64
+	servedRetry  atomic.Uint64
+	shedRetry    atomic.Uint64
 }
 
 // Header values shared by every refusal, allocated once.
@@ -441,6 +468,9 @@ func NewShedder(next http.Handler, cfg ShedConfig) (*Shedder, error) {
 	if workers == 0 {
 		workers = DefaultWorkers()
 	}
+	if cfg.MinWorkers < 0 || (cfg.Adaptive && cfg.MinWorkers > workers) {
+		return nil, shedFieldError("MinWorkers", cfg.MinWorkers, "must be in [0, Workers]")
+	}
 	queue := cfg.Queue
 	switch {
 	case queue == 0:
@@ -472,15 +502,20 @@ func NewShedder(next http.Handler, cfg ShedConfig) (*Shedder, error) {
 		classify = DefaultPriority
 	}
 	s := &Shedder{
-		next:       next,
-		classify:   classify,
-		workers:    workers,
-		shared:     workers - reserved,
-		queueCap:   queue,
-		maxWait:    maxWait,
-		retryAfter: []string{strconv.FormatInt(secs, 10)},
-		now:        time.Now,
-		shadow:     cfg.Shadow,
+		next:        next,
+		classify:    classify,
+		workers:     workers,
+		shared:      workers - reserved,
+		reserveFrac: reserveFrac(cfg.ReservedCritical),
+		queueCap:    queue,
+		maxWait:     maxWait,
+		retryAfter:  []string{strconv.FormatInt(secs, 10)},
+		now:         time.Now,
+		shadow:      cfg.Shadow,
+	}
+	if cfg.Adaptive {
+		// Validated: 1 ≤ MinWorkers ≤ workers.
+		s.lim, _ = limit.New(limit.Config{Min: max(1, cfg.MinWorkers), Max: workers})
 	}
 	s.registerMetrics(cfg.MeterProvider, cfg.Name)
 	return s, nil
@@ -591,12 +626,13 @@ func formatValue(v any) string {
 // becomes free within r's patience, and refuses it with a 503 otherwise.
 func (s *Shedder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p := s.classify(r).clamp()
-	limit := s.shared
-	if p == PriorityCritical {
-		limit = s.workers
-	}
+	rk := rankOf(p, isRetry(r.Header))
 
 	s.mu.Lock()
+	workers, limit := s.capacityLocked()
+	if p == PriorityCritical {
+		limit = workers
+	}
 	// Every change of state hands free workers to the waiters who may use
 	// them (dispatchLocked), so a free worker this request may use means no
 	// waiter of its priority or above is being passed over.
@@ -604,7 +640,7 @@ func (s *Shedder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.inflight++
 		s.statInflight.Store(int64(s.inflight))
 		s.mu.Unlock()
-		s.serve(w, r, p)
+		s.serve(w, r, p, rk)
 		return
 	}
 	// No worker: queue, unless the request's patience is already spent.
@@ -612,7 +648,7 @@ func (s *Shedder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	if err := ctx.Err(); err != nil {
 		s.mu.Unlock()
-		s.refuse(w, r, p, doneReason(ctx))
+		s.refuseRank(w, r, rk, doneReason(ctx))
 		return
 	}
 	now := s.now()
@@ -624,21 +660,27 @@ func (s *Shedder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if !now.Before(patience) {
 		s.mu.Unlock()
-		s.refuse(w, r, p, ShedWaitedTooLong)
+		s.refuseRank(w, r, rk, ShedWaitedTooLong)
 		return
 	}
-	wt, ok := s.enqueueLocked(p, patience)
+	wt, ok := s.enqueueLocked(rk, patience)
 	s.mu.Unlock()
 	if !ok {
-		s.refuse(w, r, p, ShedQueueFull)
+		s.refuseRank(w, r, rk, ShedQueueFull)
 		return
 	}
 	s.wait(w, r, wt, !byDeadline)
 }
 
 // serve runs the wrapped handler on a worker this request holds.
-func (s *Shedder) serve(w http.ResponseWriter, r *http.Request, p Priority) {
+func (s *Shedder) serve(w http.ResponseWriter, r *http.Request, p Priority, rk rank) {
 	s.served[p].Add(1)
+	if rk.retry() {
+		s.servedRetry.Add(1)
+	}
+	if s.lim != nil {
+		defer s.sample(time.Now())
+	}
 	// Deferred so that a panicking handler (net/http recovers it) still
 	// gives its worker back.
 	defer s.release()
@@ -699,6 +741,7 @@ const (
 // waiter is one queued request.
 type waiter struct {
 	prio     Priority
+	rank     rank
 	state    uint8
 	ready    chan struct{} // buffered: the one send never blocks
 	patience time.Time     // the instant it stops waiting
@@ -709,13 +752,15 @@ func (w *waiter) fifoLinks() *links[waiter] { return &w.links }
 
 // enqueueLocked queues a request of priority p and the given patience, displacing a less important
 // waiter if the queue is full. It reports false when there is no room.
-func (s *Shedder) enqueueLocked(p Priority, patience time.Time) (*waiter, bool) {
+func (s *Shedder) enqueueLocked(rk rank, patience time.Time) (*waiter, bool) {
+	p := rk.priority()
 	if s.queued >= s.queueCap {
 		// The least important waiter gives way to a more important arrival:
-		// the newest of the lowest priority, so that those who have waited
-		// longest keep their place.
+		// the newest of the lowest rank, so that those who have waited
+		// longest keep their place. A first attempt outranks a retry of
+		// its own priority.
 		victim := (*waiter)(nil)
-		for q := numPriorities - 1; q > int(p); q-- {
+		for q := numRanks - 1; q > int(rk); q-- {
 			if victim = s.queue[q].tail; victim != nil {
 				break
 			}
@@ -725,8 +770,8 @@ func (s *Shedder) enqueueLocked(p Priority, patience time.Time) (*waiter, bool) 
 		}
 		s.settleLocked(victim, dropped)
 	}
-	w := &waiter{prio: p, patience: patience, ready: make(chan struct{}, 1)}
-	s.queue[p].push(w)
+	w := &waiter{prio: p, rank: rk, patience: patience, ready: make(chan struct{}, 1)}
+	s.queue[rk].push(w)
 	s.queued++
 	s.statQueued.Store(int64(s.queued))
 	return w, true
@@ -734,7 +779,7 @@ func (s *Shedder) enqueueLocked(p Priority, patience time.Time) (*waiter, bool) 
 
 // settleLocked takes w out of the queue in state st and wakes it.
 func (s *Shedder) settleLocked(w *waiter, st uint8) {
-	s.queue[w.prio].remove(w)
+	s.queue[w.rank].remove(w)
 	s.queued--
 	s.statQueued.Store(int64(s.queued))
 	w.state = st
@@ -747,10 +792,11 @@ func (s *Shedder) settleLocked(w *waiter, st uint8) {
 // waiter whose patience has run out is dropped rather than served: its
 // caller has stopped waiting for the answer, so serving it is pure waste.
 func (s *Shedder) dispatchLocked() {
-	for s.queued > 0 && s.inflight < s.workers {
+	workers, shared := s.capacityLocked()
+	for s.queued > 0 && s.inflight < workers {
 		var w *waiter
-		if w = s.queue[PriorityCritical].head; w == nil && s.inflight < s.shared {
-			for q := 1; q < numPriorities && w == nil; q++ {
+		if w = s.firstOf(PriorityCritical); w == nil && s.inflight < shared {
+			for q := 2; q < numRanks && w == nil; q++ {
 				w = s.queue[q].head
 			}
 		}
@@ -804,16 +850,16 @@ func (s *Shedder) wait(w http.ResponseWriter, r *http.Request, wt *waiter, useTi
 			// Granted as the context ended: the caller is gone, so give
 			// the worker to someone still waiting for an answer.
 			s.release()
-			s.refuse(w, r, wt.prio, doneReason(ctx))
+			s.refuseRank(w, r, wt.rank, doneReason(ctx))
 			return
 		}
-		s.serve(w, r, wt.prio)
+		s.serve(w, r, wt.prio, wt.rank)
 	case dropped:
-		s.refuse(w, r, wt.prio, ShedDisplaced)
+		s.refuseRank(w, r, wt.rank, ShedDisplaced)
 	case expired:
-		s.refuse(w, r, wt.prio, ShedWaitedTooLong)
+		s.refuseRank(w, r, wt.rank, ShedWaitedTooLong)
 	default: // left on its own
-		s.refuse(w, r, wt.prio, why)
+		s.refuseRank(w, r, wt.rank, why)
 	}
 }
 
@@ -831,6 +877,11 @@ func (s *Shedder) Stats() ShedStats {
 		for p := range st.Shed[r] {
 			st.Shed[r][p] = s.shed[r][p].Load()
 		}
+	}
+	st.ServedRetries, st.ShedRetries = s.servedRetry.Load(), s.shedRetry.Load()
+	st.Workers = s.workers
+	if s.lim != nil {
+		st.Workers = s.lim.Limit()
 	}
 	return st
 }

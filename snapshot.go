@@ -13,8 +13,9 @@ type Snapshot struct {
 	// Hosts has one entry per live host, sorted by Host then Scheme.
 	Hosts []HostSnapshot
 	// RetryAfterIgnored is how many Retry-After headers on 429 and 503
-	// responses were ignored because they were malformed, negative or asked
-	// for more than a day. A growing count means an upstream sends headers
+	// responses, and rate-limit fields (RateLimit, RateLimit-Remaining and
+	// -Reset, X-RateLimit-Remaining and -Reset) on any, were ignored because
+	// they were malformed, negative or asked for more than a day. A growing count means an upstream sends headers
 	// bulwark cannot obey.
 	RetryAfterIgnored uint64
 }
@@ -37,7 +38,8 @@ type HostSnapshot struct {
 	Bulkhead *BulkheadSnapshot // nil too for a balanced upstream: see Endpoints
 	Budget   *BudgetSnapshot
 	Pushback *PushbackSnapshot
-	Hedge    *HedgeSnapshot // nil unless the upstream hedges
+	Hedge    *HedgeSnapshot    // nil unless the upstream hedges
+	Throttle *ThrottleSnapshot // nil unless Throttle is enabled
 	// Endpoints are a balanced upstream's instances, each with its own
 	// bulkhead; nil for other hosts.
 	Endpoints []EndpointState

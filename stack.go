@@ -17,6 +17,9 @@ import (
 //     is also the one place hedges are launched (hedge.go), asking the
 //     breaker and bulkhead built here whether they would refuse one;
 //   - pushback refuses before the breaker counts anything;
+//   - the throttle, just above the breaker, counts what the host accepted
+//     of what it was sent: an open breaker's refusals are not requests the
+//     host turned down, and its own refusals never reach the breaker;
 //   - the breaker sees every attempt, outside the bulkhead, so an open
 //     breaker refuses before a slot is taken;
 //   - the balancer, below the breaker (which sees every attempt whichever
@@ -104,6 +107,13 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 			b = newBreaker(s, p.Breaker, e, t.randN)
 		}
 		s, parts, open = b, append(parts, b), b
+	}
+	if p.Throttle.Enabled {
+		th := newThrottle(s, p.Throttle, e, t.randN)
+		if old.throttle != nil {
+			th.throttleCounts = old.throttle
+		}
+		s, parts = th, append(parts, th)
 	}
 	var pause pauser
 	switch {
@@ -208,6 +218,7 @@ type kept struct {
 	pauses   *pauses
 	budget   *retryBudget
 	stale    *staleCache
+	throttle *throttleCounts
 }
 
 // reuseFrom picks the layers of prev (nil: none) whose state survives a
@@ -227,7 +238,8 @@ type kept struct {
 //   - the pushback pauses are always kept (they are the host's word, not
 //     the policy's);
 //   - the retry budget is kept when Retry.Budget is unchanged;
-//   - the stale cache is kept when Fallback.Stale is unchanged.
+//   - the stale cache is kept when Fallback.Stale is unchanged;
+//   - the throttle's counts are kept when Throttle is unchanged.
 //
 // Equal means reflect.DeepEqual, under which a non-nil func or an
 // interface holding one is never equal: a policy with a Resolver whose
@@ -262,6 +274,10 @@ func reuseFrom(prev, hs *hostState) kept {
 		case *retryStage:
 			if l.budget != nil && reflect.DeepEqual(q.Retry.Budget, p.Retry.Budget) {
 				k.budget = l.budget
+			}
+		case *throttleStage:
+			if reflect.DeepEqual(q.Throttle, p.Throttle) {
+				k.throttle = l.throttleCounts
 			}
 		case *fallbackStage:
 			if l.stale != nil && reflect.DeepEqual(q.Fallback.Stale, p.Fallback.Stale) {

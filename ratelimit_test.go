@@ -1,0 +1,100 @@
+package bulwark
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+func TestRateLimitPause(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	const (
+		absent  = retryAfterAbsent
+		valid   = retryAfterValid
+		ignored = retryAfterIgnored
+	)
+	for _, tc := range []struct {
+		name string
+		h    http.Header
+		d    time.Duration
+		res  retryAfterResult
+	}{
+		{"none", http.Header{}, 0, absent},
+		{"ietf spent", http.Header{hdrRateLimit: {`"default";r=0;t=30`}}, 30 * time.Second, valid},
+		{"ietf left", http.Header{hdrRateLimit: {`"default";r=5;t=30`}}, 0, absent},
+		{"ietf two policies, one spent", http.Header{hdrRateLimit: {`"burst";r=3;t=1, "day";r=0;t=600`}}, 600 * time.Second, valid},
+		{"ietf two spent, longest", http.Header{hdrRateLimit: {`"a";r=0;t=5`, `"b";r=0;t=9`}}, 9 * time.Second, valid},
+		{"ietf spent, no reset", http.Header{hdrRateLimit: {`"default";r=0`}}, 0, absent},
+		{"ietf negative", http.Header{hdrRateLimit: {`"default";r=0;t=-5`}}, 0, ignored},
+		{"ietf fraction", http.Header{hdrRateLimit: {`"default";r=0;t=1.5`}}, 0, ignored},
+		{"ietf r twice", http.Header{hdrRateLimit: {`"default";r=0;r=9;t=5`}}, 0, ignored},
+		{"ietf past a day", http.Header{hdrRateLimit: {`"default";r=0;t=86401`}}, 0, ignored},
+		{"ietf huge", http.Header{hdrRateLimit: {`"default";r=0;t=99999999999999999999999`}}, 0, ignored},
+		{"draft dict spent", http.Header{hdrRateLimit: {"limit=100, remaining=0, reset=7"}}, 7 * time.Second, valid},
+		{"draft dict left", http.Header{hdrRateLimit: {"limit=100, remaining=1, reset=7"}}, 0, absent},
+		{"draft fields", http.Header{hdrRLRemaining: {"0"}, hdrRLReset: {"12"}}, 12 * time.Second, valid},
+		{"x seconds", http.Header{hdrXRLRemaining: {"0"}, hdrXRLReset: {"20"}}, 20 * time.Second, valid},
+		{"x unix time", http.Header{hdrXRLRemaining: {"0"}, hdrXRLReset: {strconv.FormatInt(now.Unix()+45, 10)}}, 45 * time.Second, valid},
+		{"x unix time past", http.Header{hdrXRLRemaining: {"0"}, hdrXRLReset: {strconv.FormatInt(now.Unix()-45, 10)}}, 0, valid},
+		{"x unix time far", http.Header{hdrXRLRemaining: {"0"}, hdrXRLReset: {strconv.FormatInt(now.Unix()+2*86400, 10)}}, 0, ignored},
+		{"x left", http.Header{hdrXRLRemaining: {"3"}, hdrXRLReset: {"20"}}, 0, absent},
+		{"x negative remaining", http.Header{hdrXRLRemaining: {"-1"}, hdrXRLReset: {"20"}}, 0, ignored},
+		{"x two values", http.Header{hdrXRLRemaining: {"0", "5"}, hdrXRLReset: {"20"}}, 0, ignored},
+		{"x garbage reset", http.Header{hdrXRLRemaining: {"0"}, hdrXRLReset: {"soon"}}, 0, ignored},
+		{"x spent, no reset", http.Header{hdrXRLRemaining: {"0"}}, 0, absent},
+		{"x whitespace", http.Header{hdrXRLRemaining: {" 0 "}, hdrXRLReset: {"\t3"}}, 3 * time.Second, valid},
+	} {
+		d, res := rateLimitPause(tc.h, now)
+		if d != tc.d || res != tc.res {
+			t.Errorf("%s: rateLimitPause(%v) = %v, %v; want %v, %v", tc.name, tc.h, d, res, tc.d, tc.res)
+		}
+	}
+}
+
+// TestRateLimitPausesHost: a 200 saying the quota is spent until a reset
+// pauses the host until then, capped like Retry-After; the pause ends on
+// time.
+func TestRateLimitPausesHost(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		h     http.Header
+		pause time.Duration
+	}{
+		{"x-ratelimit", http.Header{"X-RateLimit-Remaining": {"0"}, "X-RateLimit-Reset": {"5"}}, 5 * time.Second},
+		{"ietf", http.Header{"RateLimit": {`"default";r=0;t=3`}}, 3 * time.Second},
+		{"capped", http.Header{"X-RateLimit-Remaining": {"0"}, "X-RateLimit-Reset": {"3600"}}, 10 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := http.Header{}
+				for k, v := range tc.h {
+					h[http.CanonicalHeaderKey(k)] = v
+				}
+				base := &statusBase{codes: []int{200}, header: h}
+				tr := mustNew(t, Config{Base: base, Default: only(Policy{Retry: Retry{MaxRetryAfter: 10 * time.Second}}, "pushback")})
+				if code, err := sendOnce(t, tr, http.MethodGet, "http://rl.test/"); err != nil || code != 200 {
+					t.Fatalf("first: %d, %v", code, err)
+				}
+				start := time.Now()
+				_, err := sendOnce(t, tr, http.MethodGet, "http://rl.test/")
+				var pe *PushbackError
+				if !errors.As(err, &pe) || pe.Until.Sub(start) != tc.pause {
+					t.Fatalf("second: %v, want a pause of %v", err, tc.pause)
+				}
+				time.Sleep(tc.pause)
+				if _, err := sendOnce(t, tr, http.MethodGet, "http://rl.test/"); err != nil {
+					t.Errorf("after the reset: %v, want it sent", err)
+				}
+				if n := base.sent(); n != 2 {
+					t.Errorf("base got %d, want 2", n)
+				}
+				if s := tr.Snapshot(); s.RetryAfterIgnored != 0 {
+					t.Errorf("ignored %d, want 0", s.RetryAfterIgnored)
+				}
+			})
+		})
+	}
+}

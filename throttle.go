@@ -1,0 +1,233 @@
+package bulwark
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/bulwark-http/bulwark/internal/window"
+)
+
+// Package defaults for Throttle.
+const (
+	DefaultThrottleK      = 2.0
+	DefaultThrottleWindow = time.Minute
+)
+
+// throttleBuckets is how many buckets the throttle's window rolls in; a
+// Window shorter than minThrottleWindow cannot give each one 10 ms.
+const (
+	throttleBuckets   = 10
+	minThrottleWindow = 100 * time.Millisecond
+)
+
+// ErrThrottled reports that the host's client-side throttle refused the
+// request locally, without sending it, because the host has recently
+// accepted too few of the requests sent to it (see Throttle). A
+// *ThrottledError matches it.
+var ErrThrottled error = errors.New("bulwark: client-side throttle rejected the request")
+
+// ThrottledError is the error for a request the host's throttle refused.
+// It matches ErrThrottled. One value is made per host and shared; do not
+// modify it.
+type ThrottledError struct {
+	Host string // "host:port"
+}
+
+func (e *ThrottledError) Error() string { return ErrThrottled.Error() + " for " + e.Host }
+
+// Unwrap returns ErrThrottled.
+func (e *ThrottledError) Unwrap() error { return ErrThrottled }
+
+// Throttle is client-side adaptive throttling, as Google's SRE book
+// (chapter 21, "Handling Overload") describes it: over the last Window,
+// each host's attempts (requests) and the ones it accepted (accepts) are
+// counted, and a new attempt is refused locally, with a *ThrottledError,
+// with probability
+//
+//	max(0, (requests − K·accepts) / (requests + 1))
+//
+// so a host that accepts everything is never throttled, and one that
+// accepts little gets a trickle of about K times what it accepts, enough to
+// see it recover, instead of everything the callers offer. It sheds
+// gradually, before the breaker trips and while it recovers. Refusals count
+// as requests, not accepts; refusals by the layers below (an open breaker,
+// a full bulkhead) and calls the caller gave up on count as neither. An
+// accept is any answer but a failure by the breaker's reckoning (5xx but
+// 501, 429, bulwark's timeouts, transport errors). The fallback answers a
+// refusal as it answers an open breaker.
+//
+// The zero value is off; set Enabled.
+type Throttle struct {
+	// K is how many requests per accept the host may receive before
+	// refusals start: 2 lets through twice what it accepts. Lower is more
+	// aggressive. Zero inherits from Default, then DefaultThrottleK; it
+	// must be ≥ 1.
+	K float64
+
+	// Window is how far back requests and accepts are counted, in ten
+	// buckets. Zero inherits from Default, then DefaultThrottleWindow (one
+	// minute); it must be at least 100 ms.
+	Window time.Duration
+
+	// MaxProbability caps the refusal probability, in [0, 1]. Zero
+	// inherits from Default, then 1: only the formula bounds it.
+	MaxProbability float64
+
+	// Enabled turns the throttle on for the upstream (or for every
+	// upstream, set in Default). An upstream inherits it from Default
+	// unless it sets Disabled.
+	Enabled bool
+
+	// Disabled turns the throttle off for an upstream whose Default set
+	// Enabled. Setting both is an error.
+	Disabled bool
+}
+
+func (t Throttle) inherit(parent Throttle) Throttle {
+	t.K = cmpOrFloat(t.K, parent.K)
+	if t.Window == 0 {
+		t.Window = parent.Window
+	}
+	t.MaxProbability = cmpOrFloat(t.MaxProbability, parent.MaxProbability)
+	t.Enabled = !t.Disabled && (t.Enabled || parent.Enabled)
+	return t
+}
+
+func cmpOrFloat(a, b float64) float64 {
+	if a != 0 {
+		return a
+	}
+	return b
+}
+
+func (t Throttle) withDefaults() Throttle {
+	t.K = cmpOrFloat(t.K, DefaultThrottleK)
+	if t.Window == 0 {
+		t.Window = DefaultThrottleWindow
+	}
+	t.MaxProbability = cmpOrFloat(t.MaxProbability, 1)
+	return t
+}
+
+func (t Throttle) validate() error {
+	switch {
+	case !(t.K >= 1) || math.IsInf(t.K, 0):
+		return fieldError("Throttle.K", t.K, "must be a finite number ≥ 1")
+	case t.Window < minThrottleWindow:
+		return fieldError("Throttle.Window", t.Window, "must be ≥ "+minThrottleWindow.String())
+	case !(t.MaxProbability >= 0 && t.MaxProbability <= 1):
+		return fieldError("Throttle.MaxProbability", t.MaxProbability, "must be in [0, 1]")
+	}
+	return nil
+}
+
+// Counter kinds of the throttle's window.
+const (
+	thRequests = iota
+	thAccepts
+)
+
+// throttleStage is per host, just above the breaker: below pushback, whose
+// pause is the host's explicit word and refuses first, and outside the
+// breaker, so that a breaker refusal is not counted as a request the host
+// turned down and a throttle refusal never reaches the breaker's window,
+// since it says nothing about the host. Below the retry layer, it counts
+// attempts, as the host receives them.
+type throttleStage struct {
+	next     stage
+	e        env
+	k, maxP  float64
+	randN    func(int64) int64
+	rejected *ThrottledError
+	// The counts, shared with the throttle of a stack Update builds for
+	// the same host and Throttle policy, so they outlive the change.
+	*throttleCounts
+}
+
+// throttleCounts is a host's throttle state.
+type throttleCounts struct {
+	mu       sync.Mutex
+	w        *window.Window
+	reported float64 // the probability last reported
+}
+
+func newThrottle(next stage, p Throttle, e env, randN func(int64) int64) *throttleStage {
+	// Validated: Window ≥ 100 ms, so ten buckets fit.
+	w, _ := window.New(int64(p.Window), throttleBuckets)
+	return &throttleStage{next: next, e: e, k: p.K, maxP: p.MaxProbability, randN: randN,
+		rejected: &ThrottledError{Host: e.host}, throttleCounts: &throttleCounts{w: w}}
+}
+
+// probability is the SRE formula on the counts, capped.
+func (t *throttleStage) probability(c window.Counts) float64 {
+	req, acc := float64(c[thRequests]), float64(c[thAccepts])
+	return min(t.maxP, max(0, (req-t.k*acc)/(req+1)))
+}
+
+// randUnit draws uniformly from [0, 1): from the Transport's randN when a
+// test set it, else from math/rand/v2's global source.
+func (t *throttleStage) randUnit() float64 {
+	if t.randN != nil {
+		return float64(t.randN(1<<53)) / (1 << 53)
+	}
+	return rand.Float64()
+}
+
+func (t *throttleStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+	now := time.Now().UnixNano()
+	t.mu.Lock()
+	p := t.probability(t.w.Sum(now))
+	t.mu.Unlock()
+	if p > 0 && t.randUnit() < p {
+		t.record(now, 1, 0)
+		t.e.rep.rejected(req.Context(), layerThrottle)
+		closeBody(req)
+		return nil, t.rejected
+	}
+	resp, err := t.next.roundTrip(req, c)
+	switch k := classify(resp, err); {
+	case !reached(k), k == kindCanceled, k == kindDeadline:
+		// Refused below, or the caller gave up: not the host's answer.
+	case k.health() == OutcomeFailure:
+		t.record(time.Now().UnixNano(), 1, 0)
+	default:
+		t.record(time.Now().UnixNano(), 1, 1)
+	}
+	return resp, err
+}
+
+// record counts requests and accepts at now, and reports the probability
+// when it has moved by 0.1 or more since last reported.
+func (t *throttleStage) record(now int64, requests, accepts int64) {
+	t.mu.Lock()
+	t.w.Add(now, window.Counts{thRequests: requests, thAccepts: accepts})
+	p := t.probability(t.w.Sum(now))
+	old := t.reported
+	moved := math.Abs(p-old) >= 0.1 || (p == 0) != (old == 0)
+	if moved {
+		t.reported = p
+	}
+	t.mu.Unlock()
+	if moved {
+		t.e.rep.throttleChanged(old, p)
+	}
+}
+
+// ThrottleSnapshot is a host's client-side throttle, as Snapshot reports it.
+type ThrottleSnapshot struct {
+	// Requests and Accepts are the counts over the window.
+	Requests, Accepts int64
+	// Probability is the chance a request is refused now.
+	Probability float64
+}
+
+func (t *throttleStage) snapshot(h *HostSnapshot) {
+	t.mu.Lock()
+	c := t.w.Sum(time.Now().UnixNano())
+	t.mu.Unlock()
+	h.Throttle = &ThrottleSnapshot{Requests: c[thRequests], Accepts: c[thAccepts], Probability: t.probability(c)}
+}
