@@ -48,12 +48,15 @@ demo:
 # the README's peers table from BENCHMARKS.md.
 BENCHSTAT := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 BENCHTIME ?= 300ms
+# How long bench/cmd/hedge offers each stack each scenario (the issue's 20 s).
+HEDGETIME ?= 20s
 bench:
 	mkdir -p bench/out
 	cd bench && $(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -cpu 1,2 -count 6 -timeout 30m . > out/cost.txt
 	cd bench && $(GO) run $(BENCHSTAT) out/cost.txt > out/benchstat.txt
 	cd bench && $(GO) run ./cmd/protect > out/protect.jsonl
-	cd bench && $(GO) run ./cmd/report -cost out/cost.txt -benchstat out/benchstat.txt -protect out/protect.jsonl > ../BENCHMARKS.md
+	cd bench && $(GO) run ./cmd/hedge -duration $(HEDGETIME) > out/hedge.md
+	cd bench && $(GO) run ./cmd/report -cost out/cost.txt -benchstat out/benchstat.txt -protect out/protect.jsonl -hedge out/hedge.md > ../BENCHMARKS.md
 	cd bench && $(GO) run ./cmd/readme -bench ../BENCHMARKS.md -readme ../README.md
 
 # Each fuzz target of the root package for a bounded time ($(FUZZTIME) each):

@@ -23,8 +23,21 @@ const resolveTimeout = 10 * time.Second
 // triedSet is the instances one call was sent to, so that a retry goes to
 // another one: the last maxTried of them.
 type triedSet struct {
+	mu  sync.Mutex // hedges of one call pick concurrently
 	ids [maxTried]uint32
 	n   uint8
+}
+
+func (t *triedSet) lock() {
+	if t != nil {
+		t.mu.Lock()
+	}
+}
+
+func (t *triedSet) unlock() {
+	if t != nil {
+		t.mu.Unlock()
+	}
 }
 
 // has reports whether the call already sent to instance id. t may be nil.
@@ -181,8 +194,11 @@ func (b *balancerStage) roundTrip(req *http.Request, c call) (*http.Response, er
 			set = b.set.Load()
 		}
 	}
+	// Hedges pick while the attempt they hedge runs: the set is shared.
+	c.tried.lock()
 	in := b.pick(set, c.tried)
 	c.tried.mark(in.id)
+	c.tried.unlock()
 	in.inflight.Add(1)
 	in.sent.Add(1)
 	returned := false

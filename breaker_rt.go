@@ -773,3 +773,15 @@ func (b *breakerCore) setControl(c BreakerControl) { b.control.Store(uint32(c)) 
 
 // breakerController is a layer that takes a manual breaker override.
 type breakerController interface{ setControl(BreakerControl) }
+
+// open reports whether the breaker refuses requests now (open, or forced
+// open), so that the retry layer sends no hedge into it. One atomic load
+// or two; a half-open breaker answers false and lets its probes decide,
+// and so does one in shadow mode, which refuses nothing.
+func (b *breakerStage) open() bool {
+	if b.shadow {
+		return false
+	}
+	c := BreakerControl(b.control.Load())
+	return c == BreakerForceOpen || (c != BreakerForceClosed && b.holdUntil.Load() != 0)
+}

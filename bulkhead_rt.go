@@ -616,3 +616,13 @@ func abs(n int64) int64 {
 	}
 	return n
 }
+
+// isFull reports whether the slots a hedge may take are all held, so that
+// the retry layer sends no hedge that would queue, be refused, or take a
+// slot a first attempt needs: the last tenth of the slots (at least one
+// when there are ten or more) is kept for calls, not hedges. A racy read:
+// it is advice.
+func (b *bulkheadStage) isFull() bool {
+	limit := b.limitNow() // the limit in force (adaptive or fixed)
+	return b.inFlight.Load() >= limit-limit/10
+}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -240,7 +241,25 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	}
 	r.ctx, r.cancel = context.WithCancelCause(ctx)
 	r.limit.Store(limit)
-	r.timer = time.AfterFunc(ours.Sub(now), r.expire)
+	wait := ours.Sub(now)
+	if s := c.slot; s != nil {
+		s.set(r.cancel)
+		if s.delay > 0 && s.delay < wait {
+			// The attempt's one timer first fires at the hedge delay, to
+			// send a hedge, then bounds the attempt: no second timer.
+			r.hedge, r.until = s, ours
+			s.arm.Store(slotArmed)
+			wait = s.delay
+		}
+	}
+	if r.hedge != nil {
+		// Under hmu: a short delay may fire before the assignment.
+		r.hmu.Lock()
+		r.timer = time.AfterFunc(wait, r.expire)
+		r.hmu.Unlock()
+	} else {
+		r.timer = time.AfterFunc(wait, r.expire)
+	}
 	out := req.WithContext(r.ctx)
 	if a.header != "" {
 		out.Header = cloneHeader(req.Header)
@@ -267,7 +286,7 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	}()
 	resp, err := a.next.roundTrip(out, c)
 	returned = true
-	r.timer.Stop()
+	r.stopTimer()
 	if err != nil {
 		err = r.cut(err)
 		r.bodyEnd()
@@ -296,10 +315,48 @@ type attemptRun struct {
 	// here, in the attempt's one allocation.
 	vals [2]string
 	body body
+	// hedge, when not nil, is the hedge this attempt's timer sends first,
+	// until is then the attempt's bound; hmu orders the timer's re-arming
+	// for that bound before the attempt's Stop.
+	hedge *attemptSlot
+	until time.Time
+	hmu   sync.Mutex
 }
 
-// expire is the timer's work: end the attempt, naming the bound.
-func (r *attemptRun) expire() { r.cancel(r.limit.Load()) }
+// expire is the timer's work: end the attempt, naming the bound; or, the
+// first time when a hedge is armed, send the hedge and wait for the bound.
+func (r *attemptRun) expire() {
+	if s := r.hedge; s != nil {
+		r.hmu.Lock()
+		if s.arm.CompareAndSwap(slotArmed, slotTaken) {
+			left := time.Until(r.until)
+			if left > 0 {
+				r.timer.Reset(left)
+			}
+			r.hmu.Unlock()
+			if left > 0 {
+				s.run.fire()
+				return
+			}
+		} else {
+			r.hmu.Unlock()
+		}
+	}
+	r.cancel(r.limit.Load())
+}
+
+// stopTimer stops the timer once the attempt has its answer, disarming a
+// hedge not yet sent.
+func (r *attemptRun) stopTimer() {
+	if s := r.hedge; s != nil {
+		r.hmu.Lock()
+		s.arm.CompareAndSwap(slotArmed, slotDisarmed)
+		r.timer.Stop()
+		r.hmu.Unlock()
+		return
+	}
+	r.timer.Stop()
+}
 
 // cut names bulwark's bound in err, when one of ours ended the attempt and
 // the caller's own context had not.

@@ -35,6 +35,11 @@ type call struct {
 	// tried is the balancer's record of the instances this call was sent
 	// to; nil unless the host is balanced (the retry layer makes it).
 	tried *triedSet
+	// slot, when not nil, is where the attempt layer leaves the cancel of
+	// the attempt's context, so that the retry layer can end a hedge's
+	// loser; hedge marks an attempt sent beside another (its span says so).
+	slot  *attemptSlot
+	hedge bool
 }
 
 // deadline is the instant the call must be over by: the sooner of the

@@ -75,6 +75,7 @@ package bulwark
 //
 //	bulwark.requests          counter    {bulwark.upstream, bulwark.outcome}   calls, by final outcome
 //	bulwark.retries           counter    {bulwark.upstream, bulwark.retry.reason}
+//	bulwark.hedges            counter    {bulwark.upstream, bulwark.hedge} (sent, won, or skipped_<reason>)
 //	bulwark.rejections        counter    {bulwark.upstream, bulwark.layer}
 //	bulwark.shadow.rejections counter    {bulwark.upstream, bulwark.layer}     refusals a layer in shadow mode let through
 //	bulwark.fallbacks         counter    {bulwark.upstream, bulwark.fallback.kind}
@@ -158,6 +159,7 @@ const instrumentationName = "github.com/bulwark-http/bulwark"
 const (
 	spanRequest         = "bulwark.request"
 	eventRetry          = "bulwark.retry"
+	eventHedge          = "bulwark.hedge"
 	eventRejected       = "bulwark.rejected"
 	eventShadowRejected = "bulwark.shadow_rejected"
 	eventFallback       = "bulwark.fallback"
@@ -200,6 +202,7 @@ const (
 	keyUpstream       = attribute.Key("bulwark.upstream")
 	keyOutcome        = attribute.Key("bulwark.outcome")
 	keyAttempt        = attribute.Key("bulwark.attempt")
+	keyHedge          = attribute.Key("bulwark.hedge")
 	keyLayer          = attribute.Key("bulwark.layer")
 	keyRetryReason    = attribute.Key("bulwark.retry.reason")
 	keyRetryDelay     = attribute.Key("bulwark.retry.delay") // seconds, float
@@ -224,7 +227,7 @@ type observer struct {
 	meter   metric.Meter
 
 	requests, retries, rejections, fallbacks, transitions metric.Int64Counter
-	shadowRejections                                      metric.Int64Counter
+	shadowRejections, hedges                              metric.Int64Counter
 	ejections, returns, faults                            metric.Int64Counter
 	attemptDuration, retryDelay                           metric.Float64Histogram
 
@@ -304,6 +307,7 @@ func newObserver(cfg Config, logger *slog.Logger) *observer {
 	}
 	o.requests = counter("bulwark.requests", "Calls through bulwark, by final outcome.")
 	o.retries = counter("bulwark.retries", "Retries scheduled, by reason.")
+	o.hedges = counter("bulwark.hedges", "Hedged attempts sent, won, and skipped (by reason).")
 	o.rejections = counter("bulwark.rejections", "Requests bulwark refused to send, by the layer that refused.")
 	o.shadowRejections = counter("bulwark.shadow.rejections", "Requests a layer in shadow mode would have refused and sent anyway, by layer.")
 	o.fallbacks = counter("bulwark.fallbacks", "Final failures answered by a fallback, by kind.")
@@ -491,6 +495,17 @@ func (hs *reporter) retryScheduled(ctx context.Context, attempt int, delay time.
 			slog.String("upstream", hs.upstream), slog.String("host", hs.host),
 			slog.Int("attempt", attempt), slog.Duration("delay", delay),
 			slog.String("reason", reason), slog.Bool("retry_after", fromRetryAfter))
+	}
+}
+
+// hedge reports a hedging event: "sent", "won", or "skipped_" and the
+// reason (budget, deadline, breaker, pushback, bulkhead), a short fixed word.
+func (hs *reporter) hedge(ctx context.Context, what string) {
+	if recording(ctx) {
+		event(ctx, eventHedge, keyHedge.String(what))
+	}
+	if o := hs.o; o.metering() {
+		o.hedges.Add(ctx, 1, hs.labels(keyHedge, what).add...)
 	}
 }
 
@@ -865,7 +880,7 @@ func (r *observeStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	out := req
 	if tracing {
 		ctx, a.span = o.tracer.Start(ctx, spanName(req.Method),
-			trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(r.attrs(req, c.attempt)...))
+			trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(r.attrs(req, c.attempt, c.hedge)...))
 		out = req.WithContext(ctx)
 	}
 	if prop != nil {
@@ -967,7 +982,7 @@ func errorType(outcome string, err error) string {
 }
 
 // attrs are an attempt span's start attributes.
-func (r *observeStage) attrs(req *http.Request, attemptNo int) []attribute.KeyValue {
+func (r *observeStage) attrs(req *http.Request, attemptNo int, hedge bool) []attribute.KeyValue {
 	kv := make([]attribute.KeyValue, 0, 8)
 	kv = append(kv, methodAttr(req.Method))
 	if req.Method != "" && spanName(req.Method) == "HTTP" {
@@ -985,6 +1000,10 @@ func (r *observeStage) attrs(req *http.Request, attemptNo int) []attribute.KeyVa
 	}
 	if attemptNo > 1 {
 		kv = append(kv, semconv.HTTPRequestResendCountKey.Int(attemptNo-1))
+	}
+	if hedge {
+		// A hedge runs beside the attempt before it rather than after it.
+		kv = append(kv, keyHedge.String("hedge"))
 	}
 	return kv
 }

@@ -33,6 +33,10 @@ type Policy struct {
 	// Retry-After) and the host-wide pushback a Retry-After triggers.
 	Retry Retry
 
+	// Hedge sends a second attempt beside a slow one and takes the first
+	// answer; see Hedge. The zero value does not hedge.
+	Hedge Hedge
+
 	// Endpoints lists the instances behind a logical upstream (statically
 	// or through a Resolver), and turns on the balancer that sends each
 	// attempt to one of them and ejects the sick ones; see Endpoints. The
@@ -57,6 +61,7 @@ func (p Policy) inherit(parent Policy) Policy {
 	p.Breaker = p.Breaker.inherit(parent.Breaker)
 	p.Fallback = p.Fallback.inherit(parent.Fallback)
 	p.Retry = p.Retry.inherit(parent.Retry)
+	p.Hedge = p.Hedge.inherit(parent.Hedge)
 	p.Endpoints = p.Endpoints.inherit(parent.Endpoints)
 	p.Throttle = p.Throttle.inherit(parent.Throttle)
 	p.Fault = p.Fault.inherit(parent.Fault)
@@ -73,6 +78,7 @@ func (p Policy) withDefaults() Policy {
 	p.Breaker = p.Breaker.withDefaults(p.Timeout)
 	p.Fallback = p.Fallback.withDefaults()
 	p.Retry = p.Retry.withDefaults()
+	p.Hedge = p.Hedge.withDefaults()
 	p.Endpoints = p.Endpoints.withDefaults()
 	p.Throttle = p.Throttle.withDefaults()
 	return p
@@ -91,6 +97,7 @@ func (p Policy) switches() error {
 		{"Bulkhead", p.Bulkhead.Disabled, p.Bulkhead.Enabled},
 		{"Retry", p.Retry.Disabled, p.Retry.Enabled},
 		{"Retry.Budget", p.Retry.Budget.Disabled, p.Retry.Budget.Enabled},
+		{"Hedge", p.Hedge.Disabled, p.Hedge.Enabled},
 		{"Endpoints", p.Endpoints.Disabled, p.Endpoints.Enabled},
 		{"Endpoints.Outlier", p.Endpoints.Outlier.Disabled, p.Endpoints.Outlier.Enabled},
 		{"Throttle", p.Throttle.Disabled, p.Throttle.Enabled},
@@ -118,6 +125,7 @@ func (p Policy) validate() error {
 	for _, err := range []error{
 		p.Timeout.validate(),
 		p.Retry.validate(),
+		p.Hedge.validate(p.Timeout),
 		p.Breaker.validate(),
 		p.Bulkhead.validate(),
 		p.Fallback.validate(),

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/bulwark-http/bulwark/internal/latency"
 	"github.com/bulwark-http/bulwark/internal/window"
 	"github.com/hashicorp/go-retryablehttp"
 	"golang.org/x/time/rate"
@@ -352,6 +353,10 @@ type retryStage struct {
 	backoff    retryablehttp.Backoff
 	onRetry    func(*http.Request, RetryEvent)
 	budget     *retryBudget // nil: no budget
+	hedge      *hedger      // nil: no hedging
+	// lat is the host's recent latency: the hedge delay's quantile, and
+	// the median a retry or hedge must fit before the deadline.
+	lat *latency.Tracker
 }
 
 func newRetry(next stage, p Retry, e env, pause pauser, ignored *atomic.Uint64, randN func(int64) int64, balanced bool) *retryStage {
@@ -368,6 +373,7 @@ func newRetry(next stage, p Retry, e env, pause pauser, ignored *atomic.Uint64, 
 	if !p.Budget.Disabled {
 		r.budget = newRetryBudget(p.Budget)
 	}
+	r.lat = latency.New(defaultLatencyQuantile, latencyPeriod)
 	return r
 }
 
@@ -394,9 +400,24 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 	prevWait := r.base // Decorrelated jitter's "previous sleep" before the first
 	for attempt := 1; ; attempt++ {
 		c.attempt = attempt
-		resp, err := r.next.roundTrip(cur, c)
+		var resp *http.Response
+		var err error
+		if attempt == 1 && r.hedge != nil && replayable {
+			// The first round may send hedges: attempt becomes the
+			// number of the last attempt it sent.
+			var n int
+			resp, n, err = r.hedged(cur, req, c)
+			attempt = n
+		} else {
+			start := c.start
+			if attempt > 1 {
+				start = time.Now()
+			}
+			resp, err = r.next.roundTrip(cur, c)
+			r.record(classify(resp, err), start)
+		}
 		k := classify(resp, err)
-		if attempt == 1 && r.budget != nil && reached(k) {
+		if c.attempt == 1 && r.budget != nil && reached(k) {
 			// The budget counts calls that reached the host: one refused
 			// here by an open breaker or a pause is no request of its.
 			r.budget.call(c.start)
@@ -538,10 +559,11 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 			d.wait = max(d.wait, until.Sub(now))
 		}
 	}
-	// 8. The deadline: a wait that would end past it, or leave too little
-	// time to send, means returning the last outcome now rather than
-	// sleeping into a timeout and losing the response we have.
-	if dl, ok := c.deadline(req); ok && now.Add(d.wait+minSendTime).After(dl) {
+	// 8. The deadline: a wait that would end past it, or leave less than
+	// the host's median latency (at least minSendTime) to answer in, means
+	// returning the last outcome now rather than sleeping into a timeout
+	// and losing the response we have.
+	if dl, ok := c.deadline(req); ok && now.Add(d.wait+r.sendTime()).After(dl) {
 		return decision{}
 	}
 	// 9. The budget, last, so that no token is spent on a retry another
@@ -669,5 +691,8 @@ func (r *retryStage) snapshot(h *HostSnapshot) {
 	if r.budget != nil {
 		s := r.budget.state(time.Now())
 		h.Budget = &s
+	}
+	if r.hedge != nil {
+		h.Hedge = r.hedge.snapshot(r.lat)
 	}
 }

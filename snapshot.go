@@ -40,6 +40,7 @@ type HostSnapshot struct {
 	Bulkhead *BulkheadSnapshot // nil too for a balanced upstream: see Endpoints
 	Budget   *BudgetSnapshot
 	Pushback *PushbackSnapshot
+	Hedge    *HedgeSnapshot    // nil unless the upstream hedges
 	Throttle *ThrottleSnapshot // nil unless Throttle is enabled
 	// Endpoints are a balanced upstream's instances, each with its own
 	// bulkhead; nil for other hosts.

@@ -13,7 +13,9 @@ import (
 //   - fallback, outermost, sees only the call's final outcome;
 //   - the total deadline bounds everything below it, retries included;
 //   - the retry layer waits outside pushback, breaker and bulkhead, so a
-//     waiting retry holds no permit, and every attempt is seen below;
+//     waiting retry holds no permit, and every attempt is seen below; it
+//     is also the one place hedges are launched (hedge.go), asking the
+//     breaker and bulkhead built here whether they would refuse one;
 //   - pushback refuses before the breaker counts anything;
 //   - the throttle, just above the breaker, counts what the host accepted
 //     of what it was sent: an open breaker's refusals are not requests the
@@ -69,13 +71,18 @@ type hostShared struct {
 func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, []any) {
 	var s stage
 	var parts []any
+	// What the hedger asks before sending a hedge: is the breaker open,
+	// the bulkhead full? (A balanced upstream's bulkheads are per
+	// instance; the balancer's pick and each instance's bulkhead decide.)
+	var open opener
+	var full filler
 	switch {
 	case sh.built && sh.balancer != nil:
 		s = sh.balancer
 	case sh.built:
 		s = t.attemptStack(p, e, t.base)
 		if sh.bulkhead != nil {
-			s = sharedStage{via: sh.bulkhead, next: s}
+			s, full = sharedStage{via: sh.bulkhead, next: s}, sh.bulkhead
 		}
 	case old.balancer != nil:
 		s, parts, sh.balancer = old.balancer, append(parts, old.balancer), old.balancer
@@ -83,12 +90,12 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 		b := newBalancer(e, p, t.base, t.instanceStack)
 		s, parts, sh.balancer = b, append(parts, b), b
 	case old.bulkhead != nil:
-		s, parts, sh.bulkhead = old.bulkhead, append(parts, old.bulkhead), old.bulkhead
+		s, parts, sh.bulkhead, full = old.bulkhead, append(parts, old.bulkhead), old.bulkhead, old.bulkhead
 	default:
 		var bh *bulkheadStage
 		s, bh = t.instanceStack(p, e, t.base, e.host)
 		if bh != nil {
-			parts, sh.bulkhead = append(parts, bh), bh
+			parts, sh.bulkhead, full = append(parts, bh), bh, bh
 		}
 	}
 	if !p.Breaker.Disabled {
@@ -102,7 +109,7 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 				b.fleet = t.fleet // the host's breaker, not a route's
 			}
 		}
-		s, parts = b, append(parts, b)
+		s, parts, open = b, append(parts, b), b
 	}
 	if p.Throttle.Enabled {
 		th := newThrottle(s, p.Throttle, e, t.randN)
@@ -123,10 +130,22 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 		}
 		s, pause, parts, sh.pushback = pb, pb, append(parts, pb), pb
 	}
-	if !p.Retry.Disabled {
-		r := newRetry(s, p.Retry, e, pause, &t.ignoredRA, t.randN, p.Endpoints.enabled())
-		if old.budget != nil {
+	// Hedges and retries are one attempt scheduler: the retry layer. A
+	// policy that hedges but does not retry gets it with one attempt per
+	// round.
+	if !p.Retry.Disabled || p.Hedge.enabled() {
+		rp := p.Retry
+		if rp.Disabled {
+			rp.MaxAttempts = 1 + p.Hedge.MaxHedges
+			rp.Budget.Disabled = true
+		}
+		r := newRetry(s, rp, e, pause, &t.ignoredRA, t.randN, p.Endpoints.enabled())
+		if old.budget != nil && r.budget != nil {
 			r.budget = old.budget
+		}
+		if p.Hedge.enabled() {
+			r.hedge = newHedger(p.Hedge, open, full)
+			r.max = max(r.max, 1+p.Hedge.MaxHedges)
 		}
 		s, parts = r, append(parts, r)
 	}

@@ -357,3 +357,8 @@ func bulwarkWindow(p Params) time.Duration {
 	}
 	return p.Window
 }
+
+// HedgePolicy is the one hedging configuration bench/cmd/hedge measures on
+// both the long-tail and the sick upstream: the delay is the host's recent
+// p99 latency, never under 8 ms.
+var HedgePolicy = bulwark.Hedge{Quantile: 0.99, MinDelay: 8 * time.Millisecond}

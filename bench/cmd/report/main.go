@@ -83,6 +83,7 @@ func main() {
 	cost := flag.String("cost", "", "raw go test -bench output")
 	stat := flag.String("benchstat", "", "benchstat output")
 	prot := flag.String("protect", "", "protect JSON lines")
+	hedge := flag.String("hedge", "", "bench/cmd/hedge's Markdown table (optional)")
 	flag.Parse()
 
 	f, err := os.Open(*cost)
@@ -188,6 +189,20 @@ func main() {
 		}
 		p("| %s | %d / %d | %.0f %% | %.1f | %.2f | %s | %s |\n", r.Stack, r.SickReceived, r.SickOffered, 100*r.FastSuccess, r.DupPOST, r.BlipLoad, rec, slowDetect[r.Stack])
 	}
+	if *hedge != "" {
+		b, err := os.ReadFile(*hedge)
+		check(err)
+		p("\n%s", hedgeSection(string(b)))
+	}
+}
+
+// hedgeSection is the hedged-requests section around cmd/hedge's table.
+func hedgeSection(table string) string {
+	return "## Hedged requests (bench/cmd/hedge, 127.0.0.1)\n\n" +
+		"*long tail*: 1 % of attempts take 1 s (drawn per attempt; the handler returns when its request is cancelled), the rest 5 ms; " +
+		"*sick*: every attempt 200 ms. *load* = upstream requests ÷ calls. bulwark hedging is bench.HedgePolicy, one configuration for both " +
+		"(delay = the host's recent p99 latency, at least 8 ms, one hedge, from the retry budget); the peers: hedgedhttp 10 ms with one hedge, " +
+		"failsafe-go hedgepolicy with a fixed 10 ms or a p95 delay, with and without its budget (budget.New()).\n\n" + table
 }
 
 // target is one row of the Targets section.
