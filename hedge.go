@@ -3,6 +3,7 @@ package bulwark
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -253,6 +254,10 @@ type hedgeRun struct {
 	resp     *http.Response // the winner's, or the best failure so far
 	err      error
 	reached  bool // resp/err came from the host
+	// panicked is what a hedge's attempt panicked with, on the timer's
+	// goroutine: the caller panics with it once the round is over, as it
+	// would had its own attempt panicked.
+	panicked any
 	slots    [1 + maxHedgesLimit]attemptSlot
 	done     chan struct{} // receives once final is set
 }
@@ -292,6 +297,12 @@ func (r *retryStage) hedged(first *http.Request, req *http.Request, c call) (*ht
 	run.finish(0, resp, err)
 	<-run.done
 	run.mu.Lock()
+	if p := run.panicked; p != nil {
+		resp := run.resp
+		run.mu.Unlock()
+		discard(resp)
+		panic(p)
+	}
 	resp, err, n := run.resp, run.err, 1+run.launched
 	if run.won && run.winner > 0 {
 		h.won.Add(1)
@@ -352,9 +363,33 @@ func (run *hedgeRun) fire() {
 	}
 	c.hedge = true
 	start := time.Now()
-	resp, err := r.next.roundTrip(next, c)
+	resp, err, p := sendRecovering(r.next, next, c)
+	if p != nil {
+		run.mu.Lock()
+		if run.panicked == nil {
+			run.panicked = p
+		}
+		run.mu.Unlock()
+	}
 	r.record(classify(resp, err), start)
 	run.finish(i, resp, err)
+}
+
+// errHedgePanicked is a hedge attempt's outcome when the layer below it
+// panicked; the panic itself goes to the caller (hedgeRun.panicked).
+var errHedgePanicked = errors.New("bulwark: a hedge attempt panicked")
+
+// sendRecovering sends one hedge attempt on the timer's goroutine, where a
+// panic would take the process down: it returns the panic's value instead,
+// the layers below having released what they held on the way out.
+func sendRecovering(next stage, req *http.Request, c call) (resp *http.Response, err error, p any) {
+	defer func() {
+		if v := recover(); v != nil {
+			resp, err, p = nil, errHedgePanicked, v
+		}
+	}()
+	resp, err = next.roundTrip(req, c)
+	return resp, err, nil
 }
 
 // finish takes attempt i's outcome: the first answer not worth retrying

@@ -429,3 +429,33 @@ func TestHedgeObserved(t *testing.T) {
 		}
 	})
 }
+
+// TestHedgePanicReachesCaller: a base that panics under a hedge, on the
+// timer's goroutine, does not take the process down: the caller panics
+// with the value once the round is over, and no slot is left held.
+func TestHedgePanicReachesCaller(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var n atomic.Int32
+		base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			if n.Add(1) == 2 {
+				panic("hedge boom")
+			}
+			<-req.Context().Done()
+			return nil, context.Cause(req.Context())
+		})
+		tr := mustNew(t, Config{Base: base, Default: hedgePolicy(Hedge{Delay: 10 * time.Millisecond}, "bulkhead")})
+		var got any
+		func() {
+			defer func() { got = recover() }()
+			req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://h.test/", nil)
+			tr.RoundTrip(req)
+		}()
+		if got != "hedge boom" {
+			t.Fatalf("recovered %v, want the hedge's panic", got)
+		}
+		synctest.Wait()
+		if f, q, ok := bulkheadStats(tr, "h.test:80"); !ok || f != 0 || q != 0 {
+			t.Errorf("bulkhead holds %d, queues %d after the panic; want none", f, q)
+		}
+	})
+}
