@@ -363,7 +363,7 @@ func (run *hedgeRun) fire() {
 	}
 	c.hedge = true
 	start := time.Now()
-	resp, err, p := sendRecovering(r.next, next, c)
+	resp, p, err := sendRecovering(r.next, next, c)
 	if p != nil {
 		run.mu.Lock()
 		if run.panicked == nil {
@@ -382,14 +382,14 @@ var errHedgePanicked = errors.New("bulwark: a hedge attempt panicked")
 // sendRecovering sends one hedge attempt on the timer's goroutine, where a
 // panic would take the process down: it returns the panic's value instead,
 // the layers below having released what they held on the way out.
-func sendRecovering(next stage, req *http.Request, c call) (resp *http.Response, err error, p any) {
+func sendRecovering(next stage, req *http.Request, c call) (resp *http.Response, p any, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			resp, err, p = nil, errHedgePanicked, v
+			resp, p, err = nil, v, errHedgePanicked
 		}
 	}()
 	resp, err = next.roundTrip(req, c)
-	return resp, err, nil
+	return resp, nil, err
 }
 
 // finish takes attempt i's outcome: the first answer not worth retrying
