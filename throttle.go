@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bulwark-http/bulwark/internal/window"
@@ -85,6 +86,15 @@ type Throttle struct {
 	// Disabled turns the throttle off for an upstream whose Default set
 	// Enabled. Setting both is an error.
 	Disabled bool
+
+	// Shadow runs the throttle in shadow mode: it counts and draws as it
+	// would, and where it would refuse it reports the refusal (the
+	// bulwark.shadow.rejections counter, a span event,
+	// ThrottleSnapshot.WouldReject) and sends the request anyway, so K can
+	// be tuned on real traffic before it is enforced. The counts then hold
+	// what the host really received, which an enforcing throttle's would
+	// not. An upstream inherits Shadow from Default (or-ed).
+	Shadow bool
 }
 
 func (t Throttle) inherit(parent Throttle) Throttle {
@@ -94,6 +104,7 @@ func (t Throttle) inherit(parent Throttle) Throttle {
 	}
 	t.MaxProbability = cmpOrFloat(t.MaxProbability, parent.MaxProbability)
 	t.Enabled = !t.Disabled && (t.Enabled || parent.Enabled)
+	t.Shadow = t.Shadow || parent.Shadow
 	return t
 }
 
@@ -143,6 +154,7 @@ type throttleStage struct {
 	k, maxP  float64
 	randN    func(int64) int64
 	rejected *ThrottledError
+	shadow   bool
 	// The counts, shared with the throttle of a stack Update builds for
 	// the same host and Throttle policy, so they outlive the change.
 	*throttleCounts
@@ -153,13 +165,15 @@ type throttleCounts struct {
 	mu       sync.Mutex
 	w        *window.Window
 	reported float64 // the probability last reported
+	// wouldReject counts the refusals of a throttle in shadow mode.
+	wouldReject atomic.Uint64
 }
 
 func newThrottle(next stage, p Throttle, e env, randN func(int64) int64) *throttleStage {
 	// Validated: Window ≥ 100 ms, so ten buckets fit.
 	w, _ := window.New(int64(p.Window), throttleBuckets)
 	return &throttleStage{next: next, e: e, k: p.K, maxP: p.MaxProbability, randN: randN,
-		rejected: &ThrottledError{Host: e.host}, throttleCounts: &throttleCounts{w: w}}
+		rejected: &ThrottledError{Host: e.host}, shadow: p.Shadow, throttleCounts: &throttleCounts{w: w}}
 }
 
 // probability is the SRE formula on the counts, capped.
@@ -183,11 +197,21 @@ func (t *throttleStage) roundTrip(req *http.Request, c call) (*http.Response, er
 	p := t.probability(t.w.Sum(now))
 	t.mu.Unlock()
 	if p > 0 && t.randUnit() < p {
+		if t.shadow {
+			t.wouldReject.Add(1)
+			t.e.rep.shadowRejected(req.Context(), layerThrottle)
+			return t.send(req, c)
+		}
 		t.record(now, 1, 0)
 		t.e.rep.rejected(req.Context(), layerThrottle)
 		closeBody(req)
 		return nil, t.rejected
 	}
+	return t.send(req, c)
+}
+
+// send sends req and counts the host's answer.
+func (t *throttleStage) send(req *http.Request, c call) (*http.Response, error) {
 	resp, err := t.next.roundTrip(req, c)
 	switch k := classify(resp, err); {
 	case !reached(k), k == kindCanceled, k == kindDeadline:
@@ -223,11 +247,16 @@ type ThrottleSnapshot struct {
 	Requests, Accepts int64
 	// Probability is the chance a request is refused now.
 	Probability float64
+	// Shadow reports shadow mode (Throttle.Shadow), and WouldReject how
+	// many requests it would have refused and sent instead.
+	Shadow      bool
+	WouldReject uint64
 }
 
 func (t *throttleStage) snapshot(h *HostSnapshot) {
 	t.mu.Lock()
 	c := t.w.Sum(time.Now().UnixNano())
 	t.mu.Unlock()
-	h.Throttle = &ThrottleSnapshot{Requests: c[thRequests], Accepts: c[thAccepts], Probability: t.probability(c)}
+	h.Throttle = &ThrottleSnapshot{Requests: c[thRequests], Accepts: c[thAccepts], Probability: t.probability(c),
+		Shadow: t.shadow, WouldReject: t.wouldReject.Load()}
 }
