@@ -80,6 +80,8 @@ type DebugHost struct {
 	Bulkhead *DebugBulkhead `json:"bulkhead,omitempty"` // left out for a balanced upstream: see Endpoints
 	Budget   *DebugBudget   `json:"budget,omitempty"`
 	Pushback *DebugPushback `json:"pushback,omitempty"`
+	Hedge    *DebugHedge    `json:"hedge,omitempty"`
+	Throttle *DebugThrottle `json:"throttle,omitempty"`
 	// Endpoints are a balanced upstream's instances.
 	Endpoints []DebugEndpoint `json:"endpoints,omitempty"`
 	// History is the host's samples, oldest first: what the sparkline
@@ -116,6 +118,32 @@ type DebugBulkhead struct {
 	MaxQueue      int    `json:"max_queue"`      // the queue's bound
 	Shadow        bool   `json:"shadow"`         // Bulkhead.Shadow
 	WouldReject   uint64 `json:"would_reject"`   // refusals it let through in shadow mode
+}
+
+// DebugHedge is a host's hedging (HedgeSnapshot).
+type DebugHedge struct {
+	// Sent is the hedges sent, Won those whose answer the caller got, and
+	// Skipped those due but not sent (budget, deadline, breaker, pause,
+	// bulkhead, summed).
+	Sent    uint64 `json:"sent"`
+	Won     uint64 `json:"won"`
+	Skipped uint64 `json:"skipped"`
+	// DelayMs is the delay a hedge would wait now, in milliseconds; zero
+	// while a quantile delay has too few samples.
+	DelayMs float64 `json:"delay_ms"`
+}
+
+// DebugThrottle is a host's client-side throttle (ThrottleSnapshot).
+type DebugThrottle struct {
+	// Requests and Accepts are the counts over the window; Probability
+	// the chance a request is refused now, in [0, 1].
+	Requests    int64   `json:"requests"`
+	Accepts     int64   `json:"accepts"`
+	Probability float64 `json:"probability"`
+	// Shadow is shadow mode (Throttle.Shadow); WouldReject counts the
+	// requests it would have refused and sent.
+	Shadow      bool   `json:"shadow"`
+	WouldReject uint64 `json:"would_reject"`
 }
 
 // DebugBudget is a retry budget's state (BudgetSnapshot).
@@ -325,6 +353,15 @@ func debugHost(h HostSnapshot, now time.Time) DebugHost {
 		}
 		dh.Pushback = dp
 	}
+	if hg := h.Hedge; hg != nil {
+		sk := hg.Skipped
+		dh.Hedge = &DebugHedge{Sent: hg.Sent, Won: hg.Won, DelayMs: float64(hg.Delay) / float64(time.Millisecond),
+			Skipped: sk.Budget + sk.Deadline + sk.Breaker + sk.Pushback + sk.Bulkhead}
+	}
+	if th := h.Throttle; th != nil {
+		dh.Throttle = &DebugThrottle{Requests: th.Requests, Accepts: th.Accepts, Probability: th.Probability,
+			Shadow: th.Shadow, WouldReject: th.WouldReject}
+	}
 	for _, e := range h.Endpoints {
 		dh.Endpoints = append(dh.Endpoints, DebugEndpoint{Addr: e.Addr, Ejected: e.Ejected, EjectedUntil: e.EjectedUntil,
 			Ejections: e.Ejections, InFlight: e.InFlight, ConsecutiveFailures: e.ConsecutiveFailures,
@@ -389,7 +426,8 @@ var debugTemplate = template.Must(template.New("debug").Funcs(template.FuncMap{
 		in, f := sparkline(h)
 		return map[string]any{"In": in, "Fail": f, "N": len(h.History)}
 	},
-	"ts": func(t time.Time) string { return t.UTC().Format("15:04:05.000") },
+	"ts":  func(t time.Time) string { return t.UTC().Format("15:04:05.000") },
+	"pct": func(p float64) float64 { return 100 * p },
 }).Parse(`<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="refresh" content="2">
@@ -416,6 +454,8 @@ svg{background:#f4f4f4;border:1px solid #e0e0e0}
  window {{.Calls}} calls, {{.Failures}} failed, {{.Slow}} slow · trips {{.Trips}}{{if not .NextProbe.IsZero}} · next probe {{ts .NextProbe}}{{end}}{{if ne .Control "auto"}} · control {{.Control}}{{end}}{{if .Shadow}} · shadow: would have rejected {{.WouldReject}}{{end}}</td></tr>{{end}}
 {{with .Bulkhead}}<tr><th>bulkhead</th><td{{if ge .InFlight .MaxConcurrent}} class="full"{{end}}>{{.InFlight}} / {{.MaxConcurrent}} in flight · {{.Queued}} / {{.MaxQueue}} queued{{if ge .InFlight .MaxConcurrent}} · full{{end}}{{if .Shadow}} · shadow: would have rejected {{.WouldReject}}{{end}}</td></tr>{{end}}
 {{with .Budget}}<tr><th>retry budget</th><td>{{.Remaining}} retries left · window {{.Calls}} calls, {{.Retries}} retries</td></tr>{{end}}
+{{with .Hedge}}<tr><th>hedging</th><td>{{.Sent}} sent, {{.Won}} won, {{.Skipped}} skipped · delay {{printf "%.1f" .DelayMs}} ms</td></tr>{{end}}
+{{with .Throttle}}<tr><th>throttle</th><td>refuses {{printf "%.0f" (pct .Probability)}} % now · window {{.Requests}} requests, {{.Accepts}} accepted{{if .Shadow}} · shadow: {{.WouldReject}} would have been refused{{end}}</td></tr>{{end}}
 {{with .Pushback}}<tr><th>pushback</th><td>{{if .Until.IsZero}}none{{else}}<span class="full">paused until {{ts .Until}}</span>{{end}}{{range $p, $u := .Tiers}} · {{$p}} and below until {{ts $u}}{{end}}</td></tr>{{end}}
 </table>
 {{with .Endpoints}}<table class="endpoints"><tr><th>instance</th><th>status</th><th>ejections</th><th>in flight</th><th>failures in a row</th><th>requests</th></tr>

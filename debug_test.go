@@ -298,3 +298,27 @@ func TestDebugPageInChromium(t *testing.T) {
 		os.WriteFile(p, b, 0o644)
 	}
 }
+
+// TestDebugHedgeAndThrottle: a host's hedging and throttle reach the JSON
+// and the page.
+func TestDebugHedgeAndThrottle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := only(Policy{Throttle: Throttle{Enabled: true, Shadow: true}, Hedge: Hedge{Delay: 10 * time.Millisecond}}, "timeout", "retry")
+		tr := mustNew(t, Config{Base: &statusBase{codes: []int{503}}, Default: p})
+		sendOnce(t, tr, "GET", "http://a.test/")
+		d := newDebug(tr, time.Second, 5)
+		defer d.Close()
+		var page DebugPage
+		if err := json.Unmarshal(getDebug(t, d, "/json").Body.Bytes(), &page); err != nil {
+			t.Fatal(err)
+		}
+		h := page.Hosts[0]
+		if h.Hedge == nil || h.Throttle == nil || !h.Throttle.Shadow || h.Throttle.Requests == 0 {
+			t.Fatalf("host = %+v %+v, want hedge and a shadow throttle with requests", h.Hedge, h.Throttle)
+		}
+		html := getDebug(t, d, "/").Body.String()
+		if !strings.Contains(html, "hedging") || !strings.Contains(html, "throttle") {
+			t.Errorf("page has no hedging or throttle row")
+		}
+	})
+}
