@@ -69,7 +69,8 @@ func ExampleDeadlineHandler() {
 	// deadline set: false within 250ms: false
 }
 
-// A policy per upstream, every layer on: the reference note's tax call, with
+// A policy per upstream, every layer on: a slow tax service's call (the
+// outage Nygard's Release It! opens with), with
 // a timeout near its healthy p99.9, a breaker that trips on slowness, a
 // 40-slot bulkhead, budgeted retries, and the last good rate when all else
 // fails.

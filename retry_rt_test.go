@@ -675,7 +675,7 @@ func TestRetryCancelDuringSleep(t *testing.T) {
 
 // TestRetryBudget: under a sustained outage, requests reaching the upstream
 // stay within 1.2× those offered with the default budget (the naive three
-// attempts would give 3×, the reference note's three retries 4×).
+// attempts would give 3×, three retries on top of the call 4×).
 func TestRetryBudget(t *testing.T) {
 	for _, tc := range []struct {
 		name string
