@@ -3,6 +3,7 @@ package bulwark
 import (
 	"cmp"
 	"errors"
+	"fmt"
 	"math"
 	"net/http"
 	"sync"
@@ -111,6 +112,28 @@ type Bulkhead struct {
 	// evenly, 1/Rate apart. Ignored when Rate is zero.
 	Burst int
 
+	// FleetRate, when positive, is a quota the host gives the whole fleet:
+	// every process whose Config.Fleet implements FleetLeaser (redisfleet
+	// does) and sets the same FleetRate for the host sends it, together,
+	// at most FleetRate requests a second. Each process spends tokens
+	// leased ahead of need from a fleet-wide token bucket (FleetLeaser), so
+	// a request never waits on the store: one without a token is refused
+	// at once with a *RateLimitError, as Rate refuses one. Until its first
+	// lease, and while the store is unreachable, a process answers alone:
+	// from Rate's limiter when Rate is set, otherwise at its share of the
+	// quota as the last lease counted the processes (all of it, before
+	// any), unless FleetFailClosed is set. It applies with Rate, not
+	// instead of it. Zero inherits from Default, then no fleet quota. Set
+	// without a Config.Fleet that implements FleetLeaser it is an error.
+	FleetRate float64
+
+	// FleetFailClosed refuses the requests a FleetRate quota cannot vouch
+	// for, while the store is unreachable and before the first lease,
+	// rather than answering locally: for a quota whose excess costs more
+	// (a bill, a ban) than a refused request. An upstream inherits it from
+	// Default (it is or-ed).
+	FleetFailClosed bool
+
 	// Shadow runs the bulkhead in shadow mode: it takes slots, queues and
 	// takes rate-limit tokens as it would, and reports each refusal it
 	// would make (the bulwark.shadow.rejections metric, a
@@ -140,6 +163,8 @@ func (b Bulkhead) inherit(parent Bulkhead) Bulkhead {
 	b.MaxWait = cmp.Or(b.MaxWait, parent.MaxWait)
 	b.Rate = cmp.Or(b.Rate, parent.Rate)
 	b.Burst = cmp.Or(b.Burst, parent.Burst)
+	b.FleetRate = cmp.Or(b.FleetRate, parent.FleetRate)
+	b.FleetFailClosed = b.FleetFailClosed || parent.FleetFailClosed
 	b.Shadow = b.Shadow || parent.Shadow
 	b.Disabled = inheritOff(b.Disabled, b.Enabled, parent.Disabled)
 	return b
@@ -179,6 +204,8 @@ func (b Bulkhead) validate() error {
 		return fieldError("Bulkhead.Rate", b.Rate, "must be a finite number ≥ 0")
 	case b.Burst < 0:
 		return fieldError("Bulkhead.Burst", b.Burst, "must be ≥ 0")
+	case b.FleetRate < 0 || math.IsNaN(b.FleetRate) || math.IsInf(b.FleetRate, 0) || b.FleetRate > maxFleetRate:
+		return fieldError("Bulkhead.FleetRate", b.FleetRate, fmt.Sprintf("must be a finite number in [0, %d]", maxFleetRate))
 	}
 	return nil
 }
@@ -235,6 +262,7 @@ type bulkheadStage struct {
 	maxQueue      int
 	maxWait       time.Duration
 	limiter       *rate.Limiter // nil: no rate limit
+	quota         *fleetQuota   // nil: no fleet quota (fleetquota.go)
 	full          *BulkheadFullError
 	limited       *RateLimitError
 	shadow        bool
@@ -297,7 +325,13 @@ func (b *bulkheadStage) roundTrip(req *http.Request, c call) (*http.Response, er
 // own layer below, or a route's (see sharedStage), so that the routes of a
 // host share the host's slots.
 func (b *bulkheadStage) pass(next stage, req *http.Request, c call) (*http.Response, error) {
-	if b.limiter != nil {
+	if b.quota != nil && !b.quota.take(time.Now(), b.limiter != nil) {
+		if !b.shadowed(req, b.limited) {
+			b.refused(req, b.limited)
+			closeBody(req)
+			return nil, b.limited
+		}
+	} else if b.limiter != nil {
 		if err := b.waitRate(req, c); err != nil {
 			if b.shadowed(req, err) {
 				return b.next.roundTrip(req, c)

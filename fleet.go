@@ -57,6 +57,16 @@ import (
 // succeed, the others resume at the end of their grace. If the probes take
 // longer than the grace (a slow host), the others' own breakers decide.
 //
+// Retry budgets are shared the same way, as counts: a pod that retries
+// (or is refused a retry) publishes its budget window's calls and
+// retries, pods calling the host answer with theirs at most once a second
+// while that goes on, and each pod's budget spends from the sum (see
+// Budget). A healthy host, which nobody retries, costs no publish.
+//
+// A rate-limit quota for the whole fleet (Bulkhead.FleetRate) needs more
+// than published state: a Fleet that also implements FleetLeaser hands
+// out tokens of it by leases.
+//
 // Implementations must be safe for concurrent use by the two goroutines.
 type Fleet interface {
 	// Publish shares one update with the other pods. It is called from a
@@ -89,9 +99,13 @@ const (
 	// FleetBreakerCounts is a pod's closed breaker window for Host:
 	// Calls, Failures and Slow.
 	FleetBreakerCounts
+	// FleetBudgetCounts is a pod's retry-budget window for Host: Calls
+	// and Retries.
+	FleetBudgetCounts
 )
 
-// String returns "breaker-open", "pushback" or "breaker-counts".
+// String returns "breaker-open", "pushback", "breaker-counts" or
+// "budget-counts".
 func (k FleetKind) String() string {
 	switch k {
 	case FleetBreakerOpen:
@@ -100,6 +114,8 @@ func (k FleetKind) String() string {
 		return "pushback"
 	case FleetBreakerCounts:
 		return "breaker-counts"
+	case FleetBudgetCounts:
+		return "budget-counts"
 	}
 	return "fleet-kind(" + strconv.Itoa(int(k)) + ")"
 }
@@ -124,8 +140,9 @@ type FleetUpdate struct {
 	Shed     bool
 	Priority Priority
 	// Calls, Failures and Slow are, for FleetBreakerCounts, what the
-	// publisher's window holds.
-	Calls, Failures, Slow int64
+	// publisher's window holds; Calls and Retries, for FleetBudgetCounts,
+	// what its retry budget's window holds.
+	Calls, Failures, Slow, Retries int64
 	// From names the publishing pod, as the Fleet knows it (at most 64
 	// bytes); receiving pods keep one set of counts per From.
 	From string
@@ -192,7 +209,7 @@ type fleetLink struct {
 	f     Fleet
 	t     *Transport
 	out   chan FleetUpdate
-	dirty chan *breakerCore // breakers whose counts are to be published
+	dirty chan countsSource // breakers and budgets whose counts are to be published
 	sink  FleetSink
 
 	cancel context.CancelFunc
@@ -214,6 +231,8 @@ type fleetLink struct {
 
 	pendMu  sync.Mutex
 	pending map[fleetKey]FleetUpdate // at most maxFleetPending
+
+	quotas fleetQuotas // Bulkhead.FleetRate's leases (fleetquota.go)
 }
 
 // fleetKey is what one update overwrites: a kind of state of one host.
@@ -229,12 +248,17 @@ func newFleetLink(f Fleet, t *Transport) *fleetLink {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &fleetLink{f: f, t: t, out: make(chan FleetUpdate, fleetQueue), dirty: make(chan *breakerCore, fleetQueue), cancel: cancel,
+	l := &fleetLink{f: f, t: t, out: make(chan FleetUpdate, fleetQueue), dirty: make(chan countsSource, fleetQueue), cancel: cancel,
 		pending: make(map[fleetKey]FleetUpdate)}
 	l.sink.l = l
 	l.wg.Add(2)
 	go l.publishLoop(ctx)
 	go l.receiveLoop(ctx)
+	if lr, ok := f.(FleetLeaser); ok {
+		l.quotas = fleetQuotas{leaser: lr, kick: make(chan struct{}, 1), m: make(map[string]*fleetQuota)}
+		l.wg.Add(1)
+		go l.leaseLoop(ctx)
+	}
 	return l
 }
 
@@ -265,18 +289,25 @@ func (l *fleetLink) publish(u FleetUpdate) {
 	}
 }
 
+// countsSource is a window whose counts the fleet shares: a host's
+// breaker, or its retry budget.
+type countsSource interface {
+	counts() FleetUpdate
+	countsQueued() *atomic.Bool
+}
+
 // countsChanged queues b's counts for publishing, unless they already
 // wait: the update sent reads the window when it goes, so one queued per
-// host is enough however many calls count meanwhile. Under gobreaker's
-// mutex and winMu: the hand-off does not block.
-func (l *fleetLink) countsChanged(b *breakerCore) {
-	if l == nil || !b.peers.dirty.CompareAndSwap(false, true) {
+// host is enough however many calls count meanwhile. Under the source's
+// locks: the hand-off does not block.
+func (l *fleetLink) countsChanged(b countsSource) {
+	if l == nil || !b.countsQueued().CompareAndSwap(false, true) {
 		return
 	}
 	select {
 	case l.dirty <- b:
 	default:
-		b.peers.dirty.Store(false)
+		b.countsQueued().Store(false)
 		l.dropped.Add(1)
 	}
 }
@@ -289,7 +320,7 @@ func (l *fleetLink) publishLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case b := <-l.dirty:
-			b.peers.dirty.Store(false)
+			b.countsQueued().Store(false)
 			u = b.counts()
 		case u = <-l.out:
 		}
@@ -404,7 +435,7 @@ func (s *FleetSink) Apply(u FleetUpdate) {
 	if !u.Until.After(now) {
 		return
 	}
-	if u.Kind == FleetBreakerCounts {
+	if u.Kind == FleetBreakerCounts || u.Kind == FleetBudgetCounts {
 		// Counts matter only to a host in use: nothing is kept for later.
 		applied := false
 		l.t.eachHost(func(hs *hostState) {
@@ -449,10 +480,13 @@ func (s *FleetSink) Apply(u FleetUpdate) {
 
 func validFleetUpdate(u FleetUpdate, now time.Time) bool {
 	switch {
-	case u.Kind != FleetBreakerOpen && u.Kind != FleetPushback && u.Kind != FleetBreakerCounts:
+	case u.Kind != FleetBreakerOpen && u.Kind != FleetPushback && u.Kind != FleetBreakerCounts && u.Kind != FleetBudgetCounts:
 		return false
 	case u.Kind == FleetBreakerCounts && (u.From == "" || len(u.From) > 64 ||
 		u.Calls < 0 || u.Calls > maxWindowCalls || u.Failures < 0 || u.Failures > u.Calls || u.Slow < 0 || u.Slow > u.Calls):
+		return false
+	case u.Kind == FleetBudgetCounts && (u.From == "" || len(u.From) > 64 ||
+		u.Calls < 0 || u.Calls > maxBudgetCount || u.Retries < 0 || u.Retries > maxBudgetCount):
 		return false
 	case len(u.Host) == 0 || len(u.Host) > 300:
 		return false
@@ -495,11 +529,15 @@ func applyFleet(hs *hostState, u FleetUpdate, now time.Time) bool {
 		switch s := p.(type) {
 		case *breakerStage:
 			if u.Kind == FleetBreakerOpen && s.adoptOpen(u.Until, now) ||
-				u.Kind == FleetBreakerCounts && s.peers.set(u, now) {
+				u.Kind == FleetBreakerCounts && s.peers.set(u.From, breakerCounts(u), u.Until, now) {
 				changed = true
 			}
 		case *pushbackStage:
 			if u.Kind == FleetPushback && s.adoptPause(u, now) {
+				changed = true
+			}
+		case *retryStage:
+			if u.Kind == FleetBudgetCounts && s.budget != nil && s.budget.fleet != nil && s.budget.adoptCounts(u, now) {
 				changed = true
 			}
 		}
@@ -577,8 +615,18 @@ func (b *breakerCore) counts() FleetUpdate {
 		Calls: s[winCalls], Failures: s[winFailures], Slow: s[winSlow]}
 }
 
-// fleetPeers is what a breaker knows of the other pods' windows for its
-// host: each pod's latest counts, until they go stale.
+// breakerCounts is a FleetBreakerCounts update as a breaker window's counts.
+func breakerCounts(u FleetUpdate) window.Counts {
+	var c window.Counts
+	c[winCalls], c[winFailures], c[winSlow] = u.Calls, u.Failures, u.Slow
+	return c
+}
+
+// countsQueued is the breaker's flag for fleetLink.countsChanged.
+func (b *breakerCore) countsQueued() *atomic.Bool { return &b.peers.dirty }
+
+// fleetPeers is what a breaker or a retry budget knows of the other pods'
+// windows for its host: each pod's latest counts, until they go stale.
 type fleetPeers struct {
 	dirty atomic.Bool // counts queued for publishing (fleetLink.countsChanged)
 	mu    sync.Mutex
@@ -590,26 +638,24 @@ type peerCounts struct {
 	until time.Time
 }
 
-// set keeps u's counts for its pod, until at most fleetCountsFor from now.
-func (p *fleetPeers) set(u FleetUpdate, now time.Time) bool {
-	until := u.Until
+// set keeps the counts c of pod from, until at most fleetCountsFor from
+// now.
+func (p *fleetPeers) set(from string, c window.Counts, until, now time.Time) bool {
 	if cap := now.Add(fleetCountsFor); until.After(cap) {
 		until = cap
 	}
-	var c window.Counts
-	c[winCalls], c[winFailures], c[winSlow] = u.Calls, u.Failures, u.Slow
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.m == nil {
 		p.m = make(map[string]peerCounts)
 	}
-	if _, ok := p.m[u.From]; !ok && len(p.m) >= maxFleetPeers {
+	if _, ok := p.m[from]; !ok && len(p.m) >= maxFleetPeers {
 		p.expire(now)
 		if len(p.m) >= maxFleetPeers {
 			return false
 		}
 	}
-	p.m[u.From] = peerCounts{c: c, until: until}
+	p.m[from] = peerCounts{c: c, until: until}
 	return true
 }
 

@@ -293,13 +293,16 @@ func TestFleetHostileUpdates(t *testing.T) {
 			{Kind: FleetBreakerOpen, Host: "api.test:80", Until: now.Add(48 * time.Hour)},
 			{Kind: FleetPushback, Host: "api.test:80", Until: now.Add(time.Second), Shed: true, Priority: NumPriorities},
 			{Kind: FleetPushback, Host: "api.test:80", Until: now.Add(time.Second), Priority: 200},
+			{Kind: FleetBudgetCounts, Host: "api.test:80", Until: now.Add(time.Second), From: "x", Calls: 1, Retries: maxBudgetCount + 1},
+			{Kind: FleetBudgetCounts, Host: "api.test:80", Until: now.Add(time.Second), From: "x", Calls: -1},
+			{Kind: FleetBudgetCounts, Host: "api.test:80", Until: now.Add(time.Second), Calls: 1},
 		} {
 			sink.Apply(u)
 		}
 		sink.Invalid(errors.New("corrupt"))
 		fs := b.Snapshot().Fleet
-		if fs.Ignored != 8 || fs.Applied != 0 {
-			t.Fatalf("fleet snapshot %+v, want 8 ignored, none applied", fs)
+		if fs.Ignored != 11 || fs.Applied != 0 {
+			t.Fatalf("fleet snapshot %+v, want 11 ignored, none applied", fs)
 		}
 		if s, _ := breakerState(b, "api.test:80"); s != CircuitClosed {
 			t.Fatalf("breaker %v after junk, want closed", s)

@@ -200,6 +200,13 @@ type RetryEvent struct {
 // by the floor count against the ratio too, so the floor is a minimum, not
 // an addition: under a sustained outage with heavy traffic, retries
 // approach Ratio × calls and no more.
+//
+// With Config.Fleet, a host's budget is the fleet's: each pod that retries
+// (or is refused a retry) publishes its window's calls and retries, the
+// pods that call the host answer with theirs while that goes on, and
+// every pod counts the others' latest windows with its own, so the ratio
+// and the floor bound the retries of the whole fleet: MinPerSecond is then
+// the fleet's floor, not each pod's. A route's budget stays local.
 type Budget struct {
 	// Ratio is the most retries per call over the window, in (0, 1]. Zero
 	// inherits from Default, then DefaultBudgetRatio.
@@ -631,12 +638,20 @@ type retryBudget struct {
 
 	mu  sync.Mutex
 	win *window.Window // positions are unix nanoseconds
+
+	// With a Fleet, the host's budget (not a route's) is the fleet's:
+	// the other pods' windows count with this one's (fleetbudget.go).
+	fleet     *fleetLink
+	host      string
+	span      time.Duration // Window
+	peers     fleetPeers
+	published atomic.Int64 // when its counts were last queued, unix nanoseconds
 }
 
 func newRetryBudget(b Budget) *retryBudget {
 	// Window ≥ 100 ms (validated), so New cannot fail.
 	w, _ := window.New(int64(b.Window), budgetBuckets)
-	rb := &retryBudget{ratio: b.Ratio, win: w}
+	rb := &retryBudget{ratio: b.Ratio, win: w, span: b.Window}
 	if b.MinPerSecond > 0 {
 		rb.floorMax = b.MinPerSecond * b.Window.Seconds()
 		rb.floor = rate.NewLimiter(rate.Limit(b.MinPerSecond), max(1, int(math.Ceil(b.MinPerSecond))))
@@ -655,21 +670,28 @@ func (b *retryBudget) call(now time.Time) {
 type BudgetSnapshot struct {
 	// Calls and Retries are what the window holds now.
 	Calls, Retries int64
-	// Remaining is how many retries the budget would allow now: the room
-	// under the ratio or, if larger, the floor's.
+	// FleetCalls and FleetRetries are the other pods' windows as they
+	// last published them, still fresh (Config.Fleet): the budget is the
+	// fleet's, and spends from their sum.
+	FleetCalls, FleetRetries int64
+	// Remaining is how many retries the budget would allow now, the
+	// fleet's counted: the room under the ratio or, if larger, the
+	// floor's.
 	Remaining int64
 }
 
 func (b *retryBudget) state(now time.Time) BudgetSnapshot {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	sum := b.win.Sum(now.UnixNano())
+	own := b.win.Sum(now.UnixNano())
+	sum := b.peers.add(own, now)
 	calls, retries := sum[budgetCalls], sum[budgetRetries]
 	room := int64(b.ratio*float64(calls)) - retries
 	if b.floor != nil {
 		room = max(room, min(int64(b.floor.TokensAt(now)), int64(b.floorMax)-retries))
 	}
-	return BudgetSnapshot{Calls: calls, Retries: retries, Remaining: max(room, 0)}
+	return BudgetSnapshot{Calls: own[budgetCalls], Retries: own[budgetRetries], Remaining: max(room, 0),
+		FleetCalls: calls - own[budgetCalls], FleetRetries: retries - own[budgetRetries]}
 }
 
 // withdraw takes one retry from the budget, reporting whether there was room.
@@ -677,13 +699,14 @@ func (b *retryBudget) withdraw(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	pos := now.UnixNano()
-	sum := b.win.Sum(pos)
+	sum := b.peers.add(b.win.Sum(pos), now)
 	r := float64(sum[budgetRetries] + 1)
 	ok := r <= b.ratio*float64(sum[budgetCalls]) ||
 		(b.floor != nil && r <= b.floorMax && b.floor.AllowN(now, 1))
 	if ok {
 		b.win.Add(pos, window.Counts{budgetRetries: 1})
 	}
+	b.shareCounts(now) // a retry spent or refused: the fleet should know
 	return ok
 }
 

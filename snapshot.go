@@ -42,6 +42,7 @@ type HostSnapshot struct {
 	Pushback *PushbackSnapshot
 	Hedge    *HedgeSnapshot    // nil unless the upstream hedges
 	Throttle *ThrottleSnapshot // nil unless Throttle is enabled
+	Quota    *QuotaSnapshot    // nil unless Bulkhead.FleetRate is set and leased
 	// Endpoints are a balanced upstream's instances, each with its own
 	// bulkhead; nil for other hosts.
 	Endpoints []EndpointState
@@ -62,7 +63,7 @@ type snapshotter interface{ snapshot(*HostSnapshot) }
 func (t *Transport) Snapshot() Snapshot {
 	var s Snapshot
 	t.eachHost(func(hs *hostState) {
-		h := HostSnapshot{Host: hs.name, Scheme: hs.key.scheme, Upstream: hs.upstream}
+		h := HostSnapshot{Host: hs.name, Scheme: hs.key.scheme, Upstream: hs.upstream, Quota: t.fleet.quotaSnapshot(hs.name)}
 		for _, p := range hs.parts {
 			if sn, ok := p.(snapshotter); ok {
 				sn.snapshot(&h)

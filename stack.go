@@ -143,6 +143,10 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 		if old.budget != nil && r.budget != nil {
 			r.budget = old.budget
 		}
+		if r.budget != nil && !sh.built && r.budget.fleet == nil {
+			// The host's budget is the fleet's; a route's stays local.
+			r.budget.fleet, r.budget.host = t.fleet, e.host
+		}
 		if p.Hedge.enabled() {
 			r.hedge = newHedger(p.Hedge, open, full)
 			r.max = max(r.max, 1+p.Hedge.MaxHedges)
@@ -194,6 +198,7 @@ func (t *Transport) instanceStack(p *Policy, e env, base http.RoundTripper, name
 		return s, nil
 	}
 	bh := newBulkhead(s, p.Bulkhead, name, e.rep)
+	bh.quota = t.fleet.quota(e.host, p.Bulkhead) // per host, shared by its instances
 	return bh, bh
 }
 

@@ -122,9 +122,11 @@ type Config struct {
 	// to be evicted when MaxHosts is reached. Zero means DefaultHostIdle.
 	HostIdle time.Duration
 
-	// Fleet, if not nil, shares breaker verdicts and pushback pauses with
-	// the other processes calling the same hosts, off the request path (see
-	// Fleet); the Transport then runs two goroutines until Close. Nil means
+	// Fleet, if not nil, shares breaker verdicts and counts, pushback
+	// pauses and retry budgets with the other processes calling the same
+	// hosts, off the request path (see Fleet), and, when it implements
+	// FleetLeaser, Bulkhead.FleetRate quotas; the Transport then runs two
+	// goroutines (three with a FleetLeaser) until Close. Nil means
 	// each process decides alone. Like Base, it is New's: Update ignores
 	// it. Only each host's own breaker and pushback are shared, not the
 	// breakers of Routes.
@@ -186,6 +188,31 @@ type policies struct {
 	idle     time.Duration
 }
 
+// checkLeases refuses a Bulkhead.FleetRate that nothing would enforce:
+// the Fleet is not a FleetLeaser (or there is none).
+func (rs *policies) checkLeases(leases bool) error {
+	if leases {
+		return nil
+	}
+	all := []*route{rs.def}
+	for _, r := range rs.exact {
+		all = append(all, r)
+	}
+	for _, r := range rs.byHost {
+		all = append(all, r)
+	}
+	for _, r := range all {
+		if r.policy.Bulkhead.FleetRate > 0 && !r.policy.Bulkhead.Disabled {
+			err := fieldError("Bulkhead.FleetRate", r.policy.Bulkhead.FleetRate, "needs a Config.Fleet that implements FleetLeaser")
+			if r.upstream != "default" {
+				err = inUpstream(err, r.upstream)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
 // route is a compiled policy and the upstream label it goes by.
 type route struct {
 	upstream string // the Upstreams key, or "default"
@@ -241,6 +268,10 @@ const touchEvery = 10 * time.Millisecond
 func New(cfg Config) (*Transport, error) {
 	rs, err := compile(cfg)
 	if err != nil {
+		return nil, err
+	}
+	_, leases := cfg.Fleet.(FleetLeaser)
+	if err := rs.checkLeases(leases); err != nil {
 		return nil, err
 	}
 	t := &Transport{

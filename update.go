@@ -37,6 +37,9 @@ func (t *Transport) Update(cfg Config) error {
 	if err != nil {
 		return err
 	}
+	if err := rs.checkLeases(t.fleet != nil && t.fleet.quotas.leaser != nil); err != nil {
+		return err
+	}
 	t.updateMu.Lock()
 	defer t.updateMu.Unlock()
 
