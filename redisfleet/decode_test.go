@@ -41,17 +41,22 @@ func TestEncodeDecode(t *testing.T) {
 	if u, id, err := decode(ok, now); err != nil || id != "id" || u.From != "id" || u.Calls != 10 || u.Failures != 5 || u.Slow != 1 {
 		t.Fatalf("decode(%q) = %+v, %q, %v", ok, u, id, err)
 	}
+	budget := bulwark.FleetUpdate{Kind: bulwark.FleetBudgetCounts, Host: "h:80", Until: now.Add(time.Second), Calls: 10, Retries: 25}
+	if u, _, err := decode(f.encode(budget), now); err != nil || u.Kind != bulwark.FleetBudgetCounts || u.Calls != 10 || u.Retries != 25 {
+		t.Fatalf("budget counts round trip: %+v, %v", u, err)
+	}
 	pre := "1|1|" + ms + "|1|0|0|0,0,0|"
 	for _, v := range []string{
 		"", "1", "garbage", "1|1|" + ms + "|1|0|0|0,0,0|id",
-		"0|1|" + ms + "|1|0|0|0,0,0|id|h:80", "1|4|" + ms + "|1|0|0|0,0,0|id|h:80", "1|1|-1|1|0|0|0,0,0|id|h:80",
+		"0|1|" + ms + "|1|0|0|0,0,0|id|h:80", "1|5|" + ms + "|1|0|0|0,0,0|id|h:80", "1|1|-1|1|0|0|0,0,0|id|h:80",
 		"1|1|" + ms + "|x|0|0|0,0,0|id|h:80", "1|1|" + ms + "|1|2|0|0,0,0|id|h:80", "1|1|" + ms + "|1|0|5|0,0,0|id|h:80",
 		pre + "|h:80", pre + "id|h", pre + "id|:80", pre + "id|h:", pre + "id|h|x:80", pre + "id|h x:80",
 		"1|1|" + strconv.FormatInt(now.Add(25*time.Hour).UnixMilli(), 10) + "|1|0|0|0,0,0|id|h:80",
 		"1|1|99999999999999|1|0|0|0,0,0|id|h:80", "1|1| " + ms + "|1|0|0|0,0,0|id|h:80",
 		"1|3|" + ms + "|0|0|0|10,11,0|id|h:80", "1|3|" + ms + "|0|0|0|10,1,11|id|h:80",
 		"1|3|" + ms + "|0|0|0|10,1|id|h:80", "1|3|" + ms + "|0|0|0|-1,0,0|id|h:80",
-		"1|3|" + ms + "|0|0|0|99999999,0,0|id|h:80", "1|3|" + ms + "|0|0|0|1,0,0,0|id|h:80",
+		"1|3|" + ms + "|0|0|0|999999999,0,0|id|h:80", "1|4|" + ms + "|0|0|0|1,0,0,999999999|id|h:80",
+		"1|4|" + ms + "|0|0|0|1,0,0,x|id|h:80", "1|4|" + ms + "|0|0|0|1,0,0,1,1|id|h:80", "1|3|" + ms + "|0|0|0|1,0,0,0|id|h:80",
 	} {
 		if u, _, err := decode(v, now); err == nil {
 			t.Errorf("decode(%q) = %+v, want an error", v, u)

@@ -1,6 +1,7 @@
 // Package redisfleet shares bulwark's per-host state (breaker counts and
-// verdicts, pushback pauses) between processes through Redis: a
-// bulwark.Fleet for Config.Fleet. It takes a redis.UniversalClient, so a single node,
+// verdicts, pushback pauses, retry budgets, and rate-limit quotas by
+// leases) between processes through Redis: a bulwark.Fleet and
+// bulwark.FleetLeaser for Config.Fleet. It takes a redis.UniversalClient, so a single node,
 // Sentinel and Cluster all work.
 //
 // Every Redis call runs on the Transport's two fleet goroutines, never on a
@@ -27,6 +28,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -109,7 +111,8 @@ func (f *Fleet) key(u bulwark.FleetUpdate) string {
 }
 
 // encode writes an update as
-// "1|kind|until-ms|generation|shed|priority|calls,failures,slow|id|host":
+// "1|kind|until-ms|generation|shed|priority|calls,failures,slow|id|host",
+// with a fourth count, retries, for budget counts:
 // the host last, since it is the only field that could hold a '|'.
 func (f *Fleet) encode(u bulwark.FleetUpdate) string {
 	shed := "0"
@@ -117,6 +120,9 @@ func (f *Fleet) encode(u bulwark.FleetUpdate) string {
 		shed = "1"
 	}
 	counts := strconv.FormatInt(u.Calls, 10) + "," + strconv.FormatInt(u.Failures, 10) + "," + strconv.FormatInt(u.Slow, 10)
+	if u.Kind == bulwark.FleetBudgetCounts {
+		counts += "," + strconv.FormatInt(u.Retries, 10) // a fourth count, for this kind only
+	}
 	return strings.Join([]string{"1", strconv.Itoa(int(u.Kind)), strconv.FormatInt(u.Until.UnixMilli(), 10),
 		strconv.FormatUint(u.Generation, 10), shed, strconv.Itoa(int(u.Priority)), counts, f.id, u.Host}, "|")
 }
@@ -135,16 +141,24 @@ func decode(s string, now time.Time) (bulwark.FleetUpdate, string, error) {
 		return u, "", errCorrupt
 	}
 	c := strings.Split(p[6], ",")
-	if len(c) != 3 {
+	if len(c) != 3 && len(c) != 4 {
 		return u, "", errCorrupt
 	}
-	calls, errC := smallUint(c[0], 7)
-	fails, errF := smallUint(c[1], 7)
-	slow, errS := smallUint(c[2], 7)
-	if errors.Join(errC, errF, errS) != nil || fails > calls || slow > calls {
+	calls, errC := smallUint(c[0], 8)
+	fails, errF := smallUint(c[1], 8)
+	slow, errS := smallUint(c[2], 8)
+	var retries uint64
+	var errR error
+	if len(c) == 4 {
+		retries, errR = smallUint(c[3], 8)
+		if p[1] != strconv.Itoa(int(bulwark.FleetBudgetCounts)) {
+			errR = errCorrupt // a fourth count belongs to budget counts only
+		}
+	}
+	if errors.Join(errC, errF, errS, errR) != nil || fails > calls || slow > calls {
 		return u, "", errCorrupt
 	}
-	u.Calls, u.Failures, u.Slow = int64(calls), int64(fails), int64(slow)
+	u.Calls, u.Failures, u.Slow, u.Retries = int64(calls), int64(fails), int64(slow), int64(retries)
 	p = append(p[:6], p[7:]...)
 	kind, err1 := smallUint(p[1], 1)
 	until, err2 := smallUint(p[2], 13)
@@ -156,7 +170,8 @@ func decode(s string, now time.Time) (bulwark.FleetUpdate, string, error) {
 	u.Kind, u.Generation, u.Priority = bulwark.FleetKind(kind), gen, bulwark.Priority(prio)
 	u.Until = time.UnixMilli(int64(until))
 	switch {
-	case u.Kind != bulwark.FleetBreakerOpen && u.Kind != bulwark.FleetPushback && u.Kind != bulwark.FleetBreakerCounts:
+	case u.Kind != bulwark.FleetBreakerOpen && u.Kind != bulwark.FleetPushback && u.Kind != bulwark.FleetBreakerCounts &&
+		u.Kind != bulwark.FleetBudgetCounts:
 		return u, "", errCorrupt
 	case p[4] != "0" && p[4] != "1":
 		return u, "", errCorrupt
@@ -215,7 +230,7 @@ func (f *Fleet) Publish(ctx context.Context, u bulwark.FleetUpdate) error {
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	v := f.encode(u)
-	if u.Kind == bulwark.FleetBreakerCounts {
+	if u.Kind == bulwark.FleetBreakerCounts || u.Kind == bulwark.FleetBudgetCounts {
 		// Counts go stale within seconds: published, not kept.
 		return f.c.Publish(ctx, f.channel, v).Err()
 	}
@@ -302,6 +317,8 @@ func (f *Fleet) catchUp(ctx context.Context, sink *bulwark.FleetSink) error {
 			}
 			keys = keys[:min(len(keys), maxCatchUp-read)]
 			read += len(keys)
+			// A quota's keys (lease.go) are no update to catch up on.
+			keys = slices.DeleteFunc(keys, func(k string) bool { return strings.HasPrefix(k, f.prefix+"quota:") })
 			if len(keys) > 0 {
 				cmds := make([]*redis.StringCmd, len(keys))
 				pipe := c.Pipeline()

@@ -106,7 +106,14 @@ func pod(t *testing.T, s *redisServer, prefix string) *bulwark.Transport {
 	p.Bulkhead.Disabled = true
 	p.Breaker.MinCalls, p.Breaker.WindowCalls = 5, 10
 	p.Breaker.OpenFor, p.Breaker.MaxOpenFor = 10*time.Second, 20*time.Second
-	tr, err := bulwark.New(bulwark.Config{Default: p, Fleet: f})
+	return newTransport(t, bulwark.Config{Default: p, Fleet: f})
+}
+
+// newTransport is a Transport closed, with its connections, when the
+// test ends.
+func newTransport(t *testing.T, cfg bulwark.Config) *bulwark.Transport {
+	t.Helper()
+	tr, err := bulwark.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
