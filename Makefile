@@ -44,8 +44,10 @@ demo:
 	cd examples && $(GO) run ./lab
 
 # Cost benchmarks of bulwark and its peers (bench/, -count 6 for benchstat),
-# the protection scenarios, BENCHMARKS.md rendered from their output, and
-# the README's peers table from BENCHMARKS.md.
+# the protection scenarios, the fleet lab (redisfleet/cmd/fleetlab, 8
+# processes and a redis-server; it needs redis-server) with the fleet's cost
+# beside gobreaker's DistributedCircuitBreaker, BENCHMARKS.md rendered from
+# their output, and the README's peers table from BENCHMARKS.md.
 BENCHSTAT := golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
 BENCHTIME ?= 300ms
 # How long bench/cmd/hedge offers each stack each scenario (the issue's 20 s).
@@ -56,7 +58,9 @@ bench:
 	cd bench && $(GO) run $(BENCHSTAT) out/cost.txt > out/benchstat.txt
 	cd bench && $(GO) run ./cmd/protect > out/protect.jsonl
 	cd bench && $(GO) run ./cmd/hedge -duration $(HEDGETIME) > out/hedge.md
-	cd bench && $(GO) run ./cmd/report -cost out/cost.txt -benchstat out/benchstat.txt -protect out/protect.jsonl -hedge out/hedge.md > ../BENCHMARKS.md
+	cd redisfleet && $(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -count 6 . > ../bench/out/fleetcost.txt
+	cd redisfleet && $(GO) run ./cmd/fleetlab -runs 10 -markdown -cost ../bench/out/fleetcost.txt > ../bench/out/fleet.md
+	cd bench && $(GO) run ./cmd/report -cost out/cost.txt -benchstat out/benchstat.txt -protect out/protect.jsonl -hedge out/hedge.md -fleet out/fleet.md > ../BENCHMARKS.md
 	cd bench && $(GO) run ./cmd/readme -bench ../BENCHMARKS.md -readme ../README.md
 
 # Each fuzz target of the root package for a bounded time ($(FUZZTIME) each):

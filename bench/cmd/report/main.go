@@ -84,6 +84,7 @@ func main() {
 	stat := flag.String("benchstat", "", "benchstat output")
 	prot := flag.String("protect", "", "protect JSON lines")
 	hedge := flag.String("hedge", "", "bench/cmd/hedge's Markdown table (optional)")
+	fleet := flag.String("fleet", "", "redisfleet/cmd/fleetlab -markdown's section (optional)")
 	flag.Parse()
 
 	f, err := os.Open(*cost)
@@ -194,6 +195,22 @@ func main() {
 		check(err)
 		p("\n%s", hedgeSection(string(b)))
 	}
+	if *fleet != "" {
+		b, err := os.ReadFile(*fleet)
+		check(err)
+		p("\n%s", fleetSection(string(b)))
+	}
+}
+
+// fleetSection is fleetlab's Markdown as it wrote it (its own heading,
+// tables and verdicts), or a line saying the run left nothing, so that a
+// failed lab shows as such rather than as a missing section.
+func fleetSection(md string) string {
+	md = strings.TrimSpace(md)
+	if !strings.HasPrefix(md, "## Fleet") {
+		return "## Fleet (redisfleet/cmd/fleetlab)\n\nNo figures: fleetlab's output (bench/out/fleet.md) has no section; see its run in make bench's log.\n"
+	}
+	return md + "\n"
 }
 
 // hedgeSection is the hedged-requests section around cmd/hedge's table.

@@ -120,3 +120,17 @@ func TestTargetsRender(t *testing.T) {
 		}
 	}
 }
+
+// TestFleetSection: fleetlab's section goes in as written; output that is
+// not one (a failed run) says so instead of vanishing.
+func TestFleetSection(t *testing.T) {
+	md := "## Fleet (redisfleet/cmd/fleetlab: 8 OS processes)\n\n| mode | reach req/s |\n|---|---:|\n| shared | 100.0 |\n\n"
+	if got := fleetSection(md); got != strings.TrimSpace(md)+"\n" {
+		t.Errorf("fleetSection(section) = %q, want it as written", got)
+	}
+	for _, bad := range []string{"", "fleetlab: redis-server not installed\n", "# Fleet\n"} {
+		if got := fleetSection(bad); !strings.HasPrefix(got, "## Fleet") || !strings.Contains(got, "No figures") {
+			t.Errorf("fleetSection(%q) = %q, want a section saying there are no figures", bad, got)
+		}
+	}
+}
