@@ -359,6 +359,9 @@ var (
 	errVerdictFailure     = errors.New("bulwark: failed call")
 	errVerdictSlowFailure = errors.New("bulwark: slow failed call")
 	errVerdictIgnored     = errors.New("bulwark: ignored call")
+	// errVerdictFleet is no call: the fleet's counts alone meet the trip
+	// condition (fleetTrip), and gobreaker is asked to trip.
+	errVerdictFleet = errors.New("bulwark: the fleet's counts trip the breaker")
 )
 
 // The breaker window's counters.
@@ -509,7 +512,7 @@ func (b *breakerStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	case BreakerForceClosed:
 		return b.next.roundTrip(req, c)
 	}
-	if b.holdUntil.Load() != 0 {
+	if b.holdUntil.Load() != 0 || b.fleetTrip() {
 		return b.refuse(req, c)
 	}
 	var (
@@ -580,7 +583,7 @@ func (b *breakerStage) verdict(resp *http.Response, err error, took time.Duratio
 func (b *breakerCore) isSuccessful(verdict error) bool {
 	b.winMu.Lock()
 	defer b.winMu.Unlock()
-	if b.cbState == gobreaker.StateClosed {
+	if b.cbState == gobreaker.StateClosed && verdict != errVerdictFleet {
 		var c window.Counts
 		c[winCalls] = 1
 		if verdict != nil && verdict != errVerdictSlow {
@@ -617,7 +620,11 @@ func (b *breakerCore) readyToTrip(gobreaker.Counts) bool {
 	defer b.winMu.Unlock()
 	s := b.win.Sum(b.pos())
 	// The other pods' windows count as if they were this one's (fleet.go).
-	s = b.peers.add(s, time.Now())
+	return b.due(b.peers.add(s, time.Now()))
+}
+
+// due is the trip condition on a window's sums. Under winMu.
+func (b *breakerCore) due(s window.Counts) bool {
 	calls := s[winCalls]
 	if calls == 0 || calls < b.minCalls {
 		return false

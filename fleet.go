@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/bulwark-http/bulwark/internal/window"
+	"github.com/sony/gobreaker/v2"
 )
 
 // Fleet shares per-host state between the processes (pods) that call the
@@ -625,10 +626,36 @@ func breakerCounts(u FleetUpdate) window.Counts {
 // countsQueued is the breaker's flag for fleetLink.countsChanged.
 func (b *breakerCore) countsQueued() *atomic.Bool { return &b.peers.dirty }
 
+// fleetTrip trips a closed breaker before a call when the other pods'
+// counts, with its own, already meet the trip condition: without it, a
+// pod whose peers' failures crossed the threshold would still send its
+// next call and trip on that call's failure, one call more per pod. The
+// call is then refused, as by any open breaker. It costs one atomic load
+// while no other pod has published counts for the host (a healthy host).
+func (b *breakerStage) fleetTrip() bool {
+	if b.fleet == nil || !b.peers.any.Load() {
+		return false
+	}
+	b.winMu.Lock()
+	due := b.cbState == gobreaker.StateClosed && b.due(b.peers.add(b.win.Sum(b.pos()), time.Now()))
+	b.winMu.Unlock()
+	if !due {
+		return false
+	}
+	// A failure that is no call (isSuccessful does not count it) makes
+	// gobreaker ask readyToTrip, which sees what was just seen.
+	_, _ = b.cb.Execute(func() (struct{}, error) { return struct{}{}, errVerdictFleet })
+	if b.pending.Load() {
+		b.flush()
+	}
+	return b.holdUntil.Load() != 0
+}
+
 // fleetPeers is what a breaker or a retry budget knows of the other pods'
 // windows for its host: each pod's latest counts, until they go stale.
 type fleetPeers struct {
 	dirty atomic.Bool // counts queued for publishing (fleetLink.countsChanged)
+	any   atomic.Bool // m may hold counts: a fast check for fleetTrip
 	mu    sync.Mutex
 	m     map[string]peerCounts // by FleetUpdate.From, at most maxFleetPeers
 }
@@ -656,6 +683,7 @@ func (p *fleetPeers) set(from string, c window.Counts, until, now time.Time) boo
 		}
 	}
 	p.m[from] = peerCounts{c: c, until: until}
+	p.any.Store(true)
 	return true
 }
 
@@ -682,11 +710,15 @@ func (p *fleetPeers) expire(now time.Time) {
 			delete(p.m, k)
 		}
 	}
+	if len(p.m) == 0 {
+		p.any.Store(false)
+	}
 }
 
 // reset forgets the other pods' counts: a verdict has been reached.
 func (p *fleetPeers) reset() {
 	p.mu.Lock()
 	clear(p.m)
+	p.any.Store(false)
 	p.mu.Unlock()
 }

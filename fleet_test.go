@@ -406,3 +406,43 @@ func TestFleetAfterUpdate(t *testing.T) {
 		})
 	}
 }
+
+// TestFleetTripBeforeSending: when the other pods' counts with this pod's
+// own already meet the trip condition, the pod trips before its next call
+// instead of sending it and tripping on its failure; below the condition,
+// the call goes.
+func TestFleetTripBeforeSending(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hub := &memHub{}
+		base := &statusBase{codes: []int{200}}
+		b := newPod(t, &memFleet{hub: hub}, base)
+		synctest.Wait()
+		if code, err := sendOnce(t, b, "GET", "http://api.test/"); err != nil || code != 200 {
+			t.Fatal(code, err)
+		}
+		hub.mu.Lock()
+		sink := hub.sinks[0].s
+		hub.mu.Unlock()
+		until := time.Now().Add(5 * time.Second)
+		// 1 + 3 calls, 2 failures: below MinCalls (5).
+		sink.Apply(FleetUpdate{Kind: FleetBreakerCounts, Host: "api.test:80", From: "p1", Until: until, Calls: 3, Failures: 2})
+		if code, err := sendOnce(t, b, "GET", "http://api.test/"); err != nil || code != 200 || base.sent() != 2 {
+			t.Fatalf("below the condition: %d, %v, %d sent; want the call sent", code, err, base.sent())
+		}
+		// 2 + 3 + 4 calls, 2 + 3 failures: 9 calls, 5 failures, over 50 %.
+		sink.Apply(FleetUpdate{Kind: FleetBreakerCounts, Host: "api.test:80", From: "p2", Until: until, Calls: 4, Failures: 3})
+		_, err := sendOnce(t, b, "GET", "http://api.test/")
+		var oe *BreakerOpenError
+		if !errors.As(err, &oe) || base.sent() != 2 {
+			t.Fatalf("at the condition: %v, %d sent; want a BreakerOpenError and nothing more sent", err, base.sent())
+		}
+		h := b.Snapshot().Host("api.test:80")[0].Breaker
+		if h.State != CircuitOpen || h.Trips != 1 || h.Calls != 0 {
+			t.Fatalf("breaker %+v, want open after one trip, its window reset", h)
+		}
+		synctest.Wait()
+		if fs := b.Snapshot().Fleet; fs.Published == 0 {
+			t.Fatalf("fleet %+v: the trip was not published", fs)
+		}
+	})
+}

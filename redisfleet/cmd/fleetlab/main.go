@@ -51,6 +51,7 @@ var (
 	offered   = flag.Float64("offered", 400, "requests a second the processes offer together (quota scenario)")
 	quotaDur  = flag.Duration("quota-duration", 10*time.Second, "how long each mode of the quota scenario runs")
 	outage    = flag.Duration("outage", 5*time.Second, "how long Redis is down in the outage scenario")
+	loads     = flag.String("loads", "equal,skewed", "the sick-upstream scenario's loads, comma-separated")
 	scenarios = flag.String("scenarios", "breaker,quota,outage", "which scenarios to run, comma-separated")
 	markdown  = flag.Bool("markdown", false, "write a Markdown section for BENCHMARKS.md to stdout (progress goes to stderr)")
 	costFile  = flag.String("cost", "", "redisfleet's go test -bench output, rendered into the Markdown section")
@@ -173,6 +174,9 @@ func runParent() error {
 		fmt.Fprintf(out, "target (issue 19): shared ≤ 1.2 × MinCalls = %.0f plus probes; about %d × MinCalls = %d locally; first trip to all open ≤ 250 ms\n\n",
 			1.2*float64(*minCalls), *procs, *procs**minCalls)
 		for _, skew := range []bool{false, true} {
+			if !strings.Contains(*loads, map[bool]string{false: "equal", true: "skewed"}[skew]) {
+				continue
+			}
 			if skew {
 				fmt.Fprintln(out, "load: skewed, process i calls at 1/(i+1) of the rate")
 			} else {
