@@ -108,15 +108,19 @@ func (r *labReport) write(w io.Writer) error {
 			return err
 		}
 		p("### Cost (redisfleet/bench_test.go on the same redis-server build, medians of -count samples)\n\n")
-		p("A call through bulwark's breaker and pushback with and without a redisfleet (no Redis round trip on the path), beside gobreaker v2's local breaker and its DistributedCircuitBreaker over a go-redis store on a real redis-server. BenchmarkFleetPaired alternates the two Transports in one loop, so that the machine's drift falls on both.\n\n")
-		p("| benchmark | ns/op | allocs/op | samples |\n|---|---:|---:|---:|\n")
+		p("A call through bulwark's breaker and pushback with and without a redisfleet (no Redis round trip on the path), beside gobreaker v2's local breaker and its DistributedCircuitBreaker over a go-redis store on a real redis-server. BenchmarkFleetPaired alternates the two Transports in one loop, so that the machine's drift falls on both (delta-ns/op is the fleet's cost). BenchmarkQuota is a call through a local rate limit and through a leased fleet quota, both a million a second; refused/op is the share the quota refused.\n\n")
+		p("| benchmark | ns/op | allocs/op | other metrics | samples |\n|---|---:|---:|---|---:|\n")
 		var delta float64
 		haveDelta := false
 		for _, c := range rows {
-			p("| %s | %.0f | %.0f | %d |\n", c.name, c.ns, c.allocs, c.n)
+			var ms []string
+			for k, v := range c.metrics {
+				ms = append(ms, fmt.Sprintf("%s %.3g", k, v))
+			}
+			sort.Strings(ms)
+			p("| %s | %.0f | %.0f | %s | %d |\n", c.name, c.ns, c.allocs, strings.Join(ms, ", "), c.n)
 			if d, ok := c.metrics["delta-ns/op"]; ok {
 				delta, haveDelta = d, true
-				p("| %s: local-ns/op, fleet-ns/op, delta-ns/op | %.0f, %.0f, %+.0f | | |\n", c.name, c.metrics["local-ns/op"], c.metrics["fleet-ns/op"], d)
 			}
 		}
 		if haveDelta {
