@@ -101,3 +101,44 @@ func PausedUntil(tr *bulwark.Transport, host string) (time.Time, bool) {
 	}
 	return h.Pushback.Until, true
 }
+
+// Hedges returns the hedging counts of host in tr (sent, won, skipped by
+// reason: see bulwark.HedgeSnapshot), from tr.Snapshot; false when the
+// host has no state or its policy does not hedge. Hedges have no hook of
+// their own: the counts are the Transport's, and the Upstream's records
+// show the hedges it received (Request.InFlight) and the losers bulwark
+// cancelled (Request.Canceled).
+func Hedges(tr *bulwark.Transport, host string) (bulwark.HedgeSnapshot, bool) {
+	h, ok := Host(tr, host)
+	if !ok || h.Hedge == nil {
+		return bulwark.HedgeSnapshot{}, false
+	}
+	return *h.Hedge, true
+}
+
+// HedgesSkipped returns how many hedges of host in tr were due but not
+// sent, by reason ("breaker", "bulkhead", "budget", "deadline",
+// "pushback"), with only the reasons that occurred; nil when none was
+// skipped or the host does not hedge.
+func HedgesSkipped(tr *bulwark.Transport, host string) map[string]uint64 {
+	h, ok := Hedges(tr, host)
+	if !ok {
+		return nil
+	}
+	var out map[string]uint64
+	for _, r := range []struct {
+		why string
+		n   uint64
+	}{
+		{"breaker", h.Skipped.Breaker}, {"bulkhead", h.Skipped.Bulkhead}, {"budget", h.Skipped.Budget},
+		{"deadline", h.Skipped.Deadline}, {"pushback", h.Skipped.Pushback},
+	} {
+		if r.n > 0 {
+			if out == nil {
+				out = make(map[string]uint64)
+			}
+			out[r.why] = r.n
+		}
+	}
+	return out
+}
