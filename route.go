@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"hash/maphash"
 	"net/http"
+	"net/url"
 	"reflect"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 )
 
@@ -70,6 +72,11 @@ func compileRoutes(routes map[string]Policy, parents []*route) (*routeTable, err
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	if muxGo121() {
+		return nil, &ConfigError{Route: keys[0], Reason: "Routes need Go 1.22 ServeMux patterns, " +
+			"and GODEBUG=httpmuxgo121=1 makes net/http match by the Go 1.21 rules, " +
+			"under which a method or a {wildcard} in a pattern is part of a literal host or path"}
+	}
 	rt := &routeTable{mux: http.NewServeMux()}
 	rt.memo.seed = maphash.MakeSeed()
 	for i, k := range keys {
@@ -102,6 +109,20 @@ func compileRoutes(routes map[string]Policy, parents []*route) (*routeTable, err
 	_ = register(rt.mux, "/", noRoute)
 	return rt, nil
 }
+
+// muxGo121 reports whether net/http's ServeMux matches by the Go 1.21
+// rules, as it does under GODEBUG=httpmuxgo121=1. net/http reads the
+// setting once, when it starts, from the environment or from a //go:debug
+// directive or go.mod godebug line of the main module, so an os.Getenv
+// would miss the last two: this asks a ServeMux how it behaves instead.
+// Under the Go 1.22 rules "/{x}" is a wildcard that matches "/a"; under
+// the 1.21 rules it is the literal path "/{x}", which does not.
+var muxGo121 = sync.OnceValue(func() bool {
+	mux := http.NewServeMux()
+	mux.Handle("/{x}", noRoute)
+	_, pattern := mux.Handler(&http.Request{Method: "GET", Host: "probe", URL: &url.URL{Path: "/a"}})
+	return pattern != "/{x}"
+})
 
 // register adds a pattern to the mux. ServeMux panics on a pattern it
 // refuses (malformed, or conflicting with one registered before); that

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -274,4 +276,38 @@ func TestRouteUpdate(t *testing.T) {
 			t.Fatalf("after Update: err %v, sent %d; want 2 sends under the new route", err, base.sent())
 		}
 	})
+}
+
+// TestRoutesMuxGo121: under GODEBUG=httpmuxgo121=1 ServeMux reads patterns
+// by the Go 1.21 rules, where "GET /v1/rates/{id}" is a host "GET " and a
+// literal path; New refuses Routes there. net/http reads the setting when
+// the process starts, so the test runs itself again with it set.
+func TestRoutesMuxGo121(t *testing.T) {
+	cfg := Config{Routes: map[string]Policy{"GET /v1/rates/{id}": {}}}
+	if os.Getenv("BULWARK_TEST_MUX121") == "1" {
+		if !muxGo121() {
+			t.Fatal("muxGo121() = false under GODEBUG=httpmuxgo121=1")
+		}
+		_, err := New(cfg)
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Route != "GET /v1/rates/{id}" || !strings.Contains(ce.Reason, "httpmuxgo121") {
+			t.Fatalf("New = %v, want a ConfigError naming the route and the setting", err)
+		}
+		if _, err := New(Config{}); err != nil {
+			t.Fatalf("New without Routes = %v, want it to work under the old rules", err)
+		}
+		return
+	}
+	if muxGo121() {
+		t.Fatal("muxGo121() = true without the setting")
+	}
+	if _, err := New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRoutesMuxGo121$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "GODEBUG=httpmuxgo121=1", "BULWARK_TEST_MUX121=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestRoutesMuxGo121") {
+		t.Fatalf("under GODEBUG=httpmuxgo121=1: %v\n%s", err, out)
+	}
 }

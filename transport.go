@@ -66,7 +66,10 @@ type Config struct {
 	// none, or that ServeMux would redirect (an unclean path, a missing
 	// trailing slash), uses its host's policy alone. A malformed pattern,
 	// or two that conflict as ServeMux says, is a *ConfigError from New.
-	// Nil means no routes, and routing costs nothing.
+	// Nil means no routes, and routing costs nothing. Routes need the Go
+	// 1.22 pattern rules: under GODEBUG=httpmuxgo121=1, with which
+	// ServeMux reads patterns by the Go 1.21 rules, New refuses Routes
+	// with a *ConfigError.
 	//
 	// A route's zero fields inherit from the policy of the host the request
 	// goes to (its Upstreams policy or Default), then from the package
