@@ -215,6 +215,8 @@ type hostState struct {
 	rep      *reporter
 	// shared holds the layers the host's routes share with it.
 	shared hostShared
+	// faults counts what every fault layer of the host injected.
+	faults *faultCounts
 	// table is the route table the host was built under (nil: no
 	// routes), and routes[i] its i-th route's stack on this host, built on
 	// its first request (nil until then). A host keeps its table, so an
