@@ -172,22 +172,22 @@ func inRoute(err error, pattern, upstream string) error {
 type routeState struct {
 	pattern string
 	rt      stage
-	parts   []any // as hostState.parts
+	rep     *reporter // the host's, with bulwark.route
+	parts   []any     // as hostState.parts
 }
 
-// routeStack returns the stack of req's route on hs, nil when no route
-// matches. ServeMux.Handler does the matching, on req.Host as a server
+// routeStack returns req's route on hs, nil when no route matches. ServeMux.Handler does the matching, on req.Host as a server
 // would see it (URL.Host when Host is empty); a request ServeMux would
 // redirect (an unclean path, a missing trailing slash) matches no route.
-func (t *Transport) routeStack(hs *hostState, req *http.Request) stage {
+func (t *Transport) routeStack(hs *hostState, req *http.Request) *routeState {
 	e := hs.table.lookup(req)
 	if e == nil {
 		return nil
 	}
 	if rs := hs.routes[e.idx].Load(); rs != nil {
-		return rs.rt
+		return rs
 	}
-	return t.addRoute(hs, e).rt
+	return t.addRoute(hs, e)
 }
 
 // lookup returns req's route, nil for none: from the memo, or from the
@@ -235,8 +235,8 @@ func (t *Transport) addRoute(hs *hostState, e *routeEntry) *routeState {
 	if rs := hs.routes[e.idx].Load(); rs != nil {
 		return rs
 	}
-	rs := &routeState{pattern: e.pattern}
-	rs.rt, rs.parts = t.buildRoute(hs, e.byParent[hs.policy])
+	rs := &routeState{pattern: e.pattern, rep: hs.rep.forRoute(e.pattern)}
+	rs.rt, rs.parts = t.buildRoute(hs, rs.rep, e.byParent[hs.policy])
 	t.mu.RLock()
 	c, ok := t.controls[hs.name]
 	t.mu.RUnlock()

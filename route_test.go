@@ -12,6 +12,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
 // routeOf reports the pattern of the route the Transport picks for a
@@ -25,7 +27,7 @@ func routeOf(t *testing.T, tr *Transport, req *http.Request) string {
 		return ""
 	}
 	for i := range hs.routes {
-		if rs := hs.routes[i].Load(); rs != nil && rs.rt == got {
+		if rs := hs.routes[i].Load(); rs != nil && rs == got {
 			return rs.pattern
 		}
 	}
@@ -309,5 +311,59 @@ func TestRoutesMuxGo121(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "--- PASS: TestRoutesMuxGo121") {
 		t.Fatalf("under GODEBUG=httpmuxgo121=1: %v\n%s", err, out)
+	}
+}
+
+// TestRouteObserved: a call that matched a route carries the route's
+// pattern as bulwark.route on its metrics and spans, never its path; a call
+// that matched none carries no bulwark.route.
+func TestRouteObserved(t *testing.T) {
+	const pattern = "GET /v1/rates/{id}"
+	k := newOtelKit(t)
+	cfg := k.config(&statusBase{codes: []int{200}})
+	cfg.Routes = map[string]Policy{pattern: {Fault: Fault{AbortStatus: 503, AbortRate: 1}}}
+	tr := mustNew(t, cfg)
+	for _, path := range []string{"/v1/rates/eur", "/v1/rates/usd", "/v1/other"} {
+		if _, err := sendOnce(t, tr, "GET", "http://fx.test"+path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rm := k.collect(t)
+	// byRoute sums a counter's points by their bulwark.route ("" for none).
+	byRoute := func(name string) map[string]int64 {
+		out := map[string]int64{}
+		m := findMetric(rm, name)
+		if m == nil {
+			t.Fatalf("no metric %s", name)
+		}
+		for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+			v, _ := dp.Attributes.Value(keyRoute)
+			out[v.AsString()] += dp.Value
+		}
+		return out
+	}
+	if got := byRoute("bulwark.requests"); len(got) != 2 || got[pattern] != 2 || got[""] != 1 {
+		t.Errorf("bulwark.requests by route = %v, want 2 under %q and 1 without", got, pattern)
+	}
+	if got := byRoute("bulwark.faults"); len(got) != 1 || got[pattern] != 2 {
+		t.Errorf("bulwark.faults by route = %v, want the route's 2 aborts", got)
+	}
+	if got := counter(t, rm, "bulwark.faults", keyUpstream.String("default"), keyRoute.String(pattern), keyFault.String(faultAbort)); got != 2 {
+		t.Errorf("bulwark.faults{default, %s, abort} = %d, want 2", pattern, got)
+	}
+	for _, name := range []string{spanRequest, "GET"} {
+		spans := spansNamed(k.sr, name)
+		if len(spans) != 3 {
+			t.Fatalf("%d %q spans, want 3", len(spans), name)
+		}
+		for i, s := range spans {
+			v, ok := attr(s, keyRoute)
+			switch {
+			case i < 2 && (!ok || v.AsString() != pattern):
+				t.Errorf("%q span of call %d: bulwark.route = %v, %v; want %q", name, i, v.AsString(), ok, pattern)
+			case i == 2 && ok:
+				t.Errorf("%q span of the unrouted call: bulwark.route = %q, want none", name, v.AsString())
+			}
+		}
 	}
 }

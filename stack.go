@@ -51,9 +51,11 @@ func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 
 // buildRoute composes the stack of one route on a host: the same layers as
 // the host's, made for the route's policy, except for the host's shared
-// ones (see hostShared), which the route's stack passes through.
-func (t *Transport) buildRoute(hs *hostState, p *Policy) (stage, []any) {
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep, faults: hs.faults}
+// ones (see hostShared), which the route's stack passes through. Its own
+// layers report through rep, the route's reporter; the shared ones
+// through the host's.
+func (t *Transport) buildRoute(hs *hostState, rep *reporter, p *Policy) (stage, []any) {
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep, faults: hs.faults}
 	shared := hs.shared
 	return t.compose(p, e, &shared, kept{})
 }

@@ -84,7 +84,10 @@ type Config struct {
 	// route's Timeout.Attempt and Fault do not apply there). A route policy
 	// that sets Bulkhead, Endpoints, Retry.NoPushback or
 	// Retry.MaxRetryAfter is a *ConfigError. Snapshot shows each route's
-	// own state in HostSnapshot.Routes.
+	// own state in HostSnapshot.Routes. Metrics and spans of a routed call
+	// carry the pattern (never the path) as a bulwark.route attribute,
+	// whose values are as few as Routes has keys; the host's shared layers
+	// report without it.
 	Routes map[string]Policy
 
 	// TracerProvider and MeterProvider are where bulwark's spans and metrics
@@ -383,13 +386,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	now := time.Now()
 	hs := t.lookupAt(req.URL, now.UnixNano())
-	rt := hs.rt
+	rt, rep := hs.rt, hs.rep
 	if hs.table != nil {
 		if r := t.routeStack(hs, req); r != nil {
-			rt = r
+			rt, rep = r.rt, r.rep
 		}
 	}
-	return t.send(hs, rt, req, now)
+	return t.send(rep, rt, req, now)
 }
 
 // CloseIdleConnections closes the base's idle connections, when the base
@@ -590,11 +593,12 @@ func (t *Transport) hostCount() int {
 	return len(t.hosts)
 }
 
-// send is the router's hand-off to a host's stack (or its route's, rt): it counts the call's
+// send is the router's hand-off to a host's stack (or its route's, rt,
+// with the route's reporter rep): it counts the call's
 // final outcome and, when the caller's context has no span, wraps the call
 // in a logical span so that its attempts share one trace.
-func (t *Transport) send(hs *hostState, rt stage, req *http.Request, start time.Time) (*http.Response, error) {
-	o := hs.rep.begin(req)
+func (t *Transport) send(rep *reporter, rt stage, req *http.Request, start time.Time) (*http.Response, error) {
+	o := rep.begin(req)
 	if o == nil {
 		return rt.roundTrip(req, call{start: start})
 	}
