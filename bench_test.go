@@ -190,17 +190,32 @@ func BenchmarkRouteMatch(b *testing.B) {
 		{"wildcard", "http://api.example.com/v1/rates/42"},
 		{"subtree", "http://api.example.com/v1/accounts/7"},
 		{"miss", "http://api.example.com/v2/other"},
+		// Every request a different ID: the memo never hits.
+		{"wildcard-distinct", "http://api.example.com/v1/rates/%d"},
+		{"miss-distinct", "http://api.example.com/v2/other/%d"},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			tr := mustNew(b, Config{Base: benchBase{}, Routes: routes})
-			req, err := http.NewRequest("GET", bc.url, nil)
-			if err != nil {
-				b.Fatal(err)
+			reqs := make([]*http.Request, 1)
+			if strings.Contains(bc.url, "%d") {
+				reqs = make([]*http.Request, 8192)
 			}
-			hs := tr.lookup(req.URL)
+			for i := range reqs {
+				u := bc.url
+				if len(reqs) > 1 {
+					u = fmt.Sprintf(bc.url, i)
+				}
+				var err error
+				if reqs[i], err = http.NewRequest("GET", u, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+			hs := tr.lookup(reqs[0].URL)
 			b.ReportAllocs()
+			i := 0
 			for b.Loop() {
-				tr.routeStack(hs, req)
+				tr.routeStack(hs, reqs[i%len(reqs)])
+				i++
 			}
 		})
 	}

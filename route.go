@@ -27,11 +27,20 @@ type routeTable struct {
 // hash and four string comparisons instead, with nothing allocated. The
 // mux never changes after New, so an entry never goes stale. It is a
 // direct-mapped cache of memoSlots entries: a colliding triple replaces
-// the one in its slot, so paths that are all different (an ID in each)
-// pay ServeMux's own cost, plus the entry, every time.
+// the one in its slot.
+//
+// A triple is remembered only the second time it is seen, as a TinyLFU
+// cache's doorkeeper admits only keys seen before (Einziger, Friedman and
+// Manes, "TinyLFU: A Highly Efficient Cache Admission Policy", ACM TOS
+// 2017): seen holds the hash of the last triple that missed in each slot,
+// with nothing allocated. Paths that are all different (an ID in each)
+// then pay ServeMux's own cost and no entry, and they do not push the
+// repeated paths' entries out. A hash collision in seen only admits an
+// entry early; entries are compared in full, so a route is never wrong.
 type routeMemo struct {
 	seed  maphash.Seed
 	slots [memoSlots]atomic.Pointer[memoEntry]
+	seen  [memoSlots]atomic.Uint64
 }
 
 const memoSlots = 512 // a power of two
@@ -200,11 +209,15 @@ func (rt *routeTable) lookup(req *http.Request) *routeEntry {
 	h := maphash.String(rt.memo.seed, u.Path)
 	h ^= maphash.String(rt.memo.seed, host) * 0x9e3779b97f4a7c15
 	h += uint64(len(req.Method))<<7 + uint64(len(u.RawPath))
-	slot := &rt.memo.slots[h&(memoSlots-1)]
+	i := h & (memoSlots - 1)
+	slot := &rt.memo.slots[i]
 	if m := slot.Load(); m != nil && m.path == u.Path && m.host == host && m.method == req.Method && m.rawPath == u.RawPath {
 		return m.route
 	}
 	e := rt.match(req, host)
+	if rt.memo.seen[i].Swap(h) != h {
+		return e // first sight: not remembered yet
+	}
 	// Copies: the memo must not keep a caller's request alive.
 	slot.Store(&memoEntry{method: strings.Clone(req.Method), host: strings.Clone(host),
 		path: strings.Clone(u.Path), rawPath: strings.Clone(u.RawPath), route: e})
@@ -215,9 +228,13 @@ func (rt *routeTable) lookup(req *http.Request) *routeEntry {
 // URL.Host when Host is empty.
 func (rt *routeTable) match(req *http.Request, host string) *routeEntry {
 	if req.Host != host {
-		r := *req // shallow, for the matcher only; never sent
+		// A shallow copy with the Host set, for the matcher only, never
+		// sent; pooled, since Handler does not keep it.
+		r := shells.Get().(*http.Request)
+		*r = *req
 		r.Host = host
-		req = &r
+		defer func() { *r = http.Request{}; shells.Put(r) }()
+		req = r
 	}
 	h, pattern := rt.mux.Handler(req)
 	e, ok := h.(*routeEntry)
@@ -227,6 +244,8 @@ func (rt *routeTable) match(req *http.Request, host string) *routeEntry {
 	}
 	return e
 }
+
+var shells = sync.Pool{New: func() any { return new(http.Request) }}
 
 // addRoute builds a route's stack on hs on its first request.
 func (t *Transport) addRoute(hs *hostState, e *routeEntry) *routeState {

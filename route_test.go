@@ -55,16 +55,26 @@ func TestRoutePrecedence(t *testing.T) {
 		routes[p] = Policy{}
 	}
 	tr := mustNew(t, Config{Base: &statusBase{codes: []int{200}}, Routes: routes})
-	// Three rounds: from the mux, from the memo, and after 2,000 other paths
-	// have replaced every memo slot.
-	for round := range 3 {
-		if round == 2 {
-			for i := range 2000 {
-				req, _ := http.NewRequest("GET", fmt.Sprintf("http://h%d.example.com/v1/rates/%d", i%7, i), nil)
+	// Rounds: from the mux twice (a path is remembered the second time it
+	// is seen), from the memo, after 2,000 paths seen once (which are not
+	// remembered), and after 2,000 paths seen twice have replaced the memo's
+	// entries.
+	others := func(times int) {
+		for i := range 2000 {
+			req, _ := http.NewRequest("GET", fmt.Sprintf("http://h%d.example.com/v1/rates/%d", i%7, i), nil)
+			for range times {
 				if got := routeOf(t, tr, req); got != "GET /v1/rates/{id}" {
 					t.Fatalf("route of %s = %q", req.URL, got)
 				}
 			}
+		}
+	}
+	for round := range 5 {
+		switch round {
+		case 3:
+			others(1)
+		case 4:
+			others(2)
 		}
 		checkRoutes(t, tr)
 	}
@@ -365,5 +375,41 @@ func TestRouteObserved(t *testing.T) {
 				t.Errorf("%q span of the unrouted call: bulwark.route = %q, want none", name, v.AsString())
 			}
 		}
+	}
+}
+
+// TestRouteMemoAdmission: a path is remembered the second time it is
+// seen, so paths seen once (an ID in each) leave the memo as it was.
+func TestRouteMemoAdmission(t *testing.T) {
+	tr := mustNew(t, Config{Base: &statusBase{codes: []int{200}}, Routes: map[string]Policy{"GET /v1/rates/{id}": {}}})
+	hs := tr.lookup(mustURL(t, "http://api.test/"))
+	entries := func() (n int) {
+		for i := range hs.table.memo.slots {
+			if hs.table.memo.slots[i].Load() != nil {
+				n++
+			}
+		}
+		return n
+	}
+	hot, _ := http.NewRequest("GET", "http://api.test/v1/rates/latest", nil)
+	for i := range 2 {
+		if routeOf(t, tr, hot) != "GET /v1/rates/{id}" {
+			t.Fatal("no route for the hot path")
+		}
+		if n := entries(); n != i {
+			t.Fatalf("after %d sightings, %d memo entries, want %d", i+1, n, i)
+		}
+	}
+	for i := range 5000 {
+		req, _ := http.NewRequest("GET", fmt.Sprintf("http://api.test/v1/rates/%d", i), nil)
+		if routeOf(t, tr, req) != "GET /v1/rates/{id}" {
+			t.Fatalf("no route for %s", req.URL)
+		}
+	}
+	if n := entries(); n != 1 {
+		t.Errorf("after 5,000 paths seen once, %d memo entries, want the hot path's alone", n)
+	}
+	if allocs := testing.AllocsPerRun(100, func() { hs.table.lookup(hot) }); allocs != 0 {
+		t.Errorf("a remembered path's lookup allocates %.0f times, want 0", allocs)
 	}
 }
