@@ -148,20 +148,7 @@ func BenchmarkRouteLookup(b *testing.B) {
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			tr := mustNew(b, Config{Base: benchBase{}, Default: off, Routes: bc.routes})
-			reqs := make([]*http.Request, 1)
-			if strings.Contains(bc.url, "%d") {
-				reqs = make([]*http.Request, 8192)
-			}
-			for i := range reqs {
-				u := bc.url
-				if len(reqs) > 1 {
-					u = fmt.Sprintf(bc.url, i)
-				}
-				var err error
-				if reqs[i], err = http.NewRequest(bc.method, u, nil); err != nil {
-					b.Fatal(err)
-				}
-			}
+			reqs := benchRequests(b, bc.method, bc.url)
 			b.ReportAllocs()
 			i := 0
 			for b.Loop() {
@@ -174,6 +161,27 @@ func BenchmarkRouteLookup(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchRequests makes the requests a benchmark sends in turn: one for url,
+// or, when url has a %d, 8192 with a different number in each (an ID in
+// the path), so that no memo of recent paths can serve them.
+func benchRequests(b *testing.B, method, url string) []*http.Request {
+	reqs := make([]*http.Request, 1)
+	if strings.Contains(url, "%d") {
+		reqs = make([]*http.Request, 8192)
+	}
+	for i := range reqs {
+		u := url
+		if len(reqs) > 1 {
+			u = fmt.Sprintf(url, i)
+		}
+		var err error
+		if reqs[i], err = http.NewRequest(method, u, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return reqs
 }
 
 // BenchmarkRouteMatch measures the route lookup alone (routeStack, on a
@@ -196,20 +204,7 @@ func BenchmarkRouteMatch(b *testing.B) {
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			tr := mustNew(b, Config{Base: benchBase{}, Routes: routes})
-			reqs := make([]*http.Request, 1)
-			if strings.Contains(bc.url, "%d") {
-				reqs = make([]*http.Request, 8192)
-			}
-			for i := range reqs {
-				u := bc.url
-				if len(reqs) > 1 {
-					u = fmt.Sprintf(bc.url, i)
-				}
-				var err error
-				if reqs[i], err = http.NewRequest("GET", u, nil); err != nil {
-					b.Fatal(err)
-				}
-			}
+			reqs := benchRequests(b, "GET", bc.url)
 			hs := tr.lookup(reqs[0].URL)
 			b.ReportAllocs()
 			i := 0
