@@ -118,7 +118,7 @@ func Hedges(tr *bulwark.Transport, host string) (bulwark.HedgeSnapshot, bool) {
 
 // HedgesSkipped returns how many hedges of host in tr were due but not
 // sent, by reason ("breaker", "bulkhead", "budget", "deadline",
-// "pushback"), with only the reasons that occurred; nil when none was
+// "pushback", "throttle"), with only the reasons that occurred; nil when none was
 // skipped or the host does not hedge.
 func HedgesSkipped(tr *bulwark.Transport, host string) map[string]uint64 {
 	h, ok := Hedges(tr, host)
@@ -131,7 +131,7 @@ func HedgesSkipped(tr *bulwark.Transport, host string) map[string]uint64 {
 		n   uint64
 	}{
 		{"breaker", h.Skipped.Breaker}, {"bulkhead", h.Skipped.Bulkhead}, {"budget", h.Skipped.Budget},
-		{"deadline", h.Skipped.Deadline}, {"pushback", h.Skipped.Pushback},
+		{"deadline", h.Skipped.Deadline}, {"pushback", h.Skipped.Pushback}, {"throttle", h.Skipped.Throttle},
 	} {
 		if r.n > 0 {
 			if out == nil {
