@@ -2,6 +2,8 @@ package bulwarktest
 
 import (
 	"net/http"
+	"reflect"
+	"strings"
 	"sync"
 	"time"
 
@@ -117,28 +119,27 @@ func Hedges(tr *bulwark.Transport, host string) (bulwark.HedgeSnapshot, bool) {
 }
 
 // HedgesSkipped returns how many hedges of host in tr were due but not
-// sent, by reason ("breaker", "bulkhead", "budget", "deadline",
-// "pushback", "throttle"), with only the reasons that occurred; nil when none was
-// skipped or the host does not hedge.
+// sent, by reason: the bulwark.HedgeSkips field in lower case ("breaker",
+// "bulkhead", "budget", "deadline", "pushback", "throttle"), with only
+// the reasons that occurred; nil when none was skipped or the host does
+// not hedge. It reads the fields by reflection, so a reason bulwark adds
+// is reported without a change here.
 func HedgesSkipped(tr *bulwark.Transport, host string) map[string]uint64 {
 	h, ok := Hedges(tr, host)
 	if !ok {
 		return nil
 	}
 	var out map[string]uint64
-	for _, r := range []struct {
-		why string
-		n   uint64
-	}{
-		{"breaker", h.Skipped.Breaker}, {"bulkhead", h.Skipped.Bulkhead}, {"budget", h.Skipped.Budget},
-		{"deadline", h.Skipped.Deadline}, {"pushback", h.Skipped.Pushback}, {"throttle", h.Skipped.Throttle},
-	} {
-		if r.n > 0 {
-			if out == nil {
-				out = make(map[string]uint64)
-			}
-			out[r.why] = r.n
+	v := reflect.ValueOf(h.Skipped)
+	for i := range v.NumField() {
+		f := v.Field(i)
+		if f.Kind() != reflect.Uint64 || f.Uint() == 0 {
+			continue
 		}
+		if out == nil {
+			out = make(map[string]uint64)
+		}
+		out[strings.ToLower(v.Type().Field(i).Name)] = f.Uint()
 	}
 	return out
 }
