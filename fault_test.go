@@ -293,3 +293,21 @@ func TestFaultSnapshotShared(t *testing.T) {
 		}
 	})
 }
+
+// TestFaultSnapshotUpdate: a host's fault counts outlive an Update that
+// changes its Fault policy, as its pushback pauses do.
+func TestFaultSnapshotUpdate(t *testing.T) {
+	cfg := Config{Base: &statusBase{codes: []int{200}}, Default: only(Policy{Fault: Fault{ResetRate: 1}})}
+	tr := mustNew(t, cfg)
+	sendOnce(t, tr, "GET", "http://api.test/")
+	cfg.Default.Fault = Fault{AbortStatus: 503, AbortRate: 1}
+	if err := tr.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if code, err := sendOnce(t, tr, "GET", "http://api.test/"); err != nil || code != 503 {
+		t.Fatalf("after Update: %d, %v; want the injected 503", code, err)
+	}
+	if f := tr.Snapshot().Hosts[0].Fault; f == nil || *f != (FaultSnapshot{Injected: FaultCounts{Resets: 1, Aborts: 1}}) {
+		t.Errorf("Fault = %+v, want the reset from before the Update and the abort after", f)
+	}
+}
