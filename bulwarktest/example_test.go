@@ -131,10 +131,10 @@ func ExampleHedges() {
 
 // A hedge that falls due while every bulkhead slot is held is not sent:
 // HedgesSkipped counts it under "bulkhead". (The first attempt, holding
-// the one slot, answers after 300 ms; the hedge was due at 10 ms.)
+// the one slot, answers after a second; the hedge was due at 10 ms.)
 func ExampleHedgesSkipped() {
 	u := bulwarktest.NewUpstream(map[string]bulwarktest.Script{
-		"/slow": {{Body: "late", Delay: 300 * time.Millisecond}},
+		"/slow": {{Body: "late", Delay: time.Second}},
 	})
 	tr, err := bulwark.New(bulwark.Config{Base: u.Transport(), Default: bulwark.Policy{
 		Hedge:    bulwark.Hedge{Delay: 10 * time.Millisecond},
