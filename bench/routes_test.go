@@ -2,50 +2,72 @@ package bench
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/bulwark-http/bulwark"
 )
+
+// routeCostRoutes are eight routes that inherit everything from the
+// host's policy, so a routed call goes through the same layers as an
+// unrouted one and the difference is the routing.
+var routeCostRoutes = map[string]bulwark.Policy{
+	"POST api.example.com/v1/charges": {}, "GET /v1/rates/{id}": {}, "GET /v1/rates/latest": {},
+	"/v1/accounts/": {}, "/static/": {}, "GET /v1/users/{id}/orders": {}, "DELETE /v1/users/{id}": {}, "/{$}": {},
+}
+
+// routeCostRequests is one request sent again and again ("same"), or 8192
+// with a different ID in each path ("distinct"), so that no memo of
+// recent paths can serve them.
+func routeCostRequests(b *testing.B, kind string) []*http.Request {
+	reqs := make([]*http.Request, 1)
+	if kind == "distinct" {
+		reqs = make([]*http.Request, 8192)
+	}
+	for i := range reqs {
+		u := "http://api.example.com/v1/rates/42"
+		if len(reqs) > 1 {
+			u = fmt.Sprintf("http://api.example.com/v1/rates/%d", i)
+		}
+		req, err := http.NewRequest("GET", u, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		req.Header.Set("Accept", "application/json")
+		reqs[i] = req
+	}
+	return reqs
+}
+
+func routeCostTransport(b *testing.B, routes map[string]bulwark.Policy) *bulwark.Transport {
+	tr, err := bulwark.New(bulwark.Config{Base: ctxBase{}, Routes: routes})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return tr
+}
 
 // BenchmarkRouteCost measures what Config.Routes adds over host routing on
 // a realistic base (ctxBase) with the default policy: the same calls to a
 // Transport without routes ("hosts") and to one with eight routes that
 // inherit everything ("routes"), for one path sent again and again
 // ("same") and for paths that are all different, an ID in each
-// ("distinct", 8192 of them, so no route memo can help). Compare routes
-// with hosts of the same kind, in one run.
+// ("distinct"). The paired cases send through both in one loop, in
+// alternating blocks, so that a shared machine's drift falls on both
+// alike; their added-ns/req is what routing costs per request.
 func BenchmarkRouteCost(b *testing.B) {
-	routes := map[string]bulwark.Policy{
-		"POST api.example.com/v1/charges": {}, "GET /v1/rates/{id}": {}, "GET /v1/rates/latest": {},
-		"/v1/accounts/": {}, "/static/": {}, "GET /v1/users/{id}/orders": {}, "DELETE /v1/users/{id}": {}, "/{$}": {},
-	}
 	for _, kind := range []string{"same", "distinct"} {
 		for _, withRoutes := range []bool{false, true} {
 			name := "hosts-" + kind
 			var rs map[string]bulwark.Policy
 			if withRoutes {
-				name, rs = "routes-"+kind, routes
+				name, rs = "routes-"+kind, routeCostRoutes
 			}
 			b.Run(name, func(b *testing.B) {
-				tr, err := bulwark.New(bulwark.Config{Base: ctxBase{}, Routes: rs})
-				if err != nil {
-					b.Fatal(err)
-				}
-				reqs := make([]*http.Request, 1)
-				if kind == "distinct" {
-					reqs = make([]*http.Request, 8192)
-				}
-				for i := range reqs {
-					u := "http://api.example.com/v1/rates/42"
-					if len(reqs) > 1 {
-						u = fmt.Sprintf("http://api.example.com/v1/rates/%d", i)
-					}
-					if reqs[i], err = http.NewRequest("GET", u, nil); err != nil {
-						b.Fatal(err)
-					}
-					reqs[i].Header.Set("Accept", "application/json")
-				}
+				tr := routeCostTransport(b, rs)
+				reqs := routeCostRequests(b, kind)
 				b.ReportAllocs()
 				i := 0
 				for b.Loop() {
@@ -58,5 +80,49 @@ func BenchmarkRouteCost(b *testing.B) {
 				}
 			})
 		}
+		b.Run("paired-"+kind, func(b *testing.B) {
+			rts := []http.RoundTripper{routeCostTransport(b, nil), routeCostTransport(b, routeCostRoutes)}
+			reqs := routeCostRequests(b, kind)
+			t := interleaveRequests(b, reqs, pairedBlock, rts...)
+			b.ReportMetric(float64(t[0].Nanoseconds())/float64(b.N), "hosts-ns/req")
+			b.ReportMetric(float64(t[1].Nanoseconds())/float64(b.N), "routes-ns/req")
+			b.ReportMetric(float64((t[1]-t[0]).Nanoseconds())/float64(b.N), "added-ns/req")
+		})
 	}
+}
+
+// interleaveRequests is interleave for a list of requests: each
+// RoundTripper sends the list in turn, block requests at a time, the
+// first of each round alternating, and the total time each took is
+// returned.
+func interleaveRequests(b *testing.B, reqs []*http.Request, block int, rts ...http.RoundTripper) []time.Duration {
+	pos := make([]int, len(rts))
+	send := func(j, n int) time.Duration {
+		start := time.Now()
+		for range n {
+			resp, err := rts[j].RoundTrip(reqs[pos[j]%len(reqs)])
+			pos[j]++
+			if err != nil {
+				b.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		return time.Since(start)
+	}
+	for j := range rts {
+		send(j, block) // warm: per-host state made
+	}
+	total := make([]time.Duration, len(rts))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for n, round := 0, 0; n < b.N; round++ {
+		k := min(block, b.N-n)
+		for i := range rts {
+			j := (i + round) % len(rts)
+			total[j] += send(j, k)
+		}
+		n += k
+	}
+	return total
 }
