@@ -2,10 +2,8 @@ package bench
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/bulwark-http/bulwark"
 )
@@ -89,40 +87,4 @@ func BenchmarkRouteCost(b *testing.B) {
 			b.ReportMetric(float64((t[1]-t[0]).Nanoseconds())/float64(b.N), "added-ns/req")
 		})
 	}
-}
-
-// interleaveRequests is interleave for a list of requests: each
-// RoundTripper sends the list in turn, block requests at a time, the
-// first of each round alternating, and the total time each took is
-// returned.
-func interleaveRequests(b *testing.B, reqs []*http.Request, block int, rts ...http.RoundTripper) []time.Duration {
-	pos := make([]int, len(rts))
-	send := func(j, n int) time.Duration {
-		start := time.Now()
-		for range n {
-			resp, err := rts[j].RoundTrip(reqs[pos[j]%len(reqs)])
-			pos[j]++
-			if err != nil {
-				b.Fatal(err)
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		return time.Since(start)
-	}
-	for j := range rts {
-		send(j, block) // warm: per-host state made
-	}
-	total := make([]time.Duration, len(rts))
-	b.ReportAllocs()
-	b.ResetTimer()
-	for n, round := 0, 0; n < b.N; round++ {
-		k := min(block, b.N-n)
-		for i := range rts {
-			j := (i + round) % len(rts)
-			total[j] += send(j, k)
-		}
-		n += k
-	}
-	return total
 }
