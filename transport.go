@@ -66,7 +66,11 @@ type Config struct {
 	// none, or that ServeMux would redirect (an unclean path, a missing
 	// trailing slash), uses its host's policy alone. A malformed pattern,
 	// or two that conflict as ServeMux says, is a *ConfigError from New.
-	// Nil means no routes, and routing costs nothing. Routes need the Go
+	// Nil means no routes, and routing costs nothing. With routes, a
+	// (method, host, path) seen recently is matched from a memo, without
+	// allocating; a path seen for the first time (an ID in each path) pays
+	// what ServeMux's own matching costs, several hundred nanoseconds and,
+	// for a wildcard, an allocation. Routes need the Go
 	// 1.22 pattern rules: under GODEBUG=httpmuxgo121=1, with which
 	// ServeMux reads patterns by the Go 1.21 rules, New refuses Routes
 	// with a *ConfigError.
