@@ -108,14 +108,13 @@ type quotaMode struct {
 
 // quotaRun is what one run of the quota scenario measured.
 type quotaRun struct {
-	mode                       quotaMode
-	dur                        time.Duration
-	reachPerSec, okPerSec      float64 // after the first second
-	busiest                    int     // most arrivals in one second, after the first
-	rejectedAfter1s, rejected  int     // 429s
-	refused, paused, others    int64   // the children's own counts
-	phases                     []phase // the outage scenario's
-	localAtEnd, connectedAtEnd int
+	mode                      quotaMode
+	dur                       time.Duration
+	reachPerSec, okPerSec     float64 // after the first second
+	busiest                   int     // most arrivals in one second, after the first
+	rejectedAfter1s, rejected int     // 429s
+	refused, paused, others   int64   // the children's own counts
+	phases                    []phase // the outage scenario's
 }
 
 // phase is a stretch of the outage scenario.
@@ -235,9 +234,6 @@ func summarize(up *thirdParty, m quotaMode, start time.Time, dur time.Duration, 
 		r.refused += last.refused
 		r.paused += last.paused
 		r.others += last.others
-		if last.local {
-			r.localAtEnd++
-		}
 	}
 	return r
 }
