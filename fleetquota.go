@@ -24,6 +24,12 @@ import (
 // so a process that stops asking cannot send a burst of old tokens later.
 // Over any stretch of time T the fleet is therefore granted at most
 // Rate × T + Burst tokens, and sends them within leaseFor of the grant.
+// Local answers come on top: before a process's first lease, while the
+// store is unreachable, and while a renewal catches up with a surge of
+// demand the store had room for, a process sends at its share of the
+// quota (Rate / Pods); the last lasts one renewal at most, since a store
+// that had no room for the surge grants less than asked and from then on
+// the process refuses.
 //
 // Implementations must be safe for concurrent use.
 type FleetLeaser interface {
