@@ -295,3 +295,34 @@ func TestFleetQuotaConfig(t *testing.T) {
 		t.Errorf("Update with a FleetRate and no leaser = %v, want a ConfigError", err)
 	}
 }
+
+// TestFleetQuotaAfterUpdate: Update retunes a host's quota in place (the
+// lease state is the host's, not the policy's), and removing FleetRate
+// stops it.
+func TestFleetQuotaAfterUpdate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &memLeaser{memFleet: memFleet{hub: &memHub{}}, b: &memBucket{}}
+		base := &statusBase{codes: []int{200}}
+		tr := newQuotaPod(t, f, base, quotaPolicy(40))
+		offer(t, []*Transport{tr}, 10*time.Millisecond, time.Second)
+		before := tr.Snapshot().Host("api.test:80")[0].Quota
+		if err := tr.Update(Config{Base: base, Default: quotaPolicy(80), Fleet: f}); err != nil {
+			t.Fatal(err)
+		}
+		sent, _ := offer(t, []*Transport{tr}, 5*time.Millisecond, 2*time.Second)
+		after := tr.Snapshot().Host("api.test:80")[0].Quota
+		if after == nil || after.FleetRate != 80 || after.Leases <= before.Leases || after.Granted <= before.Granted {
+			t.Fatalf("quota after Update %+v (before %+v)", after, before)
+		}
+		if n := sum(sent); n < 2*80*9/10 || n > 2*80+int(leaseBurst(80))+2 {
+			t.Fatalf("after Update to 80/s: %d sent in 2 s", n)
+		}
+		if err := tr.Update(Config{Base: base, Default: quotaPolicy(0), Fleet: f}); err != nil {
+			t.Fatal(err)
+		}
+		sent, refused := offer(t, []*Transport{tr}, 5*time.Millisecond, time.Second)
+		if sum(refused) != 0 || sum(sent) < 190 {
+			t.Fatalf("FleetRate removed: sent %v, refused %v; want no limit", sent, refused)
+		}
+	})
+}
