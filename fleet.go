@@ -41,6 +41,9 @@ import (
 // none). Each pod adds the other pods' latest counts (each valid for
 // fleetCountsFor) to its own when deciding whether to trip, so the fleet
 // trips after about MinCalls calls fleet-wide rather than MinCalls per pod.
+// A pod checks that sum before each call too, while peers' counts are
+// fresh, so that it does not send one more call once they have crossed
+// the threshold without it (fleetTrip).
 // The pod that trips publishes "open until T", and every other pod adopts
 // it (capped at its own MaxOpenFor). A quorum of K pods was the other
 // choice: it lets K × MinCalls failures through and needs K healthy pods
