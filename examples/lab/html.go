@@ -46,6 +46,9 @@ p{margin:.4em 0}svg{display:block;margin:.2em 0 .4em}
 			fmt.Fprintf(&b, "<p class=\"verdict\" data-scenario=\"%s\">%s <span class=\"note\">(%s)</span></p>\n", sc.key, html.EscapeString(v), html.EscapeString(sc.title))
 		}
 	}
+	if len(scs) > 1 {
+		fmt.Fprintf(&b, "<p class=\"note\">%s</p>\n", html.EscapeString(fleetPointer))
+	}
 	b.WriteString("</section>\n")
 	for _, sc := range scs {
 		fmt.Fprintf(&b, "<section class=\"scenario\" id=\"%s\">\n<h2>%s</h2>\n", sc.key, html.EscapeString(sc.title))

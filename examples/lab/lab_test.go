@@ -57,18 +57,27 @@ func TestTuesdayProtectsOrders(t *testing.T) {
 	l.render(&buf, sc)
 	t.Log("\n" + buf.String())
 	plain, prot := byShort(t, sc, "plain"), byShort(t, sc, "bulwark")
-	po, bo := plain.metrics["orders_sick"], prot.metrics["orders_sick"]
-	if bo < po+0.3 {
-		t.Errorf("orders ok while tax sick: bulwark %.1f%%, plain %.1f%%; want bulwark ahead by at least 30 points", 100*bo, 100*po)
+	// The mechanism, asserted first: slow tax calls hold the plain
+	// client's checkout workers (all of them: a sick tax call lasts a
+	// second and checkouts arrive far faster than 40 a second), while
+	// bulwark's bulkhead lets at most 8 wait on tax and refuses the rest at
+	// once. That holds however slow a starved machine makes the calls; the
+	// rates below follow from it, so they are asserted for direction only,
+	// without margins that a loaded machine could eat.
+	if ph, bh := plain.metrics["held"], prot.metrics["held"]; ph < 0.9 || bh > 0.5 {
+		t.Errorf("most checkout workers waiting on tax at once: plain %.0f%%, bulwark %.0f%%; want plain ≥ 90%% (the pool drained) and bulwark ≤ 50%% (its bulkhead holds 20%%)", 100*ph, 100*bh)
 	}
-	pc, bc := plain.metrics["checkout_sick"], prot.metrics["checkout_sick"]
-	if bc <= pc {
+	if po, bo := plain.metrics["orders_sick"], prot.metrics["orders_sick"]; bo <= po {
+		t.Errorf("orders ok while tax sick: bulwark %.1f%%, plain %.1f%%; want bulwark ahead", 100*bo, 100*po)
+	}
+	if pc, bc := plain.metrics["checkout_sick"], prot.metrics["checkout_sick"]; bc <= pc {
 		t.Errorf("checkout ok while tax sick: bulwark %.1f%%, plain %.1f%%; want bulwark ahead", 100*bc, 100*pc)
 	}
-	// The plain client's own drained pool throttles what it sends (a few
-	// calls per stuck worker); bulwark's open breaker sends only probes.
-	if pt, bt := plain.metrics["tax_sick"], prot.metrics["tax_sick"]; bt > 0.6*pt {
-		t.Errorf("tax requests received while sick: bulwark %.0f, plain %.0f; want bulwark well under plain (the breaker open)", bt, pt)
+	// The plain client's own drained pool throttles what it sends (one
+	// call per stuck worker a second); bulwark's open breaker sends only
+	// probes.
+	if pt, bt := plain.metrics["tax_sick"], prot.metrics["tax_sick"]; bt >= pt {
+		t.Errorf("tax requests received while sick: bulwark %.0f, plain %.0f; want bulwark fewer (the breaker open)", bt, pt)
 	}
 	if open := prot.metrics["breaker_open_sick"]; open < 0.2 {
 		t.Errorf("breaker open for %.1f%% of the sick period; want it open most of it (at least 20%%)", 100*open)
@@ -166,16 +175,101 @@ func TestOutlierEjectionHelps(t *testing.T) {
 	l.render(&buf, sc)
 	t.Log("\n" + buf.String())
 	off, on := byShort(t, sc, "no-eject"), byShort(t, sc, "eject")
-	if fo, no := off.metrics["ok"], on.metrics["ok"]; no <= fo {
-		t.Errorf("success rate: with ejection %.1f%%, without %.1f%%; want ejection higher", 100*no, 100*fo)
-	}
+	// Asserted: the mechanism (ejected instances get fewer requests) and
+	// what it buys, calls answered by a sick instance's 500. Both hold
+	// however slow a starved machine makes the healthy instances. The
+	// success rate is logged, not asserted: on a machine slow enough that
+	// healthy calls run past the end of the run, both runs lose calls
+	// there, and the difference ejection makes can drown in that.
+	t.Logf("success rate: with ejection %.1f%%, without %.1f%%", 100*on.metrics["ok"], 100*off.metrics["ok"])
 	// Without ejection the sick instances get at least their 3/20 share;
 	// ejected, they get a few requests per return. Half is a wide margin.
-	if fs, ns := off.metrics["sick"], on.metrics["sick"]; ns >= fs/2 {
-		t.Errorf("requests reaching sick instances: with ejection %.0f, without %.0f; want ejection under half", ns, fs)
+	if fs, ns := off.metrics["share"], on.metrics["share"]; ns >= fs/2 {
+		t.Errorf("share of requests reaching sick instances: with ejection %.1f%%, without %.1f%%; want ejection under half", 100*ns, 100*fs)
+	}
+	if f5, n5 := off.metrics["500"], on.metrics["500"]; n5 >= f5/2 {
+		t.Errorf("calls answered 500: with ejection %.1f%%, without %.1f%%; want ejection under half", 100*n5, 100*f5)
 	}
 	if n := sum(on.tl.get("ejected").num); n == 0 {
 		t.Errorf("the ejection run never saw an instance ejected")
+	}
+}
+
+func TestTailHedgingCutsTail(t *testing.T) {
+	// The faults are seeded (tailSeed), so the plain client, which sends
+	// each call once, meets the same number of one-second attempts in
+	// every run of this test however loaded the machine is; what is
+	// asserted is that hedging leaves fewer calls that slow, at a load the
+	// retry budget bounds.
+	l := testLab(settings{scale: 0.25, load: 200, duration: 3 * time.Second})
+	sc, err := l.tail(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	l.render(&buf, sc)
+	t.Log("\n" + buf.String())
+	plain, hedge := byShort(t, sc, "plain").metrics, byShort(t, sc, "hedging").metrics
+	if plain["slow"] < 2 {
+		t.Fatalf("the plain client met %.0f calls of 0.5 s or more in %.0f; the seeded 1 %% fault should give it several", plain["slow"], plain["calls"])
+	}
+	if hedge["hedges"] < 1 {
+		t.Errorf("bulwark hedging sent no hedge")
+	}
+	if hedge["slow"] >= plain["slow"] {
+		t.Errorf("calls of 0.5 s or more: hedging %.0f, plain %.0f; want hedging fewer", hedge["slow"], plain["slow"])
+	}
+	// Each hedge takes a token from the retry budget: 20 % of calls plus
+	// 10 a second, so at 200 calls a second at most 1.25 requests a call.
+	if hedge["load"] > 1.3 || plain["load"] != 1 {
+		t.Errorf("upstream requests per call: hedging %.3f, plain %.3f; want at most 1.3 (the budget) and exactly 1", hedge["load"], plain["load"])
+	}
+}
+
+func TestCapacityLimitFollowsCores(t *testing.T) {
+	// Asserted: the mechanism (the adaptive limit falls when the cores
+	// do, and so bounds the service's queue, which the plain client's
+	// open-loop calls fill) and the direction of the calls answered in
+	// time. A starved machine slows both runs alike; neither result needs
+	// a timing bound.
+	l := testLab(settings{scale: 0.25, load: 200, duration: 6 * time.Second})
+	sc, err := l.capacity(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	l.render(&buf, sc)
+	t.Log("\n" + buf.String())
+	plain, bw := byShort(t, sc, "plain").metrics, byShort(t, sc, "bulwark").metrics
+	if bw["min_limit"] > bw["ceiling"]/2 {
+		t.Errorf("bulwark's lowest limit with a quarter of the cores: %.0f; want it under half its ceiling (%.0f)", bw["min_limit"], bw["ceiling"])
+	}
+	if plain["max_queue"] < 2*bw["max_queue"] {
+		t.Errorf("longest queue at the service: plain %.0f, bulwark %.0f; want plain at least twice bulwark's", plain["max_queue"], bw["max_queue"])
+	}
+	if bg, pg := bw["low_good"]+bw["after_good"], plain["low_good"]+plain["after_good"]; bg <= pg {
+		t.Errorf("calls/s answered in time during and after the drop: bulwark %.0f, plain %.0f; want bulwark more", bg, pg)
+	}
+}
+
+func TestThrottleCapsSends(t *testing.T) {
+	l := testLab(settings{scale: 0.25, load: 200, duration: 3 * time.Second})
+	sc, err := l.throttle(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	l.render(&buf, sc)
+	t.Log("\n" + buf.String())
+	plain, bw := byShort(t, sc, "plain").metrics, byShort(t, sc, "bulwark").metrics
+	// The throttle's refusal probability is computed from the same counts
+	// of requests and accepts: it holds the ratio near K = 2 however fast
+	// the machine runs. The plain client sends all five times.
+	if bw["ratio"] > 2.6 || plain["ratio"] < 3.5 {
+		t.Errorf("backend received ÷ accepted: bulwark %.2f, plain %.2f; want bulwark ≤ 2.6 (K = 2) and plain ≥ 3.5 (offered 5×)", bw["ratio"], plain["ratio"])
+	}
+	if bw["local"] <= 0 {
+		t.Errorf("bulwark's throttle refused nothing locally")
 	}
 }
 
