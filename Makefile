@@ -37,9 +37,10 @@ unit:
 		echo "   the tests took $$(( $$(date +%s) - t0 ))s"
 
 # The main job: the resilience lab replays well-known outages (Release It!,
-# Google's SRE book, the AWS Builders' Library) on 127.0.0.1, plain client
-# against bulwark, in under a minute: a verdict per scenario, tables,
-# sparklines and an HTML report. `go run ./lab -h` for flags.
+# Google's SRE book, the AWS Builders' Library, "The Tail at Scale") on
+# 127.0.0.1, plain client against bulwark, in about a minute and a half: a
+# verdict per scenario, tables, sparklines and an HTML report.
+# `go run ./lab -h` for flags.
 demo:
 	cd examples && $(GO) run ./lab
 

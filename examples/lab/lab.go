@@ -92,9 +92,14 @@ type server struct {
 }
 
 func startServer(h func(s *server) http.Handler) (*server, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
+	var ln net.Listener
+	if inMemory != nil {
+		ln = inMemory.listen()
+	} else {
+		var err error
+		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			return nil, err
+		}
 	}
 	s := &server{stop: make(chan struct{}), host: ln.Addr().String()}
 	s.url = "http://" + s.host
@@ -135,6 +140,9 @@ func loopbackTransport() *http.Transport {
 	t.MaxIdleConns = 2048
 	t.MaxIdleConnsPerHost = 1024
 	t.Proxy = nil // loopback only, whatever the environment says
+	if inMemory != nil {
+		t.DialContext = inMemory.dial
+	}
 	return t
 }
 
