@@ -178,18 +178,10 @@ func (l *lab) capacity(ctx context.Context) (*scenario, error) {
 			r.tl.define("limit", kindGauge, true, true)
 		}
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(runs))
-	stop := l.showProgress("capacity: plain and adaptive limit side by side", length)
-	for i, r := range runs {
-		wg.Go(func() { errs[i] = l.capacityRun(ctx, r, start, length, dropAt, backAt, full, low) })
-	}
-	wg.Wait()
-	stop()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
+	if err := l.sideBySide("capacity: plain and adaptive limit side by side", length, len(runs), func(i int) error {
+		return l.capacityRun(ctx, runs[i], start, length, dropAt, backAt, full, low)
+	}); err != nil {
+		return nil, err
 	}
 	lowFrom, lowTo := runs[0].tl.at(dropAt), runs[0].tl.at(backAt)
 	// The drop's first half second is the limit learning; the figures are

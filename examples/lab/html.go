@@ -132,14 +132,23 @@ func charts(sc *scenario) []chartSpec {
 	if len(sc.runs) == 0 {
 		return nil
 	}
-	var cs []chartSpec
-	for _, s0 := range sc.runs[0].tl.order {
-		if !s0.spark && !s0.table {
-			continue
+	// Every run's charted series, in the order first defined: a metric
+	// only a later run measures (bulwark's limit) is charted too.
+	var order []*series
+	seen := map[string]bool{}
+	for _, r := range sc.runs {
+		for _, s := range r.tl.order {
+			if (s.spark || s.table) && !seen[s.name] {
+				seen[s.name] = true
+				order = append(order, s)
+			}
 		}
+	}
+	var cs []chartSpec
+	for _, s0 := range order {
 		var ls []line
 		for _, r := range sc.runs {
-			if s := r.tl.get(s0.name); s != nil && !(s.kind == kindRate && s.empty()) {
+			if s := r.tl.get(s0.name); s != nil && !((s.kind == kindRate || s.kind == kindGauge) && s.empty()) {
 				ls = append(ls, line{r.short, s})
 			}
 		}

@@ -280,3 +280,20 @@ func roundUp(d, m time.Duration) time.Duration {
 	}
 	return d
 }
+
+// sideBySide runs n configurations of a scenario at once, run(i) each,
+// under one progress line, and returns the first error (errors.Join of
+// them all). Side by side rather than one after the other: the runs see
+// the same machine at the same moment, and the lab's total time stays
+// within make demo's budget.
+func (l *lab) sideBySide(what string, total time.Duration, n int, run func(i int) error) error {
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	stop := l.showProgress(what, total)
+	for i := range n {
+		wg.Go(func() { errs[i] = run(i) })
+	}
+	wg.Wait()
+	stop()
+	return errors.Join(errs...)
+}

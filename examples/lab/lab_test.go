@@ -57,6 +57,19 @@ func inBubble(t *testing.T, f func(t *testing.T)) {
 	})
 }
 
+// runScenario runs one scenario of l and logs what the lab would print.
+func runScenario(t *testing.T, l *lab, run func(*lab, context.Context) (*scenario, error)) *scenario {
+	t.Helper()
+	sc, err := run(l, t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	l.render(&buf, sc)
+	t.Log("\n" + buf.String())
+	return sc
+}
+
 func byShort(t *testing.T, sc *scenario, short string) *run {
 	t.Helper()
 	for _, r := range sc.runs {
@@ -72,13 +85,7 @@ func TestTuesdayProtectsOrders(t *testing.T) { inBubble(t, testTuesdayProtectsOr
 
 func testTuesdayProtectsOrders(t *testing.T) {
 	l := testLab(settings{scale: 0.1, load: 300, duration: 6 * time.Second})
-	sc, err := l.tuesday(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	l.render(&buf, sc)
-	t.Log("\n" + buf.String())
+	sc := runScenario(t, l, (*lab).tuesday)
 	plain, prot := byShort(t, sc, "plain"), byShort(t, sc, "bulwark")
 	// The mechanism, asserted first: slow tax calls hold the plain
 	// client's checkout workers (all of them: a sick tax call lasts a
@@ -159,13 +166,7 @@ func testDeadlinesShortBeatsLong(t *testing.T) {
 	// deadline is the floor or the measured p99.9, the long one 100 s
 	// scaled, and the long run's 50 workers fill with hung calls by 2.5 s.
 	l := testLab(settings{scale: 0.5, load: 400, duration: 4 * time.Second})
-	sc, err := l.deadlines(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	l.render(&buf, sc)
-	t.Log("\n" + buf.String())
+	sc := runScenario(t, l, (*lab).deadlines)
 	// The mechanism: hung calls hold the server's workers until their
 	// caller's deadline, so a long deadline lets them fill the server
 	// while a short one frees them. Then what follows from it: in the last
@@ -187,13 +188,7 @@ func testOutlierEjectionHelps(t *testing.T) {
 	// failures take to arrive: at ×0.25 a first ejection (1.9 s) outlasts
 	// the run, and at 400 req/s the failures take a fraction of a second.
 	l := testLab(settings{scale: 0.25, load: 400, duration: 2 * time.Second})
-	sc, err := l.outlier(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	l.render(&buf, sc)
-	t.Log("\n" + buf.String())
+	sc := runScenario(t, l, (*lab).outlier)
 	off, on := byShort(t, sc, "no-eject"), byShort(t, sc, "eject")
 	// Asserted: the mechanism (ejected instances get fewer requests), what
 	// it buys (fewer calls answered by a sick instance's 500) and the
@@ -222,13 +217,7 @@ func testTailHedgingCutsTail(t *testing.T) {
 	// every run of this test; what is asserted is that hedging leaves
 	// fewer calls that slow, at a load the retry budget bounds.
 	l := testLab(settings{scale: 0.25, load: 200, duration: 3 * time.Second})
-	sc, err := l.tail(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	l.render(&buf, sc)
-	t.Log("\n" + buf.String())
+	sc := runScenario(t, l, (*lab).tail)
 	plain, hedge := byShort(t, sc, "plain").metrics, byShort(t, sc, "hedging").metrics
 	if plain["slow"] < 2 {
 		t.Fatalf("the plain client met %.0f calls of 0.5 s or more in %.0f; the seeded 1 %% fault should give it several", plain["slow"], plain["calls"])
@@ -254,13 +243,7 @@ func testCapacityLimitFollowsCores(t *testing.T) {
 	// open-loop calls fill) and the direction of the calls answered in
 	// time.
 	l := testLab(settings{scale: 0.25, load: 200, duration: 6 * time.Second})
-	sc, err := l.capacity(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	l.render(&buf, sc)
-	t.Log("\n" + buf.String())
+	sc := runScenario(t, l, (*lab).capacity)
 	plain, bw := byShort(t, sc, "plain").metrics, byShort(t, sc, "bulwark").metrics
 	if bw["min_limit"] > bw["ceiling"]/2 {
 		t.Errorf("bulwark's lowest limit with a quarter of the cores: %.0f; want it under half its ceiling (%.0f)", bw["min_limit"], bw["ceiling"])
@@ -277,13 +260,7 @@ func TestThrottleCapsSends(t *testing.T) { inBubble(t, testThrottleCapsSends) }
 
 func testThrottleCapsSends(t *testing.T) {
 	l := testLab(settings{scale: 0.25, load: 200, duration: 3 * time.Second})
-	sc, err := l.throttle(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	l.render(&buf, sc)
-	t.Log("\n" + buf.String())
+	sc := runScenario(t, l, (*lab).throttle)
 	plain, bw := byShort(t, sc, "plain").metrics, byShort(t, sc, "bulwark").metrics
 	// The throttle's refusal probability comes from its counts of
 	// requests and accepts and holds the ratio near K = 2; the plain client

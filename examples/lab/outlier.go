@@ -151,18 +151,10 @@ func (l *lab) outlier(ctx context.Context) (*scenario, error) {
 		r.tl.define("sick recv", kindLoad, true, true)
 		r.tl.define("ejected", kindGauge, true, true)
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(runs))
-	stop := l.showProgress("outlier: without and with ejection side by side", length)
-	for i, r := range runs {
-		wg.Go(func() { errs[i] = l.outlierRun(ctx, r, start, length) })
-	}
-	wg.Wait()
-	stop()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
+	if err := l.sideBySide("outlier: without and with ejection side by side", length, len(runs), func(i int) error {
+		return l.outlierRun(ctx, runs[i], start, length)
+	}); err != nil {
+		return nil, err
 	}
 	for _, r := range runs {
 		out := &run{tl: r.tl}

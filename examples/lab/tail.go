@@ -166,18 +166,10 @@ func (l *lab) tail(ctx context.Context) (*scenario, error) {
 		r.tl.define("p99", kindP99, true, true)
 		r.tl.define("sent", kindLoad, true, true)
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(runs))
-	stop := l.showProgress("tail: plain, retries, hedging side by side", length)
-	for i, r := range runs {
-		wg.Go(func() { errs[i] = l.tailRun(ctx, r, srv.url, start, length) })
-	}
-	wg.Wait()
-	stop()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
+	if err := l.sideBySide("tail: plain, retries, hedging side by side", length, len(runs), func(i int) error {
+		return l.tailRun(ctx, runs[i], srv.url, start, length)
+	}); err != nil {
+		return nil, err
 	}
 	for _, r := range runs {
 		out := &run{name: r.name, short: r.short, tl: r.tl}
@@ -193,11 +185,12 @@ func (l *lab) tail(ctx context.Context) (*scenario, error) {
 		r.mu.Unlock()
 		load := float64(r.up.n.Load()) / float64(max(calls, 1))
 		hedges, won := "-", "-"
-		var sent float64
+		var sent, delay float64
 		if r.bw != nil {
 			for _, h := range r.bw.Snapshot().Hosts {
 				if h.Hedge != nil {
 					sent = float64(h.Hedge.Sent)
+					delay = float64(h.Hedge.Delay) / float64(time.Millisecond)
 					hedges = fmt.Sprintf("%d (delay now %v)", h.Hedge.Sent, h.Hedge.Delay.Round(100*time.Microsecond))
 					won = strconv.FormatUint(h.Hedge.Won, 10)
 				}
@@ -215,12 +208,16 @@ func (l *lab) tail(ctx context.Context) (*scenario, error) {
 			{"errors", strconv.FormatInt(r.errs.Load(), 10)},
 		}
 		out.metrics = map[string]float64{"p50": p50, "p99": p99, "p999": p999, "load": load,
-			"slow": float64(slow), "calls": float64(calls), "hedges": sent, "errors": float64(r.errs.Load())}
+			"slow": float64(slow), "calls": float64(calls), "hedges": sent, "delay": delay, "errors": float64(r.errs.Load())}
 		sc.runs = append(sc.runs, out)
 	}
 	plain, hedge := sc.runs[0].metrics, sc.runs[2].metrics
 	sc.explain = append(sc.explain, fmt.Sprintf("The plain client waited the full second on every faulted attempt: %.0f of its %.0f calls took 0.5 s or more, so its p99.9 is the fault's second. Retrying only changes nothing here: a 1 s answer is a success, far inside the 10 s attempt timeout, and a timeout short enough to cut it would still cost each such call that timeout and a retry. Hedging sent a second attempt once one had waited the host's recent p99 (at least 8 ms); the hedge nearly always drew a healthy 5 ms answer, so the calls of 0.5 s or more fell to %.0f, for %.0f hedges in %.0f calls.",
 		plain["slow"], plain["calls"], hedge["slow"], hedge["hedges"], hedge["calls"]))
+	if floor := float64(tailHedge.MinDelay) / float64(time.Millisecond); hedge["delay"] > 2*floor {
+		sc.explain = append(sc.explain, fmt.Sprintf("Why hedging's p99 and p99.9 (%s, %s) sit well above the healthy 5 ms: a call waits the hedge delay before its hedge goes, and the delay is the host's recent p99, which ended this run at %s, not the %.0f ms floor. The faults alone put 1 %% of attempts at a second; a loaded machine's own stalls, which slow a few attempts of every client, push the p99 it measures up further.",
+			msSp(hedge["p99"]), msSp(hedge["p999"]), msSp(hedge["delay"]), floor))
+	}
 	return sc, nil
 }
 

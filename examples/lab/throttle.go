@@ -95,18 +95,10 @@ func (l *lab) throttle(ctx context.Context) (*scenario, error) {
 			r.tl.define("refused locally", kindLoad, true, true)
 		}
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(runs))
-	stop := l.showProgress("throttle: plain and bulwark side by side", length)
-	for i, r := range runs {
-		wg.Go(func() { errs[i] = l.throttleRun(ctx, r, start, length, warm, capacity) })
-	}
-	wg.Wait()
-	stop()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
+	if err := l.sideBySide("throttle: plain and bulwark side by side", length, len(runs), func(i int) error {
+		return l.throttleRun(ctx, runs[i], start, length, warm, capacity)
+	}); err != nil {
+		return nil, err
 	}
 	secs := (length - warm).Seconds()
 	for _, r := range runs {

@@ -214,18 +214,10 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 		r.tl.define("breaker open", kindRate, r.protected, true)
 	}
 
-	var wg sync.WaitGroup
-	errs := make([]error, len(runs))
-	stop := l.showProgress("tuesday: plain and bulwark side by side", length+patience)
-	for i, r := range runs {
-		wg.Go(func() { errs[i] = l.tuesdayRun(ctx, r, start, length, patience, attempt, workers) })
-	}
-	wg.Wait()
-	stop()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
+	if err := l.sideBySide("tuesday: plain and bulwark side by side", length+patience, len(runs), func(i int) error {
+		return l.tuesdayRun(ctx, runs[i], start, length, patience, attempt, workers)
+	}); err != nil {
+		return nil, err
 	}
 
 	sickB, healB, endB := runs[0].tl.at(sickFrom), runs[0].tl.at(sickTo), runs[0].tl.at(length)
