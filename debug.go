@@ -124,7 +124,7 @@ type DebugBulkhead struct {
 type DebugHedge struct {
 	// Sent is the hedges sent, Won those whose answer the caller got, and
 	// Skipped those due but not sent (budget, deadline, breaker, pause,
-	// bulkhead, summed).
+	// bulkhead, throttle, summed).
 	Sent    uint64 `json:"sent"`
 	Won     uint64 `json:"won"`
 	Skipped uint64 `json:"skipped"`
@@ -356,7 +356,7 @@ func debugHost(h HostSnapshot, now time.Time) DebugHost {
 	if hg := h.Hedge; hg != nil {
 		sk := hg.Skipped
 		dh.Hedge = &DebugHedge{Sent: hg.Sent, Won: hg.Won, DelayMs: float64(hg.Delay) / float64(time.Millisecond),
-			Skipped: sk.Budget + sk.Deadline + sk.Breaker + sk.Pushback + sk.Bulkhead}
+			Skipped: sk.Budget + sk.Deadline + sk.Breaker + sk.Pushback + sk.Bulkhead + sk.Throttle}
 	}
 	if th := h.Throttle; th != nil {
 		dh.Throttle = &DebugThrottle{Requests: th.Requests, Accepts: th.Accepts, Probability: th.Probability,

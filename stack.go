@@ -72,10 +72,11 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 	var s stage
 	var parts []any
 	// What the hedger asks before sending a hedge: is the breaker open,
-	// the bulkhead full? (A balanced upstream's bulkheads are per
+	// the bulkhead full, the throttle refusing? (A balanced upstream's bulkheads are per
 	// instance; the balancer's pick and each instance's bulkhead decide.)
 	var open opener
 	var full filler
+	var shed shedder
 	switch {
 	case sh.built && sh.balancer != nil:
 		s = sh.balancer
@@ -117,6 +118,9 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 			th.throttleCounts = old.throttle
 		}
 		s, parts = th, append(parts, th)
+		if !p.Throttle.Shadow {
+			shed = th
+		}
 	}
 	var pause pauser
 	switch {
@@ -144,7 +148,7 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 			r.budget = old.budget
 		}
 		if p.Hedge.enabled() {
-			r.hedge = newHedger(p.Hedge, open, full)
+			r.hedge = newHedger(p.Hedge, open, full, shed)
 			r.max = max(r.max, 1+p.Hedge.MaxHedges)
 		}
 		s, parts = r, append(parts, r)

@@ -210,6 +210,15 @@ func (t *throttleStage) roundTrip(req *http.Request, c call) (*http.Response, er
 	return t.send(req, c)
 }
 
+// shedding reports whether the throttle refuses some requests now: the
+// hedger sends no hedge then.
+func (t *throttleStage) shedding() bool {
+	now := time.Now().UnixNano()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.probability(t.w.Sum(now)) > 0
+}
+
 // send sends req and counts the host's answer.
 func (t *throttleStage) send(req *http.Request, c call) (*http.Response, error) {
 	resp, err := t.next.roundTrip(req, c)
