@@ -177,6 +177,7 @@ func openLoop(ctx context.Context, rate float64, d time.Duration, maxInFlight in
 	start := time.Now()
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
+	prev := start
 	for i := 0; i < total; {
 		select {
 		case <-ctx.Done():
@@ -184,6 +185,9 @@ func openLoop(ctx context.Context, rate float64, d time.Duration, maxInFlight in
 			continue
 		case <-tick.C:
 		}
+		now := time.Now()
+		noteStall(now.Sub(prev))
+		prev = now
 		due := min(total, int(time.Since(start).Seconds()*rate)+1)
 		for ; i < due; i++ {
 			at := time.Now()
@@ -296,4 +300,26 @@ func (l *lab) sideBySide(what string, total time.Duration, n int, run func(i int
 	wg.Wait()
 	stop()
 	return errors.Join(errs...)
+}
+
+// longestStall is the longest gap between two ticks of any open loop's
+// 2 ms clock since the last reset: how long the machine (other processes,
+// a GC pause) kept the lab from running at once. runAll resets it before
+// each scenario and says so when it is long, since every latency figure of
+// the scenario then includes such stalls.
+var longestStall atomic.Int64
+
+func noteStall(gap time.Duration) {
+	for m := longestStall.Load(); int64(gap) > m && !longestStall.CompareAndSwap(m, int64(gap)); m = longestStall.Load() {
+	}
+}
+
+// stallNote is the sentence runAll adds to a scenario that stalled for
+// more than 100 ms at once; empty otherwise.
+func stallNote() string {
+	d := time.Duration(longestStall.Load())
+	if d <= 100*time.Millisecond {
+		return ""
+	}
+	return fmt.Sprintf("While this scenario ran, the machine kept the lab from running for up to %v at once (the arrivals' 2 ms clock fell that far behind: other processes, a GC pause); every latency above includes such stalls, so on a quieter machine the figures are cleaner.", d.Round(time.Millisecond))
 }

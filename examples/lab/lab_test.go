@@ -458,6 +458,20 @@ func TestNiceAxis(t *testing.T) {
 	}
 }
 
+func TestStallNote(t *testing.T) {
+	defer longestStall.Store(0)
+	longestStall.Store(0)
+	noteStall(40 * time.Millisecond)
+	if n := stallNote(); n != "" {
+		t.Errorf("a 40 ms gap gave a note: %q", n)
+	}
+	noteStall(350 * time.Millisecond)
+	noteStall(120 * time.Millisecond)
+	if n := stallNote(); !strings.Contains(n, "350ms") {
+		t.Errorf("the longest gap was 350 ms; the note says %q", n)
+	}
+}
+
 func TestRoundUp(t *testing.T) {
 	for _, tc := range []struct{ d, want time.Duration }{
 		{37400 * time.Microsecond, 38 * time.Millisecond},

@@ -140,9 +140,13 @@ func (l *lab) runAll(ctx context.Context, specs []spec) ([]*scenario, error) {
 		if !l.tty && l.progress != io.Discard {
 			fmt.Fprintf(l.progress, "scenario %d of %d: %s\n", l.k, l.n, sp.key)
 		}
+		longestStall.Store(0)
 		sc, err := sp.run(l, ctx)
 		if err != nil {
 			return scs, err
+		}
+		if n := stallNote(); n != "" {
+			sc.explain = append(sc.explain, n)
 		}
 		if err := ctx.Err(); err != nil {
 			return scs, fmt.Errorf("interrupted: %w", err)

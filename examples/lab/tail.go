@@ -212,8 +212,12 @@ func (l *lab) tail(ctx context.Context) (*scenario, error) {
 		sc.runs = append(sc.runs, out)
 	}
 	plain, hedge := sc.runs[0].metrics, sc.runs[2].metrics
-	sc.explain = append(sc.explain, fmt.Sprintf("The plain client waited the full second on every faulted attempt: %.0f of its %.0f calls took 0.5 s or more, so its p99.9 is the fault's second. Retrying only changes nothing here: a 1 s answer is a success, far inside the 10 s attempt timeout, and a timeout short enough to cut it would still cost each such call that timeout and a retry. Hedging sent a second attempt once one had waited the host's recent p99 (at least 8 ms); the hedge nearly always drew a healthy 5 ms answer, so the calls of 0.5 s or more fell to %.0f, for %.0f hedges in %.0f calls.",
-		plain["slow"], plain["calls"], hedge["slow"], hedge["hedges"], hedge["calls"]))
+	hedged := fmt.Sprintf("the hedge nearly always drew a healthy 5 ms answer, so the calls of 0.5 s or more fell to %.0f, for %.0f hedges in %.0f calls.", hedge["slow"], hedge["hedges"], hedge["calls"])
+	if hedge["slow"] >= plain["slow"] {
+		hedged = fmt.Sprintf("here that did not cut the slow calls (%.0f of 0.5 s or more, for %.0f hedges in %.0f calls): the delay, the host's recent p99, ended the run at %s.", hedge["slow"], hedge["hedges"], hedge["calls"], msSp(hedge["delay"]))
+	}
+	sc.explain = append(sc.explain, fmt.Sprintf("The plain client waited the full second on every faulted attempt: %.0f of its %.0f calls took 0.5 s or more, so its p99.9 is the fault's second. Retrying only changes nothing here: a 1 s answer is a success, far inside the 10 s attempt timeout, and a timeout short enough to cut it would still cost each such call that timeout and a retry. Hedging sent a second attempt once one had waited the host's recent p99 (at least 8 ms); %s",
+		plain["slow"], plain["calls"], hedged))
 	if floor := float64(tailHedge.MinDelay) / float64(time.Millisecond); hedge["delay"] > 2*floor {
 		sc.explain = append(sc.explain, fmt.Sprintf("Why hedging's p99 and p99.9 (%s, %s) sit well above the healthy 5 ms: a call waits the hedge delay before its hedge goes, and the delay is the host's recent p99, which ended this run at %s, not the %.0f ms floor. The faults alone put 1 %% of attempts at a second; a loaded machine's own stalls, which slow a few attempts of every client, push the p99 it measures up further.",
 			msSp(hedge["p99"]), msSp(hedge["p999"]), msSp(hedge["delay"]), floor))
