@@ -39,15 +39,23 @@ import (
 // touched: requests sent through it finish there. A route's stack keeps
 // nothing across an Update; it is built again on the route's next use.
 func (t *Transport) buildStack(hs *hostState, prev *hostState) {
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep}
+	if prev != nil && prev.upstream == hs.upstream {
+		hs.faults = prev.faults // counts, like the pushback pauses, outlive an Update
+	}
+	if hs.faults == nil {
+		hs.faults = new(faultCounts)
+	}
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep, faults: hs.faults}
 	hs.rt, hs.parts = t.compose(hs.policy, e, &hs.shared, reuseFrom(prev, hs))
 }
 
 // buildRoute composes the stack of one route on a host: the same layers as
 // the host's, made for the route's policy, except for the host's shared
-// ones (see hostShared), which the route's stack passes through.
-func (t *Transport) buildRoute(hs *hostState, p *Policy) (stage, []any) {
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep}
+// ones (see hostShared), which the route's stack passes through. Its own
+// layers report through rep, the route's reporter; the shared ones
+// through the host's.
+func (t *Transport) buildRoute(hs *hostState, rep *reporter, p *Policy) (stage, []any) {
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep, faults: hs.faults}
 	shared := hs.shared
 	return t.compose(p, e, &shared, kept{})
 }
