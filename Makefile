@@ -30,7 +30,7 @@ staticcheck:
 		echo "   staticcheck took $$(( $$(date +%s) - t0 ))s"
 
 unit:
-	@t0=$$(date +%s); echo "== go test -race, every module (the examples' lab runs real scenarios on 127.0.0.1: about a minute)"; \
+	@t0=$$(date +%s); echo "== go test -race, every module (the examples' lab runs its scenarios in testing/synctest bubbles, then the whole lab once on 127.0.0.1: about half a minute)"; \
 		for m in $(MODULES); do t1=$$(date +%s); echo "   go test -race $$m"; \
 			(cd $$m && $(GO) test -race -count=1 -timeout 8m ./...) || exit 1; \
 			echo "   $$m took $$(( $$(date +%s) - t1 ))s"; done; \
