@@ -63,4 +63,4 @@ func verdictLine(sc *scenario) string {
 // fleetPointer says where the fleet's lab is. It is not a scenario here:
 // it starts a redis-server and eight processes of its own, which make
 // demo should not need.
-const fleetPointer = "The fleet: processes that share their breakers' verdicts through Redis (package redisfleet) have a lab of their own, outside this one because it needs redis-server and starts 8 processes: cd redisfleet && go run ./cmd/fleetlab (under a minute; it prints the calls a failing upstream got before every process stopped calling it, each process deciding alone against sharing)."
+const fleetPointer = "The fleet: processes that share their breakers' verdicts, a quota (by leases) and a retry budget through Redis (package redisfleet) have a lab of their own, outside this one because it needs redis-server and starts 8 processes: cd redisfleet && go run ./cmd/fleetlab (about two minutes; each process deciding alone against sharing: the calls a failing upstream got before every process stopped calling it, the requests reaching a third party with a 100 req/s quota, and Redis killed for 5 s mid-run)."
