@@ -39,6 +39,10 @@ const DefaultAdaptiveMax = 1000
 // if that is less).
 const DefaultMinConcurrent = 10
 
+// defaultHeadroom is how far above the peak in flight the package default
+// adaptive limit decays to.
+const defaultHeadroom = 2
+
 // ErrRateLimited reports that the host's client-side rate limit
 // (Bulkhead.Rate) had no token for the request before its deadline, so the
 // request was not sent. A *RateLimitError matches it and ErrBulkheadFull.
@@ -63,16 +67,19 @@ type Bulkhead struct {
 	MaxConcurrent int
 
 	// Adaptive makes the limit learn from latency, within MinConcurrent and
-	// MaxConcurrent, per host (per instance under Endpoints): a gradient
-	// (after Netflix's concurrency-limits and Envoy's adaptive_concurrency)
-	// compares each 100 ms window's mean latency with a slowly rising
-	// baseline, lowers the limit while latency is more than 25 % above it
-	// (an attempt that timed out, or got 429 or 503, counts as a queue
-	// too), and raises it by √limit while requests use more than half of
-	// it. It starts at MaxConcurrent. The queue (MaxQueue) still applies
-	// to requests past the limit. Adaptive is on whenever MaxConcurrent is
-	// zero after inheritance; set MaxConcurrent without Adaptive for a
-	// fixed limit.
+	// MaxConcurrent, per host (per instance under Endpoints), with
+	// internal/limit's gradient (after Netflix's concurrency-limits and
+	// Envoy's adaptive_concurrency): when a short window's mean latency to
+	// the response headers is more than 25 % above a slowly rising
+	// baseline (or an attempt timed out, or got 429 or 503), the limit
+	// comes down to what the host completes a second × the baseline; while
+	// requests use the limit and see no queue it probes upward by 1,
+	// doubling each window in a row; while they use less it decays toward
+	// 1.1 × their peak. It starts at MaxConcurrent. The queue (MaxQueue)
+	// still applies to requests past the limit. Adaptive is on whenever
+	// MaxConcurrent is zero after inheritance (that default limit decays
+	// only toward twice the peak, so a healthy upstream's bursts are never
+	// refused); set MaxConcurrent without Adaptive for a fixed limit.
 	Adaptive bool
 
 	// MinConcurrent is an adaptive limit's floor. Zero inherits from
@@ -130,6 +137,10 @@ type Bulkhead struct {
 	// Enabled turns the bulkhead back on for an upstream whose Default set
 	// Disabled. Setting both is an error.
 	Enabled bool
+
+	// pkgDefault marks the package default adaptive limit (set by
+	// withDefaults), whose limit keeps twice the peak in flight.
+	pkgDefault bool
 }
 
 func (b Bulkhead) inherit(parent Bulkhead) Bulkhead {
@@ -150,7 +161,7 @@ func (b Bulkhead) withDefaults() Bulkhead {
 	case b.MaxConcurrent == 0 && !b.Adaptive:
 		// The package default: adaptive, never tighter than the fixed
 		// limit it replaced.
-		b.Adaptive = true
+		b.Adaptive, b.pkgDefault = true, true
 		b.MaxConcurrent = DefaultAdaptiveMax
 		b.MinConcurrent = cmp.Or(b.MinConcurrent, min(DefaultMaxConcurrent, DefaultAdaptiveMax))
 	case b.Adaptive:
@@ -281,7 +292,14 @@ func newBulkhead(next stage, p Bulkhead, name string, rep *reporter) *bulkheadSt
 		b.minConcurrent = max(1, p.MinConcurrent)
 		b.reported.Store(int64(p.MaxConcurrent))
 		// Validated: 1 ≤ MinConcurrent ≤ MaxConcurrent.
-		b.lim, _ = limit.New(limit.Config{Min: max(1, p.MinConcurrent), Max: p.MaxConcurrent})
+		c := limit.Config{Min: max(1, p.MinConcurrent), Max: p.MaxConcurrent}
+		if p.pkgDefault {
+			// A drop-in for http.DefaultClient must not refuse a healthy
+			// upstream's bursts: twice the recent peak, above a floor of
+			// the fixed limit it replaced.
+			c.Headroom = defaultHeadroom
+		}
+		b.lim, _ = limit.New(c)
 	}
 	if p.Rate > 0 {
 		b.limiter = rate.NewLimiter(rate.Limit(p.Rate), p.Burst)
