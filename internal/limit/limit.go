@@ -285,6 +285,12 @@ func (g *Gradient) closes(now int64) bool {
 	return g.base > 0 && float64(d) >= g.base && float64(g.sum) > g.tolerance*g.base*float64(g.n)
 }
 
+// cutMargin is how far above the Little's-law level a cut for queueing
+// lands: halfway to Tolerance, so that a rate measured a little low in a
+// short window does not leave cores idle, while the queue it allows (half
+// the tolerated one) still reads as within tolerance.
+func (g *Gradient) cutMargin() float64 { return 1 + (g.tolerance-1)/2 }
+
 // growBelow is the ratio of latency to baseline below which a limit in use
 // may grow: a quarter of the way to Tolerance, so that a limit sitting on
 // the capacity, where one more in flight already shows as a queue of one,
@@ -311,13 +317,13 @@ func (g *Gradient) update(now int64) (hold bool) {
 		// Queueing. The window's completions a second are what the
 		// upstream serves; by Little's law it serves them without a
 		// queue at that rate × the baseline in flight: come down to that
-		// at once. The rate counts the n−1 gaps between the window's n
+		// at once (with a margin, cutMargin). The rate counts the n−1 gaps between the window's n
 		// completions; a short window of bunched completions can still
 		// overstate it, so the limit comes down at least by the gradient
 		// (Tolerance ÷ ratio). A dropped request with latencies in
 		// tolerance says only "less": a smoothed step down.
 		rate := float64(g.n-1) / float64(max(1, now-g.start))
-		target := min(rate*g.base, g.cur*g.tolerance/ratio)
+		target := min(rate*g.base*g.cutMargin(), g.cur*g.tolerance/ratio)
 		if !(ratio > g.tolerance) {
 			target = g.cur * (1 - g.smoothing*(1-dropGradient))
 		}
