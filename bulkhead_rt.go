@@ -111,6 +111,18 @@ type Bulkhead struct {
 	// otherwise it fails at once with a *RateLimitError. A request the
 	// bulkhead then refuses keeps the token it took. Zero inherits from
 	// Default, then no rate limit.
+	//
+	// The limit follows the host's word when it advertises a tighter one: a
+	// response's rate-limit policy (RateLimit-Policy of the IETF draft,
+	// `"name";q=100;w=60`, or its earlier form `100;w=60`, which
+	// RateLimit-Limit and X-RateLimit-Limit also carry) sets the rate to
+	// quota ÷ window seconds, the tightest of its policies, never above
+	// Rate; a later policy at or above Rate restores Rate, and a response
+	// without one changes nothing. A zero quota, a window of zero or past a
+	// day, and malformed values are ignored and counted in
+	// Snapshot.RetryAfterIgnored. Without Rate, no rate limit is made up
+	// from the headers. (A spent quota, remaining 0 until a reset, pauses
+	// the host in the pushback layer instead; see Retry.)
 	Rate float64
 
 	// Burst is how many requests may go at once above the steady Rate (the
@@ -246,9 +258,16 @@ type bulkheadStage struct {
 	maxQueue      int
 	maxWait       time.Duration
 	limiter       *rate.Limiter // nil: no rate limit
-	full          *BulkheadFullError
-	limited       *RateLimitError
-	shadow        bool
+	rate          float64       // Bulkhead.Rate, the most the limiter allows
+	// following is the rate (float64 bits) the limiter was last set to
+	// after an advertised policy; ignored counts the policies ignored as
+	// malformed (the Transport's count, Snapshot.RetryAfterIgnored).
+	following atomic.Uint64
+	followMu  sync.Mutex // serialises changes of the limiter's rate
+	ignored   *atomic.Uint64
+	full      *BulkheadFullError
+	limited   *RateLimitError
+	shadow    bool
 	// wouldReject counts the refusals of a bulkhead in shadow mode.
 	wouldReject atomic.Uint64
 
@@ -276,7 +295,7 @@ func (w *slotWaiter) fifoLinks() *links[slotWaiter] { return &w.links }
 // newBulkhead builds the bulkhead p describes for a host, or for one
 // instance of a balanced upstream; name ("host:port") goes in its errors,
 // and its refusals go to rep.
-func newBulkhead(next stage, p Bulkhead, name string, rep *reporter) *bulkheadStage {
+func newBulkhead(next stage, p Bulkhead, name string, rep *reporter, ignored *atomic.Uint64) *bulkheadStage {
 	b := &bulkheadStage{
 		next:     next,
 		rep:      rep,
@@ -303,6 +322,8 @@ func newBulkhead(next stage, p Bulkhead, name string, rep *reporter) *bulkheadSt
 	}
 	if p.Rate > 0 {
 		b.limiter = rate.NewLimiter(rate.Limit(p.Rate), p.Burst)
+		b.rate, b.ignored = p.Rate, ignored
+		b.following.Store(math.Float64bits(p.Rate))
 	}
 	return b
 }
@@ -349,6 +370,9 @@ func (b *bulkheadStage) pass(next stage, req *http.Request, c call) (*http.Respo
 	if b.lim != nil {
 		b.sample(start, resp, err)
 	}
+	if b.limiter != nil && err == nil {
+		b.followPolicy(resp.Header)
+	}
 	if err != nil {
 		b.release()
 		return nil, err
@@ -383,6 +407,32 @@ func (b *bulkheadStage) sample(start time.Time, resp *http.Response, err error) 
 		if b.maxQueue > 0 && l > old {
 			b.grantWaiters()
 		}
+	}
+}
+
+// followPolicy sets the rate limit to the tightest policy h advertises,
+// never above Rate (see Bulkhead.Rate). The common case, no policy or the
+// one already followed, takes no lock.
+func (b *bulkheadStage) followPolicy(h http.Header) {
+	r, res := advertisedRate(h)
+	switch res {
+	case retryAfterAbsent:
+		return
+	case retryAfterIgnored:
+		if b.ignored != nil {
+			b.ignored.Add(1)
+		}
+		return
+	}
+	bits := math.Float64bits(min(r, b.rate))
+	if b.following.Load() == bits {
+		return
+	}
+	b.followMu.Lock()
+	defer b.followMu.Unlock()
+	if b.following.Load() != bits {
+		b.following.Store(bits)
+		b.limiter.SetLimit(rate.Limit(math.Float64frombits(bits)))
 	}
 }
 
@@ -611,6 +661,10 @@ type BulkheadSnapshot struct {
 	// instead.
 	Shadow      bool
 	WouldReject uint64
+	// Rate is the client-side rate limit in force, in requests a second:
+	// Bulkhead.Rate, or the tighter quota the host advertises; 0 without
+	// a rate limit.
+	Rate float64
 }
 
 func (b *bulkheadStage) snapshot(h *HostSnapshot) {
@@ -624,6 +678,9 @@ func (b *bulkheadStage) state() BulkheadSnapshot {
 		Shadow: b.shadow, WouldReject: b.wouldReject.Load()}
 	if b.lim != nil {
 		s.Adaptive, s.MinConcurrent = true, b.minConcurrent
+	}
+	if b.limiter != nil {
+		s.Rate = math.Float64frombits(b.following.Load())
 	}
 	return s
 }
