@@ -119,27 +119,10 @@ func parseRateLimitField(v []string) (time.Duration, retryAfterResult) {
 	var best time.Duration
 	res := retryAfterAbsent
 	for item := range strings.SplitSeq(joined, ",") {
-		r, t := int64(-1), int64(-1)
 		params := strings.Split(item, ";")
-		for _, p := range params[1:] {
-			k, val, found := strings.Cut(trimOWS(p), "=")
-			if !found {
-				continue // a bare parameter is true; none we read is boolean
-			}
-			var dst *int64
-			switch k {
-			case "r":
-				dst = &r
-			case "t":
-				dst = &t
-			default:
-				continue
-			}
-			n, ok := oneCount([]string{val})
-			if !ok || *dst != -1 {
-				return 0, retryAfterIgnored // a bad number, or r or t twice
-			}
-			*dst = n
+		r, t, ok := itemParams(params[1:], "r", "t")
+		if !ok {
+			return 0, retryAfterIgnored // a bad number, or r or t twice
 		}
 		if r != 0 || t < 0 {
 			continue // quota left, or no reset given
@@ -243,26 +226,9 @@ func parsePolicies(list string) (float64, retryAfterResult) {
 	best, res := 0.0, retryAfterAbsent
 	for item := range strings.SplitSeq(list, ",") {
 		params := strings.Split(item, ";")
-		q, w := int64(-1), int64(-1)
-		for _, p := range params[1:] {
-			k, val, found := strings.Cut(trimOWS(p), "=")
-			if !found {
-				continue
-			}
-			var dst *int64
-			switch k {
-			case "q":
-				dst = &q
-			case "w":
-				dst = &w
-			default:
-				continue
-			}
-			n, ok := oneCount([]string{val})
-			if !ok || *dst != -1 {
-				return 0, retryAfterIgnored // a bad number, or q or w twice
-			}
-			*dst = n
+		q, w, ok := itemParams(params[1:], "q", "w")
+		if !ok {
+			return 0, retryAfterIgnored // a bad number, or q or w twice
 		}
 		if w < 0 {
 			continue // no window: no rate
@@ -282,4 +248,32 @@ func parsePolicies(list string) (float64, retryAfterResult) {
 		}
 	}
 	return best, res
+}
+
+// itemParams reads the integer parameters named a and b of one list item's
+// parameters (`a=1`, `b=2`), -1 for one not given; !ok for a bad number or
+// one given twice. Other parameters are skipped.
+func itemParams(params []string, a, b string) (x, y int64, ok bool) {
+	x, y = -1, -1
+	for _, p := range params {
+		k, val, found := strings.Cut(trimOWS(p), "=")
+		if !found {
+			continue // a bare parameter is true; none we read is boolean
+		}
+		var dst *int64
+		switch k {
+		case a:
+			dst = &x
+		case b:
+			dst = &y
+		default:
+			continue
+		}
+		n, ok := oneCount([]string{val})
+		if !ok || *dst != -1 {
+			return 0, 0, false
+		}
+		*dst = n
+	}
+	return x, y, true
 }
