@@ -56,7 +56,8 @@ bench:
 	cd bench && $(GO) run $(BENCHSTAT) out/cost.txt > out/benchstat.txt
 	cd bench && $(GO) run ./cmd/protect > out/protect.jsonl
 	cd bench && $(GO) run ./cmd/hedge -duration $(HEDGETIME) > out/hedge.md
-	cd bench && $(GO) run ./cmd/report -cost out/cost.txt -benchstat out/benchstat.txt -protect out/protect.jsonl -hedge out/hedge.md > ../BENCHMARKS.md
+	cd bench && $(GO) run ./cmd/adaptive > out/adaptive.md
+	cd bench && $(GO) run ./cmd/report -cost out/cost.txt -benchstat out/benchstat.txt -protect out/protect.jsonl -hedge out/hedge.md -adaptive out/adaptive.md > ../BENCHMARKS.md
 	cd bench && $(GO) run ./cmd/readme -bench ../BENCHMARKS.md -readme ../README.md
 
 # Each fuzz target of the root package for a bounded time ($(FUZZTIME) each):
