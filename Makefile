@@ -30,16 +30,17 @@ staticcheck:
 		echo "   staticcheck took $$(( $$(date +%s) - t0 ))s"
 
 unit:
-	@t0=$$(date +%s); echo "== go test -race, every module (the examples' lab runs real scenarios on 127.0.0.1: about a minute)"; \
+	@t0=$$(date +%s); echo "== go test -race, every module (the examples' lab runs its scenarios in testing/synctest bubbles, then the whole lab once on 127.0.0.1: about half a minute)"; \
 		for m in $(MODULES); do t1=$$(date +%s); echo "   go test -race $$m"; \
 			(cd $$m && $(GO) test -race -count=1 -timeout 8m ./...) || exit 1; \
 			echo "   $$m took $$(( $$(date +%s) - t1 ))s"; done; \
 		echo "   the tests took $$(( $$(date +%s) - t0 ))s"
 
 # The main job: the resilience lab replays well-known outages (Release It!,
-# Google's SRE book, the AWS Builders' Library) on 127.0.0.1, plain client
-# against bulwark, in under a minute: a verdict per scenario, tables,
-# sparklines and an HTML report. `go run ./lab -h` for flags.
+# Google's SRE book, the AWS Builders' Library, "The Tail at Scale") on
+# 127.0.0.1, plain client against bulwark, in about a minute and a half: a
+# verdict per scenario, tables, sparklines and an HTML report.
+# `go run ./lab -h` for flags.
 demo:
 	cd examples && $(GO) run ./lab
 

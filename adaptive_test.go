@@ -16,22 +16,6 @@ import (
 	"time"
 )
 
-// sleepBase answers every request after a fixed latency, on the bubble's
-// clock, or when the request's context ends.
-type sleepBase struct{ latency time.Duration }
-
-func (b sleepBase) RoundTrip(req *http.Request) (*http.Response, error) {
-	tm := time.NewTimer(b.latency)
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-	case <-req.Context().Done():
-		return nil, req.Context().Err()
-	}
-	return &http.Response{StatusCode: 200, Header: http.Header{}, Request: req,
-		Body: io.NopCloser(strings.NewReader("ok"))}, nil
-}
-
 // poisson sends Poisson arrivals at rate a second for d through rt, each
 // call in its own goroutine, reading and closing every body, and returns
 // the calls and the ErrBulkheadFull refusals. Call it inside a bubble.
@@ -76,7 +60,10 @@ func TestDefaultBulkheadHealthyUpstream(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				tr := mustNew(t, Config{Base: sleepBase{200 * time.Millisecond}, Default: Policy{Bulkhead: tc.b}})
+				// The 200 ms are injected at the attempt, under the
+				// bulkhead: each call holds its slot for them.
+				tr := mustNew(t, Config{Base: okBase{}, Default: Policy{Bulkhead: tc.b,
+					Fault: Fault{Delay: 200 * time.Millisecond, DelayRate: 1}}})
 				calls, full := poisson(t, tr, "http://healthy.test/", 400, 30*time.Second, 18)
 				t.Logf("%s: %d calls, %d ErrBulkheadFull (%.2f %%)", tc.name, calls, full, 100*float64(full)/float64(calls))
 				if !tc.want(full) {

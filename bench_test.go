@@ -148,20 +148,7 @@ func BenchmarkRouteLookup(b *testing.B) {
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			tr := mustNew(b, Config{Base: benchBase{}, Default: off, Routes: bc.routes})
-			reqs := make([]*http.Request, 1)
-			if strings.Contains(bc.url, "%d") {
-				reqs = make([]*http.Request, 8192)
-			}
-			for i := range reqs {
-				u := bc.url
-				if len(reqs) > 1 {
-					u = fmt.Sprintf(bc.url, i)
-				}
-				var err error
-				if reqs[i], err = http.NewRequest(bc.method, u, nil); err != nil {
-					b.Fatal(err)
-				}
-			}
+			reqs := benchRequests(b, bc.method, bc.url)
 			b.ReportAllocs()
 			i := 0
 			for b.Loop() {
@@ -174,6 +161,27 @@ func BenchmarkRouteLookup(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchRequests makes the requests a benchmark sends in turn: one for url,
+// or, when url has a %d, 8192 with a different number in each (an ID in
+// the path), so that no memo of recent paths can serve them.
+func benchRequests(b *testing.B, method, url string) []*http.Request {
+	reqs := make([]*http.Request, 1)
+	if strings.Contains(url, "%d") {
+		reqs = make([]*http.Request, 8192)
+	}
+	for i := range reqs {
+		u := url
+		if len(reqs) > 1 {
+			u = fmt.Sprintf(url, i)
+		}
+		var err error
+		if reqs[i], err = http.NewRequest(method, u, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return reqs
 }
 
 // BenchmarkRouteMatch measures the route lookup alone (routeStack, on a
@@ -190,17 +198,19 @@ func BenchmarkRouteMatch(b *testing.B) {
 		{"wildcard", "http://api.example.com/v1/rates/42"},
 		{"subtree", "http://api.example.com/v1/accounts/7"},
 		{"miss", "http://api.example.com/v2/other"},
+		// Every request a different ID: the memo never hits.
+		{"wildcard-distinct", "http://api.example.com/v1/rates/%d"},
+		{"miss-distinct", "http://api.example.com/v2/other/%d"},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			tr := mustNew(b, Config{Base: benchBase{}, Routes: routes})
-			req, err := http.NewRequest("GET", bc.url, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			hs := tr.lookup(req.URL)
+			reqs := benchRequests(b, "GET", bc.url)
+			hs := tr.lookup(reqs[0].URL)
 			b.ReportAllocs()
+			i := 0
 			for b.Loop() {
-				tr.routeStack(hs, req)
+				tr.routeStack(hs, reqs[i%len(reqs)])
+				i++
 			}
 		})
 	}

@@ -82,6 +82,7 @@ type DebugHost struct {
 	Pushback *DebugPushback `json:"pushback,omitempty"`
 	Hedge    *DebugHedge    `json:"hedge,omitempty"`
 	Throttle *DebugThrottle `json:"throttle,omitempty"`
+	Fault    *DebugFault    `json:"fault,omitempty"`
 	// Endpoints are a balanced upstream's instances.
 	Endpoints []DebugEndpoint `json:"endpoints,omitempty"`
 	// History is the host's samples, oldest first: what the sparkline
@@ -124,7 +125,7 @@ type DebugBulkhead struct {
 type DebugHedge struct {
 	// Sent is the hedges sent, Won those whose answer the caller got, and
 	// Skipped those due but not sent (budget, deadline, breaker, pause,
-	// bulkhead, summed).
+	// bulkhead, throttle, summed).
 	Sent    uint64 `json:"sent"`
 	Won     uint64 `json:"won"`
 	Skipped uint64 `json:"skipped"`
@@ -144,6 +145,18 @@ type DebugThrottle struct {
 	// requests it would have refused and sent.
 	Shadow      bool   `json:"shadow"`
 	WouldReject uint64 `json:"would_reject"`
+}
+
+// DebugFault is what fault injection did on a host (FaultSnapshot).
+type DebugFault struct {
+	// Delays, Aborts and Resets are the faults injected; FromHeaders how
+	// many of them a Bulwark-Fault-* header asked for (all kinds summed);
+	// HeadersRefused the attempts whose headers were ignored.
+	Delays         uint64 `json:"delays"`
+	Aborts         uint64 `json:"aborts"`
+	Resets         uint64 `json:"resets"`
+	FromHeaders    uint64 `json:"from_headers"`
+	HeadersRefused uint64 `json:"headers_refused"`
 }
 
 // DebugBudget is a retry budget's state (BudgetSnapshot).
@@ -356,11 +369,16 @@ func debugHost(h HostSnapshot, now time.Time) DebugHost {
 	if hg := h.Hedge; hg != nil {
 		sk := hg.Skipped
 		dh.Hedge = &DebugHedge{Sent: hg.Sent, Won: hg.Won, DelayMs: float64(hg.Delay) / float64(time.Millisecond),
-			Skipped: sk.Budget + sk.Deadline + sk.Breaker + sk.Pushback + sk.Bulkhead}
+			Skipped: sk.Budget + sk.Deadline + sk.Breaker + sk.Pushback + sk.Bulkhead + sk.Throttle}
 	}
 	if th := h.Throttle; th != nil {
 		dh.Throttle = &DebugThrottle{Requests: th.Requests, Accepts: th.Accepts, Probability: th.Probability,
 			Shadow: th.Shadow, WouldReject: th.WouldReject}
+	}
+	if f := h.Fault; f != nil {
+		fh := f.FromHeaders
+		dh.Fault = &DebugFault{Delays: f.Injected.Delays, Aborts: f.Injected.Aborts, Resets: f.Injected.Resets,
+			FromHeaders: fh.Delays + fh.Aborts + fh.Resets, HeadersRefused: f.HeadersRefused}
 	}
 	for _, e := range h.Endpoints {
 		dh.Endpoints = append(dh.Endpoints, DebugEndpoint{Addr: e.Addr, Ejected: e.Ejected, EjectedUntil: e.EjectedUntil,
@@ -456,6 +474,7 @@ svg{background:#f4f4f4;border:1px solid #e0e0e0}
 {{with .Budget}}<tr><th>retry budget</th><td>{{.Remaining}} retries left · window {{.Calls}} calls, {{.Retries}} retries</td></tr>{{end}}
 {{with .Hedge}}<tr><th>hedging</th><td>{{.Sent}} sent, {{.Won}} won, {{.Skipped}} skipped · delay {{printf "%.1f" .DelayMs}} ms</td></tr>{{end}}
 {{with .Throttle}}<tr><th>throttle</th><td>refuses {{printf "%.0f" (pct .Probability)}} % now · window {{.Requests}} requests, {{.Accepts}} accepted{{if .Shadow}} · shadow: {{.WouldReject}} would have been refused{{end}}</td></tr>{{end}}
+{{with .Fault}}<tr><th>faults injected</th><td>{{.Delays}} delays, {{.Aborts}} aborts, {{.Resets}} resets ({{.FromHeaders}} from headers) · {{.HeadersRefused}} header triggers refused</td></tr>{{end}}
 {{with .Pushback}}<tr><th>pushback</th><td>{{if .Until.IsZero}}none{{else}}<span class="full">paused until {{ts .Until}}</span>{{end}}{{range $p, $u := .Tiers}} · {{$p}} and below until {{ts $u}}{{end}}</td></tr>{{end}}
 </table>
 {{with .Endpoints}}<table class="endpoints"><tr><th>instance</th><th>status</th><th>ejections</th><th>in flight</th><th>failures in a row</th><th>requests</th></tr>

@@ -299,11 +299,12 @@ func TestDebugPageInChromium(t *testing.T) {
 	}
 }
 
-// TestDebugHedgeAndThrottle: a host's hedging and throttle reach the JSON
-// and the page.
+// TestDebugHedgeAndThrottle: a host's hedging, throttle and fault counts
+// reach the JSON and the page.
 func TestDebugHedgeAndThrottle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := only(Policy{Throttle: Throttle{Enabled: true, Shadow: true}, Hedge: Hedge{Delay: 10 * time.Millisecond}}, "timeout", "retry")
+		p := only(Policy{Throttle: Throttle{Enabled: true, Shadow: true}, Hedge: Hedge{Delay: 10 * time.Millisecond},
+			Fault: Fault{Delay: time.Millisecond, DelayRate: 1}}, "timeout", "retry")
 		tr := mustNew(t, Config{Base: &statusBase{codes: []int{503}}, Default: p})
 		sendOnce(t, tr, "GET", "http://a.test/")
 		d := newDebug(tr, time.Second, 5)
@@ -316,9 +317,12 @@ func TestDebugHedgeAndThrottle(t *testing.T) {
 		if h.Hedge == nil || h.Throttle == nil || !h.Throttle.Shadow || h.Throttle.Requests == 0 {
 			t.Fatalf("host = %+v %+v, want hedge and a shadow throttle with requests", h.Hedge, h.Throttle)
 		}
+		if f := h.Fault; f == nil || *f != (DebugFault{Delays: 3}) { // the 503 tried three times
+			t.Errorf("fault = %+v, want a delay for each of three attempts", f)
+		}
 		html := getDebug(t, d, "/").Body.String()
-		if !strings.Contains(html, "hedging") || !strings.Contains(html, "throttle") {
-			t.Errorf("page has no hedging or throttle row")
+		if !strings.Contains(html, "hedging") || !strings.Contains(html, "throttle") || !strings.Contains(html, "3 delays") {
+			t.Errorf("page has no hedging, throttle or fault row")
 		}
 	})
 }

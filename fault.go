@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -161,7 +162,56 @@ func newFault(next stage, p Fault, e env) *faultStage {
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
+	if e.faults == nil {
+		e.faults = new(faultCounts)
+	}
+	e.faults.on.Store(true)
 	return &faultStage{next: next, p: p, e: e, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+}
+
+// FaultSnapshot is what fault injection did on a host since its state was
+// made: the faults injected, by kind, and the header triggers refused.
+type FaultSnapshot struct {
+	// Injected counts the faults injected, drawn at a rate or triggered by
+	// a header; FromHeaders counts, of those, the ones a Bulwark-Fault-*
+	// header asked for (with Fault.AllowHeaders).
+	Injected, FromHeaders FaultCounts
+	// HeadersRefused counts attempts whose Bulwark-Fault-* headers were
+	// ignored because the policy does not set AllowHeaders. A growing count
+	// means callers try to inject faults that this Transport does not let
+	// them.
+	HeadersRefused uint64
+}
+
+// FaultCounts counts faults by kind: delays added, answers given without
+// sending (aborts), connection resets.
+type FaultCounts struct {
+	Delays, Aborts, Resets uint64
+}
+
+// faultCounts is one host's FaultSnapshot in the making, shared by every
+// fault layer of the host.
+type faultCounts struct {
+	on                    atomic.Bool // a fault layer was built
+	injected, fromHeaders [3]atomic.Uint64
+	refused               atomic.Uint64
+}
+
+// Indexes into faultCounts's arrays.
+const (
+	iDelay = iota
+	iAbort
+	iReset
+)
+
+func (f *faultCounts) snapshot() *FaultSnapshot {
+	if f == nil || !f.on.Load() {
+		return nil
+	}
+	counts := func(a *[3]atomic.Uint64) FaultCounts {
+		return FaultCounts{Delays: a[iDelay].Load(), Aborts: a[iAbort].Load(), Resets: a[iReset].Load()}
+	}
+	return &FaultSnapshot{Injected: counts(&f.injected), FromHeaders: counts(&f.fromHeaders), HeadersRefused: f.refused.Load()}
 }
 
 // draw reports whether an event of probability rate happens. A rate of
@@ -179,6 +229,8 @@ func (f *faultStage) draw(rate float64) bool {
 
 func (f *faultStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	delay, abort, reset := f.fromHeaders(req, c)
+	// What the headers asked for, so the counts can tell it from a draw.
+	hDelay, hAbort, hReset := delay > 0, abort != 0, reset
 	if !reset && f.draw(f.p.ResetRate) {
 		reset = true
 	}
@@ -190,7 +242,7 @@ func (f *faultStage) roundTrip(req *http.Request, c call) (*http.Response, error
 	}
 	ctx := req.Context()
 	if delay > 0 {
-		f.injected(req, faultDelay)
+		f.injected(req, faultDelay, iDelay, hDelay)
 		t := time.NewTimer(delay)
 		select {
 		case <-t.C:
@@ -202,11 +254,11 @@ func (f *faultStage) roundTrip(req *http.Request, c call) (*http.Response, error
 	}
 	switch {
 	case reset:
-		f.injected(req, faultReset)
+		f.injected(req, faultReset, iReset, hReset)
 		closeBody(req)
 		return nil, &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}
 	case abort != 0:
-		f.injected(req, faultAbort)
+		f.injected(req, faultAbort, iAbort, hAbort)
 		closeBody(req)
 		return &http.Response{
 			Status: strconv.Itoa(abort) + " " + http.StatusText(abort), StatusCode: abort,
@@ -234,6 +286,7 @@ func (f *faultStage) fromHeaders(req *http.Request, c call) (delay time.Duration
 		delete(h, FaultResetHeader)
 	}
 	if !f.p.AllowHeaders {
+		f.e.faults.refused.Add(1)
 		f.e.rep.faultInjected(req.Context(), faultRefused)
 		return 0, 0, false
 	}
@@ -250,8 +303,13 @@ func (f *faultStage) fromHeaders(req *http.Request, c call) (delay time.Duration
 	return delay, abort, r != nil
 }
 
-// injected marks the attempt's span and counts the fault.
-func (f *faultStage) injected(req *http.Request, kind string) {
+// injected marks the attempt's span and counts the fault (i indexes
+// faultCounts; header: a header trigger asked for it).
+func (f *faultStage) injected(req *http.Request, kind string, i int, header bool) {
+	f.e.faults.injected[i].Add(1)
+	if header {
+		f.e.faults.fromHeaders[i].Add(1)
+	}
 	if span := trace.SpanFromContext(req.Context()); span.IsRecording() {
 		span.SetAttributes(keyFault.String(kind))
 	}

@@ -56,6 +56,10 @@ func TestFaultRates(t *testing.T) {
 		if sent, want := len(base.reqs), n-aborts-resets; sent != want {
 			t.Errorf("base saw %d requests, want %d: injected aborts and resets are never sent", sent, want)
 		}
+		want := FaultSnapshot{Injected: FaultCounts{Delays: uint64(delays), Aborts: uint64(aborts), Resets: uint64(resets)}}
+		if got := tr.Snapshot().Hosts[0].Fault; got == nil || *got != want {
+			t.Errorf("Snapshot's Fault = %+v, want %+v", got, want)
+		}
 	})
 }
 
@@ -91,6 +95,9 @@ func TestFaultHeaders(t *testing.T) {
 		if h := base.reqs[0].Header; h.Get(FaultAbortHeader) != "" {
 			t.Errorf("upstream saw %s: %q", FaultAbortHeader, h.Get(FaultAbortHeader))
 		}
+		if got := tr.Snapshot().Hosts[0].Fault; got == nil || *got != (FaultSnapshot{HeadersRefused: 1}) {
+			t.Errorf("Snapshot's Fault = %+v, want one refused trigger and nothing injected", got)
+		}
 	})
 
 	t.Run("off", func(t *testing.T) {
@@ -101,6 +108,9 @@ func TestFaultHeaders(t *testing.T) {
 			t.Fatalf("trigger with Fault off: %v, %v; want the upstream's 200", resp, err)
 		}
 		resp.Body.Close()
+		if f := tr.Snapshot().Hosts[0].Fault; f != nil {
+			t.Errorf("Snapshot's Fault = %+v with Fault off, want nil", f)
+		}
 	})
 
 	t.Run("allowed", func(t *testing.T) {
@@ -147,6 +157,10 @@ func TestFaultHeaders(t *testing.T) {
 			}
 			for i, kind := range []string{faultAbort, faultDelay, faultReset} {
 				wantAttr(t, spans[i], keyFault, kind)
+			}
+			one := FaultCounts{Delays: 1, Aborts: 1, Resets: 1}
+			if got := tr.Snapshot().Hosts[0].Fault; got == nil || *got != (FaultSnapshot{Injected: one, FromHeaders: one}) {
+				t.Errorf("Snapshot's Fault = %+v, want one of each kind, all from headers", got)
 			}
 		})
 	})
@@ -234,4 +248,66 @@ func TestFaultContract(t *testing.T) {
 			Fault:   Fault{Delay: time.Millisecond, DelayRate: 0.5, ResetRate: 0.2, Seed: 7},
 		}})
 	})
+}
+
+// TestFaultSnapshotShared checks that a host's FaultSnapshot sums every
+// fault layer of the host: its own, a route's (which starts counting
+// when the route is first used), and a balanced upstream's instances'.
+func TestFaultSnapshotShared(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &statusBase{codes: []int{200}}
+		tr := mustNew(t, Config{Base: base,
+			Default: Policy{Retry: Retry{Disabled: true}, Breaker: Breaker{Disabled: true}},
+			Routes:  map[string]Policy{"/chaos/": {Fault: Fault{AbortStatus: 503, AbortRate: 1}}},
+			Upstreams: map[string]Policy{"lb.test": {Fault: Fault{ResetRate: 1},
+				Endpoints: Endpoints{Addrs: []string{"10.0.0.1:80", "10.0.0.2:80"}}}},
+		})
+		fault := func(host string) *FaultSnapshot {
+			for _, h := range tr.Snapshot().Host(host) {
+				return h.Fault
+			}
+			t.Fatalf("no state for %s", host)
+			return nil
+		}
+		if _, err := sendOnce(t, tr, "GET", "http://api.test/calm"); err != nil {
+			t.Fatal(err)
+		}
+		if f := fault("api.test:80"); f != nil {
+			t.Errorf("Fault = %+v before the fault route was used, want nil", f)
+		}
+		for range 3 {
+			if code, err := sendOnce(t, tr, "GET", "http://api.test/chaos/x"); err != nil || code != 503 {
+				t.Fatalf("route with an abort rate of 1: %d, %v", code, err)
+			}
+		}
+		if f := fault("api.test:80"); f == nil || *f != (FaultSnapshot{Injected: FaultCounts{Aborts: 3}}) {
+			t.Errorf("Fault = %+v, want the route's 3 aborts", f)
+		}
+		for range 4 {
+			if _, err := sendOnce(t, tr, "GET", "http://lb.test/"); !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("balanced upstream with a reset rate of 1: %v", err)
+			}
+		}
+		if f := fault("lb.test:80"); f == nil || *f != (FaultSnapshot{Injected: FaultCounts{Resets: 4}}) {
+			t.Errorf("Fault = %+v, want 4 resets over the instances", f)
+		}
+	})
+}
+
+// TestFaultSnapshotUpdate: a host's fault counts outlive an Update that
+// changes its Fault policy, as its pushback pauses do.
+func TestFaultSnapshotUpdate(t *testing.T) {
+	cfg := Config{Base: &statusBase{codes: []int{200}}, Default: only(Policy{Fault: Fault{ResetRate: 1}})}
+	tr := mustNew(t, cfg)
+	sendOnce(t, tr, "GET", "http://api.test/")
+	cfg.Default.Fault = Fault{AbortStatus: 503, AbortRate: 1}
+	if err := tr.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if code, err := sendOnce(t, tr, "GET", "http://api.test/"); err != nil || code != 503 {
+		t.Fatalf("after Update: %d, %v; want the injected 503", code, err)
+	}
+	if f := tr.Snapshot().Hosts[0].Fault; f == nil || *f != (FaultSnapshot{Injected: FaultCounts{Resets: 1, Aborts: 1}}) {
+		t.Errorf("Fault = %+v, want the reset from before the Update and the abort after", f)
+	}
 }

@@ -38,8 +38,9 @@ const (
 // to 1 + MaxHedges when lower), takes a token from the retry budget, and
 // carries its own deadline header and Bulwark-Attempt. No hedge is sent
 // while the host's breaker is open, its pushback pause runs, its bulkhead
-// is (nine tenths) full, or the host's median latency no longer fits
-// before the call's deadline. A cancelled loser counts neither as a
+// is (nine tenths) full, its client-side throttle (Throttle) is refusing
+// requests, or the host's median latency no longer fits before the
+// call's deadline. A cancelled loser counts neither as a
 // failure nor as a slow call in the breaker, and the call returns once its
 // cancelled losers have (at once, from a base that honours the context), so
 // no request body or bulkhead slot outlives the call. Hedges are sent in a call's
@@ -133,6 +134,7 @@ type HedgeSkips struct {
 	Breaker  uint64 // the breaker was open
 	Pushback uint64 // the host had asked for a pause
 	Bulkhead uint64 // every bulkhead slot was held
+	Throttle uint64 // the client-side throttle was refusing requests
 }
 
 // Why a hedge was skipped.
@@ -143,9 +145,10 @@ const (
 	skipBreaker
 	skipPushback
 	skipBulkhead
+	skipThrottle
 )
 
-var skipLabels = [...]string{"", "skipped_budget", "skipped_deadline", "skipped_breaker", "skipped_pushback", "skipped_bulkhead"}
+var skipLabels = [...]string{"", "skipped_budget", "skipped_deadline", "skipped_breaker", "skipped_pushback", "skipped_bulkhead", "skipped_throttle"}
 
 // opener is the breaker as the retry layer sees it: is it refusing now?
 type opener interface{ open() bool }
@@ -153,13 +156,20 @@ type opener interface{ open() bool }
 // filler is the bulkhead as the retry layer sees it: is every slot held?
 type filler interface{ isFull() bool }
 
+// shedder is the client-side throttle as the retry layer sees it: is it
+// refusing some requests now? A host whose accept ratio has fallen that
+// far is overloaded or failing; a hedge would add load where the throttle
+// is taking it off, and the throttle might refuse the hedge anyway.
+type shedder interface{ shedding() bool }
+
 // hedger is a host's hedging state, in the retry layer.
 type hedger struct {
 	fixed    time.Duration // a fixed delay; zero: from the quantile
 	minDelay time.Duration
 	max      int
-	breaker  opener // nil: no breaker
-	bulkhead filler // nil: none (or a balanced upstream's, per instance)
+	breaker  opener  // nil: no breaker
+	bulkhead filler  // nil: none (or a balanced upstream's, per instance)
+	throttle shedder // nil: no throttle
 
 	sent, won atomic.Uint64
 	skipped   [len(skipLabels)]atomic.Uint64
@@ -167,8 +177,8 @@ type hedger struct {
 	pool sync.Pool // *hedgeRun whose timer never fired
 }
 
-func newHedger(p Hedge, breaker opener, bulkhead filler) *hedger {
-	h := &hedger{fixed: p.Delay, minDelay: p.MinDelay, max: p.MaxHedges, breaker: breaker, bulkhead: bulkhead}
+func newHedger(p Hedge, breaker opener, bulkhead filler, throttle shedder) *hedger {
+	h := &hedger{fixed: p.Delay, minDelay: p.MinDelay, max: p.MaxHedges, breaker: breaker, bulkhead: bulkhead, throttle: throttle}
 	h.pool.New = func() any { return &hedgeRun{done: make(chan struct{}, 1)} }
 	return h
 }
@@ -451,6 +461,8 @@ func (r *retryStage) hedgeBlocked(req *http.Request, c call) uint8 {
 		return skipPushback
 	case h.bulkhead != nil && h.bulkhead.isFull():
 		return skipBulkhead
+	case h.throttle != nil && h.throttle.shedding():
+		return skipThrottle
 	}
 	if dl, ok := c.deadline(req); ok && now.Add(r.sendTime()).After(dl) {
 		return skipDeadline
@@ -490,6 +502,7 @@ func (h *hedger) snapshot(lat *latency.Tracker) *HedgeSnapshot {
 		Breaker:  h.skipped[skipBreaker].Load(),
 		Pushback: h.skipped[skipPushback].Load(),
 		Bulkhead: h.skipped[skipBulkhead].Load(),
+		Throttle: h.skipped[skipThrottle].Load(),
 	}}
 	if d, ok := h.delay(lat); ok {
 		s.Delay = d

@@ -253,21 +253,31 @@ func TestHedgeNotIntoRefusal(t *testing.T) {
 		layers []string
 		during func(tr *Transport)
 		skips  func(HedgeSkips) uint64
+		policy func(*Policy)
 	}{
 		{"breaker", []string{"breaker"}, func(tr *Transport) {
 			_ = tr.ControlBreaker("hedge.test:80", BreakerForceOpen)
-		}, func(s HedgeSkips) uint64 { return s.Breaker }},
+		}, func(s HedgeSkips) uint64 { return s.Breaker }, nil},
 		{"pushback", []string{"pushback"}, func(tr *Transport) {
 			pb := layerOf[*pushbackStage](t, tr, "http://hedge.test/")
 			pb.pauseIn(&pb.paused, time.Now().Add(time.Minute))
-		}, func(s HedgeSkips) uint64 { return s.Pushback }},
-		{"bulkhead", []string{"bulkhead"}, nil, func(s HedgeSkips) uint64 { return s.Bulkhead }},
+		}, func(s HedgeSkips) uint64 { return s.Pushback }, nil},
+		{"bulkhead", []string{"bulkhead"}, nil, func(s HedgeSkips) uint64 { return s.Bulkhead }, nil},
+		{"throttle", nil, func(tr *Transport) {
+			// Ten refused requests in the window: the throttle refuses
+			// with probability 10/11 now.
+			th := layerOf[*throttleStage](t, tr, "http://hedge.test/")
+			th.record(time.Now().UnixNano(), 10, 0)
+		}, func(s HedgeSkips) uint64 { return s.Throttle }, func(p *Policy) { p.Throttle.Enabled = true }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				base := &hedgeBase{wait: func(int) time.Duration { return 30 * time.Millisecond }}
 				p := hedgePolicy(Hedge{Delay: 10 * time.Millisecond}, tc.layers...)
 				p.Bulkhead.MaxConcurrent = 1
+				if tc.policy != nil {
+					tc.policy(&p)
+				}
 				tr := mustNew(t, Config{Base: base, Default: p})
 				done := make(chan error, 1)
 				go func() {

@@ -73,6 +73,21 @@ package bulwark
 // take values from small fixed sets (and a layer-supplied value beyond
 // maxLabelValues distinct ones per host is reported as "other"):
 //
+// A call that matched one of Config.Routes also carries bulwark.route, the
+// route's pattern as written in Config.Routes ("GET /v1/rates/{id}"),
+// never the request's path: its values are as many as Config.Routes has
+// keys, so it multiplies the series by a number the configuration fixes,
+// where a path (an ID in it) would be unbounded. It is on what the call's
+// own layers report (bulwark.requests, retries, hedges, fallbacks,
+// faults, the route's breaker transitions and rejections, and the attempt
+// metrics below) and on the spans bulwark starts for the call (the logical
+// request span and the attempt spans). What the host's shared layers
+// report (the bulkhead's and pushback's rejections) and the gauges stay per
+// upstream, without it, as do the attempts of a balanced upstream, whose
+// instances' stacks are the host's (see Config.Routes). The span name stays
+// the method: bulwark.route is not url.template, which would name the
+// path alone.
+//
 //	bulwark.requests          counter    {bulwark.upstream, bulwark.outcome}   calls, by final outcome
 //	bulwark.retries           counter    {bulwark.upstream, bulwark.retry.reason}
 //	bulwark.hedges            counter    {bulwark.upstream, bulwark.hedge} (sent, won, or skipped_<reason>)
@@ -200,6 +215,7 @@ const (
 // Attribute keys bulwark adds beside the semantic conventions' ones.
 const (
 	keyUpstream       = attribute.Key("bulwark.upstream")
+	keyRoute          = attribute.Key("bulwark.route") // the Config.Routes key
 	keyOutcome        = attribute.Key("bulwark.outcome")
 	keyAttempt        = attribute.Key("bulwark.attempt")
 	keyHedge          = attribute.Key("bulwark.hedge")
@@ -387,6 +403,10 @@ type reporter struct {
 	upstream string
 	host     string // "host:port"
 	port     int    // for server.port; 0 when unknown
+	// route is the Config.Routes key of a route's reporter (forRoute), ""
+	// for a host's: it is a bulwark.route attribute of every metric point
+	// and span the reporter makes.
+	route string
 
 	mu   sync.Mutex // serialises additions to opts
 	opts atomic.Pointer[[]*labelOpts]
@@ -399,8 +419,17 @@ func (o *observer) reporter(upstream, host, port string) *reporter {
 	return &reporter{o: o, logger: o.logger, upstream: upstream, host: host, port: p}
 }
 
-// labels returns the options for {bulwark.upstream, key=val}; an empty key
-// means the upstream alone.
+// forRoute makes the reporter of one route on the host: the same, with a
+// bulwark.route attribute. The pattern, not the path: the patterns are the
+// configuration's, so the attribute's values are as few as Config.Routes
+// has keys, where a path (an ID in it) would be unbounded.
+func (hs *reporter) forRoute(pattern string) *reporter {
+	return &reporter{o: hs.o, logger: hs.logger, upstream: hs.upstream, host: hs.host, port: hs.port, route: pattern}
+}
+
+// labels returns the options for {bulwark.upstream, key=val} (and
+// bulwark.route on a route's reporter); an empty key means the upstream
+// alone.
 func (hs *reporter) labels(key attribute.Key, val string) *labelOpts {
 	if key == "" {
 		if l := hs.bare.Load(); l != nil {
@@ -445,11 +474,15 @@ func (hs *reporter) addLabels(key attribute.Key, val string) *labelOpts {
 			return l
 		}
 	}
-	up := keyUpstream.String(hs.upstream)
-	set := attribute.NewSet(up)
-	if key != "" {
-		set = attribute.NewSet(up, key.String(val))
+	kvs := make([]attribute.KeyValue, 0, 3)
+	kvs = append(kvs, keyUpstream.String(hs.upstream))
+	if hs.route != "" {
+		kvs = append(kvs, keyRoute.String(hs.route))
 	}
+	if key != "" {
+		kvs = append(kvs, key.String(val))
+	}
+	set := attribute.NewSet(kvs...)
 	opt := metric.WithAttributeSet(set)
 	l = &labelOpts{key: key, val: strings.Clone(val), add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}}
 	if key == "" {
@@ -799,6 +832,9 @@ func (hs *reporter) begin(req *http.Request) *callObs {
 		c.ctx, c.span = o.tracer.Start(req.Context(), spanRequest,
 			trace.WithSpanKind(trace.SpanKindInternal),
 			trace.WithAttributes(methodAttr(req.Method), semconv.URLFullKey.String(redactURL(req.URL)), keyUpstream.String(hs.upstream)))
+		if hs.route != "" {
+			c.span.SetAttributes(keyRoute.String(hs.route))
+		}
 	}
 	if state&obsMetering == 0 && c.span == nil {
 		return nil
@@ -992,6 +1028,9 @@ func (r *observeStage) attrs(req *http.Request, attemptNo int, hedge bool) []att
 		semconv.ServerAddressKey.String(req.URL.Hostname()),
 		semconv.URLFullKey.String(redactURL(req.URL)),
 		keyUpstream.String(r.e.upstream))
+	if rt := r.e.rep.route; rt != "" {
+		kv = append(kv, keyRoute.String(rt))
+	}
 	if p := r.e.rep.port; p > 0 {
 		kv = append(kv, semconv.ServerPortKey.Int(p))
 	}

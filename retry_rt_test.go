@@ -274,9 +274,13 @@ func TestRetryWhatIsRetried(t *testing.T) {
 
 func TestRetryErrorsWrapCause(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		base := &scriptBase{step: alwaysErr(errReset)}
-		tr, _, _ := newTestTransport(t, base, Policy{})
+		// Every attempt meets a connection reset, injected at the attempt.
+		base := &scriptBase{step: always(200)}
+		tr, _, waits := newTestTransport(t, base, Policy{Fault: Fault{ResetRate: 1}})
 		_, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
+		if len(*waits) != DefaultMaxAttempts-1 || base.calls() != 0 {
+			t.Errorf("%d retries, %d sent; want %d retries of injected resets, none sent", len(*waits), base.calls(), DefaultMaxAttempts-1)
+		}
 		if !errors.Is(err, syscall.ECONNRESET) {
 			t.Errorf("err = %v, want one wrapping ECONNRESET", err)
 		}

@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"hash/maphash"
 	"net/http"
+	"net/url"
 	"reflect"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 )
 
@@ -25,11 +27,20 @@ type routeTable struct {
 // hash and four string comparisons instead, with nothing allocated. The
 // mux never changes after New, so an entry never goes stale. It is a
 // direct-mapped cache of memoSlots entries: a colliding triple replaces
-// the one in its slot, so paths that are all different (an ID in each)
-// pay ServeMux's own cost, plus the entry, every time.
+// the one in its slot.
+//
+// A triple is remembered only the second time it is seen, as a TinyLFU
+// cache's doorkeeper admits only keys seen before (Einziger, Friedman and
+// Manes, "TinyLFU: A Highly Efficient Cache Admission Policy", ACM TOS
+// 2017): seen holds the hash of the last triple that missed in each slot,
+// with nothing allocated. Paths that are all different (an ID in each)
+// then pay ServeMux's own cost and no entry, and they do not push the
+// repeated paths' entries out. A hash collision in seen only admits an
+// entry early; entries are compared in full, so a route is never wrong.
 type routeMemo struct {
 	seed  maphash.Seed
 	slots [memoSlots]atomic.Pointer[memoEntry]
+	seen  [memoSlots]atomic.Uint64
 }
 
 const memoSlots = 512 // a power of two
@@ -70,6 +81,11 @@ func compileRoutes(routes map[string]Policy, parents []*route) (*routeTable, err
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	if muxGo121() {
+		return nil, &ConfigError{Route: keys[0], Reason: "Routes need Go 1.22 ServeMux patterns, " +
+			"and GODEBUG=httpmuxgo121=1 makes net/http match by the Go 1.21 rules, " +
+			"under which a method or a {wildcard} in a pattern is part of a literal host or path"}
+	}
 	rt := &routeTable{mux: http.NewServeMux()}
 	rt.memo.seed = maphash.MakeSeed()
 	for i, k := range keys {
@@ -102,6 +118,20 @@ func compileRoutes(routes map[string]Policy, parents []*route) (*routeTable, err
 	_ = register(rt.mux, "/", noRoute)
 	return rt, nil
 }
+
+// muxGo121 reports whether net/http's ServeMux matches by the Go 1.21
+// rules, as it does under GODEBUG=httpmuxgo121=1. net/http reads the
+// setting once, when it starts, from the environment or from a //go:debug
+// directive or go.mod godebug line of the main module, so an os.Getenv
+// would miss the last two: this asks a ServeMux how it behaves instead.
+// Under the Go 1.22 rules "/{x}" is a wildcard that matches "/a"; under
+// the 1.21 rules it is the literal path "/{x}", which does not.
+var muxGo121 = sync.OnceValue(func() bool {
+	mux := http.NewServeMux()
+	mux.Handle("/{x}", noRoute)
+	_, pattern := mux.Handler(&http.Request{Method: "GET", Host: "probe", URL: &url.URL{Path: "/a"}})
+	return pattern != "/{x}"
+})
 
 // register adds a pattern to the mux. ServeMux panics on a pattern it
 // refuses (malformed, or conflicting with one registered before); that
@@ -151,22 +181,22 @@ func inRoute(err error, pattern, upstream string) error {
 type routeState struct {
 	pattern string
 	rt      stage
-	parts   []any // as hostState.parts
+	rep     *reporter // the host's, with bulwark.route
+	parts   []any     // as hostState.parts
 }
 
-// routeStack returns the stack of req's route on hs, nil when no route
-// matches. ServeMux.Handler does the matching, on req.Host as a server
+// routeStack returns req's route on hs, nil when no route matches. ServeMux.Handler does the matching, on req.Host as a server
 // would see it (URL.Host when Host is empty); a request ServeMux would
 // redirect (an unclean path, a missing trailing slash) matches no route.
-func (t *Transport) routeStack(hs *hostState, req *http.Request) stage {
+func (t *Transport) routeStack(hs *hostState, req *http.Request) *routeState {
 	e := hs.table.lookup(req)
 	if e == nil {
 		return nil
 	}
 	if rs := hs.routes[e.idx].Load(); rs != nil {
-		return rs.rt
+		return rs
 	}
-	return t.addRoute(hs, e).rt
+	return t.addRoute(hs, e)
 }
 
 // lookup returns req's route, nil for none: from the memo, or from the
@@ -179,11 +209,15 @@ func (rt *routeTable) lookup(req *http.Request) *routeEntry {
 	h := maphash.String(rt.memo.seed, u.Path)
 	h ^= maphash.String(rt.memo.seed, host) * 0x9e3779b97f4a7c15
 	h += uint64(len(req.Method))<<7 + uint64(len(u.RawPath))
-	slot := &rt.memo.slots[h&(memoSlots-1)]
+	i := h & (memoSlots - 1)
+	slot := &rt.memo.slots[i]
 	if m := slot.Load(); m != nil && m.path == u.Path && m.host == host && m.method == req.Method && m.rawPath == u.RawPath {
 		return m.route
 	}
 	e := rt.match(req, host)
+	if rt.memo.seen[i].Swap(h) != h {
+		return e // first sight: not remembered yet
+	}
 	// Copies: the memo must not keep a caller's request alive.
 	slot.Store(&memoEntry{method: strings.Clone(req.Method), host: strings.Clone(host),
 		path: strings.Clone(u.Path), rawPath: strings.Clone(u.RawPath), route: e})
@@ -194,9 +228,13 @@ func (rt *routeTable) lookup(req *http.Request) *routeEntry {
 // URL.Host when Host is empty.
 func (rt *routeTable) match(req *http.Request, host string) *routeEntry {
 	if req.Host != host {
-		r := *req // shallow, for the matcher only; never sent
+		// A shallow copy with the Host set, for the matcher only, never
+		// sent; pooled, since Handler does not keep it.
+		r := shells.Get().(*http.Request)
+		*r = *req
 		r.Host = host
-		req = &r
+		defer func() { *r = http.Request{}; shells.Put(r) }()
+		req = r
 	}
 	h, pattern := rt.mux.Handler(req)
 	e, ok := h.(*routeEntry)
@@ -207,6 +245,8 @@ func (rt *routeTable) match(req *http.Request, host string) *routeEntry {
 	return e
 }
 
+var shells = sync.Pool{New: func() any { return new(http.Request) }}
+
 // addRoute builds a route's stack on hs on its first request.
 func (t *Transport) addRoute(hs *hostState, e *routeEntry) *routeState {
 	hs.routeMu.Lock()
@@ -214,8 +254,8 @@ func (t *Transport) addRoute(hs *hostState, e *routeEntry) *routeState {
 	if rs := hs.routes[e.idx].Load(); rs != nil {
 		return rs
 	}
-	rs := &routeState{pattern: e.pattern}
-	rs.rt, rs.parts = t.buildRoute(hs, e.byParent[hs.policy])
+	rs := &routeState{pattern: e.pattern, rep: hs.rep.forRoute(e.pattern)}
+	rs.rt, rs.parts = t.buildRoute(hs, rs.rep, e.byParent[hs.policy])
 	t.mu.RLock()
 	c, ok := t.controls[hs.name]
 	t.mu.RUnlock()

@@ -5,11 +5,15 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
 // routeOf reports the pattern of the route the Transport picks for a
@@ -23,7 +27,7 @@ func routeOf(t *testing.T, tr *Transport, req *http.Request) string {
 		return ""
 	}
 	for i := range hs.routes {
-		if rs := hs.routes[i].Load(); rs != nil && rs.rt == got {
+		if rs := hs.routes[i].Load(); rs != nil && rs == got {
 			return rs.pattern
 		}
 	}
@@ -51,16 +55,26 @@ func TestRoutePrecedence(t *testing.T) {
 		routes[p] = Policy{}
 	}
 	tr := mustNew(t, Config{Base: &statusBase{codes: []int{200}}, Routes: routes})
-	// Three rounds: from the mux, from the memo, and after 2,000 other paths
-	// have replaced every memo slot.
-	for round := range 3 {
-		if round == 2 {
-			for i := range 2000 {
-				req, _ := http.NewRequest("GET", fmt.Sprintf("http://h%d.example.com/v1/rates/%d", i%7, i), nil)
+	// Rounds: from the mux twice (a path is remembered the second time it
+	// is seen), from the memo, after 2,000 paths seen once (which are not
+	// remembered), and after 2,000 paths seen twice have replaced the memo's
+	// entries.
+	others := func(times int) {
+		for i := range 2000 {
+			req, _ := http.NewRequest("GET", fmt.Sprintf("http://h%d.example.com/v1/rates/%d", i%7, i), nil)
+			for range times {
 				if got := routeOf(t, tr, req); got != "GET /v1/rates/{id}" {
 					t.Fatalf("route of %s = %q", req.URL, got)
 				}
 			}
+		}
+	}
+	for round := range 5 {
+		switch round {
+		case 3:
+			others(1)
+		case 4:
+			others(2)
 		}
 		checkRoutes(t, tr)
 	}
@@ -274,4 +288,128 @@ func TestRouteUpdate(t *testing.T) {
 			t.Fatalf("after Update: err %v, sent %d; want 2 sends under the new route", err, base.sent())
 		}
 	})
+}
+
+// TestRoutesMuxGo121: under GODEBUG=httpmuxgo121=1 ServeMux reads patterns
+// by the Go 1.21 rules, where "GET /v1/rates/{id}" is a host "GET " and a
+// literal path; New refuses Routes there. net/http reads the setting when
+// the process starts, so the test runs itself again with it set.
+func TestRoutesMuxGo121(t *testing.T) {
+	cfg := Config{Routes: map[string]Policy{"GET /v1/rates/{id}": {}}}
+	if os.Getenv("BULWARK_TEST_MUX121") == "1" {
+		if !muxGo121() {
+			t.Fatal("muxGo121() = false under GODEBUG=httpmuxgo121=1")
+		}
+		_, err := New(cfg)
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Route != "GET /v1/rates/{id}" || !strings.Contains(ce.Reason, "httpmuxgo121") {
+			t.Fatalf("New = %v, want a ConfigError naming the route and the setting", err)
+		}
+		if _, err := New(Config{}); err != nil {
+			t.Fatalf("New without Routes = %v, want it to work under the old rules", err)
+		}
+		return
+	}
+	if muxGo121() {
+		t.Fatal("muxGo121() = true without the setting")
+	}
+	if _, err := New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRoutesMuxGo121$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "GODEBUG=httpmuxgo121=1", "BULWARK_TEST_MUX121=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestRoutesMuxGo121") {
+		t.Fatalf("under GODEBUG=httpmuxgo121=1: %v\n%s", err, out)
+	}
+}
+
+// TestRouteObserved: a call that matched a route carries the route's
+// pattern as bulwark.route on its metrics and spans, never its path; a call
+// that matched none carries no bulwark.route.
+func TestRouteObserved(t *testing.T) {
+	const pattern = "GET /v1/rates/{id}"
+	k := newOtelKit(t)
+	cfg := k.config(&statusBase{codes: []int{200}})
+	cfg.Routes = map[string]Policy{pattern: {Fault: Fault{AbortStatus: 503, AbortRate: 1}}}
+	tr := mustNew(t, cfg)
+	for _, path := range []string{"/v1/rates/eur", "/v1/rates/usd", "/v1/other"} {
+		if _, err := sendOnce(t, tr, "GET", "http://fx.test"+path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rm := k.collect(t)
+	// byRoute sums a counter's points by their bulwark.route ("" for none).
+	byRoute := func(name string) map[string]int64 {
+		out := map[string]int64{}
+		m := findMetric(rm, name)
+		if m == nil {
+			t.Fatalf("no metric %s", name)
+		}
+		for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+			v, _ := dp.Attributes.Value(keyRoute)
+			out[v.AsString()] += dp.Value
+		}
+		return out
+	}
+	if got := byRoute("bulwark.requests"); len(got) != 2 || got[pattern] != 2 || got[""] != 1 {
+		t.Errorf("bulwark.requests by route = %v, want 2 under %q and 1 without", got, pattern)
+	}
+	if got := byRoute("bulwark.faults"); len(got) != 1 || got[pattern] != 2 {
+		t.Errorf("bulwark.faults by route = %v, want the route's 2 aborts", got)
+	}
+	if got := counter(t, rm, "bulwark.faults", keyUpstream.String("default"), keyRoute.String(pattern), keyFault.String(faultAbort)); got != 2 {
+		t.Errorf("bulwark.faults{default, %s, abort} = %d, want 2", pattern, got)
+	}
+	for _, name := range []string{spanRequest, "GET"} {
+		spans := spansNamed(k.sr, name)
+		if len(spans) != 3 {
+			t.Fatalf("%d %q spans, want 3", len(spans), name)
+		}
+		for i, s := range spans {
+			v, ok := attr(s, keyRoute)
+			switch {
+			case i < 2 && (!ok || v.AsString() != pattern):
+				t.Errorf("%q span of call %d: bulwark.route = %v, %v; want %q", name, i, v.AsString(), ok, pattern)
+			case i == 2 && ok:
+				t.Errorf("%q span of the unrouted call: bulwark.route = %q, want none", name, v.AsString())
+			}
+		}
+	}
+}
+
+// TestRouteMemoAdmission: a path is remembered the second time it is
+// seen, so paths seen once (an ID in each) leave the memo as it was.
+func TestRouteMemoAdmission(t *testing.T) {
+	tr := mustNew(t, Config{Base: &statusBase{codes: []int{200}}, Routes: map[string]Policy{"GET /v1/rates/{id}": {}}})
+	hs := tr.lookup(mustURL(t, "http://api.test/"))
+	entries := func() (n int) {
+		for i := range hs.table.memo.slots {
+			if hs.table.memo.slots[i].Load() != nil {
+				n++
+			}
+		}
+		return n
+	}
+	hot, _ := http.NewRequest("GET", "http://api.test/v1/rates/latest", nil)
+	for i := range 2 {
+		if routeOf(t, tr, hot) != "GET /v1/rates/{id}" {
+			t.Fatal("no route for the hot path")
+		}
+		if n := entries(); n != i {
+			t.Fatalf("after %d sightings, %d memo entries, want %d", i+1, n, i)
+		}
+	}
+	for i := range 5000 {
+		req, _ := http.NewRequest("GET", fmt.Sprintf("http://api.test/v1/rates/%d", i), nil)
+		if routeOf(t, tr, req) != "GET /v1/rates/{id}" {
+			t.Fatalf("no route for %s", req.URL)
+		}
+	}
+	if n := entries(); n != 1 {
+		t.Errorf("after 5,000 paths seen once, %d memo entries, want the hot path's alone", n)
+	}
+	if allocs := testing.AllocsPerRun(100, func() { hs.table.lookup(hot) }); allocs != 0 {
+		t.Errorf("a remembered path's lookup allocates %.0f times, want 0", allocs)
+	}
 }

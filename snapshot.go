@@ -45,6 +45,10 @@ type HostSnapshot struct {
 	Pushback *PushbackSnapshot
 	Hedge    *HedgeSnapshot    // nil unless the upstream hedges
 	Throttle *ThrottleSnapshot // nil unless Throttle is enabled
+	// Fault is what fault injection did on the host, its routes and
+	// instances included; nil until a policy that injects faults (see
+	// Fault) has a stack on the host.
+	Fault *FaultSnapshot
 	// Endpoints are a balanced upstream's instances, each with its own
 	// bulkhead; nil for other hosts.
 	Endpoints []EndpointState
@@ -72,6 +76,7 @@ func (t *Transport) Snapshot() Snapshot {
 			}
 		}
 		hs.eachRoute(func(rs *routeState) { h.Routes = append(h.Routes, rs.snapshot()) })
+		h.Fault = hs.faults.snapshot()
 		sort.Slice(h.Routes, func(i, j int) bool { return h.Routes[i].Pattern < h.Routes[j].Pattern })
 		s.Hosts = append(s.Hosts, h)
 	})

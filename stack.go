@@ -39,15 +39,23 @@ import (
 // touched: requests sent through it finish there. A route's stack keeps
 // nothing across an Update; it is built again on the route's next use.
 func (t *Transport) buildStack(hs *hostState, prev *hostState) {
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep}
+	if prev != nil && prev.upstream == hs.upstream {
+		hs.faults = prev.faults // counts, like the pushback pauses, outlive an Update
+	}
+	if hs.faults == nil {
+		hs.faults = new(faultCounts)
+	}
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep, faults: hs.faults}
 	hs.rt, hs.parts = t.compose(hs.policy, e, &hs.shared, reuseFrom(prev, hs))
 }
 
 // buildRoute composes the stack of one route on a host: the same layers as
 // the host's, made for the route's policy, except for the host's shared
-// ones (see hostShared), which the route's stack passes through.
-func (t *Transport) buildRoute(hs *hostState, p *Policy) (stage, []any) {
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep}
+// ones (see hostShared), which the route's stack passes through. Its own
+// layers report through rep, the route's reporter; the shared ones
+// through the host's.
+func (t *Transport) buildRoute(hs *hostState, rep *reporter, p *Policy) (stage, []any) {
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep, faults: hs.faults}
 	shared := hs.shared
 	return t.compose(p, e, &shared, kept{})
 }
@@ -72,10 +80,11 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 	var s stage
 	var parts []any
 	// What the hedger asks before sending a hedge: is the breaker open,
-	// the bulkhead full? (A balanced upstream's bulkheads are per
+	// the bulkhead full, the throttle refusing? (A balanced upstream's bulkheads are per
 	// instance; the balancer's pick and each instance's bulkhead decide.)
 	var open opener
 	var full filler
+	var shed shedder
 	switch {
 	case sh.built && sh.balancer != nil:
 		s = sh.balancer
@@ -117,6 +126,9 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 			th.throttleCounts = old.throttle
 		}
 		s, parts = th, append(parts, th)
+		if !p.Throttle.Shadow {
+			shed = th
+		}
 	}
 	var pause pauser
 	switch {
@@ -144,7 +156,7 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 			r.budget = old.budget
 		}
 		if p.Hedge.enabled() {
-			r.hedge = newHedger(p.Hedge, open, full)
+			r.hedge = newHedger(p.Hedge, open, full, shed)
 			r.max = max(r.max, 1+p.Hedge.MaxHedges)
 		}
 		s, parts = r, append(parts, r)

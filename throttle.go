@@ -206,16 +206,7 @@ func (t *throttleStage) roundTrip(req *http.Request, c call) (*http.Response, er
 	if c.sent.IsZero() {
 		now = time.Now().UnixNano()
 	}
-	var p float64
-	if now < t.pubUntil.Load() {
-		p = math.Float64frombits(t.pubP.Load())
-	} else {
-		t.mu.Lock()
-		p = t.probability(t.w.Sum(now))
-		t.publish(p)
-		t.mu.Unlock()
-	}
-	if p > 0 && t.randUnit() < p {
+	if p := t.current(now); p > 0 && t.randUnit() < p {
 		if t.shadow {
 			t.wouldReject.Add(1)
 			t.e.rep.shadowRejected(req.Context(), layerThrottle)
@@ -227,6 +218,25 @@ func (t *throttleStage) roundTrip(req *http.Request, c call) (*http.Response, er
 		return nil, t.rejected
 	}
 	return t.send(req, c, now)
+}
+
+// shedding reports whether the throttle refuses some requests now: the
+// hedger sends no hedge then.
+func (t *throttleStage) shedding() bool {
+	return t.current(time.Now().UnixNano()) > 0
+}
+
+// current is the refusal probability at now: the published one while it
+// holds, else computed (and published) under mu.
+func (t *throttleStage) current(now int64) float64 {
+	if now < t.pubUntil.Load() {
+		return math.Float64frombits(t.pubP.Load())
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p := t.probability(t.w.Sum(now))
+	t.publish(p)
+	return p
 }
 
 // send sends req and counts the host's answer at now.

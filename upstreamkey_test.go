@@ -1,11 +1,8 @@
 package bulwark
 
 import (
-	"context"
 	"errors"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -105,24 +102,18 @@ func TestCanonicalHost(t *testing.T) {
 
 // TestTrailingDotRoutes: a request to "api.example.com." is the same
 // upstream as "api.example.com", so it gets that key's stricter policy
-// rather than escaping to Default by the dot. Against a server answering
-// 503, the key allows one attempt and Default three.
+// rather than escaping to Default by the dot. Against a 503 on every
+// attempt (injected by Fault, so no name is dialled), the key allows one
+// attempt and Default three.
 func TestTrailingDotRoutes(t *testing.T) {
-	var attempts atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		attempts.Add(1)
-		w.WriteHeader(http.StatusServiceUnavailable)
-	}))
-	defer srv.Close()
-	// Every name dials the test server, on 127.0.0.1.
-	base := &http.Transport{DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, network, srv.Listener.Addr().String())
-	}}
-	defer base.CloseIdleConnections()
+	var retries atomic.Int64
 	client, err := NewClient(Config{
-		Base:      base,
-		Default:   Policy{Retry: Retry{Base: time.Millisecond, Cap: time.Millisecond}}, // three attempts
+		Base: okBase{},
+		Default: Policy{
+			Retry: Retry{Base: time.Millisecond, Cap: time.Millisecond, // three attempts
+				OnRetry: func(*http.Request, RetryEvent) { retries.Add(1) }},
+			Fault: Fault{AbortStatus: http.StatusServiceUnavailable, AbortRate: 1},
+		},
 		Upstreams: map[string]Policy{"api.example.com": {Retry: Retry{MaxAttempts: 1}}},
 	})
 	if err != nil {
@@ -137,14 +128,14 @@ func TestTrailingDotRoutes(t *testing.T) {
 		{"http://api.example.com./", 1},
 		{"http://API.Example.com.:80/", 1},
 	} {
-		attempts.Store(0)
+		retries.Store(0)
 		req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, tt.url, nil)
 		resp, err := client.Do(req)
 		if err != nil {
 			t.Fatalf("%s: %v", tt.url, err)
 		}
 		resp.Body.Close()
-		if got := attempts.Load(); resp.StatusCode != http.StatusServiceUnavailable || got != tt.want {
+		if got := 1 + retries.Load(); resp.StatusCode != http.StatusServiceUnavailable || got != tt.want {
 			t.Errorf("%s: %d after %d attempts, want 503 after %d", tt.url, resp.StatusCode, got, tt.want)
 		}
 	}

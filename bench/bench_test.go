@@ -240,10 +240,18 @@ func pairedLoop(b *testing.B, req *http.Request, bare, bw http.RoundTripper) {
 // the order of the stacks rotating each round, from one goroutine, and
 // returns each stack's total time.
 func interleave(b *testing.B, req *http.Request, block int, rts ...http.RoundTripper) []time.Duration {
-	send := func(rt http.RoundTripper, n int) time.Duration {
+	return interleaveRequests(b, []*http.Request{req}, block, rts...)
+}
+
+// interleaveRequests is interleave for a list of requests, which each of
+// rts sends in turn, from the first, again and again.
+func interleaveRequests(b *testing.B, reqs []*http.Request, block int, rts ...http.RoundTripper) []time.Duration {
+	pos := make([]int, len(rts))
+	send := func(j, n int) time.Duration {
 		start := time.Now()
 		for range n {
-			resp, err := rt.RoundTrip(req)
+			resp, err := rts[j].RoundTrip(reqs[pos[j]%len(reqs)])
+			pos[j]++
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -252,8 +260,8 @@ func interleave(b *testing.B, req *http.Request, block int, rts ...http.RoundTri
 		}
 		return time.Since(start)
 	}
-	for _, rt := range rts {
-		send(rt, block) // warm: connections dialled, per-host state made
+	for j := range rts {
+		send(j, block) // warm: connections dialled, per-host state made
 	}
 	total := make([]time.Duration, len(rts))
 	b.ReportAllocs()
@@ -262,7 +270,7 @@ func interleave(b *testing.B, req *http.Request, block int, rts ...http.RoundTri
 		k := min(block, b.N-n)
 		for i := range rts {
 			j := (i + round) % len(rts)
-			total[j] += send(rts[j], k)
+			total[j] += send(j, k)
 		}
 		n += k
 	}

@@ -2,7 +2,8 @@
 // upstream that answers each path from a script and records every request
 // it receives, and a Recorder that collects what bulwark's hooks report, so
 // that a test can assert how many attempts were made, which retries were
-// scheduled, and which breaker transitions happened.
+// scheduled, which hedges were sent, won or skipped, and which breaker
+// transitions happened.
 //
 // An Upstream serves over a real socket (Start, an httptest server on
 // 127.0.0.1) or in memory (Transport), for tests that run inside a
@@ -68,15 +69,27 @@ type Request struct {
 	Attempt int
 	// At is when the request arrived (time.Now: fake time in a bubble).
 	At time.Time
+	// InFlight is how many other requests to the same path the upstream
+	// was still handling when this one arrived: a hedge, sent beside a
+	// slow attempt of the same call, arrives with InFlight ≥ 1 (so does
+	// any request of a concurrent caller).
+	InFlight int
+	// Canceled reports that the request's context ended while its step's
+	// Delay ran, so the upstream never answered it: the caller gave up,
+	// or bulwark cancelled a hedge's losing attempt. It is set when the
+	// upstream stops handling the request; Requests read earlier may not
+	// show it yet.
+	Canceled bool
 }
 
 // Upstream is a scripted HTTP upstream. Each path plays its own Script,
 // one step per request; a path with no script is answered 404. It records
 // every request, scripted or not. It is safe for concurrent use.
 type Upstream struct {
-	mu      sync.Mutex
-	scripts map[string]*player
-	reqs    []Request
+	mu       sync.Mutex
+	scripts  map[string]*player
+	reqs     []Request
+	inFlight map[string]int // by path
 }
 
 type player struct {
@@ -99,7 +112,7 @@ func (p *player) next() Step {
 // NewUpstream returns an Upstream playing scripts, keyed by request path
 // ("/pay"; the path must match exactly, query aside).
 func NewUpstream(scripts map[string]Script) *Upstream {
-	u := &Upstream{scripts: make(map[string]*player)}
+	u := &Upstream{scripts: make(map[string]*player), inFlight: make(map[string]int)}
 	for path, s := range scripts {
 		u.Handle(path, s)
 	}
@@ -124,16 +137,25 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	attempt, _ := strconv.Atoi(r.Header.Get(bulwark.AttemptHeader))
 	rec := Request{Method: r.Method, Path: r.URL.Path, Host: r.Host, Header: r.Header.Clone(),
 		Body: string(body), Attempt: attempt, At: time.Now()}
+	path := r.URL.Path
 	u.mu.Lock()
+	rec.InFlight = u.inFlight[path]
+	u.inFlight[path]++
+	idx := len(u.reqs)
 	u.reqs = append(u.reqs, rec)
-	p := u.scripts[r.URL.Path]
+	p := u.scripts[path]
 	var s Step
 	if p != nil {
 		s = p.next()
 	}
 	u.mu.Unlock()
+	defer func() {
+		u.mu.Lock()
+		u.inFlight[path]--
+		u.mu.Unlock()
+	}()
 	if p == nil {
-		http.Error(w, "bulwarktest: no script for "+r.URL.Path, http.StatusNotFound)
+		http.Error(w, "bulwarktest: no script for "+path, http.StatusNotFound)
 		return
 	}
 	if s.Delay > 0 {
@@ -142,6 +164,9 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case <-t.C:
 		case <-r.Context().Done():
 			t.Stop()
+			u.mu.Lock()
+			u.reqs[idx].Canceled = true
+			u.mu.Unlock()
 			return
 		}
 	}
@@ -185,6 +210,16 @@ func (u *Upstream) Attempts(path string) []int {
 		out = append(out, r.Attempt)
 	}
 	return out
+}
+
+// MaxInFlight returns the most requests to path the upstream handled at
+// once so far: 2 for one call whose slow attempt got a hedge beside it.
+func (u *Upstream) MaxInFlight(path string) int {
+	n := 0
+	for _, r := range u.RequestsTo(path) {
+		n = max(n, r.InFlight+1)
+	}
+	return n
 }
 
 // Start serves u over a real socket: an httptest server listening on

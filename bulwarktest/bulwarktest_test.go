@@ -161,3 +161,73 @@ func TestMemoryDelayCanceled(t *testing.T) {
 		}
 	})
 }
+
+// TestHedgeHelpers, in fake time: a first attempt that never answers gets
+// a hedge after the delay, the hedge wins and the first is cancelled; the
+// helpers see it from the Snapshot and from the upstream's records. Then
+// a hedge that falls due while the breaker is forced open is skipped, and
+// counted under "breaker".
+func TestHedgeHelpers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		u := bulwarktest.NewUpstream(map[string]bulwarktest.Script{
+			"/quote": {{Delay: time.Hour}, {Body: "fast"}},
+			"/slow":  {{Body: "late", Delay: 30 * time.Millisecond}},
+		})
+		p := bulwark.Policy{Hedge: bulwark.Hedge{Delay: 10 * time.Millisecond}}
+		tr, err := bulwark.New(bulwark.Config{Base: u.Transport(), Default: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := bulwarktest.Hedges(tr, "fx.test:80"); ok {
+			t.Errorf("hedge counts for a host never reached")
+		}
+		start := time.Now()
+		resp, body, err := get(t, tr, "http://fx.test/quote")
+		if err != nil || resp.StatusCode != 200 || body != "fast" {
+			t.Fatalf("got %v %q %v, want the hedge's 200 fast", resp, body, err)
+		}
+		if d := time.Since(start); d != 10*time.Millisecond {
+			t.Errorf("call took %v, want the 10ms hedge delay", d)
+		}
+		h, ok := bulwarktest.Hedges(tr, "fx.test:80")
+		if !ok || h.Sent != 1 || h.Won != 1 || h.Delay != 10*time.Millisecond {
+			t.Errorf("hedges = %+v, %v; want one sent and won, delay 10ms", h, ok)
+		}
+		if s := bulwarktest.HedgesSkipped(tr, "fx.test:80"); s != nil {
+			t.Errorf("skipped = %v, want none", s)
+		}
+		reqs := u.RequestsTo("/quote")
+		if len(reqs) != 2 || reqs[0].Attempt != 1 || reqs[1].Attempt != 2 {
+			t.Fatalf("requests = %+v, want attempts 1 and 2", reqs)
+		}
+		if !reqs[0].Canceled || reqs[1].Canceled || reqs[0].InFlight != 0 || reqs[1].InFlight != 1 {
+			t.Errorf("first: canceled %v in flight %d; hedge: canceled %v in flight %d; want the loser cancelled and the hedge beside it",
+				reqs[0].Canceled, reqs[0].InFlight, reqs[1].Canceled, reqs[1].InFlight)
+		}
+		if n := u.MaxInFlight("/quote"); n != 2 {
+			t.Errorf("max in flight = %d, want 2", n)
+		}
+
+		done := make(chan error, 1)
+		go func() {
+			_, _, err := get(t, tr, "http://rates.test/slow")
+			done <- err
+		}()
+		time.Sleep(time.Millisecond)
+		if err := tr.ControlBreaker("rates.test:80", bulwark.BreakerForceOpen); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if s := bulwarktest.HedgesSkipped(tr, "rates.test:80"); len(s) != 1 || s["breaker"] != 1 {
+			t.Errorf("skipped = %v, want one for the breaker", s)
+		}
+		if h, _ := bulwarktest.Hedges(tr, "rates.test:80"); h.Sent != 0 {
+			t.Errorf("sent %d hedges into an open breaker", h.Sent)
+		}
+		if n := u.MaxInFlight("/slow"); n != 1 {
+			t.Errorf("max in flight = %d, want no hedge", n)
+		}
+	})
+}

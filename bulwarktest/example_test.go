@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"time"
 
 	"github.com/bulwark-http/bulwark"
 	"github.com/bulwark-http/bulwark/bulwarktest"
@@ -93,4 +94,67 @@ func ExampleRecorder() {
 	// Output:
 	// inventory.example:80 closed → open
 	// now open
+}
+
+// A first attempt that never answers, and a hedge sent beside it after
+// 10 ms: the hedge's answer is the caller's, and the first attempt is
+// cancelled.
+func ExampleHedges() {
+	u := bulwarktest.NewUpstream(map[string]bulwarktest.Script{
+		"/quote": {{Delay: time.Hour}, {Body: "fast"}},
+	})
+	tr, err := bulwark.New(bulwark.Config{Base: u.Transport(), Default: bulwark.Policy{
+		Hedge: bulwark.Hedge{Delay: 10 * time.Millisecond},
+	}})
+	if err != nil {
+		panic(err)
+	}
+	req, _ := http.NewRequest("GET", "http://fx.example/quote", nil)
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		panic(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	fmt.Println(resp.StatusCode, string(b))
+	h, _ := bulwarktest.Hedges(tr, "fx.example:80")
+	fmt.Println("hedges sent:", h.Sent, "won:", h.Won)
+	for _, r := range u.RequestsTo("/quote") {
+		fmt.Println("attempt", r.Attempt, "in flight beside it:", r.InFlight, "canceled:", r.Canceled)
+	}
+	// Output:
+	// 200 fast
+	// hedges sent: 1 won: 1
+	// attempt 1 in flight beside it: 0 canceled: true
+	// attempt 2 in flight beside it: 1 canceled: false
+}
+
+// A hedge that falls due while every bulkhead slot is held is not sent:
+// HedgesSkipped counts it under "bulkhead". (The first attempt, holding
+// the one slot, answers after a second; the hedge was due at 10 ms.)
+func ExampleHedgesSkipped() {
+	u := bulwarktest.NewUpstream(map[string]bulwarktest.Script{
+		"/slow": {{Body: "late", Delay: time.Second}},
+	})
+	tr, err := bulwark.New(bulwark.Config{Base: u.Transport(), Default: bulwark.Policy{
+		Hedge:    bulwark.Hedge{Delay: 10 * time.Millisecond},
+		Bulkhead: bulwark.Bulkhead{MaxConcurrent: 1},
+	}})
+	if err != nil {
+		panic(err)
+	}
+	req, _ := http.NewRequest("GET", "http://rates.example/slow", nil)
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		panic(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	fmt.Println(resp.StatusCode, string(b))
+	fmt.Println("skipped:", bulwarktest.HedgesSkipped(tr, "rates.example:80"))
+	fmt.Println("attempts:", u.Attempts("/slow"))
+	// Output:
+	// 200 late
+	// skipped: map[bulkhead:1]
+	// attempts: [1]
 }

@@ -2,6 +2,8 @@ package bulwarktest
 
 import (
 	"net/http"
+	"reflect"
+	"strings"
 	"sync"
 	"time"
 
@@ -100,4 +102,44 @@ func PausedUntil(tr *bulwark.Transport, host string) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return h.Pushback.Until, true
+}
+
+// Hedges returns the hedging counts of host in tr (sent, won, skipped by
+// reason: see bulwark.HedgeSnapshot), from tr.Snapshot; false when the
+// host has no state or its policy does not hedge. Hedges have no hook of
+// their own: the counts are the Transport's, and the Upstream's records
+// show the hedges it received (Request.InFlight) and the losers bulwark
+// cancelled (Request.Canceled).
+func Hedges(tr *bulwark.Transport, host string) (bulwark.HedgeSnapshot, bool) {
+	h, ok := Host(tr, host)
+	if !ok || h.Hedge == nil {
+		return bulwark.HedgeSnapshot{}, false
+	}
+	return *h.Hedge, true
+}
+
+// HedgesSkipped returns how many hedges of host in tr were due but not
+// sent, by reason: the bulwark.HedgeSkips field in lower case ("breaker",
+// "bulkhead", "budget", "deadline", "pushback", "throttle"), with only
+// the reasons that occurred; nil when none was skipped or the host does
+// not hedge. It reads the fields by reflection, so a reason bulwark adds
+// is reported without a change here.
+func HedgesSkipped(tr *bulwark.Transport, host string) map[string]uint64 {
+	h, ok := Hedges(tr, host)
+	if !ok {
+		return nil
+	}
+	var out map[string]uint64
+	v := reflect.ValueOf(h.Skipped)
+	for i := range v.NumField() {
+		f := v.Field(i)
+		if f.Kind() != reflect.Uint64 || f.Uint() == 0 {
+			continue
+		}
+		if out == nil {
+			out = make(map[string]uint64)
+		}
+		out[strings.ToLower(v.Type().Field(i).Name)] = f.Uint()
+	}
+	return out
 }

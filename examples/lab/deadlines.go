@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -93,22 +92,14 @@ func (l *lab) deadlines(ctx context.Context) (*scenario, error) {
 		r.tl.define("ok", kindRate, true, true)
 		r.tl.define("503", kindLoad, true, true)
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(runs))
-	stop := l.showProgress("deadlines: 100 s-style and near-p99.9 side by side", length+shortDL)
-	for i, r := range runs {
+	if err := l.sideBySide("deadlines: 100 s-style and near-p99.9 side by side", length+shortDL, len(runs), func(i int) error {
 		dl := longDL
-		if r.short {
+		if runs[i].short {
 			dl = shortDL
 		}
-		wg.Go(func() { errs[i] = l.deadlineRun(ctx, r, start, length, dl) })
-	}
-	wg.Wait()
-	stop()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
+		return l.deadlineRun(ctx, runs[i], start, length, dl)
+	}); err != nil {
+		return nil, err
 	}
 	endB := runs[0].tl.at(length)
 	lastB := runs[0].tl.at(length - time.Second)

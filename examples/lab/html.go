@@ -46,6 +46,9 @@ p{margin:.4em 0}svg{display:block;margin:.2em 0 .4em}
 			fmt.Fprintf(&b, "<p class=\"verdict\" data-scenario=\"%s\">%s <span class=\"note\">(%s)</span></p>\n", sc.key, html.EscapeString(v), html.EscapeString(sc.title))
 		}
 	}
+	if len(scs) > 1 {
+		fmt.Fprintf(&b, "<p class=\"note\">%s</p>\n", html.EscapeString(fleetPointer))
+	}
 	b.WriteString("</section>\n")
 	for _, sc := range scs {
 		fmt.Fprintf(&b, "<section class=\"scenario\" id=\"%s\">\n<h2>%s</h2>\n", sc.key, html.EscapeString(sc.title))
@@ -129,14 +132,23 @@ func charts(sc *scenario) []chartSpec {
 	if len(sc.runs) == 0 {
 		return nil
 	}
-	var cs []chartSpec
-	for _, s0 := range sc.runs[0].tl.order {
-		if !s0.spark && !s0.table {
-			continue
+	// Every run's charted series, in the order first defined: a metric
+	// only a later run measures (bulwark's limit) is charted too.
+	var order []*series
+	seen := map[string]bool{}
+	for _, r := range sc.runs {
+		for _, s := range r.tl.order {
+			if (s.spark || s.table) && !seen[s.name] {
+				seen[s.name] = true
+				order = append(order, s)
+			}
 		}
+	}
+	var cs []chartSpec
+	for _, s0 := range order {
 		var ls []line
 		for _, r := range sc.runs {
-			if s := r.tl.get(s0.name); s != nil && !(s.kind == kindRate && s.empty()) {
+			if s := r.tl.get(s0.name); s != nil && !((s.kind == kindRate || s.kind == kindGauge) && s.empty()) {
 				ls = append(ls, line{r.short, s})
 			}
 		}

@@ -92,9 +92,14 @@ type server struct {
 }
 
 func startServer(h func(s *server) http.Handler) (*server, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
+	var ln net.Listener
+	if inMemory != nil {
+		ln = inMemory.listen()
+	} else {
+		var err error
+		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			return nil, err
+		}
 	}
 	s := &server{stop: make(chan struct{}), host: ln.Addr().String()}
 	s.url = "http://" + s.host
@@ -135,6 +140,9 @@ func loopbackTransport() *http.Transport {
 	t.MaxIdleConns = 2048
 	t.MaxIdleConnsPerHost = 1024
 	t.Proxy = nil // loopback only, whatever the environment says
+	if inMemory != nil {
+		t.DialContext = inMemory.dial
+	}
 	return t
 }
 
@@ -169,6 +177,7 @@ func openLoop(ctx context.Context, rate float64, d time.Duration, maxInFlight in
 	start := time.Now()
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
+	prev := start
 	for i := 0; i < total; {
 		select {
 		case <-ctx.Done():
@@ -176,6 +185,9 @@ func openLoop(ctx context.Context, rate float64, d time.Duration, maxInFlight in
 			continue
 		case <-tick.C:
 		}
+		now := time.Now()
+		noteStall(now.Sub(prev))
+		prev = now
 		due := min(total, int(time.Since(start).Seconds()*rate)+1)
 		for ; i < due; i++ {
 			at := time.Now()
@@ -271,4 +283,43 @@ func roundUp(d, m time.Duration) time.Duration {
 		return d + m - r
 	}
 	return d
+}
+
+// sideBySide runs n configurations of a scenario at once, run(i) each,
+// under one progress line, and returns the first error (errors.Join of
+// them all). Side by side rather than one after the other: the runs see
+// the same machine at the same moment, and the lab's total time stays
+// within make demo's budget.
+func (l *lab) sideBySide(what string, total time.Duration, n int, run func(i int) error) error {
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	stop := l.showProgress(what, total)
+	for i := range n {
+		wg.Go(func() { errs[i] = run(i) })
+	}
+	wg.Wait()
+	stop()
+	return errors.Join(errs...)
+}
+
+// longestStall is the longest gap between two ticks of any open loop's
+// 2 ms clock since the last reset: how long the machine (other processes,
+// a GC pause) kept the lab from running at once. runAll resets it before
+// each scenario and says so when it is long, since every latency figure of
+// the scenario then includes such stalls.
+var longestStall atomic.Int64
+
+func noteStall(gap time.Duration) {
+	for m := longestStall.Load(); int64(gap) > m && !longestStall.CompareAndSwap(m, int64(gap)); m = longestStall.Load() {
+	}
+}
+
+// stallNote is the sentence runAll adds to a scenario that stalled for
+// more than 100 ms at once; empty otherwise.
+func stallNote() string {
+	d := time.Duration(longestStall.Load())
+	if d <= 100*time.Millisecond {
+		return ""
+	}
+	return fmt.Sprintf("While this scenario ran, the machine kept the lab from running for up to %v at once (the arrivals' 2 ms clock fell that far behind: other processes, a GC pause); every latency above includes such stalls, so on a quieter machine the figures are cleaner.", d.Round(time.Millisecond))
 }

@@ -17,16 +17,22 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
 )
 
-// These tests run the scenarios for real, on 127.0.0.1, with short
-// settings, and assert only the direction of each result: the margins are
-// wide enough to hold on a loaded two-core machine under -race. If bulwark
-// stops protecting, they
-// fail.
+// The direction tests run each scenario's real code (HTTP servers and
+// clients, bulwark's layers) with short settings inside a testing/synctest
+// bubble on an in-memory network (inBubble): time is fake and advances
+// only when every goroutine waits, so a 1 s sick call or a 250 ms deadline
+// is exact however starved the machine is, and CPU time costs no scenario
+// time. They assert the mechanism first (workers held, requests reaching
+// a sick instance, the limit's fall) and then the direction of the
+// result. If bulwark stops protecting, they fail. The report tests below
+// run the whole lab for real, on 127.0.0.1, and check its output, not its
+// figures.
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
@@ -34,6 +40,34 @@ func TestMain(m *testing.M) {
 
 func testLab(set settings) *lab {
 	return &lab{set: set, out: io.Discard, progress: io.Discard}
+}
+
+// inBubble runs f inside a testing/synctest bubble, with the lab's
+// servers and clients on an in-memory network: time there is fake and
+// advances only when every goroutine of the scenario waits, so the
+// scenario's timings (a 1 s sick call, a 250 ms deadline, a 100 ms
+// window) are exact whatever the machine's load, and a starved machine
+// only makes the test take longer in real time.
+func inBubble(t *testing.T, f func(t *testing.T)) {
+	t.Helper()
+	synctest.Test(t, func(t *testing.T) {
+		inMemory = newMemNet()
+		defer func() { inMemory = nil }()
+		f(t)
+	})
+}
+
+// runScenario runs one scenario of l and logs what the lab would print.
+func runScenario(t *testing.T, l *lab, run func(*lab, context.Context) (*scenario, error)) *scenario {
+	t.Helper()
+	sc, err := run(l, t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	l.render(&buf, sc)
+	t.Log("\n" + buf.String())
+	return sc
 }
 
 func byShort(t *testing.T, sc *scenario, short string) *run {
@@ -47,26 +81,29 @@ func byShort(t *testing.T, sc *scenario, short string) *run {
 	return nil
 }
 
-func TestTuesdayProtectsOrders(t *testing.T) {
+func TestTuesdayProtectsOrders(t *testing.T) { inBubble(t, testTuesdayProtectsOrders) }
+
+func testTuesdayProtectsOrders(t *testing.T) {
 	l := testLab(settings{scale: 0.1, load: 300, duration: 6 * time.Second})
-	sc, err := l.tuesday(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	l.render(&buf, sc)
-	t.Log("\n" + buf.String())
+	sc := runScenario(t, l, (*lab).tuesday)
 	plain, prot := byShort(t, sc, "plain"), byShort(t, sc, "bulwark")
-	po, bo := plain.metrics["orders_sick"], prot.metrics["orders_sick"]
-	if bo < po+0.3 {
+	// The mechanism, asserted first: slow tax calls hold the plain
+	// client's checkout workers (all of them: a sick tax call lasts a
+	// second and checkouts arrive far faster than 40 a second), while
+	// bulwark's bulkhead lets at most 8 wait on tax and refuses the rest at
+	// once. The rates follow from it.
+	if ph, bh := plain.metrics["held"], prot.metrics["held"]; ph < 0.9 || bh > 0.5 {
+		t.Errorf("most checkout workers waiting on tax at once: plain %.0f%%, bulwark %.0f%%; want plain ≥ 90%% (the pool drained) and bulwark ≤ 50%% (its bulkhead holds 20%%)", 100*ph, 100*bh)
+	}
+	if po, bo := plain.metrics["orders_sick"], prot.metrics["orders_sick"]; bo < po+0.3 {
 		t.Errorf("orders ok while tax sick: bulwark %.1f%%, plain %.1f%%; want bulwark ahead by at least 30 points", 100*bo, 100*po)
 	}
-	pc, bc := plain.metrics["checkout_sick"], prot.metrics["checkout_sick"]
-	if bc <= pc {
+	if pc, bc := plain.metrics["checkout_sick"], prot.metrics["checkout_sick"]; bc <= pc {
 		t.Errorf("checkout ok while tax sick: bulwark %.1f%%, plain %.1f%%; want bulwark ahead", 100*bc, 100*pc)
 	}
-	// The plain client's own drained pool throttles what it sends (a few
-	// calls per stuck worker); bulwark's open breaker sends only probes.
+	// The plain client's own drained pool throttles what it sends (one
+	// call per stuck worker a second); bulwark's open breaker sends only
+	// probes.
 	if pt, bt := plain.metrics["tax_sick"], prot.metrics["tax_sick"]; bt > 0.6*pt {
 		t.Errorf("tax requests received while sick: bulwark %.0f, plain %.0f; want bulwark well under plain (the breaker open)", bt, pt)
 	}
@@ -85,7 +122,9 @@ func sum(xs []int64) (n int64) {
 	return n
 }
 
-func TestStormBudgetCapsLoad(t *testing.T) {
+func TestStormBudgetCapsLoad(t *testing.T) { inBubble(t, testStormBudgetCapsLoad) }
+
+func testStormBudgetCapsLoad(t *testing.T) {
 	l := testLab(settings{scale: 0.2, load: 200, duration: 3 * time.Second})
 	var imm, bud stormStrategy
 	for _, st := range stormStrategies() {
@@ -120,62 +159,117 @@ func TestStormBudgetCapsLoad(t *testing.T) {
 	}
 }
 
-func TestDeadlinesShortBeatsLong(t *testing.T) {
-	// Scale 0.5, not less: the short deadline is at least the scaled
-	// 150 ms floor, and what it has to spare over the healthy calls (the
-	// floor less their 15–25 ms at this scale) is what absorbs the delays
-	// a loaded machine adds to every call, which are tens of milliseconds
-	// whatever the scale. At ×0.2 the floor is 30 ms against calls of up to
-	// 10 ms, and a burst of other test processes pushed the calls of half a
-	// second at a time past it.
-	// The scale changes no ratio the test asserts on: the deadline is still
-	// the floor or the measured p99.9, the long one still 100 s scaled, and
-	// the long run's 50 workers still fill with hung calls by 2.5 s.
+func TestDeadlinesShortBeatsLong(t *testing.T) { inBubble(t, testDeadlinesShortBeatsLong) }
+
+func testDeadlinesShortBeatsLong(t *testing.T) {
+	// In the bubble the scale changes no ratio the test asserts on: the
+	// deadline is the floor or the measured p99.9, the long one 100 s
+	// scaled, and the long run's 50 workers fill with hung calls by 2.5 s.
 	l := testLab(settings{scale: 0.5, load: 400, duration: 4 * time.Second})
-	sc, err := l.deadlines(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	l.render(&buf, sc)
-	t.Log("\n" + buf.String())
-	// The mechanism, asserted: hung calls hold the server's workers until
-	// their caller's deadline, so a long deadline lets them fill the
-	// server while a short one frees them. That holds however slow a
-	// loaded machine makes the healthy calls; the error rates that follow
-	// from it depend on that speed too, so they are logged, not asserted
-	// (on a machine busy enough that healthy calls miss a 75 ms deadline,
-	// both runs fail).
+	sc := runScenario(t, l, (*lab).deadlines)
+	// The mechanism: hung calls hold the server's workers until their
+	// caller's deadline, so a long deadline lets them fill the server
+	// while a short one frees them. Then what follows from it: in the last
+	// second the short deadline fails about the 5 % that never complete,
+	// the long one most calls.
 	lr, sr := byShort(t, sc, "plain 100s"), byShort(t, sc, "bulwark p99.9")
 	if lh, sh := lr.metrics["held"], sr.metrics["held"]; lh < 0.8 || sh > 0.5 {
 		t.Errorf("most workers held by hung calls: 100 s-style %.0f%%, near p99.9 %.0f%%; want ≥ 80%% and ≤ 50%%", 100*lh, 100*sh)
 	}
-	t.Logf("error rate in the last second: 100 s-style %.1f%%, near p99.9 %.1f%%", 100*lr.metrics["last"], 100*sr.metrics["last"])
+	if ll, sl := lr.metrics["last"], sr.metrics["last"]; sl > 0.15 || ll < 0.5 {
+		t.Errorf("error rate in the last second: 100 s-style %.1f%%, near p99.9 %.1f%%; want ≥ 50%% and ≤ 15%%", 100*ll, 100*sl)
+	}
 }
 
-func TestOutlierEjectionHelps(t *testing.T) {
+func TestOutlierEjectionHelps(t *testing.T) { inBubble(t, testOutlierEjectionHelps) }
+
+func testOutlierEjectionHelps(t *testing.T) {
 	// Ejection pays when an instance stays out much longer than its five
 	// failures take to arrive: at ×0.25 a first ejection (1.9 s) outlasts
 	// the run, and at 400 req/s the failures take a fraction of a second.
 	l := testLab(settings{scale: 0.25, load: 400, duration: 2 * time.Second})
-	sc, err := l.outlier(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	l.render(&buf, sc)
-	t.Log("\n" + buf.String())
+	sc := runScenario(t, l, (*lab).outlier)
 	off, on := byShort(t, sc, "no-eject"), byShort(t, sc, "eject")
+	// Asserted: the mechanism (ejected instances get fewer requests), what
+	// it buys (fewer calls answered by a sick instance's 500) and the
+	// success rate that follows.
 	if fo, no := off.metrics["ok"], on.metrics["ok"]; no <= fo {
 		t.Errorf("success rate: with ejection %.1f%%, without %.1f%%; want ejection higher", 100*no, 100*fo)
 	}
 	// Without ejection the sick instances get at least their 3/20 share;
 	// ejected, they get a few requests per return. Half is a wide margin.
-	if fs, ns := off.metrics["sick"], on.metrics["sick"]; ns >= fs/2 {
-		t.Errorf("requests reaching sick instances: with ejection %.0f, without %.0f; want ejection under half", ns, fs)
+	if fs, ns := off.metrics["share"], on.metrics["share"]; ns >= fs/2 {
+		t.Errorf("share of requests reaching sick instances: with ejection %.1f%%, without %.1f%%; want ejection under half", 100*ns, 100*fs)
+	}
+	if f5, n5 := off.metrics["500"], on.metrics["500"]; n5 >= f5/2 {
+		t.Errorf("calls answered 500: with ejection %.1f%%, without %.1f%%; want ejection under half", 100*n5, 100*f5)
 	}
 	if n := sum(on.tl.get("ejected").num); n == 0 {
 		t.Errorf("the ejection run never saw an instance ejected")
+	}
+}
+
+func TestTailHedgingCutsTail(t *testing.T) { inBubble(t, testTailHedgingCutsTail) }
+
+func testTailHedgingCutsTail(t *testing.T) {
+	// The faults are seeded (tailSeed), so the plain client, which sends
+	// each call once, meets the same number of one-second attempts in
+	// every run of this test; what is asserted is that hedging leaves
+	// fewer calls that slow, at a load the retry budget bounds.
+	l := testLab(settings{scale: 0.25, load: 200, duration: 3 * time.Second})
+	sc := runScenario(t, l, (*lab).tail)
+	plain, hedge := byShort(t, sc, "plain").metrics, byShort(t, sc, "hedging").metrics
+	if plain["slow"] < 2 {
+		t.Fatalf("the plain client met %.0f calls of 0.5 s or more in %.0f; the seeded 1 %% fault should give it several", plain["slow"], plain["calls"])
+	}
+	if hedge["hedges"] < 1 {
+		t.Errorf("bulwark hedging sent no hedge")
+	}
+	if hedge["slow"] >= plain["slow"] {
+		t.Errorf("calls of 0.5 s or more: hedging %.0f, plain %.0f; want hedging fewer", hedge["slow"], plain["slow"])
+	}
+	// Each hedge takes a token from the retry budget: 20 % of calls plus
+	// 10 a second, so at 200 calls a second at most 1.25 requests a call.
+	if hedge["load"] > 1.3 || plain["load"] != 1 {
+		t.Errorf("upstream requests per call: hedging %.3f, plain %.3f; want at most 1.3 (the budget) and exactly 1", hedge["load"], plain["load"])
+	}
+}
+
+func TestCapacityLimitFollowsCores(t *testing.T) { inBubble(t, testCapacityLimitFollowsCores) }
+
+func testCapacityLimitFollowsCores(t *testing.T) {
+	// Asserted: the mechanism (the adaptive limit falls when the cores
+	// do, and so bounds the service's queue, which the plain client's
+	// open-loop calls fill) and the direction of the calls answered in
+	// time.
+	l := testLab(settings{scale: 0.25, load: 200, duration: 6 * time.Second})
+	sc := runScenario(t, l, (*lab).capacity)
+	plain, bw := byShort(t, sc, "plain").metrics, byShort(t, sc, "bulwark").metrics
+	if bw["min_limit"] > bw["ceiling"]/2 {
+		t.Errorf("bulwark's lowest limit with a quarter of the cores: %.0f; want it under half its ceiling (%.0f)", bw["min_limit"], bw["ceiling"])
+	}
+	if plain["max_queue"] < 2*bw["max_queue"] {
+		t.Errorf("longest queue at the service: plain %.0f, bulwark %.0f; want plain at least twice bulwark's", plain["max_queue"], bw["max_queue"])
+	}
+	if bg, pg := bw["low_good"]+bw["after_good"], plain["low_good"]+plain["after_good"]; bg <= pg {
+		t.Errorf("calls/s answered in time during and after the drop: bulwark %.0f, plain %.0f; want bulwark more", bg, pg)
+	}
+}
+
+func TestThrottleCapsSends(t *testing.T) { inBubble(t, testThrottleCapsSends) }
+
+func testThrottleCapsSends(t *testing.T) {
+	l := testLab(settings{scale: 0.25, load: 200, duration: 3 * time.Second})
+	sc := runScenario(t, l, (*lab).throttle)
+	plain, bw := byShort(t, sc, "plain").metrics, byShort(t, sc, "bulwark").metrics
+	// The throttle's refusal probability comes from its counts of
+	// requests and accepts and holds the ratio near K = 2; the plain client
+	// sends all five times what is accepted.
+	if bw["ratio"] > 2.6 || plain["ratio"] < 3.5 {
+		t.Errorf("backend received ÷ accepted: bulwark %.2f, plain %.2f; want bulwark ≤ 2.6 (K = 2) and plain ≥ 3.5 (offered 5×)", bw["ratio"], plain["ratio"])
+	}
+	if bw["local"] <= 0 {
+		t.Errorf("bulwark's throttle refused nothing locally")
 	}
 }
 
@@ -361,6 +455,20 @@ func TestNiceAxis(t *testing.T) {
 		if math.Abs(top-tc.top) > 1e-9 || math.Abs(step-tc.step) > 1e-9 {
 			t.Errorf("niceAxis(%g, 4) = %g, %g; want %g, %g", tc.v, top, step, tc.top, tc.step)
 		}
+	}
+}
+
+func TestStallNote(t *testing.T) {
+	defer longestStall.Store(0)
+	longestStall.Store(0)
+	noteStall(40 * time.Millisecond)
+	if n := stallNote(); n != "" {
+		t.Errorf("a 40 ms gap gave a note: %q", n)
+	}
+	noteStall(350 * time.Millisecond)
+	noteStall(120 * time.Millisecond)
+	if n := stallNote(); !strings.Contains(n, "350ms") {
+		t.Errorf("the longest gap was 350 ms; the note says %q", n)
 	}
 }
 

@@ -1,16 +1,22 @@
-// Command lab is bulwark's resilience lab: it replays four well-known
-// outages (from Michael Nygard's Release It!, Google's Site Reliability
-// Engineering book and the AWS Builders' Library) on 127.0.0.1 with real
-// HTTP servers and clients, measures what
-// happens with a plain client and with bulwark, prints per-second tables
-// and sparklines, and writes a self-contained HTML report.
+// Command lab is bulwark's resilience lab: it replays well-known outages
+// (from Michael Nygard's Release It!, Google's Site Reliability
+// Engineering book, the AWS Builders' Library, Dean and Barroso's "The
+// Tail at Scale") on 127.0.0.1 with real HTTP servers and clients,
+// measures what happens with a plain client and with bulwark, prints
+// per-second tables and sparklines, and writes a self-contained HTML
+// report.
 //
 // The scenarios are the registry in registry.go, one file each: "tuesday"
 // (a slow tax service drains checkout's worker pool), "storm" (a 2 s blip
-// turns into a retry storm), "deadlines" (5 % of calls never complete) and
-// "outlier" (3 of 20 instances sick, without and with outlier ejection).
-// Each sums itself up in one computed "Verdict:" line. Time is scaled (-scale) so the whole lab finishes
-// in under a minute; every run is bounded and stops by itself.
+// turns into a retry storm), "deadlines" (5 % of calls never complete),
+// "outlier" (3 of 20 instances sick, without and with outlier ejection),
+// "tail" (1 % of attempts take a second: hedging), "capacity" (a service
+// loses three quarters of its cores: the adaptive concurrency limit) and
+// "throttle" (callers offer five times what a backend accepts: adaptive
+// throttling). Each sums itself up in one computed "Verdict:" line. Time
+// is scaled (-scale) so the whole lab finishes in about a minute and a
+// half; every run is bounded and stops by itself. The fleet (redisfleet)
+// has a lab of its own, which needs redis-server (fleetPointer).
 package main
 
 import (
@@ -39,7 +45,7 @@ func mainErr(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	var (
 		which    = fs.String("scenario", "all", "which scenario to run: all, "+keys())
-		duration = fs.Duration("duration", 0, "length of each run (0: each scenario's default: tuesday 9s, storm 4.4s (grows with -scale), deadlines 5s, outlier 5s)")
+		duration = fs.Duration("duration", 0, "length of each run (0: each scenario's default: tuesday 9s, storm 4.4s (grows with -scale), deadlines 5s, outlier 5s, tail 6s, capacity 7s, throttle 4s)")
 		load     = fs.Float64("load", 400, "requests per second offered in each run (10..5000)")
 		scale    = fs.Float64("scale", 0.25, "time scale: every duration of the scenarios (40 ms, 10 s, a 2 s blip, 100 s) is multiplied by it (0.05..2)")
 		report   = fs.String("html", filepath.Join(os.TempDir(), "bulwark-lab.html"), "where to write the HTML report (empty: none)")
@@ -49,7 +55,7 @@ func mainErr(args []string, stdout, stderr io.Writer) error {
 		for _, sp := range scenarios {
 			fmt.Fprintf(fs.Output(), "  %-10s %s\n", sp.key, sp.blurb)
 		}
-		fmt.Fprintf(fs.Output(), "\nTime is scaled (-scale). The defaults finish in under a minute on two cores.\n\nFlags:\n")
+		fmt.Fprintf(fs.Output(), "\nTime is scaled (-scale). The defaults finish in about a minute and a half on two cores.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -92,6 +98,7 @@ func mainErr(args []string, stdout, stderr io.Writer) error {
 		for _, sc := range scs {
 			fmt.Fprintf(stdout, "%s [%s]\n", verdictLine(sc), sc.key)
 		}
+		fmt.Fprintf(stdout, "\n%s\n", fleetPointer)
 	}
 	if *report != "" {
 		f, err := os.Create(*report)
@@ -133,9 +140,13 @@ func (l *lab) runAll(ctx context.Context, specs []spec) ([]*scenario, error) {
 		if !l.tty && l.progress != io.Discard {
 			fmt.Fprintf(l.progress, "scenario %d of %d: %s\n", l.k, l.n, sp.key)
 		}
+		longestStall.Store(0)
 		sc, err := sp.run(l, ctx)
 		if err != nil {
 			return scs, err
+		}
+		if n := stallNote(); n != "" {
+			sc.explain = append(sc.explain, n)
 		}
 		if err := ctx.Err(); err != nil {
 			return scs, fmt.Errorf("interrupted: %w", err)

@@ -77,6 +77,7 @@ type outlierRun struct {
 	ejections atomic.Int64 // ejections seen by the poller
 	calls     atomic.Int64
 	ok        atomic.Int64
+	got500    atomic.Int64 // calls answered 500: they reached a sick instance
 	mu        sync.Mutex
 	lat       []float64 // every call's latency, ms
 }
@@ -150,18 +151,10 @@ func (l *lab) outlier(ctx context.Context) (*scenario, error) {
 		r.tl.define("sick recv", kindLoad, true, true)
 		r.tl.define("ejected", kindGauge, true, true)
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(runs))
-	stop := l.showProgress("outlier: without and with ejection side by side", length)
-	for i, r := range runs {
-		wg.Go(func() { errs[i] = l.outlierRun(ctx, r, start, length) })
-	}
-	wg.Wait()
-	stop()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
+	if err := l.sideBySide("outlier: without and with ejection side by side", length, len(runs), func(i int) error {
+		return l.outlierRun(ctx, runs[i], start, length)
+	}); err != nil {
+		return nil, err
 	}
 	for _, r := range runs {
 		out := &run{tl: r.tl}
@@ -185,7 +178,8 @@ func (l *lab) outlier(ctx context.Context) (*scenario, error) {
 			{"most instances ejected at once", fmt.Sprintf("%d of %d", r.maxOut.Load(), outlierInstances)},
 			{"ejections seen", strconv.FormatInt(r.ejections.Load(), 10)},
 		}
-		out.metrics = map[string]float64{"ok": rate, "sick": float64(sickN), "share": share, "p99": p99}
+		out.metrics = map[string]float64{"ok": rate, "sick": float64(sickN), "share": share, "p99": p99,
+			"500": float64(r.got500.Load()) / float64(max(calls, 1))}
 		sc.runs = append(sc.runs, out)
 	}
 	return sc, nil
@@ -251,6 +245,9 @@ func (l *lab) outlierRun(ctx context.Context, r *outlierRun, start time.Time, le
 		if !dropped {
 			code, body, err := send(ctx, c, http.MethodGet, "http://"+outlierHost+"/rate/"+strconv.Itoa(i))
 			ok = err == nil && code == http.StatusOK && string(body) == "ok"
+			if err == nil && code == http.StatusInternalServerError {
+				r.got500.Add(1)
+			}
 			d := time.Since(at)
 			r.tl.latency("p50", at, d)
 			r.tl.latency("p99", at, d)

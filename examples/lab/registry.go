@@ -25,6 +25,9 @@ var scenarios = []spec{
 	stormSpec,
 	deadlinesSpec,
 	outlierSpec,
+	tailSpec,
+	capacitySpec,
+	throttleSpec,
 }
 
 // keys lists the registry's names, for flags and errors.
@@ -56,3 +59,8 @@ func verdictLine(sc *scenario) string {
 	}
 	return "Verdict: " + sc.verdict
 }
+
+// fleetPointer says where the fleet's lab is. It is not a scenario here:
+// it starts a redis-server and eight processes of its own, which make
+// demo should not need.
+const fleetPointer = "The fleet: processes that share their breakers' verdicts through Redis (package redisfleet) have a lab of their own, outside this one because it needs redis-server and starts 8 processes: cd redisfleet && go run ./cmd/fleetlab (under a minute; it prints the calls a failing upstream got before every process stopped calling it, each process deciding alone against sharing)."

@@ -40,6 +40,7 @@ var columns = map[string]string{
 	"breaker open": "brk op",
 	"recv":         "recv/s", "503": "503/s",
 	"p50": "p50", "sick recv": "sick/s", "ejected": "ejectd",
+	"sent": "sent/s", "good": "good/s", "accepted": "acc/s", "refused locally": "local/s",
 }
 
 // abbrev shortens a series name for a table header.
@@ -151,13 +152,25 @@ func (l *lab) renderSparks(w io.Writer, sc *scenario) {
 	for _, r := range sc.runs {
 		labelW = max(labelW, utf8.RuneCountInString(r.short))
 	}
-	for _, s0 := range tl0.order {
-		if !s0.spark {
-			continue
+	// Every run's sparkline series, in the order first defined: a series
+	// only a later run has (bulwark's limit) gets its rows too.
+	var order []*series
+	seen := map[string]bool{}
+	for _, r := range sc.runs {
+		for _, s := range r.tl.order {
+			if s.spark && !seen[s.name] {
+				seen[s.name] = true
+				order = append(order, s)
+			}
 		}
+	}
+	for _, s0 := range order {
 		top := 0.0
 		for _, r := range sc.runs {
 			s := r.tl.get(s0.name)
+			if s == nil {
+				continue
+			}
 			for i := 0; i < n; i += group {
 				v, _ := s.value(i, min(i+group, n), r.tl.width)
 				top = max(top, v)
@@ -174,7 +187,9 @@ func (l *lab) renderSparks(w io.Writer, sc *scenario) {
 		}
 		fmt.Fprintf(w, "  %s (%s)\n", s0.name, scale)
 		for _, r := range sc.runs {
-			fmt.Fprintf(w, "    %-*s │%s│\n", labelW, r.short, spark(r.tl.get(s0.name), n, group, r.tl.width, top))
+			if s := r.tl.get(s0.name); s != nil {
+				fmt.Fprintf(w, "    %-*s │%s│\n", labelW, r.short, spark(s, n, group, r.tl.width, top))
+			}
 		}
 	}
 	for _, m := range sc.marks {

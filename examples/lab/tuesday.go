@@ -150,6 +150,8 @@ type tuesdayRun struct {
 	maxQueue  int64
 	taxSick   atomic.Int64 // tax requests received while sick
 	stale     atomic.Int64 // checkouts bulwark's fallback answered
+	taxHeld   atomic.Int64 // checkout workers inside a tax call, now
+	maxHeld   atomic.Int64 // the most at once
 	lastRate  atomic.Value // string: the last good tax rate
 	taxClient *http.Client
 	bulwark   *bulwark.Transport // the tax client's transport; nil for plain
@@ -212,18 +214,10 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 		r.tl.define("breaker open", kindRate, r.protected, true)
 	}
 
-	var wg sync.WaitGroup
-	errs := make([]error, len(runs))
-	stop := l.showProgress("tuesday: plain and bulwark side by side", length+patience)
-	for i, r := range runs {
-		wg.Go(func() { errs[i] = l.tuesdayRun(ctx, r, start, length, patience, attempt, workers) })
-	}
-	wg.Wait()
-	stop()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
+	if err := l.sideBySide("tuesday: plain and bulwark side by side", length+patience, len(runs), func(i int) error {
+		return l.tuesdayRun(ctx, runs[i], start, length, patience, attempt, workers)
+	}); err != nil {
+		return nil, err
 	}
 
 	sickB, healB, endB := runs[0].tl.at(sickFrom), runs[0].tl.at(sickTo), runs[0].tl.at(length)
@@ -262,10 +256,12 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 			{"  of which fallback (last good rate)", strconv.FormatInt(r.stale.Load(), 10)},
 			{"tax requests while sick", strconv.FormatInt(r.taxSick.Load(), 10)},
 			{"breaker open, share of sick time", openCol},
+			{"most workers waiting on tax at once", fmt.Sprintf("%d of %d", r.maxHeld.Load(), workers)},
 			{"recovered (≥90% ok) after heal", rec},
 		}
 		out.metrics = map[string]float64{"orders_sick": ordersSick, "checkout_sick": checkSick,
-			"tax_sick": float64(r.taxSick.Load()), "breaker_open_sick": openSick}
+			"tax_sick": float64(r.taxSick.Load()), "breaker_open_sick": openSick,
+			"held": float64(r.maxHeld.Load()) / float64(workers)}
 		sc.runs = append(sc.runs, out)
 	}
 	// Why the plain client's tax traffic spikes at the heal: its workers
@@ -401,7 +397,11 @@ func (r *tuesdayRun) checkoutMux(srv *server, s settings) http.Handler {
 		// request: like a thread-per-request server's, a worker does
 		// not notice that its user gave up. (Passing req.Context() would be
 		// a mitigation of its own and hide the problem being shown.)
+		h := r.taxHeld.Add(1)
+		for m := r.maxHeld.Load(); h > m && !r.maxHeld.CompareAndSwap(m, h); m = r.maxHeld.Load() {
+		}
 		code, rate, fallback, err := r.callTax(srv.ctx)
+		r.taxHeld.Add(-1)
 		switch {
 		case err == nil && code == http.StatusOK && len(rate) > 0 && fallback != "":
 			// bulwark's Fallback answered (the call failed, was refused by

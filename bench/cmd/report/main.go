@@ -338,6 +338,19 @@ func evalTargets(samples map[string]*sample) []target {
 		out = append(out, t)
 	}
 	for _, c := range cpus {
+		// BenchmarkHedgeCost/paired times the default stack with and
+		// without hedging in one loop; its allocs are the two stacks'
+		// together, so the alloc part compares quantile with off.
+		t := target{what: "hedge scheduler, no hedge fired: ≤ 100 ns, 0 allocs added", cpu: cpuName(c), measured: notMeasured}
+		pr, on, off := samples["BenchmarkHedgeCost/paired"+c], samples["BenchmarkHedgeCost/quantile"+c], samples["BenchmarkHedgeCost/off"+c]
+		if pr != nil && on != nil && off != nil && len(pr.metrics["added-ns/req"]) > 0 && len(on.allocs) > 0 && len(off.allocs) > 0 {
+			ns, al := median(pr.metrics["added-ns/req"]), median(on.allocs)-median(off.allocs)
+			t.measured = fmt.Sprintf("%+.0f ns, %+.0f allocs", ns, al)
+			t.met = ns <= 100 && al <= 0
+		}
+		out = append(out, t)
+	}
+	for _, c := range cpus {
 		t := target{what: "open breaker, full stack: ≤ 150 ns, 0 allocs", cpu: cpuName(c), measured: notMeasured}
 		if s := samples["BenchmarkOpenBreaker/bulwark"+c]; s != nil && len(s.ns) > 0 {
 			ns, al := median(s.ns), median(s.allocs)

@@ -40,6 +40,12 @@ BenchmarkLoopbackPaired/background/bulwark-2	100	70000 ns/op	33000 bare-ns/req	3
 BenchmarkLoopbackPaired/background/floor-2  	100	70000 ns/op	33000 bare-ns/req	34000 stack-ns/req	1.050 stack/bare	999 B/op	20 allocs/op
 BenchmarkOpenBreaker/bulwark  	100	 120 ns/op	0 B/op	0 allocs/op
 BenchmarkOpenBreaker/bulwark-2	100	 140 ns/op	16 B/op	1 allocs/op
+BenchmarkHedgeCost/off        	100	2000 ns/op	999 B/op	17 allocs/op
+BenchmarkHedgeCost/quantile   	100	2080 ns/op	999 B/op	17 allocs/op
+BenchmarkHedgeCost/paired     	100	4100 ns/op	80 added-ns/req	2080 hedge-ns/req	2000 off-ns/req	999 B/op	34 allocs/op
+BenchmarkHedgeCost/off-2      	100	1000 ns/op	999 B/op	17 allocs/op
+BenchmarkHedgeCost/quantile-2 	100	1200 ns/op	999 B/op	17 allocs/op
+BenchmarkHedgeCost/paired-2   	100	2200 ns/op	200 added-ns/req	1200 hedge-ns/req	1000 off-ns/req	999 B/op	34 allocs/op
 PASS
 `
 
@@ -60,6 +66,7 @@ func TestEvalTargets(t *testing.T) {
 		peerT    = "ctx base: failsafe-go adds ≥ 2 × bulwark's ns"
 		scaleT   = "ctx base: bulwark ns/op at -cpu 2 ≤ at -cpu 1"
 		breakerT = "open breaker, full stack: ≤ 150 ns, 0 allocs"
+		hedgeT   = "hedge scheduler, no hedge fired: ≤ 100 ns, 0 allocs added"
 	)
 	want := []struct {
 		what, cpu string
@@ -80,6 +87,8 @@ func TestEvalTargets(t *testing.T) {
 		{scaleT, "1, 2", true, "2100 ns at 1; 1700 ns at 2"},
 		{breakerT, "1", true, "120 ns, 0 allocs"},
 		{breakerT, "2", false, "140 ns, 1 allocs"},
+		{hedgeT, "1", true, "+80 ns, +0 allocs"},
+		{hedgeT, "2", false, "+200 ns, +0 allocs"},
 	}
 	if len(got) != len(want) {
 		t.Errorf("%d targets, want %d", len(got), len(want))

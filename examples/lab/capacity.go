@@ -1,0 +1,334 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bulwark-http/bulwark"
+)
+
+// A capacity drop, as adaptive concurrency limits are meant for (Netflix's
+// concurrency-limits library and Envoy's adaptive concurrency filter): a
+// service of C "cores", each request holding one for 20 ms and the rest
+// waiting in the service's own FIFO, loses three quarters of its cores (a
+// noisy neighbour, a failed-over zone, a deploy at half capacity) and gets
+// them back. Callers give up after a deadline, but the service does not
+// notice: it serves its queue in order, so once the queue is longer than a
+// deadline's worth of work, every answer comes too late and nothing the
+// service does is useful (congestive collapse). A client-side limit that
+// learns from latency keeps the queue short: the calls beyond the
+// capacity fail at once, and the rest are answered in time.
+//
+// The service time and the deadline are not scaled by -scale: the limit
+// learns from latency, and at ×0.25 a 5 ms service would sit inside a
+// loaded machine's own noise. The run's length follows -duration.
+const (
+	capService  = 20 * time.Millisecond
+	capDeadline = 250 * time.Millisecond
+	capHeadroom = 1.75 // the full service's capacity ÷ the offered load
+	capDropTo   = 4    // the drop leaves a quarter of the cores
+	capMinCores = 8    // so that a quarter is at least two
+	capCeiling  = 2    // the limit's ceiling ÷ the full service's cores
+)
+
+// capacitySpec is the scenario's entry in the registry.
+var capacitySpec = spec{
+	key:   "capacity",
+	title: "6. Capacity drop: the service loses three quarters of its cores",
+	blurb: "a service's cores go high → low → high under open-loop load with a deadline per call: plain against bulwark's adaptive concurrency limit",
+	run:   (*lab).capacity,
+	verdict: func(sc *scenario) string {
+		plain, bw := sc.runs[0].metrics, sc.runs[1].metrics
+		return fmt.Sprintf("while the service had a quarter of its cores (%.0f calls/s of capacity), bulwark's adaptive limit kept %.0f calls/s answered in time (p99 %s) while the plain client's fell to %.0f calls/s (p99 %s); after the cores came back, bulwark answered %.0f calls/s and the plain client %.0f.",
+			bw["low_capacity"], bw["low_good"], msSp(bw["low_p99"]), plain["low_good"], msSp(plain["low_p99"]), bw["after_good"], plain["after_good"])
+	},
+}
+
+// cores is the service's CPU: at most limit requests are served at once,
+// the others wait in arrival order, and the limit can change while they
+// wait. A channel of tokens would put a lowered limit's own wait behind
+// every queued request; this hands a freed core straight to the next
+// waiter unless the limit has dropped.
+type cores struct {
+	mu      sync.Mutex
+	limit   int
+	busy    int
+	waiters []chan struct{}
+}
+
+func (c *cores) setLimit(n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.limit = n
+	for c.busy < c.limit && len(c.waiters) > 0 {
+		c.busy++
+		close(c.waiters[0])
+		c.waiters = c.waiters[1:]
+	}
+}
+
+// acquire waits for a core; false if stop closed first (the core, if it
+// was handed over meanwhile, is not given back: the service is shutting
+// down).
+func (c *cores) acquire(stop <-chan struct{}) bool {
+	c.mu.Lock()
+	if c.busy < c.limit {
+		c.busy++
+		c.mu.Unlock()
+		return true
+	}
+	ch := make(chan struct{})
+	c.waiters = append(c.waiters, ch)
+	c.mu.Unlock()
+	select {
+	case <-ch:
+		return true
+	case <-stop:
+		return false
+	}
+}
+
+func (c *cores) release() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.busy <= c.limit && len(c.waiters) > 0 {
+		close(c.waiters[0])
+		c.waiters = c.waiters[1:]
+		return
+	}
+	c.busy--
+}
+
+// queued is how many requests wait for a core.
+func (c *cores) queued() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.waiters)
+}
+
+// capCores is the full service's cores at s's load: capHeadroom times the
+// offered load, at least capMinCores.
+func capCores(s settings) int {
+	return max(capMinCores, int(math.Ceil(capHeadroom*s.load*capService.Seconds())))
+}
+
+// capacityPolicy is what bulwark does in this scenario: the adaptive
+// limit alone, from 1 up to twice the full service's cores (it starts at
+// the top and learns down, by at most 15 % a 100 ms window), no queue (a call past the limit
+// fails at once), and the call's deadline as its attempt timeout, so an
+// attempt that runs out counts as a queue to the limit. Retries are off
+// (a retry into a collapsing queue only lengthens it), and so are the
+// breaker and hedging: the limit is what this scenario measures.
+func capacityPolicy(full int) bulwark.Policy {
+	return bulwark.Policy{
+		Timeout:  bulwark.Timeout{Attempt: capDeadline, Total: capDeadline},
+		Bulkhead: bulwark.Bulkhead{Adaptive: true, MinConcurrent: 1, MaxConcurrent: capCeiling * full},
+		Breaker:  bulwark.Breaker{Disabled: true},
+		Retry:    bulwark.Retry{Disabled: true},
+	}
+}
+
+type capRun struct {
+	bulwark  bool
+	tl       *timeline
+	maxQueue atomic.Int64 // the service's longest queue
+	refused  atomic.Int64 // calls bulwark's limit refused at once
+	late     atomic.Int64 // calls that ran out of deadline
+}
+
+func (l *lab) capacity(ctx context.Context) (*scenario, error) {
+	s := l.set
+	length := s.runLen(7 * time.Second)
+	dropAt, backAt := length*25/100, length*70/100
+	full := capCores(s)
+	low := full / capDropTo
+	sc := &scenario{
+		length: length,
+		headings: map[string]string{
+			"good":  "Calls answered ok within the deadline (per second)",
+			"p99":   "99th percentile latency of every call, failures included (ms)",
+			"cores": "The service's cores, and bulwark's concurrency limit",
+		},
+		marks: []mark{{dropAt, backAt, fmt.Sprintf("%d of %d cores", low, full)}},
+		intro: []string{
+			fmt.Sprintf("service: %d cores, each request holds one for %v (%.0f calls/s of capacity), the rest wait in its own FIFO and are served even after their caller gave up; from %.1fs to %.1fs it has %d cores (%.0f calls/s)",
+				full, capService, float64(full)/capService.Seconds(), dropAt.Seconds(), backAt.Seconds(), low, float64(low)/capService.Seconds()),
+			fmt.Sprintf("%.0f calls/s offered to each client, open loop, with a %v deadline per call; the two runs side by side, each with its own service", s.load, capDeadline),
+			fmt.Sprintf("bulwark: the adaptive concurrency limit alone (a latency gradient, after Netflix's concurrency-limits and Envoy's adaptive concurrency), from 1 to %d, no queue; retries, breaker and hedging off", capCeiling*full),
+			"the service time and the deadline are not scaled: the limit learns from latency, which a loaded machine blurs below a few milliseconds; only the run's length follows -duration",
+		},
+	}
+	start := time.Now().Add(100 * time.Millisecond)
+	width := 100 * time.Millisecond
+	runs := []*capRun{{bulwark: false}, {bulwark: true}}
+	for _, r := range runs {
+		r.tl = newTimeline(start, width, length+capDeadline+time.Second)
+		r.tl.define("calls", kindLoad, false, false)
+		r.tl.define("good", kindLoad, true, true)
+		r.tl.define("p99", kindP99, true, true)
+		r.tl.define("cores", kindGauge, true, true)
+		if r.bulwark {
+			r.tl.define("limit", kindGauge, true, true)
+		}
+	}
+	if err := l.sideBySide("capacity: plain and adaptive limit side by side", length, len(runs), func(i int) error {
+		return l.capacityRun(ctx, runs[i], start, length, dropAt, backAt, full, low)
+	}); err != nil {
+		return nil, err
+	}
+	lowFrom, lowTo := runs[0].tl.at(dropAt), runs[0].tl.at(backAt)
+	// The drop's first half second is the limit learning; the figures are
+	// of the rest, once each client has settled.
+	settle := min(lowFrom+runs[0].tl.at(500*time.Millisecond), (lowFrom+lowTo)/2)
+	endB := runs[0].tl.at(length)
+	for _, r := range runs {
+		out := &run{tl: r.tl}
+		if r.bulwark {
+			out.name, out.short = "bulwark: adaptive concurrency limit", "bulwark"
+		} else {
+			out.name, out.short = "plain http.Client with the deadline", "plain"
+		}
+		good := r.tl.get("good")
+		before, _ := good.value(0, lowFrom, width)
+		lowGood, _ := good.value(settle, lowTo, width)
+		after, _ := good.value(lowTo, endB, width)
+		p99 := r.tl.get("p99")
+		lowP99, _ := p99.value(settle, lowTo, width)
+		limit := "-"
+		var lowLimit, minLimit float64
+		if r.bulwark {
+			ls := r.tl.get("limit")
+			lowLimit, _ = ls.value(settle, lowTo, width)
+			minLimit = math.Inf(1)
+			for b := lowFrom; b < lowTo; b++ {
+				if v, ok := ls.value(b, b+1, width); ok {
+					minLimit = min(minLimit, v)
+				}
+			}
+			limit = fmt.Sprintf("%.1f (lowest %.0f)", lowLimit, minLimit)
+		}
+		out.headline = []stat{
+			{"answered in time, full cores (calls/s)", fmt.Sprintf("%.0f", before)},
+			{"answered in time, quarter cores (calls/s)", fmt.Sprintf("%.0f", lowGood)},
+			{"p99 latency, quarter cores", fmt.Sprintf("%.0fms", lowP99)},
+			{"answered in time, cores back (calls/s)", fmt.Sprintf("%.0f", after)},
+			{"bulwark's mean limit, quarter cores", limit},
+			{"calls refused at once by the limit", strconv.FormatInt(r.refused.Load(), 10)},
+			{"calls out of deadline", strconv.FormatInt(r.late.Load(), 10)},
+			{"longest queue at the service", strconv.FormatInt(r.maxQueue.Load(), 10)},
+		}
+		out.metrics = map[string]float64{"before_good": before, "low_good": lowGood, "low_p99": lowP99, "after_good": after,
+			"low_limit": lowLimit, "min_limit": minLimit, "ceiling": float64(capCeiling * full), "low_capacity": float64(low) / capService.Seconds(), "full": float64(full), "low": float64(low),
+			"max_queue": float64(r.maxQueue.Load()), "refused": float64(r.refused.Load())}
+		sc.runs = append(sc.runs, out)
+	}
+	plain, bw := sc.runs[0].metrics, sc.runs[1].metrics
+	sc.explain = append(sc.explain,
+		fmt.Sprintf("Why the plain client's calls stop being answered: %.0f calls/s arrive at a service that now serves %.0f, so its queue grows (to %.0f requests here), and once it holds more than a deadline's worth of work (%.0f requests) every request waits past its caller's deadline. The service still serves each one, for nobody, so after the cores come back it first works through the backlog of calls already given up.",
+			l.set.load, plain["low_capacity"], plain["max_queue"], plain["low_capacity"]*capDeadline.Seconds()),
+		fmt.Sprintf("bulwark's limit follows the latency: while the queue grows, each 100 ms window's mean latency rises above the baseline and the limit falls (to %.1f on average, against %.0f cores), so at most about that many requests are at the service and the calls beyond them fail at once (%.0f in this run) instead of queueing; when the cores come back the latency falls and the limit grows again.",
+			bw["low_limit"], bw["low"], bw["refused"]))
+	return sc, nil
+}
+
+func (l *lab) capacityRun(ctx context.Context, r *capRun, start time.Time, length, dropAt, backAt time.Duration, full, low int) error {
+	cpu := &cores{limit: full}
+	srv, err := startServer(func(srv *server) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			if !cpu.acquire(srv.stop) {
+				return
+			}
+			// The service does not look at its caller: it serves what it
+			// queued, whether anyone still waits for it or not.
+			srv.sleep(context.Background(), capService)
+			cpu.release()
+			_, _ = w.Write([]byte("ok"))
+		})
+	})
+	if err != nil {
+		return err
+	}
+	defer srv.close()
+	base := loopbackTransport()
+	defer base.CloseIdleConnections()
+	var (
+		c  *http.Client
+		bw *bulwark.Transport
+	)
+	if r.bulwark {
+		bw, err = bulwark.New(bulwark.Config{Base: base, Default: capacityPolicy(full)})
+		if err != nil {
+			return err
+		}
+		defer bw.CloseIdleConnections()
+		c = &http.Client{Transport: bw}
+	} else {
+		c = &http.Client{Transport: base}
+	}
+	// The poller changes the cores on schedule and samples them, the
+	// service's queue and bulwark's limit every 20 ms.
+	pollDone := make(chan struct{})
+	var pwg sync.WaitGroup
+	pwg.Go(func() {
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-pollDone:
+				return
+			case now := <-t.C:
+				el := now.Sub(start)
+				n := full
+				if el >= dropAt && el < backAt {
+					n = low
+				}
+				cpu.setLimit(n)
+				if el < 0 || el > length {
+					continue
+				}
+				r.tl.level("cores", now, int64(n))
+				if q := int64(cpu.queued()); q > r.maxQueue.Load() {
+					r.maxQueue.Store(q)
+				}
+				if bw != nil {
+					for _, h := range bw.Snapshot().Hosts {
+						if h.Bulkhead != nil {
+							r.tl.level("limit", now, int64(h.Bulkhead.Limit))
+						}
+					}
+				}
+			}
+		}
+	})
+	defer func() { close(pollDone); pwg.Wait() }()
+	runCtx, cancel := context.WithDeadline(ctx, start.Add(length+capDeadline+500*time.Millisecond))
+	defer cancel()
+	time.Sleep(time.Until(start))
+	openLoop(runCtx, l.set.load, length, 4000, func(ctx context.Context, i int, at time.Time, dropped bool) {
+		r.tl.count("calls", at)
+		if dropped {
+			r.tl.latency("p99", at, capDeadline)
+			return
+		}
+		cctx, cancel := context.WithTimeout(ctx, capDeadline)
+		code, body, err := send(cctx, c, http.MethodGet, srv.url+"/work/"+strconv.Itoa(i))
+		cancel()
+		r.tl.latency("p99", at, time.Since(at))
+		switch {
+		case err == nil && code == http.StatusOK && string(body) == "ok":
+			r.tl.count("good", at)
+		case errors.Is(err, bulwark.ErrBulkheadFull):
+			r.refused.Add(1)
+		default:
+			r.late.Add(1)
+		}
+	})
+	return nil
+}
