@@ -40,6 +40,10 @@ const DefaultAdaptiveMax = 1000
 // if that is less).
 const DefaultMinConcurrent = 10
 
+// defaultHeadroom is how far above the peak in flight the package default
+// adaptive limit decays to.
+const defaultHeadroom = 2
+
 // ErrRateLimited reports that the host's client-side rate limit
 // (Bulkhead.Rate) had no token for the request before its deadline, so the
 // request was not sent. A *RateLimitError matches it and ErrBulkheadFull.
@@ -64,16 +68,19 @@ type Bulkhead struct {
 	MaxConcurrent int
 
 	// Adaptive makes the limit learn from latency, within MinConcurrent and
-	// MaxConcurrent, per host (per instance under Endpoints): a gradient
-	// (after Netflix's concurrency-limits and Envoy's adaptive_concurrency)
-	// compares each 100 ms window's mean latency with a slowly rising
-	// baseline, lowers the limit while latency is more than 25 % above it
-	// (an attempt that timed out, or got 429 or 503, counts as a queue
-	// too), and raises it by √limit while requests use more than half of
-	// it. It starts at MaxConcurrent. The queue (MaxQueue) still applies
-	// to requests past the limit. Adaptive is on whenever MaxConcurrent is
-	// zero after inheritance; set MaxConcurrent without Adaptive for a
-	// fixed limit.
+	// MaxConcurrent, per host (per instance under Endpoints), with
+	// internal/limit's gradient (after Netflix's concurrency-limits and
+	// Envoy's adaptive_concurrency): when a short window's mean latency to
+	// the response headers is more than 25 % above a slowly rising
+	// baseline (or an attempt timed out, or got 429 or 503), the limit
+	// comes down to what the host completes a second × the baseline; while
+	// requests use the limit and see no queue it probes upward by 1,
+	// doubling each window in a row; while they use less it decays toward
+	// 1.1 × their peak. It starts at MaxConcurrent. The queue (MaxQueue)
+	// still applies to requests past the limit. Adaptive is on whenever
+	// MaxConcurrent is zero after inheritance (that default limit decays
+	// only toward twice the peak, so a healthy upstream's bursts are never
+	// refused); set MaxConcurrent without Adaptive for a fixed limit.
 	Adaptive bool
 
 	// MinConcurrent is an adaptive limit's floor. Zero inherits from
@@ -105,6 +112,18 @@ type Bulkhead struct {
 	// otherwise it fails at once with a *RateLimitError. A request the
 	// bulkhead then refuses keeps the token it took. Zero inherits from
 	// Default, then no rate limit.
+	//
+	// The limit follows the host's word when it advertises a tighter one: a
+	// response's rate-limit policy (RateLimit-Policy of the IETF draft,
+	// `"name";q=100;w=60`, or its earlier form `100;w=60`, which
+	// RateLimit-Limit and X-RateLimit-Limit also carry) sets the rate to
+	// quota ÷ window seconds, the tightest of its policies, never above
+	// Rate; a later policy at or above Rate restores Rate, and a response
+	// without one changes nothing. A zero quota, a window of zero or past a
+	// day, and malformed values are ignored and counted in
+	// Snapshot.RetryAfterIgnored. Without Rate, no rate limit is made up
+	// from the headers. (A spent quota, remaining 0 until a reset, pauses
+	// the host in the pushback layer instead; see Retry.)
 	Rate float64
 
 	// Burst is how many requests may go at once above the steady Rate (the
@@ -153,6 +172,10 @@ type Bulkhead struct {
 	// Enabled turns the bulkhead back on for an upstream whose Default set
 	// Disabled. Setting both is an error.
 	Enabled bool
+
+	// pkgDefault marks the package default adaptive limit (set by
+	// withDefaults), whose limit keeps twice the peak in flight.
+	pkgDefault bool
 }
 
 func (b Bulkhead) inherit(parent Bulkhead) Bulkhead {
@@ -175,7 +198,7 @@ func (b Bulkhead) withDefaults() Bulkhead {
 	case b.MaxConcurrent == 0 && !b.Adaptive:
 		// The package default: adaptive, never tighter than the fixed
 		// limit it replaced.
-		b.Adaptive = true
+		b.Adaptive, b.pkgDefault = true, true
 		b.MaxConcurrent = DefaultAdaptiveMax
 		b.MinConcurrent = cmp.Or(b.MinConcurrent, min(DefaultMaxConcurrent, DefaultAdaptiveMax))
 	case b.Adaptive:
@@ -262,10 +285,17 @@ type bulkheadStage struct {
 	maxQueue      int
 	maxWait       time.Duration
 	limiter       *rate.Limiter // nil: no rate limit
+	rate          float64       // Bulkhead.Rate, the most the limiter allows
 	quota         *fleetQuota   // nil: no fleet quota (fleetquota.go)
-	full          *BulkheadFullError
-	limited       *RateLimitError
-	shadow        bool
+	// following is the rate (float64 bits) the limiter was last set to
+	// after an advertised policy; ignored counts the policies ignored as
+	// malformed (the Transport's count, Snapshot.RetryAfterIgnored).
+	following atomic.Uint64
+	followMu  sync.Mutex // serialises changes of the limiter's rate
+	ignored   *atomic.Uint64
+	full      *BulkheadFullError
+	limited   *RateLimitError
+	shadow    bool
 	// wouldReject counts the refusals of a bulkhead in shadow mode.
 	wouldReject atomic.Uint64
 
@@ -293,7 +323,7 @@ func (w *slotWaiter) fifoLinks() *links[slotWaiter] { return &w.links }
 // newBulkhead builds the bulkhead p describes for a host, or for one
 // instance of a balanced upstream; name ("host:port") goes in its errors,
 // and its refusals go to rep.
-func newBulkhead(next stage, p Bulkhead, name string, rep *reporter) *bulkheadStage {
+func newBulkhead(next stage, p Bulkhead, name string, rep *reporter, ignored *atomic.Uint64) *bulkheadStage {
 	b := &bulkheadStage{
 		next:     next,
 		rep:      rep,
@@ -309,10 +339,19 @@ func newBulkhead(next stage, p Bulkhead, name string, rep *reporter) *bulkheadSt
 		b.minConcurrent = max(1, p.MinConcurrent)
 		b.reported.Store(int64(p.MaxConcurrent))
 		// Validated: 1 ≤ MinConcurrent ≤ MaxConcurrent.
-		b.lim, _ = limit.New(limit.Config{Min: max(1, p.MinConcurrent), Max: p.MaxConcurrent})
+		c := limit.Config{Min: max(1, p.MinConcurrent), Max: p.MaxConcurrent}
+		if p.pkgDefault {
+			// A drop-in for http.DefaultClient must not refuse a healthy
+			// upstream's bursts: twice the recent peak, above a floor of
+			// the fixed limit it replaced.
+			c.Headroom = defaultHeadroom
+		}
+		b.lim, _ = limit.New(c)
 	}
 	if p.Rate > 0 {
 		b.limiter = rate.NewLimiter(rate.Limit(p.Rate), p.Burst)
+		b.rate, b.ignored = p.Rate, ignored
+		b.following.Store(math.Float64bits(p.Rate))
 	}
 	return b
 }
@@ -358,12 +397,21 @@ func (b *bulkheadStage) pass(next stage, req *http.Request, c call) (*http.Respo
 	}()
 	var start time.Time
 	if b.lim != nil {
-		start = time.Now()
+		// The retry layer's reading of when it sent the attempt saves a
+		// clock reading (some 70 ns on a VM), unless this bulkhead may
+		// have made it wait (a queue, a rate limit).
+		start = c.sent
+		if start.IsZero() || b.maxQueue > 0 || b.limiter != nil {
+			start = time.Now()
+		}
 	}
 	resp, err := next.roundTrip(req, c)
 	returned = true
 	if b.lim != nil {
 		b.sample(start, resp, err)
+	}
+	if b.limiter != nil && err == nil {
+		b.followPolicy(resp.Header)
 	}
 	if err != nil {
 		b.release()
@@ -399,6 +447,32 @@ func (b *bulkheadStage) sample(start time.Time, resp *http.Response, err error) 
 		if b.maxQueue > 0 && l > old {
 			b.grantWaiters()
 		}
+	}
+}
+
+// followPolicy sets the rate limit to the tightest policy h advertises,
+// never above Rate (see Bulkhead.Rate). The common case, no policy or the
+// one already followed, takes no lock.
+func (b *bulkheadStage) followPolicy(h http.Header) {
+	r, res := advertisedRate(h)
+	switch res {
+	case retryAfterAbsent:
+		return
+	case retryAfterIgnored:
+		if b.ignored != nil {
+			b.ignored.Add(1)
+		}
+		return
+	}
+	bits := math.Float64bits(min(r, b.rate))
+	if b.following.Load() == bits {
+		return
+	}
+	b.followMu.Lock()
+	defer b.followMu.Unlock()
+	if b.following.Load() != bits {
+		b.following.Store(bits)
+		b.limiter.SetLimit(rate.Limit(math.Float64frombits(bits)))
 	}
 }
 
@@ -627,6 +701,10 @@ type BulkheadSnapshot struct {
 	// instead.
 	Shadow      bool
 	WouldReject uint64
+	// Rate is the client-side rate limit in force, in requests a second:
+	// Bulkhead.Rate, or the tighter quota the host advertises; 0 without
+	// a rate limit.
+	Rate float64
 }
 
 func (b *bulkheadStage) snapshot(h *HostSnapshot) {
@@ -640,6 +718,9 @@ func (b *bulkheadStage) state() BulkheadSnapshot {
 		Shadow: b.shadow, WouldReject: b.wouldReject.Load()}
 	if b.lim != nil {
 		s.Adaptive, s.MinConcurrent = true, b.minConcurrent
+	}
+	if b.limiter != nil {
+		s.Rate = math.Float64frombits(b.following.Load())
 	}
 	return s
 }

@@ -224,3 +224,28 @@ func FuzzRateLimitHeaders(f *testing.F) {
 		}
 	})
 }
+
+// FuzzRateLimitPolicy: whatever the policy fields say, advertisedRate
+// returns a positive finite rate only when it reports one, and the rate
+// lies within what a quota of at most 18 digits over a window of 1 s to a
+// day can say.
+func FuzzRateLimitPolicy(f *testing.F) {
+	f.Add(`"default";q=100;w=60`, "100, 100;w=60", "20;w=2")
+	f.Add(`"a";q=0;w=1, "b";q=5;w=0`, "x", "-1;w=1")
+	f.Add(`10;w=1, 50;w=60`, "", "5000")
+	f.Fuzz(func(t *testing.T, policy, limit, xlimit string) {
+		h := http.Header{}
+		for k, v := range map[string]string{hdrRLPolicy: policy, hdrRLLimit: limit, hdrXRLLimit: xlimit} {
+			if v != "" {
+				h[k] = strings.Split(v, "\n")
+			}
+		}
+		r, res := advertisedRate(h)
+		switch {
+		case res == retryAfterValid && !(r >= 1.0/86400 && r < 1e18):
+			t.Fatalf("advertisedRate(%v) = %v, valid", h, r)
+		case res != retryAfterValid && r != 0:
+			t.Fatalf("advertisedRate(%v) = %v, %v", h, r, res)
+		}
+	})
+}

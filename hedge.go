@@ -373,6 +373,7 @@ func (run *hedgeRun) fire() {
 	}
 	c.hedge = true
 	start := time.Now()
+	c.sent = start
 	resp, p, err := sendRecovering(r.next, next, c)
 	if p != nil {
 		run.mu.Lock()

@@ -327,6 +327,47 @@ func TestHostileUserinfoRedacted(t *testing.T) {
 
 // TestHostileRateLimit: broken rate-limit fields on a 200 are ignored and
 // counted, and never pause the host.
+// TestHostileRatePolicy: rate-limit policies bulwark cannot follow (a
+// zero, negative, fractional or huge quota, a window of zero or past a
+// day, a parameter twice) are ignored and counted, and the bulkhead's rate
+// stays at Bulkhead.Rate.
+func TestHostileRatePolicy(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		h    http.Header
+	}{
+		{"zero quota", http.Header{"Ratelimit-Policy": {`"p";q=0;w=60`}}},
+		{"negative quota", http.Header{"Ratelimit-Policy": {`"p";q=-1;w=60`}}},
+		{"fractional quota", http.Header{"Ratelimit-Policy": {`"p";q=0.5;w=1`}}},
+		{"huge quota", http.Header{"Ratelimit-Policy": {`"p";q=99999999999999999999;w=1`}}},
+		{"zero window", http.Header{"Ratelimit-Policy": {`"p";q=10;w=0`}}},
+		{"window past a day", http.Header{"Ratelimit-Policy": {`"p";q=10;w=999999`}}},
+		{"window twice", http.Header{"Ratelimit-Policy": {`"p";q=10;w=1;w=1000`}}},
+		{"malformed", http.Header{"Ratelimit-Policy": {"\x00;q=™;w=1"}}},
+		{"x-ratelimit-limit negative", http.Header{"X-Ratelimit-Limit": {"-5;w=1"}}},
+		{"draft limit, zero window", http.Header{"Ratelimit-Limit": {"100, 100;w=0"}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &statusBase{codes: []int{200}, header: tt.h}
+				tr := mustNew(t, Config{Base: base, Default: only(Policy{Bulkhead: Bulkhead{Rate: 50, Burst: 1}}, "bulkhead")})
+				for i := range 2 {
+					if _, err := sendOnce(t, tr, http.MethodGet, "http://api.test/"); err != nil {
+						t.Fatalf("call %d: %v; want it sent", i+1, err)
+					}
+				}
+				s := tr.Snapshot()
+				if s.RetryAfterIgnored != 2 {
+					t.Errorf("ignored %d, want 2", s.RetryAfterIgnored)
+				}
+				if h := s.Host("api.test:80"); len(h) != 1 || h[0].Bulkhead == nil || h[0].Bulkhead.Rate != 50 {
+					t.Errorf("bulkhead %+v, want its rate still 50", h)
+				}
+			})
+		})
+	}
+}
+
 func TestHostileRateLimit(t *testing.T) {
 	for _, tt := range []struct {
 		name string

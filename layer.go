@@ -29,6 +29,11 @@ type call struct {
 	// attempt is the number of the attempt being sent, from 1, set by the
 	// retry layer; zero when no retry layer runs.
 	attempt int
+	// sent is when the retry layer sent this attempt: start for the first
+	// (nothing waits before it, unless its body was buffered), a clock
+	// reading for a later one or a hedge; zero when no retry layer runs. A layer below that times the
+	// attempt and does not wait itself reads it instead of the clock.
+	sent time.Time
 	// ownHeader reports that req.Header is this attempt's private copy,
 	// made by the attempt layer, so a layer below may add to it in place.
 	ownHeader bool

@@ -38,7 +38,7 @@ func checkShedMetrics(t *testing.T, reader *sdkmetric.ManualReader, s *Shedder) 
 	if n := len(findMetric(rm, "bulwark.shed.refused").Data.(metricdata.Sum[int64]).DataPoints); n != numShedReasons*numPriorities {
 		t.Errorf("bulwark.shed.refused has %d series, want %d", n, numShedReasons*numPriorities)
 	}
-	for name, want := range map[string]int{"bulwark.shed.in_flight": st.InFlight, "bulwark.shed.queued": st.Queued} {
+	for name, want := range map[string]int{"bulwark.shed.in_flight": st.InFlight, "bulwark.shed.queued": st.Queued, "bulwark.shed.workers": st.Workers} {
 		m := findMetric(rm, name)
 		if m == nil {
 			t.Errorf("no %s", name)

@@ -11,13 +11,18 @@ import (
 // the IETF RateLimit field (draft-ietf-httpapi-ratelimit-headers: a list of
 // policies, each with r, the quota remaining, and t, the seconds until it
 // resets), the earlier drafts' RateLimit-Remaining / RateLimit-Reset, and
-// the common X-RateLimit-Remaining / X-RateLimit-Reset.
+// the common X-RateLimit-Remaining / X-RateLimit-Reset; and the policies,
+// which say the quota itself: RateLimit-Policy (q requests per w seconds),
+// and the earlier drafts' RateLimit-Limit, which X-RateLimit-Limit copies.
 const (
 	hdrRateLimit      = "Ratelimit"
 	hdrRLRemaining    = "Ratelimit-Remaining"
 	hdrRLReset        = "Ratelimit-Reset"
 	hdrXRLRemaining   = "X-Ratelimit-Remaining"
 	hdrXRLReset       = "X-Ratelimit-Reset"
+	hdrRLPolicy       = "Ratelimit-Policy"
+	hdrRLLimit        = "Ratelimit-Limit"
+	hdrXRLLimit       = "X-Ratelimit-Limit"
 	unixResetFloorSec = 1_000_000_000 // a reset this large is a unix time (2001 on), not a delta
 )
 
@@ -114,27 +119,10 @@ func parseRateLimitField(v []string) (time.Duration, retryAfterResult) {
 	var best time.Duration
 	res := retryAfterAbsent
 	for item := range strings.SplitSeq(joined, ",") {
-		r, t := int64(-1), int64(-1)
 		params := strings.Split(item, ";")
-		for _, p := range params[1:] {
-			k, val, found := strings.Cut(trimOWS(p), "=")
-			if !found {
-				continue // a bare parameter is true; none we read is boolean
-			}
-			var dst *int64
-			switch k {
-			case "r":
-				dst = &r
-			case "t":
-				dst = &t
-			default:
-				continue
-			}
-			n, ok := oneCount([]string{val})
-			if !ok || *dst != -1 {
-				return 0, retryAfterIgnored // a bad number, or r or t twice
-			}
-			*dst = n
+		r, t, ok := itemParams(params[1:], "r", "t")
+		if !ok {
+			return 0, retryAfterIgnored // a bad number, or r or t twice
 		}
 		if r != 0 || t < 0 {
 			continue // quota left, or no reset given
@@ -201,4 +189,91 @@ func (p *pushbackStage) obeyRateLimit(resp *http.Response) {
 	case res == retryAfterValid && d > 0:
 		p.pauseIn(&p.paused, now.Add(min(d, p.max)))
 	}
+}
+
+// advertisedRate reads the rate-limit policies of a response (see
+// Bulkhead.Rate): RateLimit-Policy, RateLimit-Limit and X-RateLimit-Limit,
+// each a list of items, either `"name";q=100;w=60` (the current draft) or
+// `100;w=60` (the earlier drafts, which may lead with a bare `100`, the
+// quota of the policy in force). It returns the tightest quota a second,
+// q ÷ w, over every item that names a window. An item without a window
+// says no rate and is skipped; a bad number, q or w twice, a zero quota
+// (which only a pause can obey, and the pushback layer reads a spent quota
+// as one) or a window of zero or past a day gives retryAfterIgnored.
+func advertisedRate(h http.Header) (float64, retryAfterResult) {
+	best, res := 0.0, retryAfterAbsent
+	for _, k := range [...]string{hdrRLPolicy, hdrRLLimit, hdrXRLLimit} {
+		v, ok := h[k]
+		if !ok {
+			continue
+		}
+		r, kres := parsePolicies(strings.Join(v, ","))
+		switch kres {
+		case retryAfterIgnored:
+			return 0, retryAfterIgnored
+		case retryAfterValid:
+			if res != retryAfterValid || r < best {
+				best = r
+			}
+			res = retryAfterValid
+		}
+	}
+	return best, res
+}
+
+// parsePolicies reads one field's list of policies; see advertisedRate.
+func parsePolicies(list string) (float64, retryAfterResult) {
+	best, res := 0.0, retryAfterAbsent
+	for item := range strings.SplitSeq(list, ",") {
+		params := strings.Split(item, ";")
+		q, w, ok := itemParams(params[1:], "q", "w")
+		if !ok {
+			return 0, retryAfterIgnored // a bad number, or q or w twice
+		}
+		if w < 0 {
+			continue // no window: no rate
+		}
+		if bare := trimOWS(params[0]); q < 0 && allDigits(bare) && bare != "" {
+			n, ok := oneCount([]string{bare})
+			if !ok {
+				return 0, retryAfterIgnored
+			}
+			q = n
+		}
+		if q <= 0 || w == 0 || w > int64(maxRetryAfterHeader/time.Second) {
+			return 0, retryAfterIgnored // no quota, a zero quota, or a window out of bounds
+		}
+		if r := float64(q) / float64(w); res != retryAfterValid || r < best {
+			best, res = r, retryAfterValid
+		}
+	}
+	return best, res
+}
+
+// itemParams reads the integer parameters named a and b of one list item's
+// parameters (`a=1`, `b=2`), -1 for one not given; !ok for a bad number or
+// one given twice. Other parameters are skipped.
+func itemParams(params []string, a, b string) (x, y int64, ok bool) {
+	x, y = -1, -1
+	for _, p := range params {
+		k, val, found := strings.Cut(trimOWS(p), "=")
+		if !found {
+			continue // a bare parameter is true; none we read is boolean
+		}
+		var dst *int64
+		switch k {
+		case a:
+			dst = &x
+		case b:
+			dst = &y
+		default:
+			continue
+		}
+		n, ok := oneCount([]string{val})
+		if !ok || *dst != -1 {
+			return 0, 0, false
+		}
+		*dst = n
+	}
+	return x, y, true
 }

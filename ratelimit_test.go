@@ -2,6 +2,7 @@ package bulwark
 
 import (
 	"errors"
+	"math"
 	"net/http"
 	"strconv"
 	"testing"
@@ -97,4 +98,103 @@ func TestRateLimitPausesHost(t *testing.T) {
 			})
 		})
 	}
+}
+
+func TestAdvertisedRate(t *testing.T) {
+	const (
+		absent  = retryAfterAbsent
+		valid   = retryAfterValid
+		ignored = retryAfterIgnored
+	)
+	for _, tc := range []struct {
+		name string
+		h    http.Header
+		rate float64
+		res  retryAfterResult
+	}{
+		{"none", http.Header{}, 0, absent},
+		{"ietf policy", http.Header{"Ratelimit-Policy": {`"default";q=100;w=60`}}, 100.0 / 60, valid},
+		{"ietf, the tightest of two", http.Header{"Ratelimit-Policy": {`"burst";q=100;w=1, "daily";q=86400;w=86400`}}, 1, valid},
+		{"ietf, two lines", http.Header{"Ratelimit-Policy": {`"a";q=50;w=10`, `"b";q=9;w=3`}}, 3, valid},
+		{"earlier draft", http.Header{"Ratelimit-Policy": {"10;w=1, 50;w=60"}}, 50.0 / 60, valid},
+		{"earlier draft limit, leading quota", http.Header{"Ratelimit-Limit": {"100, 100;w=60"}}, 100.0 / 60, valid},
+		{"x-ratelimit-limit with a window", http.Header{"X-Ratelimit-Limit": {"20, 20;w=2"}}, 10, valid},
+		{"x-ratelimit-limit without one", http.Header{"X-Ratelimit-Limit": {"5000"}}, 0, absent},
+		{"tightest across fields", http.Header{"Ratelimit-Policy": {`"p";q=10;w=1`}, "X-Ratelimit-Limit": {"4;w=1"}}, 4, valid},
+		{"other parameters", http.Header{"Ratelimit-Policy": {`"p";q=6;w=2;qu="requests";pk=:AbC=:`}}, 3, valid},
+		{"zero quota", http.Header{"Ratelimit-Policy": {`"p";q=0;w=60`}}, 0, ignored},
+		{"zero window", http.Header{"Ratelimit-Policy": {`"p";q=10;w=0`}}, 0, ignored},
+		{"window past a day", http.Header{"Ratelimit-Policy": {`"p";q=10;w=86401`}}, 0, ignored},
+		{"negative quota", http.Header{"Ratelimit-Policy": {`"p";q=-10;w=60`}}, 0, ignored},
+		{"fraction", http.Header{"Ratelimit-Policy": {`"p";q=1.5;w=60`}}, 0, ignored},
+		{"q twice", http.Header{"Ratelimit-Policy": {`"p";q=10;q=1;w=60`}}, 0, ignored},
+		{"huge", http.Header{"Ratelimit-Policy": {`"p";q=99999999999999999999;w=1`}}, 0, ignored},
+		{"window, no quota", http.Header{"Ratelimit-Policy": {`"p";w=60`}}, 0, ignored},
+		{"one bad among good", http.Header{"Ratelimit-Policy": {`"a";q=10;w=1, "b";q=x;w=1`}}, 0, ignored},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, res := advertisedRate(tc.h)
+			if res != tc.res || math.Abs(r-tc.rate) > 1e-12 {
+				t.Errorf("advertisedRate(%v) = %v, %v; want %v, %v", tc.h, r, res, tc.rate, tc.res)
+			}
+		})
+	}
+}
+
+// TestBulkheadRateFollowsPolicy: a host that advertises a quota below
+// Bulkhead.Rate gets requests at its quota; one above it does not raise
+// the rate past Rate; a later policy at or above Rate restores Rate. On
+// virtual time, sequential requests are spaced 1/rate apart.
+func TestBulkheadRateFollowsPolicy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &statusBase{codes: []int{200}}
+		tr := mustNew(t, Config{Base: base, Default: only(Policy{Bulkhead: Bulkhead{MaxConcurrent: 10, Rate: 100, Burst: 1}}, "bulkhead")})
+		const url = "http://quota.test/"
+		setPolicy := func(v string) {
+			base.mu.Lock()
+			defer base.mu.Unlock()
+			base.header = http.Header{"Ratelimit-Policy": {v}}
+		}
+		rateNow := func() float64 {
+			h := tr.Snapshot().Host("quota.test:80")
+			if len(h) != 1 || h[0].Bulkhead == nil {
+				t.Fatalf("no bulkhead for quota.test: %+v", h)
+			}
+			return h[0].Bulkhead.Rate
+		}
+		// gap sends n requests one after another and returns the mean time
+		// between them.
+		gap := func(n int) time.Duration {
+			start := time.Now()
+			for i := range n {
+				if _, err := sendOnce(t, tr, http.MethodGet, url); err != nil {
+					t.Fatalf("request %d: %v", i, err)
+				}
+			}
+			return time.Since(start) / time.Duration(n)
+		}
+		for _, step := range []struct {
+			policy string
+			rate   float64
+		}{
+			{`"p";q=10;w=1`, 10},                 // below Rate: followed
+			{`"p";q=1000;w=1`, 100},              // above: Rate, no more
+			{`"p";q=300;w=60`, 5},                // below again
+			{`"p";q=6000;w=60`, 100},             // at Rate: Rate again
+			{`"p";q=0;w=60`, 100},                // ignored: unchanged
+			{`"a";q=20;w=1, "b";q=100;w=10`, 10}, // the tightest
+		} {
+			setPolicy(step.policy)
+			gap(1) // the response that carries the policy
+			if r := rateNow(); r != step.rate {
+				t.Errorf("policy %s: rate %v, want %v", step.policy, r, step.rate)
+			}
+			if g, want := gap(5), time.Duration(float64(time.Second)/step.rate); g < want*9/10 || g > want*11/10 {
+				t.Errorf("policy %s: requests %v apart, want %v", step.policy, g, want)
+			}
+		}
+		if n := tr.Snapshot().RetryAfterIgnored; n != 6 {
+			t.Errorf("ignored %d, want 6 (the zero quota's responses)", n)
+		}
+	})
 }

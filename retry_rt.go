@@ -400,6 +400,12 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 	if err != nil {
 		return nil, err
 	}
+	// The first attempt leaves at the call's start, unless its body was
+	// just read into memory, which may have taken a while.
+	firstSent := c.start
+	if r.bufferBody > 0 && !bodyReplayable(req) {
+		firstSent = time.Now()
+	}
 	if r.balanced {
 		c.tried = new(triedSet)
 	}
@@ -407,6 +413,7 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 	prevWait := r.base // Decorrelated jitter's "previous sleep" before the first
 	for attempt := 1; ; attempt++ {
 		c.attempt = attempt
+		c.sent = firstSent
 		var resp *http.Response
 		var err error
 		if attempt == 1 && r.hedge != nil && replayable {
@@ -416,10 +423,10 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 			resp, n, err = r.hedged(cur, req, c)
 			attempt = n
 		} else {
-			start := c.start
 			if attempt > 1 {
-				start = time.Now()
+				c.sent = time.Now()
 			}
+			start := c.sent
 			resp, err = r.next.roundTrip(cur, c)
 			r.record(classify(resp, err), start)
 		}

@@ -364,6 +364,7 @@ func (s ShedStats) ShedTotal() uint64 {
 //	bulwark.shed.refused   counter {bulwark.shed.reason, bulwark.shed.priority}  requests answered 503 (ShedStats.Shed)
 //	bulwark.shed.in_flight gauge                                                 requests in the handler now
 //	bulwark.shed.queued    gauge                                                 requests waiting for a worker now
+//	bulwark.shed.workers   gauge                                                 the worker count in force (ShedStats.Workers; it moves when Adaptive)
 //
 // bulwark.shed.priority is a Priority's String ("critical" … "test"),
 // bulwark.shed.reason a ShedReason's ("queue_full", "waited_too_long",
@@ -549,7 +550,9 @@ func (s *Shedder) registerMetrics(mp metric.MeterProvider, name string) {
 		metric.WithDescription("Requests in a Shedder's handler now."), metric.WithUnit("{request}"))
 	queued, err4 := m.Int64ObservableGauge("bulwark.shed.queued",
 		metric.WithDescription("Requests waiting in a Shedder's queue now."), metric.WithUnit("{request}"))
-	if err := errors.Join(err1, err2, err3, err4); err != nil {
+	workers, err5 := m.Int64ObservableGauge("bulwark.shed.workers",
+		metric.WithDescription("A Shedder's worker count in force: Workers, or the adaptive count."), metric.WithUnit("{worker}"))
+	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
 		otel.Handle(err)
 		return
 	}
@@ -585,8 +588,9 @@ func (s *Shedder) registerMetrics(mp metric.MeterProvider, name string) {
 		}
 		o.ObserveInt64(inflight, int64(st.InFlight), whole)
 		o.ObserveInt64(queued, int64(st.Queued), whole)
+		o.ObserveInt64(workers, int64(st.Workers), whole)
 		return nil
-	}, served, refused, inflight, queued)
+	}, served, refused, inflight, queued, workers)
 	if err != nil {
 		otel.Handle(err)
 	}

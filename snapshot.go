@@ -15,7 +15,10 @@ type Snapshot struct {
 	// RetryAfterIgnored is how many Retry-After headers on 429 and 503
 	// responses, and rate-limit fields (RateLimit, RateLimit-Remaining and
 	// -Reset, X-RateLimit-Remaining and -Reset) on any, were ignored because
-	// they were malformed, negative or asked for more than a day. A growing count means an upstream sends headers
+	// they were malformed, negative or asked for more than a day, and how
+	// many rate-limit policies (RateLimit-Policy, RateLimit-Limit,
+	// X-RateLimit-Limit) a bulkhead with a Rate could not follow (see
+	// Bulkhead.Rate). A growing count means an upstream sends headers
 	// bulwark cannot obey.
 	RetryAfterIgnored uint64
 	// Fleet is the health of the link to Config.Fleet; nil without one.

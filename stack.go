@@ -209,7 +209,7 @@ func (t *Transport) instanceStack(p *Policy, e env, base http.RoundTripper, name
 	if p.Bulkhead.Disabled {
 		return s, nil
 	}
-	bh := newBulkhead(s, p.Bulkhead, name, e.rep)
+	bh := newBulkhead(s, p.Bulkhead, name, e.rep, &t.ignoredRA)
 	bh.quota = t.fleet.quota(e.host, p.Bulkhead) // per host, shared by its instances
 	return bh, bh
 }

@@ -165,6 +165,11 @@ type throttleCounts struct {
 	mu       sync.Mutex
 	w        *window.Window
 	reported float64 // the probability last reported
+	// The probability (float64 bits) as of the last count, published for
+	// decisions before pubUntil (the window's Steady), until which the
+	// counts change only under mu: a decision then takes no lock.
+	pubP     atomic.Uint64
+	pubUntil atomic.Int64
 	// wouldReject counts the refusals of a throttle in shadow mode.
 	wouldReject atomic.Uint64
 }
@@ -192,43 +197,58 @@ func (t *throttleStage) randUnit() float64 {
 }
 
 func (t *throttleStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
-	now := time.Now().UnixNano()
-	t.mu.Lock()
-	p := t.probability(t.w.Sum(now))
-	t.mu.Unlock()
-	if p > 0 && t.randUnit() < p {
+	// The window's position is when the attempt was sent: the retry
+	// layer's reading when there is one, since a clock reading costs some
+	// 70 ns on a VM. The answer is counted there too: a window of ten
+	// buckets of Window/10 cannot tell the two apart, and a position that
+	// has fallen behind the newest bucket counts into it.
+	now := c.sent.UnixNano()
+	if c.sent.IsZero() {
+		now = time.Now().UnixNano()
+	}
+	if p := t.current(now); p > 0 && t.randUnit() < p {
 		if t.shadow {
 			t.wouldReject.Add(1)
 			t.e.rep.shadowRejected(req.Context(), layerThrottle)
-			return t.send(req, c)
+			return t.send(req, c, now)
 		}
 		t.record(now, 1, 0)
 		t.e.rep.rejected(req.Context(), layerThrottle)
 		closeBody(req)
 		return nil, t.rejected
 	}
-	return t.send(req, c)
+	return t.send(req, c, now)
 }
 
 // shedding reports whether the throttle refuses some requests now: the
 // hedger sends no hedge then.
 func (t *throttleStage) shedding() bool {
-	now := time.Now().UnixNano()
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.probability(t.w.Sum(now)) > 0
+	return t.current(time.Now().UnixNano()) > 0
 }
 
-// send sends req and counts the host's answer.
-func (t *throttleStage) send(req *http.Request, c call) (*http.Response, error) {
+// current is the refusal probability at now: the published one while it
+// holds, else computed (and published) under mu.
+func (t *throttleStage) current(now int64) float64 {
+	if now < t.pubUntil.Load() {
+		return math.Float64frombits(t.pubP.Load())
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p := t.probability(t.w.Sum(now))
+	t.publish(p)
+	return p
+}
+
+// send sends req and counts the host's answer at now.
+func (t *throttleStage) send(req *http.Request, c call, now int64) (*http.Response, error) {
 	resp, err := t.next.roundTrip(req, c)
 	switch k := classify(resp, err); {
 	case !reached(k), k == kindCanceled, k == kindDeadline:
 		// Refused below, or the caller gave up: not the host's answer.
 	case k.health() == OutcomeFailure:
-		t.record(time.Now().UnixNano(), 1, 0)
+		t.record(now, 1, 0)
 	default:
-		t.record(time.Now().UnixNano(), 1, 1)
+		t.record(now, 1, 1)
 	}
 	return resp, err
 }
@@ -239,6 +259,7 @@ func (t *throttleStage) record(now int64, requests, accepts int64) {
 	t.mu.Lock()
 	t.w.Add(now, window.Counts{thRequests: requests, thAccepts: accepts})
 	p := t.probability(t.w.Sum(now))
+	t.publish(p)
 	old := t.reported
 	moved := math.Abs(p-old) >= 0.1 || (p == 0) != (old == 0)
 	if moved {
@@ -248,6 +269,14 @@ func (t *throttleStage) record(now int64, requests, accepts int64) {
 	if moved {
 		t.e.rep.throttleChanged(old, p)
 	}
+}
+
+// publish makes p the decision until the counts may change without mu.
+// The caller holds mu. p is stored before pubUntil, so a reader that sees
+// the new bound sees p or a later value.
+func (t *throttleStage) publish(p float64) {
+	t.pubP.Store(math.Float64bits(p))
+	t.pubUntil.Store(t.w.Steady())
 }
 
 // ThrottleSnapshot is a host's client-side throttle, as Snapshot reports it.

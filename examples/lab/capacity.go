@@ -121,7 +121,7 @@ func capCores(s settings) int {
 
 // capacityPolicy is what bulwark does in this scenario: the adaptive
 // limit alone, from 1 up to twice the full service's cores (it starts at
-// the top and learns down, by at most 15 % a 100 ms window), no queue (a call past the limit
+// the top and learns down, at most halving per window of a few latencies), no queue (a call past the limit
 // fails at once), and the call's deadline as its attempt timeout, so an
 // attempt that runs out counts as a queue to the limit. Retries are off
 // (a retry into a collapsing queue only lengthens it), and so are the
@@ -233,7 +233,7 @@ func (l *lab) capacity(ctx context.Context) (*scenario, error) {
 	sc.explain = append(sc.explain,
 		fmt.Sprintf("Why the plain client's calls stop being answered: %.0f calls/s arrive at a service that now serves %.0f, so its queue grows (to %.0f requests here), and once it holds more than a deadline's worth of work (%.0f requests) every request waits past its caller's deadline. The service still serves each one, for nobody, so after the cores come back it first works through the backlog of calls already given up.",
 			l.set.load, plain["low_capacity"], plain["max_queue"], plain["low_capacity"]*capDeadline.Seconds()),
-		fmt.Sprintf("bulwark's limit follows the latency: while the queue grows, each 100 ms window's mean latency rises above the baseline and the limit falls (to %.1f on average, against %.0f cores), so at most about that many requests are at the service and the calls beyond them fail at once (%.0f in this run) instead of queueing; when the cores come back the latency falls and the limit grows again.",
+		fmt.Sprintf("bulwark's limit follows the latency: while the queue grows, each short window's mean latency rises above the baseline and the limit falls (to %.1f on average, against %.0f cores), so at most about that many requests are at the service and the calls beyond them fail at once (%.0f in this run) instead of queueing; when the cores come back the latency falls and the limit grows again.",
 			bw["low_limit"], bw["low"], bw["refused"]))
 	return sc, nil
 }

@@ -3,9 +3,40 @@
 // server) before more of them only wait in its queue.
 //
 // The algorithm is a gradient, after Netflix's concurrency-limits Gradient2
-// and Envoy's adaptive_concurrency filter: once per sample window it
-// compares the window's mean latency with a long-term baseline and scales
-// the limit by their ratio, plus a little headroom to keep probing upward.
+// and Envoy's adaptive_concurrency filter: it compares a short window's
+// mean latency with a long-term baseline. Their ratio decides the
+// direction; what it does then:
+//
+//   - Queueing (the ratio above Tolerance): the limit comes down at once to
+//     what the upstream serves without a queue, by Little's law the
+//     window's completions a second × the baseline latency. Gradient2
+//     scales the limit by the ratio and smooths it, which takes a second or
+//     more to come down from a high limit; every request admitted
+//     meanwhile waits in the upstream's queue, and those are the tail. A
+//     window lasts two baseline latencies (at most Window), or one once its
+//     mean already says queueing, so the cut comes within a few latencies
+//     of the change. A
+//     cut at most halves the limit, and never goes below what is in flight
+//     when the callers were not pressing on the limit (their completions
+//     a second are then what they send, not what the upstream can serve):
+//     a stall that looks like a queue costs half the limit, not all of it.
+//   - No queue and the limit in use: probe upward by 1, doubling the step
+//     each window in a row that still finds no queue, as TCP's slow start
+//     does. A limit that sits on the capacity probes by one (Gradient2's
+//     √limit probe overshoots by a third at a limit of 10 and oscillates),
+//     and a recovered upstream gets its capacity back in a few windows.
+//   - The limit underused: it decays toward Headroom × the peak in flight,
+//     so the next overload starts from a limit near what the load needs
+//     rather than from Max.
+//
+// After a change, samples for one latency are ignored: they come from
+// requests admitted under the old limit.
+//
+// What latency cannot tell apart: an upstream that got slower on its own
+// while the callers press on the limit reads as a queue, so the limit
+// comes down until it reaches Min, where the baseline follows the new
+// latency at once and the limit grows back.
+//
 // A gradient rather than Vegas because it needs no accurate "no-load"
 // latency: Vegas counts the queue as limit × (1 − minRTT/RTT), so an
 // upstream whose latency simply moved (a slower dependency, a bigger
@@ -13,7 +44,7 @@
 // which means refusing traffic to find it (Envoy's minRTT window drops to
 // its minimum concurrency to do so). A baseline that rises slowly and falls
 // quickly follows a new steady latency without such probes, while a queue
-// building up inside one window still shows as a gradient below one.
+// building up inside one window still shows as a ratio above Tolerance.
 package limit
 
 import (
@@ -31,26 +62,46 @@ const (
 	DefaultMinSamples = 10
 	DefaultTolerance  = 1.25
 	DefaultSmoothing  = 0.3
+	DefaultHeadroom   = 1.1
 )
 
-// Bounds of the gradient per window: a window can at most halve the limit,
-// and it never grows by more than the headroom.
-const minGradient = 0.5
-
-// dropGradient caps the gradient of a window with a dropped request (a
-// timeout, an overload answer): a dropped request is the plainest sign of a
-// limit set too high, whatever the latencies said.
+// dropGradient is the gradient of a window with a dropped request (a
+// timeout, an overload answer) but latencies in tolerance: a dropped
+// request is a sign of a limit set too high, whatever the latencies said,
+// but not of how much too high.
 const dropGradient = 0.9
 
-// The baseline falls by baseFall of the gap per window, so a recovered
-// upstream is believed at once, and rises by at most baseRise of itself per
-// window (1 % a second at the default window), so a queue that builds for
-// seconds is not mistaken for the new normal. A limit already at its
+// busyShare is the share of the limit in use that counts as "at the
+// limit": only then does latency at the limit say whether more would fit.
+// It lies above 1 ÷ minHeadroom, so that a limit decayed to Headroom × the
+// peak does not read as in use.
+const (
+	busyShare   = 0.95
+	minHeadroom = 1.1
+)
+
+// An underused limit (above Headroom × the peak in flight over a Window)
+// gives up decay of the gap to Headroom × that peak per Window: about 2 s
+// to come down most of the way, so one quiet spell costs little.
+const decay = 0.2
+
+// The baseline falls by baseFall of the gap per fallPer of windows, so a
+// recovered upstream is believed at once, and, while the limit is not in
+// use, rises by at most baseRise of itself per second of windows, so a
+// queue that builds for seconds is not mistaken for the new normal. A limit already at its
 // minimum lets the baseline rise as fast as it falls: latency that stays up
 // however little is in flight is the upstream's, not a queue of ours.
 const (
-	baseRise = 0.001
+	baseRise = 0.01
 	baseFall = 0.25
+)
+
+// A window lasts winBase baseline latencies if that is shorter than
+// Window; baseFall is per fallPer of windows, so short windows do not pull
+// the baseline down faster, nor onto their noise.
+const (
+	winBase = 2
+	fallPer = 100 * time.Millisecond
 )
 
 // Config bounds and tunes a Gradient. The zero value of each field but Min
@@ -62,8 +113,9 @@ type Config struct {
 	// so nothing is refused before latency has been seen. It must lie in
 	// [Min, Max].
 	Initial int
-	// Window is the shortest time a sample window covers; a window closes
-	// at its first sample past Window that finds MinSamples in it.
+	// Window is how long a sample window covers: it closes at its first
+	// sample past Window that finds MinSamples in it, or earlier, after one
+	// baseline latency, when its mean latency already says queueing.
 	Window time.Duration
 	// MinSamples is how many samples a window needs before it may close,
 	// so a trickle of requests does not steer the limit on one or two.
@@ -71,10 +123,17 @@ type Config struct {
 	// Tolerance is how far above the baseline a window's mean latency may
 	// be before the limit comes down (1.25: 25 % more). It must be ≥ 1.
 	Tolerance float64
-	// Smoothing in (0, 1] is how much of a decrease a window applies at
-	// once; increases apply whole, so a recovered upstream gets its
-	// capacity back within a few windows.
+	// Smoothing in (0, 1] is how much of a 10 % step down a window with a
+	// dropped request, but latencies in tolerance, applies. A window that
+	// shows queueing comes down to its Little's-law level whole.
 	Smoothing float64
+	// Headroom ≥ 1.1 is how far above the peak in flight an underused limit
+	// decays to: 1.1 keeps 10 % more than the callers have used lately,
+	// so the next overload starts from a limit near what the load needs
+	// (the fewer admitted past the capacity, the shorter the tail while
+	// the limit comes down); more keeps bursts above the recent peak from
+	// being refused while the limit grows back. +Inf never decays.
+	Headroom float64
 }
 
 // Gradient is an adaptive concurrency limit. Limit is one atomic load;
@@ -88,6 +147,7 @@ type Gradient struct {
 	cur        float64 // the limit, unrounded
 	tolerance  float64
 	smoothing  float64
+	headroom   float64
 	window     int64 // ns
 	minSamples int
 
@@ -100,6 +160,14 @@ type Gradient struct {
 	dropped     bool
 
 	base float64 // ns, the long-term baseline; 0 before the first window
+	step float64 // the next probe upward
+	// holdUntil (ns) is one latency after the last change of the limit:
+	// samples before it came from requests admitted under the old one.
+	holdUntil int64
+	lastShort float64 // ns, the mean latency of the last window
+	// The peak in flight since decayStart (ns): the last decay or change.
+	decayStart int64
+	decayPeak  float64
 }
 
 // ErrConfig is matched by every error New returns.
@@ -126,6 +194,9 @@ func New(c Config) (*Gradient, error) {
 	if c.Smoothing == 0 {
 		c.Smoothing = DefaultSmoothing
 	}
+	if c.Headroom == 0 {
+		c.Headroom = DefaultHeadroom
+	}
 	switch {
 	case c.Min < 1:
 		return nil, configError("Min %d, want ≥ 1", c.Min)
@@ -141,6 +212,8 @@ func New(c Config) (*Gradient, error) {
 		return nil, configError("Tolerance %v, want a finite number ≥ 1", c.Tolerance)
 	case !(c.Smoothing > 0 && c.Smoothing <= 1):
 		return nil, configError("Smoothing %v, want in (0, 1]", c.Smoothing)
+	case !(c.Headroom >= minHeadroom):
+		return nil, configError("Headroom %v, want ≥ %v", c.Headroom, minHeadroom)
 	}
 	g := &Gradient{
 		min:        float64(c.Min),
@@ -148,8 +221,10 @@ func New(c Config) (*Gradient, error) {
 		cur:        float64(c.Initial),
 		tolerance:  c.Tolerance,
 		smoothing:  c.Smoothing,
+		headroom:   c.Headroom,
 		window:     int64(c.Window),
 		minSamples: c.MinSamples,
+		step:       1,
 	}
 	g.limit.Store(int64(c.Initial))
 	return g, nil
@@ -169,6 +244,11 @@ func (g *Gradient) Sample(now int64, latency time.Duration, inflight int, droppe
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if now < g.holdUntil {
+		// Admitted under the limit before the last change: it says
+		// nothing about the new one.
+		return int(g.limit.Load()), false
+	}
 	if !g.started {
 		g.started, g.start = true, now
 	}
@@ -176,20 +256,50 @@ func (g *Gradient) Sample(now int64, latency time.Duration, inflight int, droppe
 	g.n++
 	g.maxInflight = max(g.maxInflight, inflight)
 	g.dropped = g.dropped || dropped
-	if now-g.start < g.window || g.n < g.minSamples {
+	if !g.closes(now) {
 		return int(g.limit.Load()), false
 	}
-	g.update()
+	hold := g.update(now)
 	g.started, g.sum, g.n, g.maxInflight, g.dropped = false, 0, 0, 0, false
 	old := g.limit.Load()
 	l := int64(math.Round(g.cur))
 	g.limit.Store(l)
+	if hold && l != old {
+		g.holdUntil = now + int64(g.lastShort)
+	}
 	return int(l), l != old
 }
 
-// update closes the sample window: the gradient moves the limit, then the
-// window moves the baseline.
-func (g *Gradient) update() {
+// closes says whether the open window closes at now: once it holds
+// MinSamples and covers Window, or one baseline latency if that is
+// shorter, so that a fast upstream's limit follows a change within a few
+// of its latencies rather than in steps of 100 ms.
+func (g *Gradient) closes(now int64) bool {
+	d := now - g.start
+	if g.n < g.minSamples {
+		return false
+	}
+	if d >= g.window || g.base > 0 && float64(d) >= winBase*g.base {
+		return true
+	}
+	return g.base > 0 && float64(d) >= g.base && float64(g.sum) > g.tolerance*g.base*float64(g.n)
+}
+
+// cutMargin is how far above the Little's-law level a cut for queueing
+// lands: halfway to Tolerance, so that a rate measured a little low in a
+// short window does not leave cores idle, while the queue it allows (half
+// the tolerated one) still reads as within tolerance.
+func (g *Gradient) cutMargin() float64 { return 1 + (g.tolerance-1)/2 }
+
+// growBelow is the ratio of latency to baseline below which a limit in use
+// may grow: a quarter of the way to Tolerance, so that a limit sitting on
+// the capacity, where one more in flight already shows as a queue of one,
+// stays there.
+func (g *Gradient) growBelow() float64 { return 1 + (g.tolerance-1)/4 }
+
+// update closes the sample window: the window moves the limit, then the
+// baseline.
+func (g *Gradient) update(now int64) (hold bool) {
 	short := float64(g.sum) / float64(g.n)
 	if short <= 0 {
 		short = 1 // all-zero latencies: nothing to compare, nothing queued
@@ -197,32 +307,74 @@ func (g *Gradient) update() {
 	if g.base == 0 {
 		g.base = short
 	}
-	grad := min(1, max(minGradient, g.tolerance*g.base/short))
-	if g.dropped {
-		grad = min(grad, dropGradient)
-	}
-	var target float64
+	ratio := short / g.base
+	g.lastShort = short
+	peak := float64(g.maxInflight)
+	g.decayPeak = max(g.decayPeak, peak)
+	grow, hold := false, false
 	switch {
-	case grad < 1:
-		// Queueing: come down by the gradient, smoothed, and add no
-		// headroom, so the limit settles near tolerance × what the
-		// upstream serves without a queue.
-		target = g.cur + g.smoothing*(g.cur*grad-g.cur)
-	case 2*float64(g.maxInflight) < g.cur:
-		// The callers used less than half the limit: latency at that
-		// concurrency says nothing about more, so do not grow on it.
-		target = g.cur
-	default:
-		// Within tolerance and in use: probe upward by √limit, as
-		// Gradient2's queue size does, so growth is fast when the limit
-		// is small and gentle when it is large.
-		target = g.cur + math.Sqrt(g.cur)
+	case ratio > g.tolerance || g.dropped:
+		// Queueing. The window's completions a second are what the
+		// upstream serves; by Little's law it serves them without a
+		// queue at that rate × the baseline in flight: come down to that
+		// at once (with a margin, cutMargin). The rate counts the n−1 gaps between the window's n
+		// completions; a short window of bunched completions can still
+		// overstate it, so the limit comes down at least by the gradient
+		// (Tolerance ÷ ratio). A dropped request with latencies in
+		// tolerance says only "less": a smoothed step down.
+		rate := float64(g.n-1) / float64(max(1, now-g.start))
+		target := min(rate*g.base*g.cutMargin(), g.cur*g.tolerance/ratio)
+		if !(ratio > g.tolerance) {
+			target = g.cur * (1 - g.smoothing*(1-dropGradient))
+		}
+		// At most halve per window: a stall that looks like a queue
+		// (a pause of the process, a burst of dialling) costs half the
+		// limit, not all of it, and the next window can cut again.
+		target = max(target, g.cur/2)
+		if peak < busyShare*float64(g.limit.Load()) {
+			// The callers were not pressing on the limit: the
+			// completions a second are what they sent, not what the
+			// upstream can serve (a cold start dialling connections, a
+			// slower upstream), so do not refuse what is already in
+			// flight; only stop more from piling in.
+			target = max(target, peak)
+		}
+		g.cur = min(g.cur, target)
+		hold = true
+	case peak >= busyShare*float64(g.limit.Load()) && ratio <= g.growBelow():
+		// In use up to the limit and no queue to speak of: probe upward,
+		// by 1 and then doubling the step each window in a row that
+		// still finds no queue (TCP's slow start, in windows), so a
+		// limit that sits on the capacity probes by one and a recovered
+		// upstream gets its capacity back in a few windows.
+		g.cur += g.step
+		g.step = min(2*g.step, g.cur)
+		grow, hold = true, true
+	case g.headroom*g.decayPeak < g.cur:
+		// Underused: decay toward headroom × the peak, once per Window
+		// (the peak over all of it, not over one short window), so the
+		// next overload starts from a limit near what the load needs.
+		if now-g.decayStart >= g.window {
+			g.cur -= decay * (g.cur - g.headroom*g.decayPeak)
+			g.decayStart, g.decayPeak = now, 0
+		}
 	}
-	g.cur = min(g.max, max(g.min, target))
+	if !grow {
+		g.step = 1
+	}
+	if hold {
+		g.decayStart, g.decayPeak = now, 0
+	}
+	g.cur = min(g.max, max(g.min, g.cur))
 	switch {
 	case short <= g.base || g.cur <= g.min:
-		g.base += baseFall * (short - g.base)
-	default:
-		g.base = min(short, g.base*(1+baseRise))
+		g.base += (1 - math.Pow(1-baseFall, float64(now-g.start)/float64(fallPer))) * (short - g.base)
+	case peak < busyShare*float64(g.limit.Load()):
+		// Latency that rose while the callers were not pressing on the
+		// limit is the upstream's own; at the limit it may be the queue
+		// the limit lets build, and a baseline that crept up on it would
+		// let the limit creep up too.
+		g.base = min(short, g.base*(1+baseRise*float64(now-g.start)/float64(time.Second)))
 	}
+	return hold
 }

@@ -8,6 +8,7 @@ package window
 import (
 	"errors"
 	"fmt"
+	"math"
 )
 
 // Kinds is how many counters a window keeps per bucket.
@@ -114,6 +115,22 @@ func (w *Window) Add(pos int64, c Counts) {
 func (w *Window) Sum(pos int64) Counts {
 	w.advance(pos)
 	return w.total
+}
+
+// Steady returns the first position at which Sum may differ, without
+// another Add, from what Sum or Add last left: the start of the bucket after
+// the newest, where the oldest may expire. A caller that publishes a value
+// derived from the sum can use it until then without locking. Before the
+// first Add or Sum, and past the last bucket int64 can hold, it returns
+// math.MinInt64 and math.MaxInt64.
+func (w *Window) Steady() int64 {
+	if !w.started {
+		return math.MinInt64
+	}
+	if w.head >= math.MaxInt64/w.width {
+		return math.MaxInt64
+	}
+	return (w.head + 1) * w.width
 }
 
 // Reset empties the window; the next Add or Sum starts it afresh at its

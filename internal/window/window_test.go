@@ -316,6 +316,18 @@ func TestMatchesModel(t *testing.T) {
 					t.Fatalf("after Reset: Sum(%d) = %v, want %v", pos, got, want)
 				}
 			}
+			// Until Steady, a Sum anywhere gives what the last one did.
+			if st := w.Steady(); st > math.MinInt64 && st > pos {
+				before := m.sum(pos)
+				lo := pos
+				if w3 := 3 * uint64(width); width < 1<<61 && uint64(st)-uint64(pos) > w3 {
+					lo = st - int64(w3) // the last three buckets' worth
+				}
+				q := rapid.Int64Range(lo, st-1).Draw(t, "steady pos")
+				if got, want := w.Sum(q), m.sum(q); got != want || got != before {
+					t.Fatalf("Steady() = %d: Sum(%d) = %v, model %v, want %v as at %d", st, q, got, want, before, pos)
+				}
+			}
 		}
 	})
 }

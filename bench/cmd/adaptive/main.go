@@ -1,5 +1,5 @@
-// Command adaptive runs issue 18's scenarios on 127.0.0.1, scaled down so
-// each part takes well under 30 s, and prints tables:
+// Command adaptive runs issue 18's scenarios on 127.0.0.1 and prints a
+// Markdown section (### headings and tables, for bench/cmd/report -adaptive):
 //
 //   - healthy: a 200 ms upstream at 400 Poisson arrivals a second, through
 //     bulwark's default bulkhead and a fixed 100-slot one: calls refused;
@@ -11,7 +11,8 @@
 //     rest 503 at once, offered 5 X, through plain, bulwark's SRE throttle
 //     (K = 2) and failsafe-go's adaptivethrottler.
 //
-// Flags scale the phases; -only picks one part.
+// The phases are the issue's (healthy 10 s a stack; drop 5 s / 10 s / 5 s;
+// throttle 8 s); -scale shortens them, -only picks one part.
 package main
 
 import (
@@ -101,7 +102,7 @@ func healthy() {
 	}))
 	defer srv.Close()
 	d := dur(10 * time.Second)
-	fmt.Printf("## healthy: 200 ms upstream, 400 req/s Poisson, %v per stack\n\n", d)
+	fmt.Printf("### Healthy upstream: 200 ms, 400 req/s Poisson, %v per stack\n\n", d)
 	fmt.Println("| stack | calls | ErrBulkheadFull | other errors |")
 	fmt.Println("|---|---|---|---|")
 	for _, st := range []struct {
@@ -154,6 +155,7 @@ func (c *cores) set(from, to int) {
 
 type phaseStats struct {
 	mu       sync.Mutex
+	sent     int
 	lat      []time.Duration
 	rejected int
 	timeouts int
@@ -175,10 +177,10 @@ func drop() {
 	phases := []struct {
 		d     time.Duration
 		cores int
-	}{{dur(2 * time.Second), 40}, {dur(4 * time.Second), 10}, {dur(2 * time.Second), 40}}
-	fmt.Printf("## capacity drop: cores 40 → 10 → 40 for %v / %v / %v, 1,200 req/s, 250 ms deadline\n\n", phases[0].d, phases[1].d, phases[2].d)
-	fmt.Println("| stack | phase | ok/s | p50 | p99 | rejected/s | timeouts/s | limit at 1 s intervals |")
-	fmt.Println("|---|---|---|---|---|---|---|---|")
+	}{{dur(5 * time.Second), 40}, {dur(10 * time.Second), 10}, {dur(5 * time.Second), 40}}
+	fmt.Printf("### Capacity drop: cores 40 → 10 → 40 for %v / %v / %v, 1,200 req/s, 250 ms deadline\n\n", phases[0].d, phases[1].d, phases[2].d)
+	fmt.Println("| stack | phase | offered/s | ok/s | p50 | p99 | rejected/s | timeouts/s | limit at 1 s intervals |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	type stack struct {
 		name  string
 		rt    http.RoundTripper
@@ -207,6 +209,7 @@ func drop() {
 		out = append(out, stack{"failsafe-go adaptivelimiter 1..100", failsafehttp.NewRoundTripper(transport(), al), func() int { return al.Limit() }})
 		return out
 	}
+	var verdicts []string
 	for _, st := range mk() {
 		stats := make([]*phaseStats, len(phases))
 		var wg sync.WaitGroup
@@ -227,6 +230,7 @@ func drop() {
 					continue
 				case <-tick.C:
 				}
+				ps.sent++ // only this goroutine writes sent before wg.Wait
 				wg.Go(func() {
 					ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
 					defer cancel()
@@ -265,13 +269,69 @@ func drop() {
 			if ps.limits != nil {
 				lim = fmt.Sprint(ps.limits)
 			}
-			fmt.Printf("| %s | %d cores | %.0f | %v | %v | %.0f | %.0f | %s |\n", st.name, phases[pi].cores,
+			fmt.Printf("| %s | %d cores | %.0f | %.0f | %v | %v | %.0f | %.0f | %s |\n", st.name, phases[pi].cores, float64(ps.sent)/secs,
 				float64(len(ps.lat))/secs, q(0.5), q(0.99), float64(ps.rejected)/secs, float64(ps.timeouts+ps.other)/secs, lim)
+			if st.limit != nil {
+				verdicts = append(verdicts, dropVerdict(st.name, phases[pi].cores, secs, ps, q(0.99)))
+			}
 		}
 		// Let the server drain what the plain client left queued.
 		time.Sleep(500 * time.Millisecond)
 	}
 	fmt.Println()
+	fmt.Println("Targets, per phase, for the adaptive stacks: the limit within ±25 % of what the capacity needs from 2 s after each change " +
+		"(10 cores: 10, so [7.5, 12.5]; 40 cores: the load needs 24 in flight and the cores serve 40 without a queue, so [18, 50]); " +
+		"goodput ≥ 95 % of min(offered, capacity), with offered as the load generator managed it; p99 ≤ 40 ms (2 × the 20 ms service time).")
+	fmt.Println()
+	fmt.Println("| stack | phase | limit from 2 s | goodput | p99 |")
+	fmt.Println("|---|---|---|---|---|")
+	for _, v := range verdicts {
+		fmt.Println(v)
+	}
+	fmt.Println()
+}
+
+// dropVerdict holds one phase of an adaptive stack to the issue's targets.
+func dropVerdict(name string, cores int, secs float64, ps *phaseStats, p99 time.Duration) string {
+	lo, hi := 0.75*24, 1.25*40
+	if cores == 10 {
+		lo, hi = 7.5, 12.5
+	}
+	met := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "not met"
+	}
+	inBand := len(ps.limits) > 2
+	for _, l := range ps.limits[min(2, len(ps.limits)):] {
+		inBand = inBand && float64(l) >= lo && float64(l) <= hi
+	}
+	lims, band := "-", "phase too short to tell"
+	if len(ps.limits) > 2 {
+		lims, band = fmt.Sprint(ps.limits[2:]), met(inBand)
+	}
+	offered := float64(ps.sent) / secs
+	want := 0.95 * min(offered, float64(cores)/0.020)
+	ok := float64(len(ps.lat)) / secs
+	return fmt.Sprintf("| %s | %d cores | %s in [%.1f, %.1f]: %s | %.0f/s, want ≥ %.0f: %s | %v: %s |", name, cores,
+		lims, lo, hi, band, ok, want, met(ok >= want), p99, met(p99 <= 40*time.Millisecond))
+}
+
+// fsThrottler is failsafe-go's adaptivethrottler set as close to bulwark's
+// throttle as its options go: 503, 429 and errors are failures (by
+// default only errors are, so an upstream answering 503 is never
+// throttled); a failure-rate threshold of 0.5, its form of K = 2 (it
+// throttles above executions = successes ÷ 0.5); the same 2 s window; 10
+// executions before it may reject; the maximum rejection rate left at its
+// 0.9, which this scenario does not reach.
+func fsThrottler() adaptivethrottler.AdaptiveThrottler[*http.Response] {
+	return adaptivethrottler.NewBuilder[*http.Response]().
+		HandleIf(func(r *http.Response, err error) bool {
+			return err != nil || r != nil && (r.StatusCode == http.StatusServiceUnavailable || r.StatusCode == http.StatusTooManyRequests)
+		}).
+		WithFailureRateThreshold(0.5, 10, 2*time.Second).
+		Build()
 }
 
 func throttle() {
@@ -300,7 +360,7 @@ func throttle() {
 	defer srv.Close()
 	d := dur(8 * time.Second)
 	warm := d / 4
-	fmt.Printf("## throttling: backend accepts %d req/s, offered %d req/s for %v (the first %v not counted)\n\n", x, 5*x, d, warm)
+	fmt.Printf("### Throttling: backend accepts %d req/s, offered %d req/s for %v (the first %v not counted)\n\n", x, 5*x, d, warm)
 	fmt.Println("| stack | backend received/s | accepted/s | received ÷ accepted | local rejections/s |")
 	fmt.Println("|---|---|---|---|---|")
 	p := off
@@ -312,6 +372,7 @@ func throttle() {
 		{"plain", transport()},
 		{"bulwark throttle K=2 (2 s window)", mustBulwark(transport(), p)},
 		{"failsafe-go adaptivethrottler (defaults)", failsafehttp.NewRoundTripper(transport(), adaptivethrottler.NewWithDefaults[*http.Response]())},
+		{"failsafe-go adaptivethrottler (tuned: 503 a failure, threshold 0.5 over 2 s, ≥ 10 calls)", failsafehttp.NewRoundTripper(transport(), fsThrottler())},
 	} {
 		var local atomic.Int64
 		var counting atomic.Bool

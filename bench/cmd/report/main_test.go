@@ -143,3 +143,45 @@ func TestFleetSection(t *testing.T) {
 		}
 	}
 }
+
+// TestAdaptiveSection: the -adaptive input is carried verbatim under its
+// heading, and BenchmarkAdaptiveCost's paired medians are held to the
+// ≤ 100 ns, 0 allocs target per adaptive layer (what adaptivity adds to
+// the bulkhead, and the throttle; the rest are for reference).
+func TestAdaptiveSection(t *testing.T) {
+	const tables = "### Capacity drop: cores 40 → 10 → 40\n\n| stack | phase |\n|---|---|\n| bulwark adaptive 1..100 | 10 cores |\n"
+	samples, err := parse(strings.NewReader(`BenchmarkAdaptiveCost/bulkhead-adaptive-vs-fixed 100 2000 ns/op 0 added-allocs/req 60 added-ns/req 1060 with-ns/req 1000 without-ns/req 900 B/op 12 allocs/op
+BenchmarkAdaptiveCost/bulkhead-adaptive-vs-fixed 100 2000 ns/op 0 added-allocs/req 80 added-ns/req 1080 with-ns/req 1000 without-ns/req 900 B/op 12 allocs/op
+BenchmarkAdaptiveCost/bulkhead-adaptive-vs-fixed 100 2000 ns/op 0 added-allocs/req 500 added-ns/req 1500 with-ns/req 1000 without-ns/req 900 B/op 12 allocs/op
+BenchmarkAdaptiveCost/throttle-2 100 2000 ns/op 1 added-allocs/req 90 added-ns/req 1090 with-ns/req 1000 without-ns/req 900 B/op 12 allocs/op
+BenchmarkAdaptiveCost/bulkhead-fixed 100 2000 ns/op 1 added-allocs/req 150 added-ns/req 1150 with-ns/req 1000 without-ns/req 900 B/op 12 allocs/op
+BenchmarkAdaptiveCost/failsafe-adaptivelimiter 100 2000 ns/op 20 added-allocs/req 2000 added-ns/req 3000 with-ns/req 1000 without-ns/req 900 B/op 12 allocs/op
+BenchmarkAdaptiveCost/bulkhead-adaptive 100 2000 ns/op 1 added-allocs/req 300 added-ns/req 1300 with-ns/req 1000 without-ns/req 900 B/op 12 allocs/op
+BenchmarkCtxBase/bare 100 1000 ns/op 464 B/op 6 allocs/op
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := adaptiveSection(tables, samples)
+	for _, s := range []string{
+		"## Adaptive limits and throttling (bench/cmd/adaptive, 127.0.0.1)",
+		tables,
+		// The median of 60, 80 and 500.
+		"| BenchmarkAdaptiveCost/bulkhead-adaptive-vs-fixed | 1000 | 1080 | 80 | 0 | met |",
+		"| BenchmarkAdaptiveCost/throttle-2 | 1000 | 1090 | 90 | 1 | not met |",
+		"| BenchmarkAdaptiveCost/bulkhead-fixed | 1000 | 1150 | 150 | 1 | — |",
+		"| BenchmarkAdaptiveCost/failsafe-adaptivelimiter | 1000 | 3000 | 2000 | 20 | — |",
+		"| BenchmarkAdaptiveCost/bulkhead-adaptive | 1000 | 1300 | 300 | 1 | — |",
+	} {
+		if !strings.Contains(out, s) {
+			t.Errorf("missing %q in\n%s", s, out)
+		}
+	}
+	if strings.Contains(out, "BenchmarkCtxBase") {
+		t.Errorf("the section lists a benchmark other than BenchmarkAdaptiveCost:\n%s", out)
+	}
+	// Without cost samples, the tables alone.
+	if out := adaptiveSection(tables, nil); strings.Contains(out, "### Cost per adaptive layer") || !strings.Contains(out, tables) {
+		t.Errorf("without samples:\n%s", out)
+	}
+}
