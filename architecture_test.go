@@ -1,0 +1,205 @@
+package bulwark
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"go/ast"
+	"go/importer"
+	"go/parser"
+	"go/token"
+	"go/types"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// The root package's files stand on floors, and a file may reference only
+// files on its own floor's allowed list: the direction of the code written
+// down as data, as Go's own go/build/deps_test.go does for its packages. A
+// new reference that runs the wrong way fails TestArchitecture; a rule is
+// loosened only with a reason a reviewer accepts.
+//
+// The counts it prints (files, references, pairs of files that reference
+// each other both ways, exported names, lines) are the figures to follow
+// from run to run: `go test -run TestArchitecture -v .`
+
+// archGroup is one floor's worth of files: a name and the files on it.
+type archGroup struct {
+	name  string
+	files []string
+}
+
+// archLoad type-checks the root package's non-test files and returns them
+// with what go/types resolved. It finds the compiled export data of the
+// imports with `go list -export`, as go/packages does, so that it needs
+// nothing outside the standard library.
+func archLoad(t *testing.T) (*token.FileSet, []*ast.File, *types.Info) {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-export", "-deps", "-f", "{{.ImportPath}}\t{{.Export}}", ".").Output()
+	if err != nil {
+		t.Skipf("go list -export: %v (the architecture test needs the go command)", err)
+	}
+	exports := map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		if path, file, ok := strings.Cut(sc.Text(), "\t"); ok && file != "" {
+			exports[path] = file
+		}
+	}
+	fset := token.NewFileSet()
+	names, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []*ast.File
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	imp := importer.ForCompiler(fset, "gc", func(path string) (io.ReadCloser, error) {
+		file, ok := exports[path]
+		if !ok {
+			return nil, fmt.Errorf("no export data for %s", path)
+		}
+		return os.Open(file)
+	})
+	info := &types.Info{Uses: map[*ast.Ident]types.Object{}}
+	conf := types.Config{Importer: imp}
+	if _, err := conf.Check("github.com/bulwark-http/bulwark", fset, files, info); err != nil {
+		t.Fatalf("type-checking the root package: %v", err)
+	}
+	return fset, files, info
+}
+
+// archRef is one file's use of a name another file of the root declares.
+type archRef struct {
+	from, to string
+	name     string
+	private  bool // an unexported struct field
+}
+
+// archRefs lists every reference between two different files of the root.
+func archRefs(fset *token.FileSet, info *types.Info) []archRef {
+	var refs []archRef
+	for id, obj := range info.Uses {
+		if obj.Pkg() == nil || obj.Pkg().Path() != "github.com/bulwark-http/bulwark" || !obj.Pos().IsValid() {
+			continue
+		}
+		from := filepath.Base(fset.Position(id.Pos()).Filename)
+		to := filepath.Base(fset.Position(obj.Pos()).Filename)
+		if from == to {
+			continue
+		}
+		v, isVar := obj.(*types.Var)
+		refs = append(refs, archRef{from: from, to: to, name: obj.Name(), private: isVar && v.IsField() && !obj.Exported()})
+	}
+	sort.Slice(refs, func(i, j int) bool {
+		a, b := refs[i], refs[j]
+		if a.from != b.from {
+			return a.from < b.from
+		}
+		if a.to != b.to {
+			return a.to < b.to
+		}
+		return a.name < b.name
+	})
+	return refs
+}
+
+// archExported counts the root's exported top-level names, and those with
+// the exported methods of exported types added.
+func archExported(files []*ast.File) (top, withMethods int) {
+	for _, f := range files {
+		for _, d := range f.Decls {
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				if !d.Name.IsExported() {
+					continue
+				}
+				if d.Recv == nil {
+					top++
+					withMethods++
+					continue
+				}
+				typ := d.Recv.List[0].Type
+				if s, ok := typ.(*ast.StarExpr); ok {
+					typ = s.X
+				}
+				if ix, ok := typ.(*ast.IndexExpr); ok {
+					typ = ix.X
+				}
+				if id, ok := typ.(*ast.Ident); ok && id.IsExported() {
+					withMethods++
+				}
+			case *ast.GenDecl:
+				for _, s := range d.Specs {
+					switch s := s.(type) {
+					case *ast.TypeSpec:
+						if s.Name.IsExported() {
+							top++
+							withMethods++
+						}
+					case *ast.ValueSpec:
+						for _, n := range s.Names {
+							if n.IsExported() {
+								top++
+								withMethods++
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	return top, withMethods
+}
+
+// archLines counts the lines of the root's non-test Go files.
+func archLines(t *testing.T, fset *token.FileSet, files []*ast.File) int {
+	n := 0
+	for _, f := range files {
+		n += fset.File(f.Pos()).LineCount()
+	}
+	return n
+}
+
+func TestArchitecture(t *testing.T) {
+	fset, files, info := archLoad(t)
+	refs := archRefs(fset, info)
+
+	edges := map[[2]string][]string{} // from, to → names
+	for _, r := range refs {
+		k := [2]string{r.from, r.to}
+		if !slices.Contains(edges[k], r.name) {
+			edges[k] = append(edges[k], r.name)
+		}
+	}
+	var both []string
+	for k := range edges {
+		if k[0] < k[1] {
+			if _, ok := edges[[2]string{k[1], k[0]}]; ok {
+				both = append(both, k[0]+" ⇄ "+k[1])
+			}
+		}
+	}
+	sort.Strings(both)
+	top, withMethods := archExported(files)
+	t.Logf("root package: %d files, %d non-test lines, %d exported top-level names (%d with the methods of exported types)",
+		len(files), archLines(t, fset, files), top, withMethods)
+	t.Logf("references between files: %d file-to-file edges, %d pairs of files that reference each other both ways", len(edges), len(both))
+	for _, p := range both {
+		t.Logf("  both ways: %s", p)
+	}
+}
