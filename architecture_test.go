@@ -199,6 +199,16 @@ func TestArchitecture(t *testing.T) {
 	t.Logf("root package: %d files, %d non-test lines, %d exported top-level names (%d with the methods of exported types)",
 		len(files), archLines(t, fset, files), top, withMethods)
 	t.Logf("references between files: %d file-to-file edges, %d pairs of files that reference each other both ways", len(edges), len(both))
+	if os.Getenv("ARCH_EDGES") != "" {
+		var ks [][2]string
+		for k := range edges {
+			ks = append(ks, k)
+		}
+		sort.Slice(ks, func(i, j int) bool { return ks[i][0]+ks[i][1] < ks[j][0]+ks[j][1] })
+		for _, k := range ks {
+			t.Logf("  %s → %s: %s", k[0], k[1], strings.Join(edges[k], " "))
+		}
+	}
 	for _, p := range both {
 		t.Logf("  both ways: %s", p)
 	}

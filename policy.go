@@ -1,8 +1,6 @@
 package bulwark
 
 import (
-	"errors"
-	"fmt"
 	"reflect"
 	"time"
 )
@@ -164,54 +162,4 @@ func durationsInRange(v reflect.Value, prefix string) error {
 		}
 	}
 	return nil
-}
-
-// ErrInvalidConfig is matched by every error New returns for a bad Config.
-var ErrInvalidConfig = errors.New("bulwark: invalid config")
-
-// ConfigError reports one invalid Config value: which upstream (empty for
-// Default), which field, the value given and why it was refused.
-type ConfigError struct {
-	Upstream string // the Upstreams key; empty for Config.Default or Config itself
-	Route    string // the Routes key, when the value is a route's
-	Field    string // e.g. "Retry.MaxAttempts"
-	Value    any
-	Reason   string
-}
-
-func (e *ConfigError) Error() string {
-	where := "Default"
-	if e.Upstream != "" {
-		where = fmt.Sprintf("upstream %q", e.Upstream)
-	}
-	if e.Route != "" {
-		if e.Upstream != "" {
-			where = fmt.Sprintf("route %q on upstream %q", e.Route, e.Upstream)
-		} else {
-			where = fmt.Sprintf("route %q", e.Route)
-		}
-	}
-	if e.Field == "" {
-		return fmt.Sprintf("bulwark: %s: %s", where, e.Reason)
-	}
-	return fmt.Sprintf("bulwark: %s: %s = %v: %s", where, e.Field, e.Value, e.Reason)
-}
-
-// Is makes every ConfigError match ErrInvalidConfig.
-func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
-
-// fieldError is what a sub-policy's validate returns; New adds the upstream.
-func fieldError(field string, value any, reason string) error {
-	return &ConfigError{Field: field, Value: value, Reason: reason}
-}
-
-// inUpstream labels a validation error with the upstream it came from.
-func inUpstream(err error, upstream string) error {
-	var ce *ConfigError
-	if errors.As(err, &ce) {
-		c := *ce
-		c.Upstream = upstream
-		return &c
-	}
-	return err
 }
