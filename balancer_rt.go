@@ -12,57 +12,8 @@ import (
 	"time"
 )
 
-// maxTried is how many instances a call remembers having tried; a retry
-// avoids them. Four covers the default three attempts with room to spare;
-// past it the oldest is forgotten.
-const maxTried = 4
-
 // resolveTimeout bounds one background lookup.
 const resolveTimeout = 10 * time.Second
-
-// triedSet is the instances one call was sent to, so that a retry goes to
-// another one: the last maxTried of them.
-type triedSet struct {
-	mu  sync.Mutex // hedges of one call pick concurrently
-	ids [maxTried]uint32
-	n   uint8
-}
-
-func (t *triedSet) lock() {
-	if t != nil {
-		t.mu.Lock()
-	}
-}
-
-func (t *triedSet) unlock() {
-	if t != nil {
-		t.mu.Unlock()
-	}
-}
-
-// has reports whether the call already sent to instance id. t may be nil.
-func (t *triedSet) has(id uint32) bool {
-	if t == nil {
-		return false
-	}
-	for i := 0; i < min(int(t.n), maxTried); i++ {
-		if t.ids[i] == id {
-			return true
-		}
-	}
-	return false
-}
-
-// mark records a send to instance id. t may be nil.
-func (t *triedSet) mark(id uint32) {
-	if t == nil {
-		return
-	}
-	t.ids[int(t.n)%maxTried] = id
-	if t.n < 255 {
-		t.n++
-	}
-}
 
 // EndpointState is one instance of a balanced upstream, as Snapshot
 // reports it.

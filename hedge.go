@@ -2,7 +2,6 @@ package bulwark
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -191,57 +190,6 @@ func (h *hedger) delay(lat *latency.Tracker) (time.Duration, bool) {
 	q, ok := lat.Quantile()
 	return max(q, h.minDelay), ok
 }
-
-// attemptSlot holds the cancel of one attempt's context, left by the
-// attempt layer, so that a hedge's loser can be ended whichever goroutine
-// runs it. A stop that comes first is applied as soon as the cancel
-// arrives.
-type attemptSlot struct {
-	mu      sync.Mutex
-	cancel  context.CancelCauseFunc
-	stopped bool
-	// The hedge this attempt's timer sends after delay (zero: none), and
-	// whether it did: arm is slotIdle until the attempt layer arms it,
-	// then taken by the timer or disarmed by the attempt's answer,
-	// whichever comes first.
-	run   *hedgeRun
-	delay time.Duration
-	arm   atomic.Uint32
-}
-
-// The states of attemptSlot.arm.
-const (
-	slotIdle uint32 = iota
-	slotArmed
-	slotTaken
-	slotDisarmed
-)
-
-func (s *attemptSlot) set(cancel context.CancelCauseFunc) {
-	s.mu.Lock()
-	stopped := s.stopped
-	s.cancel = cancel
-	s.mu.Unlock()
-	if stopped {
-		cancel(errHedgeLost)
-	}
-}
-
-func (s *attemptSlot) stop() {
-	s.mu.Lock()
-	s.stopped = true
-	cancel := s.cancel
-	s.mu.Unlock()
-	if cancel != nil {
-		cancel(errHedgeLost)
-	}
-}
-
-// errHedgeLost is the cause a losing attempt is cancelled with. It wraps
-// context.Canceled, so the one classification reads the loser's outcome as
-// a cancellation: ignored by the breaker and the balancer, neither a
-// failure nor a slow call.
-var errHedgeLost error = &wrapError{msg: "bulwark: hedge lost to another attempt", err: context.Canceled}
 
 // hedgeRun is the first round of one hedged call: the first attempt, sent
 // on the caller's goroutine, and the hedges its timer sends beside it.

@@ -1,7 +1,10 @@
 package bulwark
 
 import (
+	"context"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -16,8 +19,10 @@ type stage interface {
 }
 
 // call is what the layers of one call share, handed down by value: the
-// bound Timeout.Total set, the number of the attempt under way, and what
-// the balancer has tried. Nothing in it belongs to one layer's internals.
+// bound Timeout.Total set, the number of the attempt under way, the
+// instances it was sent to, and the attempt's handle. Its types are
+// declared here, beside it, so that the layers that fill it in and the
+// layers that read it need not know each other.
 type call struct {
 	// start is when the call began, read once by the router: the total
 	// deadline counts from it and the retry budget counts the call at it.
@@ -55,6 +60,111 @@ func (c call) deadline(req *http.Request) (time.Time, bool) {
 		return c.total, true
 	}
 	return d, ok
+}
+
+// attemptSlot is one attempt's handle, made by the retry layer when it
+// hedges and filled in by the attempt layer: it holds the cancel of the
+// attempt's context, so that a hedge's loser can be ended whichever
+// goroutine runs it (a stop that comes first is applied as soon as the
+// cancel arrives), and it lets the attempt's one timer send the hedge.
+type attemptSlot struct {
+	mu      sync.Mutex
+	cancel  context.CancelCauseFunc
+	stopped bool
+	// The hedge this attempt's timer sends after delay (zero: none), and
+	// whether it did: arm is slotIdle until the attempt layer arms it,
+	// then taken by the timer or disarmed by the attempt's answer,
+	// whichever comes first. The retry layer's hedger is the firer; the
+	// attempt layer knows it only as that.
+	run   firer
+	delay time.Duration
+	arm   atomic.Uint32
+}
+
+// The states of attemptSlot.arm.
+const (
+	slotIdle uint32 = iota
+	slotArmed
+	slotTaken
+	slotDisarmed
+)
+
+func (s *attemptSlot) set(cancel context.CancelCauseFunc) {
+	s.mu.Lock()
+	stopped := s.stopped
+	s.cancel = cancel
+	s.mu.Unlock()
+	if stopped {
+		cancel(errHedgeLost)
+	}
+}
+
+func (s *attemptSlot) stop() {
+	s.mu.Lock()
+	s.stopped = true
+	cancel := s.cancel
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel(errHedgeLost)
+	}
+}
+
+// errHedgeLost is the cause a losing attempt is cancelled with. It wraps
+// context.Canceled, so the one classification reads the loser's outcome as
+// a cancellation: ignored by the breaker and the balancer, neither a
+// failure nor a slow call.
+var errHedgeLost error = &wrapError{msg: "bulwark: hedge lost to another attempt", err: context.Canceled}
+
+// firer sends the hedge an attempt's timer is armed for.
+type firer interface{ fire() }
+
+// maxTried is how many instances a call remembers having tried; a retry
+// avoids them. Four covers the default three attempts with room to spare;
+// past it the oldest is forgotten.
+const maxTried = 4
+
+// triedSet is the instances one call was sent to, so that a retry goes to
+// another one: the last maxTried of them.
+type triedSet struct {
+	mu  sync.Mutex // hedges of one call pick concurrently
+	ids [maxTried]uint32
+	n   uint8
+}
+
+func (t *triedSet) lock() {
+	if t != nil {
+		t.mu.Lock()
+	}
+}
+
+func (t *triedSet) unlock() {
+	if t != nil {
+		t.mu.Unlock()
+	}
+}
+
+// has reports whether the call already sent to instance id. t may be nil.
+func (t *triedSet) has(id uint32) bool {
+	if t == nil {
+		return false
+	}
+	for i := 0; i < min(int(t.n), maxTried); i++ {
+		if t.ids[i] == id {
+			return true
+		}
+	}
+	return false
+}
+
+// mark records a send to instance id. t may be nil.
+func (t *triedSet) mark(id uint32) {
+	if t == nil {
+		return
+	}
+	t.ids[int(t.n)%maxTried] = id
+	if t.n < 255 {
+		t.n++
+	}
 }
 
 // env is what a layer knows of the host it serves: its name and upstream
