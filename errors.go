@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Sentinel errors. Every rejection bulwark makes on its own is checkable with
@@ -129,3 +130,15 @@ func inUpstream(err error, upstream string) error {
 	}
 	return err
 }
+
+// errString is an error that is only its text: a constant reason, such as
+// the one a malformed Upstreams key gets.
+type errString string
+
+func (e errString) Error() string { return string(e) }
+
+// maxPolicyDuration is the longest duration any Policy field may hold. A
+// week is past any sane timeout, window or backoff; the bound keeps every
+// sum bulwark makes of them (a deadline, a wait plus a margin, a doubled
+// open time) far from time.Duration's overflow.
+const maxPolicyDuration = 7 * 24 * time.Hour

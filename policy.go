@@ -108,12 +108,6 @@ func (p Policy) switches() error {
 	return nil
 }
 
-// maxPolicyDuration is the longest duration any Policy field may hold. A
-// week is past any sane timeout, window or backoff; the bound keeps every
-// sum bulwark makes of them (a deadline, a wait plus a margin, a doubled
-// open time) far from time.Duration's overflow.
-const maxPolicyDuration = 7 * 24 * time.Hour
-
 // validate reports the first invalid field of a policy after inheritance
 // and defaults.
 func (p Policy) validate() error {

@@ -391,10 +391,6 @@ func compile(cfg Config) (*policies, error) {
 	return rs, nil
 }
 
-type errString string
-
-func (e errString) Error() string { return string(e) }
-
 // NewClient returns an *http.Client whose Transport is New(cfg): a drop-in
 // for http.DefaultClient. The client's own Timeout is left at zero, since
 // Timeout.Total bounds each call (each redirect hop is a call of its own);
