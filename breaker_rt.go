@@ -312,6 +312,23 @@ func (s CircuitState) String() string {
 	return "state(" + strconv.Itoa(int(s)) + ")"
 }
 
+// MarshalText returns the state's String, so a Snapshot encoded as JSON
+// (the debug package's page, a user's own export) says "open" rather than
+// a number its reader would have to look up.
+func (s CircuitState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText parses what MarshalText returns, so a Snapshot decodes
+// from its own JSON.
+func (s *CircuitState) UnmarshalText(text []byte) error {
+	for c := CircuitClosed; c <= CircuitOpen; c++ {
+		if string(text) == c.String() {
+			*s = c
+			return nil
+		}
+	}
+	return fmt.Errorf("bulwark: unknown circuit state %q", text)
+}
+
 func circuitState(s gobreaker.State) CircuitState {
 	switch s {
 	case gobreaker.StateHalfOpen:
@@ -349,6 +366,21 @@ func (c BreakerControl) String() string {
 		return "force-closed"
 	}
 	return "control(" + strconv.Itoa(int(c)) + ")"
+}
+
+// MarshalText returns the control's String, for the same reason as
+// CircuitState.MarshalText.
+func (c BreakerControl) MarshalText() ([]byte, error) { return []byte(c.String()), nil }
+
+// UnmarshalText parses what MarshalText returns.
+func (c *BreakerControl) UnmarshalText(text []byte) error {
+	for v := BreakerAuto; v <= BreakerForceClosed; v++ {
+		if string(text) == v.String() {
+			*c = v
+			return nil
+		}
+	}
+	return fmt.Errorf("bulwark: unknown breaker control %q", text)
 }
 
 // The verdicts breakerStage hands gobreaker's Execute. They are sentinels,

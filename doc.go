@@ -51,8 +51,9 @@
 // breaker, bulkhead, retry budget, pushback and instances;
 // Breaker.OnStateChange and Retry.OnRetry are hooks; ControlBreaker forces a
 // host's breaker open or closed; spans, events and metrics go to
-// OpenTelemetry (see Config.TracerProvider); DebugHandler serves it all as a
-// live page and as JSON. Transport.Update changes policies while requests
+// OpenTelemetry (see Config.TracerProvider); package
+// github.com/bulwark-http/bulwark/debug serves it all as a live page and as
+// JSON. Transport.Update changes policies while requests
 // run, and a Shadow setting on the breaker, the bulkhead and the Shedder
 // has a layer report what it would refuse without refusing it.
 //

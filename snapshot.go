@@ -8,7 +8,10 @@ import (
 )
 
 // Snapshot is the state of every host a Transport keeps, as
-// Transport.Snapshot reports it.
+// Transport.Snapshot reports it. It encodes as JSON under its Go field
+// names, breaker states and controls by name ("open", "force-closed"), and
+// decodes back from that; package github.com/bulwark-http/bulwark/debug
+// serves it so, and as a page for a person.
 type Snapshot struct {
 	// Hosts has one entry per live host, sorted by Host then Scheme.
 	Hosts []HostSnapshot

@@ -247,7 +247,13 @@ func TestUpdateDoesNotBlockRequests(t *testing.T) {
 // ejections across an Update that leaves Endpoints, Bulkhead and Timeout
 // alone, and starts afresh when one of them changes.
 func TestUpdateBalancer(t *testing.T) {
-	base := &debugBase{}
+	// Instance 10.0.0.2:80 fails every call, so outlier detection ejects it.
+	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		if req.URL.Host == "10.0.0.2:80" {
+			return response(req, http.StatusInternalServerError), nil
+		}
+		return response(req, http.StatusOK), nil
+	})
 	pool := Policy{Endpoints: Endpoints{Addrs: []string{"10.0.0.1:80", "10.0.0.2:80"}}}
 	cfg := Config{Base: base, Default: only(Policy{}, "bulkhead"), Upstreams: map[string]Policy{"pool.test": pool}}
 	tr := mustNew(t, cfg)

@@ -1,9 +1,11 @@
-package bulwark
+package debug
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -15,7 +17,65 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/bulwark-http/bulwark"
 )
+
+// mustNew is bulwark.New that fails the test on a config error.
+func mustNew(t testing.TB, cfg bulwark.Config) *bulwark.Transport {
+	t.Helper()
+	tr, err := bulwark.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+// only returns p with every layer off but the ones named ("timeout",
+// "retry", "pushback", "breaker", "bulkhead").
+func only(p bulwark.Policy, layers ...string) bulwark.Policy {
+	keep := map[string]bool{}
+	for _, l := range layers {
+		keep[l] = true
+	}
+	p.Timeout.Disabled = !keep["timeout"]
+	p.Retry.Disabled = !keep["retry"]
+	p.Retry.NoPushback = !keep["pushback"]
+	p.Breaker.Disabled = !keep["breaker"]
+	p.Bulkhead.Disabled = !keep["bulkhead"]
+	return p
+}
+
+// sendOnce sends one request through rt and reads its response to the end.
+func sendOnce(t *testing.T, rt http.RoundTripper, method, url string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		return
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+}
+
+// response is an answer of the given status with a small body.
+func response(req *http.Request, status int) *http.Response {
+	body := fmt.Sprintf("status %d", status)
+	return &http.Response{
+		StatusCode: status, Status: http.StatusText(status), Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: http.Header{}, Body: io.NopCloser(strings.NewReader(body)), ContentLength: int64(len(body)), Request: req,
+	}
+}
+
+// statusBase answers every attempt with its status, at once.
+type statusBase int
+
+func (s statusBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	return response(req, int(s)), nil
+}
 
 // debugBase is the in-memory upstreams of the debug page's tests:
 // sick.test fails, busy.test holds every request until release is closed,
@@ -43,14 +103,14 @@ func (b *debugBase) RoundTrip(req *http.Request) (*http.Response, error) {
 // full bulkhead (busy.test, two of two slots held until the test ends) and
 // an ejected instance (10.0.0.2:80 of pool.test). sample, if not nil, is
 // called between the steps, so a history sees the state build up.
-func debugFixture(t *testing.T, sample func(*Transport)) *Transport {
+func debugFixture(t *testing.T, sample func(*bulwark.Transport)) *bulwark.Transport {
 	t.Helper()
 	base := &debugBase{entered: make(chan struct{}), release: make(chan struct{})}
-	p := only(Policy{}, "breaker", "bulkhead", "pushback")
-	p.Breaker = Breaker{WindowCalls: 10, MinCalls: 5}
-	p.Bulkhead = Bulkhead{MaxConcurrent: 2}
-	pool := Policy{Breaker: Breaker{Disabled: true}, Endpoints: Endpoints{Addrs: []string{"10.0.0.1:80", "10.0.0.2:80"}}}
-	tr := mustNew(t, Config{Base: base, Default: p, Upstreams: map[string]Policy{"pool.test": pool}})
+	p := only(bulwark.Policy{}, "breaker", "bulkhead", "pushback")
+	p.Breaker = bulwark.Breaker{WindowCalls: 10, MinCalls: 5}
+	p.Bulkhead = bulwark.Bulkhead{MaxConcurrent: 2}
+	pool := bulwark.Policy{Breaker: bulwark.Breaker{Disabled: true}, Endpoints: bulwark.Endpoints{Addrs: []string{"10.0.0.1:80", "10.0.0.2:80"}}}
+	tr := mustNew(t, bulwark.Config{Base: base, Default: p, Upstreams: map[string]bulwark.Policy{"pool.test": pool}})
 	step := func() {
 		if sample != nil {
 			sample(tr)
@@ -85,9 +145,9 @@ func debugFixture(t *testing.T, sample func(*Transport)) *Transport {
 
 // sampler returns a func that gives d a sample of tr's state each time it
 // is called, a second apart (time as the sampler would have taken them).
-func sampler(d *debugHandler) func(*Transport) {
+func sampler(d *handler) func(*bulwark.Transport) {
 	at := time.Now().Add(-time.Minute)
-	return func(tr *Transport) {
+	return func(tr *bulwark.Transport) {
 		at = at.Add(time.Second)
 		d.mu.Lock()
 		d.recordLocked(tr.Snapshot(), at)
@@ -105,14 +165,14 @@ func getDebug(t *testing.T, h http.Handler, target string) *httptest.ResponseRec
 	return rec
 }
 
-// TestDebugJSONRoundTrip: the JSON decodes into DebugPage with no field
-// left over, encodes back to the same bytes, and says what the fixture
-// set up.
+// TestDebugJSONRoundTrip: the JSON decodes into Page with no field left
+// over, encodes back to the same bytes, has one History per host in the
+// Snapshot's order, and says what the fixture set up.
 func TestDebugJSONRoundTrip(t *testing.T) {
-	d := newDebug(nil, time.Hour, 20)
+	d := newHandler(nil, time.Hour, 20)
 	defer d.Close()
 	tr := debugFixture(t, sampler(d))
-	d.t = tr
+	d.tr = tr
 	for _, target := range []string{"/debug/bulwark/json", "/debug/bulwark/?format=json"} {
 		rec := getDebug(t, d, target)
 		if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
@@ -121,28 +181,38 @@ func TestDebugJSONRoundTrip(t *testing.T) {
 		raw := rec.Body.Bytes()
 		dec := json.NewDecoder(bytes.NewReader(raw))
 		dec.DisallowUnknownFields()
-		var page DebugPage
+		var page Page
 		if err := dec.Decode(&page); err != nil {
-			t.Fatalf("%s: decoding into DebugPage: %v\n%s", target, err, raw)
+			t.Fatalf("%s: decoding into Page: %v\n%s", target, err, raw)
 		}
 		again, err := json.MarshalIndent(page, "", "  ")
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(append(again, '\n'), raw) {
-			t.Errorf("%s: JSON does not round-trip through DebugPage:\nserved %s\nagain  %s", target, raw, again)
+			t.Errorf("%s: JSON does not round-trip through Page:\nserved %s\nagain  %s", target, raw, again)
 		}
-		hosts := map[string]DebugHost{}
-		for _, h := range page.Hosts {
+		if len(page.History) != len(page.Snapshot.Hosts) {
+			t.Fatalf("%s: %d histories for %d hosts", target, len(page.History), len(page.Snapshot.Hosts))
+		}
+		hosts := map[string]bulwark.HostSnapshot{}
+		for i, h := range page.Snapshot.Hosts {
 			hosts[h.Host] = h
-			if len(h.History) < 2 {
-				t.Errorf("%s: %d samples, want 10 (2 for pool.test, whose state came later)", h.Host, len(h.History))
+			hist := page.History[i]
+			if hist.Host != h.Host || hist.Scheme != h.Scheme {
+				t.Errorf("%s: History[%d] is of %s %s, want %s %s as Hosts[%d]", target, i, hist.Scheme, hist.Host, h.Scheme, h.Host, i)
+			}
+			if len(hist.Samples) < 2 {
+				t.Errorf("%s: %d samples, want 10 (2 for pool.test, whose state came later)", h.Host, len(hist.Samples))
 			}
 		}
-		if b := hosts["sick.test:80"].Breaker; b == nil || b.State != "open" || b.NextProbe.IsZero() || b.Failures == 0 && b.Trips != 1 {
+		if b := hosts["sick.test:80"].Breaker; b == nil || b.State != bulwark.CircuitOpen || b.OpenUntil.IsZero() || b.Failures == 0 && b.Trips != 1 {
 			t.Errorf("sick.test breaker = %+v, want open with a next probe", b)
 		}
-		if b := hosts["busy.test:80"].Bulkhead; b == nil || b.InFlight != 2 || b.MaxConcurrent != 2 {
+		if !bytes.Contains(raw, []byte(`"State": "open"`)) {
+			t.Errorf("%s: the JSON does not name the open breaker's state:\n%s", target, raw)
+		}
+		if b := hosts["busy.test:80"].Bulkhead; b == nil || b.InFlight != 2 || b.Limit != 2 {
 			t.Errorf("busy.test bulkhead = %+v, want 2 of 2 in flight", b)
 		}
 		ejected := 0
@@ -165,7 +235,7 @@ func TestDebugJSONRoundTrip(t *testing.T) {
 
 // TestDebugReadOnly: the handler refuses every method that is not a read.
 func TestDebugReadOnly(t *testing.T) {
-	d := newDebug(mustNew(t, Config{Base: okBase{}}), time.Hour, 10)
+	d := newHandler(mustNew(t, bulwark.Config{Base: statusBase(http.StatusOK)}), time.Hour, 10)
 	defer d.Close()
 	for _, m := range []string{"POST", "PUT", "DELETE", "PATCH"} {
 		rec := httptest.NewRecorder()
@@ -181,20 +251,20 @@ func TestDebugReadOnly(t *testing.T) {
 // once nobody has looked for a whole history's span, and starts again.
 func TestDebugHistory(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tr := mustNew(t, Config{Base: okBase{}, Default: only(Policy{}, "breaker")})
+		tr := mustNew(t, bulwark.Config{Base: statusBase(http.StatusOK), Default: only(bulwark.Policy{}, "breaker")})
 		sendOnce(t, tr, "GET", "http://a.test/")
-		d := newDebug(tr, time.Second, 5)
+		d := newHandler(tr, time.Second, 5)
 		defer d.Close()
 		getDebug(t, d, "/")
 		time.Sleep(3500 * time.Millisecond)
-		var page DebugPage
+		var page Page
 		json.Unmarshal(getDebug(t, d, "/json").Body.Bytes(), &page)
-		if n := len(page.Hosts[0].History); n != 4 {
+		if n := len(page.History[0].Samples); n != 4 {
 			t.Errorf("after 3.5 s: %d samples, want 4 (one at the first request, three ticks)", n)
 		}
 		time.Sleep(4 * time.Second)
 		json.Unmarshal(getDebug(t, d, "/json").Body.Bytes(), &page)
-		if n := len(page.Hosts[0].History); n != 5 {
+		if n := len(page.History[0].Samples); n != 5 {
 			t.Errorf("after 7.5 s: %d samples, want the cap of 5", n)
 		}
 		time.Sleep(10 * time.Second)
@@ -225,10 +295,10 @@ func TestDebugPageInChromium(t *testing.T) {
 	if _, err := os.Stat(chromium); err != nil {
 		t.Skip("skipped: " + chromium + " not found, so the debug page was not checked in a browser")
 	}
-	d := newDebug(nil, time.Hour, 60)
+	d := newHandler(nil, time.Hour, 60)
 	defer d.Close()
 	tr := debugFixture(t, sampler(d))
-	d.t = tr
+	d.tr = tr
 	mux := http.NewServeMux()
 	mux.Handle("/debug/bulwark/", d)
 	srv := httptest.NewServer(mux)
@@ -303,21 +373,22 @@ func TestDebugPageInChromium(t *testing.T) {
 // reach the JSON and the page.
 func TestDebugHedgeAndThrottle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := only(Policy{Throttle: Throttle{Enabled: true, Shadow: true}, Hedge: Hedge{Delay: 10 * time.Millisecond},
-			Fault: Fault{Delay: time.Millisecond, DelayRate: 1}}, "timeout", "retry")
-		tr := mustNew(t, Config{Base: &statusBase{codes: []int{503}}, Default: p})
+		p := only(bulwark.Policy{Throttle: bulwark.Throttle{Enabled: true, Shadow: true}, Hedge: bulwark.Hedge{Delay: 10 * time.Millisecond},
+			Fault: bulwark.Fault{Delay: time.Millisecond, DelayRate: 1}}, "timeout", "retry")
+		tr := mustNew(t, bulwark.Config{Base: statusBase(http.StatusServiceUnavailable), Default: p})
 		sendOnce(t, tr, "GET", "http://a.test/")
-		d := newDebug(tr, time.Second, 5)
+		d := newHandler(tr, time.Second, 5)
 		defer d.Close()
-		var page DebugPage
+		var page Page
 		if err := json.Unmarshal(getDebug(t, d, "/json").Body.Bytes(), &page); err != nil {
 			t.Fatal(err)
 		}
-		h := page.Hosts[0]
+		h := page.Snapshot.Hosts[0]
 		if h.Hedge == nil || h.Throttle == nil || !h.Throttle.Shadow || h.Throttle.Requests == 0 {
 			t.Fatalf("host = %+v %+v, want hedge and a shadow throttle with requests", h.Hedge, h.Throttle)
 		}
-		if f := h.Fault; f == nil || *f != (DebugFault{Delays: 3}) { // the 503 tried three times
+		// The 503 was tried three times.
+		if f := h.Fault; f == nil || *f != (bulwark.FaultSnapshot{Injected: bulwark.FaultCounts{Delays: 3}}) {
 			t.Errorf("fault = %+v, want a delay for each of three attempts", f)
 		}
 		html := getDebug(t, d, "/").Body.String()

@@ -1,0 +1,90 @@
+package debug
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bulwark-http/bulwark"
+)
+
+// benchBase answers from memory, body included: the cheapest honest base.
+type benchBase struct{}
+
+func (benchBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), Request: req}, nil
+}
+
+// discardWriter is an http.ResponseWriter that keeps nothing.
+type discardWriter struct{}
+
+func (discardWriter) Header() http.Header         { return http.Header{} }
+func (discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (discardWriter) WriteHeader(int)             {}
+
+func pageRequest() *http.Request {
+	r, _ := http.NewRequest("GET", "/debug/bulwark/", nil)
+	return r
+}
+
+// BenchmarkMounted is the default stack on the stub base without and with
+// a Handler mounted whose sampler takes a Snapshot every millisecond
+// (5,000 times its default rate): the handler adds nothing to the request
+// path, so the two should differ only by the sampler's share of the CPU.
+func BenchmarkMounted(b *testing.B) {
+	b.Run("without", func(b *testing.B) {
+		benchRoundTrips(b, mustNew(b, bulwark.Config{Base: benchBase{}}))
+	})
+	b.Run("with-debug", func(b *testing.B) {
+		tr := mustNew(b, bulwark.Config{Base: benchBase{}})
+		d := newHandler(tr, time.Millisecond, sampleKeep)
+		defer d.Close()
+		d.ServeHTTP(discardWriter{}, pageRequest()) // starts the sampler
+		benchRoundTrips(b, tr)
+	})
+}
+
+func benchRoundTrips(b *testing.B, rt http.RoundTripper) {
+	req, err := http.NewRequest("GET", "http://stub.internal/x", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			resp, err := rt.RoundTrip(req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	})
+}
+
+// TestAddsNoAllocations: a call allocates as much with a Handler mounted
+// and served (its sampler running, idle between ticks) as without.
+func TestAddsNoAllocations(t *testing.T) {
+	req, _ := http.NewRequest("GET", "http://stub.internal/x", nil)
+	allocs := func(rt http.RoundTripper) float64 {
+		return testing.AllocsPerRun(500, func() {
+			resp, err := rt.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		})
+	}
+	without := allocs(mustNew(t, bulwark.Config{Base: benchBase{}}))
+	tr := mustNew(t, bulwark.Config{Base: benchBase{}})
+	d := newHandler(tr, time.Hour, sampleKeep)
+	defer d.Close()
+	d.ServeHTTP(discardWriter{}, pageRequest())
+	if with := allocs(tr); with != without {
+		t.Errorf("a call allocates %v times with the debug handler mounted, %v without", with, without)
+	}
+}

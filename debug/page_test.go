@@ -1,0 +1,52 @@
+package debug
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bulwark-http/bulwark"
+)
+
+// TestPageTemplate renders a Page built by hand, for the rows the live
+// fixtures do not reach: a forced breaker control, the pauses in force
+// (and not those past), each tier by its priority's name, and the sums of
+// the counts by kind.
+func TestPageTemplate(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	var tiers [bulwark.NumPriorities]time.Time
+	tiers[bulwark.PriorityNormal] = now.Add(2 * time.Second)
+	tiers[bulwark.PriorityLow] = now.Add(-time.Second) // over
+	page := Page{Time: now, SampleEvery: time.Second,
+		Snapshot: bulwark.Snapshot{Hosts: []bulwark.HostSnapshot{{Host: "a.test:80", Scheme: "http", Upstream: "default",
+			Breaker:  &bulwark.BreakerSnapshot{State: bulwark.CircuitOpen, Control: bulwark.BreakerForceOpen},
+			Pushback: &bulwark.PushbackSnapshot{Until: now.Add(time.Second), Tiers: tiers},
+			Hedge:    &bulwark.HedgeSnapshot{Sent: 4, Skipped: bulwark.HedgeSkips{Budget: 1, Throttle: 2}, Delay: 1500 * time.Microsecond},
+			Fault:    &bulwark.FaultSnapshot{FromHeaders: bulwark.FaultCounts{Delays: 1, Resets: 1}},
+		}, {Host: "b.test:443", Scheme: "https", Upstream: "default",
+			Pushback: &bulwark.PushbackSnapshot{Until: now.Add(-time.Second)}, // over
+		}}},
+		History: []History{{Host: "a.test:80", Scheme: "http"}, {Host: "b.test:443", Scheme: "https"}},
+	}
+	var b strings.Builder
+	if err := pageTemplate.Execute(&b, page); err != nil {
+		t.Fatal(err)
+	}
+	html := b.String()
+	for _, want := range []string{
+		`<span class="state open">open</span>`,
+		"control force-open",
+		"paused until 12:00:01.000",
+		"normal and below until 12:00:02.000",
+		"4 sent, 0 won, 3 skipped · delay 1.5 ms",
+		"(2 from headers)",
+		"<td>none</td>",
+	} {
+		if !strings.Contains(html, want) {
+			t.Errorf("the page does not show %q:\n%s", want, html)
+		}
+	}
+	if strings.Contains(html, "low and below") {
+		t.Errorf("the page shows a tier's pause that is over:\n%s", html)
+	}
+}
