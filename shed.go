@@ -24,6 +24,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/bulwark-http/bulwark/internal/fifo"
 	"github.com/bulwark-http/bulwark/internal/limit"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -392,9 +393,9 @@ type Shedder struct {
 	now func() time.Time
 
 	mu       sync.Mutex
-	inflight int                             // guarded by mu
-	queue    [numRanks]fifo[waiter, *waiter] // guarded by mu; one per rank (priority, then first attempt or retry)
-	queued   int                             // guarded by mu; sum of the lists' lengths
+	inflight int                                  // guarded by mu
+	queue    [numRanks]fifo.List[waiter, *waiter] // guarded by mu; one per rank (priority, then first attempt or retry)
+	queued   int                                  // guarded by mu; sum of the lists' lengths
 
 	// Mirrors of inflight and queued, written under mu, so Stats reads
 	// them without contending with the hot path.
@@ -749,10 +750,10 @@ type waiter struct {
 	state    uint8
 	ready    chan struct{} // buffered: the one send never blocks
 	patience time.Time     // the instant it stops waiting
-	links    links[waiter]
+	links    fifo.Links[waiter]
 }
 
-func (w *waiter) fifoLinks() *links[waiter] { return &w.links }
+func (w *waiter) FIFOLinks() *fifo.Links[waiter] { return &w.links }
 
 // enqueueLocked queues a request of priority p and the given patience, displacing a less important
 // waiter if the queue is full. It reports false when there is no room.
@@ -765,7 +766,7 @@ func (s *Shedder) enqueueLocked(rk rank, patience time.Time) (*waiter, bool) {
 		// its own priority.
 		victim := (*waiter)(nil)
 		for q := numRanks - 1; q > int(rk); q-- {
-			if victim = s.queue[q].tail; victim != nil {
+			if victim = s.queue[q].Back(); victim != nil {
 				break
 			}
 		}
@@ -775,7 +776,7 @@ func (s *Shedder) enqueueLocked(rk rank, patience time.Time) (*waiter, bool) {
 		s.settleLocked(victim, dropped)
 	}
 	w := &waiter{prio: p, rank: rk, patience: patience, ready: make(chan struct{}, 1)}
-	s.queue[rk].push(w)
+	s.queue[rk].Push(w)
 	s.queued++
 	s.statQueued.Store(int64(s.queued))
 	return w, true
@@ -783,7 +784,7 @@ func (s *Shedder) enqueueLocked(rk rank, patience time.Time) (*waiter, bool) {
 
 // settleLocked takes w out of the queue in state st and wakes it.
 func (s *Shedder) settleLocked(w *waiter, st uint8) {
-	s.queue[w.rank].remove(w)
+	s.queue[w.rank].Remove(w)
 	s.queued--
 	s.statQueued.Store(int64(s.queued))
 	w.state = st
@@ -801,7 +802,7 @@ func (s *Shedder) dispatchLocked() {
 		var w *waiter
 		if w = s.firstOf(PriorityCritical); w == nil && s.inflight < shared {
 			for q := 2; q < numRanks && w == nil; q++ {
-				w = s.queue[q].head
+				w = s.queue[q].Front()
 			}
 		}
 		if w == nil {

@@ -36,10 +36,10 @@ func (r rank) retry() bool        { return r%2 == 1 }
 // firstOf is the head of priority p's queues: its first attempts, then its
 // retries.
 func (s *Shedder) firstOf(p Priority) *waiter {
-	if w := s.queue[rankOf(p, false)].head; w != nil {
+	if w := s.queue[rankOf(p, false)].Front(); w != nil {
 		return w
 	}
-	return s.queue[rankOf(p, true)].head
+	return s.queue[rankOf(p, true)].Front()
 }
 
 // refuseRank refuses a request of rank rk, counting a retry's refusal.
