@@ -5,29 +5,20 @@ import (
 	"context"
 	"errors"
 	"io"
-	"maps"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-)
 
-// DefaultDeadlineHeader is the request header that carries the time the
-// caller has left, in whole milliseconds, from one hop to the next.
-const DefaultDeadlineHeader = "Bulwark-Timeout-Ms"
+	"github.com/bulwark-http/bulwark/internal/wire"
+)
 
 // NoDeadlineHeader, as Timeout.Header, turns deadline propagation off for
 // an upstream: neither the deadline header nor AttemptHeader is sent, which
 // suits third-party APIs. The deadlines themselves still apply.
 const NoDeadlineHeader = "-"
-
-// AttemptHeader is the request header that numbers the attempts of one call
-// (1 for the first send, 2 for the first retry, …), like Envoy's
-// x-envoy-attempt-count, so a server can tell a retry from a new call. It is
-// written only when the retry layer is on and the deadline header is sent.
-const AttemptHeader = "Bulwark-Attempt"
 
 // Package defaults for Timeout. A timeout is a capacity decision: these are
 // generous bounds meant to be tightened to about the p99.9 of the upstream's
@@ -107,15 +98,6 @@ func (t Timeout) inherit(parent Timeout) Timeout {
 	t.Header = cmp.Or(t.Header, parent.Header)
 	t.Disabled = inheritOff(t.Disabled, t.Enabled, parent.Disabled)
 	return t
-}
-
-// inheritOff is how a sub-policy's Disabled inherits: an upstream's own
-// Enabled or Disabled wins, else Default's Disabled applies.
-func inheritOff(disabled, enabled, parent bool) bool {
-	if enabled {
-		return false
-	}
-	return disabled || parent
 }
 
 func (t Timeout) validate() error {
@@ -401,38 +383,6 @@ func (r *attemptRun) bodyEnd() {
 	r.cancel(context.Canceled)
 }
 
-// cloneHeader copies h's map so that keys can be added or replaced without
-// touching h. The value slices are shared with h, not copied: no layer
-// writes into a value slice (each replaces it, as http.Header.Set does),
-// and the RoundTripper contract forbids the base to modify the request at
-// all. Sharing them lets maps.Clone copy the map's storage wholesale, about
-// half the cost of rebuilding it key by key as http.Header.Clone does.
-func cloneHeader(h http.Header) http.Header {
-	if h == nil {
-		return make(http.Header, 2)
-	}
-	return maps.Clone(h)
-}
-
-// doneError reports a call whose context ended before bulwark sent it. It
-// wraps ctx.Err() (and the cause, when one was given), so errors.Is works.
-func doneError(ctx context.Context) error {
-	return &contextDoneError{err: ctx.Err(), cause: context.Cause(ctx)}
-}
-
-type contextDoneError struct{ err, cause error }
-
-func (e *contextDoneError) Error() string {
-	return "bulwark: request context done before sending: " + e.cause.Error()
-}
-
-func (e *contextDoneError) Unwrap() []error {
-	if e.cause == e.err {
-		return []error{e.err}
-	}
-	return []error{e.err, e.cause}
-}
-
 // DefaultServerMaxDeadline caps an incoming deadline when
 // DeadlineOptions.Max is zero.
 const DefaultServerMaxDeadline = 30 * time.Second
@@ -519,84 +469,11 @@ func (h *deadlineHandler) incoming(hd http.Header) (time.Duration, bool) {
 			best, found = d, true
 		}
 	}
-	consider(h.opts.Header, parseMillis)
-	consider(grpcTimeoutHeader, parseGRPCTimeout)
-	consider(envoyTimeoutHeader, parseMillis)
+	consider(h.opts.Header, wire.ParseMillis)
+	consider(grpcTimeoutHeader, wire.ParseGRPCTimeout)
+	consider(envoyTimeoutHeader, wire.ParseMillis)
 	if found && best > h.opts.Max {
 		best = h.opts.Max
 	}
 	return best, found
-}
-
-// maxHeaderMillis bounds a millisecond header before conversion, so that a
-// value like 10^18 cannot overflow time.Duration; anything past it is capped
-// by DeadlineOptions.Max anyway.
-const maxHeaderMillis = int64(1<<63-1) / int64(time.Millisecond)
-
-// parseMillis parses a positive whole number of milliseconds. A number too
-// large for int64 is capped rather than refused: it is valid, only absurd,
-// and DeadlineOptions.Max caps it anyway.
-func parseMillis(s string) (time.Duration, bool) {
-	s = strings.TrimSpace(s)
-	if !allDigits(s) {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n > maxHeaderMillis {
-		// After allDigits only overflow is left to fail.
-		n = maxHeaderMillis
-	}
-	if n == 0 {
-		return 0, false
-	}
-	return time.Duration(n) * time.Millisecond, true
-}
-
-func allDigits(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return false
-		}
-	}
-	return s != ""
-}
-
-// parseGRPCTimeout parses a grpc-timeout header value: 1 to 8 ASCII digits
-// followed by a unit, H, M, S, m, u or n (hours to nanoseconds), as the gRPC
-// over HTTP/2 specification defines it. It reports false for anything else
-// and for a zero timeout.
-func parseGRPCTimeout(s string) (time.Duration, bool) {
-	if len(s) < 2 || len(s) > 9 {
-		return 0, false
-	}
-	digits, unit := s[:len(s)-1], s[len(s)-1]
-	if !allDigits(digits) {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(digits, 10, 64)
-	if err != nil || n == 0 {
-		return 0, false
-	}
-	var u time.Duration
-	switch unit {
-	case 'H':
-		u = time.Hour
-	case 'M':
-		u = time.Minute
-	case 'S':
-		u = time.Second
-	case 'm':
-		u = time.Millisecond
-	case 'u':
-		u = time.Microsecond
-	case 'n':
-		u = time.Nanosecond
-	default:
-		return 0, false
-	}
-	// 8 digits of hours (about 11,400 years) would overflow: cap instead.
-	if n > int64(1<<63-1)/int64(u) {
-		return time.Duration(1<<63 - 1), true
-	}
-	return time.Duration(n) * u, true
 }

@@ -78,3 +78,22 @@ func (e *timeoutError) Error() string {
 	return e.limit.(*wrapError).msg + ": " + e.cause.Error()
 }
 func (e *timeoutError) Unwrap() []error { return []error{e.limit, e.cause} }
+
+// doneError reports a call whose context ended before bulwark sent it. It
+// wraps ctx.Err() (and the cause, when one was given), so errors.Is works.
+func doneError(ctx context.Context) error {
+	return &contextDoneError{err: ctx.Err(), cause: context.Cause(ctx)}
+}
+
+type contextDoneError struct{ err, cause error }
+
+func (e *contextDoneError) Error() string {
+	return "bulwark: request context done before sending: " + e.cause.Error()
+}
+
+func (e *contextDoneError) Unwrap() []error {
+	if e.cause == e.err {
+		return []error{e.err}
+	}
+	return []error{e.err, e.cause}
+}

@@ -12,6 +12,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/bulwark-http/bulwark/internal/wire"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 )
 
@@ -24,11 +25,11 @@ func FuzzDeadlineHeaders(f *testing.F) {
 	}
 	const max = 5 * time.Second
 	f.Fuzz(func(t *testing.T, v string) {
-		if d, ok := parseMillis(v); ok && d <= 0 {
-			t.Fatalf("parseMillis(%q) = %v, true; want a positive duration", v, d)
+		if d, ok := wire.ParseMillis(v); ok && d <= 0 {
+			t.Fatalf("wire.ParseMillis(%q) = %v, true; want a positive duration", v, d)
 		}
-		if d, ok := parseGRPCTimeout(v); ok && d <= 0 {
-			t.Fatalf("parseGRPCTimeout(%q) = %v, true; want a positive duration", v, d)
+		if d, ok := wire.ParseGRPCTimeout(v); ok && d <= 0 {
+			t.Fatalf("wire.ParseGRPCTimeout(%q) = %v, true; want a positive duration", v, d)
 		}
 		var set bool
 		var left time.Duration

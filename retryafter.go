@@ -6,13 +6,15 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/bulwark-http/bulwark/internal/wire"
 )
 
 // maxRetryAfterHeader is the longest Retry-After bulwark believes. A server
 // asking callers to stay away for more than a day is broken or hostile; such
 // a value is ignored (and counted), not obeyed nor capped, since it tells us
 // nothing about when the server will have room.
-const maxRetryAfterHeader = 24 * time.Hour
+const maxRetryAfterHeader = wire.MaxRetryAfter
 
 // retryAfterResult is what parseRetryAfter made of a header.
 type retryAfterResult uint8
@@ -64,17 +66,6 @@ func parseRetryAfter(v []string, now time.Time) (time.Duration, retryAfterResult
 		return 0, retryAfterIgnored
 	}
 	return d, retryAfterValid
-}
-
-// trimOWS trims the optional whitespace HTTP allows around a field value.
-func trimOWS(s string) string {
-	for s != "" && (s[0] == ' ' || s[0] == '\t') {
-		s = s[1:]
-	}
-	for s != "" && (s[len(s)-1] == ' ' || s[len(s)-1] == '\t') {
-		s = s[:len(s)-1]
-	}
-	return s
 }
 
 // pushbackStatus reports whether a response with this status may carry a

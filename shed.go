@@ -19,7 +19,6 @@ import (
 	"net/http"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,116 +35,14 @@ import (
 // A Shedder sets NoRetryHeader (defined with the retry layer that reads it)
 // to "1" on every 503 it writes.
 
-// PriorityHeader is the request header DefaultPriority reads a request's
-// Priority from: "critical", "high", "normal", "low" or "test" (any case).
-const PriorityHeader = "Bulwark-Priority"
-
-// Priority is how critical a request is to the service: under overload a
-// Shedder refuses lower priorities first. A smaller value is more important;
-// PriorityCritical is the most important and PriorityTest the least. A value
-// beyond PriorityTest is treated as PriorityTest.
-type Priority uint8
-
-// The priorities, most important first. They follow the order of Stripe's
-// last line of defence, its load shedder (Stripe's engineering blog,
-// "Scaling your API with rate limiters", 2017): critical methods, then
-// writes (POST), then reads (GET), then test-mode traffic, with PriorityLow
-// between reads and test traffic for work that can always wait (batch,
-// prefetch).
-const (
-	PriorityCritical Priority = iota
-	PriorityHigh
-	PriorityNormal
-	PriorityLow
-	PriorityTest
-
-	// NumPriorities is how many priorities there are, one past
-	// PriorityTest: the length of ShedStats' arrays by priority. Ranging
-	// over it yields every Priority, most important first. It is not a
-	// priority itself.
-	NumPriorities
-)
-
-// numPriorities is NumPriorities as an int, for loops over the Shedder's
-// arrays.
-const numPriorities = int(NumPriorities)
-
-var priorityNames = [numPriorities]string{"critical", "high", "normal", "low", "test"}
-
-// String returns the priority's lower-case name, as PriorityHeader spells it.
-func (p Priority) String() string {
-	if int(p) < numPriorities {
-		return priorityNames[p]
-	}
-	return "Priority(" + strconv.Itoa(int(p)) + ")"
-}
-
-// clamp maps an out-of-range priority to the least important one, so that a
-// classifier's mistake can never buy a request the critical reserve.
-func (p Priority) clamp() Priority { return min(p, PriorityTest) }
-
-// DefaultPriority is the Shedder's default classifier, and the priority
-// bulwark's client gives a request. A PriorityHeader naming a priority
-// wins; then a priority the request's context carries (WithPriority);
-// otherwise the method decides, in Stripe's order: requests that change
-// state (POST, PUT, PATCH, DELETE and any other unsafe method) are
-// PriorityHigh, safe ones (GET, HEAD, OPTIONS, TRACE) are PriorityNormal.
+// DefaultPriority is the Shedder's default classifier: RequestPriority,
+// the priority bulwark's client also gives the request.
 //
 // The header is trusted as sent. A service reachable by callers who should
 // not choose their own priority must strip or overwrite it at its edge, or
 // configure ShedConfig.Classify with a function of something it trusts
 // (the route, an authenticated principal).
-func DefaultPriority(r *http.Request) Priority {
-	p, _ := requestPriority(r)
-	return p
-}
-
-// requestPriority is DefaultPriority, the one reading of a request's
-// priority that the Shedder and the client's pushback share. fromContext
-// reports that the priority is WithPriority's: the header named none.
-func requestPriority(r *http.Request) (p Priority, fromContext bool) {
-	if v := r.Header[PriorityHeader]; len(v) > 0 {
-		if p, ok := parsePriority(v[0]); ok {
-			return p, false
-		}
-	}
-	if p, ok := r.Context().Value(priorityKey{}).(Priority); ok {
-		return p, true
-	}
-	switch r.Method {
-	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, "":
-		return PriorityNormal, false
-	}
-	return PriorityHigh, false
-}
-
-// parsePriority reads a priority's name, in any case.
-func parsePriority(v string) (Priority, bool) {
-	for i, name := range priorityNames {
-		if strings.EqualFold(v, name) {
-			return Priority(i), true
-		}
-	}
-	return 0, false
-}
-
-// priorityKey is the context key WithPriority stores a Priority under.
-type priorityKey struct{}
-
-// WithPriority returns a copy of ctx that carries p as the Priority of the
-// requests made with it, for a caller that would rather not set
-// PriorityHeader on each request itself. A request's own PriorityHeader
-// still wins; a value beyond PriorityTest counts as PriorityTest.
-//
-// On bulwark's client it decides which Shedder refusals pause the request
-// (see ShedPriorityHeader), and bulwark sends it upstream as
-// PriorityHeader, on a copy of the request, when the request has no such
-// header, so the server's Shedder sees the same priority. The header is
-// added by the pushback layer: an upstream with Retry.NoPushback gets no
-// header from it. On a server, DefaultPriority reads it after the header.
-func WithPriority(ctx context.Context, p Priority) context.Context {
-	return context.WithValue(ctx, priorityKey{}, p.clamp())
-}
+func DefaultPriority(r *http.Request) Priority { return RequestPriority(r) }
 
 // Package defaults for ShedConfig.
 const (
@@ -434,14 +331,6 @@ var (
 // ShedReasonHeader is the response header on a Shedder's 503 that names the
 // ShedReason, for logs and debugging; clients should not branch on it.
 const ShedReasonHeader = "Bulwark-Shed-Reason"
-
-// ShedPriorityHeader is the response header on a Shedder's 503 that names
-// the Priority it refused, as Priority.String spells it. Bulwark's client
-// reads it: the refusal's Retry-After then pauses requests to that host of
-// that priority and less important ones only. Without it, a Shedder
-// refusing low-priority work would stop the client's critical requests
-// too, before they could reach the workers the Shedder reserves for them.
-const ShedPriorityHeader = "Bulwark-Shed-Priority"
 
 // NewShedder returns a Shedder that serves next under cfg. A bad cfg is an
 // error matching ErrInvalidConfig, never a panic.

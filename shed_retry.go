@@ -3,8 +3,9 @@ package bulwark
 import (
 	"math"
 	"net/http"
-	"strconv"
 	"time"
+
+	"github.com/bulwark-http/bulwark/internal/wire"
 )
 
 // Retries are shed first: within one priority, a Shedder queues a retry
@@ -55,23 +56,9 @@ func (s *Shedder) refuseRank(w http.ResponseWriter, r *http.Request, rk rank, wh
 // support) above 0, or x-envoy-attempt-count (Envoy's router) above 1. A
 // value that does not parse says nothing: a first attempt.
 func isRetry(h http.Header) bool {
-	return headerAbove(h, AttemptHeader, 1) ||
-		headerAbove(h, "Grpc-Previous-Rpc-Attempts", 0) ||
-		headerAbove(h, "X-Envoy-Attempt-Count", 1)
-}
-
-// headerAbove reports whether h's key holds one integer above n.
-func headerAbove(h http.Header, key string, n int64) bool {
-	v, ok := h[key]
-	if !ok || len(v) != 1 {
-		return false
-	}
-	s := trimOWS(v[0])
-	if s == "" || len(s) > 18 || !allDigits(s) {
-		return false
-	}
-	x, _ := strconv.ParseInt(s, 10, 64)
-	return x > n
+	return wire.HeaderAbove(h, AttemptHeader, 1) ||
+		wire.HeaderAbove(h, "Grpc-Previous-Rpc-Attempts", 0) ||
+		wire.HeaderAbove(h, "X-Envoy-Attempt-Count", 1)
 }
 
 // capacityLocked is the worker count in force and the share of it the
