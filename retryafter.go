@@ -89,9 +89,9 @@ func retryAfter(resp *http.Response, now time.Time, ignored *atomic.Uint64) (tim
 
 // PushbackError is the error for a request refused, without being sent,
 // because its host answered an earlier request with 429 or 503 and a
-// Retry-After that has not yet run out: any such answer, or a Shedder's
-// refusal of the request's priority or a more important one (see
-// ShedPriorityHeader). It matches ErrPushback.
+// Retry-After that has not yet run out: any such answer, or a
+// server.Shedder's refusal of the request's priority or a more important
+// one (see ShedPriorityHeader). It matches ErrPushback.
 type PushbackError struct {
 	Host  string    // "host:port"
 	Until time.Time // when the host said it will have room again
@@ -111,12 +111,12 @@ func (e *PushbackError) Unwrap() error { return ErrPushback }
 // server has told every caller when it will have room, and guessing earlier
 // only adds to its load.
 //
-// A Shedder's refusal says which priority it refused (ShedPriorityHeader);
-// its Retry-After then pauses only requests of that priority and less
-// important ones (requestPriority reads a request's), since the Shedder
-// keeps room for the more important. Each refused priority is paused until
-// its own time: a request waits for the latest pause of its priority or any
-// more important one.
+// A server.Shedder's refusal says which priority it refused
+// (ShedPriorityHeader); its Retry-After then pauses only requests of that
+// priority and less important ones (requestPriority reads a request's),
+// since the Shedder keeps room for the more important. Each refused
+// priority is paused until its own time: a request waits for the latest
+// pause of its priority or any more important one.
 //
 // A response of any status whose rate-limit fields say a quota is spent
 // until a reset (RateLimit, RateLimit-Remaining / -Reset, X-RateLimit-
@@ -279,8 +279,9 @@ type PushbackSnapshot struct {
 	// Until is when the host said it will have room again, for every
 	// request; zero, or a time past, when no such pause is in force.
 	Until time.Time
-	// Tiers[p] is when a Shedder's refusal of priority p ends, which holds
-	// back requests of priority p and less important ones; zero when none.
+	// Tiers[p] is when a server.Shedder's refusal of priority p ends, which
+	// holds back requests of priority p and less important ones; zero when
+	// none.
 	Tiers [NumPriorities]time.Time
 }
 
