@@ -65,11 +65,13 @@ bench:
 	cd bench && $(GO) run ./cmd/report -cost out/cost.txt -benchstat out/benchstat.txt -protect out/protect.jsonl -hedge out/hedge.md -adaptive out/adaptive.md -fleet out/fleet.md > ../BENCHMARKS.md
 	cd bench && $(GO) run ./cmd/readme -bench ../BENCHMARKS.md -readme ../README.md
 
-# Each fuzz target of the root package for a bounded time ($(FUZZTIME) each):
-# go test -fuzz takes one target per run, hence the loop over -list.
+# Each fuzz target of the library's packages for a bounded time ($(FUZZTIME)
+# each): go test -fuzz takes one target and one package per run, hence the
+# loops over the packages and their -list.
+FUZZPKGS    := . ./server ./internal/wire
 fuzz:
-	@for f in $$($(GO) test -list '^Fuzz' . | grep '^Fuzz'); do \
-		echo "fuzz $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) . || exit 1; done
+	@for p in $(FUZZPKGS); do for f in $$($(GO) test -list '^Fuzz' $$p | grep '^Fuzz'); do \
+		echo "fuzz $$p $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$p || exit 1; done; done
 
 # The long stress (soak_test.go, build tag soak): 200,000 calls under -race.
 soak:

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/bulwark-http/bulwark/internal/fifo"
 	"github.com/bulwark-http/bulwark/internal/limit"
 	"golang.org/x/time/rate"
 )
@@ -307,7 +308,7 @@ type bulkheadStage struct {
 	inFlight atomic.Int64
 
 	mu    sync.Mutex
-	queue fifo[slotWaiter, *slotWaiter] // the waiters
+	queue fifo.List[slotWaiter, *slotWaiter] // the waiters
 }
 
 // slotWaiter is one queued request. granted and the links are guarded by the
@@ -315,10 +316,10 @@ type bulkheadStage struct {
 type slotWaiter struct {
 	ready   chan struct{}
 	granted bool
-	links   links[slotWaiter]
+	links   fifo.Links[slotWaiter]
 }
 
-func (w *slotWaiter) fifoLinks() *links[slotWaiter] { return &w.links }
+func (w *slotWaiter) FIFOLinks() *fifo.Links[slotWaiter] { return &w.links }
 
 // newBulkhead builds the bulkhead p describes for a host, or for one
 // instance of a balanced upstream; name ("host:port") goes in its errors,
@@ -525,12 +526,12 @@ func (b *bulkheadStage) acquire(req *http.Request, c call) error {
 	// A free slot goes to the queue first: taking it past waiters would
 	// break FIFO order (and a releaser hands slots to waiters directly, so
 	// a free slot with waiters only exists for an instant anyway).
-	if n := b.inFlight.Load(); n < b.limitNow() && b.queue.head == nil {
+	if n := b.inFlight.Load(); n < b.limitNow() && b.queue.Front() == nil {
 		b.inFlight.Store(n + 1)
 		b.mu.Unlock()
 		return nil
 	}
-	if b.queue.n >= b.maxQueue {
+	if b.queue.Len() >= b.maxQueue {
 		b.mu.Unlock()
 		return b.full
 	}
@@ -545,7 +546,7 @@ func (b *bulkheadStage) acquire(req *http.Request, c call) error {
 		return b.full
 	}
 	w := &slotWaiter{ready: make(chan struct{})}
-	b.queue.push(w)
+	b.queue.Push(w)
 	b.mu.Unlock()
 
 	var timeout <-chan time.Time
@@ -575,7 +576,7 @@ func (b *bulkheadStage) acquire(req *http.Request, c call) error {
 		b.release()
 		return err
 	}
-	b.queue.remove(w)
+	b.queue.Remove(w)
 	b.mu.Unlock()
 	return err
 }
@@ -604,8 +605,8 @@ func (b *bulkheadStage) release() {
 	b.mu.Lock()
 	// An adaptive limit may have come down below the slots held: then the
 	// slot goes back to the pool, not to a waiter.
-	if w := b.queue.head; w != nil && b.inFlight.Load() <= b.limitNow() {
-		b.queue.remove(w)
+	if w := b.queue.Front(); w != nil && b.inFlight.Load() <= b.limitNow() {
+		b.queue.Remove(w)
 		w.granted = true
 		b.mu.Unlock()
 		close(w.ready)
@@ -620,12 +621,12 @@ func (b *bulkheadStage) release() {
 func (b *bulkheadStage) grantWaiters() {
 	for {
 		b.mu.Lock()
-		w := b.queue.head
+		w := b.queue.Front()
 		if w == nil || b.inFlight.Load() >= b.limitNow() {
 			b.mu.Unlock()
 			return
 		}
-		b.queue.remove(w)
+		b.queue.Remove(w)
 		w.granted = true
 		b.inFlight.Add(1)
 		b.mu.Unlock()
@@ -674,7 +675,7 @@ func (b *bulkheadStage) waitRate(req *http.Request, c call) error {
 func (b *bulkheadStage) stats() (inFlight, queued int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return int(b.inFlight.Load()), b.queue.n
+	return int(b.inFlight.Load()), b.queue.Len()
 }
 
 // busy reports whether requests hold slots or wait for one.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"maps"
 	"net/http"
 	"strconv"
 	"strings"
@@ -14,20 +13,10 @@ import (
 	"time"
 )
 
-// DefaultDeadlineHeader is the request header that carries the time the
-// caller has left, in whole milliseconds, from one hop to the next.
-const DefaultDeadlineHeader = "Bulwark-Timeout-Ms"
-
 // NoDeadlineHeader, as Timeout.Header, turns deadline propagation off for
 // an upstream: neither the deadline header nor AttemptHeader is sent, which
 // suits third-party APIs. The deadlines themselves still apply.
 const NoDeadlineHeader = "-"
-
-// AttemptHeader is the request header that numbers the attempts of one call
-// (1 for the first send, 2 for the first retry, …), like Envoy's
-// x-envoy-attempt-count, so a server can tell a retry from a new call. It is
-// written only when the retry layer is on and the deadline header is sent.
-const AttemptHeader = "Bulwark-Attempt"
 
 // Package defaults for Timeout. A timeout is a capacity decision: these are
 // generous bounds meant to be tightened to about the p99.9 of the upstream's
@@ -82,8 +71,8 @@ type Timeout struct {
 	// milliseconds: the smaller of the context deadline, Total's deadline and
 	// Attempt, less a 5 ms margin, recomputed for every attempt.
 	// NoDeadlineHeader sends no deadline header and no AttemptHeader. Empty
-	// inherits from Default, then DefaultDeadlineHeader. DeadlineHandler
-	// reads it on the server side.
+	// inherits from Default, then DefaultDeadlineHeader.
+	// server.DeadlineHandler reads it on the server side.
 	Header string
 
 	// Disabled turns off both deadline layers for this upstream: no timeout
@@ -107,15 +96,6 @@ func (t Timeout) inherit(parent Timeout) Timeout {
 	t.Header = cmp.Or(t.Header, parent.Header)
 	t.Disabled = inheritOff(t.Disabled, t.Enabled, parent.Disabled)
 	return t
-}
-
-// inheritOff is how a sub-policy's Disabled inherits: an upstream's own
-// Enabled or Disabled wins, else Default's Disabled applies.
-func inheritOff(disabled, enabled, parent bool) bool {
-	if enabled {
-		return false
-	}
-	return disabled || parent
 }
 
 func (t Timeout) validate() error {
@@ -399,204 +379,4 @@ func (r *attemptRun) read(rc io.Reader, p []byte) (int, error) {
 func (r *attemptRun) bodyEnd() {
 	r.timer.Stop()
 	r.cancel(context.Canceled)
-}
-
-// cloneHeader copies h's map so that keys can be added or replaced without
-// touching h. The value slices are shared with h, not copied: no layer
-// writes into a value slice (each replaces it, as http.Header.Set does),
-// and the RoundTripper contract forbids the base to modify the request at
-// all. Sharing them lets maps.Clone copy the map's storage wholesale, about
-// half the cost of rebuilding it key by key as http.Header.Clone does.
-func cloneHeader(h http.Header) http.Header {
-	if h == nil {
-		return make(http.Header, 2)
-	}
-	return maps.Clone(h)
-}
-
-// doneError reports a call whose context ended before bulwark sent it. It
-// wraps ctx.Err() (and the cause, when one was given), so errors.Is works.
-func doneError(ctx context.Context) error {
-	return &contextDoneError{err: ctx.Err(), cause: context.Cause(ctx)}
-}
-
-type contextDoneError struct{ err, cause error }
-
-func (e *contextDoneError) Error() string {
-	return "bulwark: request context done before sending: " + e.cause.Error()
-}
-
-func (e *contextDoneError) Unwrap() []error {
-	if e.cause == e.err {
-		return []error{e.err}
-	}
-	return []error{e.err, e.cause}
-}
-
-// DefaultServerMaxDeadline caps an incoming deadline when
-// DeadlineOptions.Max is zero.
-const DefaultServerMaxDeadline = 30 * time.Second
-
-// DeadlineOptions configures DeadlineHandler. The zero value is ready to use.
-type DeadlineOptions struct {
-	// Max caps the deadline a caller may ask for, so that a hostile or buggy
-	// header cannot make the server hold work for hours. Zero or less means
-	// DefaultServerMaxDeadline.
-	Max time.Duration
-
-	// Header is the name of bulwark's deadline header to read, as set in the
-	// calling client's Timeout.Header. Empty means DefaultDeadlineHeader.
-	Header string
-
-	// OnMalformed, if not nil, is called with the header's name for every
-	// deadline header that was present but ignored because it did not parse
-	// or was not positive. Use it to count hostile input.
-	OnMalformed func(header string)
-}
-
-// DeadlineHandler returns a handler that turns an incoming deadline into the
-// request context's deadline, so a deadline crosses every hop: an outgoing
-// call made with r.Context() through a bulwark client carries the time left
-// on to the next service.
-//
-// It reads, in this order, bulwark's header (milliseconds), grpc-timeout
-// (gRPC's "<digits><unit>" form) and Envoy's x-envoy-expected-rq-timeout-ms,
-// takes the smallest valid one, and caps it at opts.Max. A header that does
-// not parse, or is zero or negative, is ignored (and reported to
-// opts.OnMalformed): a bad header never fails the request. With no valid
-// header the request is served with its context unchanged.
-func DeadlineHandler(next http.Handler, opts DeadlineOptions) http.Handler {
-	if opts.Max <= 0 {
-		opts.Max = DefaultServerMaxDeadline
-	}
-	if opts.Header == "" {
-		opts.Header = DefaultDeadlineHeader
-	}
-	opts.Header = http.CanonicalHeaderKey(opts.Header)
-	return &deadlineHandler{next: next, opts: opts}
-}
-
-type deadlineHandler struct {
-	next http.Handler
-	opts DeadlineOptions
-}
-
-// The header names DeadlineHandler reads besides its own.
-const (
-	grpcTimeoutHeader  = "Grpc-Timeout"
-	envoyTimeoutHeader = "X-Envoy-Expected-Rq-Timeout-Ms"
-)
-
-func (h *deadlineHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	d, ok := h.incoming(r.Header)
-	if !ok {
-		h.next.ServeHTTP(w, r)
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), d)
-	defer cancel()
-	h.next.ServeHTTP(w, r.WithContext(ctx))
-}
-
-// incoming returns the smallest valid deadline among the headers, capped.
-func (h *deadlineHandler) incoming(hd http.Header) (time.Duration, bool) {
-	var best time.Duration
-	found := false
-	consider := func(name string, parse func(string) (time.Duration, bool)) {
-		v, present := hd[name]
-		if !present || len(v) == 0 {
-			return
-		}
-		d, ok := parse(v[0])
-		if !ok || len(v) > 1 {
-			// Two values for one deadline contradict each other: trust neither.
-			if h.opts.OnMalformed != nil {
-				h.opts.OnMalformed(name)
-			}
-			return
-		}
-		if !found || d < best {
-			best, found = d, true
-		}
-	}
-	consider(h.opts.Header, parseMillis)
-	consider(grpcTimeoutHeader, parseGRPCTimeout)
-	consider(envoyTimeoutHeader, parseMillis)
-	if found && best > h.opts.Max {
-		best = h.opts.Max
-	}
-	return best, found
-}
-
-// maxHeaderMillis bounds a millisecond header before conversion, so that a
-// value like 10^18 cannot overflow time.Duration; anything past it is capped
-// by DeadlineOptions.Max anyway.
-const maxHeaderMillis = int64(1<<63-1) / int64(time.Millisecond)
-
-// parseMillis parses a positive whole number of milliseconds. A number too
-// large for int64 is capped rather than refused: it is valid, only absurd,
-// and DeadlineOptions.Max caps it anyway.
-func parseMillis(s string) (time.Duration, bool) {
-	s = strings.TrimSpace(s)
-	if !allDigits(s) {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n > maxHeaderMillis {
-		// After allDigits only overflow is left to fail.
-		n = maxHeaderMillis
-	}
-	if n == 0 {
-		return 0, false
-	}
-	return time.Duration(n) * time.Millisecond, true
-}
-
-func allDigits(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return false
-		}
-	}
-	return s != ""
-}
-
-// parseGRPCTimeout parses a grpc-timeout header value: 1 to 8 ASCII digits
-// followed by a unit, H, M, S, m, u or n (hours to nanoseconds), as the gRPC
-// over HTTP/2 specification defines it. It reports false for anything else
-// and for a zero timeout.
-func parseGRPCTimeout(s string) (time.Duration, bool) {
-	if len(s) < 2 || len(s) > 9 {
-		return 0, false
-	}
-	digits, unit := s[:len(s)-1], s[len(s)-1]
-	if !allDigits(digits) {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(digits, 10, 64)
-	if err != nil || n == 0 {
-		return 0, false
-	}
-	var u time.Duration
-	switch unit {
-	case 'H':
-		u = time.Hour
-	case 'M':
-		u = time.Minute
-	case 'S':
-		u = time.Second
-	case 'm':
-		u = time.Millisecond
-	case 'u':
-		u = time.Microsecond
-	case 'n':
-		u = time.Nanosecond
-	default:
-		return 0, false
-	}
-	// 8 digits of hours (about 11,400 years) would overflow: cap instead.
-	if n > int64(1<<63-1)/int64(u) {
-		return time.Duration(1<<63 - 1), true
-	}
-	return time.Duration(n) * u, true
 }

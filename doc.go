@@ -57,8 +57,9 @@
 // run, and a Shadow setting on the breaker, the bulkhead and the Shedder
 // has a layer report what it would refuse without refusing it.
 //
-// On the server side, DeadlineHandler turns an incoming deadline header back
-// into a context deadline, so a deadline crosses every hop, and a Shedder
-// refuses with a fast 503 (with Retry-After and NoRetryHeader) instead of
-// queueing past its callers' patience.
+// The server side is package server (github.com/bulwark-http/bulwark/server),
+// which imports this one: server.DeadlineHandler turns an incoming deadline
+// header back into a context deadline, so a deadline crosses every hop, and
+// a server.Shedder refuses with a fast 503 (with Retry-After and
+// NoRetryHeader) instead of queueing past its callers' patience.
 package bulwark

@@ -142,3 +142,22 @@ func (e errString) Error() string { return string(e) }
 // sum bulwark makes of them (a deadline, a wait plus a margin, a doubled
 // open time) far from time.Duration's overflow.
 const maxPolicyDuration = 7 * 24 * time.Hour
+
+// doneError reports a call whose context ended before bulwark sent it. It
+// wraps ctx.Err() (and the cause, when one was given), so errors.Is works.
+func doneError(ctx context.Context) error {
+	return &contextDoneError{err: ctx.Err(), cause: context.Cause(ctx)}
+}
+
+type contextDoneError struct{ err, cause error }
+
+func (e *contextDoneError) Error() string {
+	return "bulwark: request context done before sending: " + e.cause.Error()
+}
+
+func (e *contextDoneError) Unwrap() []error {
+	if e.cause == e.err {
+		return []error{e.err}
+	}
+	return []error{e.err, e.cause}
+}

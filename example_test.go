@@ -49,26 +49,6 @@ func ExampleNewClient() {
 	// bulwark: upstream "tax.internal": Timeout.Attempt = 2s: must not exceed Timeout.Total (1s)
 }
 
-// DeadlineHandler turns the caller's time left back into a context deadline,
-// so the deadline crosses every hop.
-func ExampleDeadlineHandler() {
-	handler := bulwark.DeadlineHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		dl, ok := r.Context().Deadline()
-		fmt.Println("deadline set:", ok, "within 250ms:", ok && time.Until(dl) <= 250*time.Millisecond)
-	}), bulwark.DeadlineOptions{Max: 5 * time.Second})
-
-	req := httptest.NewRequest("GET", "/rate", nil)
-	req.Header.Set("Grpc-Timeout", "250m") // or Bulwark-Timeout-Ms, or Envoy's header
-	handler.ServeHTTP(httptest.NewRecorder(), req)
-
-	req = httptest.NewRequest("GET", "/rate", nil)
-	req.Header.Set(bulwark.DefaultDeadlineHeader, "not-a-number") // ignored, never a 500
-	handler.ServeHTTP(httptest.NewRecorder(), req)
-	// Output:
-	// deadline set: true within 250ms: true
-	// deadline set: false within 250ms: false
-}
-
 // A policy per upstream, every layer on: a slow tax service's call (the
 // outage Nygard's Release It! opens with), with
 // a timeout near its healthy p99.9, a breaker that trips on slowness, a

@@ -125,8 +125,8 @@ package bulwark
 // bulwark.outlier.returned (with bulwark.instance) on the request that
 // first found the ejection over.
 //
-// The server side, the Shedder, reports under bulwark.shed.: see
-// ShedConfig.MeterProvider in shed.go.
+// The server side, server.Shedder, reports under bulwark.shed.: see
+// server.ShedConfig.MeterProvider.
 //
 // # Cost with nothing configured
 //

@@ -6,13 +6,15 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/bulwark-http/bulwark/internal/wire"
 )
 
 // maxRetryAfterHeader is the longest Retry-After bulwark believes. A server
 // asking callers to stay away for more than a day is broken or hostile; such
 // a value is ignored (and counted), not obeyed nor capped, since it tells us
 // nothing about when the server will have room.
-const maxRetryAfterHeader = 24 * time.Hour
+const maxRetryAfterHeader = wire.MaxRetryAfter
 
 // retryAfterResult is what parseRetryAfter made of a header.
 type retryAfterResult uint8
@@ -66,17 +68,6 @@ func parseRetryAfter(v []string, now time.Time) (time.Duration, retryAfterResult
 	return d, retryAfterValid
 }
 
-// trimOWS trims the optional whitespace HTTP allows around a field value.
-func trimOWS(s string) string {
-	for s != "" && (s[0] == ' ' || s[0] == '\t') {
-		s = s[1:]
-	}
-	for s != "" && (s[len(s)-1] == ' ' || s[len(s)-1] == '\t') {
-		s = s[:len(s)-1]
-	}
-	return s
-}
-
 // pushbackStatus reports whether a response with this status may carry a
 // Retry-After that bulwark obeys: 429 (rate limited) and 503 (overloaded).
 func pushbackStatus(code int) bool {
@@ -98,9 +89,9 @@ func retryAfter(resp *http.Response, now time.Time, ignored *atomic.Uint64) (tim
 
 // PushbackError is the error for a request refused, without being sent,
 // because its host answered an earlier request with 429 or 503 and a
-// Retry-After that has not yet run out: any such answer, or a Shedder's
-// refusal of the request's priority or a more important one (see
-// ShedPriorityHeader). It matches ErrPushback.
+// Retry-After that has not yet run out: any such answer, or a
+// server.Shedder's refusal of the request's priority or a more important
+// one (see ShedPriorityHeader). It matches ErrPushback.
 type PushbackError struct {
 	Host  string    // "host:port"
 	Until time.Time // when the host said it will have room again
@@ -120,12 +111,12 @@ func (e *PushbackError) Unwrap() error { return ErrPushback }
 // server has told every caller when it will have room, and guessing earlier
 // only adds to its load.
 //
-// A Shedder's refusal says which priority it refused (ShedPriorityHeader);
-// its Retry-After then pauses only requests of that priority and less
-// important ones (requestPriority reads a request's), since the Shedder
-// keeps room for the more important. Each refused priority is paused until
-// its own time: a request waits for the latest pause of its priority or any
-// more important one.
+// A server.Shedder's refusal says which priority it refused
+// (ShedPriorityHeader); its Retry-After then pauses only requests of that
+// priority and less important ones (requestPriority reads a request's),
+// since the Shedder keeps room for the more important. Each refused
+// priority is paused until its own time: a request waits for the latest
+// pause of its priority or any more important one.
 //
 // A response of any status whose rate-limit fields say a quota is spent
 // until a reset (RateLimit, RateLimit-Remaining / -Reset, X-RateLimit-
@@ -288,8 +279,9 @@ type PushbackSnapshot struct {
 	// Until is when the host said it will have room again, for every
 	// request; zero, or a time past, when no such pause is in force.
 	Until time.Time
-	// Tiers[p] is when a Shedder's refusal of priority p ends, which holds
-	// back requests of priority p and less important ones; zero when none.
+	// Tiers[p] is when a server.Shedder's refusal of priority p ends, which
+	// holds back requests of priority p and less important ones; zero when
+	// none.
 	Tiers [NumPriorities]time.Time
 }
 

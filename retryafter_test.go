@@ -380,7 +380,7 @@ func TestRequestPriority(t *testing.T) {
 		if tc.header != "" {
 			req.Header.Set(PriorityHeader, tc.header)
 		}
-		if p, fromCtx := requestPriority(req); p != tc.want || fromCtx != tc.fromCtx || DefaultPriority(req) != tc.want {
+		if p, fromCtx := requestPriority(req); p != tc.want || fromCtx != tc.fromCtx || RequestPriority(req) != tc.want {
 			t.Errorf("requestPriority(%s, %q) = %v, %v; want %v, %v", tc.method, tc.header, p, fromCtx, tc.want, tc.fromCtx)
 		}
 	}

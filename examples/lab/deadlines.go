@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/bulwark-http/bulwark"
+	bwserver "github.com/bulwark-http/bulwark/server"
 )
 
 // The example of Google's Site Reliability Engineering book (chapter
@@ -69,7 +70,7 @@ func (l *lab) deadlines(ctx context.Context) (*scenario, error) {
 		intro: []string{
 			fmt.Sprintf("server: %d workers (the SRE book's %d threads ÷ %d), queue ≤ %d%% of them, then 503; healthy calls take %v; every %dth call never completes",
 				workers, refSREThreads, sreDivisor, sreQueuePerCent, s.ref(refSREHealthy), hangEvery),
-			fmt.Sprintf("%.0f req/s offered; the server reads the caller's deadline with bulwark.DeadlineHandler and frees a worker when it passes", s.load),
+			fmt.Sprintf("%.0f req/s offered; the server reads the caller's deadline with bulwark's server.DeadlineHandler and frees a worker when it passes", s.load),
 		},
 	}
 	p999, err := l.sreP999(ctx)
@@ -126,9 +127,9 @@ func (l *lab) deadlines(ctx context.Context) (*scenario, error) {
 
 // sreHandler is the bounded server. Every hangEvery-th call never
 // completes: it holds its worker until the caller's deadline, carried in
-// by DeadlineHandler, ends it (or the lab shuts down).
+// by bwserver.DeadlineHandler, ends it (or the lab shuts down).
 func (r *deadlineRun) sreHandler(srv *server, s settings) http.Handler {
-	return bulwark.DeadlineHandler(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	return bwserver.DeadlineHandler(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if r.queued.Add(1) > r.maxQueue+int64(cap(r.workers)) {
 			r.queued.Add(-1)
 			r.rejected.Add(1)
@@ -162,7 +163,7 @@ func (r *deadlineRun) sreHandler(srv *server, s settings) http.Handler {
 			return
 		}
 		_, _ = w.Write([]byte("ok"))
-	}), bulwark.DeadlineOptions{Max: s.ref(refLongDL) + time.Second})
+	}), bwserver.DeadlineOptions{Max: s.ref(refLongDL) + time.Second})
 }
 
 // sreP999 measures the healthy server's p99.9: the median of

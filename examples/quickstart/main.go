@@ -13,12 +13,13 @@ import (
 	"time"
 
 	"github.com/bulwark-http/bulwark"
+	"github.com/bulwark-http/bulwark/server"
 )
 
 func main() {
-	// The upstream: a handler behind DeadlineHandler, so the time the client
-	// has left becomes this request's context deadline.
-	upstream := httptest.NewServer(bulwark.DeadlineHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// The upstream: a handler behind server.DeadlineHandler, so the time the
+	// client has left becomes this request's context deadline.
+	upstream := httptest.NewServer(server.DeadlineHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		dl, ok := r.Context().Deadline()
 		if !ok {
 			fmt.Fprintln(w, "no deadline arrived")
@@ -26,7 +27,7 @@ func main() {
 		}
 		fmt.Fprintf(w, "upstream got %s=%s; its context has about %v left\n",
 			bulwark.DefaultDeadlineHeader, r.Header.Get(bulwark.DefaultDeadlineHeader), time.Until(dl).Round(100*time.Millisecond))
-	}), bulwark.DeadlineOptions{}))
+	}), server.DeadlineOptions{}))
 	defer upstream.Close()
 
 	client, err := bulwark.NewClient(bulwark.Config{

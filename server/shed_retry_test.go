@@ -1,4 +1,4 @@
-package bulwark
+package server
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/bulwark-http/bulwark"
 )
 
 func TestIsRetry(t *testing.T) {
@@ -17,16 +19,16 @@ func TestIsRetry(t *testing.T) {
 		want bool
 	}{
 		{http.Header{}, false},
-		{http.Header{AttemptHeader: {"1"}}, false},
-		{http.Header{AttemptHeader: {"2"}}, true},
+		{http.Header{bulwark.AttemptHeader: {"1"}}, false},
+		{http.Header{bulwark.AttemptHeader: {"2"}}, true},
 		{http.Header{"Grpc-Previous-Rpc-Attempts": {"0"}}, false},
 		{http.Header{"Grpc-Previous-Rpc-Attempts": {"1"}}, true},
 		{http.Header{"X-Envoy-Attempt-Count": {"1"}}, false},
 		{http.Header{"X-Envoy-Attempt-Count": {" 3 "}}, true},
-		{http.Header{AttemptHeader: {"-2"}}, false},
-		{http.Header{AttemptHeader: {"2", "3"}}, false},
-		{http.Header{AttemptHeader: {"99999999999999999999999"}}, false},
-		{http.Header{AttemptHeader: {"two"}}, false},
+		{http.Header{bulwark.AttemptHeader: {"-2"}}, false},
+		{http.Header{bulwark.AttemptHeader: {"2", "3"}}, false},
+		{http.Header{bulwark.AttemptHeader: {"99999999999999999999999"}}, false},
+		{http.Header{bulwark.AttemptHeader: {"two"}}, false},
 	} {
 		if got := isRetry(tc.h); got != tc.want {
 			t.Errorf("isRetry(%v) = %v, want %v", tc.h, got, tc.want)
@@ -58,7 +60,7 @@ func TestShedRetriesFirst(t *testing.T) {
 			wg.Go(func() {
 				req := httptest.NewRequest(http.MethodGet, "/", nil)
 				if retry {
-					req.Header[AttemptHeader] = []string{"2"}
+					req.Header[bulwark.AttemptHeader] = []string{"2"}
 				}
 				s.ServeHTTP(httptest.NewRecorder(), req)
 			})
@@ -82,20 +84,51 @@ func TestShedRetriesFirst(t *testing.T) {
 	})
 }
 
+// cores is a handler with a number of cores: each request holds one for
+// service, the rest wait inside it, in order (a channel's waiters are
+// served in order). cores can change while it runs.
+type cores struct {
+	service time.Duration
+	tokens  chan struct{} // one per core
+}
+
+func newCores(service time.Duration, n int) *cores {
+	c := &cores{service: service, tokens: make(chan struct{}, 100)}
+	c.add(n)
+	return c
+}
+
+// remove takes n cores away, waiting for them to come free.
+func (c *cores) remove(n int) {
+	for range n {
+		<-c.tokens
+	}
+}
+
+func (c *cores) add(n int) {
+	for range n {
+		c.tokens <- struct{}{}
+	}
+}
+
+func (c *cores) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	select {
+	case <-c.tokens:
+	case <-r.Context().Done():
+		return
+	}
+	time.Sleep(c.service)
+	c.tokens <- struct{}{}
+}
+
 // TestShedAdaptiveWorkers: a handler with 20 "cores" of 20 ms each (the
 // rest wait inside it) drops to 5 and back, under 600 requests a second,
 // on virtual time; an adaptive Shedder's worker count comes down near 5
 // and back up.
 func TestShedAdaptiveWorkers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		cores := newCoresBase(20*time.Millisecond, 20)
-		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			resp, err := cores.RoundTrip(r)
-			if err == nil {
-				resp.Body.Close()
-			}
-		})
-		s, err := NewShedder(h, ShedConfig{Workers: 64, Adaptive: true, Queue: 8, ReservedCritical: -1})
+		cores := newCores(20*time.Millisecond, 20)
+		s, err := NewShedder(cores, ShedConfig{Workers: 64, Adaptive: true, Queue: 8, ReservedCritical: -1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,7 +162,7 @@ func TestShedAdaptiveWorkers(t *testing.T) {
 			t.Errorf("workers after the restore: %d, want ≥ 12", restored)
 		}
 	})
-	if _, err := NewShedder(http.NotFoundHandler(), ShedConfig{Workers: 4, Adaptive: true, MinWorkers: 5}); !errors.Is(err, ErrInvalidConfig) {
+	if _, err := NewShedder(http.NotFoundHandler(), ShedConfig{Workers: 4, Adaptive: true, MinWorkers: 5}); !errors.Is(err, bulwark.ErrInvalidConfig) {
 		t.Errorf("MinWorkers > Workers: %v, want ErrInvalidConfig", err)
 	}
 }

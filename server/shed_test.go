@@ -1,4 +1,4 @@
-package bulwark
+package server
 
 import (
 	"context"
@@ -16,6 +16,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/bulwark-http/bulwark"
 )
 
 // gate is a handler that records each request's path and then blocks until
@@ -52,7 +54,7 @@ func (g *gate) called() []string {
 func newReq(method, path, prio string) *http.Request {
 	r := httptest.NewRequest(method, path, nil)
 	if prio != "" {
-		r.Header.Set(PriorityHeader, prio)
+		r.Header.Set(bulwark.PriorityHeader, prio)
 	}
 	return r
 }
@@ -114,8 +116,8 @@ func checkShed(t *testing.T, name string, rec *httptest.ResponseRecorder, why Sh
 	if got := h.Get("Retry-After"); got != "1" {
 		t.Errorf("%s: Retry-After = %q, want \"1\"", name, got)
 	}
-	if got := h.Get(NoRetryHeader); got != "1" {
-		t.Errorf("%s: %s = %q, want \"1\"", name, NoRetryHeader, got)
+	if got := h.Get(bulwark.NoRetryHeader); got != "1" {
+		t.Errorf("%s: %s = %q, want \"1\"", name, bulwark.NoRetryHeader, got)
 	}
 	if got := h.Get(ShedReasonHeader); got != why.String() {
 		t.Errorf("%s: %s = %q, want %q", name, ShedReasonHeader, got, why)
@@ -155,7 +157,7 @@ func TestShedderRefusesPastCapacity(t *testing.T) {
 			t.Fatalf("handler called for %v, want %v", got, want)
 		}
 		st := s.Stats()
-		if st.InFlight != 2 || st.Queued != 1 || st.Shed[ShedQueueFull][PriorityNormal] != 3 || st.ShedTotal() != 3 {
+		if st.InFlight != 2 || st.Queued != 1 || st.Shed[ShedQueueFull][bulwark.PriorityNormal] != 3 || st.ShedTotal() != 3 {
 			t.Fatalf("Stats() = %+v, want 2 in flight, 1 queued, 3 shed (queue full, normal)", st)
 		}
 
@@ -163,7 +165,7 @@ func TestShedderRefusesPastCapacity(t *testing.T) {
 		for i := 0; i < 3; i++ {
 			checkOK(t, fmt.Sprintf("request %d", i), <-chs[i])
 		}
-		if st := s.Stats(); st.InFlight != 0 || st.Queued != 0 || st.Served[PriorityNormal] != 3 {
+		if st := s.Stats(); st.InFlight != 0 || st.Queued != 0 || st.Served[bulwark.PriorityNormal] != 3 {
 			t.Fatalf("after release Stats() = %+v, want idle with 3 served", st)
 		}
 	})
@@ -187,7 +189,7 @@ func TestShedderCriticalKeepsSucceeding(t *testing.T) {
 			checkOK(t, fmt.Sprintf("critical %d", i), serveNow(s, noBlock(newReq("POST", "/charge", "critical"))))
 		}
 		st := s.Stats()
-		if st.Served[PriorityCritical] != 5 || st.Shed[ShedQueueFull][PriorityNormal] != 5 || st.Shed[ShedQueueFull][PriorityHigh] != 5 {
+		if st.Served[bulwark.PriorityCritical] != 5 || st.Shed[ShedQueueFull][bulwark.PriorityNormal] != 5 || st.Shed[ShedQueueFull][bulwark.PriorityHigh] != 5 {
 			t.Fatalf("Stats() = %+v, want 5 critical served, 5 GETs and 5 POSTs shed", st)
 		}
 		close(g.release)
@@ -237,7 +239,7 @@ func TestShedderDropsWaiterAtDeadline(t *testing.T) {
 		first := start(h, newReq("GET", "/first", ""))
 		synctest.Wait()
 		r := newReq("GET", "/late", "")
-		r.Header.Set(DefaultDeadlineHeader, "50")
+		r.Header.Set(bulwark.DefaultDeadlineHeader, "50")
 		t0 := time.Now()
 		late := start(h, r)
 		synctest.Wait()
@@ -254,7 +256,7 @@ func TestShedderDropsWaiterAtDeadline(t *testing.T) {
 		if got, want := g.called(), []string{"/first"}; !slices.Equal(got, want) {
 			t.Fatalf("handler called for %v, want %v", got, want)
 		}
-		if st := s.Stats(); st.Queued != 0 || st.Shed[ShedWaitedTooLong][PriorityNormal] != 1 {
+		if st := s.Stats(); st.Queued != 0 || st.Shed[ShedWaitedTooLong][bulwark.PriorityNormal] != 1 {
 			t.Fatalf("Stats() = %+v, want empty queue, 1 shed for waiting too long", st)
 		}
 	})
@@ -404,7 +406,7 @@ func TestShedderDisplacesLowerTier(t *testing.T) {
 		checkShed(t, "test", serveNow(s, newReq("GET", "/t", "test")), ShedQueueFull)
 		checkShed(t, "get3", serveNow(s, newReq("GET", "/get3", "")), ShedQueueFull)
 		st := s.Stats()
-		if st.Shed[ShedDisplaced][PriorityNormal] != 1 || st.Shed[ShedQueueFull][PriorityTest] != 1 || st.Shed[ShedQueueFull][PriorityNormal] != 1 {
+		if st.Shed[ShedDisplaced][bulwark.PriorityNormal] != 1 || st.Shed[ShedQueueFull][bulwark.PriorityTest] != 1 || st.Shed[ShedQueueFull][bulwark.PriorityNormal] != 1 {
 			t.Fatalf("Stats() = %+v", st)
 		}
 		close(g.release)
@@ -431,7 +433,7 @@ func TestShedderCanceledWaiterLeaves(t *testing.T) {
 		cancel()
 		synctest.Wait()
 		checkShed(t, "gone", done(gone), ShedCanceled)
-		if st := s.Stats(); st.Queued != 0 || st.Shed[ShedCanceled][PriorityNormal] != 1 {
+		if st := s.Stats(); st.Queued != 0 || st.Shed[ShedCanceled][bulwark.PriorityNormal] != 1 {
 			t.Fatalf("Stats() = %+v, want empty queue, 1 canceled", st)
 		}
 		next := start(s, newReq("GET", "/next", ""))
@@ -486,7 +488,7 @@ func TestShedderPanicReleasesWorker(t *testing.T) {
 		defer func() { recover() }()
 		s.ServeHTTP(httptest.NewRecorder(), newReq("GET", "/", ""))
 	}()
-	if st := s.Stats(); st.InFlight != 0 || st.Served[PriorityNormal] != 1 {
+	if st := s.Stats(); st.InFlight != 0 || st.Served[bulwark.PriorityNormal] != 1 {
 		t.Fatalf("Stats() = %+v, want 0 in flight after the panic", st)
 	}
 }
@@ -510,10 +512,10 @@ func TestNewShedderBadConfig(t *testing.T) {
 		{"retry-after near MaxInt64", ok, ShedConfig{RetryAfter: math.MaxInt64 - time.Second/2}, "ShedConfig.RetryAfter = 2562047h47m16.354775807s: must be at most 24h"},
 	} {
 		s, err := NewShedder(tc.next, tc.cfg)
-		if s != nil || err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+		if s != nil || err == nil || !errors.Is(err, bulwark.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: NewShedder = %v, %v; want nil and an ErrInvalidConfig containing %q", tc.name, s, err, tc.want)
 		}
-		var ce *ConfigError
+		var ce *bulwark.ConfigError
 		if !errors.As(err, &ce) {
 			t.Errorf("%s: %v is not a *ConfigError", tc.name, err)
 		}
@@ -548,35 +550,42 @@ func TestShedderDefaults(t *testing.T) {
 func TestDefaultPriority(t *testing.T) {
 	for _, tc := range []struct {
 		method, header string
-		want           Priority
+		want           bulwark.Priority
 	}{
-		{"GET", "", PriorityNormal},
-		{"HEAD", "", PriorityNormal},
-		{"OPTIONS", "", PriorityNormal},
-		{"POST", "", PriorityHigh},
-		{"PUT", "", PriorityHigh},
-		{"DELETE", "", PriorityHigh},
-		{"PATCH", "", PriorityHigh},
-		{"GET", "critical", PriorityCritical},
-		{"POST", "Critical", PriorityCritical},
-		{"POST", "test", PriorityTest},
-		{"GET", "low", PriorityLow},
-		{"GET", "HIGH", PriorityHigh},
-		{"POST", "normal", PriorityNormal},
-		{"GET", "urgent!!", PriorityNormal}, // unknown: the method decides
+		{"GET", "", bulwark.PriorityNormal},
+		{"HEAD", "", bulwark.PriorityNormal},
+		{"OPTIONS", "", bulwark.PriorityNormal},
+		{"POST", "", bulwark.PriorityHigh},
+		{"PUT", "", bulwark.PriorityHigh},
+		{"DELETE", "", bulwark.PriorityHigh},
+		{"PATCH", "", bulwark.PriorityHigh},
+		{"GET", "critical", bulwark.PriorityCritical},
+		{"POST", "Critical", bulwark.PriorityCritical},
+		{"POST", "test", bulwark.PriorityTest},
+		{"GET", "low", bulwark.PriorityLow},
+		{"GET", "HIGH", bulwark.PriorityHigh},
+		{"POST", "normal", bulwark.PriorityNormal},
+		{"GET", "urgent!!", bulwark.PriorityNormal}, // unknown: the method decides
 	} {
 		if got := DefaultPriority(newReq(tc.method, "/", tc.header)); got != tc.want {
-			t.Errorf("DefaultPriority(%s, %s: %q) = %v, want %v", tc.method, PriorityHeader, tc.header, got, tc.want)
+			t.Errorf("DefaultPriority(%s, %s: %q) = %v, want %v", tc.method, bulwark.PriorityHeader, tc.header, got, tc.want)
 		}
+	}
+	// After the header, the priority the client's WithPriority put in the
+	// context: the reading the client's pushback shares.
+	r := newReq("GET", "/", "")
+	r = r.WithContext(bulwark.WithPriority(r.Context(), bulwark.PriorityLow))
+	if got := DefaultPriority(r); got != bulwark.PriorityLow {
+		t.Errorf("DefaultPriority(GET with WithPriority(low)) = %v, want low", got)
 	}
 	// A classifier's out-of-range answer counts as the least important.
 	g := newGate()
-	s := mustShedder(t, g, ShedConfig{Classify: func(*http.Request) Priority { return 200 }})
+	s := mustShedder(t, g, ShedConfig{Classify: func(*http.Request) bulwark.Priority { return 200 }})
 	s.ServeHTTP(httptest.NewRecorder(), noBlock(newReq("GET", "/", "")))
-	if st := s.Stats(); st.Served[PriorityTest] != 1 {
+	if st := s.Stats(); st.Served[bulwark.PriorityTest] != 1 {
 		t.Fatalf("Stats().Served = %v, want the out-of-range priority counted as test", st.Served)
 	}
-	if got := Priority(200).String(); got != "Priority(200)" {
+	if got := bulwark.Priority(200).String(); got != "Priority(200)" {
 		t.Errorf("Priority(200).String() = %q", got)
 	}
 }
@@ -609,7 +618,7 @@ func TestShedderLoopbackTwiceCapacity(t *testing.T) {
 			}
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
-			results <- result{resp.StatusCode, resp.Header.Get("Retry-After"), resp.Header.Get(NoRetryHeader), nil}
+			results <- result{resp.StatusCode, resp.Header.Get("Retry-After"), resp.Header.Get(bulwark.NoRetryHeader), nil}
 		}()
 	}
 	var once sync.Once
@@ -631,7 +640,7 @@ func TestShedderLoopbackTwiceCapacity(t *testing.T) {
 	for i := 0; i < offered-(workers+queue); i++ {
 		r := recv()
 		if r.err != nil || r.code != http.StatusServiceUnavailable || r.retryAfter != "1" || r.mark != "1" {
-			t.Fatalf("answer %d while the handler is held: %+v, want a 503 with Retry-After and %s", i, r, NoRetryHeader)
+			t.Fatalf("answer %d while the handler is held: %+v, want a 503 with Retry-After and %s", i, r, bulwark.NoRetryHeader)
 		}
 	}
 	release()
@@ -641,7 +650,7 @@ func TestShedderLoopbackTwiceCapacity(t *testing.T) {
 		}
 	}
 	st := s.Stats()
-	if st.Served[PriorityNormal] != workers+queue || st.ShedTotal() != offered-(workers+queue) {
+	if st.Served[bulwark.PriorityNormal] != workers+queue || st.ShedTotal() != offered-(workers+queue) {
 		t.Fatalf("Stats() = %+v", st)
 	}
 }
@@ -653,21 +662,21 @@ func TestShedderNamesRefusedPriority(t *testing.T) {
 		g := newGate()
 		var next atomic.Int32 // the priority the classifier answers
 		s := mustShedder(t, g, ShedConfig{Workers: 1, Queue: -1,
-			Classify: func(*http.Request) Priority { return Priority(next.Load()) }})
+			Classify: func(*http.Request) bulwark.Priority { return bulwark.Priority(next.Load()) }})
 		first := start(s, newReq("GET", "/first", ""))
 		synctest.Wait()
 		for _, tc := range []struct {
-			p    Priority
+			p    bulwark.Priority
 			want string
 		}{
-			{PriorityCritical, "critical"}, {PriorityHigh, "high"}, {PriorityNormal, "normal"},
-			{PriorityLow, "low"}, {PriorityTest, "test"}, {200, "test"},
+			{bulwark.PriorityCritical, "critical"}, {bulwark.PriorityHigh, "high"}, {bulwark.PriorityNormal, "normal"},
+			{bulwark.PriorityLow, "low"}, {bulwark.PriorityTest, "test"}, {200, "test"},
 		} {
 			next.Store(int32(tc.p))
 			rec := serveNow(s, newReq("GET", "/", ""))
 			checkShed(t, tc.p.String(), rec, ShedQueueFull)
-			if got := rec.Result().Header.Get(ShedPriorityHeader); got != tc.want {
-				t.Errorf("refusal of %v: %s = %q, want %q", tc.p, ShedPriorityHeader, got, tc.want)
+			if got := rec.Result().Header.Get(bulwark.ShedPriorityHeader); got != tc.want {
+				t.Errorf("refusal of %v: %s = %q, want %q", tc.p, bulwark.ShedPriorityHeader, got, tc.want)
 			}
 		}
 		close(g.release)
@@ -717,7 +726,7 @@ func TestShedderCriticalThroughBulwarkClient(t *testing.T) {
 	}))
 	defer plain.Close()
 	defer release() // before the servers close: they wait for the held requests
-	client, err := NewClient(Config{})
+	client, err := bulwark.NewClient(bulwark.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -730,14 +739,14 @@ func TestShedderCriticalThroughBulwarkClient(t *testing.T) {
 	}
 	// do sends a GET of priority prio: in PriorityHeader, or with
 	// WithPriority when viaContext is set.
-	do := func(url string, prio Priority, viaContext bool) result {
+	do := func(url string, prio bulwark.Priority, viaContext bool) result {
 		ctx := t.Context()
 		if viaContext {
-			ctx = WithPriority(ctx, prio)
+			ctx = bulwark.WithPriority(ctx, prio)
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if !viaContext {
-			req.Header.Set(PriorityHeader, prio.String())
+			req.Header.Set(bulwark.PriorityHeader, prio.String())
 		}
 		resp, err := client.Do(req)
 		if err != nil {
@@ -745,13 +754,13 @@ func TestShedderCriticalThroughBulwarkClient(t *testing.T) {
 		}
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		return result{code: resp.StatusCode, tier: resp.Header.Get(ShedPriorityHeader)}
+		return result{code: resp.StatusCode, tier: resp.Header.Get(bulwark.ShedPriorityHeader)}
 	}
 	const offered = 3 * (workers + queue)
 	const held = workers - 1 + queue // the low requests in the handler or queued
 	results := make(chan result, offered)
 	for i := range offered {
-		go func() { results <- do(fmt.Sprintf("%s/low/%d", srv.URL, i), PriorityLow, i%2 == 0) }()
+		go func() { results <- do(fmt.Sprintf("%s/low/%d", srv.URL, i), bulwark.PriorityLow, i%2 == 0) }()
 	}
 	deadline := time.After(60 * time.Second)
 	recv := func() result {
@@ -772,7 +781,7 @@ func TestShedderCriticalThroughBulwarkClient(t *testing.T) {
 		switch r := recv(); {
 		case r.err == nil && r.code == http.StatusServiceUnavailable && r.tier == "low":
 			shed++
-		case errors.Is(r.err, ErrPushback):
+		case errors.Is(r.err, bulwark.ErrPushback):
 		default:
 			t.Fatalf("low request past capacity: %+v, want a 503 naming the low tier, or ErrPushback", r)
 		}
@@ -783,7 +792,7 @@ func TestShedderCriticalThroughBulwarkClient(t *testing.T) {
 	// Critical requests, by header and by WithPriority (which the client
 	// must send on for the Shedder to see it), reach the reserve.
 	for i := range 6 {
-		if r := do(fmt.Sprintf("%s/critical/%d", srv.URL, i), PriorityCritical, i%2 == 0); r.err != nil || r.code != http.StatusOK {
+		if r := do(fmt.Sprintf("%s/critical/%d", srv.URL, i), bulwark.PriorityCritical, i%2 == 0); r.err != nil || r.code != http.StatusOK {
 			t.Fatalf("critical request %d during the overload: %d, %v; want 200", i, r.code, r.err)
 		}
 		select {
@@ -792,19 +801,19 @@ func TestShedderCriticalThroughBulwarkClient(t *testing.T) {
 			t.Fatal("the Shedder did not finish a critical request in 60s")
 		}
 	}
-	if st := s.Stats(); st.Served[PriorityCritical] != 6 {
-		t.Errorf("Shedder served %d critical requests, want 6", st.Served[PriorityCritical])
+	if st := s.Stats(); st.Served[bulwark.PriorityCritical] != 6 {
+		t.Errorf("Shedder served %d critical requests, want 6", st.Served[bulwark.PriorityCritical])
 	}
 	// The low tier is still paused by the client: nothing more is sent.
-	if r := do(srv.URL+"/low/again", PriorityLow, false); !errors.Is(r.err, ErrPushback) {
+	if r := do(srv.URL+"/low/again", bulwark.PriorityLow, false); !errors.Is(r.err, bulwark.ErrPushback) {
 		t.Errorf("low request after the refusal: %+v, want ErrPushback", r)
 	}
 	// A plain 503 with Retry-After, without the tier, pauses its host for
 	// every priority.
-	if r := do(plain.URL+"/", PriorityLow, false); r.err != nil || r.code != http.StatusServiceUnavailable {
+	if r := do(plain.URL+"/", bulwark.PriorityLow, false); r.err != nil || r.code != http.StatusServiceUnavailable {
 		t.Fatalf("plain 503: %+v", r)
 	}
-	if r := do(plain.URL+"/", PriorityCritical, true); !errors.Is(r.err, ErrPushback) || plainSent.Load() != 1 {
+	if r := do(plain.URL+"/", bulwark.PriorityCritical, true); !errors.Is(r.err, bulwark.ErrPushback) || plainSent.Load() != 1 {
 		t.Errorf("critical request after a plain 503: %+v after %d sends, want ErrPushback and nothing sent", r, plainSent.Load())
 	}
 	release()
@@ -813,71 +822,6 @@ func TestShedderCriticalThroughBulwarkClient(t *testing.T) {
 			t.Errorf("held low request: %+v, want 200", r)
 		}
 	}
-}
-
-// Example shows a Shedder behind DeadlineHandler: one worker, no queue; a
-// second request while the first is being served is refused at once.
-func ExampleShedder() {
-	inHandler, finish := make(chan struct{}), make(chan struct{})
-	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		close(inHandler)
-		<-finish
-		io.WriteString(w, "done\n")
-	})
-	s, err := NewShedder(slow, ShedConfig{Workers: 1, Queue: -1})
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	h := DeadlineHandler(s, DeadlineOptions{})
-
-	first := make(chan string)
-	go func() {
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
-		first <- rec.Body.String()
-	}()
-	<-inHandler
-
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
-	fmt.Println(rec.Code, "Retry-After:", rec.Header().Get("Retry-After"), NoRetryHeader+":", rec.Header().Get(NoRetryHeader))
-
-	close(finish)
-	fmt.Print(<-first)
-	st := s.Stats()
-	fmt.Println("served:", st.Served[PriorityNormal], "shed:", st.Shed[ShedQueueFull][PriorityNormal])
-	// Output:
-	// 503 Retry-After: 1 Bulwark-No-Retry: 1
-	// done
-	// served: 1 shed: 1
-}
-
-// ExampleShedStats reads every counter of a snapshot with exported names
-// only: the arrays are sized by NumPriorities and NumShedReasons, and
-// ranging over those yields a Priority and a ShedReason.
-func ExampleShedStats() {
-	s, err := NewShedder(http.NotFoundHandler(), ShedConfig{Workers: 1, Queue: -1})
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	s.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
-	st := s.Stats()
-	var served [NumPriorities]uint64 = st.Served
-	for p := range NumPriorities {
-		var shed uint64
-		for r := range NumShedReasons {
-			shed += st.Shed[r][p]
-		}
-		fmt.Printf("%s: served %d, shed %d\n", p, served[p], shed)
-	}
-	// Output:
-	// critical: served 0, shed 0
-	// high: served 0, shed 0
-	// normal: served 1, shed 0
-	// low: served 0, shed 0
-	// test: served 0, shed 0
 }
 
 // nopWriter is a ResponseWriter that keeps nothing, with a header map
@@ -1015,4 +959,55 @@ func BenchmarkShedderLoopback(b *testing.B) {
 	b.ReportMetric(pct(refused, 0.50), "shed-p50-ms")
 	b.ReportMetric(pct(refused, 0.99), "shed-p99-ms")
 	b.ReportMetric(100*float64(len(refused))/float64(max(1, len(served)+len(refused))), "shed-%")
+}
+
+// TestShadowShedderMatchesEnforcingTwin: a Shedder in shadow mode counts
+// in Shed what its enforcing twin refuses, and serves every request.
+func TestShadowShedderMatchesEnforcingTwin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			d, _ := time.ParseDuration(r.URL.Query().Get("d"))
+			time.Sleep(d)
+		})
+		cfg := ShedConfig{Workers: 3, Queue: 2, MaxQueueWait: 15 * time.Millisecond, ReservedCritical: -1}
+		enforcing, err := NewShedder(h, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Shadow = true
+		shadow, err := NewShedder(h, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		refused, shadowRefused := 0, 0
+		var wg sync.WaitGroup
+		serve := func(s *Shedder, url string, count *int) {
+			rec := httptest.NewRecorder()
+			s.ServeHTTP(rec, httptest.NewRequest("GET", url, nil))
+			if rec.Code == http.StatusServiceUnavailable {
+				mu.Lock()
+				*count++
+				mu.Unlock()
+			}
+		}
+		for i := range 120 {
+			n := 1 + (i*7)%5
+			url := "/?d=" + (time.Duration(10*(1+(i*3)%4)) * time.Millisecond).String()
+			for range n {
+				wg.Go(func() { serve(enforcing, url, &refused) })
+				wg.Go(func() { serve(shadow, url, &shadowRefused) })
+			}
+			synctest.Wait()
+			time.Sleep(10 * time.Millisecond)
+			synctest.Wait()
+		}
+		wg.Wait()
+		if refused == 0 {
+			t.Fatal("the enforcing Shedder refused nothing: the test proves nothing")
+		}
+		if got := shadow.Stats().ShedTotal(); shadowRefused != 0 || got != uint64(refused) {
+			t.Errorf("shadow Shedder: refused %d, would have refused %d; the enforcing twin refused %d", shadowRefused, got, refused)
+		}
+	})
 }

@@ -1,150 +1,44 @@
-// Load shedding: the callee's half of bulwark.
-//
-// The Shedder lives in the root package rather than in a subpackage of its
-// own for three reasons. A service is usually both a callee and a caller, and
-// one import gives it both halves. It shares DeadlineHandler's context
-// deadline: the patience a queued request is allowed is the deadline the
-// caller sent, which DeadlineHandler (deadline_rt.go) turns back into a
-// context deadline upstream of the Shedder. And it shares with bulwark's
-// own client the NoRetryHeader marker and the reading of a request's
-// Priority (DefaultPriority, ShedPriorityHeader), so the two halves agree
-// on one name and one rule without an import between packages.
-
-package bulwark
+package server
 
 import (
 	"context"
-	"errors"
 	"math"
 	"net/http"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/bulwark-http/bulwark"
+	"github.com/bulwark-http/bulwark/internal/fifo"
 	"github.com/bulwark-http/bulwark/internal/limit"
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
+	"github.com/bulwark-http/bulwark/internal/wire"
 	"go.opentelemetry.io/otel/metric"
-	metricnoop "go.opentelemetry.io/otel/metric/noop"
-	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 )
 
-// A Shedder sets NoRetryHeader (defined with the retry layer that reads it)
-// to "1" on every 503 it writes.
+// A Shedder sets bulwark.NoRetryHeader (defined with the client's retry
+// layer, which reads it) to "1" on every 503 it writes.
 
-// PriorityHeader is the request header DefaultPriority reads a request's
-// Priority from: "critical", "high", "normal", "low" or "test" (any case).
-const PriorityHeader = "Bulwark-Priority"
-
-// Priority is how critical a request is to the service: under overload a
-// Shedder refuses lower priorities first. A smaller value is more important;
-// PriorityCritical is the most important and PriorityTest the least. A value
-// beyond PriorityTest is treated as PriorityTest.
-type Priority uint8
-
-// The priorities, most important first. They follow the order of Stripe's
-// last line of defence, its load shedder (Stripe's engineering blog,
-// "Scaling your API with rate limiters", 2017): critical methods, then
-// writes (POST), then reads (GET), then test-mode traffic, with PriorityLow
-// between reads and test traffic for work that can always wait (batch,
-// prefetch).
-const (
-	PriorityCritical Priority = iota
-	PriorityHigh
-	PriorityNormal
-	PriorityLow
-	PriorityTest
-
-	// NumPriorities is how many priorities there are, one past
-	// PriorityTest: the length of ShedStats' arrays by priority. Ranging
-	// over it yields every Priority, most important first. It is not a
-	// priority itself.
-	NumPriorities
-)
-
-// numPriorities is NumPriorities as an int, for loops over the Shedder's
-// arrays.
-const numPriorities = int(NumPriorities)
-
-var priorityNames = [numPriorities]string{"critical", "high", "normal", "low", "test"}
-
-// String returns the priority's lower-case name, as PriorityHeader spells it.
-func (p Priority) String() string {
-	if int(p) < numPriorities {
-		return priorityNames[p]
-	}
-	return "Priority(" + strconv.Itoa(int(p)) + ")"
-}
+// numPriorities is bulwark.NumPriorities as an int, for the Shedder's
+// arrays and loops.
+const numPriorities = int(bulwark.NumPriorities)
 
 // clamp maps an out-of-range priority to the least important one, so that a
 // classifier's mistake can never buy a request the critical reserve.
-func (p Priority) clamp() Priority { return min(p, PriorityTest) }
+func clamp(p bulwark.Priority) bulwark.Priority { return min(p, bulwark.PriorityTest) }
 
-// DefaultPriority is the Shedder's default classifier, and the priority
-// bulwark's client gives a request. A PriorityHeader naming a priority
-// wins; then a priority the request's context carries (WithPriority);
-// otherwise the method decides, in Stripe's order: requests that change
-// state (POST, PUT, PATCH, DELETE and any other unsafe method) are
-// PriorityHigh, safe ones (GET, HEAD, OPTIONS, TRACE) are PriorityNormal.
+// DefaultPriority is the Shedder's default classifier:
+// bulwark.RequestPriority, the priority bulwark's client also gives the
+// request (bulwark.PriorityHeader, then bulwark.WithPriority, then the
+// method), so that the client's pushback pauses exactly the priorities a
+// Shedder refused.
 //
 // The header is trusted as sent. A service reachable by callers who should
 // not choose their own priority must strip or overwrite it at its edge, or
 // configure ShedConfig.Classify with a function of something it trusts
 // (the route, an authenticated principal).
-func DefaultPriority(r *http.Request) Priority {
-	p, _ := requestPriority(r)
-	return p
-}
-
-// requestPriority is DefaultPriority, the one reading of a request's
-// priority that the Shedder and the client's pushback share. fromContext
-// reports that the priority is WithPriority's: the header named none.
-func requestPriority(r *http.Request) (p Priority, fromContext bool) {
-	if v := r.Header[PriorityHeader]; len(v) > 0 {
-		if p, ok := parsePriority(v[0]); ok {
-			return p, false
-		}
-	}
-	if p, ok := r.Context().Value(priorityKey{}).(Priority); ok {
-		return p, true
-	}
-	switch r.Method {
-	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, "":
-		return PriorityNormal, false
-	}
-	return PriorityHigh, false
-}
-
-// parsePriority reads a priority's name, in any case.
-func parsePriority(v string) (Priority, bool) {
-	for i, name := range priorityNames {
-		if strings.EqualFold(v, name) {
-			return Priority(i), true
-		}
-	}
-	return 0, false
-}
-
-// priorityKey is the context key WithPriority stores a Priority under.
-type priorityKey struct{}
-
-// WithPriority returns a copy of ctx that carries p as the Priority of the
-// requests made with it, for a caller that would rather not set
-// PriorityHeader on each request itself. A request's own PriorityHeader
-// still wins; a value beyond PriorityTest counts as PriorityTest.
-//
-// On bulwark's client it decides which Shedder refusals pause the request
-// (see ShedPriorityHeader), and bulwark sends it upstream as
-// PriorityHeader, on a copy of the request, when the request has no such
-// header, so the server's Shedder sees the same priority. The header is
-// added by the pushback layer: an upstream with Retry.NoPushback gets no
-// header from it. On a server, DefaultPriority reads it after the header.
-func WithPriority(ctx context.Context, p Priority) context.Context {
-	return context.WithValue(ctx, priorityKey{}, p.clamp())
-}
+func DefaultPriority(r *http.Request) bulwark.Priority { return bulwark.RequestPriority(r) }
 
 // Package defaults for ShedConfig.
 const (
@@ -154,8 +48,8 @@ const (
 	// and the requests at its back are better refused than served late.
 	DefaultMaxQueueWait = 100 * time.Millisecond
 
-	// DefaultReservedCritical is the share of workers only PriorityCritical
-	// requests may use, so that a flood of reads cannot crowd out the work
+	// DefaultReservedCritical is the share of workers only
+	// bulwark.PriorityCritical requests may use, so that a flood of reads cannot crowd out the work
 	// that must go on (Stripe reserves capacity for creating charges).
 	DefaultReservedCritical = 0.1
 
@@ -198,7 +92,7 @@ type ShedConfig struct {
 	MaxQueueWait time.Duration
 
 	// ReservedCritical is the fraction of Workers, in [0, 1), held back for
-	// PriorityCritical requests: the other priorities start (or leave the
+	// bulwark.PriorityCritical requests: the other priorities start (or leave the
 	// queue) only while more than the reserve is free, so a critical
 	// arrival finds a worker even when reads and writes have taken all they
 	// may. Critical requests may use every worker. The reserve is rounded up
@@ -216,7 +110,7 @@ type ShedConfig struct {
 
 	// Classify gives a request's priority. It runs on every request, so it
 	// must be cheap and must not read the body. Nil means DefaultPriority.
-	Classify func(*http.Request) Priority
+	Classify func(*http.Request) bulwark.Priority
 
 	// MeterProvider receives the Shedder's metrics: Stats as observable
 	// instruments, read at each collection (see Shedder). Nil means
@@ -225,7 +119,7 @@ type ShedConfig struct {
 
 	// Adaptive makes the worker count learn from the handler's latency,
 	// with the gradient the client's adaptive bulkhead uses (see
-	// Bulkhead.Adaptive): it starts at Workers, which is its ceiling, and
+	// bulwark.Bulkhead.Adaptive): it starts at Workers, which is its ceiling, and
 	// comes down to no fewer than MinWorkers while the handler's latency
 	// rises above its baseline, so a handler whose capacity shrank gets
 	// the work it can do and the rest is queued or refused fast. The
@@ -293,10 +187,10 @@ func (r ShedReason) String() string {
 
 // ShedStats is a snapshot of a Shedder's state and counters. The counters
 // only grow; subtract two snapshots for a rate. The arrays are indexed by
-// Priority and ShedReason, and sized by NumPriorities and NumShedReasons,
-// so that a loop over every counter reads:
+// bulwark.Priority and ShedReason, and sized by bulwark.NumPriorities and
+// NumShedReasons, so that a loop over every counter reads:
 //
-//	for r := range bulwark.NumShedReasons {
+//	for r := range server.NumShedReasons {
 //		for p := range bulwark.NumPriorities {
 //			use(r, p, st.Shed[r][p])
 //		}
@@ -308,11 +202,11 @@ type ShedStats struct {
 	Queued   int // requests waiting for a worker now
 
 	// Served counts the requests handed to the wrapped handler, by priority.
-	Served [NumPriorities]uint64
+	Served [bulwark.NumPriorities]uint64
 	// Shed counts refused requests by reason, then priority; in shadow
 	// mode (ShedConfig.Shadow), the requests it would have refused, which
 	// it served: those are not in Served.
-	Shed [NumShedReasons][NumPriorities]uint64
+	Shed [NumShedReasons][bulwark.NumPriorities]uint64
 	// ServedRetries and ShedRetries count the requests among those that
 	// were retries (see isRetry): a retry waits behind every first
 	// attempt of its priority.
@@ -335,21 +229,21 @@ func (s ShedStats) ShedTotal() uint64 {
 
 // Shedder is an http.Handler middleware that protects the handler it wraps
 // from more work than it can do. It lets at most Workers requests into the
-// handler at once and keeps a short queue, ordered by Priority, in front of
-// it. Past that it answers 503 Service Unavailable at once, with
-// Retry-After, NoRetryHeader, ShedReasonHeader and ShedPriorityHeader,
-// without calling the wrapped handler: a 503 in a millisecond lets the
+// handler at once and keeps a short queue, ordered by bulwark.Priority, in
+// front of it. Past that it answers 503 Service Unavailable at once, with
+// Retry-After, bulwark.NoRetryHeader, ShedReasonHeader and
+// bulwark.ShedPriorityHeader, without calling the wrapped handler: a 503 in a millisecond lets the
 // caller fall back or go elsewhere, where a 200 in forty seconds helps
 // nobody.
 //
 // Under pressure lower priorities go first: a full queue gives a more
 // important arrival the place of its least important waiter, freed workers
 // go to the most important waiter, and a share of the workers is reserved
-// for PriorityCritical. Within a priority, retries go before first attempts
-// (AttemptHeader, grpc-previous-rpc-attempts, x-envoy-attempt-count; see
-// shed_retry.go). A queued request whose caller's patience has run out
-// is dropped before it is served (queue-time shedding, as CoDel does for
-// packets).
+// for bulwark.PriorityCritical. Within a priority, retries go before first
+// attempts (bulwark.AttemptHeader, grpc-previous-rpc-attempts,
+// x-envoy-attempt-count; see shed_retry.go). A queued request whose
+// caller's patience has run out is dropped before it is served (queue-time
+// shedding, as CoDel does for packets).
 //
 // Build one with NewShedder. It is safe for concurrent use; Stats reports
 // what it is doing.
@@ -366,7 +260,7 @@ func (s ShedStats) ShedTotal() uint64 {
 //	bulwark.shed.queued    gauge                                                 requests waiting for a worker now
 //	bulwark.shed.workers   gauge                                                 the worker count in force (ShedStats.Workers; it moves when Adaptive)
 //
-// bulwark.shed.priority is a Priority's String ("critical" … "test"),
+// bulwark.shed.priority is a bulwark.Priority's String ("critical" … "test"),
 // bulwark.shed.reason a ShedReason's ("queue_full", "waited_too_long",
 // "displaced", "canceled"): 5 served and 20 refused series per Shedder.
 // Several Shedders on one MeterProvider tell their points apart by
@@ -376,7 +270,7 @@ func (s ShedStats) ShedTotal() uint64 {
 // goes to otel.Handle; NewShedder does not fail over metrics.
 type Shedder struct {
 	next        http.Handler
-	classify    func(*http.Request) Priority
+	classify    func(*http.Request) bulwark.Priority
 	workers     int             // limit for PriorityCritical; with Adaptive, the ceiling
 	lim         *limit.Gradient // nil unless Adaptive
 	reserveFrac float64         // the critical reserve's share, for an adaptive count
@@ -392,9 +286,9 @@ type Shedder struct {
 	now func() time.Time
 
 	mu       sync.Mutex
-	inflight int                             // guarded by mu
-	queue    [numRanks]fifo[waiter, *waiter] // guarded by mu; one per rank (priority, then first attempt or retry)
-	queued   int                             // guarded by mu; sum of the lists' lengths
+	inflight int                                  // guarded by mu
+	queue    [numRanks]fifo.List[waiter, *waiter] // guarded by mu; one per rank (priority, then first attempt or retry)
+	queued   int                                  // guarded by mu; sum of the lists' lengths
 
 	// Mirrors of inflight and queued, written under mu, so Stats reads
 	// them without contending with the hot path.
@@ -423,7 +317,7 @@ var (
 	// ShedPriorityHeader. Its capacity equals its length, so a later
 	// Header().Add copies.
 	priorityHdrValue = func() (v [numPriorities][]string) {
-		for i, n := range priorityNames {
+		for i, n := range wire.PriorityNames {
 			v[i] = []string{n}
 		}
 		return v
@@ -434,19 +328,11 @@ var (
 // ShedReason, for logs and debugging; clients should not branch on it.
 const ShedReasonHeader = "Bulwark-Shed-Reason"
 
-// ShedPriorityHeader is the response header on a Shedder's 503 that names
-// the Priority it refused, as Priority.String spells it. Bulwark's client
-// reads it: the refusal's Retry-After then pauses requests to that host of
-// that priority and less important ones only. Without it, a Shedder
-// refusing low-priority work would stop the client's critical requests
-// too, before they could reach the workers the Shedder reserves for them.
-const ShedPriorityHeader = "Bulwark-Shed-Priority"
-
 // NewShedder returns a Shedder that serves next under cfg. A bad cfg is an
-// error matching ErrInvalidConfig, never a panic.
+// error matching bulwark.ErrInvalidConfig, never a panic.
 func NewShedder(next http.Handler, cfg ShedConfig) (*Shedder, error) {
 	if next == nil {
-		return nil, &shedError{ce: &ConfigError{Reason: "NewShedder: nil handler"}}
+		return nil, &shedError{ce: &bulwark.ConfigError{Reason: "NewShedder: nil handler"}}
 	}
 	if cfg.Workers < 0 {
 		return nil, shedFieldError("Workers", cfg.Workers, "must be ≥ 0")
@@ -460,7 +346,7 @@ func NewShedder(next http.Handler, cfg ShedConfig) (*Shedder, error) {
 	if cfg.RetryAfter < 0 {
 		return nil, shedFieldError("RetryAfter", cfg.RetryAfter, "must be ≥ 0")
 	}
-	if cfg.RetryAfter > maxRetryAfterHeader {
+	if cfg.RetryAfter > wire.MaxRetryAfter {
 		// The bound also keeps the rounding up below from overflowing.
 		return nil, shedFieldError("RetryAfter", cfg.RetryAfter, "must be at most 24h: a bulwark client ignores a longer Retry-After")
 	}
@@ -522,83 +408,9 @@ func NewShedder(next http.Handler, cfg ShedConfig) (*Shedder, error) {
 	return s, nil
 }
 
-// Attribute keys of the Shedder's metrics.
-const (
-	keyShedPriority = attribute.Key("bulwark.shed.priority")
-	keyShedReason   = attribute.Key("bulwark.shed.reason")
-	keyShedName     = attribute.Key("bulwark.shed.name")
-	keyShedShadow   = attribute.Key("bulwark.shed.shadow")
-)
-
-// registerMetrics registers the observable instruments described on
-// Shedder, with attribute sets built once here so that a collection
-// allocates nothing per point.
-func (s *Shedder) registerMetrics(mp metric.MeterProvider, name string) {
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
-	switch mp.(type) {
-	case metricnoop.MeterProvider, *metricnoop.MeterProvider:
-		return
-	}
-	m := mp.Meter(instrumentationName, metric.WithSchemaURL(semconv.SchemaURL))
-	served, err1 := m.Int64ObservableCounter("bulwark.shed.served",
-		metric.WithDescription("Requests a Shedder handed to its handler, by priority."), metric.WithUnit("{request}"))
-	refused, err2 := m.Int64ObservableCounter("bulwark.shed.refused",
-		metric.WithDescription("Requests a Shedder refused with a 503, by reason and priority."), metric.WithUnit("{request}"))
-	inflight, err3 := m.Int64ObservableGauge("bulwark.shed.in_flight",
-		metric.WithDescription("Requests in a Shedder's handler now."), metric.WithUnit("{request}"))
-	queued, err4 := m.Int64ObservableGauge("bulwark.shed.queued",
-		metric.WithDescription("Requests waiting in a Shedder's queue now."), metric.WithUnit("{request}"))
-	workers, err5 := m.Int64ObservableGauge("bulwark.shed.workers",
-		metric.WithDescription("A Shedder's worker count in force: Workers, or the adaptive count."), metric.WithUnit("{worker}"))
-	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
-		otel.Handle(err)
-		return
-	}
-	// set is the attribute set of one point: kv, and the Shedder's name.
-	set := func(kv ...attribute.KeyValue) metric.ObserveOption {
-		if name != "" {
-			kv = append(kv, keyShedName.String(name))
-		}
-		if s.shadow {
-			kv = append(kv, keyShedShadow.Bool(true))
-		}
-		return metric.WithAttributeSet(attribute.NewSet(kv...))
-	}
-	var byPrio [numPriorities]metric.ObserveOption
-	var byReason [numShedReasons][numPriorities]metric.ObserveOption
-	for p := range byPrio {
-		pa := keyShedPriority.String(priorityNames[p])
-		byPrio[p] = set(pa)
-		for r := range byReason {
-			byReason[r][p] = set(keyShedReason.String(shedReasonNames[r]), pa)
-		}
-	}
-	whole := set()
-	_, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		st := s.Stats()
-		for p, n := range st.Served {
-			o.ObserveInt64(served, int64(n), byPrio[p])
-		}
-		for r := range st.Shed {
-			for p, n := range st.Shed[r] {
-				o.ObserveInt64(refused, int64(n), byReason[r][p])
-			}
-		}
-		o.ObserveInt64(inflight, int64(st.InFlight), whole)
-		o.ObserveInt64(queued, int64(st.Queued), whole)
-		o.ObserveInt64(workers, int64(st.Workers), whole)
-		return nil
-	}, served, refused, inflight, queued, workers)
-	if err != nil {
-		otel.Handle(err)
-	}
-}
-
-// shedError reports a bad ShedConfig. It unwraps to a *ConfigError, so it
-// matches ErrInvalidConfig, but reads without the client's "Default" scope.
-type shedError struct{ ce *ConfigError }
+// shedError reports a bad ShedConfig. It unwraps to a *bulwark.ConfigError,
+// so it matches bulwark.ErrInvalidConfig, but reads without the client's "Default" scope.
+type shedError struct{ ce *bulwark.ConfigError }
 
 func (e *shedError) Error() string {
 	if e.ce.Field == "" {
@@ -609,7 +421,7 @@ func (e *shedError) Error() string {
 func (e *shedError) Unwrap() error { return e.ce }
 
 func shedFieldError(field string, value any, reason string) error {
-	return &shedError{ce: &ConfigError{Field: field, Value: value, Reason: reason}}
+	return &shedError{ce: &bulwark.ConfigError{Field: field, Value: value, Reason: reason}}
 }
 
 func formatValue(v any) string {
@@ -629,12 +441,12 @@ func formatValue(v any) string {
 // ServeHTTP serves r through the wrapped handler if a worker is free or
 // becomes free within r's patience, and refuses it with a 503 otherwise.
 func (s *Shedder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	p := s.classify(r).clamp()
+	p := clamp(s.classify(r))
 	rk := rankOf(p, isRetry(r.Header))
 
 	s.mu.Lock()
 	workers, limit := s.capacityLocked()
-	if p == PriorityCritical {
+	if p == bulwark.PriorityCritical {
 		limit = workers
 	}
 	// Every change of state hands free workers to the waiters who may use
@@ -677,7 +489,7 @@ func (s *Shedder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // serve runs the wrapped handler on a worker this request holds.
-func (s *Shedder) serve(w http.ResponseWriter, r *http.Request, p Priority, rk rank) {
+func (s *Shedder) serve(w http.ResponseWriter, r *http.Request, p bulwark.Priority, rk rank) {
 	s.served[p].Add(1)
 	if rk.retry() {
 		s.servedRetry.Add(1)
@@ -703,7 +515,7 @@ func (s *Shedder) release() {
 // refuse writes the 503. It never touches the wrapped handler, and on the
 // hot rejection path allocates nothing of its own: every header value is
 // shared.
-func (s *Shedder) refuse(w http.ResponseWriter, r *http.Request, p Priority, why ShedReason) {
+func (s *Shedder) refuse(w http.ResponseWriter, r *http.Request, p bulwark.Priority, why ShedReason) {
 	s.shed[why][p].Add(1)
 	if s.shadow && why != ShedCanceled {
 		// Counted as a refusal, served anyway, on no worker: the queue
@@ -714,9 +526,9 @@ func (s *Shedder) refuse(w http.ResponseWriter, r *http.Request, p Priority, why
 	}
 	h := w.Header()
 	h["Retry-After"] = s.retryAfter
-	h[NoRetryHeader] = shedNoRetryValue
+	h[bulwark.NoRetryHeader] = shedNoRetryValue
 	h[ShedReasonHeader] = shedReasonHdrValue[why]
-	h[ShedPriorityHeader] = priorityHdrValue[p]
+	h[bulwark.ShedPriorityHeader] = priorityHdrValue[p]
 	h["Content-Type"] = shedContentType
 	h["Content-Length"] = shedContentLength
 	h["X-Content-Type-Options"] = shedNoSniff
@@ -744,15 +556,15 @@ const (
 
 // waiter is one queued request.
 type waiter struct {
-	prio     Priority
+	prio     bulwark.Priority
 	rank     rank
 	state    uint8
 	ready    chan struct{} // buffered: the one send never blocks
 	patience time.Time     // the instant it stops waiting
-	links    links[waiter]
+	links    fifo.Links[waiter]
 }
 
-func (w *waiter) fifoLinks() *links[waiter] { return &w.links }
+func (w *waiter) FIFOLinks() *fifo.Links[waiter] { return &w.links }
 
 // enqueueLocked queues a request of priority p and the given patience, displacing a less important
 // waiter if the queue is full. It reports false when there is no room.
@@ -765,7 +577,7 @@ func (s *Shedder) enqueueLocked(rk rank, patience time.Time) (*waiter, bool) {
 		// its own priority.
 		victim := (*waiter)(nil)
 		for q := numRanks - 1; q > int(rk); q-- {
-			if victim = s.queue[q].tail; victim != nil {
+			if victim = s.queue[q].Back(); victim != nil {
 				break
 			}
 		}
@@ -775,7 +587,7 @@ func (s *Shedder) enqueueLocked(rk rank, patience time.Time) (*waiter, bool) {
 		s.settleLocked(victim, dropped)
 	}
 	w := &waiter{prio: p, rank: rk, patience: patience, ready: make(chan struct{}, 1)}
-	s.queue[rk].push(w)
+	s.queue[rk].Push(w)
 	s.queued++
 	s.statQueued.Store(int64(s.queued))
 	return w, true
@@ -783,7 +595,7 @@ func (s *Shedder) enqueueLocked(rk rank, patience time.Time) (*waiter, bool) {
 
 // settleLocked takes w out of the queue in state st and wakes it.
 func (s *Shedder) settleLocked(w *waiter, st uint8) {
-	s.queue[w.rank].remove(w)
+	s.queue[w.rank].Remove(w)
 	s.queued--
 	s.statQueued.Store(int64(s.queued))
 	w.state = st
@@ -799,9 +611,9 @@ func (s *Shedder) dispatchLocked() {
 	workers, shared := s.capacityLocked()
 	for s.queued > 0 && s.inflight < workers {
 		var w *waiter
-		if w = s.firstOf(PriorityCritical); w == nil && s.inflight < shared {
+		if w = s.firstOf(bulwark.PriorityCritical); w == nil && s.inflight < shared {
 			for q := 2; q < numRanks && w == nil; q++ {
-				w = s.queue[q].head
+				w = s.queue[q].Front()
 			}
 		}
 		if w == nil {

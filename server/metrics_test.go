@@ -1,4 +1,4 @@
-package bulwark
+package server
 
 import (
 	"context"
@@ -9,10 +9,47 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/bulwark-http/bulwark"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
+
+// findMetric returns the metric called name, from the Shedder's meter.
+// Every point must come from the scope the Shedder has always reported
+// under, the root package's path: moving it to package server changed no
+// dashboard.
+func findMetric(t *testing.T, rm metricdata.ResourceMetrics, name string) *metricdata.Metrics {
+	t.Helper()
+	for _, sm := range rm.ScopeMetrics {
+		for i := range sm.Metrics {
+			if sm.Metrics[i].Name == name {
+				if sm.Scope.Name != "github.com/bulwark-http/bulwark" {
+					t.Errorf("%s: instrumentation scope %q, want the root package's path", name, sm.Scope.Name)
+				}
+				return &sm.Metrics[i]
+			}
+		}
+	}
+	return nil
+}
+
+// counter returns the value of counter name at exactly the attributes kv.
+func counter(t *testing.T, rm metricdata.ResourceMetrics, name string, kv ...attribute.KeyValue) int64 {
+	t.Helper()
+	m := findMetric(t, rm, name)
+	if m == nil {
+		return 0
+	}
+	want := attribute.NewSet(kv...)
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		if dp.Attributes.Equals(&want) {
+			return dp.Value
+		}
+	}
+	return 0
+}
 
 // checkShedMetrics insists that a collection from reader matches Stats()
 // point for point.
@@ -24,22 +61,22 @@ func checkShedMetrics(t *testing.T, reader *sdkmetric.ManualReader, s *Shedder) 
 	}
 	st := s.Stats()
 	for p := range numPriorities {
-		prio := keyShedPriority.String(Priority(p).String())
+		prio := keyShedPriority.String(bulwark.Priority(p).String())
 		if got := counter(t, rm, "bulwark.shed.served", prio); uint64(got) != st.Served[p] {
-			t.Errorf("bulwark.shed.served{%s} = %d, Stats says %d", Priority(p), got, st.Served[p])
+			t.Errorf("bulwark.shed.served{%s} = %d, Stats says %d", bulwark.Priority(p), got, st.Served[p])
 		}
 		for r := range numShedReasons {
 			reason := keyShedReason.String(ShedReason(r).String())
 			if got := counter(t, rm, "bulwark.shed.refused", reason, prio); uint64(got) != st.Shed[r][p] {
-				t.Errorf("bulwark.shed.refused{%s, %s} = %d, Stats says %d", ShedReason(r), Priority(p), got, st.Shed[r][p])
+				t.Errorf("bulwark.shed.refused{%s, %s} = %d, Stats says %d", ShedReason(r), bulwark.Priority(p), got, st.Shed[r][p])
 			}
 		}
 	}
-	if n := len(findMetric(rm, "bulwark.shed.refused").Data.(metricdata.Sum[int64]).DataPoints); n != numShedReasons*numPriorities {
+	if n := len(findMetric(t, rm, "bulwark.shed.refused").Data.(metricdata.Sum[int64]).DataPoints); n != numShedReasons*numPriorities {
 		t.Errorf("bulwark.shed.refused has %d series, want %d", n, numShedReasons*numPriorities)
 	}
 	for name, want := range map[string]int{"bulwark.shed.in_flight": st.InFlight, "bulwark.shed.queued": st.Queued, "bulwark.shed.workers": st.Workers} {
-		m := findMetric(rm, name)
+		m := findMetric(t, rm, name)
 		if m == nil {
 			t.Errorf("no %s", name)
 			continue
@@ -71,7 +108,7 @@ func TestShedderMetrics(t *testing.T) {
 		}
 		st := s.Stats()
 		if st.InFlight != 2 || st.Queued != 1 || st.ShedTotal() != 3 ||
-			st.Shed[ShedQueueFull][PriorityNormal] != 1 || st.Shed[ShedDisplaced][PriorityNormal] != 1 || st.Shed[ShedQueueFull][PriorityHigh] != 1 {
+			st.Shed[ShedQueueFull][bulwark.PriorityNormal] != 1 || st.Shed[ShedDisplaced][bulwark.PriorityNormal] != 1 || st.Shed[ShedQueueFull][bulwark.PriorityHigh] != 1 {
 			t.Fatalf("Stats() = %+v, want 2 in flight, 1 queued, 3 shed over two reasons and two tiers", st)
 		}
 		checkShedMetrics(t, reader, s)
@@ -83,7 +120,7 @@ func TestShedderMetrics(t *testing.T) {
 		for _, i := range []int{2, 3, 5} {
 			<-chs[i]
 		}
-		if st := s.Stats(); st.Served[PriorityNormal] != 2 || st.Served[PriorityHigh] != 1 || st.InFlight != 0 {
+		if st := s.Stats(); st.Served[bulwark.PriorityNormal] != 2 || st.Served[bulwark.PriorityHigh] != 1 || st.InFlight != 0 {
 			t.Fatalf("after release Stats() = %+v", st)
 		}
 		checkShedMetrics(t, reader, s)
@@ -128,7 +165,7 @@ func TestShedderMetricsNamed(t *testing.T) {
 		if err := reader.Collect(t.Context(), &rm); err != nil {
 			t.Fatal(err)
 		}
-		pts := findMetric(rm, "bulwark.shed.in_flight").Data.(metricdata.Gauge[int64]).DataPoints
+		pts := findMetric(t, rm, "bulwark.shed.in_flight").Data.(metricdata.Gauge[int64]).DataPoints
 		got := map[string]int64{}
 		for _, p := range pts {
 			v, _ := p.Attributes.Value(keyShedName)
@@ -137,7 +174,7 @@ func TestShedderMetricsNamed(t *testing.T) {
 		if len(pts) != 2 || got["public"] != 1 || got["admin"] != 0 {
 			t.Errorf("bulwark.shed.in_flight points %v, want public 1 and admin 0", got)
 		}
-		served := findMetric(rm, "bulwark.shed.served").Data.(metricdata.Sum[int64]).DataPoints
+		served := findMetric(t, rm, "bulwark.shed.served").Data.(metricdata.Sum[int64]).DataPoints
 		for _, p := range served {
 			if v, ok := p.Attributes.Value(keyShedName); !ok || (v.AsString() != "public" && v.AsString() != "admin") {
 				t.Errorf("a bulwark.shed.served point without its Shedder's name: %v", p.Attributes)

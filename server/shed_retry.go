@@ -1,10 +1,12 @@
-package bulwark
+package server
 
 import (
 	"math"
 	"net/http"
-	"strconv"
 	"time"
+
+	"github.com/bulwark-http/bulwark"
+	"github.com/bulwark-http/bulwark/internal/wire"
 )
 
 // Retries are shed first: within one priority, a Shedder queues a retry
@@ -22,7 +24,7 @@ type rank uint8
 // numRanks is how many ranks there are: two per priority.
 const numRanks = 2 * numPriorities
 
-func rankOf(p Priority, retry bool) rank {
+func rankOf(p bulwark.Priority, retry bool) rank {
 	r := rank(2 * p)
 	if retry {
 		r++
@@ -30,16 +32,16 @@ func rankOf(p Priority, retry bool) rank {
 	return r
 }
 
-func (r rank) priority() Priority { return Priority(r / 2) }
-func (r rank) retry() bool        { return r%2 == 1 }
+func (r rank) priority() bulwark.Priority { return bulwark.Priority(r / 2) }
+func (r rank) retry() bool                { return r%2 == 1 }
 
 // firstOf is the head of priority p's queues: its first attempts, then its
 // retries.
-func (s *Shedder) firstOf(p Priority) *waiter {
-	if w := s.queue[rankOf(p, false)].head; w != nil {
+func (s *Shedder) firstOf(p bulwark.Priority) *waiter {
+	if w := s.queue[rankOf(p, false)].Front(); w != nil {
 		return w
 	}
-	return s.queue[rankOf(p, true)].head
+	return s.queue[rankOf(p, true)].Front()
 }
 
 // refuseRank refuses a request of rank rk, counting a retry's refusal.
@@ -50,28 +52,14 @@ func (s *Shedder) refuseRank(w http.ResponseWriter, r *http.Request, rk rank, wh
 	s.refuse(w, r, rk.priority(), why)
 }
 
-// isRetry reports whether a request says it is a retry: AttemptHeader
+// isRetry reports whether a request says it is a retry: bulwark.AttemptHeader
 // (bulwark's client) above 1, grpc-previous-rpc-attempts (gRPC's retry
 // support) above 0, or x-envoy-attempt-count (Envoy's router) above 1. A
 // value that does not parse says nothing: a first attempt.
 func isRetry(h http.Header) bool {
-	return headerAbove(h, AttemptHeader, 1) ||
-		headerAbove(h, "Grpc-Previous-Rpc-Attempts", 0) ||
-		headerAbove(h, "X-Envoy-Attempt-Count", 1)
-}
-
-// headerAbove reports whether h's key holds one integer above n.
-func headerAbove(h http.Header, key string, n int64) bool {
-	v, ok := h[key]
-	if !ok || len(v) != 1 {
-		return false
-	}
-	s := trimOWS(v[0])
-	if s == "" || len(s) > 18 || !allDigits(s) {
-		return false
-	}
-	x, _ := strconv.ParseInt(s, 10, 64)
-	return x > n
+	return wire.HeaderAbove(h, bulwark.AttemptHeader, 1) ||
+		wire.HeaderAbove(h, "Grpc-Previous-Rpc-Attempts", 0) ||
+		wire.HeaderAbove(h, "X-Envoy-Attempt-Count", 1)
 }
 
 // capacityLocked is the worker count in force and the share of it the

@@ -1,0 +1,106 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/bulwark-http/bulwark"
+	"github.com/bulwark-http/bulwark/internal/wire"
+)
+
+// DefaultMaxDeadline caps an incoming deadline when
+// DeadlineOptions.Max is zero.
+const DefaultMaxDeadline = 30 * time.Second
+
+// DeadlineOptions configures DeadlineHandler. The zero value is ready to use.
+type DeadlineOptions struct {
+	// Max caps the deadline a caller may ask for, so that a hostile or buggy
+	// header cannot make the server hold work for hours. Zero or less means
+	// DefaultMaxDeadline.
+	Max time.Duration
+
+	// Header is the name of bulwark's deadline header to read, as set in the
+	// calling client's bulwark.Timeout.Header. Empty means
+	// bulwark.DefaultDeadlineHeader.
+	Header string
+
+	// OnMalformed, if not nil, is called with the header's name for every
+	// deadline header that was present but ignored because it did not parse
+	// or was not positive. Use it to count hostile input.
+	OnMalformed func(header string)
+}
+
+// DeadlineHandler returns a handler that turns an incoming deadline into the
+// request context's deadline, so a deadline crosses every hop: an outgoing
+// call made with r.Context() through a bulwark client carries the time left
+// on to the next service.
+//
+// It reads, in this order, bulwark's header (milliseconds), grpc-timeout
+// (gRPC's "<digits><unit>" form) and Envoy's x-envoy-expected-rq-timeout-ms,
+// takes the smallest valid one, and caps it at opts.Max. A header that does
+// not parse, or is zero or negative, is ignored (and reported to
+// opts.OnMalformed): a bad header never fails the request. With no valid
+// header the request is served with its context unchanged.
+func DeadlineHandler(next http.Handler, opts DeadlineOptions) http.Handler {
+	if opts.Max <= 0 {
+		opts.Max = DefaultMaxDeadline
+	}
+	if opts.Header == "" {
+		opts.Header = bulwark.DefaultDeadlineHeader
+	}
+	opts.Header = http.CanonicalHeaderKey(opts.Header)
+	return &deadlineHandler{next: next, opts: opts}
+}
+
+type deadlineHandler struct {
+	next http.Handler
+	opts DeadlineOptions
+}
+
+// The header names DeadlineHandler reads besides its own.
+const (
+	grpcTimeoutHeader  = "Grpc-Timeout"
+	envoyTimeoutHeader = "X-Envoy-Expected-Rq-Timeout-Ms"
+)
+
+func (h *deadlineHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	d, ok := h.incoming(r.Header)
+	if !ok {
+		h.next.ServeHTTP(w, r)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), d)
+	defer cancel()
+	h.next.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// incoming returns the smallest valid deadline among the headers, capped.
+func (h *deadlineHandler) incoming(hd http.Header) (time.Duration, bool) {
+	var best time.Duration
+	found := false
+	consider := func(name string, parse func(string) (time.Duration, bool)) {
+		v, present := hd[name]
+		if !present || len(v) == 0 {
+			return
+		}
+		d, ok := parse(v[0])
+		if !ok || len(v) > 1 {
+			// Two values for one deadline contradict each other: trust neither.
+			if h.opts.OnMalformed != nil {
+				h.opts.OnMalformed(name)
+			}
+			return
+		}
+		if !found || d < best {
+			best, found = d, true
+		}
+	}
+	consider(h.opts.Header, wire.ParseMillis)
+	consider(grpcTimeoutHeader, wire.ParseGRPCTimeout)
+	consider(envoyTimeoutHeader, wire.ParseMillis)
+	if found && best > h.opts.Max {
+		best = h.opts.Max
+	}
+	return best, found
+}

@@ -1,0 +1,22 @@
+// Package server is the callee's half of bulwark: HTTP middleware with
+// which a service protects itself, speaking the headers bulwark's client
+// (package bulwark) speaks. It imports the client's package for those
+// shared names; the client never imports it, as net/http never imports
+// net/http/httptest.
+//
+// DeadlineHandler turns an incoming deadline header (bulwark's, gRPC's
+// grpc-timeout, Envoy's x-envoy-expected-rq-timeout-ms) back into the
+// request context's deadline, so a deadline crosses every hop. A Shedder
+// lets a bounded number of requests into the handler it wraps, keeps a
+// short queue ordered by bulwark.Priority in front of it, and refuses the
+// rest with a fast 503 carrying Retry-After, bulwark.NoRetryHeader and
+// bulwark.ShedPriorityHeader: a bulwark client then neither retries the
+// refusal nor holds back requests more important than the one refused.
+//
+// The two compose with the deadline outermost, so that the patience a
+// queued request is allowed is the deadline its caller sent:
+//
+//	shedder, err := server.NewShedder(mux, server.ShedConfig{})
+//	…
+//	http.ListenAndServe(addr, server.DeadlineHandler(shedder, server.DeadlineOptions{}))
+package server
