@@ -31,12 +31,6 @@ const (
 // should give up slightly before the client does.
 const deadlineMargin = 5 * time.Millisecond
 
-// minSendTime is the least time left for which a request is still sent.
-// Below it the answer would arrive after the caller stopped waiting, so the
-// attempt fails at once with ErrDeadlineTooShort instead of loading the
-// upstream with work nobody will read.
-const minSendTime = 10 * time.Millisecond
-
 // Timeout bounds how long a call and each of its attempts may take, and
 // names the header that tells the upstream how long it has.
 //

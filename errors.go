@@ -48,6 +48,12 @@ var (
 	// caller's own deadline.
 	ErrTotalTimeout error = &wrapError{msg: "bulwark: call timed out", err: context.DeadlineExceeded}
 
+	// ErrThrottled reports that the host's client-side throttle refused the
+	// request locally, without sending it, because the host has recently
+	// accepted too few of the requests sent to it (see Throttle). A
+	// *ThrottledError matches it.
+	ErrThrottled error = errors.New("bulwark: client-side throttle rejected the request")
+
 	// errNilURL is returned for a request without a URL, as net/http does.
 	errNilURL = errors.New("bulwark: nil Request.URL")
 

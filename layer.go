@@ -52,6 +52,12 @@ type call struct {
 	hedge bool
 }
 
+// minSendTime is the least time left for which a request is still sent.
+// Below it the answer would arrive after the caller stopped waiting, so the
+// attempt fails at once with ErrDeadlineTooShort instead of loading the
+// upstream with work nobody will read.
+const minSendTime = 10 * time.Millisecond
+
 // deadline is the instant the call must be over by: the sooner of the
 // request context's deadline and Total's.
 func (c call) deadline(req *http.Request) (time.Time, bool) {

@@ -1,7 +1,6 @@
 package bulwark
 
 import (
-	"errors"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -24,12 +23,6 @@ const (
 	throttleBuckets   = 10
 	minThrottleWindow = 100 * time.Millisecond
 )
-
-// ErrThrottled reports that the host's client-side throttle refused the
-// request locally, without sending it, because the host has recently
-// accepted too few of the requests sent to it (see Throttle). A
-// *ThrottledError matches it.
-var ErrThrottled error = errors.New("bulwark: client-side throttle rejected the request")
 
 // ThrottledError is the error for a request the host's throttle refused.
 // It matches ErrThrottled. One value is made per host and shared; do not
