@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/bulwark-http/bulwark/internal/peers"
 	"github.com/bulwark-http/bulwark/internal/window"
 	"github.com/sony/gobreaker/v2"
 )
@@ -403,8 +404,9 @@ type breakerCore struct {
 	shape breakerShape
 	// fleet is where the host's breaker shares its counts and trips; nil
 	// without a Fleet, and for a route's breaker (fleet.go).
-	fleet *fleetLink
-	peers fleetPeers // the other pods' windows (fleet.go)
+	fleet  *fleetLink
+	peers  peers.Table // the other pods' windows (fleet.go)
+	queued atomic.Bool // counts queued for publishing (countsChanged)
 
 	// control is a BreakerControl.
 	control atomic.Uint32
@@ -620,7 +622,7 @@ func (b *breakerCore) readyToTrip(gobreaker.Counts) bool {
 	defer b.winMu.Unlock()
 	s := b.win.Sum(b.pos())
 	// The other pods' windows count as if they were this one's (fleet.go).
-	return b.due(b.peers.add(s, time.Now()))
+	return b.due(b.peers.Add(s, time.Now()))
 }
 
 // due is the trip condition on a window's sums. Under winMu.
@@ -648,7 +650,7 @@ func (b *breakerCore) onStateChange(_ string, from, to gobreaker.State) {
 	b.seq = 0
 	switch to {
 	case gobreaker.StateOpen:
-		b.peers.reset()
+		b.peers.Reset()
 		b.trips++
 		d := b.openTime(b.trips)
 		until := now.Add(d).UnixNano()
@@ -758,7 +760,7 @@ func (b *breakerStage) state() BreakerSnapshot {
 	w := b.win.Sum(b.pos())
 	s.Calls, s.Failures, s.Slow, s.Trips = w[winCalls], w[winFailures], w[winSlow], b.trips
 	b.winMu.Unlock()
-	f := b.peers.add(window.Counts{}, time.Now())
+	f := b.peers.Add(window.Counts{}, time.Now())
 	s.FleetCalls, s.FleetFailures, s.FleetSlow = f[winCalls], f[winFailures], f[winSlow]
 	s.State = circuitState(gs)
 	if h := b.holdUntil.Load(); h != 0 {

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/bulwark-http/bulwark/internal/peers"
 	"github.com/bulwark-http/bulwark/internal/window"
 	"github.com/sony/gobreaker/v2"
 )
@@ -181,7 +182,7 @@ const (
 const fleetCountsFor = 10 * time.Second
 
 // maxFleetPeers bounds the pods whose counts a breaker keeps.
-const maxFleetPeers = 256
+const maxFleetPeers = peers.Max
 
 // maxFleetPending bounds the updates kept for hosts this process has not
 // called yet, applied when it first does.
@@ -441,6 +442,10 @@ func (s *FleetSink) Apply(u FleetUpdate) {
 	}
 	if u.Kind == FleetBreakerCounts || u.Kind == FleetBudgetCounts {
 		// Counts matter only to a host in use: nothing is kept for later.
+		// They count for fleetCountsFor at most.
+		if cap := now.Add(fleetCountsFor); u.Until.After(cap) {
+			u.Until = cap
+		}
 		applied := false
 		l.t.eachHost(func(hs *hostState) {
 			if hs.name == u.Host && applyFleet(hs, u, now) {
@@ -533,7 +538,7 @@ func applyFleet(hs *hostState, u FleetUpdate, now time.Time) bool {
 		switch s := p.(type) {
 		case *breakerStage:
 			if u.Kind == FleetBreakerOpen && s.adoptOpen(u.Until, now) ||
-				u.Kind == FleetBreakerCounts && s.peers.set(u.From, breakerCounts(u), u.Until, now) {
+				u.Kind == FleetBreakerCounts && s.peers.Set(u.From, breakerCounts(u), u.Until, now) {
 				changed = true
 			}
 		case *pushbackStage:
@@ -580,7 +585,7 @@ func (b *breakerCore) adoptOpen(until, now time.Time) bool {
 	}
 	time.AfterFunc(until.Sub(now), func() { b.holdUntil.CompareAndSwap(un, 0) })
 	// The counts that led to this verdict are spent.
-	b.peers.reset()
+	b.peers.Reset()
 	b.e.rep.logger.Info("bulwark: circuit breaker open by the fleet", "host", b.e.host, "until", until)
 	return true
 }
@@ -627,7 +632,7 @@ func breakerCounts(u FleetUpdate) window.Counts {
 }
 
 // countsQueued is the breaker's flag for fleetLink.countsChanged.
-func (b *breakerCore) countsQueued() *atomic.Bool { return &b.peers.dirty }
+func (b *breakerCore) countsQueued() *atomic.Bool { return &b.queued }
 
 // fleetTrip trips a closed breaker before a call when the other pods'
 // counts, with its own, already meet the trip condition: without it, a
@@ -636,11 +641,11 @@ func (b *breakerCore) countsQueued() *atomic.Bool { return &b.peers.dirty }
 // call is then refused, as by any open breaker. It costs one atomic load
 // while no other pod has published counts for the host (a healthy host).
 func (b *breakerStage) fleetTrip() bool {
-	if b.fleet == nil || !b.peers.any.Load() {
+	if b.fleet == nil || !b.peers.Any() {
 		return false
 	}
 	b.winMu.Lock()
-	due := b.cbState == gobreaker.StateClosed && b.due(b.peers.add(b.win.Sum(b.pos()), time.Now()))
+	due := b.cbState == gobreaker.StateClosed && b.due(b.peers.Add(b.win.Sum(b.pos()), time.Now()))
 	b.winMu.Unlock()
 	if !due {
 		return false
@@ -652,76 +657,4 @@ func (b *breakerStage) fleetTrip() bool {
 		b.flush()
 	}
 	return b.holdUntil.Load() != 0
-}
-
-// fleetPeers is what a breaker or a retry budget knows of the other pods'
-// windows for its host: each pod's latest counts, until they go stale.
-type fleetPeers struct {
-	dirty atomic.Bool // counts queued for publishing (fleetLink.countsChanged)
-	any   atomic.Bool // m may hold counts: a fast check for fleetTrip
-	mu    sync.Mutex
-	m     map[string]peerCounts // by FleetUpdate.From, at most maxFleetPeers
-}
-
-type peerCounts struct {
-	c     window.Counts
-	until time.Time
-}
-
-// set keeps the counts c of pod from, until at most fleetCountsFor from
-// now.
-func (p *fleetPeers) set(from string, c window.Counts, until, now time.Time) bool {
-	if cap := now.Add(fleetCountsFor); until.After(cap) {
-		until = cap
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.m == nil {
-		p.m = make(map[string]peerCounts)
-	}
-	if _, ok := p.m[from]; !ok && len(p.m) >= maxFleetPeers {
-		p.expire(now)
-		if len(p.m) >= maxFleetPeers {
-			return false
-		}
-	}
-	p.m[from] = peerCounts{c: c, until: until}
-	p.any.Store(true)
-	return true
-}
-
-// add returns s plus the counts of every pod whose counts are fresh.
-// Under winMu (lock order: gobreaker's, winMu, p.mu).
-func (p *fleetPeers) add(s window.Counts, now time.Time) window.Counts {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.m) == 0 {
-		return s
-	}
-	p.expire(now)
-	for _, pc := range p.m {
-		for i := range s {
-			s[i] += pc.c[i]
-		}
-	}
-	return s
-}
-
-func (p *fleetPeers) expire(now time.Time) {
-	for k, pc := range p.m {
-		if !pc.until.After(now) {
-			delete(p.m, k)
-		}
-	}
-	if len(p.m) == 0 {
-		p.any.Store(false)
-	}
-}
-
-// reset forgets the other pods' counts: a verdict has been reached.
-func (p *fleetPeers) reset() {
-	p.mu.Lock()
-	clear(p.m)
-	p.any.Store(false)
-	p.mu.Unlock()
 }

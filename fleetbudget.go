@@ -28,7 +28,7 @@ func (b *retryBudget) shareCounts(now time.Time) {
 	b.fleet.countsChanged(b)
 }
 
-func (b *retryBudget) countsQueued() *atomic.Bool { return &b.peers.dirty }
+func (b *retryBudget) countsQueued() *atomic.Bool { return &b.queued }
 
 // counts is the update that publishes the budget's window as it is now.
 func (b *retryBudget) counts() FleetUpdate {
@@ -46,11 +46,11 @@ func (b *retryBudget) counts() FleetUpdate {
 func (b *retryBudget) adoptCounts(u FleetUpdate, now time.Time) bool {
 	var c window.Counts
 	c[budgetCalls], c[budgetRetries] = u.Calls, u.Retries
-	until := u.Until
+	until := u.Until // at most fleetCountsFor from now (FleetSink.Apply)
 	if cap := now.Add(b.span); until.After(cap) {
 		until = cap
 	}
-	ok := b.peers.set(u.From, c, until, now)
+	ok := b.peers.Set(u.From, c, until, now)
 	if now.UnixNano()-b.published.Load() >= int64(fleetBudgetAnswer) {
 		b.mu.Lock()
 		own := b.win.Sum(now.UnixNano())

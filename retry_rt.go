@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/bulwark-http/bulwark/internal/latency"
+	"github.com/bulwark-http/bulwark/internal/peers"
 	"github.com/bulwark-http/bulwark/internal/window"
 	"github.com/hashicorp/go-retryablehttp"
 	"golang.org/x/time/rate"
@@ -651,7 +652,8 @@ type retryBudget struct {
 	fleet     *fleetLink
 	host      string
 	span      time.Duration // Window
-	peers     fleetPeers
+	peers     peers.Table
+	queued    atomic.Bool  // counts queued for publishing (countsChanged)
 	published atomic.Int64 // when its counts were last queued, unix nanoseconds
 }
 
@@ -691,7 +693,7 @@ func (b *retryBudget) state(now time.Time) BudgetSnapshot {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	own := b.win.Sum(now.UnixNano())
-	sum := b.peers.add(own, now)
+	sum := b.peers.Add(own, now)
 	calls, retries := sum[budgetCalls], sum[budgetRetries]
 	room := int64(b.ratio*float64(calls)) - retries
 	if b.floor != nil {
@@ -706,7 +708,7 @@ func (b *retryBudget) withdraw(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	pos := now.UnixNano()
-	sum := b.peers.add(b.win.Sum(pos), now)
+	sum := b.peers.Add(b.win.Sum(pos), now)
 	r := float64(sum[budgetRetries] + 1)
 	ok := r <= b.ratio*float64(sum[budgetCalls]) ||
 		(b.floor != nil && r <= b.floorMax && b.floor.AllowN(now, 1))
