@@ -3,6 +3,7 @@ package bulwark
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"strconv"
 	"sync"
@@ -10,8 +11,6 @@ import (
 	"time"
 
 	"github.com/bulwark-http/bulwark/internal/peers"
-	"github.com/bulwark-http/bulwark/internal/window"
-	"github.com/sony/gobreaker/v2"
 )
 
 // Fleet shares per-host state between the processes (pods) that call the
@@ -184,6 +183,11 @@ const fleetCountsFor = 10 * time.Second
 // maxFleetPeers bounds the pods whose counts a breaker keeps.
 const maxFleetPeers = peers.Max
 
+// maxBudgetCount bounds the calls or retries a FleetBudgetCounts update
+// may claim: ten million in a window is past any host's traffic, and a
+// larger claim is hostile or broken.
+const maxBudgetCount = 10_000_000
+
 // maxFleetPending bounds the updates kept for hosts this process has not
 // called yet, applied when it first does.
 const maxFleetPending = 1024
@@ -211,11 +215,12 @@ type FleetSnapshot struct {
 // fleetLink is a Transport's side of its Fleet: the queue, the two
 // goroutines and the counters.
 type fleetLink struct {
-	f     Fleet
-	t     *Transport
-	out   chan FleetUpdate
-	dirty chan countsSource // breakers and budgets whose counts are to be published
-	sink  FleetSink
+	f      Fleet
+	logger *slog.Logger
+	hosts  fleetMember // the Transport's hosts, to which the sink applies updates
+	out    chan FleetUpdate
+	dirty  chan countsSource // breakers and budgets whose counts are to be published
+	sink   FleetSink
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -248,12 +253,15 @@ type fleetKey struct {
 	priority Priority
 }
 
-func newFleetLink(f Fleet, t *Transport) *fleetLink {
+// newFleetLink starts the goroutines of a link to f, or returns nil when
+// f is nil. Updates received are applied through hosts; the link's own
+// troubles are logged to logger.
+func newFleetLink(f Fleet, logger *slog.Logger, hosts fleetMember) *fleetLink {
 	if f == nil {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &fleetLink{f: f, t: t, out: make(chan FleetUpdate, fleetQueue), dirty: make(chan countsSource, fleetQueue), cancel: cancel,
+	l := &fleetLink{f: f, logger: logger, hosts: hosts, out: make(chan FleetUpdate, fleetQueue), dirty: make(chan countsSource, fleetQueue), cancel: cancel,
 		pending: make(map[fleetKey]FleetUpdate)}
 	l.sink.l = l
 	l.wg.Add(2)
@@ -267,22 +275,49 @@ func newFleetLink(f Fleet, t *Transport) *fleetLink {
 	return l
 }
 
-// Close stops the Transport's background work: the goroutines that publish
-// to and receive from Config.Fleet. It does not close the Fleet, nor idle
-// connections. After Close the Transport still sends requests, with local
-// state only. It returns nil; calling it again does nothing.
-func (t *Transport) Close() error {
-	if l := t.fleet; l != nil {
-		l.once.Do(func() {
-			l.cancel()
-			l.wg.Wait()
-		})
+// close stops the link's goroutines and waits for them (Transport.Close);
+// nil-safe, and calling it again does nothing.
+func (l *fleetLink) close() {
+	if l == nil {
+		return
 	}
-	return nil
+	l.once.Do(func() {
+		l.cancel()
+		l.wg.Wait()
+	})
 }
 
-// publish hands u to the publisher without blocking; nil-safe, so a layer
-// calls it whether or not there is a Fleet.
+// fleetMember is what shares state through the fleet: a layer of a host
+// (breaker, pushback, retry budget), a host (its layers), or the
+// Transport (its hosts). applyFleet applies an update another pod
+// published, already validated and capped (FleetSink.Apply), and reports
+// whether it changed anything; a member ignores the kinds that are not
+// its own.
+type fleetMember interface {
+	applyFleet(u FleetUpdate, now time.Time) bool
+}
+
+// fleetPublisher is the link as a layer sees it: where the layer hands
+// what it shares, without blocking. A layer holds a nil one when there
+// is no Fleet, and for a route's layers, which stay local.
+type fleetPublisher interface {
+	// publish queues u for the other pods.
+	publish(u FleetUpdate)
+	// countsChanged queues the source's counts, coalesced (see
+	// fleetLink.countsChanged).
+	countsChanged(b countsSource)
+}
+
+// publisher returns l as a layer's fleetPublisher: nil when l is nil, so
+// that a layer can tell there is no Fleet.
+func (l *fleetLink) publisher() fleetPublisher {
+	if l == nil {
+		return nil
+	}
+	return l
+}
+
+// publish hands u to the publisher without blocking; nil-safe.
 func (l *fleetLink) publish(u FleetUpdate) {
 	if l == nil {
 		return
@@ -297,7 +332,10 @@ func (l *fleetLink) publish(u FleetUpdate) {
 // countsSource is a window whose counts the fleet shares: a host's
 // breaker, or its retry budget.
 type countsSource interface {
+	// counts is the update that publishes the window as it is now.
 	counts() FleetUpdate
+	// countsQueued is the source's flag that its counts wait in the
+	// queue: set by countsChanged, cleared when they are read.
 	countsQueued() *atomic.Bool
 }
 
@@ -380,14 +418,14 @@ func (l *fleetLink) fail(err error) {
 	l.lastErr, l.lastErrAt = err.Error(), now
 	l.errMu.Unlock()
 	if l.unhealthy.CompareAndSwap(false, true) {
-		l.t.logger.Warn("bulwark: fleet unreachable, using local state only", "error", err)
+		l.logger.Warn("bulwark: fleet unreachable, using local state only", "error", err)
 	}
 }
 
 // recovered logs the end of an outage.
 func (l *fleetLink) recovered() {
 	if l.unhealthy.CompareAndSwap(true, false) {
-		l.t.logger.Info("bulwark: fleet reachable again")
+		l.logger.Info("bulwark: fleet reachable again")
 	}
 }
 
@@ -446,13 +484,7 @@ func (s *FleetSink) Apply(u FleetUpdate) {
 		if cap := now.Add(fleetCountsFor); u.Until.After(cap) {
 			u.Until = cap
 		}
-		applied := false
-		l.t.eachHost(func(hs *hostState) {
-			if hs.name == u.Host && applyFleet(hs, u, now) {
-				applied = true
-			}
-		})
-		if applied {
+		if l.hosts.applyFleet(u, now) {
 			l.applied.Add(1)
 		}
 		return
@@ -477,11 +509,7 @@ func (s *FleetSink) Apply(u FleetUpdate) {
 		}
 	}
 	l.pendMu.Unlock()
-	l.t.eachHost(func(hs *hostState) {
-		if hs.name == u.Host {
-			applyFleet(hs, u, now)
-		}
-	})
+	l.hosts.applyFleet(u, now)
 	if applied {
 		l.applied.Add(1)
 	}
@@ -508,11 +536,12 @@ func validFleetUpdate(u FleetUpdate, now time.Time) bool {
 	return err == nil && h != "" && p != ""
 }
 
-// attach applies to a new host what the fleet said of it before this
-// process called it. Under t.mu, after the host is in t.hosts. (The
-// host's breaker and pushback layers got the link when compose built
-// them; a route's breaker has none: the fleet shares per-host state.)
-func (l *fleetLink) attach(hs *hostState) {
+// attach applies to a new host, named host, what the fleet said of it
+// before this process called it. The Transport calls it under its lock,
+// after the host is in its map. (The host's breaker and pushback layers
+// got the link when compose built them; a route's breaker has none: the
+// fleet shares per-host state.)
+func (l *fleetLink) attach(host string, hs fleetMember) {
 	if l == nil {
 		return
 	}
@@ -520,141 +549,12 @@ func (l *fleetLink) attach(hs *hostState) {
 	l.pendMu.Lock()
 	var ups []FleetUpdate
 	for k, u := range l.pending {
-		if k.host == hs.name && u.Until.After(now) {
+		if k.host == host && u.Until.After(now) {
 			ups = append(ups, u)
 		}
 	}
 	l.pendMu.Unlock()
 	for _, u := range ups {
-		applyFleet(hs, u, now)
+		hs.applyFleet(u, now)
 	}
-}
-
-// applyFleet hands u to the host's layer it is about; it reports whether
-// that changed anything.
-func applyFleet(hs *hostState, u FleetUpdate, now time.Time) bool {
-	changed := false
-	for _, p := range hs.parts {
-		switch s := p.(type) {
-		case *breakerStage:
-			if u.Kind == FleetBreakerOpen && s.adoptOpen(u.Until, now) ||
-				u.Kind == FleetBreakerCounts && s.peers.Set(u.From, breakerCounts(u), u.Until, now) {
-				changed = true
-			}
-		case *pushbackStage:
-			if u.Kind == FleetPushback && s.adoptPause(u, now) {
-				changed = true
-			}
-		case *retryStage:
-			if u.Kind == FleetBudgetCounts && s.budget != nil && s.budget.fleet != nil && s.budget.adoptCounts(u, now) {
-				changed = true
-			}
-		}
-	}
-	return changed
-}
-
-// adoptOpen holds the breaker open until until and a grace, capped at
-// MaxOpenFor from now, as a local trip would, unless it already holds as
-// long: a refusal still costs one atomic load. The local state machine is
-// left as it is, so when the hold ends the pod's own breaker decides again
-// (the tripping pod has probed by then, and published a longer hold if the
-// host is still sick).
-func (b *breakerCore) adoptOpen(until, now time.Time) bool {
-	until = until.Add(min(fleetProbeGrace, until.Sub(now)/4))
-	b.winMu.Lock()
-	maxOpen := b.maxOpen // Update may retune it
-	b.winMu.Unlock()
-	if cap := now.Add(maxOpen); until.After(cap) {
-		until = cap
-	}
-	un := until.UnixNano()
-	if b.holdUntil.Load() >= un {
-		return false
-	}
-	// The error first, so that a refusal that sees the hold names its end.
-	b.openErr.Store(&BreakerOpenError{Host: b.e.host, ProbeAt: until})
-	for {
-		cur := b.holdUntil.Load()
-		if cur >= un {
-			return false
-		}
-		if b.holdUntil.CompareAndSwap(cur, un) {
-			break
-		}
-	}
-	time.AfterFunc(until.Sub(now), func() { b.holdUntil.CompareAndSwap(un, 0) })
-	// The counts that led to this verdict are spent.
-	b.peers.Reset()
-	b.e.rep.logger.Info("bulwark: circuit breaker open by the fleet", "host", b.e.host, "until", until)
-	return true
-}
-
-// publishOpen shares a local trip. Under gobreaker's mutex: the hand-off
-// does not block.
-func (b *breakerCore) publishOpen(until time.Time, trips int) {
-	b.fleet.publish(FleetUpdate{Kind: FleetBreakerOpen, Host: b.e.host, Until: until, Generation: uint64(trips)})
-}
-
-// adoptPause pauses the host (or a Shedder's tier) as a local Retry-After
-// would, capped at MaxRetryAfter from now.
-func (p *pushbackStage) adoptPause(u FleetUpdate, now time.Time) bool {
-	until := u.Until
-	if cap := now.Add(p.max); until.After(cap) {
-		until = cap
-	}
-	slot := &p.paused
-	if u.Shed {
-		slot = &p.tiers[u.Priority]
-	}
-	return p.pauseIn(slot, until)
-}
-
-// publishPause shares a local Retry-After pause.
-func (p *pushbackStage) publishPause(until time.Time, shed bool, prio Priority) {
-	p.fleet.publish(FleetUpdate{Kind: FleetPushback, Host: p.e.host, Until: until, Shed: shed, Priority: prio})
-}
-
-// counts is the update that publishes b's window as it is now.
-func (b *breakerCore) counts() FleetUpdate {
-	b.winMu.Lock()
-	s := b.win.Sum(b.pos())
-	b.winMu.Unlock()
-	return FleetUpdate{Kind: FleetBreakerCounts, Host: b.e.host, Until: time.Now().Add(fleetCountsFor),
-		Calls: s[winCalls], Failures: s[winFailures], Slow: s[winSlow]}
-}
-
-// breakerCounts is a FleetBreakerCounts update as a breaker window's counts.
-func breakerCounts(u FleetUpdate) window.Counts {
-	var c window.Counts
-	c[winCalls], c[winFailures], c[winSlow] = u.Calls, u.Failures, u.Slow
-	return c
-}
-
-// countsQueued is the breaker's flag for fleetLink.countsChanged.
-func (b *breakerCore) countsQueued() *atomic.Bool { return &b.queued }
-
-// fleetTrip trips a closed breaker before a call when the other pods'
-// counts, with its own, already meet the trip condition: without it, a
-// pod whose peers' failures crossed the threshold would still send its
-// next call and trip on that call's failure, one call more per pod. The
-// call is then refused, as by any open breaker. It costs one atomic load
-// while no other pod has published counts for the host (a healthy host).
-func (b *breakerStage) fleetTrip() bool {
-	if b.fleet == nil || !b.peers.Any() {
-		return false
-	}
-	b.winMu.Lock()
-	due := b.cbState == gobreaker.StateClosed && b.due(b.peers.Add(b.win.Sum(b.pos()), time.Now()))
-	b.winMu.Unlock()
-	if !due {
-		return false
-	}
-	// A failure that is no call (isSuccessful does not count it) makes
-	// gobreaker ask readyToTrip, which sees what was just seen.
-	_, _ = b.cb.Execute(func() (struct{}, error) { return struct{}{}, errVerdictFleet })
-	if b.pending.Load() {
-		b.flush()
-	}
-	return b.holdUntil.Load() != 0
 }
