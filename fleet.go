@@ -242,7 +242,7 @@ type fleetLink struct {
 	pendMu  sync.Mutex
 	pending map[fleetKey]FleetUpdate // at most maxFleetPending
 
-	quotas fleetQuotas // Bulkhead.FleetRate's leases (fleetquota.go)
+	quotas fleetQuotas // Bulkhead.FleetRate's leases
 }
 
 // fleetKey is what one update overwrites: a kind of state of one host.
@@ -268,7 +268,7 @@ func newFleetLink(f Fleet, logger *slog.Logger, hosts fleetMember) *fleetLink {
 	go l.publishLoop(ctx)
 	go l.receiveLoop(ctx)
 	if lr, ok := f.(FleetLeaser); ok {
-		l.quotas = fleetQuotas{leaser: lr, kick: make(chan struct{}, 1), m: make(map[string]*fleetQuota)}
+		l.quotas = fleetQuotas{leaser: lr, kick: make(chan struct{}, 1), m: make(map[string]leaseHolder)}
 		l.wg.Add(1)
 		go l.leaseLoop(ctx)
 	}
@@ -556,5 +556,236 @@ func (l *fleetLink) attach(host string, hs fleetMember) {
 	l.pendMu.Unlock()
 	for _, u := range ups {
 		hs.applyFleet(u, now)
+	}
+}
+
+// FleetLeaser is what a Fleet implements, besides Fleet, to share a
+// rate-limit quota among the processes (Bulkhead.FleetRate): the store
+// keeps one token bucket per host for the fleet, filling at the quota's
+// rate, and each Lease takes up to Want tokens from it for the process
+// that asks. The Transport asks from a goroutine of its own, a little
+// ahead of need (every leaseEvery, for the demand of the next
+// leaseAhead), so the request path only ever spends tokens it already has.
+//
+// The tokens of a lease may be spent for leaseFor after it was granted,
+// by the asking process's clock; unspent, they are lost rather than kept,
+// so a process that stops asking cannot send a burst of old tokens later.
+// Over any stretch of time T the fleet is therefore granted at most
+// Rate × T + Burst tokens, and sends them within leaseFor of the grant.
+// Local answers come on top: before a process's first lease, while the
+// store is unreachable, and while a renewal catches up with a surge of
+// demand the store had room for, a process sends at its share of the
+// quota (Rate / Pods); the last lasts one renewal at most, since a store
+// that had no room for the surge grants less than asked and from then on
+// the process refuses.
+//
+// Implementations must be safe for concurrent use.
+type FleetLeaser interface {
+	// Lease takes up to r.Want tokens from the fleet's bucket for r.Host.
+	// It is called from one goroutine, with a context that bounds it; an
+	// error makes the process answer locally until a Lease succeeds.
+	Lease(ctx context.Context, r LeaseRequest) (LeaseGrant, error)
+}
+
+// LeaseRequest is one process's ask for tokens of a fleet quota.
+type LeaseRequest struct {
+	// Host is the "host:port" whose quota it is.
+	Host string
+	// Rate is the quota, in requests a second for the whole fleet, and
+	// Burst the fleet bucket's size: what it may grant at once after a
+	// quiet spell. Every process sends its own; processes configured
+	// alike send the same.
+	Rate  float64
+	Burst int64
+	// Want is how many tokens the process would spend before its next
+	// ask, at least 0 (0 still renews its place among the processes).
+	Want int64
+}
+
+// LeaseGrant is what a Lease granted.
+type LeaseGrant struct {
+	// Tokens granted, 0 ≤ Tokens ≤ Want.
+	Tokens int64
+	// Pods is how many processes asked for this quota lately, at least 1:
+	// a process's fair share while the store is unreachable is Rate/Pods.
+	Pods int
+}
+
+// The lease timings: renewals every leaseEvery, each sized for leaseAhead
+// of demand, their tokens valid for leaseFor. leaseAhead covers a renewal
+// late by a round trip or two; leaseFor lets a late renewal land before
+// the tokens in hand run out, and bounds how late a token may be spent.
+const (
+	leaseEvery = 100 * time.Millisecond
+	leaseAhead = 3 * leaseEvery
+	leaseFor   = 5 * leaseEvery
+	// leaseBurstFor is the fleet bucket's size, in seconds of the quota:
+	// two renewals' worth, so a quiet fleet's first asks are met at once
+	// without letting it burst far above the quota.
+	leaseBurstFor = 2 * leaseEvery
+	// leaseKickGap is the shortest time between two renewals.
+	leaseKickGap = leaseEvery / 4
+	// leaseIdle is how long a quota nobody takes from stays renewed.
+	leaseIdle = time.Second
+	// leaseForget is how long an unused quota is kept at all.
+	leaseForget = time.Minute
+	// maxFleetRate bounds Bulkhead.FleetRate (a million a second), so the
+	// bucket's arithmetic stays exact in a float64 and in a Lua number.
+	maxFleetRate = 1_000_000
+)
+
+// fleetQuotas is a link's quotas, by host: what its lease loop renews.
+type fleetQuotas struct {
+	leaser FleetLeaser // nil: the Fleet leases nothing
+	kick   chan struct{}
+	mu     sync.Mutex
+	m      map[string]leaseHolder
+}
+
+// leaseHolder is a host's share of a fleet quota as the lease loop sees
+// it (the bulkhead's fleetQuota, fleetquota.go).
+type leaseHolder interface {
+	// lastUse is when the quota was last taken from, in unix
+	// nanoseconds: an idle quota is not renewed, and in the end
+	// forgotten.
+	lastUse() int64
+	// forget marks it dropped from the renewals; revive unmarks it and
+	// reports whether it was marked, so that its next use puts it back
+	// (fleetLink.keepLease).
+	forget()
+	revive() bool
+	// ask is its next LeaseRequest, at now.
+	ask(now time.Time) LeaseRequest
+	// grant records tokens (at most want, the ask's) granted at got, with
+	// the pods the store counted; leaseFailed records a Lease that failed.
+	grant(tokens, want, pods int64, got time.Time)
+	leaseFailed()
+	// snapshot is its state for Snapshot.
+	snapshot(now time.Time) *QuotaSnapshot
+}
+
+// leaseLink is the link as a fleet quota sees it: where it is registered
+// for renewals, put back after it was forgotten, and asks for an early
+// renewal. Nil when the Fleet leases nothing.
+type leaseLink interface {
+	// lease calls f under the registry's lock with the quota held for
+	// host (nil if none) and keeps what f returns.
+	lease(host string, f func(held leaseHolder) leaseHolder)
+	keepLease(host string, h leaseHolder)
+	kickLease()
+}
+
+// leasing returns l as a quota's leaseLink: nil when there is no Fleet
+// or it leases nothing.
+func (l *fleetLink) leasing() leaseLink {
+	if l == nil || l.quotas.leaser == nil {
+		return nil
+	}
+	return l
+}
+
+func (l *fleetLink) lease(host string, f func(held leaseHolder) leaseHolder) {
+	l.quotas.mu.Lock()
+	defer l.quotas.mu.Unlock()
+	l.quotas.m[host] = f(l.quotas.m[host])
+}
+
+// keepLease puts back a quota the renewals forgot, now used again.
+func (l *fleetLink) keepLease(host string, h leaseHolder) {
+	l.quotas.mu.Lock()
+	if h.revive() {
+		if _, ok := l.quotas.m[host]; !ok {
+			l.quotas.m[host] = h
+		}
+	}
+	l.quotas.mu.Unlock()
+}
+
+func (l *fleetLink) kickLease() {
+	select {
+	case l.quotas.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (l *fleetLink) quotaSnapshot(host string) *QuotaSnapshot {
+	if l == nil || l.quotas.leaser == nil {
+		return nil
+	}
+	l.quotas.mu.Lock()
+	q := l.quotas.m[host]
+	l.quotas.mu.Unlock()
+	if q == nil {
+		return nil
+	}
+	return q.snapshot(time.Now())
+}
+
+// leaseLoop renews the quotas in use, every leaseEvery and whenever a
+// request found no lease.
+func (l *fleetLink) leaseLoop(ctx context.Context) {
+	defer l.wg.Done()
+	tk := time.NewTicker(leaseEvery)
+	defer tk.Stop()
+	var last time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tk.C:
+		case <-l.quotas.kick:
+			// A kick asks early, but not more often than this: a
+			// renewal is a round trip for every quota in use.
+			if wait := leaseKickGap - time.Since(last); wait > 0 {
+				tm := time.NewTimer(wait)
+				select {
+				case <-ctx.Done():
+					tm.Stop()
+					return
+				case <-tm.C:
+				}
+			}
+		}
+		last = time.Now()
+		l.renew(ctx, last)
+	}
+}
+
+// renew asks for the next lease of every quota in use, one at a time (a
+// Lease is a round trip; quotas are few), within one renewal's time.
+func (l *fleetLink) renew(ctx context.Context, now time.Time) {
+	l.quotas.mu.Lock()
+	qs := make([]leaseHolder, 0, len(l.quotas.m))
+	for h, q := range l.quotas.m {
+		switch idle := now.UnixNano() - q.lastUse(); {
+		case idle > int64(leaseForget):
+			q.forget()
+			delete(l.quotas.m, h)
+		case idle <= int64(leaseIdle):
+			qs = append(qs, q)
+		}
+	}
+	l.quotas.mu.Unlock()
+	if len(qs) == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, 2*leaseEvery)
+	defer cancel()
+	for _, q := range qs {
+		r := q.ask(now)
+		g, err := l.quotas.leaser.Lease(rctx, r)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			q.leaseFailed()
+			l.fail(err)
+			continue
+		}
+		// What the store said is untrusted: never more than asked.
+		tokens := min(max(g.Tokens, 0), r.Want)
+		pods := int64(min(max(g.Pods, 1), maxFleetPeers))
+		q.grant(tokens, r.Want, pods, time.Now())
+		l.recovered()
 	}
 }

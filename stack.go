@@ -210,7 +210,7 @@ func (t *Transport) instanceStack(p *Policy, e env, base http.RoundTripper, name
 		return s, nil
 	}
 	bh := newBulkhead(s, p.Bulkhead, name, e.rep, &t.ignoredRA)
-	bh.quota = t.fleet.quota(e.host, p.Bulkhead) // per host, shared by its instances
+	bh.quota = newFleetQuota(t.fleet.leasing(), e.host, p.Bulkhead) // per host, shared by its instances
 	return bh, bh
 }
 
