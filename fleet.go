@@ -212,8 +212,11 @@ type FleetSnapshot struct {
 	Received, Applied, Ignored uint64
 }
 
-// fleetLink is a Transport's side of its Fleet: the queue, the two
-// goroutines and the counters.
+// fleetLink is a Transport's side of its Fleet: the queue, the
+// goroutines (publish, receive, and with a FleetLeaser renew leases) and
+// the counters. The layers that share state reach it through
+// fleetPublisher and leaseLink, and it reaches them through fleetMember
+// and countsSource, reading none of their fields.
 type fleetLink struct {
 	f      Fleet
 	logger *slog.Logger
@@ -558,6 +561,10 @@ func (l *fleetLink) attach(host string, hs fleetMember) {
 		hs.applyFleet(u, now)
 	}
 }
+
+// Quotas by lease: the contract a store implements (FleetLeaser), and the
+// link's lease loop, which renews each host's quota (fleetquota.go)
+// through leaseHolder.
 
 // FleetLeaser is what a Fleet implements, besides Fleet, to share a
 // rate-limit quota among the processes (Bulkhead.FleetRate): the store
