@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/bulwark-http/bulwark/internal/peers"
 	"github.com/bulwark-http/bulwark/internal/window"
 	"github.com/sony/gobreaker/v2"
 )
@@ -435,8 +436,9 @@ type breakerCore struct {
 	shape breakerShape
 	// fleet is where the host's breaker shares its counts and trips; nil
 	// without a Fleet, and for a route's breaker (fleet.go).
-	fleet *fleetLink
-	peers fleetPeers // the other pods' windows (fleet.go)
+	fleet  fleetPublisher
+	peers  peers.Table // the other pods' windows
+	queued atomic.Bool // counts queued for publishing (countsChanged)
 
 	// control is a BreakerControl.
 	control atomic.Uint32
@@ -627,7 +629,7 @@ func (b *breakerCore) isSuccessful(verdict error) bool {
 		b.seq++
 		b.win.Add(b.pos(), c)
 		if c[winFailures]+c[winSlow] > 0 {
-			b.fleet.countsChanged(b)
+			b.shareCounts()
 		}
 	}
 	return verdict == nil
@@ -652,7 +654,7 @@ func (b *breakerCore) readyToTrip(gobreaker.Counts) bool {
 	defer b.winMu.Unlock()
 	s := b.win.Sum(b.pos())
 	// The other pods' windows count as if they were this one's (fleet.go).
-	return b.due(b.peers.add(s, time.Now()))
+	return b.due(b.peers.Add(s, time.Now()))
 }
 
 // due is the trip condition on a window's sums. Under winMu.
@@ -680,7 +682,7 @@ func (b *breakerCore) onStateChange(_ string, from, to gobreaker.State) {
 	b.seq = 0
 	switch to {
 	case gobreaker.StateOpen:
-		b.peers.reset()
+		b.peers.Reset()
 		b.trips++
 		d := b.openTime(b.trips)
 		until := now.Add(d).UnixNano()
@@ -790,7 +792,7 @@ func (b *breakerStage) state() BreakerSnapshot {
 	w := b.win.Sum(b.pos())
 	s.Calls, s.Failures, s.Slow, s.Trips = w[winCalls], w[winFailures], w[winSlow], b.trips
 	b.winMu.Unlock()
-	f := b.peers.add(window.Counts{}, time.Now())
+	f := b.peers.Add(window.Counts{}, time.Now())
 	s.FleetCalls, s.FleetFailures, s.FleetSlow = f[winCalls], f[winFailures], f[winSlow]
 	s.State = circuitState(gs)
 	if h := b.holdUntil.Load(); h != 0 {
@@ -823,4 +825,118 @@ func (b *breakerStage) open() bool {
 	}
 	c := BreakerControl(b.control.Load())
 	return c == BreakerForceOpen || (c != BreakerForceClosed && b.holdUntil.Load() != 0)
+}
+
+// The breaker in a fleet (see Fleet): it publishes its window's counts
+// and its trips, adopts the other pods' trips, and adds their counts to
+// its own. Only a host's own breaker has a fleet; a route's has none.
+
+// applyFleet adopts another pod's trip, or keeps its counts (fleetMember).
+func (b *breakerCore) applyFleet(u FleetUpdate, now time.Time) bool {
+	switch u.Kind {
+	case FleetBreakerOpen:
+		return b.adoptOpen(u.Until, now)
+	case FleetBreakerCounts:
+		return b.peers.Set(u.From, breakerCounts(u), u.Until, now)
+	}
+	return false
+}
+
+// adoptOpen holds the breaker open until until and a grace, capped at
+// MaxOpenFor from now, as a local trip would, unless it already holds as
+// long: a refusal still costs one atomic load. The local state machine is
+// left as it is, so when the hold ends the pod's own breaker decides again
+// (the tripping pod has probed by then, and published a longer hold if the
+// host is still sick).
+func (b *breakerCore) adoptOpen(until, now time.Time) bool {
+	until = until.Add(min(fleetProbeGrace, until.Sub(now)/4))
+	b.winMu.Lock()
+	maxOpen := b.maxOpen // Update may retune it
+	b.winMu.Unlock()
+	if cap := now.Add(maxOpen); until.After(cap) {
+		until = cap
+	}
+	un := until.UnixNano()
+	if b.holdUntil.Load() >= un {
+		return false
+	}
+	// The error first, so that a refusal that sees the hold names its end.
+	b.openErr.Store(&BreakerOpenError{Host: b.e.host, ProbeAt: until})
+	for {
+		cur := b.holdUntil.Load()
+		if cur >= un {
+			return false
+		}
+		if b.holdUntil.CompareAndSwap(cur, un) {
+			break
+		}
+	}
+	time.AfterFunc(until.Sub(now), func() { b.holdUntil.CompareAndSwap(un, 0) })
+	// The counts that led to this verdict are spent.
+	b.peers.Reset()
+	b.e.rep.logger.Info("bulwark: circuit breaker open by the fleet", "host", b.e.host, "until", until)
+	return true
+}
+
+// publishOpen shares a local trip. Under gobreaker's mutex: the hand-off
+// does not block.
+func (b *breakerCore) publishOpen(until time.Time, trips int) {
+	if b.fleet == nil {
+		return
+	}
+	b.fleet.publish(FleetUpdate{Kind: FleetBreakerOpen, Host: b.e.host, Until: until, Generation: uint64(trips)})
+}
+
+// shareCounts queues the window's counts for the fleet. Under winMu: the
+// hand-off does not block.
+func (b *breakerCore) shareCounts() {
+	if b.fleet != nil {
+		b.fleet.countsChanged(b)
+	}
+}
+
+// counts is the update that publishes b's window as it is now
+// (countsSource).
+func (b *breakerCore) counts() FleetUpdate {
+	b.winMu.Lock()
+	s := b.win.Sum(b.pos())
+	b.winMu.Unlock()
+	return FleetUpdate{Kind: FleetBreakerCounts, Host: b.e.host, Until: time.Now().Add(fleetCountsFor),
+		Calls: s[winCalls], Failures: s[winFailures], Slow: s[winSlow]}
+}
+
+// countsQueued is the breaker's flag for fleetLink.countsChanged
+// (countsSource).
+func (b *breakerCore) countsQueued() *atomic.Bool { return &b.queued }
+
+// breakerCounts is a FleetBreakerCounts update as a breaker window's counts.
+func breakerCounts(u FleetUpdate) window.Counts {
+	var c window.Counts
+	c[winCalls], c[winFailures], c[winSlow] = u.Calls, u.Failures, u.Slow
+	return c
+}
+
+// fleetTrip trips a closed breaker before a call when the other pods'
+// counts, with its own, already meet the trip condition: without it, a
+// pod whose peers' failures crossed the threshold would still send its
+// next call and trip on that call's failure, one call more per pod. The
+// call is then refused, as by any open breaker. It costs one atomic load
+// while no other pod has published counts for the host (a healthy host).
+func (b *breakerStage) fleetTrip() bool {
+	if b.fleet == nil || !b.peers.Any() {
+		return false
+	}
+	b.winMu.Lock()
+	due := b.cbState == gobreaker.StateClosed && b.due(b.peers.Add(b.win.Sum(b.pos()), time.Now()))
+	b.winMu.Unlock()
+	if !due {
+		return false
+	}
+	// A failure that is no call (isSuccessful does not count it) makes
+	// gobreaker ask readyToTrip, which sees what was just seen.
+	_, _ = b.cb.Execute(func() (struct{}, error) { return struct{}{}, errVerdictFleet })
+	if b.pending.Load() {
+		b.flush()
+	}
+	return b.holdUntil.Load() != 0
 }

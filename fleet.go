@@ -3,14 +3,14 @@ package bulwark
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/bulwark-http/bulwark/internal/window"
-	"github.com/sony/gobreaker/v2"
+	"github.com/bulwark-http/bulwark/internal/peers"
 )
 
 // Fleet shares per-host state between the processes (pods) that call the
@@ -181,7 +181,12 @@ const (
 const fleetCountsFor = 10 * time.Second
 
 // maxFleetPeers bounds the pods whose counts a breaker keeps.
-const maxFleetPeers = 256
+const maxFleetPeers = peers.Max
+
+// maxBudgetCount bounds the calls or retries a FleetBudgetCounts update
+// may claim: ten million in a window is past any host's traffic, and a
+// larger claim is hostile or broken.
+const maxBudgetCount = 10_000_000
 
 // maxFleetPending bounds the updates kept for hosts this process has not
 // called yet, applied when it first does.
@@ -207,14 +212,18 @@ type FleetSnapshot struct {
 	Received, Applied, Ignored uint64
 }
 
-// fleetLink is a Transport's side of its Fleet: the queue, the two
-// goroutines and the counters.
+// fleetLink is a Transport's side of its Fleet: the queue, the
+// goroutines (publish, receive, and with a FleetLeaser renew leases) and
+// the counters. The layers that share state reach it through
+// fleetPublisher and leaseLink, and it reaches them through fleetMember
+// and countsSource, reading none of their fields.
 type fleetLink struct {
-	f     Fleet
-	t     *Transport
-	out   chan FleetUpdate
-	dirty chan countsSource // breakers and budgets whose counts are to be published
-	sink  FleetSink
+	f      Fleet
+	logger *slog.Logger
+	hosts  fleetMember // the Transport's hosts, to which the sink applies updates
+	out    chan FleetUpdate
+	dirty  chan countsSource // breakers and budgets whose counts are to be published
+	sink   FleetSink
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -236,7 +245,7 @@ type fleetLink struct {
 	pendMu  sync.Mutex
 	pending map[fleetKey]FleetUpdate // at most maxFleetPending
 
-	quotas fleetQuotas // Bulkhead.FleetRate's leases (fleetquota.go)
+	quotas fleetQuotas // Bulkhead.FleetRate's leases
 }
 
 // fleetKey is what one update overwrites: a kind of state of one host.
@@ -247,41 +256,71 @@ type fleetKey struct {
 	priority Priority
 }
 
-func newFleetLink(f Fleet, t *Transport) *fleetLink {
+// newFleetLink starts the goroutines of a link to f, or returns nil when
+// f is nil. Updates received are applied through hosts; the link's own
+// troubles are logged to logger.
+func newFleetLink(f Fleet, logger *slog.Logger, hosts fleetMember) *fleetLink {
 	if f == nil {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &fleetLink{f: f, t: t, out: make(chan FleetUpdate, fleetQueue), dirty: make(chan countsSource, fleetQueue), cancel: cancel,
+	l := &fleetLink{f: f, logger: logger, hosts: hosts, out: make(chan FleetUpdate, fleetQueue), dirty: make(chan countsSource, fleetQueue), cancel: cancel,
 		pending: make(map[fleetKey]FleetUpdate)}
 	l.sink.l = l
 	l.wg.Add(2)
 	go l.publishLoop(ctx)
 	go l.receiveLoop(ctx)
 	if lr, ok := f.(FleetLeaser); ok {
-		l.quotas = fleetQuotas{leaser: lr, kick: make(chan struct{}, 1), m: make(map[string]*fleetQuota)}
+		l.quotas = fleetQuotas{leaser: lr, kick: make(chan struct{}, 1), m: make(map[string]leaseHolder)}
 		l.wg.Add(1)
 		go l.leaseLoop(ctx)
 	}
 	return l
 }
 
-// Close stops the Transport's background work: the goroutines that publish
-// to and receive from Config.Fleet. It does not close the Fleet, nor idle
-// connections. After Close the Transport still sends requests, with local
-// state only. It returns nil; calling it again does nothing.
-func (t *Transport) Close() error {
-	if l := t.fleet; l != nil {
-		l.once.Do(func() {
-			l.cancel()
-			l.wg.Wait()
-		})
+// close stops the link's goroutines and waits for them (Transport.Close);
+// nil-safe, and calling it again does nothing.
+func (l *fleetLink) close() {
+	if l == nil {
+		return
 	}
-	return nil
+	l.once.Do(func() {
+		l.cancel()
+		l.wg.Wait()
+	})
 }
 
-// publish hands u to the publisher without blocking; nil-safe, so a layer
-// calls it whether or not there is a Fleet.
+// fleetMember is what shares state through the fleet: a layer of a host
+// (breaker, pushback, retry budget), a host (its layers), or the
+// Transport (its hosts). applyFleet applies an update another pod
+// published, already validated and capped (FleetSink.Apply), and reports
+// whether it changed anything; a member ignores the kinds that are not
+// its own.
+type fleetMember interface {
+	applyFleet(u FleetUpdate, now time.Time) bool
+}
+
+// fleetPublisher is the link as a layer sees it: where the layer hands
+// what it shares, without blocking. A layer holds a nil one when there
+// is no Fleet, and for a route's layers, which stay local.
+type fleetPublisher interface {
+	// publish queues u for the other pods.
+	publish(u FleetUpdate)
+	// countsChanged queues the source's counts, coalesced (see
+	// fleetLink.countsChanged).
+	countsChanged(b countsSource)
+}
+
+// publisher returns l as a layer's fleetPublisher: nil when l is nil, so
+// that a layer can tell there is no Fleet.
+func (l *fleetLink) publisher() fleetPublisher {
+	if l == nil {
+		return nil
+	}
+	return l
+}
+
+// publish hands u to the publisher without blocking; nil-safe.
 func (l *fleetLink) publish(u FleetUpdate) {
 	if l == nil {
 		return
@@ -296,7 +335,10 @@ func (l *fleetLink) publish(u FleetUpdate) {
 // countsSource is a window whose counts the fleet shares: a host's
 // breaker, or its retry budget.
 type countsSource interface {
+	// counts is the update that publishes the window as it is now.
 	counts() FleetUpdate
+	// countsQueued is the source's flag that its counts wait in the
+	// queue: set by countsChanged, cleared when they are read.
 	countsQueued() *atomic.Bool
 }
 
@@ -379,14 +421,14 @@ func (l *fleetLink) fail(err error) {
 	l.lastErr, l.lastErrAt = err.Error(), now
 	l.errMu.Unlock()
 	if l.unhealthy.CompareAndSwap(false, true) {
-		l.t.logger.Warn("bulwark: fleet unreachable, using local state only", "error", err)
+		l.logger.Warn("bulwark: fleet unreachable, using local state only", "error", err)
 	}
 }
 
 // recovered logs the end of an outage.
 func (l *fleetLink) recovered() {
 	if l.unhealthy.CompareAndSwap(true, false) {
-		l.t.logger.Info("bulwark: fleet reachable again")
+		l.logger.Info("bulwark: fleet reachable again")
 	}
 }
 
@@ -441,13 +483,11 @@ func (s *FleetSink) Apply(u FleetUpdate) {
 	}
 	if u.Kind == FleetBreakerCounts || u.Kind == FleetBudgetCounts {
 		// Counts matter only to a host in use: nothing is kept for later.
-		applied := false
-		l.t.eachHost(func(hs *hostState) {
-			if hs.name == u.Host && applyFleet(hs, u, now) {
-				applied = true
-			}
-		})
-		if applied {
+		// They count for fleetCountsFor at most.
+		if cap := now.Add(fleetCountsFor); u.Until.After(cap) {
+			u.Until = cap
+		}
+		if l.hosts.applyFleet(u, now) {
 			l.applied.Add(1)
 		}
 		return
@@ -472,11 +512,7 @@ func (s *FleetSink) Apply(u FleetUpdate) {
 		}
 	}
 	l.pendMu.Unlock()
-	l.t.eachHost(func(hs *hostState) {
-		if hs.name == u.Host {
-			applyFleet(hs, u, now)
-		}
-	})
+	l.hosts.applyFleet(u, now)
 	if applied {
 		l.applied.Add(1)
 	}
@@ -503,11 +539,12 @@ func validFleetUpdate(u FleetUpdate, now time.Time) bool {
 	return err == nil && h != "" && p != ""
 }
 
-// attach applies to a new host what the fleet said of it before this
-// process called it. Under t.mu, after the host is in t.hosts. (The
-// host's breaker and pushback layers got the link when compose built
-// them; a route's breaker has none: the fleet shares per-host state.)
-func (l *fleetLink) attach(hs *hostState) {
+// attach applies to a new host, named host, what the fleet said of it
+// before this process called it. The Transport calls it under its lock,
+// after the host is in its map. (The host's breaker and pushback layers
+// got the link when compose built them; a route's breaker has none: the
+// fleet shares per-host state.)
+func (l *fleetLink) attach(host string, hs fleetMember) {
 	if l == nil {
 		return
 	}
@@ -515,213 +552,247 @@ func (l *fleetLink) attach(hs *hostState) {
 	l.pendMu.Lock()
 	var ups []FleetUpdate
 	for k, u := range l.pending {
-		if k.host == hs.name && u.Until.After(now) {
+		if k.host == host && u.Until.After(now) {
 			ups = append(ups, u)
 		}
 	}
 	l.pendMu.Unlock()
 	for _, u := range ups {
-		applyFleet(hs, u, now)
+		hs.applyFleet(u, now)
 	}
 }
 
-// applyFleet hands u to the host's layer it is about; it reports whether
-// that changed anything.
-func applyFleet(hs *hostState, u FleetUpdate, now time.Time) bool {
-	changed := false
-	for _, p := range hs.parts {
-		switch s := p.(type) {
-		case *breakerStage:
-			if u.Kind == FleetBreakerOpen && s.adoptOpen(u.Until, now) ||
-				u.Kind == FleetBreakerCounts && s.peers.set(u.From, breakerCounts(u), u.Until, now) {
-				changed = true
-			}
-		case *pushbackStage:
-			if u.Kind == FleetPushback && s.adoptPause(u, now) {
-				changed = true
-			}
-		case *retryStage:
-			if u.Kind == FleetBudgetCounts && s.budget != nil && s.budget.fleet != nil && s.budget.adoptCounts(u, now) {
-				changed = true
-			}
+// Quotas by lease: the contract a store implements (FleetLeaser), and the
+// link's lease loop, which renews each host's quota (fleetquota.go)
+// through leaseHolder.
+
+// FleetLeaser is what a Fleet implements, besides Fleet, to share a
+// rate-limit quota among the processes (Bulkhead.FleetRate): the store
+// keeps one token bucket per host for the fleet, filling at the quota's
+// rate, and each Lease takes up to Want tokens from it for the process
+// that asks. The Transport asks from a goroutine of its own, a little
+// ahead of need (every leaseEvery, for the demand of the next
+// leaseAhead), so the request path only ever spends tokens it already has.
+//
+// The tokens of a lease may be spent for leaseFor after it was granted,
+// by the asking process's clock; unspent, they are lost rather than kept,
+// so a process that stops asking cannot send a burst of old tokens later.
+// Over any stretch of time T the fleet is therefore granted at most
+// Rate × T + Burst tokens, and sends them within leaseFor of the grant.
+// Local answers come on top: before a process's first lease, while the
+// store is unreachable, and while a renewal catches up with a surge of
+// demand the store had room for, a process sends at its share of the
+// quota (Rate / Pods); the last lasts one renewal at most, since a store
+// that had no room for the surge grants less than asked and from then on
+// the process refuses.
+//
+// Implementations must be safe for concurrent use.
+type FleetLeaser interface {
+	// Lease takes up to r.Want tokens from the fleet's bucket for r.Host.
+	// It is called from one goroutine, with a context that bounds it; an
+	// error makes the process answer locally until a Lease succeeds.
+	Lease(ctx context.Context, r LeaseRequest) (LeaseGrant, error)
+}
+
+// LeaseRequest is one process's ask for tokens of a fleet quota.
+type LeaseRequest struct {
+	// Host is the "host:port" whose quota it is.
+	Host string
+	// Rate is the quota, in requests a second for the whole fleet, and
+	// Burst the fleet bucket's size: what it may grant at once after a
+	// quiet spell. Every process sends its own; processes configured
+	// alike send the same.
+	Rate  float64
+	Burst int64
+	// Want is how many tokens the process would spend before its next
+	// ask, at least 0 (0 still renews its place among the processes).
+	Want int64
+}
+
+// LeaseGrant is what a Lease granted.
+type LeaseGrant struct {
+	// Tokens granted, 0 ≤ Tokens ≤ Want.
+	Tokens int64
+	// Pods is how many processes asked for this quota lately, at least 1:
+	// a process's fair share while the store is unreachable is Rate/Pods.
+	Pods int
+}
+
+// The lease timings: renewals every leaseEvery, each sized for leaseAhead
+// of demand, their tokens valid for leaseFor. leaseAhead covers a renewal
+// late by a round trip or two; leaseFor lets a late renewal land before
+// the tokens in hand run out, and bounds how late a token may be spent.
+const (
+	leaseEvery = 100 * time.Millisecond
+	leaseAhead = 3 * leaseEvery
+	leaseFor   = 5 * leaseEvery
+	// leaseBurstFor is the fleet bucket's size, in seconds of the quota:
+	// two renewals' worth, so a quiet fleet's first asks are met at once
+	// without letting it burst far above the quota.
+	leaseBurstFor = 2 * leaseEvery
+	// leaseKickGap is the shortest time between two renewals.
+	leaseKickGap = leaseEvery / 4
+	// leaseIdle is how long a quota nobody takes from stays renewed.
+	leaseIdle = time.Second
+	// leaseForget is how long an unused quota is kept at all.
+	leaseForget = time.Minute
+	// maxFleetRate bounds Bulkhead.FleetRate (a million a second), so the
+	// bucket's arithmetic stays exact in a float64 and in a Lua number.
+	maxFleetRate = 1_000_000
+)
+
+// fleetQuotas is a link's quotas, by host: what its lease loop renews.
+type fleetQuotas struct {
+	leaser FleetLeaser // nil: the Fleet leases nothing
+	kick   chan struct{}
+	mu     sync.Mutex
+	m      map[string]leaseHolder
+}
+
+// leaseHolder is a host's share of a fleet quota as the lease loop sees
+// it (the bulkhead's fleetQuota, fleetquota.go).
+type leaseHolder interface {
+	// lastUse is when the quota was last taken from, in unix
+	// nanoseconds: an idle quota is not renewed, and in the end
+	// forgotten.
+	lastUse() int64
+	// forget marks it dropped from the renewals; revive unmarks it and
+	// reports whether it was marked, so that its next use puts it back
+	// (fleetLink.keepLease).
+	forget()
+	revive() bool
+	// ask is its next LeaseRequest, at now.
+	ask(now time.Time) LeaseRequest
+	// grant records tokens (at most want, the ask's) granted at got, with
+	// the pods the store counted; leaseFailed records a Lease that failed.
+	grant(tokens, want, pods int64, got time.Time)
+	leaseFailed()
+	// snapshot is its state for Snapshot.
+	snapshot(now time.Time) *QuotaSnapshot
+}
+
+// leaseLink is the link as a fleet quota sees it: where it is registered
+// for renewals, put back after it was forgotten, and asks for an early
+// renewal. Nil when the Fleet leases nothing.
+type leaseLink interface {
+	// lease calls f under the registry's lock with the quota held for
+	// host (nil if none) and keeps what f returns.
+	lease(host string, f func(held leaseHolder) leaseHolder)
+	keepLease(host string, h leaseHolder)
+	kickLease()
+}
+
+// leasing returns l as a quota's leaseLink: nil when there is no Fleet
+// or it leases nothing.
+func (l *fleetLink) leasing() leaseLink {
+	if l == nil || l.quotas.leaser == nil {
+		return nil
+	}
+	return l
+}
+
+func (l *fleetLink) lease(host string, f func(held leaseHolder) leaseHolder) {
+	l.quotas.mu.Lock()
+	defer l.quotas.mu.Unlock()
+	l.quotas.m[host] = f(l.quotas.m[host])
+}
+
+// keepLease puts back a quota the renewals forgot, now used again.
+func (l *fleetLink) keepLease(host string, h leaseHolder) {
+	l.quotas.mu.Lock()
+	if h.revive() {
+		if _, ok := l.quotas.m[host]; !ok {
+			l.quotas.m[host] = h
 		}
 	}
-	return changed
+	l.quotas.mu.Unlock()
 }
 
-// adoptOpen holds the breaker open until until and a grace, capped at
-// MaxOpenFor from now, as a local trip would, unless it already holds as
-// long: a refusal still costs one atomic load. The local state machine is
-// left as it is, so when the hold ends the pod's own breaker decides again
-// (the tripping pod has probed by then, and published a longer hold if the
-// host is still sick).
-func (b *breakerCore) adoptOpen(until, now time.Time) bool {
-	until = until.Add(min(fleetProbeGrace, until.Sub(now)/4))
-	b.winMu.Lock()
-	maxOpen := b.maxOpen // Update may retune it
-	b.winMu.Unlock()
-	if cap := now.Add(maxOpen); until.After(cap) {
-		until = cap
+func (l *fleetLink) kickLease() {
+	select {
+	case l.quotas.kick <- struct{}{}:
+	default:
 	}
-	un := until.UnixNano()
-	if b.holdUntil.Load() >= un {
-		return false
+}
+
+func (l *fleetLink) quotaSnapshot(host string) *QuotaSnapshot {
+	if l == nil || l.quotas.leaser == nil {
+		return nil
 	}
-	// The error first, so that a refusal that sees the hold names its end.
-	b.openErr.Store(&BreakerOpenError{Host: b.e.host, ProbeAt: until})
+	l.quotas.mu.Lock()
+	q := l.quotas.m[host]
+	l.quotas.mu.Unlock()
+	if q == nil {
+		return nil
+	}
+	return q.snapshot(time.Now())
+}
+
+// leaseLoop renews the quotas in use, every leaseEvery and whenever a
+// request found no lease.
+func (l *fleetLink) leaseLoop(ctx context.Context) {
+	defer l.wg.Done()
+	tk := time.NewTicker(leaseEvery)
+	defer tk.Stop()
+	var last time.Time
 	for {
-		cur := b.holdUntil.Load()
-		if cur >= un {
-			return false
+		select {
+		case <-ctx.Done():
+			return
+		case <-tk.C:
+		case <-l.quotas.kick:
+			// A kick asks early, but not more often than this: a
+			// renewal is a round trip for every quota in use.
+			if wait := leaseKickGap - time.Since(last); wait > 0 {
+				tm := time.NewTimer(wait)
+				select {
+				case <-ctx.Done():
+					tm.Stop()
+					return
+				case <-tm.C:
+				}
+			}
 		}
-		if b.holdUntil.CompareAndSwap(cur, un) {
-			break
-		}
+		last = time.Now()
+		l.renew(ctx, last)
 	}
-	time.AfterFunc(until.Sub(now), func() { b.holdUntil.CompareAndSwap(un, 0) })
-	// The counts that led to this verdict are spent.
-	b.peers.reset()
-	b.e.rep.logger.Info("bulwark: circuit breaker open by the fleet", "host", b.e.host, "until", until)
-	return true
 }
 
-// publishOpen shares a local trip. Under gobreaker's mutex: the hand-off
-// does not block.
-func (b *breakerCore) publishOpen(until time.Time, trips int) {
-	b.fleet.publish(FleetUpdate{Kind: FleetBreakerOpen, Host: b.e.host, Until: until, Generation: uint64(trips)})
-}
-
-// adoptPause pauses the host (or a Shedder's tier) as a local Retry-After
-// would, capped at MaxRetryAfter from now.
-func (p *pushbackStage) adoptPause(u FleetUpdate, now time.Time) bool {
-	until := u.Until
-	if cap := now.Add(p.max); until.After(cap) {
-		until = cap
-	}
-	slot := &p.paused
-	if u.Shed {
-		slot = &p.tiers[u.Priority]
-	}
-	return p.pauseIn(slot, until)
-}
-
-// publishPause shares a local Retry-After pause.
-func (p *pushbackStage) publishPause(until time.Time, shed bool, prio Priority) {
-	p.fleet.publish(FleetUpdate{Kind: FleetPushback, Host: p.e.host, Until: until, Shed: shed, Priority: prio})
-}
-
-// counts is the update that publishes b's window as it is now.
-func (b *breakerCore) counts() FleetUpdate {
-	b.winMu.Lock()
-	s := b.win.Sum(b.pos())
-	b.winMu.Unlock()
-	return FleetUpdate{Kind: FleetBreakerCounts, Host: b.e.host, Until: time.Now().Add(fleetCountsFor),
-		Calls: s[winCalls], Failures: s[winFailures], Slow: s[winSlow]}
-}
-
-// breakerCounts is a FleetBreakerCounts update as a breaker window's counts.
-func breakerCounts(u FleetUpdate) window.Counts {
-	var c window.Counts
-	c[winCalls], c[winFailures], c[winSlow] = u.Calls, u.Failures, u.Slow
-	return c
-}
-
-// countsQueued is the breaker's flag for fleetLink.countsChanged.
-func (b *breakerCore) countsQueued() *atomic.Bool { return &b.peers.dirty }
-
-// fleetTrip trips a closed breaker before a call when the other pods'
-// counts, with its own, already meet the trip condition: without it, a
-// pod whose peers' failures crossed the threshold would still send its
-// next call and trip on that call's failure, one call more per pod. The
-// call is then refused, as by any open breaker. It costs one atomic load
-// while no other pod has published counts for the host (a healthy host).
-func (b *breakerStage) fleetTrip() bool {
-	if b.fleet == nil || !b.peers.any.Load() {
-		return false
-	}
-	b.winMu.Lock()
-	due := b.cbState == gobreaker.StateClosed && b.due(b.peers.add(b.win.Sum(b.pos()), time.Now()))
-	b.winMu.Unlock()
-	if !due {
-		return false
-	}
-	// A failure that is no call (isSuccessful does not count it) makes
-	// gobreaker ask readyToTrip, which sees what was just seen.
-	_, _ = b.cb.Execute(func() (struct{}, error) { return struct{}{}, errVerdictFleet })
-	if b.pending.Load() {
-		b.flush()
-	}
-	return b.holdUntil.Load() != 0
-}
-
-// fleetPeers is what a breaker or a retry budget knows of the other pods'
-// windows for its host: each pod's latest counts, until they go stale.
-type fleetPeers struct {
-	dirty atomic.Bool // counts queued for publishing (fleetLink.countsChanged)
-	any   atomic.Bool // m may hold counts: a fast check for fleetTrip
-	mu    sync.Mutex
-	m     map[string]peerCounts // by FleetUpdate.From, at most maxFleetPeers
-}
-
-type peerCounts struct {
-	c     window.Counts
-	until time.Time
-}
-
-// set keeps the counts c of pod from, until at most fleetCountsFor from
-// now.
-func (p *fleetPeers) set(from string, c window.Counts, until, now time.Time) bool {
-	if cap := now.Add(fleetCountsFor); until.After(cap) {
-		until = cap
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.m == nil {
-		p.m = make(map[string]peerCounts)
-	}
-	if _, ok := p.m[from]; !ok && len(p.m) >= maxFleetPeers {
-		p.expire(now)
-		if len(p.m) >= maxFleetPeers {
-			return false
+// renew asks for the next lease of every quota in use, one at a time (a
+// Lease is a round trip; quotas are few), within one renewal's time.
+func (l *fleetLink) renew(ctx context.Context, now time.Time) {
+	l.quotas.mu.Lock()
+	qs := make([]leaseHolder, 0, len(l.quotas.m))
+	for h, q := range l.quotas.m {
+		switch idle := now.UnixNano() - q.lastUse(); {
+		case idle > int64(leaseForget):
+			q.forget()
+			delete(l.quotas.m, h)
+		case idle <= int64(leaseIdle):
+			qs = append(qs, q)
 		}
 	}
-	p.m[from] = peerCounts{c: c, until: until}
-	p.any.Store(true)
-	return true
-}
-
-// add returns s plus the counts of every pod whose counts are fresh.
-// Under winMu (lock order: gobreaker's, winMu, p.mu).
-func (p *fleetPeers) add(s window.Counts, now time.Time) window.Counts {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.m) == 0 {
-		return s
+	l.quotas.mu.Unlock()
+	if len(qs) == 0 {
+		return
 	}
-	p.expire(now)
-	for _, pc := range p.m {
-		for i := range s {
-			s[i] += pc.c[i]
+	rctx, cancel := context.WithTimeout(ctx, 2*leaseEvery)
+	defer cancel()
+	for _, q := range qs {
+		r := q.ask(now)
+		g, err := l.quotas.leaser.Lease(rctx, r)
+		if ctx.Err() != nil {
+			return
 		}
-	}
-	return s
-}
-
-func (p *fleetPeers) expire(now time.Time) {
-	for k, pc := range p.m {
-		if !pc.until.After(now) {
-			delete(p.m, k)
+		if err != nil {
+			q.leaseFailed()
+			l.fail(err)
+			continue
 		}
+		// What the store said is untrusted: never more than asked.
+		tokens := min(max(g.Tokens, 0), r.Want)
+		pods := int64(min(max(g.Pods, 1), maxFleetPeers))
+		q.grant(tokens, r.Want, pods, time.Now())
+		l.recovered()
 	}
-	if len(p.m) == 0 {
-		p.any.Store(false)
-	}
-}
-
-// reset forgets the other pods' counts: a verdict has been reached.
-func (p *fleetPeers) reset() {
-	p.mu.Lock()
-	clear(p.m)
-	p.any.Store(false)
-	p.mu.Unlock()
 }

@@ -1,9 +1,7 @@
 package bulwark
 
 import (
-	"context"
 	"math"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -11,84 +9,9 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// FleetLeaser is what a Fleet implements, besides Fleet, to share a
-// rate-limit quota among the processes (Bulkhead.FleetRate): the store
-// keeps one token bucket per host for the fleet, filling at the quota's
-// rate, and each Lease takes up to Want tokens from it for the process
-// that asks. The Transport asks from a goroutine of its own, a little
-// ahead of need (every leaseEvery, for the demand of the next
-// leaseAhead), so the request path only ever spends tokens it already has.
-//
-// The tokens of a lease may be spent for leaseFor after it was granted,
-// by the asking process's clock; unspent, they are lost rather than kept,
-// so a process that stops asking cannot send a burst of old tokens later.
-// Over any stretch of time T the fleet is therefore granted at most
-// Rate × T + Burst tokens, and sends them within leaseFor of the grant.
-// Local answers come on top: before a process's first lease, while the
-// store is unreachable, and while a renewal catches up with a surge of
-// demand the store had room for, a process sends at its share of the
-// quota (Rate / Pods); the last lasts one renewal at most, since a store
-// that had no room for the surge grants less than asked and from then on
-// the process refuses.
-//
-// Implementations must be safe for concurrent use.
-type FleetLeaser interface {
-	// Lease takes up to r.Want tokens from the fleet's bucket for r.Host.
-	// It is called from one goroutine, with a context that bounds it; an
-	// error makes the process answer locally until a Lease succeeds.
-	Lease(ctx context.Context, r LeaseRequest) (LeaseGrant, error)
-}
-
-// LeaseRequest is one process's ask for tokens of a fleet quota.
-type LeaseRequest struct {
-	// Host is the "host:port" whose quota it is.
-	Host string
-	// Rate is the quota, in requests a second for the whole fleet, and
-	// Burst the fleet bucket's size: what it may grant at once after a
-	// quiet spell. Every process sends its own; processes configured
-	// alike send the same.
-	Rate  float64
-	Burst int64
-	// Want is how many tokens the process would spend before its next
-	// ask, at least 0 (0 still renews its place among the processes).
-	Want int64
-}
-
-// LeaseGrant is what a Lease granted.
-type LeaseGrant struct {
-	// Tokens granted, 0 ≤ Tokens ≤ Want.
-	Tokens int64
-	// Pods is how many processes asked for this quota lately, at least 1:
-	// a process's fair share while the store is unreachable is Rate/Pods.
-	Pods int
-}
-
-// The lease timings: renewals every leaseEvery, each sized for leaseAhead
-// of demand, their tokens valid for leaseFor. leaseAhead covers a renewal
-// late by a round trip or two; leaseFor lets a late renewal land before
-// the tokens in hand run out, and bounds how late a token may be spent.
-const (
-	leaseEvery = 100 * time.Millisecond
-	leaseAhead = 3 * leaseEvery
-	leaseFor   = 5 * leaseEvery
-	// leaseBurstFor is the fleet bucket's size, in seconds of the quota:
-	// two renewals' worth, so a quiet fleet's first asks are met at once
-	// without letting it burst far above the quota.
-	leaseBurstFor = 2 * leaseEvery
-	// leaseKickGap is the shortest time between two renewals.
-	leaseKickGap = leaseEvery / 4
-	// leaseIdle is how long a quota nobody takes from stays renewed.
-	leaseIdle = time.Second
-	// leaseForget is how long an unused quota is kept at all.
-	leaseForget = time.Minute
-	// maxFleetRate bounds Bulkhead.FleetRate (a million a second), so the
-	// bucket's arithmetic stays exact in a float64 and in a Lua number.
-	maxFleetRate = 1_000_000
-)
-
 // fleetQuota is a process's side of one host's fleet quota, shared by the
 // host's bulkheads (its own, or every instance's when balanced) and kept
-// across Update.
+// across Update. The link's lease loop renews it (leaseHolder).
 type fleetQuota struct {
 	host       string
 	rate       atomic.Uint64 // math.Float64bits of FleetRate
@@ -107,7 +30,27 @@ type fleetQuota struct {
 	fallback *rate.Limiter
 
 	leases, leaseErrors, granted, refused, local atomic.Uint64
-	link                                         *fleetLink
+	link                                         leaseLink
+}
+
+// newFleetQuota returns the host's quota, made or retuned for p; nil when
+// p has none or there is nothing to lease from (link is nil).
+func newFleetQuota(link leaseLink, host string, p Bulkhead) *fleetQuota {
+	if link == nil || p.FleetRate <= 0 {
+		return nil
+	}
+	var q *fleetQuota
+	link.lease(host, func(held leaseHolder) leaseHolder {
+		q, _ = held.(*fleetQuota)
+		if q == nil {
+			q = &fleetQuota{host: host, link: link, fallback: rate.NewLimiter(rate.Limit(p.FleetRate), 1)}
+			q.pods.Store(1)
+			q.lastUsed.Store(time.Now().UnixNano())
+		}
+		q.setPolicy(p)
+		return q
+	})
+	return q
 }
 
 // take spends a token of the fleet's quota at now, or reports that the
@@ -118,7 +61,7 @@ func (q *fleetQuota) take(now time.Time, hasLocal bool) bool {
 	if ns-q.lastUsed.Load() > int64(touchEvery) {
 		q.lastUsed.Store(ns)
 		if q.gone.Load() {
-			q.link.keepQuota(q)
+			q.link.keepLease(q.host, q)
 		}
 	}
 	ok, valid := q.pool.Take(ns)
@@ -207,140 +150,33 @@ func (q *fleetQuota) snapshot(now time.Time) *QuotaSnapshot {
 	return s
 }
 
-// fleetQuotas is a link's quotas, by host.
-type fleetQuotas struct {
-	leaser FleetLeaser // nil: the Fleet leases nothing
-	kick   chan struct{}
-	mu     sync.Mutex
-	m      map[string]*fleetQuota
+// The lease loop's side of the quota (leaseHolder).
+
+func (q *fleetQuota) lastUse() int64 { return q.lastUsed.Load() }
+
+func (q *fleetQuota) forget() { q.gone.Store(true) }
+
+func (q *fleetQuota) revive() bool { return q.gone.CompareAndSwap(true, false) }
+
+func (q *fleetQuota) ask(now time.Time) LeaseRequest {
+	burst := q.burst()
+	want := q.pool.Want(now.UnixNano(), leaseAhead, burst)
+	return LeaseRequest{Host: q.host, Rate: q.fleetRate(), Burst: burst, Want: want}
 }
 
-// quota returns the host's quota, made or retuned for p; nil when p has
-// none or there is nothing to lease from.
-func (l *fleetLink) quota(host string, p Bulkhead) *fleetQuota {
-	if l == nil || l.quotas.leaser == nil || p.FleetRate <= 0 {
-		return nil
+func (q *fleetQuota) grant(tokens, want, pods int64, got time.Time) {
+	q.pool.Grant(tokens, got.Add(leaseFor).UnixNano(), got.UnixNano())
+	q.short.Store(tokens < want)
+	q.leases.Add(1)
+	q.granted.Add(uint64(tokens))
+	if q.pods.Swap(pods) != pods {
+		q.fallback.SetLimit(rate.Limit(q.fleetRate() / float64(pods)))
 	}
-	l.quotas.mu.Lock()
-	defer l.quotas.mu.Unlock()
-	q := l.quotas.m[host]
-	if q == nil {
-		q = &fleetQuota{host: host, link: l, fallback: rate.NewLimiter(rate.Limit(p.FleetRate), 1)}
-		q.pods.Store(1)
-		q.lastUsed.Store(time.Now().UnixNano())
-		l.quotas.m[host] = q
-	}
-	q.setPolicy(p)
-	return q
+	q.leased.Store(true)
+	q.failing.Store(false)
 }
 
-// keepQuota puts back a quota the renewals forgot, now used again.
-func (l *fleetLink) keepQuota(q *fleetQuota) {
-	l.quotas.mu.Lock()
-	if q.gone.CompareAndSwap(true, false) {
-		if _, ok := l.quotas.m[q.host]; !ok {
-			l.quotas.m[q.host] = q
-		}
-	}
-	l.quotas.mu.Unlock()
-}
-
-func (l *fleetLink) kickLease() {
-	select {
-	case l.quotas.kick <- struct{}{}:
-	default:
-	}
-}
-
-func (l *fleetLink) quotaSnapshot(host string) *QuotaSnapshot {
-	if l == nil || l.quotas.leaser == nil {
-		return nil
-	}
-	l.quotas.mu.Lock()
-	q := l.quotas.m[host]
-	l.quotas.mu.Unlock()
-	if q == nil {
-		return nil
-	}
-	return q.snapshot(time.Now())
-}
-
-// leaseLoop renews the quotas in use, every leaseEvery and whenever a
-// request found no lease.
-func (l *fleetLink) leaseLoop(ctx context.Context) {
-	defer l.wg.Done()
-	tk := time.NewTicker(leaseEvery)
-	defer tk.Stop()
-	var last time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tk.C:
-		case <-l.quotas.kick:
-			// A kick asks early, but not more often than this: a
-			// renewal is a round trip for every quota in use.
-			if wait := leaseKickGap - time.Since(last); wait > 0 {
-				tm := time.NewTimer(wait)
-				select {
-				case <-ctx.Done():
-					tm.Stop()
-					return
-				case <-tm.C:
-				}
-			}
-		}
-		last = time.Now()
-		l.renew(ctx, last)
-	}
-}
-
-// renew asks for the next lease of every quota in use, one at a time (a
-// Lease is a round trip; quotas are few), within one renewal's time.
-func (l *fleetLink) renew(ctx context.Context, now time.Time) {
-	l.quotas.mu.Lock()
-	qs := make([]*fleetQuota, 0, len(l.quotas.m))
-	for h, q := range l.quotas.m {
-		switch idle := now.UnixNano() - q.lastUsed.Load(); {
-		case idle > int64(leaseForget):
-			q.gone.Store(true)
-			delete(l.quotas.m, h)
-		case idle <= int64(leaseIdle):
-			qs = append(qs, q)
-		}
-	}
-	l.quotas.mu.Unlock()
-	if len(qs) == 0 {
-		return
-	}
-	rctx, cancel := context.WithTimeout(ctx, 2*leaseEvery)
-	defer cancel()
-	for _, q := range qs {
-		burst := q.burst()
-		want := q.pool.Want(now.UnixNano(), leaseAhead, burst)
-		g, err := l.quotas.leaser.Lease(rctx, LeaseRequest{Host: q.host, Rate: q.fleetRate(), Burst: burst, Want: want})
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			q.failing.Store(true)
-			q.leaseErrors.Add(1)
-			l.fail(err)
-			continue
-		}
-		// What the store said is untrusted: never more than asked.
-		tokens := min(max(g.Tokens, 0), want)
-		pods := int64(min(max(g.Pods, 1), maxFleetPeers))
-		got := time.Now()
-		q.pool.Grant(tokens, got.Add(leaseFor).UnixNano(), got.UnixNano())
-		q.short.Store(tokens < want)
-		q.leases.Add(1)
-		q.granted.Add(uint64(tokens))
-		if q.pods.Swap(pods) != pods {
-			q.fallback.SetLimit(rate.Limit(q.fleetRate() / float64(pods)))
-		}
-		q.leased.Store(true)
-		q.failing.Store(false)
-		l.recovered()
-	}
+func (q *fleetQuota) leaseFailed() {
+	q.failing.Store(true)
+	q.leaseErrors.Add(1)
 }

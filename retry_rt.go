@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/bulwark-http/bulwark/internal/latency"
+	"github.com/bulwark-http/bulwark/internal/peers"
 	"github.com/bulwark-http/bulwark/internal/window"
 	"github.com/hashicorp/go-retryablehttp"
 	"golang.org/x/time/rate"
@@ -647,11 +648,12 @@ type retryBudget struct {
 	win *window.Window // positions are unix nanoseconds
 
 	// With a Fleet, the host's budget (not a route's) is the fleet's:
-	// the other pods' windows count with this one's (fleetbudget.go).
-	fleet     *fleetLink
+	// the other pods' windows count with this one's.
+	fleet     fleetPublisher
 	host      string
 	span      time.Duration // Window
-	peers     fleetPeers
+	peers     peers.Table
+	queued    atomic.Bool  // counts queued for publishing (countsChanged)
 	published atomic.Int64 // when its counts were last queued, unix nanoseconds
 }
 
@@ -691,7 +693,7 @@ func (b *retryBudget) state(now time.Time) BudgetSnapshot {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	own := b.win.Sum(now.UnixNano())
-	sum := b.peers.add(own, now)
+	sum := b.peers.Add(own, now)
 	calls, retries := sum[budgetCalls], sum[budgetRetries]
 	room := int64(b.ratio*float64(calls)) - retries
 	if b.floor != nil {
@@ -706,7 +708,7 @@ func (b *retryBudget) withdraw(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	pos := now.UnixNano()
-	sum := b.peers.add(b.win.Sum(pos), now)
+	sum := b.peers.Add(b.win.Sum(pos), now)
 	r := float64(sum[budgetRetries] + 1)
 	ok := r <= b.ratio*float64(sum[budgetCalls]) ||
 		(b.floor != nil && r <= b.floorMax && b.floor.AllowN(now, 1))
@@ -725,4 +727,65 @@ func (r *retryStage) snapshot(h *HostSnapshot) {
 	if r.hedge != nil {
 		h.Hedge = r.hedge.snapshot(r.lat)
 	}
+}
+
+// The retry budget in a fleet (see Fleet): a host's budget (not a
+// route's) spends from the sum of every pod's window.
+
+// fleetBudgetAnswer is how often, at most, a pod that calls a host but
+// does not retry publishes its budget counts while other pods' arrive: so
+// that its calls, which give the fleet's ratio its room, count too,
+// without a healthy host costing a publish per call.
+const fleetBudgetAnswer = time.Second
+
+// applyFleet keeps another pod's budget counts (fleetMember).
+func (r *retryStage) applyFleet(u FleetUpdate, now time.Time) bool {
+	return u.Kind == FleetBudgetCounts && r.budget != nil && r.budget.fleet != nil && r.budget.adoptCounts(u, now)
+}
+
+// shareCounts queues the budget's counts for the fleet. Under b.mu: the
+// hand-off does not block.
+func (b *retryBudget) shareCounts(now time.Time) {
+	if b.fleet == nil {
+		return
+	}
+	b.published.Store(now.UnixNano())
+	b.fleet.countsChanged(b)
+}
+
+// countsQueued is the budget's flag for fleetLink.countsChanged
+// (countsSource).
+func (b *retryBudget) countsQueued() *atomic.Bool { return &b.queued }
+
+// counts is the update that publishes the budget's window as it is now
+// (countsSource).
+func (b *retryBudget) counts() FleetUpdate {
+	now := time.Now()
+	b.mu.Lock()
+	s := b.win.Sum(now.UnixNano())
+	b.mu.Unlock()
+	return FleetUpdate{Kind: FleetBudgetCounts, Host: b.host, Until: now.Add(min(fleetCountsFor, b.span)),
+		Calls: s[budgetCalls], Retries: s[budgetRetries]}
+}
+
+// adoptCounts keeps another pod's budget window, valid at most for this
+// budget's window, and answers with this pod's own calls, at most every
+// fleetBudgetAnswer, if it has any.
+func (b *retryBudget) adoptCounts(u FleetUpdate, now time.Time) bool {
+	var c window.Counts
+	c[budgetCalls], c[budgetRetries] = u.Calls, u.Retries
+	until := u.Until // at most fleetCountsFor from now (FleetSink.Apply)
+	if cap := now.Add(b.span); until.After(cap) {
+		until = cap
+	}
+	ok := b.peers.Set(u.From, c, until, now)
+	if now.UnixNano()-b.published.Load() >= int64(fleetBudgetAnswer) {
+		b.mu.Lock()
+		own := b.win.Sum(now.UnixNano())
+		if own[budgetCalls] > 0 {
+			b.shareCounts(now)
+		}
+		b.mu.Unlock()
+	}
+	return ok
 }

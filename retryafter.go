@@ -130,7 +130,7 @@ type pushbackStage struct {
 	e       env
 	max     time.Duration
 	ignored *atomic.Uint64 // the Transport's count of ignored Retry-After values
-	fleet   *fleetLink     // where a pause is shared; nil without a Fleet
+	fleet   fleetPublisher // where a pause is shared; nil without a Fleet
 	// The pauses, shared with the pushback layer of a stack Update builds
 	// for the same host, so a pause outlives a policy change.
 	*pauses
@@ -296,4 +296,34 @@ func (p *pushbackStage) snapshot(h *HostSnapshot) {
 		}
 	}
 	h.Pushback = s
+}
+
+// The pushback in a fleet (see Fleet): a pause one pod is asked for
+// pauses the others too.
+
+// applyFleet adopts another pod's pause (fleetMember).
+func (p *pushbackStage) applyFleet(u FleetUpdate, now time.Time) bool {
+	return u.Kind == FleetPushback && p.adoptPause(u, now)
+}
+
+// adoptPause pauses the host (or a Shedder's tier) as a local Retry-After
+// would, capped at MaxRetryAfter from now.
+func (p *pushbackStage) adoptPause(u FleetUpdate, now time.Time) bool {
+	until := u.Until
+	if cap := now.Add(p.max); until.After(cap) {
+		until = cap
+	}
+	slot := &p.paused
+	if u.Shed {
+		slot = &p.tiers[u.Priority]
+	}
+	return p.pauseIn(slot, until)
+}
+
+// publishPause shares a local Retry-After pause.
+func (p *pushbackStage) publishPause(until time.Time, shed bool, prio Priority) {
+	if p.fleet == nil {
+		return
+	}
+	p.fleet.publish(FleetUpdate{Kind: FleetPushback, Host: p.e.host, Until: until, Shed: shed, Priority: prio})
 }

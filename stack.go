@@ -115,7 +115,7 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 		} else {
 			b = newBreaker(s, p.Breaker, e, t.randN)
 			if !sh.built {
-				b.fleet = t.fleet // the host's breaker, not a route's
+				b.fleet = t.fleet.publisher() // the host's breaker, not a route's
 			}
 		}
 		s, parts, open = b, append(parts, b), b
@@ -136,7 +136,7 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 		s, pause = sharedStage{via: sh.pushback, next: s}, sh.pushback
 	case !sh.built && !p.Retry.NoPushback:
 		pb := newPushback(s, p.Retry.MaxRetryAfter, e, &t.ignoredRA)
-		pb.fleet = t.fleet
+		pb.fleet = t.fleet.publisher()
 		if old.pauses != nil {
 			pb.pauses = old.pauses
 		}
@@ -157,7 +157,7 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 		}
 		if r.budget != nil && !sh.built && r.budget.fleet == nil {
 			// The host's budget is the fleet's; a route's stays local.
-			r.budget.fleet, r.budget.host = t.fleet, e.host
+			r.budget.fleet, r.budget.host = t.fleet.publisher(), e.host
 		}
 		if p.Hedge.enabled() {
 			r.hedge = newHedger(p.Hedge, open, full, shed)
@@ -210,7 +210,7 @@ func (t *Transport) instanceStack(p *Policy, e env, base http.RoundTripper, name
 		return s, nil
 	}
 	bh := newBulkhead(s, p.Bulkhead, name, e.rep, &t.ignoredRA)
-	bh.quota = t.fleet.quota(e.host, p.Bulkhead) // per host, shared by its instances
+	bh.quota = newFleetQuota(t.fleet.leasing(), e.host, p.Bulkhead) // per host, shared by its instances
 	return bh, bh
 }
 

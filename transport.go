@@ -306,8 +306,17 @@ func New(cfg Config) (*Transport, error) {
 	t.obs = newObserver(cfg, t.logger)
 	t.registerGauges()
 	// Last, so that a refused configuration starts no goroutine.
-	t.fleet = newFleetLink(cfg.Fleet, t)
+	t.fleet = newFleetLink(cfg.Fleet, t.logger, t)
 	return t, nil
+}
+
+// Close stops the Transport's background work: the goroutines that publish
+// to and receive from Config.Fleet. It does not close the Fleet, nor idle
+// connections. After Close the Transport still sends requests, with local
+// state only. It returns nil; calling it again does nothing.
+func (t *Transport) Close() error {
+	t.fleet.close()
+	return nil
 }
 
 // compile validates cfg's policies and host limits, and compiles them: the
@@ -525,7 +534,7 @@ func (t *Transport) addHost(k hostKey, u *url.URL, now int64) *hostState {
 		hs.controlBreaker(c)
 	}
 	t.hosts[k] = hs
-	t.fleet.attach(hs)
+	t.fleet.attach(hs.name, hs)
 	t.obs.refresh()
 	return hs
 }
@@ -590,6 +599,30 @@ func (hs *hostState) busy() bool {
 
 // busier is a layer that knows whether requests are in flight through it.
 type busier interface{ busy() bool }
+
+// applyFleet hands an update from the fleet to the hosts it names, one
+// per scheme (fleetMember).
+func (t *Transport) applyFleet(u FleetUpdate, now time.Time) bool {
+	changed := false
+	t.eachHost(func(hs *hostState) {
+		if hs.name == u.Host && hs.applyFleet(u, now) {
+			changed = true
+		}
+	})
+	return changed
+}
+
+// applyFleet hands an update from the fleet to each of the host's layers
+// that share state through it (fleetMember).
+func (hs *hostState) applyFleet(u FleetUpdate, now time.Time) bool {
+	changed := false
+	for _, p := range hs.parts {
+		if m, ok := p.(fleetMember); ok && m.applyFleet(u, now) {
+			changed = true
+		}
+	}
+	return changed
+}
 
 // route picks the compiled policy for a host: exact host:port, then host,
 // then Default.

@@ -37,7 +37,7 @@ func (t *Transport) Update(cfg Config) error {
 	if err != nil {
 		return err
 	}
-	if err := rs.checkLeases(t.fleet != nil && t.fleet.quotas.leaser != nil); err != nil {
+	if err := rs.checkLeases(t.fleet.leasing() != nil); err != nil {
 		return err
 	}
 	t.updateMu.Lock()
