@@ -162,7 +162,7 @@ func (b *balancerStage) roundTrip(req *http.Request, c call) (*http.Response, er
 	resp, err := in.rt.roundTrip(b.outgoing(req, in), c)
 	returned = true
 	if !b.odOff {
-		b.record(req.Context(), in, resp, err)
+		b.record(req.Context(), in, c.judge(resp, err))
 	}
 	if err != nil {
 		in.inflight.Add(-1)
@@ -238,12 +238,13 @@ func (b *balancerStage) pick(set *endpointSet, tried *triedSet) *instance {
 	return x
 }
 
-// record counts an attempt's outcome toward its instance's ejection.
-func (b *balancerStage) record(ctx context.Context, in *instance, resp *http.Response, err error) {
-	h := classify(resp, err).health()
+// record counts an attempt's outcome, judged j by the call's classifier,
+// toward its instance's ejection.
+func (b *balancerStage) record(ctx context.Context, in *instance, j judged) {
+	h := j.v.Outcome
 	if h == OutcomeIgnored {
-		// The caller's own end, a local refusal or a wrong request:
-		// nothing about the instance.
+		// The caller's own end, a local refusal, or what the classifier
+		// ignores (by default a wrong request): nothing about the instance.
 		return
 	}
 	failed := h == OutcomeFailure

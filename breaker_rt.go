@@ -44,35 +44,6 @@ const minBreakerWindow = 100 * time.Millisecond
 // maxWindowCalls bounds a count window (its buckets hold a tenth each).
 const maxWindowCalls = 1 << 20
 
-// Outcome is what one attempt tells the breaker about its host's health.
-type Outcome uint8
-
-const (
-	// OutcomeSuccess is a call the host served: it counts toward the
-	// window, and toward the slow-call rate when it took SlowCall or longer.
-	OutcomeSuccess Outcome = iota
-	// OutcomeFailure is a call the host failed: it counts toward the
-	// failure rate (and toward the slow-call rate when it was slow).
-	OutcomeFailure
-	// OutcomeIgnored is a call that says nothing about the host, such as
-	// one the caller cancelled: it is not counted at all, and a half-open
-	// probe that ends this way frees its slot without a verdict.
-	OutcomeIgnored
-)
-
-// String returns "success", "failure" or "ignored".
-func (o Outcome) String() string {
-	switch o {
-	case OutcomeSuccess:
-		return "success"
-	case OutcomeFailure:
-		return "failure"
-	case OutcomeIgnored:
-		return "ignored"
-	}
-	return "outcome(" + strconv.Itoa(int(o)) + ")"
-}
-
 // Breaker configures the circuit breaker of each host of an upstream, after
 // Nygard's Release It!. The breaker watches every attempt (retries
 // included) and, once the failure rate or the slow-call rate over its
@@ -86,8 +57,9 @@ func (o Outcome) String() string {
 // turns sick trips after about 50 failed calls, however much traffic came
 // before. Rates are computed only once MinCalls calls are in the window, so
 // a quiet endpoint's occasional failure never trips it. Each attempt's
-// verdict is taken when its response headers arrive (or its error does):
-// an error while the caller reads the body is not counted.
+// verdict is Policy.Classify's, taken when its response headers arrive (or
+// its error does): an error while the caller reads the body is not
+// counted.
 //
 // The state machine is gobreaker's; bulwark feeds it the rates of its own
 // window, since gobreaker counts no slow calls.
@@ -149,12 +121,6 @@ type Breaker struct {
 	// close. Zero inherits from Default, then DefaultHalfOpenCalls (10).
 	HalfOpenCalls int
 
-	// Classify decides each attempt's Outcome from what the next layer
-	// returned: exactly one of resp and err is non-nil. It runs on the
-	// request path, outside any lock, and must be safe for concurrent use.
-	// Nil inherits from Default, then DefaultClassify.
-	Classify func(resp *http.Response, err error) Outcome
-
 	// OnStateChange, if not nil, is called after each state change of a
 	// host's breaker, outside any lock of bulwark's and gobreaker's, on the
 	// goroutine of a request that saw the change, in the order the changes
@@ -192,9 +158,6 @@ func (b Breaker) inherit(parent Breaker) Breaker {
 	b.OpenFor = cmp.Or(b.OpenFor, parent.OpenFor)
 	b.MaxOpenFor = cmp.Or(b.MaxOpenFor, parent.MaxOpenFor)
 	b.HalfOpenCalls = cmp.Or(b.HalfOpenCalls, parent.HalfOpenCalls)
-	if b.Classify == nil {
-		b.Classify = parent.Classify
-	}
 	if b.OnStateChange == nil {
 		b.OnStateChange = parent.OnStateChange
 	}
@@ -224,9 +187,6 @@ func (b Breaker) withDefaults(t Timeout) Breaker {
 	b.OpenFor = cmp.Or(b.OpenFor, DefaultOpenFor)
 	b.MaxOpenFor = cmp.Or(b.MaxOpenFor, max(DefaultMaxOpenFor, b.OpenFor))
 	b.HalfOpenCalls = cmp.Or(b.HalfOpenCalls, DefaultHalfOpenCalls)
-	if b.Classify == nil {
-		b.Classify = DefaultClassify
-	}
 	return b
 }
 
@@ -254,18 +214,6 @@ func (b Breaker) validate() error {
 		return fieldError("Breaker.HalfOpenCalls", b.HalfOpenCalls, "must be in [0, 2^31)")
 	}
 	return nil
-}
-
-// DefaultClassify is the classifier a nil Breaker.Classify means, the
-// same classification every layer uses. Failures: transport errors,
-// bulwark's own timeouts (ErrAttemptTimeout, ErrTotalTimeout), 5xx
-// responses other than 501, and 429. Ignored: the caller's own cancellation
-// or deadline, rejections by a layer inside the breaker that never reached
-// the host (ErrBulkheadFull, ErrDeadlineTooShort), 501 and 4xx responses
-// other than 429, which say the request was wrong, not that the host is
-// sick. Everything else is a success. A custom classifier can wrap it.
-func DefaultClassify(resp *http.Response, err error) Outcome {
-	return classify(resp, err).health()
 }
 
 // BreakerOpenError is the error for a request the breaker refused to send.
@@ -412,14 +360,14 @@ const (
 // possible; while a longer one runs, this layer refuses without asking it.
 //
 // The stage is one stack's link to the host's breaker: what it sends to
-// and how it judges an attempt are fixed when the stack is built. The
+// and its per-attempt settings are fixed when the stack is built; how an
+// attempt is judged is the call's (Policy.Classify). The
 // state (window, state machine, control) is in the shared *breakerCore, so
 // Transport.Update can build a new stack around the same breaker when only
 // its thresholds move.
 type breakerStage struct {
 	*breakerCore
 	next     stage
-	classify func(*http.Response, error) Outcome
 	slow     time.Duration
 	onChange func(host string, from, to CircuitState)
 	shadow   bool
@@ -527,7 +475,7 @@ func newBreaker(next stage, p Breaker, e env, randN func(int64) int64) *breakerS
 // link is a stage over next that shares c's state, with p's per-attempt
 // settings.
 func (c *breakerCore) link(next stage, p Breaker) *breakerStage {
-	return &breakerStage{breakerCore: c, next: next, classify: p.Classify, slow: p.SlowCall, onChange: p.OnStateChange, shadow: p.Shadow}
+	return &breakerStage{breakerCore: c, next: next, slow: p.SlowCall, onChange: p.OnStateChange, shadow: p.Shadow}
 }
 
 // retune sets the thresholds p gives: the rates, MinCalls and the open
@@ -560,7 +508,7 @@ func (b *breakerStage) roundTrip(req *http.Request, c call) (*http.Response, err
 		ran = true
 		start := time.Now()
 		resp, err = b.next.roundTrip(req, c)
-		return struct{}{}, b.verdict(resp, err, time.Since(start))
+		return struct{}{}, b.verdict(c.judge(resp, err), time.Since(start))
 	})
 	if b.pending.Load() {
 		b.flush()
@@ -589,11 +537,11 @@ func (b *breakerStage) refuse(req *http.Request, c call) (*http.Response, error)
 	return nil, ErrBreakerOpen
 }
 
-// verdict is what gobreaker is told of an attempt that took took: one of the
-// errVerdict sentinels, or nil for a fast success.
-func (b *breakerStage) verdict(resp *http.Response, err error, took time.Duration) error {
+// verdict is what gobreaker is told of an attempt judged j that took took:
+// one of the errVerdict sentinels, or nil for a fast success.
+func (b *breakerStage) verdict(j judged, took time.Duration) error {
 	slow := took >= b.slow
-	switch b.classify(resp, err) {
+	switch j.v.Outcome {
 	case OutcomeIgnored:
 		return errVerdictIgnored
 	case OutcomeFailure:

@@ -291,12 +291,12 @@ func TestBreakerDefaults(t *testing.T) {
 		MaxOpenFor: DefaultMaxOpenFor, HalfOpenCalls: DefaultHalfOpenCalls,
 	}
 	got := p.Breaker
-	got.Classify = nil
 	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
 		t.Errorf("defaults = %+v, want %+v", got, want)
 	}
-	if p.Breaker.Classify == nil {
-		t.Error("Classify default is nil")
+	// Nil Policy.Classify means DefaultClassify, without the indirect call.
+	if p.Classify != nil {
+		t.Error("Classify default is not nil")
 	}
 	if d := (Policy{}).withDefaults().Breaker.SlowCall; d != DefaultAttemptTimeout/2 {
 		t.Errorf("SlowCall with package defaults = %v, want %v", d, DefaultAttemptTimeout/2)
@@ -391,7 +391,7 @@ func TestDefaultClassify(t *testing.T) {
 		if tt.resp != nil {
 			code = tt.resp.StatusCode
 		}
-		if got := DefaultClassify(tt.resp, tt.err); got != tt.want {
+		if got := DefaultClassify(tt.resp, tt.err).Outcome; got != tt.want {
 			t.Errorf("DefaultClassify(%d, %v) = %v, want %v", code, tt.err, got, tt.want)
 		}
 	}
@@ -399,13 +399,14 @@ func TestDefaultClassify(t *testing.T) {
 
 func TestBreakerCustomClassify(t *testing.T) {
 	// Count 404 as a failure: this upstream answers 404 when its index is gone.
-	classify := func(resp *http.Response, err error) Outcome {
+	classify := func(resp *http.Response, err error) Verdict {
 		if resp != nil && resp.StatusCode == 404 {
-			return OutcomeFailure
+			return Verdict{Outcome: OutcomeFailure}
 		}
 		return DefaultClassify(resp, err)
 	}
-	tr := testBreaker(t, Breaker{MinCalls: 4, Classify: classify}, &opBase{})
+	p := only(Policy{Breaker: Breaker{MinCalls: 4}, Classify: classify}, "breaker")
+	tr := mustNew(t, Config{Base: &opBase{}, Default: p})
 	if got := runScript(t, tr, "S4S4"); got != 4 {
 		t.Errorf("open after %d, want 4", got)
 	}

@@ -409,7 +409,7 @@ func (b *bulkheadStage) pass(next stage, req *http.Request, c call) (*http.Respo
 	resp, err := next.roundTrip(req, c)
 	returned = true
 	if b.lim != nil {
-		b.sample(start, resp, err)
+		b.sample(start, resp, c.judge(resp, err))
 	}
 	if b.limiter != nil && err == nil {
 		b.followPolicy(resp.Header)
@@ -424,19 +424,18 @@ func (b *bulkheadStage) pass(next stage, req *http.Request, c call) (*http.Respo
 	return resp, nil
 }
 
-// sample feeds the adaptive limit one attempt: its latency to the response
-// headers (a body's reading time is the caller's, not the host's), the slots
-// held, and whether it was dropped: bulwark's own timeout, or a 429 or 503,
-// the host saying it has too much to do.
-func (b *bulkheadStage) sample(start time.Time, resp *http.Response, err error) {
+// sample feeds the adaptive limit one attempt, judged j by the call's
+// classifier: its latency to the response headers (a body's reading time
+// is the caller's, not the host's), the slots held, and whether it was
+// dropped (judged.dropped): with the default classifier, bulwark's own
+// timeout, or a 429 or 503, the host saying it has too much to do.
+func (b *bulkheadStage) sample(start time.Time, resp *http.Response, j judged) {
 	now := time.Now()
-	k := classify(resp, err)
-	dropped := k == kindTimeout || k == kindTooMany ||
-		(k == kindServerError && resp.StatusCode == http.StatusServiceUnavailable)
-	if !reached(k) || k == kindCanceled || k == kindDeadline {
+	if !j.k.fromHost() {
 		// Refused below, or the caller gave up: nothing about the host.
 		return
 	}
+	dropped := j.dropped(resp)
 	old := b.lim.Limit()
 	if l, changed := b.lim.Sample(now.UnixNano(), now.Sub(start), int(b.inFlight.Load()), dropped); changed {
 		// Reported when it has moved by a quarter since last reported, so

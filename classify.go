@@ -7,13 +7,201 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"strconv"
 )
 
-// kind is what one outcome (a response or an error) was: the one
-// classification every layer reads, so that the breaker, the retry layer,
-// the balancer, the fallback and the metrics never disagree about what
-// happened. Errors are told apart by type (errors.Is, errors.As), never by
-// their text.
+// Outcome is what one attempt's result says about its host's health, as a
+// Classifier decides it and every layer that judges a host reads it.
+type Outcome uint8
+
+const (
+	// OutcomeSuccess is an attempt the host served. The breaker counts it
+	// toward its window (and toward the slow-call rate when it took
+	// SlowCall or longer), the balancer and the throttle as an answer the
+	// host gave, and the metrics label it "success".
+	OutcomeSuccess Outcome = iota
+	// OutcomeFailure is an attempt the host failed: it counts toward the
+	// breaker's failure rate, an instance's ejection, the throttle's
+	// rejections and the adaptive limit's drops (see Classifier), and a
+	// fallback answers for a call that ends with it.
+	OutcomeFailure
+	// OutcomeIgnored is an attempt that says nothing about the host's
+	// health, such as a request the host refused as malformed: the breaker
+	// and the balancer do not count it (a half-open probe that ends this
+	// way frees its slot without a verdict), and no fallback answers for
+	// it. The host did answer, so the throttle counts it as accepted and
+	// the adaptive limit takes its latency.
+	OutcomeIgnored
+)
+
+// String returns "success", "failure" or "ignored".
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeSuccess:
+		return "success"
+	case OutcomeFailure:
+		return "failure"
+	case OutcomeIgnored:
+		return "ignored"
+	}
+	return "outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Verdict is a Classifier's judgement of one outcome. The zero Verdict is
+// a success that another try would not change.
+type Verdict struct {
+	// Outcome is what the outcome says about the host's health.
+	Outcome Outcome
+	// Retryable reports whether another try may change the outcome: the
+	// retry layer sends the request again only when it is set (and every
+	// other rule of Retry allows it), and of a hedged round's attempts the
+	// first that returns one not retryable wins. Whether the request may be
+	// sent twice at all is the retry layer's own question (see Retry).
+	Retryable bool
+}
+
+// Classifier decides the Verdict of one attempt's outcome: exactly one of
+// resp and err is non-nil. It is Policy.Classify's type.
+//
+// One classifier serves every layer that judges an outcome, so that they
+// agree: the breaker, the retries and hedges, the balancer's outlier
+// ejection, the throttle, the adaptive concurrency limit, the fallback and
+// the bulwark.outcome metric attribute all read its Verdict. Each of them
+// asks it about the outcome it sees, so it runs several times for one
+// attempt, on the request path, outside any lock, and concurrently: it must
+// be cheap, safe for concurrent use, give the same Verdict for the same
+// outcome, and must not read or close resp.Body. err may wrap the attempt's
+// error (a *RetryError, at the fallback): match it with errors.Is and
+// errors.As.
+//
+// A classifier is asked only about what the host did: a response, a
+// transport error, or bulwark's own timeout (ErrAttemptTimeout,
+// ErrTotalTimeout), which says the host was too slow. It is not asked
+// about bulwark's refusals (ErrBreakerOpen, ErrBulkheadFull, ErrPushback,
+// ErrThrottled, ErrRetryBudget, ErrDeadlineTooShort: the host never saw
+// the request), nor about the caller's own cancellation or deadline (the
+// host did not end it): those keep DefaultClassify's Verdict, OutcomeIgnored
+// and not retryable, so that no classifier can make a layer count its own
+// refusals against the host, and a fallback still answers for a refusal.
+//
+// The adaptive limit (Bulkhead.Adaptive) counts as a drop, a sign the host
+// has too much to do, an OutcomeFailure that is bulwark's own timeout, a
+// 429 or a 503, and any OutcomeFailure the classifier declares where
+// DefaultClassify would not (a 404 it calls a failure, say): bulwark
+// cannot tell why the host failed it, and a limit that errs low recovers.
+// An outcome the classifier does not call a failure is never a drop.
+type Classifier func(resp *http.Response, err error) Verdict
+
+// DefaultClassify is the Classifier a nil Policy.Classify means. Its
+// Outcome: a failure for a transport error, bulwark's own timeout
+// (ErrAttemptTimeout, ErrTotalTimeout), a 429 and a 5xx other than 501;
+// ignored for a 501 or a 4xx other than 429, which say the request was
+// wrong, not that the host is sick, and for the caller's own cancellation
+// or deadline and bulwark's refusals; a success otherwise. Retryable: a
+// transport error other than a permanent one (certificate and TLS errors,
+// a host that does not exist), bulwark's own timeout, and the statuses
+// Polly's standard pipeline and go-retryablehttp retry: 408, 429, 500, 502,
+// 503 and 504. Errors are told apart by type, never by their text. A
+// custom classifier can wrap it:
+//
+//	Classify: func(resp *http.Response, err error) bulwark.Verdict {
+//		if resp != nil && resp.StatusCode == http.StatusNotFound {
+//			return bulwark.Verdict{Outcome: bulwark.OutcomeFailure} // the index is gone
+//		}
+//		return bulwark.DefaultClassify(resp, err)
+//	}
+func DefaultClassify(resp *http.Response, err error) Verdict {
+	return classify(resp, err).verdict(resp)
+}
+
+// judged is one outcome as the layers read it: its kind, the finer
+// reading bulwark keeps for itself (refusals, the caller's end, labels),
+// and the call's classifier's Verdict, which decides health and retries.
+type judged struct {
+	k kind
+	v Verdict
+}
+
+// judge is the one place an outcome is judged: every layer that asks
+// whether an outcome was a failure, or retryable, asks here, through the
+// call's classifier (call.judge); fn nil is DefaultClassify, without the
+// indirect call.
+func judge(fn Classifier, resp *http.Response, err error) judged {
+	return judgeKind(fn, classify(resp, err), resp, err)
+}
+
+// judgeKind is judge for an outcome already classified as k.
+func judgeKind(fn Classifier, k kind, resp *http.Response, err error) judged {
+	if fn == nil || !k.fromHost() {
+		return judged{k: k, v: k.verdict(resp)}
+	}
+	return judged{k: k, v: fn(resp, err)}
+}
+
+// verdict is DefaultClassify's Verdict for an outcome of kind k.
+func (k kind) verdict(resp *http.Response) Verdict {
+	return Verdict{Outcome: k.health(), Retryable: retryable(k, resp)}
+}
+
+// fromHost reports whether an outcome of kind k is the host's doing, what
+// a Classifier is asked about: not a refusal of bulwark's (the request was
+// never sent), nor the caller giving up (the host did not end it).
+func (k kind) fromHost() bool {
+	return reached(k) && k != kindCanceled && k != kindDeadline
+}
+
+// failed reports whether the call failed in a way a fallback may answer
+// for: the classifier called it a failure, or bulwark refused to send. Not
+// a success, nor what the classifier ignores (by default a wrong request,
+// or the caller giving up, whose answer nobody would read).
+func (j judged) failed() bool {
+	return j.v.Outcome == OutcomeFailure || !reached(j.k)
+}
+
+// failed is judged.failed under DefaultClassify.
+func (k kind) failed() bool {
+	return judged{k: k, v: Verdict{Outcome: k.health()}}.failed()
+}
+
+// dropped reports whether the adaptive limit counts the outcome as a
+// drop (see Classifier): with DefaultClassify, exactly bulwark's own
+// timeout, a 429 and a 503.
+func (j judged) dropped(resp *http.Response) bool {
+	if j.v.Outcome != OutcomeFailure {
+		return false
+	}
+	switch j.k {
+	case kindTimeout, kindTooMany:
+		return true
+	case kindServerError:
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			return true
+		}
+	}
+	return j.k.health() != OutcomeFailure
+}
+
+// label is the bulwark.outcome attribute's value: "success" exactly when
+// the Verdict is OutcomeSuccess; otherwise the kind's finer label, or, for
+// a response below 400 that the classifier did not call a success,
+// "failure" or "ignored". With DefaultClassify it is the kind's label.
+func (j judged) label() string {
+	switch {
+	case j.v.Outcome == OutcomeSuccess:
+		return outcomeSuccess
+	case j.k != kindSuccess:
+		return j.k.label()
+	case j.v.Outcome == OutcomeFailure:
+		return outcomeFailure
+	}
+	return outcomeIgnored
+}
+
+// kind is what one outcome (a response or an error) was, as bulwark reads
+// it: DefaultClassify's Verdict is made from it, and the layers read it for
+// what no Classifier decides (was the request refused, did the caller give
+// up, which label). Errors are told apart by type (errors.Is, errors.As),
+// never by their text.
 type kind uint8
 
 const (
@@ -110,8 +298,7 @@ func permanentError(err error) bool {
 	return false
 }
 
-// health is what k says about the host, for the breaker and the balancer:
-// a failure when the host failed or was too slow, ignored when the outcome
+// health is DefaultClassify's Outcome for k: a failure when the host failed or was too slow, ignored when the outcome
 // says nothing about the host (the request was wrong, the caller gave up,
 // or bulwark refused before the host was reached).
 func (k kind) health() Outcome {
@@ -141,17 +328,6 @@ func retryable(k kind, resp *http.Response) bool {
 		}
 	}
 	return false
-}
-
-// failed reports whether the call failed in a way a fallback may answer
-// for: the host failed, or bulwark refused to send. Not a wrong request,
-// and not the caller giving up, whose answer nobody would read.
-func (k kind) failed() bool {
-	switch k {
-	case kindSuccess, kindClientError, kindNotImplemented, kindRequestTime, kindDeadline, kindCanceled:
-		return false
-	}
-	return true
 }
 
 // reached reports whether an outcome with kind k came from the host, rather

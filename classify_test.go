@@ -61,8 +61,8 @@ func TestClassify(t *testing.T) {
 			if got := k.health(); got != tt.health {
 				t.Errorf("health = %v, want %v", got, tt.health)
 			}
-			if got := DefaultClassify(tt.resp, tt.err); got != tt.health {
-				t.Errorf("DefaultClassify = %v, want %v", got, tt.health)
+			if got, want := DefaultClassify(tt.resp, tt.err), (Verdict{Outcome: tt.health, Retryable: tt.retryable}); got != want {
+				t.Errorf("DefaultClassify = %+v, want %+v", got, want)
 			}
 			if got := retryable(k, tt.resp); got != tt.retryable {
 				t.Errorf("retryable = %v, want %v", got, tt.retryable)

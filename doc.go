@@ -25,10 +25,15 @@
 // waiting retry holds no permit; the breaker sees every attempt; an open
 // breaker is terminal for the retry loop; the fallback sees only the final
 // outcome. Each sub-policy has a Disabled field that removes its layer, and
-// an Enabled field that puts it back for one upstream. Every layer reads
-// one classification of outcomes (success, failure, ignored; retryable or
-// not), so the breaker, the retries, the balancer, the fallback and the
-// metrics never disagree about what happened.
+// an Enabled field that puts it back for one upstream. Every layer that
+// judges an outcome reads one classifier, Policy.Classify (nil:
+// DefaultClassify), which decides success, failure or ignored, and
+// retryable or not: the breaker, the retries and hedges, the balancer's
+// outlier ejection, the throttle, the adaptive limit, the fallback and the
+// bulwark.outcome metric attribute never disagree about what happened,
+// whether the classifier is bulwark's or the caller's. It is asked only
+// about what the host did: bulwark's own refusals and the caller's
+// cancellation keep their fixed meaning (see Classifier).
 //
 // Every layer keeps the http.RoundTripper contract: it never modifies the
 // caller's request, always closes the request body (rejections included),

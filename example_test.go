@@ -98,3 +98,47 @@ func Example_taxPolicy() {
 	// 200 rate=0.0725 (fallback: "")
 	// 200 rate=0.0725 (fallback: "stale")
 }
+
+// Policy.Classify tells every layer what an answer means for this upstream:
+// here a 404 is a failure another try may cure (an instance lost its
+// index), so the retries, the breaker, the balancer and the fallback all
+// treat it so.
+func ExamplePolicy_classify() {
+	var calls atomic.Int32
+	search := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			http.NotFound(w, r) // the first instance lost its index
+			return
+		}
+		fmt.Fprint(w, "3 results")
+	}))
+	defer search.Close()
+
+	client, err := bulwark.NewClient(bulwark.Config{
+		Upstreams: map[string]bulwark.Policy{
+			search.Listener.Addr().String(): {
+				Classify: func(resp *http.Response, err error) bulwark.Verdict {
+					if resp != nil && resp.StatusCode == http.StatusNotFound {
+						return bulwark.Verdict{Outcome: bulwark.OutcomeFailure, Retryable: true}
+					}
+					return bulwark.DefaultClassify(resp, err)
+				},
+				Retry: bulwark.Retry{Base: time.Millisecond},
+			},
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.CloseIdleConnections()
+
+	resp, err := client.Get(search.URL + "/search?q=bulwark")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	fmt.Printf("%d %s after %d calls\n", resp.StatusCode, b, calls.Load())
+	// Output:
+	// 200 3 results after 2 calls
+}

@@ -230,11 +230,12 @@ func newFallback(next stage, p Fallback, e env) *fallbackStage {
 
 func (f *fallbackStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	resp, err := f.next.roundTrip(req, c)
-	k := classify(resp, err)
-	if !k.failed() || req.Context().Err() != nil {
-		// Served, a wrong request, or the caller gave up: nobody needs an
-		// answer from memory.
-		if k == kindSuccess && f.stale != nil {
+	j := c.judge(resp, err)
+	if !j.failed() || req.Context().Err() != nil {
+		// Served, what the classifier ignores (by default a wrong
+		// request), or the caller gave up: nobody needs an answer from
+		// memory. Only a status below 400 judged a success is kept.
+		if j.k == kindSuccess && j.v.Outcome == OutcomeSuccess && f.stale != nil {
 			f.stale.watch(req, resp, time.Now())
 		}
 		return resp, err

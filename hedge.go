@@ -354,7 +354,7 @@ func sendRecovering(next stage, req *http.Request, c call) (resp *http.Response,
 // finish takes attempt i's outcome: the first answer not worth retrying
 // wins and the others are stopped; a loser's answer is drained and closed.
 func (run *hedgeRun) finish(i int, resp *http.Response, err error) {
-	k := classify(resp, err)
+	j := run.c.judge(resp, err)
 	var drop *http.Response
 	var stop bool
 	run.mu.Lock()
@@ -362,13 +362,13 @@ func (run *hedgeRun) finish(i int, resp *http.Response, err error) {
 	switch {
 	case run.won:
 		drop = resp
-	case reached(k) && !retryable(k, resp):
+	case reached(j.k) && !j.v.Retryable:
 		run.won, run.winner = true, i
 		drop, run.resp, run.err, run.reached = run.resp, resp, err, true
 		stop = true
-	case reached(k) || (run.resp == nil && run.err == nil):
+	case reached(j.k) || (run.resp == nil && run.err == nil):
 		// A failure from the host beats a refusal by a layer below.
-		drop, run.resp, run.err, run.reached = run.resp, resp, err, reached(k)
+		drop, run.resp, run.err, run.reached = run.resp, resp, err, reached(j.k)
 	default:
 		drop = resp
 	}

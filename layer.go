@@ -20,9 +20,9 @@ type stage interface {
 
 // call is what the layers of one call share, handed down by value: the
 // bound Timeout.Total set, the number of the attempt under way, the
-// instances it was sent to, and the attempt's handle. Its types are
-// declared here, beside it, so that the layers that fill it in and the
-// layers that read it need not know each other.
+// instances it was sent to, the attempt's handle, and how outcomes are
+// judged. Its types are declared here, beside it, so that the layers that
+// fill it in and the layers that read it need not know each other.
 type call struct {
 	// start is when the call began, read once by the router: the total
 	// deadline counts from it and the retry budget counts the call at it.
@@ -50,6 +50,19 @@ type call struct {
 	// loser; hedge marks an attempt sent beside another (its span says so).
 	slot  *attemptSlot
 	hedge bool
+	// classify is the call's policy's Policy.Classify, set by the router;
+	// nil is DefaultClassify. It travels with the call rather than with a
+	// layer, so that every layer the call passes through judges it alike,
+	// a host's shared ones (balancer, bulkhead) under a route's policy
+	// included, and so that a layer Update keeps whole judges the calls of
+	// the new stack by the new policy.
+	classify Classifier
+}
+
+// judge is what the call's classifier makes of an outcome: every layer
+// that judges one asks here.
+func (c call) judge(resp *http.Response, err error) judged {
+	return judge(c.classify, resp, err)
 }
 
 // minSendTime is the least time left for which a request is still sent.

@@ -88,7 +88,7 @@ package bulwark
 // the method: bulwark.route is not url.template, which would name the
 // path alone.
 //
-//	bulwark.requests          counter    {bulwark.upstream, bulwark.outcome}   calls, by final outcome
+//	bulwark.requests          counter    {bulwark.upstream, bulwark.outcome}   calls, by final outcome (see below)
 //	bulwark.retries           counter    {bulwark.upstream, bulwark.retry.reason}
 //	bulwark.hedges            counter    {bulwark.upstream, bulwark.hedge} (sent, won, or skipped_<reason>)
 //	bulwark.rejections        counter    {bulwark.upstream, bulwark.layer}
@@ -99,6 +99,17 @@ package bulwark
 //	bulwark.outlier.returns   counter    {bulwark.upstream, bulwark.instance}  ejected instances back in
 //	bulwark.attempt.duration  histogram  s {bulwark.upstream, bulwark.outcome}
 //	bulwark.retry.delay       histogram  s {bulwark.upstream}
+//
+// bulwark.outcome is "success" exactly when the call's Policy.Classify
+// judged the outcome OutcomeSuccess (with DefaultClassify, a status below
+// 400), so that the metrics and the layers agree on what succeeded. Any
+// other outcome keeps its finer label from a fixed set: client_error,
+// server_error, timeout, deadline, canceled, error, or the refusing
+// layer's (breaker_open, bulkhead_full, pushback, throttled, retry_budget,
+// deadline_too_short); a status below 400 that the classifier calls a
+// failure is "failure", one it ignores "ignored". A span's status follows
+// the HTTP semantic conventions (an error from 400 up) whatever the
+// classifier says.
 //
 // And the gauges registerGauges makes, one point per upstream:
 //
@@ -195,11 +206,16 @@ const (
 	layerDeadline = "deadline"
 )
 
-// Request and attempt outcomes, the bulwark.outcome attribute.
+// Request and attempt outcomes, the bulwark.outcome attribute: "success"
+// exactly when Policy.Classify's Verdict is OutcomeSuccess, otherwise what
+// the outcome was (judged.label). With DefaultClassify, a success is a
+// response with status < 400.
 const (
-	outcomeSuccess     = "success"      // a response with status < 400
+	outcomeSuccess     = "success"      // OutcomeSuccess
 	outcomeClientError = "client_error" // 4xx
 	outcomeServerError = "server_error" // 5xx
+	outcomeFailure     = "failure"      // a status < 400 that Classify calls a failure
+	outcomeIgnored     = "ignored"      // a status < 400 that Classify ignores
 	outcomeTimeout     = "timeout"      // bulwark's own Timeout.Attempt or Total
 	outcomeDeadline    = "deadline"     // the caller's deadline
 	outcomeCanceled    = "canceled"
@@ -842,10 +858,10 @@ func (hs *reporter) begin(req *http.Request) *callObs {
 	return c
 }
 
-// end records the call's final outcome; the logical span ends with the
-// response body.
-func (c *callObs) end(req *http.Request, resp *http.Response, err error) {
-	outcome := classify(resp, err).label()
+// end records the call's final outcome, judged j by the call's
+// classifier; the logical span ends with the response body.
+func (c *callObs) end(req *http.Request, resp *http.Response, err error, j judged) {
+	outcome := j.label()
 	if c.rep.o.metering() {
 		c.rep.o.requests.Add(req.Context(), 1, c.rep.labels(keyOutcome, outcome).add...)
 	}
@@ -944,7 +960,7 @@ func (r *observeStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	resp, err := r.next.roundTrip(out, c)
 	returned = true
 	if err != nil {
-		a.outcome = attemptOutcome(nil, err)
+		a.outcome = attemptOutcome(c.judge(nil, err))
 		if a.span != nil {
 			a.span.SetAttributes(semconv.ErrorTypeKey.String(errorType(a.outcome, err)))
 			a.span.SetStatus(codes.Error, safeError(err))
@@ -952,7 +968,7 @@ func (r *observeStage) roundTrip(req *http.Request, c call) (*http.Response, err
 		a.bodyEnd()
 		return nil, err
 	}
-	a.outcome = attemptOutcome(resp, nil)
+	a.outcome = attemptOutcome(c.judge(resp, nil))
 	if a.span != nil {
 		a.span.SetAttributes(semconv.HTTPResponseStatusCodeKey.Int(resp.StatusCode))
 		if resp.StatusCode >= 400 {
@@ -980,8 +996,8 @@ func (a *attemptObs) bodyEnd() {
 // whoever set it; the error reaches this layer before the attempt layer
 // tells bulwark's bound (ErrAttemptTimeout) from the caller's, and the
 // call's outcome (bulwark.requests) keeps that distinction.
-func attemptOutcome(resp *http.Response, err error) string {
-	out := classify(resp, err).label()
+func attemptOutcome(j judged) string {
+	out := j.label()
 	if out == outcomeDeadline {
 		return outcomeTimeout
 	}

@@ -46,6 +46,17 @@ type Policy struct {
 	// them; see Throttle. The zero value is off.
 	Throttle Throttle
 
+	// Classify decides, for every layer that judges an outcome, whether
+	// an attempt's response or error is a success, a failure or ignored
+	// for its host's health, and whether another try may change it; see
+	// Classifier for what each layer does with the Verdict and which
+	// outcomes it is asked about. Nil inherits from Default, then means
+	// DefaultClassify. On a route (Config.Routes), the route's classifier
+	// judges the route's calls in every layer they pass, the host's shared
+	// bulkhead and balancer included. Transport.Update moves it in place:
+	// it keeps every layer's state.
+	Classify Classifier
+
 	// Fault injects latency, answers and connection resets into attempts,
 	// for chaos tests; see Fault. The zero value injects nothing, and the
 	// layer is then not in the stack.
@@ -63,6 +74,9 @@ func (p Policy) inherit(parent Policy) Policy {
 	p.Endpoints = p.Endpoints.inherit(parent.Endpoints)
 	p.Throttle = p.Throttle.inherit(parent.Throttle)
 	p.Fault = p.Fault.inherit(parent.Fault)
+	if p.Classify == nil {
+		p.Classify = parent.Classify
+	}
 	return p
 }
 

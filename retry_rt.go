@@ -508,12 +508,15 @@ type decision struct {
 	err    error
 }
 
-// decide is the retry decision after attempt number attempt: a list of
-// checks in a fixed order, the first that applies settling it.
+// decide is the retry decision after attempt number attempt, whose
+// outcome was of kind k: a list of checks in a fixed order, the first that
+// applies settling it.
 func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt int, k kind, resp *http.Response, err error, prevWait *time.Duration) decision {
 	ctx := req.Context()
-	// 0. A success is final (unless the user's CheckRetry judges it).
-	if k == kindSuccess && r.check == nil {
+	j := judgeKind(c.classify, k, resp, err)
+	// 0. A success that no other try would change is final (unless the
+	// user's CheckRetry judges it).
+	if j.v.Outcome == OutcomeSuccess && !j.v.Retryable && r.check == nil {
 		return decision{}
 	}
 	// 1. A request that is not safe to send twice is never sent twice,
@@ -528,7 +531,7 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 	// 3. A layer below refused on purpose: an open breaker, a full bulkhead
 	// or a host's pushback pause is the answer, not a failure to try again,
 	// and retrying it would only spin.
-	switch k {
+	switch j.k {
 	case kindBreakerOpen, kindBulkheadFull, kindPushback:
 		return decision{}
 	}
@@ -540,7 +543,7 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 		}
 	}
 	// 5. Only outcomes another try may change: the user's CheckRetry, or
-	// bulwark's classification.
+	// the Verdict of the policy's Classify.
 	if r.check != nil {
 		ok, cerr := r.check(ctx, resp, err)
 		if cerr != nil {
@@ -549,7 +552,7 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 		if !ok {
 			return decision{}
 		}
-	} else if !retryable(k, resp) {
+	} else if !j.v.Retryable {
 		return decision{}
 	}
 	// 6. Attempts exhausted.

@@ -179,10 +179,11 @@ func inRoute(err error, pattern, upstream string) error {
 
 // routeState is one route's stack on one host.
 type routeState struct {
-	pattern string
-	rt      stage
-	rep     *reporter // the host's, with bulwark.route
-	parts   []any     // as hostState.parts
+	pattern  string
+	rt       stage
+	rep      *reporter  // the host's, with bulwark.route
+	parts    []any      // as hostState.parts
+	classify Classifier // the route's Policy.Classify
 }
 
 // routeStack returns req's route on hs, nil when no route matches. ServeMux.Handler does the matching, on req.Host as a server
@@ -254,8 +255,9 @@ func (t *Transport) addRoute(hs *hostState, e *routeEntry) *routeState {
 	if rs := hs.routes[e.idx].Load(); rs != nil {
 		return rs
 	}
-	rs := &routeState{pattern: e.pattern, rep: hs.rep.forRoute(e.pattern)}
-	rs.rt, rs.parts = t.buildRoute(hs, rs.rep, e.byParent[hs.policy])
+	p := e.byParent[hs.policy]
+	rs := &routeState{pattern: e.pattern, rep: hs.rep.forRoute(e.pattern), classify: p.Classify}
+	rs.rt, rs.parts = t.buildRoute(hs, rs.rep, p)
 	t.mu.RLock()
 	c, ok := t.controls[hs.name]
 	t.mu.RUnlock()

@@ -248,8 +248,8 @@ type kept struct {
 //
 //   - the breaker keeps its window, state, trips and manual control unless
 //     Window, WindowCalls, HalfOpenCalls or OpenFor change (breakerShape);
-//     its rates, MinCalls, MaxOpenFor, SlowCall, Classify, OnStateChange
-//     and Shadow move in place;
+//     its rates, MinCalls, MaxOpenFor, SlowCall, OnStateChange and Shadow
+//     move in place;
 //   - the bulkhead (slots held, queue), or a balanced upstream's balancer
 //     (instances, ejections, their bulkheads), is kept whole when the
 //     Bulkhead, Timeout and, balanced, Endpoints policies are all equal;
@@ -260,7 +260,10 @@ type kept struct {
 //     the policy's);
 //   - the retry budget is kept when Retry.Budget is unchanged;
 //   - the stale cache is kept when Fallback.Stale is unchanged;
-//   - the throttle's counts are kept when Throttle is unchanged.
+//   - the throttle's counts are kept when Throttle is unchanged;
+//   - Policy.Classify is no layer's: it travels with each call (see
+//     call.classify), so a new one applies to the new stack's calls and
+//     rebuilds nothing.
 //
 // Equal means reflect.DeepEqual, under which a non-nil func or an
 // interface holding one is never equal: a policy with a Resolver whose

@@ -235,10 +235,10 @@ func (t *throttleStage) current(now int64) float64 {
 // send sends req and counts the host's answer at now.
 func (t *throttleStage) send(req *http.Request, c call, now int64) (*http.Response, error) {
 	resp, err := t.next.roundTrip(req, c)
-	switch k := classify(resp, err); {
-	case !reached(k), k == kindCanceled, k == kindDeadline:
+	switch j := c.judge(resp, err); {
+	case !j.k.fromHost():
 		// Refused below, or the caller gave up: not the host's answer.
-	case k.health() == OutcomeFailure:
+	case j.v.Outcome == OutcomeFailure:
 		t.record(now, 1, 0)
 	default:
 		t.record(now, 1, 1)

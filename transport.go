@@ -426,13 +426,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	now := time.Now()
 	hs := t.lookupAt(req.URL, now.UnixNano())
-	rt, rep := hs.rt, hs.rep
+	rt, rep, c := hs.rt, hs.rep, call{start: now, classify: hs.policy.Classify}
 	if hs.table != nil {
 		if r := t.routeStack(hs, req); r != nil {
-			rt, rep = r.rt, r.rep
+			rt, rep, c.classify = r.rt, r.rep, r.classify
 		}
 	}
-	return t.send(rep, rt, req, now)
+	return t.send(rep, rt, req, c)
 }
 
 // CloseIdleConnections closes the base's idle connections, when the base
@@ -658,13 +658,13 @@ func (t *Transport) hostCount() int {
 }
 
 // send is the router's hand-off to a host's stack (or its route's, rt,
-// with the route's reporter rep): it counts the call's
-// final outcome and, when the caller's context has no span, wraps the call
-// in a logical span so that its attempts share one trace.
-func (t *Transport) send(rep *reporter, rt stage, req *http.Request, start time.Time) (*http.Response, error) {
+// with the route's reporter rep), with the call's state c: it counts the
+// call's final outcome and, when the caller's context has no span, wraps
+// the call in a logical span so that its attempts share one trace.
+func (t *Transport) send(rep *reporter, rt stage, req *http.Request, c call) (*http.Response, error) {
 	o := rep.begin(req)
 	if o == nil {
-		return rt.roundTrip(req, call{start: start})
+		return rt.roundTrip(req, c)
 	}
 	if o.ctx != nil {
 		req = req.WithContext(o.ctx)
@@ -676,8 +676,8 @@ func (t *Transport) send(rep *reporter, rt stage, req *http.Request, start time.
 			o.abort()
 		}
 	}()
-	resp, err := rt.roundTrip(req, call{start: start})
+	resp, err := rt.roundTrip(req, c)
 	returned = true
-	o.end(req, resp, err)
+	o.end(req, resp, err, c.judge(resp, err))
 	return resp, err
 }

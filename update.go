@@ -25,6 +25,9 @@ import "time"
 //	Fallback.Stale.*                                       → an empty stale cache
 //	a host's upstream key                                  → all of the host's state anew
 //
+// Policy.Classify rebuilds nothing: the new stack's calls are judged by the
+// new classifier in every layer, kept ones included.
+//
 // A kept breaker's new thresholds apply from the moment Update builds its
 // new stack, to the requests still in the old one too: they share its
 // window, and whether it trips is the host's decision, not one request's.
