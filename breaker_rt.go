@@ -42,7 +42,7 @@ const breakerBuckets = 10
 const minBreakerWindow = 100 * time.Millisecond
 
 // maxWindowCalls bounds a count window (its buckets hold a tenth each).
-const maxWindowCalls = 1 << 20
+const maxWindowCalls = window.MaxCalls
 
 // Breaker configures the circuit breaker of each host of an upstream, after
 // Nygard's Release It!. The breaker watches every attempt (retries
@@ -167,15 +167,13 @@ func (b Breaker) inherit(parent Breaker) Breaker {
 }
 
 // withDefaults fills zero fields; the slow-call threshold depends on the
-// attempt timeout, so it takes the policy's Timeout after its own defaults.
-func (b Breaker) withDefaults(t Timeout) Breaker {
+// attempt timeout, so the policy works it out (see SlowCall) and hands it
+// in as slowCall.
+func (b Breaker) withDefaults(slowCall time.Duration) Breaker {
 	b.FailureRate = cmp.Or(b.FailureRate, DefaultFailureRate)
 	b.SlowCallRate = cmp.Or(b.SlowCallRate, DefaultSlowCallRate)
 	if b.SlowCall == 0 {
-		b.SlowCall = t.Attempt / 2
-		if b.SlowCall <= 0 {
-			b.SlowCall = DefaultAttemptTimeout / 2
-		}
+		b.SlowCall = slowCall
 	}
 	b.WindowCalls = cmp.Or(b.WindowCalls, DefaultWindowCalls)
 	if b.MinCalls == 0 {

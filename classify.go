@@ -370,3 +370,25 @@ func (k kind) label() string {
 	}
 	return outcomeError
 }
+
+// Request and attempt outcomes, the bulwark.outcome attribute: "success"
+// exactly when Policy.Classify's Verdict is OutcomeSuccess, otherwise what
+// the outcome was (judged.label). With DefaultClassify, a success is a
+// response with status < 400.
+const (
+	outcomeSuccess     = "success"      // OutcomeSuccess
+	outcomeClientError = "client_error" // 4xx
+	outcomeServerError = "server_error" // 5xx
+	outcomeFailure     = "failure"      // a status < 400 that Classify calls a failure
+	outcomeIgnored     = "ignored"      // a status < 400 that Classify ignores
+	outcomeTimeout     = "timeout"      // bulwark's own Timeout.Attempt or Total
+	outcomeDeadline    = "deadline"     // the caller's deadline
+	outcomeCanceled    = "canceled"
+	outcomeBreaker     = "breaker_open"
+	outcomeBulkhead    = "bulkhead_full"
+	outcomePushback    = "pushback"
+	outcomeThrottled   = "throttled"
+	outcomeBudget      = "retry_budget"
+	outcomeTooShort    = "deadline_too_short"
+	outcomeError       = "error" // any other transport error
+)

@@ -12,7 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -143,8 +142,6 @@ const (
 	faultReset   = "reset"
 	faultRefused = "refused" // a header trigger without AllowHeaders
 )
-
-var keyFault = attribute.Key("bulwark.fault")
 
 // faultStage injects the faults of a Fault policy into the attempts that
 // pass through it.

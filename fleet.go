@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/bulwark-http/bulwark/internal/peers"
+	"github.com/bulwark-http/bulwark/internal/window"
+	"github.com/bulwark-http/bulwark/internal/wire"
 )
 
 // Fleet shares per-host state between the processes (pods) that call the
@@ -159,7 +161,7 @@ const fleetProbeGrace = time.Second
 
 // maxFleetHold is the longest hold a fleet update may ask for: past it the
 // update is ignored as hostile or broken, not capped (as for Retry-After).
-const maxFleetHold = maxRetryAfterHeader
+const maxFleetHold = wire.MaxRetryAfter
 
 // fleetQueue bounds the updates waiting to be published: trips and pauses
 // are rare, so a full queue means the store is far behind, and newer
@@ -523,7 +525,7 @@ func validFleetUpdate(u FleetUpdate, now time.Time) bool {
 	case u.Kind != FleetBreakerOpen && u.Kind != FleetPushback && u.Kind != FleetBreakerCounts && u.Kind != FleetBudgetCounts:
 		return false
 	case u.Kind == FleetBreakerCounts && (u.From == "" || len(u.From) > 64 ||
-		u.Calls < 0 || u.Calls > maxWindowCalls || u.Failures < 0 || u.Failures > u.Calls || u.Slow < 0 || u.Slow > u.Calls):
+		u.Calls < 0 || u.Calls > window.MaxCalls || u.Failures < 0 || u.Failures > u.Calls || u.Slow < 0 || u.Slow > u.Calls):
 		return false
 	case u.Kind == FleetBudgetCounts && (u.From == "" || len(u.From) > 64 ||
 		u.Calls < 0 || u.Calls > maxBudgetCount || u.Retries < 0 || u.Retries > maxBudgetCount):

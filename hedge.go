@@ -97,7 +97,9 @@ func (h Hedge) withDefaults() Hedge {
 	return h
 }
 
-func (h Hedge) validate(t Timeout) error {
+// validate refuses a bad Hedge; timeoutOff is whether the policy's Timeout
+// is disabled, which a hedge cannot do without.
+func (h Hedge) validate(timeoutOff bool) error {
 	switch {
 	case h.Delay < 0:
 		return fieldError("Hedge.Delay", h.Delay, "must be ≥ 0")
@@ -109,7 +111,7 @@ func (h Hedge) validate(t Timeout) error {
 		return fieldError("Hedge.Quantile", h.Quantile, "conflicts with Hedge.Delay ("+h.Delay.String()+")")
 	case h.MaxHedges < 1 || h.MaxHedges > maxHedgesLimit:
 		return fieldError("Hedge.MaxHedges", h.MaxHedges, fmt.Sprintf("must be in [1, %d]", maxHedgesLimit))
-	case h.enabled() && t.Disabled:
+	case h.enabled() && timeoutOff:
 		return fieldError("Hedge.Enabled", true, "needs Timeout: a hedge's loser is cancelled through its attempt's context")
 	}
 	return nil

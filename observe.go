@@ -156,8 +156,8 @@ package bulwark
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"reflect"
@@ -204,28 +204,6 @@ const (
 	layerThrottle = "throttle"
 	layerBudget   = "budget"
 	layerDeadline = "deadline"
-)
-
-// Request and attempt outcomes, the bulwark.outcome attribute: "success"
-// exactly when Policy.Classify's Verdict is OutcomeSuccess, otherwise what
-// the outcome was (judged.label). With DefaultClassify, a success is a
-// response with status < 400.
-const (
-	outcomeSuccess     = "success"      // OutcomeSuccess
-	outcomeClientError = "client_error" // 4xx
-	outcomeServerError = "server_error" // 5xx
-	outcomeFailure     = "failure"      // a status < 400 that Classify calls a failure
-	outcomeIgnored     = "ignored"      // a status < 400 that Classify ignores
-	outcomeTimeout     = "timeout"      // bulwark's own Timeout.Attempt or Total
-	outcomeDeadline    = "deadline"     // the caller's deadline
-	outcomeCanceled    = "canceled"
-	outcomeBreaker     = "breaker_open"
-	outcomeBulkhead    = "bulkhead_full"
-	outcomePushback    = "pushback"
-	outcomeThrottled   = "throttled"
-	outcomeBudget      = "retry_budget"
-	outcomeTooShort    = "deadline_too_short"
-	outcomeError       = "error" // any other transport error
 )
 
 // Attribute keys bulwark adds beside the semantic conventions' ones.
@@ -281,10 +259,11 @@ func isPlaceholder(v any) bool {
 	return t != nil && t.Kind() == reflect.Pointer && t.Elem().PkgPath() == "go.opentelemetry.io/otel/internal/global"
 }
 
-func newObserver(cfg Config, logger *slog.Logger) *observer {
+// newObserver makes the observer of Config's providers (nil: the global
+// ones).
+func newObserver(tp trace.TracerProvider, prop propagation.TextMapPropagator, mp metric.MeterProvider, logger *slog.Logger) *observer {
 	o := &observer{logger: logger}
 
-	tp := cfg.TracerProvider
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
@@ -297,7 +276,7 @@ func newObserver(cfg Config, logger *slog.Logger) *observer {
 		}
 	}
 
-	o.prop = cfg.Propagator
+	o.prop = prop
 	if o.prop == nil {
 		o.prop = otel.GetTextMapPropagator()
 	}
@@ -305,7 +284,6 @@ func newObserver(cfg Config, logger *slog.Logger) *observer {
 		o.unsetTM = o.prop
 	}
 
-	mp := cfg.MeterProvider
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
@@ -689,113 +667,6 @@ func (hs *reporter) throttleChanged(old, p float64) {
 	}
 }
 
-// gaugeAgg says how a gauge combines the values of the hosts that share an
-// upstream label.
-type gaugeAgg int
-
-const (
-	gaugeSum gaugeAgg = iota // in-flight, queued: the upstream's total
-	gaugeMax                 // breaker state: the worst host
-	gaugeMin                 // budget left: the scarcest
-)
-
-// registerGauge registers an Int64ObservableGauge name (under the bulwark.
-// prefix) read at every collection: f calls observe once per host (or per
-// upstream) and registerGauge reports one point per upstream, the hosts'
-// values combined by agg. f runs on the MeterProvider's collection
-// goroutine; it must not block. The registration lives as long as the
-// MeterProvider.
-func (t *Transport) registerGauge(name, desc, unit string, agg gaugeAgg, f func(observe func(upstream string, v int64))) error {
-	g, err := t.obs.meter.Int64ObservableGauge(name, metric.WithDescription(desc), metric.WithUnit(unit))
-	if err != nil {
-		return err
-	}
-	_, err = t.obs.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
-		vals := make(map[string]int64)
-		f(func(upstream string, v int64) {
-			old, seen := vals[upstream]
-			switch {
-			case !seen:
-				vals[upstream] = v
-			case agg == gaugeSum:
-				vals[upstream] = old + v
-			case agg == gaugeMax && v > old, agg == gaugeMin && v < old:
-				vals[upstream] = v
-			}
-		})
-		for up, v := range vals {
-			o.ObserveInt64(g, v, metric.WithAttributes(keyUpstream.String(up)))
-		}
-		return nil
-	}, g)
-	return err
-}
-
-// registerGauges registers the per-upstream gauges of the breaker, the
-// bulkhead, the retry budget and the balancer, once, in New; they read
-// Snapshot at each collection. Without a MeterProvider that could ever
-// record, it registers nothing. A failure is logged, not returned: New
-// does not fail over metrics.
-func (t *Transport) registerGauges() {
-	if !t.obs.meterOn {
-		return
-	}
-	gauge := func(name, desc, unit string, agg gaugeAgg, f func(h HostSnapshot, observe func(string, int64))) error {
-		return t.registerGauge(name, desc, unit, agg, func(observe func(string, int64)) {
-			for _, h := range t.Snapshot().Hosts {
-				f(h, observe)
-			}
-		})
-	}
-	errs := []error{
-		gauge("bulwark.breaker.state", "Circuit breaker state: 0 closed, 1 half-open, 2 open; the worst of the upstream's hosts.", "1", gaugeMax,
-			func(h HostSnapshot, observe func(string, int64)) {
-				if h.Breaker != nil {
-					observe(h.Upstream, int64(h.Breaker.State))
-				}
-			}),
-		gauge("bulwark.bulkhead.in_flight", "Bulkhead slots held.", "{request}", gaugeSum,
-			func(h HostSnapshot, observe func(string, int64)) {
-				for _, b := range h.bulkheads() {
-					observe(h.Upstream, int64(b.InFlight))
-				}
-			}),
-		gauge("bulwark.bulkhead.queued", "Requests queued for a bulkhead slot.", "{request}", gaugeSum,
-			func(h HostSnapshot, observe func(string, int64)) {
-				for _, b := range h.bulkheads() {
-					observe(h.Upstream, int64(b.Queued))
-				}
-			}),
-		gauge("bulwark.bulkhead.limit", "Bulkhead concurrency limit in force, adaptive or fixed.", "{request}", gaugeSum,
-			func(h HostSnapshot, observe func(string, int64)) {
-				for _, b := range h.bulkheads() {
-					observe(h.Upstream, int64(b.Limit))
-				}
-			}),
-		gauge("bulwark.throttle.probability", "Client-side throttle's local rejection probability, in parts per million; the highest of the upstream's hosts.", "ppm", gaugeMax,
-			func(h HostSnapshot, observe func(string, int64)) {
-				if h.Throttle != nil {
-					observe(h.Upstream, int64(h.Throttle.Probability*1e6))
-				}
-			}),
-		gauge("bulwark.retry.budget.remaining", "Retries the retry budget allows now; the scarcest of the upstream's hosts.", "{retry}", gaugeMin,
-			func(h HostSnapshot, observe func(string, int64)) {
-				if h.Budget != nil {
-					observe(h.Upstream, h.Budget.Remaining)
-				}
-			}),
-		gauge("bulwark.outlier.ejected", "Instances ejected by outlier detection now.", "{instance}", gaugeSum,
-			func(h HostSnapshot, observe func(string, int64)) {
-				if h.Endpoints != nil {
-					observe(h.Upstream, int64(h.ejected()))
-				}
-			}),
-	}
-	if err := errors.Join(errs...); err != nil {
-		t.logger.Warn("bulwark: registering gauges", "err", err)
-	}
-}
-
 // retryReason is the bulwark.retry.reason of a retry after resp or err: a
 // word from a small fixed set, so that a CheckRetry retrying odd statuses
 // cannot grow the metric's cardinality.
@@ -895,115 +766,6 @@ type spanEnder struct{ span trace.Span }
 
 func (s spanEnder) bodyEnd() { s.span.End() }
 
-// observeStage makes one CLIENT span per attempt, injects the attempt's
-// trace context into the outgoing request, and measures the attempt's
-// duration. It sits between the attempt deadline (which may already have
-// copied the header) and the base, so that it measures the exchange itself.
-type observeStage struct {
-	next stage
-	e    env
-}
-
-func newObserveStage(next stage, e env) *observeStage { return &observeStage{next: next, e: e} }
-
-// attemptObs is one attempt's observation, finished when its body is; it is
-// the only allocation observeStage makes, and only when something is on.
-type attemptObs struct {
-	rep     *reporter
-	span    trace.Span // nil: not tracing
-	start   time.Time  // zero: not metering
-	outcome string
-	carrier lazyHeader
-}
-
-func (r *observeStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
-	o := r.e.rep.o
-	state := o.state.Load()
-	if state == 0 {
-		return r.next.roundTrip(req, c)
-	}
-	tracing, metering := state&obsTracing != 0, state&obsMetering != 0
-	var prop propagation.TextMapPropagator
-	if state&obsPropagating != 0 {
-		prop = o.prop
-	}
-	ctx := req.Context()
-	a := &attemptObs{rep: r.e.rep}
-	out := req
-	if tracing {
-		ctx, a.span = o.tracer.Start(ctx, spanName(req.Method),
-			trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(r.attrs(req, c.attempt, c.hedge)...))
-		out = req.WithContext(ctx)
-	}
-	if prop != nil {
-		a.carrier = lazyHeader{h: req.Header, owned: c.ownHeader}
-		prop.Inject(ctx, &a.carrier)
-		if !c.ownHeader && a.carrier.owned {
-			// Copied on write: the copy needs a request of its own.
-			if out == req {
-				out = req.WithContext(ctx)
-			}
-			out.Header = a.carrier.h
-		}
-	}
-	if metering {
-		a.start = time.Now()
-	}
-	returned := false
-	defer func() {
-		if !returned {
-			// The layer below panicked: end the span with it.
-			a.outcome = outcomeError
-			a.bodyEnd()
-		}
-	}()
-	resp, err := r.next.roundTrip(out, c)
-	returned = true
-	if err != nil {
-		a.outcome = attemptOutcome(c.judge(nil, err))
-		if a.span != nil {
-			a.span.SetAttributes(semconv.ErrorTypeKey.String(errorType(a.outcome, err)))
-			a.span.SetStatus(codes.Error, safeError(err))
-		}
-		a.bodyEnd()
-		return nil, err
-	}
-	a.outcome = attemptOutcome(c.judge(resp, nil))
-	if a.span != nil {
-		a.span.SetAttributes(semconv.HTTPResponseStatusCodeKey.Int(resp.StatusCode))
-		if resp.StatusCode >= 400 {
-			a.span.SetAttributes(semconv.ErrorTypeKey.String(strconv.Itoa(resp.StatusCode)))
-			a.span.SetStatus(codes.Error, "")
-		}
-	}
-	onBodyEnd(resp, a)
-	return resp, nil
-}
-
-// bodyEnd finishes the attempt: its span and its duration.
-func (a *attemptObs) bodyEnd() {
-	if !a.start.IsZero() {
-		d := time.Since(a.start)
-		a.rep.o.attemptDuration.Record(context.Background(), d.Seconds(), a.rep.labels(keyOutcome, a.outcome).rec...)
-	}
-	if a.span != nil {
-		a.span.End()
-	}
-}
-
-// attemptOutcome is the bulwark.outcome of one attempt. A deadline that
-// ends an attempt in flight is a timeout from the attempt's point of view,
-// whoever set it; the error reaches this layer before the attempt layer
-// tells bulwark's bound (ErrAttemptTimeout) from the caller's, and the
-// call's outcome (bulwark.requests) keeps that distinction.
-func attemptOutcome(j judged) string {
-	out := j.label()
-	if out == outcomeDeadline {
-		return outcomeTimeout
-	}
-	return out
-}
-
 // safeError is err's text for a span status, with the URL that a
 // *url.Error quotes redacted wherever it appears in the chain's message.
 func safeError(err error) string {
@@ -1017,50 +779,6 @@ func safeError(err error) string {
 		msg = strings.ReplaceAll(msg, ue.URL, red)
 	}
 	return msg
-}
-
-// errorType is the error.type attribute of a failed attempt: a fixed word
-// for bulwark's classes, else the semantic conventions' _OTHER, never the
-// error text.
-func errorType(outcome string, err error) string {
-	if outcome != outcomeError {
-		return outcome
-	}
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		return outcomeTimeout
-	}
-	return semconv.ErrorTypeOther.Value.AsString()
-}
-
-// attrs are an attempt span's start attributes.
-func (r *observeStage) attrs(req *http.Request, attemptNo int, hedge bool) []attribute.KeyValue {
-	kv := make([]attribute.KeyValue, 0, 8)
-	kv = append(kv, methodAttr(req.Method))
-	if req.Method != "" && spanName(req.Method) == "HTTP" {
-		kv = append(kv, semconv.HTTPRequestMethodOriginalKey.String(req.Method))
-	}
-	kv = append(kv,
-		semconv.ServerAddressKey.String(req.URL.Hostname()),
-		semconv.URLFullKey.String(redactURL(req.URL)),
-		keyUpstream.String(r.e.upstream))
-	if rt := r.e.rep.route; rt != "" {
-		kv = append(kv, keyRoute.String(rt))
-	}
-	if p := r.e.rep.port; p > 0 {
-		kv = append(kv, semconv.ServerPortKey.Int(p))
-	}
-	if attemptNo > 0 {
-		kv = append(kv, keyAttempt.Int(attemptNo))
-	}
-	if attemptNo > 1 {
-		kv = append(kv, semconv.HTTPRequestResendCountKey.Int(attemptNo-1))
-	}
-	if hedge {
-		// A hedge runs beside the attempt before it rather than after it.
-		kv = append(kv, keyHedge.String("hedge"))
-	}
-	return kv
 }
 
 // spanName is the semantic conventions' span name without a route
@@ -1081,32 +799,6 @@ func methodAttr(method string) attribute.KeyValue {
 		return semconv.HTTPRequestMethodKey.String(n)
 	}
 	return semconv.HTTPRequestMethodKey.String("_OTHER")
-}
-
-// lazyHeader is the propagator's carrier: it copies the header on the
-// first write unless it is already a private copy, so a propagator that
-// has nothing to inject costs no copy.
-type lazyHeader struct {
-	h     http.Header
-	owned bool
-}
-
-func (c *lazyHeader) Get(key string) string { return c.h.Get(key) }
-
-func (c *lazyHeader) Set(key, value string) {
-	if !c.owned {
-		c.h = cloneHeader(c.h)
-		c.owned = true
-	}
-	c.h.Set(key, value)
-}
-
-func (c *lazyHeader) Keys() []string {
-	keys := make([]string, 0, len(c.h))
-	for k := range c.h {
-		keys = append(keys, k)
-	}
-	return keys
 }
 
 // redactURL is u for spans and logs: userinfo removed, every query value
@@ -1147,3 +839,22 @@ func redactURL(u *url.URL) string {
 	}
 	return b.String()
 }
+
+// endpointEvent is an ejection or a return, queued under the balancer's
+// lock and logged after it is released.
+type endpointEvent struct {
+	addr     string
+	ejected  bool
+	reason   string
+	duration time.Duration
+	times    int
+}
+
+func (ev endpointEvent) String() string {
+	if ev.ejected {
+		return fmt.Sprintf("ejected %s (%s) for %v", ev.addr, ev.reason, ev.duration)
+	}
+	return "returned " + ev.addr
+}
+
+var keyFault = attribute.Key("bulwark.fault")

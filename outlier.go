@@ -2,7 +2,6 @@ package bulwark
 
 import (
 	"cmp"
-	"fmt"
 	"math"
 	"net"
 	"strconv"
@@ -278,21 +277,4 @@ func successRateOutliers(samples []rateSample, minHosts int, factor float64) []r
 		}
 	}
 	return out
-}
-
-// endpointEvent is an ejection or a return, queued under the balancer's
-// lock and logged after it is released.
-type endpointEvent struct {
-	addr     string
-	ejected  bool
-	reason   string
-	duration time.Duration
-	times    int
-}
-
-func (ev endpointEvent) String() string {
-	if ev.ejected {
-		return fmt.Sprintf("ejected %s (%s) for %v", ev.addr, ev.reason, ev.duration)
-	}
-	return "returned " + ev.addr
 }

@@ -87,7 +87,11 @@ func (p Policy) inherit(parent Policy) Policy {
 func (p Policy) withDefaults() Policy {
 	p.Timeout = p.Timeout.withDefaults()
 	p.Bulkhead = p.Bulkhead.withDefaults()
-	p.Breaker = p.Breaker.withDefaults(p.Timeout)
+	slow := p.Timeout.Attempt / 2 // Breaker.SlowCall's default
+	if slow <= 0 {
+		slow = DefaultAttemptTimeout / 2
+	}
+	p.Breaker = p.Breaker.withDefaults(slow)
 	p.Fallback = p.Fallback.withDefaults()
 	p.Retry = p.Retry.withDefaults()
 	p.Hedge = p.Hedge.withDefaults()
@@ -131,7 +135,7 @@ func (p Policy) validate() error {
 	for _, err := range []error{
 		p.Timeout.validate(),
 		p.Retry.validate(),
-		p.Hedge.validate(p.Timeout),
+		p.Hedge.validate(p.Timeout.Disabled),
 		p.Breaker.validate(),
 		p.Bulkhead.validate(),
 		p.Fallback.validate(),

@@ -792,3 +792,9 @@ func (b *retryBudget) adoptCounts(u FleetUpdate, now time.Time) bool {
 	}
 	return ok
 }
+
+// pauser is what the retry layer asks of the pushback layer: until when
+// the host asked callers of req's priority to stay away (zero: no pause).
+type pauser interface {
+	pausedUntil(req *http.Request) time.Time
+}

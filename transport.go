@@ -303,7 +303,7 @@ func New(cfg Config) (*Transport, error) {
 	if t.logger == nil {
 		t.logger = slog.New(slog.DiscardHandler)
 	}
-	t.obs = newObserver(cfg, t.logger)
+	t.obs = newObserver(cfg.TracerProvider, cfg.Propagator, cfg.MeterProvider, t.logger)
 	t.registerGauges()
 	// Last, so that a refused configuration starts no goroutine.
 	t.fleet = newFleetLink(cfg.Fleet, t.logger, t)

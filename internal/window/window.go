@@ -61,6 +61,11 @@ type bucket struct {
 	c   Counts
 }
 
+// MaxCalls bounds a window counted in calls, and so any count of calls one
+// holds: a million is past any sane window, and keeps a tenth of it (one
+// bucket's share) far from int overflow in every sum.
+const MaxCalls = 1 << 20
+
 // New returns a window over the last length positions in the given number
 // of buckets. length ≥ 1, 1 ≤ buckets ≤ length, buckets ≤ 1024; otherwise
 // it returns an error starting "window: ".

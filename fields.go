@@ -1,10 +1,18 @@
 package bulwark
 
+// The fields a response uses to ask its callers to wait: Retry-After and the
+// rate-limit fields. Reading them is shared by the layers that obey them
+// (the retry layer's wait, the pushback layer's pause, the bulkhead's
+// advertised rate), so it lives here, apart from any one of them.
+
 import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
+
+	"github.com/bulwark-http/bulwark/internal/wire"
 )
 
 // Rate-limit fields a response may carry, canonical as net/http keys them:
@@ -165,32 +173,6 @@ func parseRateLimitDict(s string) (time.Duration, retryAfterResult) {
 	return time.Duration(t) * time.Second, retryAfterValid
 }
 
-// obeyRateLimit pauses the host, as a Retry-After does and capped the same
-// way, when resp says its quota is spent until a reset; a malformed field
-// is counted in the Transport's ignored count.
-func (p *pushbackStage) obeyRateLimit(resp *http.Response) {
-	h := resp.Header
-	if h == nil {
-		return
-	}
-	_, a := h[hdrRateLimit]
-	_, b := h[hdrRLRemaining]
-	_, c := h[hdrXRLRemaining]
-	if !a && !b && !c {
-		return
-	}
-	now := time.Now()
-	d, res := rateLimitPause(h, now)
-	switch {
-	case res == retryAfterIgnored:
-		if p.ignored != nil {
-			p.ignored.Add(1)
-		}
-	case res == retryAfterValid && d > 0:
-		p.pauseIn(&p.paused, now.Add(min(d, p.max)))
-	}
-}
-
 // advertisedRate reads the rate-limit policies of a response (see
 // Bulkhead.Rate): RateLimit-Policy, RateLimit-Limit and X-RateLimit-Limit,
 // each a list of items, either `"name";q=100;w=60` (the current draft) or
@@ -276,4 +258,81 @@ func itemParams(params []string, a, b string) (x, y int64, ok bool) {
 		*dst = n
 	}
 	return x, y, true
+}
+
+// maxRetryAfterHeader is the longest Retry-After bulwark believes. A server
+// asking callers to stay away for more than a day is broken or hostile; such
+// a value is ignored (and counted), not obeyed nor capped, since it tells us
+// nothing about when the server will have room.
+const maxRetryAfterHeader = wire.MaxRetryAfter
+
+// retryAfterResult is what parseRetryAfter made of a header.
+type retryAfterResult uint8
+
+const (
+	retryAfterAbsent retryAfterResult = iota
+	retryAfterValid
+	retryAfterIgnored // malformed, negative or absurd
+)
+
+// parseRetryAfter reads a Retry-After header (RFC 9110 §10.2.3): either
+// delta-seconds or an HTTP-date in any of the three formats http.ParseTime
+// knows, the date read against now. A date in the past means "now" (zero).
+// Several values, a sign, a fraction, a value past maxRetryAfterHeader or
+// anything else that does not parse is ignored.
+func parseRetryAfter(v []string, now time.Time) (time.Duration, retryAfterResult) {
+	if len(v) == 0 {
+		return 0, retryAfterAbsent
+	}
+	if len(v) > 1 {
+		return 0, retryAfterIgnored
+	}
+	s := trimOWS(v[0])
+	if s == "" {
+		return 0, retryAfterIgnored
+	}
+	if allDigits(s) {
+		// Ten digits are already past a day: refusing them before
+		// converting means no overflow to think about.
+		if len(s) > 9 {
+			return 0, retryAfterIgnored
+		}
+		n, _ := strconv.Atoi(s)
+		d := time.Duration(n) * time.Second
+		if d > maxRetryAfterHeader {
+			return 0, retryAfterIgnored
+		}
+		return d, retryAfterValid
+	}
+	t, err := http.ParseTime(s)
+	if err != nil {
+		return 0, retryAfterIgnored
+	}
+	d := t.Sub(now)
+	switch {
+	case d <= 0:
+		return 0, retryAfterValid
+	case d > maxRetryAfterHeader:
+		return 0, retryAfterIgnored
+	}
+	return d, retryAfterValid
+}
+
+// pushbackStatus reports whether a response with this status may carry a
+// Retry-After that bulwark obeys: 429 (rate limited) and 503 (overloaded).
+func pushbackStatus(code int) bool {
+	return code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable
+}
+
+// retryAfter returns the wait a 429 or 503 response asks for, counting a
+// header that had to be ignored in ignored when it is not nil.
+func retryAfter(resp *http.Response, now time.Time, ignored *atomic.Uint64) (time.Duration, bool) {
+	if !pushbackStatus(resp.StatusCode) {
+		return 0, false
+	}
+	d, res := parseRetryAfter(resp.Header["Retry-After"], now)
+	if res == retryAfterIgnored && ignored != nil {
+		ignored.Add(1)
+	}
+	return d, res == retryAfterValid
 }
