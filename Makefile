@@ -4,8 +4,8 @@
 GO          ?= go
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # Every module in the repository: the library at the root and the nested
-# modules (examples, bench, integration) that keep their dependencies out of its
-# go.mod.
+# modules (examples, bench, integration, redisfleet) that keep their
+# dependencies out of its go.mod.
 MODULES     := $(patsubst %/go.mod,%,$(shell find . -name go.mod -not -path './.git/*' | sort))
 FUZZTIME    ?= 20s
 

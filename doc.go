@@ -1,6 +1,16 @@
 // Package bulwark is HTTP client middleware that keeps a slow or failing
 // dependency from taking down the service that calls it.
 //
+// The module's packages, by who imports them; the others import this one,
+// and it imports none of them:
+//
+//	bulwark                the client: Transport, Config, Policy, Snapshot, hooks, errors, the Fleet interface,
+//	                       and what both halves share: the header names, Priority, WithPriority
+//	bulwark/server         the server half: DeadlineHandler and the Shedder, for the services you own
+//	bulwark/debug          a live page and JSON of a Transport's Snapshot, for operators
+//	bulwark/bulwarktest    a scripted upstream and a Recorder of the hooks, for tests of code that uses bulwark
+//	bulwark/redisfleet     a nested module: the Fleet over Redis (shared trips, pauses, quota, retry budget)
+//
 // New builds a Transport, an http.RoundTripper, from a Config of policies
 // per upstream; NewClient wraps it in an *http.Client, a drop-in for
 // http.DefaultClient. For each host the Transport composes, once, a stack
