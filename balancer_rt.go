@@ -522,16 +522,16 @@ func (b *balancerStage) closeIdle() {
 	}
 }
 
-// snapshot reports the instances, in the order the resolver or Addrs
-// gave them.
-func (b *balancerStage) snapshot(h *HostSnapshot) {
+// snapshot is the balancer's piece of Snapshot: the instances, in the
+// order the resolver or Addrs gave them; nil before the first resolve.
+func (b *balancerStage) snapshot() []EndpointState {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	set := b.set.Load()
 	if set == nil {
-		return
+		return nil
 	}
-	h.Endpoints = make([]EndpointState, 0, len(set.all))
+	out := make([]EndpointState, 0, len(set.all))
 	for _, in := range set.all {
 		es := EndpointState{
 			Addr: in.addr, Ejected: in.ejected, EjectedUntil: in.until, Ejections: in.times,
@@ -542,8 +542,9 @@ func (b *balancerStage) snapshot(h *HostSnapshot) {
 			s := in.bh.state()
 			es.Bulkhead = &s
 		}
-		h.Endpoints = append(h.Endpoints, es)
+		out = append(out, es)
 	}
+	return out
 }
 
 // hostOnly is the host of a "host:port", without brackets.

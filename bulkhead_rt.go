@@ -707,9 +707,10 @@ type BulkheadSnapshot struct {
 	Rate float64
 }
 
-func (b *bulkheadStage) snapshot(h *HostSnapshot) {
+// snapshot is the bulkhead's piece of Snapshot.
+func (b *bulkheadStage) snapshot() *BulkheadSnapshot {
 	s := b.state()
-	h.Bulkhead = &s
+	return &s
 }
 
 func (b *bulkheadStage) state() BulkheadSnapshot {

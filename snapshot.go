@@ -61,9 +61,6 @@ type HostSnapshot struct {
 	Routes []RouteSnapshot
 }
 
-// snapshotter is a layer with state to show in a HostSnapshot.
-type snapshotter interface{ snapshot(*HostSnapshot) }
-
 // Snapshot returns the state of every live host: breakers with their
 // windows, bulkheads, retry budgets, pushback pauses and balanced
 // instances. It takes each layer's lock briefly, one host at a time, and is
@@ -74,13 +71,10 @@ func (t *Transport) Snapshot() Snapshot {
 	var s Snapshot
 	t.eachHost(func(hs *hostState) {
 		h := HostSnapshot{Host: hs.name, Scheme: hs.key.scheme, Upstream: hs.upstream, Quota: t.fleet.quotaSnapshot(hs.name)}
-		for _, p := range hs.parts {
-			if sn, ok := p.(snapshotter); ok {
-				sn.snapshot(&h)
-			}
+		for _, show := range hs.shows {
+			show(&h)
 		}
 		hs.eachRoute(func(rs *routeState) { h.Routes = append(h.Routes, rs.snapshot()) })
-		h.Fault = hs.faults.snapshot()
 		sort.Slice(h.Routes, func(i, j int) bool { return h.Routes[i].Pattern < h.Routes[j].Pattern })
 		s.Hosts = append(s.Hosts, h)
 	})
