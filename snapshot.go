@@ -5,6 +5,7 @@ import (
 	"net"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Snapshot is the state of every host a Transport keeps, as
@@ -88,6 +89,48 @@ func (t *Transport) Snapshot() Snapshot {
 	s.RetryAfterIgnored = t.ignoredRA.Load()
 	s.Fleet = t.fleet.snapshot()
 	return s
+}
+
+// EndpointState is one instance of a balanced upstream, as Snapshot
+// reports it.
+type EndpointState struct {
+	// Addr is the instance's "host:port".
+	Addr string
+	// Ejected reports whether outlier detection has taken the instance out;
+	// EjectedUntil is when it returns (zero when not ejected).
+	Ejected      bool
+	EjectedUntil time.Time
+	// Ejections is how many times in a row it has been ejected: the
+	// multiplier of its next ejection time.
+	Ejections int
+	// InFlight is the requests sent to it whose response body is not done.
+	InFlight int
+	// ConsecutiveFailures is its current run of failures.
+	ConsecutiveFailures int
+	// Requests is how many attempts the balancer has sent it.
+	Requests uint64
+	// Bulkhead is the instance's own bulkhead; nil when disabled.
+	Bulkhead *BulkheadSnapshot
+}
+
+// showEndpoints is the balancer's piece of Snapshot with each instance's
+// bulkhead added: EndpointState holds the pieces of two layers, the
+// balancer's and the bulkhead's, so it is made here, where both are known.
+// An instance's limit is the bulkhead that stack.go's instanceBuilder put
+// there, or nil.
+func showEndpoints(vs []endpointView) []EndpointState {
+	if vs == nil {
+		return nil
+	}
+	out := make([]EndpointState, len(vs))
+	for i, v := range vs {
+		out[i] = EndpointState{Addr: v.addr, Ejected: v.ejected, EjectedUntil: v.ejectedUntil, Ejections: v.ejections,
+			InFlight: v.inFlight, ConsecutiveFailures: v.consecutiveFailures, Requests: v.requests}
+		if bh, ok := v.limit.(*bulkheadStage); ok {
+			out[i].Bulkhead = bh.snapshot()
+		}
+	}
+	return out
 }
 
 // Host returns the entries for host ("host:port"; case does not matter),

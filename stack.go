@@ -103,7 +103,7 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 	case old.balancer != nil:
 		s, parts, sh.balancer = old.balancer, append(parts, old.balancer), old.balancer
 	case p.Endpoints.enabled():
-		b := newBalancer(e, p, t.base, t.instanceStack)
+		b := newBalancer(e, p.Endpoints, t.base, t.instanceBuilder(p))
 		s, parts, sh.balancer = b, append(parts, b), b
 	case old.bulkhead != nil:
 		s, parts, sh.bulkhead, full = old.bulkhead, append(parts, old.bulkhead), old.bulkhead, old.bulkhead
@@ -117,7 +117,7 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 	// The shared layers are shown in the host's snapshot only, made or
 	// kept just now.
 	if b := sh.balancer; b != nil && !sh.built {
-		shows = append(shows, func(h *HostSnapshot) { h.Endpoints = b.snapshot() })
+		shows = append(shows, func(h *HostSnapshot) { h.Endpoints = showEndpoints(b.snapshot()) })
 	}
 	if bh := sh.bulkhead; bh != nil && !sh.built {
 		shows = append(shows, func(h *HostSnapshot) { h.Bulkhead = bh.snapshot() })
@@ -231,6 +231,18 @@ func (t *Transport) instanceStack(p *Policy, e env, base http.RoundTripper, name
 	bh := newBulkhead(s, p.Bulkhead, name, e.rep, &t.ignoredRA)
 	bh.quota = newFleetQuota(t.fleet.leasing(), e.host, p.Bulkhead) // per host, shared by its instances
 	return bh, bh
+}
+
+// instanceBuilder is instanceStack for p, as the balancer builds its
+// instances: with the bulkhead, when there is one, as their limit.
+func (t *Transport) instanceBuilder(p *Policy) instanceBuilder {
+	return func(e env, base http.RoundTripper, name string) (stage, stage) {
+		s, bh := t.instanceStack(p, e, base, name)
+		if bh == nil {
+			return s, nil // a nil limit, not a nil *bulkheadStage in one
+		}
+		return s, bh
+	}
 }
 
 // attemptStack composes the layers of one attempt over base: attempt
