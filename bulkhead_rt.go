@@ -707,10 +707,12 @@ type BulkheadSnapshot struct {
 	Rate float64
 }
 
-// snapshot is the bulkhead's piece of Snapshot.
-func (b *bulkheadStage) snapshot() *BulkheadSnapshot {
+// snapshot is the bulkhead's piece of Snapshot, and the piece of the
+// fleet quota it takes from (nil without one), which is the host's,
+// shared by its bulkheads.
+func (b *bulkheadStage) snapshot() (*BulkheadSnapshot, *QuotaSnapshot) {
 	s := b.state()
-	return &s
+	return &s, b.quota.snapshot(time.Now())
 }
 
 func (b *bulkheadStage) state() BulkheadSnapshot {

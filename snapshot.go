@@ -71,7 +71,7 @@ type HostSnapshot struct {
 func (t *Transport) Snapshot() Snapshot {
 	var s Snapshot
 	t.eachHost(func(hs *hostState) {
-		h := HostSnapshot{Host: hs.name, Scheme: hs.key.scheme, Upstream: hs.upstream, Quota: t.fleet.quotaSnapshot(hs.name)}
+		h := HostSnapshot{Host: hs.name, Scheme: hs.key.scheme, Upstream: hs.upstream}
 		for _, show := range hs.shows {
 			show(&h)
 		}
@@ -117,20 +117,25 @@ type EndpointState struct {
 // bulkhead added: EndpointState holds the pieces of two layers, the
 // balancer's and the bulkhead's, so it is made here, where both are known.
 // An instance's limit is the bulkhead that stack.go's instanceBuilder put
-// there, or nil.
-func showEndpoints(vs []endpointView) []EndpointState {
+// there, or nil. The instances' bulkheads share the host's fleet quota,
+// if any: quota is its piece.
+func showEndpoints(vs []endpointView) (_ []EndpointState, quota *QuotaSnapshot) {
 	if vs == nil {
-		return nil
+		return nil, nil
 	}
 	out := make([]EndpointState, len(vs))
 	for i, v := range vs {
 		out[i] = EndpointState{Addr: v.addr, Ejected: v.ejected, EjectedUntil: v.ejectedUntil, Ejections: v.ejections,
 			InFlight: v.inFlight, ConsecutiveFailures: v.consecutiveFailures, Requests: v.requests}
 		if bh, ok := v.limit.(*bulkheadStage); ok {
-			out[i].Bulkhead = bh.snapshot()
+			var q *QuotaSnapshot
+			out[i].Bulkhead, q = bh.snapshot()
+			if quota == nil {
+				quota = q
+			}
 		}
 	}
-	return out
+	return out, quota
 }
 
 // Host returns the entries for host ("host:port"; case does not matter),

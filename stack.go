@@ -117,10 +117,10 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 	// The shared layers are shown in the host's snapshot only, made or
 	// kept just now.
 	if b := sh.balancer; b != nil && !sh.built {
-		shows = append(shows, func(h *HostSnapshot) { h.Endpoints = showEndpoints(b.snapshot()) })
+		shows = append(shows, func(h *HostSnapshot) { h.Endpoints, h.Quota = showEndpoints(b.snapshot()) })
 	}
 	if bh := sh.bulkhead; bh != nil && !sh.built {
-		shows = append(shows, func(h *HostSnapshot) { h.Bulkhead = bh.snapshot() })
+		shows = append(shows, func(h *HostSnapshot) { h.Bulkhead, h.Quota = bh.snapshot() })
 	}
 	if !p.Breaker.Disabled {
 		var b *breakerStage
