@@ -114,8 +114,8 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 			parts, sh.bulkhead, full = append(parts, bh), bh, bh
 		}
 	}
-	// The shared layers are shown in the host's snapshot only, made or
-	// kept just now.
+	// The shared layers are the host's: shown in its snapshot, not in its
+	// routes' (sh.built).
 	if b := sh.balancer; b != nil && !sh.built {
 		shows = append(shows, func(h *HostSnapshot) { h.Endpoints, h.Quota = showEndpoints(b.snapshot()) })
 	}
