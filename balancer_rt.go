@@ -15,35 +15,15 @@ import (
 // resolveTimeout bounds one background lookup.
 const resolveTimeout = 10 * time.Second
 
-// EndpointState is one instance of a balanced upstream, as Snapshot
-// reports it.
-type EndpointState struct {
-	// Addr is the instance's "host:port".
-	Addr string
-	// Ejected reports whether outlier detection has taken the instance out;
-	// EjectedUntil is when it returns (zero when not ejected).
-	Ejected      bool
-	EjectedUntil time.Time
-	// Ejections is how many times in a row it has been ejected: the
-	// multiplier of its next ejection time.
-	Ejections int
-	// InFlight is the requests sent to it whose response body is not done.
-	InFlight int
-	// ConsecutiveFailures is its current run of failures.
-	ConsecutiveFailures int
-	// Requests is how many attempts the balancer has sent it.
-	Requests uint64
-	// Bulkhead is the instance's own bulkhead; nil when disabled.
-	Bulkhead *BulkheadSnapshot
-}
-
 // instance is one endpoint with the stack built for it.
 type instance struct {
 	id   uint32 // unique within the balancer, never 0
 	addr string
 	rt   stage
 	own  *http.Transport // the clone rt ends in; nil when the base is shared
-	bh   *bulkheadStage
+	// limit is the layer on top of rt that bounds what the instance gets
+	// (its bulkhead), nil when none: see instanceBuilder.
+	limit stage
 
 	inflight atomic.Int64
 	consec   atomic.Int32
@@ -75,7 +55,6 @@ type endpointSet struct {
 // not tried, when there is one), and ejects the sick ones.
 type balancerStage struct {
 	e        env
-	policy   *Policy
 	base     http.RoundTripper
 	build    instanceBuilder
 	resolver Resolver
@@ -100,14 +79,20 @@ type balancerStage struct {
 	nextInterval time.Time
 }
 
-// instanceBuilder makes the per-attempt layers for one instance (see
-// Transport.instanceStack).
-type instanceBuilder func(p *Policy, e env, base http.RoundTripper, name string) (stage, *bulkheadStage)
+// instanceBuilder makes the per-attempt layers for one instance, over
+// base, for the instance's "host:port" name (stack.go builds them from the
+// host's policy: see Transport.instanceStack). It returns them, rt, and
+// limit, the layer on top of them that bounds what the instance gets (its
+// bulkhead), nil when there is none. The balancer asks limit nothing: it
+// counts an instance's requests itself. It keeps it only to hand it back
+// in its piece of Snapshot (endpointView), for the side that built it to
+// show: one layer never names another's types, so the balancer cannot ask
+// a bulkhead for its snapshot itself.
+type instanceBuilder func(e env, base http.RoundTripper, name string) (rt, limit stage)
 
-func newBalancer(env env, p *Policy, base http.RoundTripper, build instanceBuilder) *balancerStage {
-	e := p.Endpoints
+func newBalancer(env env, e Endpoints, base http.RoundTripper, build instanceBuilder) *balancerStage {
 	b := &balancerStage{
-		e: env, policy: p, base: base, build: build, resolver: e.Resolver, every: e.ResolveEvery,
+		e: env, base: base, build: build, resolver: e.Resolver, every: e.ResolveEvery,
 		rr: e.RoundRobin, od: e.Outlier, odOff: e.Outlier.Disabled,
 	}
 	now := time.Now()
@@ -494,7 +479,7 @@ func (b *balancerStage) newInstance(addr string) *instance {
 		}
 		in.own, base = c, c
 	}
-	in.rt, in.bh = b.build(b.policy, b.e, base, addr)
+	in.rt, in.limit = b.build(b.e, base, addr)
 	return in
 }
 
@@ -522,28 +507,38 @@ func (b *balancerStage) closeIdle() {
 	}
 }
 
-// snapshot reports the instances, in the order the resolver or Addrs
-// gave them.
-func (b *balancerStage) snapshot(h *HostSnapshot) {
+// endpointView is one instance as the balancer shows it: its part of
+// Snapshot's EndpointState (snapshot.go), each field the one of that name,
+// and the instance's limit, whose piece snapshot.go adds.
+type endpointView struct {
+	addr                string
+	ejected             bool
+	ejectedUntil        time.Time
+	ejections           int
+	inFlight            int
+	consecutiveFailures int
+	requests            uint64
+	limit               stage
+}
+
+// snapshot is the balancer's piece of Snapshot: the instances, in the
+// order the resolver or Addrs gave them; nil before the first resolve.
+func (b *balancerStage) snapshot() []endpointView {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	set := b.set.Load()
 	if set == nil {
-		return
+		return nil
 	}
-	h.Endpoints = make([]EndpointState, 0, len(set.all))
+	out := make([]endpointView, 0, len(set.all))
 	for _, in := range set.all {
-		es := EndpointState{
-			Addr: in.addr, Ejected: in.ejected, EjectedUntil: in.until, Ejections: in.times,
-			InFlight: int(in.inflight.Load()), ConsecutiveFailures: int(in.consec.Load()),
-			Requests: in.sent.Load(),
-		}
-		if in.bh != nil {
-			s := in.bh.state()
-			es.Bulkhead = &s
-		}
-		h.Endpoints = append(h.Endpoints, es)
+		out = append(out, endpointView{
+			addr: in.addr, ejected: in.ejected, ejectedUntil: in.until, ejections: in.times,
+			inFlight: int(in.inflight.Load()), consecutiveFailures: int(in.consec.Load()),
+			requests: in.sent.Load(), limit: in.limit,
+		})
 	}
+	return out
 }
 
 // hostOnly is the host of a "host:port", without brackets.

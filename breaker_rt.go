@@ -724,9 +724,10 @@ type BreakerSnapshot struct {
 	WouldReject uint64
 }
 
-func (b *breakerStage) snapshot(h *HostSnapshot) {
+// snapshot is the breaker's piece of Snapshot.
+func (b *breakerStage) snapshot() *BreakerSnapshot {
 	s := b.state()
-	h.Breaker = &s
+	return &s
 }
 
 // state reads the breaker. Asking gobreaker may move an open breaker whose

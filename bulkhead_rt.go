@@ -707,9 +707,12 @@ type BulkheadSnapshot struct {
 	Rate float64
 }
 
-func (b *bulkheadStage) snapshot(h *HostSnapshot) {
+// snapshot is the bulkhead's piece of Snapshot, and the piece of the
+// fleet quota it takes from (nil without one), which is the host's,
+// shared by its bulkheads.
+func (b *bulkheadStage) snapshot() (*BulkheadSnapshot, *QuotaSnapshot) {
 	s := b.state()
-	h.Bulkhead = &s
+	return &s, b.quota.snapshot(time.Now())
 }
 
 func (b *bulkheadStage) state() BulkheadSnapshot {

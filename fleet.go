@@ -669,8 +669,6 @@ type leaseHolder interface {
 	// the pods the store counted; leaseFailed records a Lease that failed.
 	grant(tokens, want, pods int64, got time.Time)
 	leaseFailed()
-	// snapshot is its state for Snapshot.
-	snapshot(now time.Time) *QuotaSnapshot
 }
 
 // leaseLink is the link as a fleet quota sees it: where it is registered
@@ -715,19 +713,6 @@ func (l *fleetLink) kickLease() {
 	case l.quotas.kick <- struct{}{}:
 	default:
 	}
-}
-
-func (l *fleetLink) quotaSnapshot(host string) *QuotaSnapshot {
-	if l == nil || l.quotas.leaser == nil {
-		return nil
-	}
-	l.quotas.mu.Lock()
-	q := l.quotas.m[host]
-	l.quotas.mu.Unlock()
-	if q == nil {
-		return nil
-	}
-	return q.snapshot(time.Now())
 }
 
 // leaseLoop renews the quotas in use, every leaseEvery and whenever a

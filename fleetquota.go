@@ -22,7 +22,7 @@ type fleetQuota struct {
 	short    atomic.Bool  // the last Lease granted less than it asked for
 	leased   atomic.Bool  // a Lease has succeeded once
 	pods     atomic.Int64 // from the last grant
-	lastUsed atomic.Int64 // unix nanoseconds, coarse (touchEvery)
+	lastUsed atomic.Int64 // unix nanoseconds, coarse (quotaTouchEvery)
 	gone     atomic.Bool  // forgotten by the link: a take puts it back
 
 	// fallback is the local answer while there is no lease to judge by:
@@ -32,6 +32,12 @@ type fleetQuota struct {
 	leases, leaseErrors, granted, refused, local atomic.Uint64
 	link                                         leaseLink
 }
+
+// quotaTouchEvery is the resolution of a quota's last-used time: far
+// finer than the lease loop's idle and forget times (leaseIdle,
+// leaseForget), coarse enough that a busy host's quota is not written on
+// every request.
+const quotaTouchEvery = 10 * time.Millisecond
 
 // newFleetQuota returns the host's quota, made or retuned for p; nil when
 // p has none or there is nothing to lease from (link is nil).
@@ -58,7 +64,7 @@ func newFleetQuota(link leaseLink, host string, p Bulkhead) *fleetQuota {
 // own, which then is the local answer.
 func (q *fleetQuota) take(now time.Time, hasLocal bool) bool {
 	ns := now.UnixNano()
-	if ns-q.lastUsed.Load() > int64(touchEvery) {
+	if ns-q.lastUsed.Load() > int64(quotaTouchEvery) {
 		q.lastUsed.Store(ns)
 		if q.gone.Load() {
 			q.link.keepLease(q.host, q)
@@ -138,7 +144,14 @@ type QuotaSnapshot struct {
 	Leases, LeaseErrors, Granted, Refused, LocalAnswers uint64
 }
 
+// snapshot is the quota's piece of Snapshot, which the host's bulkheads
+// hand on (see bulkheadStage.snapshot); nil without a quota, and nil while
+// the lease loop has forgotten it for want of use (until a take puts it
+// back), as it is then no quota the process holds.
 func (q *fleetQuota) snapshot(now time.Time) *QuotaSnapshot {
+	if q == nil || q.gone.Load() {
+		return nil
+	}
 	ns := now.UnixNano()
 	s := &QuotaSnapshot{FleetRate: q.fleetRate(), Tokens: q.pool.Tokens(ns), Demand: q.pool.Demand(),
 		Pods: int(q.pods.Load()), Local: q.failing.Load() || !q.leased.Load() || ns >= q.pool.Until(),

@@ -326,3 +326,31 @@ func TestFleetQuotaAfterUpdate(t *testing.T) {
 		}
 	})
 }
+
+// TestFleetQuotaBalanced: a balanced upstream's instances share the
+// host's quota, and the Snapshot shows it beside their own bulkheads.
+func TestFleetQuotaBalanced(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &memLeaser{memFleet: memFleet{hub: &memHub{}}, b: &memBucket{}}
+		base := &statusBase{codes: []int{200}}
+		p := quotaPolicy(40)
+		p.Endpoints.Addrs = []string{"10.0.0.1:80", "10.0.0.2:80"}
+		tr := mustNew(t, Config{Base: base, Upstreams: map[string]Policy{"api.test": p}, Fleet: f})
+		t.Cleanup(func() { _ = tr.Close() })
+		// Under the quota: offer fails on a refusal, which names the
+		// instance, not the host.
+		offer(t, []*Transport{tr}, 50*time.Millisecond, time.Second)
+		h := tr.Snapshot().Host("api.test:80")[0]
+		if q := h.Quota; q == nil || q.FleetRate != 40 || q.Leases == 0 {
+			t.Fatalf("balanced host's quota snapshot %+v", q)
+		}
+		if h.Bulkhead != nil || len(h.Endpoints) != 2 {
+			t.Fatalf("balanced host: Bulkhead %+v, Endpoints %+v; want nil and two", h.Bulkhead, h.Endpoints)
+		}
+		for _, e := range h.Endpoints {
+			if e.Bulkhead == nil || e.Bulkhead.MaxConcurrent != 1000 || e.Requests == 0 {
+				t.Errorf("instance %s: %+v, want its own bulkhead and requests", e.Addr, e)
+			}
+		}
+	})
+}

@@ -722,14 +722,17 @@ func (b *retryBudget) withdraw(now time.Time) bool {
 	return ok
 }
 
-func (r *retryStage) snapshot(h *HostSnapshot) {
+// snapshot is the retry layer's pieces of Snapshot: its budget's and its
+// hedger's, each nil when it has none.
+func (r *retryStage) snapshot() (budget *BudgetSnapshot, hedge *HedgeSnapshot) {
 	if r.budget != nil {
 		s := r.budget.state(time.Now())
-		h.Budget = &s
+		budget = &s
 	}
 	if r.hedge != nil {
-		h.Hedge = r.hedge.snapshot(r.lat)
+		hedge = r.hedge.snapshot(r.lat)
 	}
+	return budget, hedge
 }
 
 // The retry budget in a fleet (see Fleet): a host's budget (not a

@@ -199,7 +199,8 @@ type PushbackSnapshot struct {
 	Tiers [NumPriorities]time.Time
 }
 
-func (p *pushbackStage) snapshot(h *HostSnapshot) {
+// snapshot is the pushback's piece of Snapshot.
+func (p *pushbackStage) snapshot() *PushbackSnapshot {
 	s := &PushbackSnapshot{}
 	if e := p.paused.Load(); e != nil {
 		s.Until = e.Until
@@ -209,7 +210,7 @@ func (p *pushbackStage) snapshot(h *HostSnapshot) {
 			s.Tiers[i] = e.Until
 		}
 	}
-	h.Pushback = s
+	return s
 }
 
 // The pushback in a fleet (see Fleet): a pause one pod is asked for

@@ -184,6 +184,8 @@ type routeState struct {
 	rep      *reporter  // the host's, with bulwark.route
 	parts    []any      // as hostState.parts
 	classify Classifier // the route's Policy.Classify
+
+	shows []func(*HostSnapshot) // as hostState.shows
 }
 
 // routeStack returns req's route on hs, nil when no route matches. ServeMux.Handler does the matching, on req.Host as a server
@@ -257,7 +259,7 @@ func (t *Transport) addRoute(hs *hostState, e *routeEntry) *routeState {
 	}
 	p := e.byParent[hs.policy]
 	rs := &routeState{pattern: e.pattern, rep: hs.rep.forRoute(e.pattern), classify: p.Classify}
-	rs.rt, rs.parts = t.buildRoute(hs, rs.rep, p)
+	rs.rt, rs.parts, rs.shows = t.buildRoute(hs, rs.rep, p)
 	t.mu.RLock()
 	c, ok := t.controls[hs.name]
 	t.mu.RUnlock()
@@ -297,10 +299,8 @@ type RouteSnapshot struct {
 
 func (rs *routeState) snapshot() RouteSnapshot {
 	var h HostSnapshot
-	for _, p := range rs.parts {
-		if sn, ok := p.(snapshotter); ok {
-			sn.snapshot(&h)
-		}
+	for _, show := range rs.shows {
+		show(&h)
 	}
 	return RouteSnapshot{Pattern: rs.pattern, Breaker: h.Breaker, Budget: h.Budget}
 }

@@ -5,6 +5,7 @@ import (
 	"net"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Snapshot is the state of every host a Transport keeps, as
@@ -61,9 +62,6 @@ type HostSnapshot struct {
 	Routes []RouteSnapshot
 }
 
-// snapshotter is a layer with state to show in a HostSnapshot.
-type snapshotter interface{ snapshot(*HostSnapshot) }
-
 // Snapshot returns the state of every live host: breakers with their
 // windows, bulkheads, retry budgets, pushback pauses and balanced
 // instances. It takes each layer's lock briefly, one host at a time, and is
@@ -73,14 +71,11 @@ type snapshotter interface{ snapshot(*HostSnapshot) }
 func (t *Transport) Snapshot() Snapshot {
 	var s Snapshot
 	t.eachHost(func(hs *hostState) {
-		h := HostSnapshot{Host: hs.name, Scheme: hs.key.scheme, Upstream: hs.upstream, Quota: t.fleet.quotaSnapshot(hs.name)}
-		for _, p := range hs.parts {
-			if sn, ok := p.(snapshotter); ok {
-				sn.snapshot(&h)
-			}
+		h := HostSnapshot{Host: hs.name, Scheme: hs.key.scheme, Upstream: hs.upstream}
+		for _, show := range hs.shows {
+			show(&h)
 		}
 		hs.eachRoute(func(rs *routeState) { h.Routes = append(h.Routes, rs.snapshot()) })
-		h.Fault = hs.faults.snapshot()
 		sort.Slice(h.Routes, func(i, j int) bool { return h.Routes[i].Pattern < h.Routes[j].Pattern })
 		s.Hosts = append(s.Hosts, h)
 	})
@@ -94,6 +89,53 @@ func (t *Transport) Snapshot() Snapshot {
 	s.RetryAfterIgnored = t.ignoredRA.Load()
 	s.Fleet = t.fleet.snapshot()
 	return s
+}
+
+// EndpointState is one instance of a balanced upstream, as Snapshot
+// reports it.
+type EndpointState struct {
+	// Addr is the instance's "host:port".
+	Addr string
+	// Ejected reports whether outlier detection has taken the instance out;
+	// EjectedUntil is when it returns (zero when not ejected).
+	Ejected      bool
+	EjectedUntil time.Time
+	// Ejections is how many times in a row it has been ejected: the
+	// multiplier of its next ejection time.
+	Ejections int
+	// InFlight is the requests sent to it whose response body is not done.
+	InFlight int
+	// ConsecutiveFailures is its current run of failures.
+	ConsecutiveFailures int
+	// Requests is how many attempts the balancer has sent it.
+	Requests uint64
+	// Bulkhead is the instance's own bulkhead; nil when disabled.
+	Bulkhead *BulkheadSnapshot
+}
+
+// showEndpoints is the balancer's piece of Snapshot with each instance's
+// bulkhead added: EndpointState holds the pieces of two layers, the
+// balancer's and the bulkhead's, so it is made here, where both are known.
+// An instance's limit is the bulkhead that stack.go's instanceBuilder put
+// there, or nil. The instances' bulkheads share the host's fleet quota,
+// if any: quota is its piece.
+func showEndpoints(vs []endpointView) (_ []EndpointState, quota *QuotaSnapshot) {
+	if vs == nil {
+		return nil, nil
+	}
+	out := make([]EndpointState, len(vs))
+	for i, v := range vs {
+		out[i] = EndpointState{Addr: v.addr, Ejected: v.ejected, EjectedUntil: v.ejectedUntil, Ejections: v.ejections,
+			InFlight: v.inFlight, ConsecutiveFailures: v.consecutiveFailures, Requests: v.requests}
+		if bh, ok := v.limit.(*bulkheadStage); ok {
+			var q *QuotaSnapshot
+			out[i].Bulkhead, q = bh.snapshot()
+			if quota == nil {
+				quota = q
+			}
+		}
+	}
+	return out, quota
 }
 
 // Host returns the entries for host ("host:port"; case does not matter),

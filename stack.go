@@ -6,9 +6,9 @@ import (
 )
 
 // buildStack composes a host's layers, outer to inner, once, and records
-// in hs.parts the layers the router and Snapshot ask about. It is the one
-// place that knows every layer: adding one is a line here and a file of its
-// own. Why this order:
+// in hs.parts the layers the router asks about, and in hs.shows how each
+// layer's piece of Snapshot goes into the host's. It is the one place that
+// knows every layer. Why this order:
 //
 //   - fallback, outermost, sees only the call's final outcome;
 //   - the total deadline bounds everything below it, retries included;
@@ -46,7 +46,9 @@ func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 		hs.faults = new(faultCounts)
 	}
 	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep, faults: hs.faults}
-	hs.rt, hs.parts = t.compose(hs.policy, e, &hs.shared, reuseFrom(prev, hs))
+	hs.rt, hs.parts, hs.shows = t.compose(hs.policy, e, &hs.shared, reuseFrom(prev, hs))
+	faults := hs.faults
+	hs.shows = append(hs.shows, func(h *HostSnapshot) { h.Fault = faults.snapshot() })
 }
 
 // buildRoute composes the stack of one route on a host: the same layers as
@@ -54,7 +56,7 @@ func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 // ones (see hostShared), which the route's stack passes through. Its own
 // layers report through rep, the route's reporter; the shared ones
 // through the host's.
-func (t *Transport) buildRoute(hs *hostState, rep *reporter, p *Policy) (stage, []any) {
+func (t *Transport) buildRoute(hs *hostState, rep *reporter, p *Policy) (stage, []any, []func(*HostSnapshot)) {
 	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep, faults: hs.faults}
 	shared := hs.shared
 	return t.compose(p, e, &shared, kept{})
@@ -73,12 +75,17 @@ type hostShared struct {
 }
 
 // compose builds a stack for p, outer to inner, with its parts, outer
-// first. On the host's own stack (sh.built false) it makes the shared
-// layers, or keeps old's, and records them in sh; on a route's it passes
-// through them.
-func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, []any) {
+// first, and shows: for each layer with state, a func that puts the
+// layer's piece of Snapshot (its snapshot method's result) in its field of
+// a HostSnapshot. Layers know nothing of HostSnapshot, and Snapshot
+// nothing of layers: this is where the two meet. On the host's own stack
+// (sh.built false) it makes the shared layers, or keeps old's, and
+// records them in sh; on a route's it passes through them, and they are
+// neither parts nor shown.
+func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, []any, []func(*HostSnapshot)) {
 	var s stage
 	var parts []any
+	var shows []func(*HostSnapshot)
 	// What the hedger asks before sending a hedge: is the breaker open,
 	// the bulkhead full, the throttle refusing? (A balanced upstream's bulkheads are per
 	// instance; the balancer's pick and each instance's bulkhead decide.)
@@ -96,7 +103,7 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 	case old.balancer != nil:
 		s, parts, sh.balancer = old.balancer, append(parts, old.balancer), old.balancer
 	case p.Endpoints.enabled():
-		b := newBalancer(e, p, t.base, t.instanceStack)
+		b := newBalancer(e, p.Endpoints, t.base, t.instanceBuilder(p))
 		s, parts, sh.balancer = b, append(parts, b), b
 	case old.bulkhead != nil:
 		s, parts, sh.bulkhead, full = old.bulkhead, append(parts, old.bulkhead), old.bulkhead, old.bulkhead
@@ -106,6 +113,14 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 		if bh != nil {
 			parts, sh.bulkhead, full = append(parts, bh), bh, bh
 		}
+	}
+	// The shared layers are the host's: shown in its snapshot, not in its
+	// routes' (sh.built).
+	if b := sh.balancer; b != nil && !sh.built {
+		shows = append(shows, func(h *HostSnapshot) { h.Endpoints, h.Quota = showEndpoints(b.snapshot()) })
+	}
+	if bh := sh.bulkhead; bh != nil && !sh.built {
+		shows = append(shows, func(h *HostSnapshot) { h.Bulkhead, h.Quota = bh.snapshot() })
 	}
 	if !p.Breaker.Disabled {
 		var b *breakerStage
@@ -119,6 +134,7 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 			}
 		}
 		s, parts, open = b, append(parts, b), b
+		shows = append(shows, func(h *HostSnapshot) { h.Breaker = b.snapshot() })
 	}
 	if p.Throttle.Enabled {
 		th := newThrottle(s, p.Throttle, e, t.randN)
@@ -126,6 +142,7 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 			th.throttleCounts = old.throttle
 		}
 		s, parts = th, append(parts, th)
+		shows = append(shows, func(h *HostSnapshot) { h.Throttle = th.snapshot() })
 		if !p.Throttle.Shadow {
 			shed = th
 		}
@@ -141,6 +158,7 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 			pb.pauses = old.pauses
 		}
 		s, pause, parts, sh.pushback = pb, pb, append(parts, pb), pb
+		shows = append(shows, func(h *HostSnapshot) { h.Pushback = pb.snapshot() })
 	}
 	// Hedges and retries are one attempt scheduler: the retry layer. A
 	// policy that hedges but does not retry gets it with one attempt per
@@ -164,6 +182,7 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 			r.max = max(r.max, 1+p.Hedge.MaxHedges)
 		}
 		s, parts = r, append(parts, r)
+		shows = append(shows, func(h *HostSnapshot) { h.Budget, h.Hedge = r.snapshot() })
 	}
 	if !p.Timeout.Disabled {
 		s = &totalStage{next: s, total: p.Timeout.Total}
@@ -180,7 +199,7 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 	for i, j := 0, len(parts)-1; i < j; i, j = i+1, j-1 {
 		parts[i], parts[j] = parts[j], parts[i]
 	}
-	return s, parts
+	return s, parts, shows
 }
 
 // passer is a shared layer that a route's stack passes through with its
@@ -212,6 +231,18 @@ func (t *Transport) instanceStack(p *Policy, e env, base http.RoundTripper, name
 	bh := newBulkhead(s, p.Bulkhead, name, e.rep, &t.ignoredRA)
 	bh.quota = newFleetQuota(t.fleet.leasing(), e.host, p.Bulkhead) // per host, shared by its instances
 	return bh, bh
+}
+
+// instanceBuilder is instanceStack for p, as the balancer builds its
+// instances: with the bulkhead, when there is one, as their limit.
+func (t *Transport) instanceBuilder(p *Policy) instanceBuilder {
+	return func(e env, base http.RoundTripper, name string) (stage, stage) {
+		s, bh := t.instanceStack(p, e, base, name)
+		if bh == nil {
+			return s, nil // a nil limit, not a nil *bulkheadStage in one
+		}
+		return s, bh
+	}
 }
 
 // attemptStack composes the layers of one attempt over base: attempt

@@ -284,10 +284,11 @@ type ThrottleSnapshot struct {
 	WouldReject uint64
 }
 
-func (t *throttleStage) snapshot(h *HostSnapshot) {
+// snapshot is the throttle's piece of Snapshot.
+func (t *throttleStage) snapshot() *ThrottleSnapshot {
 	t.mu.Lock()
 	c := t.w.Sum(time.Now().UnixNano())
 	t.mu.Unlock()
-	h.Throttle = &ThrottleSnapshot{Requests: c[thRequests], Accepts: c[thAccepts], Probability: t.probability(c),
+	return &ThrottleSnapshot{Requests: c[thRequests], Accepts: c[thAccepts], Probability: t.probability(c),
 		Shadow: t.shadow, WouldReject: t.wouldReject.Load()}
 }

@@ -259,9 +259,12 @@ type hostState struct {
 	routes  []atomic.Pointer[routeState]
 	routeMu sync.Mutex // serialises building routes' stacks
 	// parts are the stack's layers that implement one of the small
-	// interfaces the router and Snapshot ask (snapshotter, busier,
-	// idleCloser, breakerController), in stack order, outer first.
+	// interfaces the router asks (busier, idleCloser, breakerController,
+	// fleetMember), in stack order, outer first.
 	parts []any
+	// shows put each layer's piece of Snapshot in a HostSnapshot (see
+	// compose).
+	shows []func(*HostSnapshot)
 	// rawScheme and rawHost are the URL's Scheme and Host, as written, of
 	// the request that made this state: the last-host fast path (lookup)
 	// matches them exactly.
