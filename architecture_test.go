@@ -175,9 +175,84 @@ func archLines(t *testing.T, fset *token.FileSet, files []*ast.File) int {
 	return n
 }
 
+// archFloors is the root package's files, floor by floor, lowest first. A
+// file may reference the files of lower floors and of its own group; a
+// layer's group is the layer (one file, or a layer and the files that are
+// its parts), and no layer references another: where one asks another
+// something (the hedger asks the breaker whether it is open), it declares
+// a small interface that the other satisfies without knowing it. The top
+// floor combines the layers and may reference anything.
+var archFloors = []struct {
+	floor  string
+	groups []archGroup
+}{
+	{"shared words", []archGroup{
+		{"words", []string{"doc.go", "errors.go", "headers.go", "priority.go", "inherit.go", "body.go", "classify.go", "fields.go"}},
+	}},
+	{"the reporter and the fleet's contract", []archGroup{
+		{"report", []string{"observe.go", "fleet.go"}},
+	}},
+	{"the layers' environment", []archGroup{
+		{"env", []string{"layer.go"}},
+	}},
+	{"layers", []archGroup{
+		{"timeout", []string{"deadline_rt.go"}},
+		{"span", []string{"span.go"}},
+		{"fault", []string{"fault.go"}},
+		{"bulkhead", []string{"bulkhead_rt.go", "fleetquota.go"}},
+		{"balancer", []string{"balancer_rt.go", "outlier.go", "resolver.go"}},
+		{"breaker", []string{"breaker_rt.go"}},
+		{"throttle", []string{"throttle.go"}},
+		{"pushback", []string{"retryafter.go"}},
+		{"retry", []string{"retry_rt.go", "hedge.go", "idempotency.go"}},
+		{"fallback", []string{"fallback.go"}},
+	}},
+	{"the files that combine them", []archGroup{
+		{"combine", []string{"policy.go", "stack.go", "snapshot.go", "route.go", "update.go", "metrics.go", "upstreamkey.go", "transport.go"}},
+	}},
+}
+
+// archMaxBothWays is a ratchet on the pairs of files that reference each
+// other both ways: lower it when a change removes one, never raise it
+// without a reason.
+const archMaxBothWays = 9
+
+// archNeverImported are the module's packages that import the root; the
+// root importing one would turn the direction around.
+var archNeverImported = []string{
+	"github.com/bulwark-http/bulwark/server",
+	"github.com/bulwark-http/bulwark/debug",
+	"github.com/bulwark-http/bulwark/bulwarktest",
+}
+
 func TestArchitecture(t *testing.T) {
 	fset, files, info := archLoad(t)
 	refs := archRefs(fset, info)
+
+	// Where each file stands.
+	type place struct {
+		floor int
+		group string
+	}
+	where := map[string]place{}
+	for i, fl := range archFloors {
+		for _, g := range fl.groups {
+			for _, f := range g.files {
+				where[f] = place{i, g.name}
+			}
+		}
+	}
+	for _, f := range files {
+		name := filepath.Base(fset.Position(f.Pos()).Filename)
+		if _, ok := where[name]; !ok {
+			t.Errorf("%s stands on no floor: add it to archFloors", name)
+		}
+		for _, imp := range f.Imports {
+			if path := strings.Trim(imp.Path.Value, `"`); slices.Contains(archNeverImported, path) {
+				t.Errorf("%s imports %s, which imports the root: the root never imports its neighbours", name, path)
+			}
+		}
+	}
 
 	edges := map[[2]string][]string{} // from, to → names
 	for _, r := range refs {
@@ -186,6 +261,31 @@ func TestArchitecture(t *testing.T) {
 			edges[k] = append(edges[k], r.name)
 		}
 	}
+	checked := 0
+	for k, names := range edges {
+		from, to := where[k[0]], where[k[1]]
+		checked++
+		switch {
+		case from.floor > to.floor:
+		case from.floor == to.floor && (from.group == to.group || archFloors[from.floor].floor == "the files that combine them"):
+		case from.floor == to.floor:
+			t.Errorf("%s references %s (%s): two %s reference each other only through an interface one of them declares",
+				k[0], k[1], strings.Join(names, ", "), archFloors[from.floor].floor)
+		default:
+			t.Errorf("%s (%s) references %s (%s), a floor above it: %s",
+				k[0], archFloors[from.floor].floor, k[1], archFloors[to.floor].floor, strings.Join(names, ", "))
+		}
+	}
+	// The fleet's link reaches the layers only through the interface they
+	// implement: it reads none of their fields.
+	private := map[string]bool{}
+	for _, r := range refs {
+		if r.from == "fleet.go" && r.private && archFloors[where[r.to].floor].floor == "layers" && !private[r.to+"."+r.name] {
+			private[r.to+"."+r.name] = true
+			t.Errorf("fleet.go reads %s's private field %s", r.to, r.name)
+		}
+	}
+
 	var both []string
 	for k := range edges {
 		if k[0] < k[1] {
@@ -198,7 +298,8 @@ func TestArchitecture(t *testing.T) {
 	top, withMethods := archExported(files)
 	t.Logf("root package: %d files, %d non-test lines, %d exported top-level names (%d with the methods of exported types)",
 		len(files), archLines(t, fset, files), top, withMethods)
-	t.Logf("references between files: %d file-to-file edges, %d pairs of files that reference each other both ways", len(edges), len(both))
+	t.Logf("references between files: %d file-to-file edges checked against %d floors, %d pairs of files that reference each other both ways (at most %d), %d private fields of layers read by the fleet's link",
+		checked, len(archFloors), len(both), archMaxBothWays, len(private))
 	if os.Getenv("ARCH_EDGES") != "" {
 		var ks [][2]string
 		for k := range edges {
@@ -211,5 +312,8 @@ func TestArchitecture(t *testing.T) {
 	}
 	for _, p := range both {
 		t.Logf("  both ways: %s", p)
+	}
+	if len(both) > archMaxBothWays {
+		t.Errorf("%d pairs of files reference each other both ways, more than the %d allowed", len(both), archMaxBothWays)
 	}
 }

@@ -146,24 +146,27 @@ const (
 // faultStage injects the faults of a Fault policy into the attempts that
 // pass through it.
 type faultStage struct {
-	next stage
-	p    Fault
-	e    env
+	next   stage
+	p      Fault
+	e      env
+	counts *faultCounts // the host's, shared by its fault layers
 
 	mu  sync.Mutex // rand.Rand is not safe for concurrent use
 	rnd *rand.Rand
 }
 
-func newFault(next stage, p Fault, e env) *faultStage {
+// newFault makes the fault layer of p over next; it counts what it injects
+// in counts, the host's (nil: its own).
+func newFault(next stage, p Fault, e env, counts *faultCounts) *faultStage {
 	seed := p.Seed
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
-	if e.faults == nil {
-		e.faults = new(faultCounts)
+	if counts == nil {
+		counts = new(faultCounts)
 	}
-	e.faults.on.Store(true)
-	return &faultStage{next: next, p: p, e: e, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+	counts.on.Store(true)
+	return &faultStage{next: next, p: p, e: e, counts: counts, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
 }
 
 // FaultSnapshot is what fault injection did on a host since its state was
@@ -283,7 +286,7 @@ func (f *faultStage) fromHeaders(req *http.Request, c call) (delay time.Duration
 		delete(h, FaultResetHeader)
 	}
 	if !f.p.AllowHeaders {
-		f.e.faults.refused.Add(1)
+		f.counts.refused.Add(1)
 		f.e.rep.faultInjected(req.Context(), faultRefused)
 		return 0, 0, false
 	}
@@ -303,9 +306,9 @@ func (f *faultStage) fromHeaders(req *http.Request, c call) (delay time.Duration
 // injected marks the attempt's span and counts the fault (i indexes
 // faultCounts; header: a header trigger asked for it).
 func (f *faultStage) injected(req *http.Request, kind string, i int, header bool) {
-	f.e.faults.injected[i].Add(1)
+	f.counts.injected[i].Add(1)
 	if header {
-		f.e.faults.fromHeaders[i].Add(1)
+		f.counts.fromHeaders[i].Add(1)
 	}
 	if span := trace.SpanFromContext(req.Context()); span.IsRecording() {
 		span.SetAttributes(keyFault.String(kind))

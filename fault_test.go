@@ -213,13 +213,13 @@ func TestFaultRetried(t *testing.T) {
 func TestFaultOffNotInStack(t *testing.T) {
 	tr := mustNew(t, Config{Base: &statusBase{codes: []int{200}}})
 	p := Policy{}.withDefaults()
-	s := tr.attemptStack(&p, env{rep: tr.obs.reporter("default", "h:80", "80")}, tr.base)
+	s := tr.attemptStack(&p, env{rep: tr.obs.reporter("default", "h:80", "80")}, tr.base, new(faultCounts))
 	o := s.(*attemptStage).next.(*observeStage)
 	if _, ok := o.next.(baseStage); !ok {
 		t.Errorf("below the attempt span: %T, want baseStage", o.next)
 	}
 	p.Fault = Fault{ResetRate: 0.5}
-	s = tr.attemptStack(&p, env{rep: tr.obs.reporter("default", "h:80", "80")}, tr.base)
+	s = tr.attemptStack(&p, env{rep: tr.obs.reporter("default", "h:80", "80")}, tr.base, new(faultCounts))
 	if _, ok := s.(*attemptStage).next.(*observeStage).next.(*faultStage); !ok {
 		t.Errorf("with a Fault policy, no fault layer under the attempt span")
 	}

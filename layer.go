@@ -195,9 +195,6 @@ type env struct {
 	scheme   string
 	upstream string    // the Upstreams key, or "default"
 	rep      *reporter // never nil
-	// faults counts the faults injected on the host, by every fault layer
-	// it has (its own, its instances', its routes'); nil: uncounted.
-	faults *faultCounts
 }
 
 // baseStage adapts the base http.RoundTripper, and holds it to the

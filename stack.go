@@ -45,7 +45,8 @@ func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 	if hs.faults == nil {
 		hs.faults = new(faultCounts)
 	}
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep, faults: hs.faults}
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep}
+	hs.shared.faults = hs.faults
 	hs.rt, hs.parts, hs.shows = t.compose(hs.policy, e, &hs.shared, reuseFrom(prev, hs))
 	faults := hs.faults
 	hs.shows = append(hs.shows, func(h *HostSnapshot) { h.Fault = faults.snapshot() })
@@ -57,7 +58,7 @@ func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 // layers report through rep, the route's reporter; the shared ones
 // through the host's.
 func (t *Transport) buildRoute(hs *hostState, rep *reporter, p *Policy) (stage, []any, []func(*HostSnapshot)) {
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep, faults: hs.faults}
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep}
 	shared := hs.shared
 	return t.compose(p, e, &shared, kept{})
 }
@@ -71,7 +72,10 @@ type hostShared struct {
 	bulkhead *bulkheadStage
 	pushback *pushbackStage
 	balancer *balancerStage
-	built    bool // false while the host's own stack is being composed
+	// faults counts the faults injected on the host, by every fault layer
+	// it has (its own, its instances', its routes'); never nil.
+	faults *faultCounts
+	built  bool // false while the host's own stack is being composed
 }
 
 // compose builds a stack for p, outer to inner, with its parts, outer
@@ -96,20 +100,20 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 	case sh.built && sh.balancer != nil:
 		s = sh.balancer
 	case sh.built:
-		s = t.attemptStack(p, e, t.base)
+		s = t.attemptStack(p, e, t.base, sh.faults)
 		if sh.bulkhead != nil {
 			s, full = sharedStage{via: sh.bulkhead, next: s}, sh.bulkhead
 		}
 	case old.balancer != nil:
 		s, parts, sh.balancer = old.balancer, append(parts, old.balancer), old.balancer
 	case p.Endpoints.enabled():
-		b := newBalancer(e, p.Endpoints, t.base, t.instanceBuilder(p))
+		b := newBalancer(e, p.Endpoints, t.base, t.instanceBuilder(p, sh.faults))
 		s, parts, sh.balancer = b, append(parts, b), b
 	case old.bulkhead != nil:
 		s, parts, sh.bulkhead, full = old.bulkhead, append(parts, old.bulkhead), old.bulkhead, old.bulkhead
 	default:
 		var bh *bulkheadStage
-		s, bh = t.instanceStack(p, e, t.base, e.host)
+		s, bh = t.instanceStack(p, e, t.base, e.host, sh.faults)
 		if bh != nil {
 			parts, sh.bulkhead, full = append(parts, bh), bh, bh
 		}
@@ -223,8 +227,8 @@ func (s sharedStage) roundTrip(req *http.Request, c call) (*http.Response, error
 // or for one instance of a balanced upstream (name is its "host:port"):
 // bulkhead, attempt deadline, attempt span, fault. The bulkhead is nil when
 // disabled.
-func (t *Transport) instanceStack(p *Policy, e env, base http.RoundTripper, name string) (stage, *bulkheadStage) {
-	s := t.attemptStack(p, e, base)
+func (t *Transport) instanceStack(p *Policy, e env, base http.RoundTripper, name string, faults *faultCounts) (stage, *bulkheadStage) {
+	s := t.attemptStack(p, e, base, faults)
 	if p.Bulkhead.Disabled {
 		return s, nil
 	}
@@ -235,9 +239,9 @@ func (t *Transport) instanceStack(p *Policy, e env, base http.RoundTripper, name
 
 // instanceBuilder is instanceStack for p, as the balancer builds its
 // instances: with the bulkhead, when there is one, as their limit.
-func (t *Transport) instanceBuilder(p *Policy) instanceBuilder {
+func (t *Transport) instanceBuilder(p *Policy, faults *faultCounts) instanceBuilder {
 	return func(e env, base http.RoundTripper, name string) (stage, stage) {
-		s, bh := t.instanceStack(p, e, base, name)
+		s, bh := t.instanceStack(p, e, base, name, faults)
 		if bh == nil {
 			return s, nil // a nil limit, not a nil *bulkheadStage in one
 		}
@@ -249,11 +253,11 @@ func (t *Transport) instanceBuilder(p *Policy) instanceBuilder {
 // deadline, attempt span, and, when p injects faults, the fault layer,
 // below the span and the deadline so that an injected fault is marked in
 // the span and an injected delay counts against the deadline. Off, the
-// fault layer is not there at all.
-func (t *Transport) attemptStack(p *Policy, e env, base http.RoundTripper) stage {
+// fault layer is not there at all; when there, it counts in faults.
+func (t *Transport) attemptStack(p *Policy, e env, base http.RoundTripper, faults *faultCounts) stage {
 	var s stage = baseStage{base}
 	if p.Fault.enabled() {
-		s = newFault(s, p.Fault, e)
+		s = newFault(s, p.Fault, e, faults)
 	}
 	s = newObserveStage(s, e)
 	if !p.Timeout.Disabled {
