@@ -240,8 +240,8 @@ func TestBalancerEjectsSickInstance(t *testing.T) {
 				ok++
 			}
 		}
-		if got := f.hits[sick].Load(); got != DefaultConsecutiveFailures {
-			t.Errorf("sick instance served %d requests, want %d (ejected after its consecutive failures)", got, DefaultConsecutiveFailures)
+		if got := f.hits[sick].Load(); got != defaultConsecutiveFailures {
+			t.Errorf("sick instance served %d requests, want %d (ejected after its consecutive failures)", got, defaultConsecutiveFailures)
 		}
 		if rate := float64(ok) / calls; rate < 0.99 {
 			t.Errorf("success rate %.3f, want ≥ 0.99", rate)
@@ -255,29 +255,29 @@ func TestBalancerEjectsSickInstance(t *testing.T) {
 		// (the retry of that call waits after it, on the same clock).
 		ejectedAt := f.lastServed(sick)
 		s := stateOf(t, tr, f.addrs[sick])
-		if !s.Ejected || s.Ejections != 1 || !s.EjectedUntil.Equal(ejectedAt.Add(DefaultBaseEjection)) {
-			t.Fatalf("sick state = %+v, want ejected once until %v (its last failure + %v)", s, ejectedAt.Add(DefaultBaseEjection), DefaultBaseEjection)
+		if !s.Ejected || s.Ejections != 1 || !s.EjectedUntil.Equal(ejectedAt.Add(defaultBaseEjection)) {
+			t.Fatalf("sick state = %+v, want ejected once until %v (its last failure + %v)", s, ejectedAt.Add(defaultBaseEjection), defaultBaseEjection)
 		}
 		checkCounts(t, tr, f)
 		connsAtEjection := f.conns[sick].Load()
 
 		// Its time served, it returns, fails again, and is out twice as long.
-		clk.advance(DefaultBaseEjection)
-		for i := 0; i < 500 && f.hits[sick].Load() < 2*DefaultConsecutiveFailures; i++ {
+		clk.advance(defaultBaseEjection)
+		for i := 0; i < 500 && f.hits[sick].Load() < 2*defaultConsecutiveFailures; i++ {
 			getTax(t, c, "")
 		}
 		ejectedAt = f.lastServed(sick)
 		s = stateOf(t, tr, f.addrs[sick])
-		if !s.Ejected || s.Ejections != 2 || !s.EjectedUntil.Equal(ejectedAt.Add(2*DefaultBaseEjection)) {
-			t.Fatalf("after return: sick state = %+v, want ejected twice until %v (its last failure + %v)", s, ejectedAt.Add(2*DefaultBaseEjection), 2*DefaultBaseEjection)
+		if !s.Ejected || s.Ejections != 2 || !s.EjectedUntil.Equal(ejectedAt.Add(2*defaultBaseEjection)) {
+			t.Fatalf("after return: sick state = %+v, want ejected twice until %v (its last failure + %v)", s, ejectedAt.Add(2*defaultBaseEjection), 2*defaultBaseEjection)
 		}
-		if f.hits[sick].Load() != 2*DefaultConsecutiveFailures {
-			t.Errorf("sick instance served %d requests in all, want %d", f.hits[sick].Load(), 2*DefaultConsecutiveFailures)
+		if f.hits[sick].Load() != 2*defaultConsecutiveFailures {
+			t.Errorf("sick instance served %d requests in all, want %d", f.hits[sick].Load(), 2*defaultConsecutiveFailures)
 		}
 		for i := 0; i < 100; i++ {
 			getTax(t, c, "")
 		}
-		if f.hits[sick].Load() != 2*DefaultConsecutiveFailures {
+		if f.hits[sick].Load() != 2*defaultConsecutiveFailures {
 			t.Errorf("ejected instance got requests: %d", f.hits[sick].Load())
 		}
 		if f.conns[sick].Load() > connsAtEjection+1 {
@@ -439,7 +439,7 @@ func TestBalancerSuccessRate(t *testing.T) {
 			}
 		}
 		all[5].reqs.Store(50) // below the volume: not compared
-		clk.advance(DefaultOutlierInterval)
+		clk.advance(defaultOutlierInterval)
 		if !b.sweep(t.Context(), clk.now()) {
 			t.Fatal("sweep changed nothing")
 		}
@@ -455,23 +455,23 @@ func TestBalancerSuccessRate(t *testing.T) {
 		}
 		all[5].reqs.Store(0)
 		all[4].reqs.Store(0)
-		clk.advance(DefaultOutlierInterval)
+		clk.advance(defaultOutlierInterval)
 		b.sweep(t.Context(), clk.now())
 		if all[1].ejected {
 			t.Error("ejected on the success rate of four instances")
 		}
 		// Returned, and healthy for as long as it was out: its count drops.
-		clk.advance(DefaultBaseEjection)
+		clk.advance(defaultBaseEjection)
 		b.sweep(t.Context(), clk.now())
 		if all[0].ejected || all[0].times != 1 {
 			t.Fatalf("after its time: ejected=%v times=%d", all[0].ejected, all[0].times)
 		}
 		for i := 0; i < 3; i++ {
-			clk.advance(DefaultOutlierInterval)
+			clk.advance(defaultOutlierInterval)
 			b.sweep(t.Context(), clk.now())
 		}
 		if all[0].times != 0 {
-			t.Errorf("times = %d after %v healthy, want 0", all[0].times, 3*DefaultOutlierInterval)
+			t.Errorf("times = %d after %v healthy, want 0", all[0].times, 3*defaultOutlierInterval)
 		}
 	})
 }
@@ -501,15 +501,15 @@ func TestBalancerCountsByClassification(t *testing.T) {
 			})
 			tr := balancerOnly(t, base, "tax.internal", Endpoints{Addrs: []string{bad, "10.0.0.2:80"}})
 			c := &http.Client{Transport: tr}
-			for i := 0; i < 200 && badHits.Load() < 4*DefaultConsecutiveFailures; i++ {
+			for i := 0; i < 200 && badHits.Load() < 4*defaultConsecutiveFailures; i++ {
 				getTax(t, c, "")
 			}
 			s := stateOf(t, tr, bad)
 			if tt.wantEject {
-				if !s.Ejected || badHits.Load() != DefaultConsecutiveFailures {
-					t.Errorf("%d: %+v after %d hits, want ejected after %d", tt.status, s, badHits.Load(), DefaultConsecutiveFailures)
+				if !s.Ejected || badHits.Load() != defaultConsecutiveFailures {
+					t.Errorf("%d: %+v after %d hits, want ejected after %d", tt.status, s, badHits.Load(), defaultConsecutiveFailures)
 				}
-			} else if s.Ejected || s.ConsecutiveFailures != 0 || badHits.Load() != 4*DefaultConsecutiveFailures {
+			} else if s.Ejected || s.ConsecutiveFailures != 0 || badHits.Load() != 4*defaultConsecutiveFailures {
 				t.Errorf("%d: %+v after %d hits, want never counted as a failure", tt.status, s, badHits.Load())
 			}
 		})

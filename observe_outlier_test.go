@@ -75,11 +75,11 @@ func TestObserveOutlier(t *testing.T) {
 			resp.Body.Close()
 			span.End()
 		}
-		for i := 0; i < 200 && f.hits[sick].Load() < DefaultConsecutiveFailures; i++ {
+		for i := 0; i < 200 && f.hits[sick].Load() < defaultConsecutiveFailures; i++ {
 			get()
 		}
-		if n := f.hits[sick].Load(); n != DefaultConsecutiveFailures {
-			t.Fatalf("sick instance served %d, want %d", n, DefaultConsecutiveFailures)
+		if n := f.hits[sick].Load(); n != defaultConsecutiveFailures {
+			t.Fatalf("sick instance served %d, want %d", n, defaultConsecutiveFailures)
 		}
 		s := stateOf(t, tr, f.addrs[sick])
 		if !s.Ejected {
@@ -100,7 +100,7 @@ func TestObserveOutlier(t *testing.T) {
 			want := map[attribute.Key]any{
 				keyInstance:      f.addrs[sick],
 				keyOutlierReason: "consecutive failures",
-				keyEjectionTime:  DefaultBaseEjection.Seconds(),
+				keyEjectionTime:  defaultBaseEjection.Seconds(),
 				keyEjections:     int64(1),
 			}
 			for key, w := range want {
@@ -120,7 +120,7 @@ func TestObserveOutlier(t *testing.T) {
 		}
 
 		// Its time served, the next request returns it.
-		clk.advance(DefaultBaseEjection)
+		clk.advance(defaultBaseEjection)
 		get()
 		ret := callerEvents(k, eventReturned)
 		if ev, ok := ret[strconv.Itoa(call)]; len(ret) != 1 || !ok {

@@ -8,18 +8,20 @@ import (
 	"time"
 )
 
-// Package defaults for Endpoints and Outlier. The outlier figures are
-// Envoy's outlier detection defaults.
+// DefaultResolveEvery is Endpoints.ResolveEvery's package default.
+const DefaultResolveEvery = 30 * time.Second
+
+// Outlier's package defaults: Envoy's outlier detection defaults, given in
+// each field's doc.
 const (
-	DefaultResolveEvery         = 30 * time.Second
-	DefaultConsecutiveFailures  = 5
-	DefaultOutlierInterval      = 10 * time.Second
-	DefaultBaseEjection         = 30 * time.Second
-	DefaultMaxEjection          = 300 * time.Second
-	DefaultMaxEjectedPercent    = 10
-	DefaultSuccessRateMinHosts  = 5
-	DefaultSuccessRateVolume    = 100
-	DefaultSuccessRateStdevMult = 1.9
+	defaultConsecutiveFailures  = 5
+	defaultOutlierInterval      = 10 * time.Second
+	defaultBaseEjection         = 30 * time.Second
+	defaultMaxEjection          = 300 * time.Second
+	defaultMaxEjectedPercent    = 10
+	defaultSuccessRateMinHosts  = 5
+	defaultSuccessRateVolume    = 100
+	defaultSuccessRateStdevMult = 1.9
 )
 
 // Endpoints makes a logical upstream a set of instances. Requests are
@@ -89,34 +91,34 @@ type Endpoints struct {
 // At most MaxEjectedPercent of the instances are ejected at once, but
 // always at least one may be, and never all.
 //
-// A failure is a 5xx response, a transport error or an attempt timeout;
+// A failure is what Policy.Classify calls one (with DefaultClassify: a
+// 429 or 5xx other than 501, a transport error or an attempt timeout);
 // the caller's own cancellation and local refusals (a full bulkhead, too
 // little time to send) say nothing about the instance and do not count.
 // Ejection decisions happen on requests (no goroutine of its own), on the
 // Transport's clock.
 type Outlier struct {
 	// Consecutive is how many failures in a row eject an instance. Zero
-	// inherits from Default, then DefaultConsecutiveFailures (5); negative
-	// turns this check off.
+	// inherits from Default, then 5; negative turns this check off.
 	Consecutive int
 
 	// Interval is how often success rates are compared, and the
 	// granularity of a return. Zero inherits from Default, then
-	// DefaultOutlierInterval (10 s).
+	// 10 s.
 	Interval time.Duration
 
 	// BaseEjection is the ejection time of a first ejection; the n-th in a
 	// row lasts n times as long. Zero inherits from Default, then
-	// DefaultBaseEjection (30 s).
+	// 30 s.
 	BaseEjection time.Duration
 
 	// MaxEjection caps one ejection's time. Zero inherits from Default,
-	// then DefaultMaxEjection (300 s).
+	// then 300 s.
 	MaxEjection time.Duration
 
 	// MaxEjectedPercent is the most instances ejected at once, in percent
 	// of the set (rounded down, but at least one, and never all). Zero
-	// inherits from Default, then DefaultMaxEjectedPercent (10).
+	// inherits from Default, then 10.
 	MaxEjectedPercent int
 
 	// SuccessRateMinHosts is how many instances must each have at least
@@ -173,14 +175,14 @@ func (o Outlier) inherit(parent Outlier) Outlier {
 func (e Endpoints) withDefaults() Endpoints {
 	e.ResolveEvery = cmp.Or(e.ResolveEvery, DefaultResolveEvery)
 	o := &e.Outlier
-	o.Consecutive = cmp.Or(o.Consecutive, DefaultConsecutiveFailures)
-	o.Interval = cmp.Or(o.Interval, DefaultOutlierInterval)
-	o.BaseEjection = cmp.Or(o.BaseEjection, DefaultBaseEjection)
-	o.MaxEjection = cmp.Or(o.MaxEjection, max(DefaultMaxEjection, o.BaseEjection))
-	o.MaxEjectedPercent = cmp.Or(o.MaxEjectedPercent, DefaultMaxEjectedPercent)
-	o.SuccessRateMinHosts = cmp.Or(o.SuccessRateMinHosts, DefaultSuccessRateMinHosts)
-	o.SuccessRateVolume = cmp.Or(o.SuccessRateVolume, DefaultSuccessRateVolume)
-	o.StdevFactor = cmp.Or(o.StdevFactor, DefaultSuccessRateStdevMult)
+	o.Consecutive = cmp.Or(o.Consecutive, defaultConsecutiveFailures)
+	o.Interval = cmp.Or(o.Interval, defaultOutlierInterval)
+	o.BaseEjection = cmp.Or(o.BaseEjection, defaultBaseEjection)
+	o.MaxEjection = cmp.Or(o.MaxEjection, max(defaultMaxEjection, o.BaseEjection))
+	o.MaxEjectedPercent = cmp.Or(o.MaxEjectedPercent, defaultMaxEjectedPercent)
+	o.SuccessRateMinHosts = cmp.Or(o.SuccessRateMinHosts, defaultSuccessRateMinHosts)
+	o.SuccessRateVolume = cmp.Or(o.SuccessRateVolume, defaultSuccessRateVolume)
+	o.StdevFactor = cmp.Or(o.StdevFactor, defaultSuccessRateStdevMult)
 	return e
 }
 

@@ -95,9 +95,9 @@ func outlierPolicy(s settings, addrs []string, eject bool) bulwark.Policy {
 	od := bulwark.Outlier{Disabled: true}
 	if eject {
 		od = bulwark.Outlier{
-			Interval:          outlierRef(s, bulwark.DefaultOutlierInterval),
-			BaseEjection:      outlierRef(s, bulwark.DefaultBaseEjection),
-			MaxEjection:       outlierRef(s, bulwark.DefaultMaxEjection),
+			Interval:          outlierRef(s, outlierInterval),
+			BaseEjection:      outlierRef(s, outlierBaseEjection),
+			MaxEjection:       outlierRef(s, outlierMaxEjection),
 			MaxEjectedPercent: outlierMaxEjectedPercent,
 		}
 	}
@@ -106,6 +106,14 @@ func outlierPolicy(s settings, addrs []string, eject bool) bulwark.Policy {
 		Endpoints: bulwark.Endpoints{Addrs: addrs, Outlier: od},
 	}
 }
+
+// Outlier detection's defaults (Envoy's; bulwark.Outlier's field docs),
+// which the lab scales like every other reference duration.
+const (
+	outlierInterval     = 10 * time.Second
+	outlierBaseEjection = 30 * time.Second
+	outlierMaxEjection  = 300 * time.Second
+)
 
 // outlierRef is a reference duration on outlier detection's clock.
 func outlierRef(s settings, d time.Duration) time.Duration {
@@ -135,7 +143,7 @@ func (l *lab) outlier(ctx context.Context) (*scenario, error) {
 				outlierHost, outlierInstances, s.ref(refInstanceTime), strings.Join(sick, ", ")),
 			fmt.Sprintf("%.0f req/s offered to http://%s/; both runs: bulwark Endpoints (power of two choices), retries off in both (the success rate is the balancer's alone), breaker at its defaults (stays closed)", s.load, outlierHost),
 			fmt.Sprintf("ejection: Envoy's defaults (5 consecutive 5xx, interval 10 s, base ejection 30 s, max 300 s) on a clock %d× faster than the lab's ×%g: interval %v, base ejection %v, max %v; at most %d%% ejected (Envoy's 10%% would let only 2 of 20 out)",
-				outlierSpeedup, s.scale, outlierRef(s, bulwark.DefaultOutlierInterval), outlierRef(s, bulwark.DefaultBaseEjection), outlierRef(s, bulwark.DefaultMaxEjection), outlierMaxEjectedPercent),
+				outlierSpeedup, s.scale, outlierRef(s, outlierInterval), outlierRef(s, outlierBaseEjection), outlierRef(s, outlierMaxEjection), outlierMaxEjectedPercent),
 			"the success-rate check (100 requests per instance per interval) gets too few requests in a scaled interval at this load: consecutive failures do the ejecting",
 			"latency is of every call, failures included: the sick instances' instant 500s pull the no-eject run's percentiles down a little; the healthy instances' own latency does not change when they carry the ejected ones' share",
 		},
