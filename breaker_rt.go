@@ -54,8 +54,11 @@ const maxWindowCalls = window.MaxCalls
 //
 // The window is the last WindowCalls calls, so a host's healthy past
 // cannot dilute a failure that starts now: with the defaults a host that
-// turns sick trips after about 50 failed calls, however much traffic came
-// before. Rates are computed only once MinCalls calls are in the window, so
+// turns sick after 50 healthy calls or more trips after 50 to 59 failed
+// calls (where the window's buckets of ten fall), however much traffic came
+// before; from a cold start, or just after closing (the window starts
+// empty), it takes 100. Rates are computed only once MinCalls calls are in
+// the window, so
 // a quiet endpoint's occasional failure never trips it. Each attempt's
 // verdict is Policy.Classify's, taken when its response headers arrive (or
 // its error does): an error while the caller reads the body is not
