@@ -21,13 +21,13 @@
 //	fallback          host      on a final failure, answers from something local (fallback.go)
 //	total deadline    request   bounds the whole call, retries included (deadline_rt.go)
 //	retry             request   backoff with jitter, attempt cap, budget, Retry-After; replayable requests only (retry_rt.go)
-//	pushback          host      a Retry-After on 429/503, or a spent RateLimit quota, pauses the host (retryafter.go, ratelimit.go)
+//	pushback          host      a Retry-After on 429/503, or a spent RateLimit quota, pauses the host (retryafter.go; fields.go reads the fields)
 //	throttle          host      opt-in: refuses locally as the host's accept ratio falls, as in Google's SRE book (throttle.go)
 //	breaker           host      trips on failure rate and slow-call rate (breaker_rt.go)
 //	balancer          host      with Endpoints: sends each attempt to one instance, ejects outliers (balancer_rt.go)
 //	bulkhead          host      bounded concurrency (adaptive by default), short FIFO queue, rate limit; per instance when balanced (bulkhead_rt.go)
 //	attempt deadline  attempt   bounds one attempt; writes the deadline header (deadline_rt.go)
-//	attempt span      attempt   one OpenTelemetry client span per attempt; injects its trace context (observe.go)
+//	attempt span      attempt   one OpenTelemetry client span per attempt; injects its trace context (span.go)
 //	fault             attempt   with a Fault policy only: injects latency, answers and resets, for chaos tests (fault.go)
 //	base              -         a clone of http.DefaultTransport by default
 //
