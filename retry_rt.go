@@ -161,8 +161,10 @@ type Retry struct {
 	NoPushback bool
 
 	// Disabled turns off retries for this upstream: every request is sent
-	// once. An upstream inherits Disabled from Default unless it sets
-	// Enabled.
+	// once, whatever its outcome. With Hedge on, the hedges of a call's
+	// first round still go out (and spend from Budget, which Disabled does
+	// not turn off), but no round follows it. An upstream inherits
+	// Disabled from Default unless it sets Enabled.
 	Disabled bool
 
 	// Enabled turns retries back on for an upstream whose Default set
@@ -345,13 +347,16 @@ func (e *RetryError) Unwrap() []error {
 // so a waiting retry holds no permit and every attempt is seen by the
 // breaker.
 type retryStage struct {
-	next       stage
-	e          env
-	pause      pauser         // the host's pushback; nil when off
-	ignored    *atomic.Uint64 // Retry-After values ignored, when pushback does not count them
-	randN      func(int64) int64
-	balanced   bool // the host is balanced: each call gets a tried set
-	max        int
+	next     stage
+	e        env
+	pause    pauser         // the host's pushback; nil when off
+	ignored  *atomic.Uint64 // Retry-After values ignored, when pushback does not count them
+	randN    func(int64) int64
+	balanced bool // the host is balanced: each call gets a tried set
+	max      int
+	// noRetry is Retry.Disabled on a policy that hedges: the layer is
+	// there for the hedges of the first round, and no round follows it.
+	noRetry    bool
 	base, cap  time.Duration
 	maxRA      time.Duration
 	jitter     Jitter
@@ -372,6 +377,7 @@ func newRetry(next stage, p Retry, e env, pause pauser, ignored *atomic.Uint64, 
 		next: next, e: e, pause: pause, randN: randN, balanced: balanced,
 		max: p.MaxAttempts, base: p.Base, cap: p.Cap, maxRA: p.MaxRetryAfter, jitter: p.Jitter,
 		keyPOST: p.KeyPOST, bufferBody: p.BufferBody, check: p.CheckRetry, backoff: p.Backoff, onRetry: p.OnRetry,
+		noRetry: p.Disabled,
 	}
 	if pause == nil {
 		// With pushback on, it parses Retry-After first and counts the bad
@@ -512,6 +518,11 @@ type decision struct {
 // outcome was of kind k: a list of checks in a fixed order, the first that
 // applies settling it.
 func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt int, k kind, resp *http.Response, err error, prevWait *time.Duration) decision {
+	// Retries off: the layer is here for the first round's hedges, and
+	// that round was the call.
+	if r.noRetry {
+		return decision{}
+	}
 	ctx := req.Context()
 	j := judgeKind(c.classify, k, resp, err)
 	// 0. A success that no other try would change is final (unless the
