@@ -175,7 +175,8 @@ type Retry struct {
 
 	// OnRetry, if not nil, is called before each retry's wait, on the
 	// caller's goroutine and outside any lock, with the request being
-	// retried (treat it as read-only) and what the retry is about. Nil
+	// retried (the caller's: treat it as read-only; PrepareRetry is the
+	// hook that may change a retry) and what the retry is about. Nil
 	// inherits from Default, then means no hook.
 	OnRetry func(req *http.Request, ev RetryEvent)
 
