@@ -113,34 +113,51 @@ func TestRetryAlternating500(t *testing.T) {
 	})
 }
 
-// TestCheckRetryError: an error from a go-retryablehttp CheckRetry ends the
-// retries and is what the caller gets, with the response closed, as
-// go-retryablehttp does.
+// TestCheckRetryError: a go-retryablehttp CheckRetry keeps its meaning:
+// the bool decides, and its error is what the caller gets once the call
+// ends after that attempt, with the response closed, as go-retryablehttp's
+// Client.Do does; an error beside a true that a later attempt answers is
+// forgotten.
 func TestCheckRetryError(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		errStop := errors.New("stop here")
-		var seen int
-		base := &statusBase{codes: []int{503, 200}}
-		tr := mustNew(t, Config{Base: base, Default: Policy{Retry: Retry{
-			CheckRetry: func(ctx context.Context, resp *http.Response, err error) (bool, error) {
-				seen++
-				if resp != nil && resp.StatusCode == 503 {
-					return true, errStop // the error wins over the true
+	errStop := errors.New("stop here")
+	for _, tc := range []struct {
+		name      string
+		codes     []int
+		retry     bool
+		sent      int
+		wantErr   bool
+		wantClose int
+	}{
+		{"true with an error retries, error after the last", []int{503}, true, 3, true, 3},
+		{"false with an error ends at once", []int{503}, false, 1, true, 1},
+		{"error forgotten when a retry succeeds", []int{503, 200}, true, 2, false, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var seen int
+				base := &statusBase{codes: tc.codes}
+				tr := mustNew(t, Config{Base: base, Default: Policy{Retry: Retry{
+					CheckRetry: func(ctx context.Context, resp *http.Response, err error) (bool, error) {
+						seen++
+						if resp != nil && resp.StatusCode == 503 {
+							return tc.retry, errStop
+						}
+						return false, nil
+					},
+				}}})
+				code, err := sendOnce(t, tr, http.MethodGet, "http://h.test/")
+				if tc.wantErr != errors.Is(err, errStop) || (!tc.wantErr && code != 200) {
+					t.Fatalf("status %d, err = %v; want the CheckRetry error: %v", code, err, tc.wantErr)
 				}
-				return false, nil
-			},
-		}}})
-		_, err := sendOnce(t, tr, http.MethodGet, "http://h.test/")
-		if !errors.Is(err, errStop) {
-			t.Fatalf("err = %v, want the CheckRetry error", err)
-		}
-		if base.sent() != 1 || seen != 1 {
-			t.Errorf("sent %d, CheckRetry called %d; want 1 and 1", base.sent(), seen)
-		}
-		if base.closed != 1 {
-			t.Errorf("%d response bodies closed, want the one discarded", base.closed)
-		}
-	})
+				if base.sent() != tc.sent || seen != tc.sent {
+					t.Errorf("sent %d, CheckRetry called %d; want %d and %d", base.sent(), seen, tc.sent, tc.sent)
+				}
+				if base.closed != tc.wantClose {
+					t.Errorf("%d response bodies closed, want %d", base.closed, tc.wantClose)
+				}
+			})
+		})
+	}
 }
 
 // TestOnRetry: the hook is told of each retry before its wait, with the

@@ -18,8 +18,11 @@ import (
 	"github.com/sony/gobreaker/v2"
 )
 
-// Package defaults for Breaker. The rates, the window of the last 100
-// calls and the 100-call minimum are resilience4j's defaults; the open time
+// Package defaults for Breaker. The failure rate, the window of the last
+// 100 calls and the 100-call minimum are resilience4j's defaults; its
+// default slow-call rate is 100 % (a host trips on slowness only when every
+// call is slow), where bulwark's is 50 %: slowness drains a caller's
+// workers long before every call is slow. The open time
 // starts at Polly's 5 s and doubles on each trip in a row, as Envoy grows
 // an outlier's ejection, up to a minute.
 const (
@@ -226,11 +229,16 @@ type BreakerOpenError struct {
 	Host string
 	// ProbeAt is when the breaker lets probes through again. When it has
 	// passed, the breaker is half-open with every probe slot taken, and a
-	// slot may free up any moment.
+	// slot may free up any moment. It is zero while ControlBreaker holds
+	// the breaker open (BreakerForceOpen): no probe is due until an
+	// operator releases it.
 	ProbeAt time.Time
 }
 
 func (e *BreakerOpenError) Error() string {
+	if e.ProbeAt.IsZero() {
+		return "bulwark: circuit breaker held open for " + e.Host
+	}
 	return "bulwark: circuit breaker open for " + e.Host + " until " + e.ProbeAt.Format(time.RFC3339)
 }
 
@@ -399,6 +407,10 @@ type breakerCore struct {
 	// openErr is the error every refusal returns, made each time the
 	// breaker opens.
 	openErr atomic.Pointer[BreakerOpenError]
+	// heldErr is the refusal while ControlBreaker holds the breaker open
+	// (or before it ever opened): the host, no probe time, made once so
+	// that refusing still allocates nothing.
+	heldErr *BreakerOpenError
 	// wouldReject counts the refusals a breaker in shadow mode let through.
 	wouldReject atomic.Uint64
 
@@ -451,7 +463,7 @@ type breakerEvent struct {
 }
 
 func newBreaker(next stage, p Breaker, e env, randN func(int64) int64) *breakerStage {
-	c := &breakerCore{e: e, randN: randN, shape: shapeOf(p)}
+	c := &breakerCore{e: e, randN: randN, shape: shapeOf(p), heldErr: &BreakerOpenError{Host: e.host}}
 	c.retune(p)
 	if p.Window > 0 {
 		c.win, _ = window.New(int64(p.Window), breakerBuckets)
@@ -491,12 +503,12 @@ func (c *breakerCore) retune(p Breaker) {
 func (b *breakerStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	switch BreakerControl(b.control.Load()) {
 	case BreakerForceOpen:
-		return b.refuse(req, c)
+		return b.refuse(req, c, true)
 	case BreakerForceClosed:
 		return b.next.roundTrip(req, c)
 	}
 	if b.holdUntil.Load() != 0 || b.fleetTrip() {
-		return b.refuse(req, c)
+		return b.refuse(req, c, false)
 	}
 	var (
 		resp *http.Response
@@ -516,15 +528,17 @@ func (b *breakerStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	}
 	if !ran {
 		// Open, or half-open with every probe slot taken.
-		return b.refuse(req, c)
+		return b.refuse(req, c, false)
 	}
 	return resp, err
 }
 
 // refuse is a request the breaker does not send; in shadow mode, it is
 // counted and sent, uncounted by the window, as an enforcing breaker would
-// not have seen it either.
-func (b *breakerStage) refuse(req *http.Request, c call) (*http.Response, error) {
+// not have seen it either. held is a refusal by ControlBreaker's
+// BreakerForceOpen, which has no probe time: the last trip's does not
+// apply to it.
+func (b *breakerStage) refuse(req *http.Request, c call, held bool) (*http.Response, error) {
 	if b.shadow {
 		b.wouldReject.Add(1)
 		b.e.rep.shadowRejected(req.Context(), layerBreaker)
@@ -532,10 +546,10 @@ func (b *breakerStage) refuse(req *http.Request, c call) (*http.Response, error)
 	}
 	b.e.rep.rejected(req.Context(), layerBreaker)
 	closeBody(req)
-	if e := b.openErr.Load(); e != nil {
+	if e := b.openErr.Load(); e != nil && !held {
 		return nil, e
 	}
-	return nil, ErrBreakerOpen
+	return nil, b.heldErr
 }
 
 // verdict is what gobreaker is told of an attempt judged j that took took:

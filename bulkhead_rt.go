@@ -31,9 +31,11 @@ const DefaultMaxConcurrent = 100
 
 // DefaultAdaptiveMax is the ceiling of an adaptive limit when
 // Bulkhead.MaxConcurrent is zero. It is generous on purpose: the adaptive
-// limit starts there and comes down only when latency says the host is
-// queueing, so a healthy host at any steady latency is never refused, while
-// a host that slows down under load gets fewer requests at once.
+// limit starts there and comes down when latency says the host is
+// queueing (a host that slows down under load gets fewer requests at
+// once), and otherwise decays only toward twice the peak in flight: a
+// host at a steady load is not refused, though a burst of more than twice
+// the recent peak may be until the limit grows back (Bulkhead.Adaptive).
 const DefaultAdaptiveMax = 1000
 
 // DefaultMinConcurrent is the floor of an adaptive limit set with
@@ -80,8 +82,11 @@ type Bulkhead struct {
 	// 1.1 × their peak. It starts at MaxConcurrent. The queue (MaxQueue)
 	// still applies to requests past the limit. Adaptive is on whenever
 	// MaxConcurrent is zero after inheritance (that default limit decays
-	// only toward twice the peak, so a healthy upstream's bursts are never
-	// refused); set MaxConcurrent without Adaptive for a fixed limit.
+	// only toward twice the peak); set MaxConcurrent without Adaptive for a
+	// fixed limit. A decayed limit can refuse a burst larger than it: after
+	// a quiet spell, a sudden burst of more than twice the recent peak
+	// meets the lower limit (and the queue, if any) until the probing
+	// raises it.
 	Adaptive bool
 
 	// MinConcurrent is an adaptive limit's floor. Zero inherits from

@@ -5,9 +5,12 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 )
 
 // Outcome is what one attempt's result says about its host's health, as a
@@ -100,8 +103,14 @@ type Classifier func(resp *http.Response, err error) Verdict
 // or deadline and bulwark's refusals; a success otherwise. Retryable: a
 // transport error other than a permanent one (certificate and TLS errors,
 // a host that does not exist), bulwark's own timeout, and the statuses
-// Polly's standard pipeline and go-retryablehttp retry: 408, 429, 500, 502,
-// 503 and 504. Errors are told apart by type, never by their text. A
+// 408, 429, 500, 502, 503 and 504. That is not quite either peer's set:
+// Polly's standard pipeline retries 408, 429 and every status ≥ 500, and
+// go-retryablehttp 429 and every 5xx but 501, not 408. bulwark retries
+// 408 (the server gave up waiting for the request, which another send
+// may deliver in time) and leaves out the 5xx statuses that say the
+// server will not do what was asked however often it is asked (501, 505,
+// 506, 507, 508, 510, 511). Errors are told apart by type, never by their
+// text. A
 // custom classifier can wrap it:
 //
 //	Classify: func(resp *http.Response, err error) bulwark.Verdict {
@@ -153,9 +162,11 @@ func (k kind) fromHost() bool {
 // failed reports whether the call failed in a way a fallback may answer
 // for: the classifier called it a failure, or bulwark refused to send. Not
 // a success, nor what the classifier ignores (by default a wrong request,
-// or the caller giving up, whose answer nobody would read).
+// or the caller giving up, whose answer nobody would read), nor a request
+// that could not be written (kindLocal), which is a bug to see, not an
+// outage to hide.
 func (j judged) failed() bool {
-	return j.v.Outcome == OutcomeFailure || !reached(j.k)
+	return j.v.Outcome == OutcomeFailure || (!reached(j.k) && j.k != kindLocal)
 }
 
 // failed is judged.failed under DefaultClassify.
@@ -222,6 +233,7 @@ const (
 	kindBudget                     // ErrRetryBudget
 	kindTransient                  // a transport error another try may cure
 	kindPermanent                  // a transport error another try will not cure
+	kindLocal                      // the request's own fault (ErrInvalidRequest, ErrRequestBody): says nothing of the host
 )
 
 // classify is the one classification of an outcome; exactly one of resp
@@ -243,7 +255,12 @@ func classify(resp *http.Response, err error) kind {
 		return kindSuccess
 	}
 	// The order matters: bulwark's own errors wrap context.DeadlineExceeded.
+	var le *localError
 	switch {
+	case errors.As(err, &le):
+		// First: a body that failed because its context ended is still
+		// the request's fault, not the host's.
+		return kindLocal
 	case errors.Is(err, ErrBreakerOpen):
 		return kindBreakerOpen
 	case errors.Is(err, ErrBulkheadFull):
@@ -312,10 +329,10 @@ func (k kind) health() Outcome {
 }
 
 // retryable reports whether another try may change the outcome: a
-// transient transport error, bulwark's own timeout, and the statuses
-// Polly's standard pipeline and go-retryablehttp retry (408, 429, 500, 502,
-// 503, 504). Other 5xx answers (505, 507, 511, …) and 4xx ones will not
-// change. Whether the request may be sent again at all is the retry
+// transient transport error, bulwark's own timeout, and the statuses 408,
+// 429, 500, 502, 503 and 504 (where this differs from Polly and
+// go-retryablehttp, and why: DefaultClassify). Other 5xx answers (505,
+// 507, 511, …) and 4xx ones will not change. Whether the request may be sent again at all is the retry
 // layer's separate question.
 func retryable(k kind, resp *http.Response) bool {
 	switch k {
@@ -331,10 +348,10 @@ func retryable(k kind, resp *http.Response) bool {
 }
 
 // reached reports whether an outcome with kind k came from the host, rather
-// than from bulwark refusing to send.
+// than from bulwark refusing to send or the request's own fault.
 func reached(k kind) bool {
 	switch k {
-	case kindTooShort, kindBreakerOpen, kindBulkheadFull, kindPushback, kindBudget, kindThrottled:
+	case kindTooShort, kindBreakerOpen, kindBulkheadFull, kindPushback, kindBudget, kindThrottled, kindLocal:
 		return false
 	}
 	return true
@@ -392,3 +409,99 @@ const (
 	outcomeTooShort    = "deadline_too_short"
 	outcomeError       = "error" // any other transport error
 )
+
+// invalidRequest is the local fault of req that net/http's Transport would
+// refuse it for, checked before any layer sees req, or nil. net/http
+// returns these faults as errors of no type of their own (errors.New,
+// fmt.Errorf), so they cannot be told from a host's transport error after
+// the fact except by their text, which bulwark never matches: the checks
+// are made here instead, as net/http makes them (transport.go roundTrip,
+// validateHeaders), in the same order. ownBase is whether the base is
+// bulwark's own clone of http.DefaultTransport (Config.Base nil), on which
+// no protocol is registered: only then is a scheme other than http and
+// https known to fail, since a Base of the caller's may serve one
+// (Transport.RegisterProtocol).
+func invalidRequest(req *http.Request, ownBase bool) error {
+	switch {
+	case req.URL == nil:
+		return &localError{ErrInvalidRequest, errNilURL}
+	case req.Header == nil:
+		return &localError{ErrInvalidRequest, errNilHeader}
+	}
+	isHTTP := req.URL.Scheme == "http" || req.URL.Scheme == "https"
+	if isHTTP {
+		if err := badHeader(req.Header, "header"); err != nil {
+			return err
+		}
+		if err := badHeader(req.Trailer, "trailer"); err != nil {
+			return err
+		}
+	}
+	switch {
+	case !isHTTP && ownBase:
+		return &localError{ErrInvalidRequest, fmt.Errorf("bulwark: unsupported protocol scheme %q", req.URL.Scheme)}
+	case !isHTTP:
+		return nil // the caller's Base decides
+	case req.Method != "" && !validToken(req.Method):
+		return &localError{ErrInvalidRequest, fmt.Errorf("bulwark: invalid method %q", req.Method)}
+	case req.URL.Host == "":
+		return &localError{ErrInvalidRequest, errors.New("bulwark: no Host in request URL")}
+	}
+	return nil
+}
+
+// badHeader is the first field of h that net/http would refuse to write,
+// as an error, or nil: a name that is not an RFC 9110 token, or a value
+// with a control byte other than horizontal tab (httpguts's
+// ValidHeaderFieldName and ValidHeaderFieldValue).
+func badHeader(h http.Header, what string) error {
+	for k, vv := range h {
+		if !validToken(k) {
+			return &localError{ErrInvalidRequest, fmt.Errorf("bulwark: invalid %s field name %q", what, k)}
+		}
+		for _, v := range vv {
+			for i := 0; i < len(v); i++ {
+				if b := v[i]; (b < ' ' && b != '\t') || b == 0x7f {
+					return &localError{ErrInvalidRequest, fmt.Errorf("bulwark: invalid %s field value for %q", what, k)}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// validToken reports whether s is an RFC 9110 token: what a header name
+// and a method must be.
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// sendBody is the request body as the base reads it: a read error other
+// than io.EOF is the body's, and says so by type (ErrRequestBody), so
+// that classify knows it for the request's fault, not the host's.
+// net/http hands such an error back unchanged, as the attempt's error
+// (persistConn.writeLoop, "Errors reading from the user's Request.Body
+// are high priority").
+type sendBody struct{ rc io.ReadCloser }
+
+func (b sendBody) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	if err != nil && err != io.EOF {
+		err = &localError{ErrRequestBody, err}
+	}
+	return n, err
+}
+
+func (b sendBody) Close() error { return b.rc.Close() }

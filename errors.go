@@ -54,8 +54,28 @@ var (
 	// *ThrottledError matches it.
 	ErrThrottled error = errors.New("bulwark: client-side throttle rejected the request")
 
+	// ErrInvalidRequest reports a request that cannot be written as it
+	// is, which net/http's Transport would refuse too: a nil URL or
+	// Header, a header or trailer name or value it rejects, an invalid
+	// method, an http or https URL without a host, or (with Config.Base
+	// nil) a scheme other than http and https. Nothing was sent; the error
+	// says nothing about the host, so no layer counts it (breaker,
+	// throttle, balancer, adaptive limit, budget) and it is never retried.
+	// The error also wraps net/http's own words for the fault.
+	ErrInvalidRequest error = errors.New("bulwark: invalid request")
+
+	// ErrRequestBody reports that the request's body failed to read while
+	// it was being sent: the caller's fault, not the host's, so no layer
+	// counts it and it is never retried. The error wraps the body's own
+	// error too.
+	ErrRequestBody error = errors.New("bulwark: request body failed to read")
+
 	// errNilURL is returned for a request without a URL, as net/http does.
 	errNilURL = errors.New("bulwark: nil Request.URL")
+
+	// errNilHeader is returned for a request without a Header, as
+	// net/http does.
+	errNilHeader = errors.New("bulwark: nil Request.Header")
 
 	// errNilResponse is returned when the base breaks the RoundTripper
 	// contract with neither a response nor an error, in the words net/http's
@@ -167,3 +187,15 @@ func (e *contextDoneError) Unwrap() []error {
 	}
 	return []error{e.err, e.cause}
 }
+
+// localError is an attempt that failed for a reason of the request's own,
+// not its host's: it matches is (ErrInvalidRequest or ErrRequestBody) and
+// err, and reads as err, whose words the caller would have got from
+// net/http. classify recognises it by type (kindLocal).
+type localError struct {
+	is  error
+	err error
+}
+
+func (e *localError) Error() string   { return e.err.Error() }
+func (e *localError) Unwrap() []error { return []error{e.is, e.err} }

@@ -44,7 +44,14 @@ const (
 // cancelled losers have (at once, from a base that honours the context), so
 // no request body or bulkhead slot outlives the call. Hedges are sent in a call's
 // first round only: if every attempt of it fails, retries follow one at a
-// time.
+// time (none with Retry.Disabled).
+//
+// When every attempt of a round fails, the round's outcome is the failure
+// from the host that came back last (a refusal by a layer below, such as
+// an open breaker, only when no attempt of the round reached the host);
+// the others are drained and closed. That outcome is what the caller gets
+// when no retry follows. Polly's hedging returns the primary's outcome
+// instead; bulwark keeps the latest, the freshest word on the host.
 //
 // Hedging is off unless Delay or Quantile is set. It needs the attempt
 // timeout (Timeout not disabled), which gives each attempt the context a

@@ -203,6 +203,13 @@ type env struct {
 type baseStage struct{ rt http.RoundTripper }
 
 func (b baseStage) roundTrip(req *http.Request, _ call) (*http.Response, error) {
+	if req.Body != nil && req.Body != http.NoBody {
+		// The attempt's own copy, so that a failure to read the body is
+		// known for the request's fault by its type (sendBody).
+		r2 := *req
+		r2.Body = sendBody{req.Body}
+		req = &r2
+	}
 	resp, err := b.rt.RoundTrip(req)
 	switch {
 	case err != nil:

@@ -7,6 +7,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -86,8 +88,9 @@ func (j Jitter) String() string {
 // method or an Idempotency-Key, and a body that can be replayed: see
 // KeyPOST and BufferBody), its outcome is worth another try (a transport
 // error that is not permanent, bulwark's own attempt timeout, or the
-// statuses 408, 429, 500, 502, 503 and 504, as Polly's standard pipeline
-// and go-retryablehttp retry them), attempts are left, the wait fits before
+// statuses 408, 429, 500, 502, 503 and 504: see DefaultClassify for where
+// that differs from Polly and go-retryablehttp), attempts are left, the
+// wait fits before
 // the call's deadline, and the host's retry budget has room.
 type Retry struct {
 	// MaxAttempts is the most times one call is sent, the first included:
@@ -131,14 +134,37 @@ type Retry struct {
 
 	// CheckRetry, if not nil, replaces bulwark's judgement of whether an
 	// outcome (a response or an error) is worth another try, so that
-	// go-retryablehttp users can bring their policy, with its meaning: a
-	// non-nil error ends the retries and is what the caller gets (the
-	// response, if any, is drained and closed). bulwark's other checks
-	// still apply first and after it: a request that is not safe to
-	// replay, the caller's cancellation, an open breaker, a full bulkhead,
-	// a pushback pause, NoRetryHeader, MaxAttempts, the deadline and the
-	// budget. Nil inherits from Default, then bulwark's own rule.
+	// go-retryablehttp users can bring their policy, with the meaning
+	// go-retryablehttp's Client.Do gives it: the bool decides whether to
+	// retry, and a non-nil error is what the caller gets if the call ends
+	// after that attempt, for whatever reason (the bool, MaxAttempts, the
+	// deadline, the budget), in place of its response, which is drained
+	// and closed; a call that goes on to another attempt forgets it. As
+	// http.Client would, bulwark hands the policy a transport error
+	// wrapped in a *url.Error (so that DefaultRetryPolicy sees certificate,
+	// scheme and header errors as it expects). Where bulwark differs:
+	// when the policy says retry but no attempt is left and it returned no
+	// error, the caller gets the last response, as a plain client would
+	// have returned it, where go-retryablehttp returns a "giving up"
+	// error. bulwark's other checks still apply first and after it: a
+	// request that is not safe to replay, the caller's cancellation, an
+	// open breaker, a full bulkhead, a pushback pause, NoRetryHeader,
+	// MaxAttempts, the deadline and the budget. Nil inherits from Default,
+	// then bulwark's own rule (the Verdict of Policy.Classify).
 	CheckRetry retryablehttp.CheckRetry
+
+	// PrepareRetry, if not nil, is called before each retry is sent,
+	// after its wait, with the request about to be sent: a copy of the
+	// attempt's own (header, URL and trailer included; its body is the
+	// one GetBody made), so it may change it (sign it again, refresh a
+	// token) and the caller's request is never touched. An error it
+	// returns ends the call: the caller gets a *RetryError wrapping it
+	// (errors.Is and errors.As see it) and the attempt is not sent. It is
+	// go-retryablehttp's PrepareRetry. Hedges, copies of the first attempt
+	// sent beside it within its round, are not retries and do not call
+	// it. Nil inherits from Default, then means the retry is sent as the
+	// first attempt was.
+	PrepareRetry func(req *http.Request) error
 
 	// Backoff, if not nil, computes each wait instead of Base, Cap and
 	// Jitter; it is called with Base, Cap, the retry's number from 0 and the
@@ -149,7 +175,8 @@ type Retry struct {
 
 	// OnRetry, if not nil, is called before each retry's wait, on the
 	// caller's goroutine and outside any lock, with the request being
-	// retried (treat it as read-only) and what the retry is about. Nil
+	// retried (the caller's: treat it as read-only; PrepareRetry is the
+	// hook that may change a retry) and what the retry is about. Nil
 	// inherits from Default, then means no hook.
 	OnRetry func(req *http.Request, ev RetryEvent)
 
@@ -161,8 +188,10 @@ type Retry struct {
 	NoPushback bool
 
 	// Disabled turns off retries for this upstream: every request is sent
-	// once. An upstream inherits Disabled from Default unless it sets
-	// Enabled.
+	// once, whatever its outcome. With Hedge on, the hedges of a call's
+	// first round still go out (and spend from Budget, which Disabled does
+	// not turn off), but no round follows it. An upstream inherits
+	// Disabled from Default unless it sets Enabled.
 	Disabled bool
 
 	// Enabled turns retries back on for an upstream whose Default set
@@ -246,6 +275,9 @@ func (r Retry) inherit(parent Retry) Retry {
 	}
 	if r.OnRetry == nil {
 		r.OnRetry = parent.OnRetry
+	}
+	if r.PrepareRetry == nil {
+		r.PrepareRetry = parent.PrepareRetry
 	}
 	r.KeyPOST = r.KeyPOST || parent.KeyPOST
 	r.NoPushback = r.NoPushback || parent.NoPushback
@@ -345,13 +377,16 @@ func (e *RetryError) Unwrap() []error {
 // so a waiting retry holds no permit and every attempt is seen by the
 // breaker.
 type retryStage struct {
-	next       stage
-	e          env
-	pause      pauser         // the host's pushback; nil when off
-	ignored    *atomic.Uint64 // Retry-After values ignored, when pushback does not count them
-	randN      func(int64) int64
-	balanced   bool // the host is balanced: each call gets a tried set
-	max        int
+	next     stage
+	e        env
+	pause    pauser         // the host's pushback; nil when off
+	ignored  *atomic.Uint64 // Retry-After values ignored, when pushback does not count them
+	randN    func(int64) int64
+	balanced bool // the host is balanced: each call gets a tried set
+	max      int
+	// noRetry is Retry.Disabled on a policy that hedges: the layer is
+	// there for the hedges of the first round, and no round follows it.
+	noRetry    bool
 	base, cap  time.Duration
 	maxRA      time.Duration
 	jitter     Jitter
@@ -360,8 +395,10 @@ type retryStage struct {
 	check      retryablehttp.CheckRetry
 	backoff    retryablehttp.Backoff
 	onRetry    func(*http.Request, RetryEvent)
-	budget     *retryBudget // nil: no budget
-	hedge      *hedger      // nil: no hedging
+	// prepareRetry is Retry.PrepareRetry: nil, none.
+	prepareRetry func(*http.Request) error
+	budget       *retryBudget // nil: no budget
+	hedge        *hedger      // nil: no hedging
 	// lat is the host's recent latency: the hedge delay's quantile, and
 	// the median a retry or hedge must fit before the deadline.
 	lat *latency.Tracker
@@ -372,6 +409,7 @@ func newRetry(next stage, p Retry, e env, pause pauser, ignored *atomic.Uint64, 
 		next: next, e: e, pause: pause, randN: randN, balanced: balanced,
 		max: p.MaxAttempts, base: p.Base, cap: p.Cap, maxRA: p.MaxRetryAfter, jitter: p.Jitter,
 		keyPOST: p.KeyPOST, bufferBody: p.BufferBody, check: p.CheckRetry, backoff: p.Backoff, onRetry: p.OnRetry,
+		noRetry: p.Disabled, prepareRetry: p.PrepareRetry,
 	}
 	if pause == nil {
 		// With pushback on, it parses Retry-After first and counts the bad
@@ -392,7 +430,6 @@ const (
 	giveUp verdict = iota
 	retryAgain
 	budgetSpent
-	checkFailed // the user's CheckRetry returned an error
 )
 
 func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
@@ -438,13 +475,17 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 			r.budget.call(c.start)
 		}
 		d := r.decide(req, c, replayable, attempt, k, resp, err, &prevWait)
+		if d.v != retryAgain && d.err != nil {
+			// The call ends after an attempt the user's CheckRetry
+			// returned an error for: that error is the call's, as in
+			// go-retryablehttp, and the response goes.
+			discard(resp)
+			resp, err = nil, d.err
+		}
 		switch d.v {
 		case budgetSpent:
 			r.e.rep.rejected(ctx, layerBudget)
 			return r.finish(attempt, resp, err, true)
-		case checkFailed:
-			discard(resp)
-			return r.finish(attempt, nil, d.err, false)
 		case giveUp:
 			return r.finish(attempt, resp, err, false)
 		}
@@ -467,6 +508,17 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 		if werr := wait(ctx, d.wait); werr != nil {
 			closeBody(next)
 			return nil, &RetryError{Attempts: attempt, Err: doneError(ctx)}
+		}
+		if r.prepareRetry != nil {
+			// After the wait, as go-retryablehttp calls it, so that what
+			// it signs is fresh when sent; on a copy of the attempt's
+			// own, header and URL included, so that the caller's request
+			// is never changed.
+			next = next.Clone(ctx)
+			if perr := r.prepareRetry(next); perr != nil {
+				closeBody(next)
+				return nil, &RetryError{Attempts: attempt, Err: fmt.Errorf("bulwark: Retry.PrepareRetry before attempt %d: %w", attempt+1, perr)}
+			}
 		}
 		cur = next
 	}
@@ -500,7 +552,8 @@ func (r *retryStage) finish(attempts int, resp *http.Response, err error, budget
 }
 
 // decision is what decide settled: the verdict, and for a retry its wait
-// and whether the server's Retry-After set it; for checkFailed, the error.
+// and whether the server's Retry-After set it; err is what the user's
+// CheckRetry returned for the attempt, the call's error if it ends here.
 type decision struct {
 	v      verdict
 	wait   time.Duration
@@ -512,6 +565,11 @@ type decision struct {
 // outcome was of kind k: a list of checks in a fixed order, the first that
 // applies settling it.
 func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt int, k kind, resp *http.Response, err error, prevWait *time.Duration) decision {
+	// Retries off: the layer is here for the first round's hedges, and
+	// that round was the call.
+	if r.noRetry {
+		return decision{}
+	}
 	ctx := req.Context()
 	j := judgeKind(c.classify, k, resp, err)
 	// 0. A success that no other try would change is final (unless the
@@ -543,21 +601,26 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 		}
 	}
 	// 5. Only outcomes another try may change: the user's CheckRetry, or
-	// the Verdict of the policy's Classify.
+	// the Verdict of the policy's Classify. CheckRetry has
+	// go-retryablehttp's meaning: its bool decides, and its error, if
+	// any, is what the call returns should it end after this attempt,
+	// whichever check below ends it. It is handed a transport error
+	// wrapped in a *url.Error, as http.Client would hand it, since that is
+	// how go-retryablehttp's policies recognise certificate, scheme and
+	// header errors.
+	var cerr error
 	if r.check != nil {
-		ok, cerr := r.check(ctx, resp, err)
-		if cerr != nil {
-			return decision{v: checkFailed, err: cerr}
-		}
+		var ok bool
+		ok, cerr = r.check(ctx, resp, clientError(req, err))
 		if !ok {
-			return decision{}
+			return decision{err: cerr}
 		}
 	} else if !j.v.Retryable {
 		return decision{}
 	}
 	// 6. Attempts exhausted.
 	if attempt >= r.max {
-		return decision{}
+		return decision{err: cerr}
 	}
 	// 7. How long to wait: a valid Retry-After on 429 or 503 replaces the
 	// backoff (the server knows when it will have room; guessing is worse),
@@ -582,14 +645,33 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 	// returning the last outcome now rather than sleeping into a timeout
 	// and losing the response we have.
 	if dl, ok := c.deadline(req); ok && now.Add(d.wait+r.sendTime()).After(dl) {
-		return decision{}
+		return decision{err: cerr}
 	}
 	// 9. The budget, last, so that no token is spent on a retry another
 	// check would refuse.
 	if r.budget != nil && !r.budget.withdraw(now) {
-		return decision{v: budgetSpent}
+		return decision{v: budgetSpent, err: cerr}
 	}
 	return d
+}
+
+// clientError is err as http.Client returns a transport error: wrapped
+// in a *url.Error naming the method and the (redacted) URL, unless it is
+// one already. nil stays nil.
+func clientError(req *http.Request, err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := err.(*url.Error); ok {
+		return err
+	}
+	op := req.Method
+	if op == "" {
+		op = http.MethodGet
+	}
+	// http.Client's own spelling: "Get", "Post".
+	op = op[:1] + strings.ToLower(op[1:])
+	return &url.Error{Op: op, URL: redactURL(req.URL), Err: err}
 }
 
 // rand returns a uniform number in [0, n), from randN when a test set it.

@@ -355,8 +355,9 @@ func TestRetryHooks(t *testing.T) {
 		if base503.calls() != 1 {
 			t.Errorf("503 with a refusing CheckRetry sent %d times, want 1", base503.calls())
 		}
-		// A CheckRetry error ends the retries: the caller gets it, and the
-		// response it judged is closed.
+		// A CheckRetry error with a true is returned once the attempts
+		// run out, as go-retryablehttp does, and the responses it judged
+		// are closed.
 		stop := errors.New("check: stop")
 		var bs bodies
 		baseStop := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
@@ -366,8 +367,8 @@ func TestRetryHooks(t *testing.T) {
 		}}
 		trStop, _, _ := newTestTransport(t, baseStop, Policy{Retry: Retry{CheckRetry: func(context.Context, *http.Response, error) (bool, error) { return true, stop }}})
 		resp, err = trStop.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
-		if resp != nil || !errors.Is(err, stop) || baseStop.calls() != 1 {
-			t.Errorf("got %v, %v after %d sends; want the CheckRetry error after 1", resp, err, baseStop.calls())
+		if resp != nil || !errors.Is(err, stop) || baseStop.calls() != 3 {
+			t.Errorf("got %v, %v after %d sends; want the CheckRetry error after 3", resp, err, baseStop.calls())
 		}
 		if !bs.allClosed() {
 			t.Error("the response CheckRetry judged was not closed")

@@ -37,6 +37,7 @@ type routeTable struct {
 // then pay ServeMux's own cost and no entry, and they do not push the
 // repeated paths' entries out. A hash collision in seen only admits an
 // entry early; entries are compared in full, so a route is never wrong.
+// It is bounded in count (memoSlots) and in bytes (memoMaxKey per entry).
 type routeMemo struct {
 	seed  maphash.Seed
 	slots [memoSlots]atomic.Pointer[memoEntry]
@@ -44,6 +45,14 @@ type routeMemo struct {
 }
 
 const memoSlots = 512 // a power of two
+
+// memoMaxKey bounds, in bytes, the method, host and path (raw and
+// decoded) of a remembered triple: a longer one is matched by the mux
+// every time and never kept, so that the memo holds at most
+// memoSlots × memoMaxKey bytes of keys (1 MiB), whatever paths callers
+// send. Paths are caller-controlled input; routed paths worth remembering
+// are short.
+const memoMaxKey = 2048
 
 type memoEntry struct {
 	method, host, path, rawPath string
@@ -184,8 +193,33 @@ type routeState struct {
 	rep      *reporter  // the host's, with bulwark.route
 	parts    []any      // as hostState.parts
 	classify Classifier // the route's Policy.Classify
+	policy   *Policy    // the route's compiled policy on this host
 
 	shows []func(*HostSnapshot) // as hostState.shows
+}
+
+// keepRoutes builds, on hs, the new stack of every route prev had built
+// that hs's table still has (by pattern), keeping the state of the
+// route's own layers whose shape is unchanged, by the rule a host's stack
+// follows (reuseFrom): a route's breaker keeps its window, state and
+// manual control across an Update, as the host's does. A host whose
+// upstream label changes keeps nothing, as for its own stack. Routes prev
+// never used are built on their first request, as before.
+func (t *Transport) keepRoutes(hs, prev *hostState) {
+	if hs.table == nil || prev.upstream != hs.upstream {
+		return
+	}
+	var olds []*routeState
+	prev.eachRoute(func(rs *routeState) { olds = append(olds, rs) })
+	hs.routeMu.Lock()
+	defer hs.routeMu.Unlock()
+	for _, rs := range olds {
+		for _, e := range hs.table.routes {
+			if e.pattern == rs.pattern && hs.routes[e.idx].Load() == nil {
+				t.storeRoute(hs, e, keptParts(rs.parts, rs.policy, e.byParent[hs.policy]))
+			}
+		}
+	}
 }
 
 // routeStack returns req's route on hs, nil when no route matches. ServeMux.Handler does the matching, on req.Host as a server
@@ -218,6 +252,9 @@ func (rt *routeTable) lookup(req *http.Request) *routeEntry {
 		return m.route
 	}
 	e := rt.match(req, host)
+	if len(req.Method)+len(host)+len(u.Path)+len(u.RawPath) > memoMaxKey {
+		return e // too long to keep (memoMaxKey)
+	}
 	if rt.memo.seen[i].Swap(h) != h {
 		return e // first sight: not remembered yet
 	}
@@ -257,9 +294,15 @@ func (t *Transport) addRoute(hs *hostState, e *routeEntry) *routeState {
 	if rs := hs.routes[e.idx].Load(); rs != nil {
 		return rs
 	}
+	return t.storeRoute(hs, e, kept{})
+}
+
+// storeRoute builds e's stack on hs, keeping old's state, and stores it.
+// Under hs.routeMu.
+func (t *Transport) storeRoute(hs *hostState, e *routeEntry, old kept) *routeState {
 	p := e.byParent[hs.policy]
-	rs := &routeState{pattern: e.pattern, rep: hs.rep.forRoute(e.pattern), classify: p.Classify}
-	rs.rt, rs.parts, rs.shows = t.buildRoute(hs, rs.rep, p)
+	rs := &routeState{pattern: e.pattern, rep: hs.rep.forRoute(e.pattern), classify: p.Classify, policy: p}
+	rs.rt, rs.parts, rs.shows = t.buildRoute(hs, rs.rep, p, old)
 	t.mu.RLock()
 	c, ok := t.controls[hs.name]
 	t.mu.RUnlock()

@@ -413,3 +413,38 @@ func TestRouteMemoAdmission(t *testing.T) {
 		t.Errorf("a remembered path's lookup allocates %.0f times, want 0", allocs)
 	}
 }
+
+// TestRouteMemoBoundedInBytes: the route memo is bounded in bytes, not
+// only in entries: 600 distinct 32 KiB paths, each sent twice (so each is
+// admitted past the doorkeeper), leave it holding at most 1 MiB of keys,
+// while a short path sent twice is still remembered.
+func TestRouteMemoBoundedInBytes(t *testing.T) {
+	ok := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
+	})
+	tr := mustNew(t, Config{Base: ok, Routes: map[string]Policy{"GET /a/": {}}})
+	long := strings.Repeat("x", 32<<10)
+	for i := range 600 {
+		for range 2 {
+			if _, err := sendOnce(t, tr, "GET", fmt.Sprintf("http://api.test/a/%d/%s", i, long)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for range 2 {
+		_, _ = sendOnce(t, tr, "GET", "http://api.test/a/short")
+	}
+	hs := tr.lookup(&url.URL{Scheme: "http", Host: "api.test"})
+	var bytes, entries int
+	var short bool
+	for i := range hs.table.memo.slots {
+		if m := hs.table.memo.slots[i].Load(); m != nil {
+			entries++
+			bytes += len(m.method) + len(m.host) + len(m.path) + len(m.rawPath)
+			short = short || m.path == "/a/short"
+		}
+	}
+	if bytes > 1<<20 || !short {
+		t.Fatalf("memo holds %d entries, %d bytes of keys, the short path: %v; want at most 1 MiB, the short path kept", entries, bytes, short)
+	}
+}

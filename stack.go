@@ -37,7 +37,7 @@ import (
 // stack keeps the state of prev's layers whose shape p leaves unchanged
 // (see reuseFrom), and builds the others afresh. prev's stack is not
 // touched: requests sent through it finish there. A route's stack keeps
-// nothing across an Update; it is built again on the route's next use.
+// its own layers' state by the same rule (keepRoutes, in route.go).
 func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 	if prev != nil && prev.upstream == hs.upstream {
 		hs.faults = prev.faults // counts, like the pushback pauses, outlive an Update
@@ -56,11 +56,11 @@ func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 // the host's, made for the route's policy, except for the host's shared
 // ones (see hostShared), which the route's stack passes through. Its own
 // layers report through rep, the route's reporter; the shared ones
-// through the host's.
-func (t *Transport) buildRoute(hs *hostState, rep *reporter, p *Policy) (stage, []any, []func(*HostSnapshot)) {
+// through the host's. old is what the route's previous stack keeps.
+func (t *Transport) buildRoute(hs *hostState, rep *reporter, p *Policy, old kept) (stage, []any, []func(*HostSnapshot)) {
 	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep}
 	shared := hs.shared
-	return t.compose(p, e, &shared, kept{})
+	return t.compose(p, e, &shared, old)
 }
 
 // hostShared is the per-host state that a host's routes share with it:
@@ -165,15 +165,11 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 		shows = append(shows, func(h *HostSnapshot) { h.Pushback = pb.snapshot() })
 	}
 	// Hedges and retries are one attempt scheduler: the retry layer. A
-	// policy that hedges but does not retry gets it with one attempt per
-	// round.
+	// policy that hedges but does not retry gets it for its first round
+	// only (noRetry), with the budget its Retry.Budget says: a hedge
+	// spends from it as a retry would.
 	if !p.Retry.Disabled || p.Hedge.enabled() {
-		rp := p.Retry
-		if rp.Disabled {
-			rp.MaxAttempts = 1 + p.Hedge.MaxHedges
-			rp.Budget.Disabled = true
-		}
-		r := newRetry(s, rp, e, pause, &t.ignoredRA, t.randN, p.Endpoints.enabled())
+		r := newRetry(s, p.Retry, e, pause, &t.ignoredRA, t.randN, p.Endpoints.enabled())
 		if old.budget != nil && r.budget != nil {
 			r.budget = old.budget
 		}
@@ -307,12 +303,18 @@ type kept struct {
 // A host whose upstream label changes (an Upstreams key added or removed)
 // keeps nothing: its state is reported under another label.
 func reuseFrom(prev, hs *hostState) kept {
-	var k kept
 	if prev == nil || prev.upstream != hs.upstream {
-		return k
+		return kept{}
 	}
-	p, q := hs.policy, prev.policy
-	for _, part := range prev.parts {
+	return keptParts(prev.parts, prev.policy, hs.policy)
+}
+
+// keptParts is reuseFrom's rule for the layers parts of a stack built for
+// policy q, under the new policy p. A route's stack has no shared layers
+// among its parts, so on a route's it keeps only the route's own layers.
+func keptParts(parts []any, q, p *Policy) kept {
+	var k kept
+	for _, part := range parts {
 		switch l := part.(type) {
 		case *balancerStage:
 			if p.Endpoints.enabled() && reflect.DeepEqual(q.Endpoints, p.Endpoints) &&

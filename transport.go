@@ -155,9 +155,13 @@ type Config struct {
 // Each host's stack is composed once, when the host is first seen, and each
 // route's on a host when the route is first used there, never per call.
 type Transport struct {
-	base   http.RoundTripper
-	logger *slog.Logger
-	obs    *observer // instruments and providers, made once (observe.go)
+	base http.RoundTripper
+	// ownBase is whether base is bulwark's own clone of
+	// http.DefaultTransport (Config.Base nil), which serves http and
+	// https only (invalidRequest).
+	ownBase bool
+	logger  *slog.Logger
+	obs     *observer // instruments and providers, made once (observe.go)
 	// last is the host lookup found last (see lookup); nil after its
 	// eviction.
 	last atomic.Pointer[hostState]
@@ -298,7 +302,7 @@ func New(cfg Config) (*Transport, error) {
 	}
 	if t.base == nil {
 		if dt, ok := http.DefaultTransport.(*http.Transport); ok {
-			t.base = dt.Clone()
+			t.base, t.ownBase = dt.Clone(), true
 		} else {
 			t.base = http.DefaultTransport
 		}
@@ -419,9 +423,12 @@ func NewClient(cfg Config) (*http.Client, error) {
 // http.RoundTripper: it never modifies req, always closes req.Body, and
 // returns either a response or an error.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.URL == nil {
+	// A request that cannot be written is refused before any layer sees
+	// it: its fault is its own, and no layer may count it against the
+	// host nor retry it.
+	if err := invalidRequest(req, t.ownBase); err != nil {
 		closeBody(req)
-		return nil, errNilURL
+		return nil, err
 	}
 	if err := req.Context().Err(); err != nil {
 		closeBody(req)

@@ -25,6 +25,11 @@ import "time"
 //	Fallback.Stale.*                                       → an empty stale cache
 //	a host's upstream key                                  → all of the host's state anew
 //
+// A route's own layers on a host (Config.Routes: its breaker, retry
+// budget, throttle and stale cache) follow the same rules, route by route,
+// matched by pattern: a route kept in the new Config keeps its breaker's
+// window, state and manual control when its shape is unchanged.
+//
 // Policy.Classify rebuilds nothing: the new stack's calls are judged by the
 // new classifier in every layer, kept ones included.
 //
@@ -128,12 +133,14 @@ func (t *Transport) rebuild(prev *hostState) *hostState {
 	t.mu.RUnlock()
 	hs := &hostState{key: prev.key, name: prev.name, upstream: r.upstream, policy: &r.policy,
 		rawScheme: prev.rawScheme, rawHost: prev.rawHost, rep: prev.rep}
-	// Routes start again on their next use, under the new table.
 	hs.table, hs.routes = table, table.slots()
 	hs.lastUsed.Store(prev.lastUsed.Load())
 	if hs.upstream != prev.upstream {
 		hs.rep = t.obs.reporter(hs.upstream, hs.name, hs.key.port)
 	}
 	t.buildStack(hs, prev)
+	// The routes prev had used keep what their shape allows, under the
+	// new table; the others start on their next use.
+	t.keepRoutes(hs, prev)
 	return hs
 }

@@ -1,0 +1,204 @@
+package bulwark_test
+
+// What black-box reviews found at the seams of net/http, go-retryablehttp
+// and bulwark, over real sockets on 127.0.0.1 (the seam table, in
+// seams_test.go, has the rest).
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/bulwark-http/bulwark"
+	"github.com/hashicorp/go-retryablehttp"
+)
+
+// countingServer answers code and counts the requests it got.
+func countingServer(t *testing.T, code int) (*httptest.Server, *atomic.Int32) {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(code)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &n
+}
+
+// TestLocalErrorNeverCounted: requests net/http refuses to write (a header
+// name with a control byte, an unsupported scheme) and a body that fails
+// to read are the caller's faults: sent at most once, never retried, never
+// counted by the host's breaker or budget, so five of them cannot open the
+// breaker for every caller.
+func TestLocalErrorNeverCounted(t *testing.T) {
+	srv, hits := countingServer(t, 200)
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	var retries atomic.Int32
+	tr := seamNew(t, bulwark.Config{Base: base, Default: bulwark.Policy{
+		Breaker: bulwark.Breaker{MinCalls: 5, WindowCalls: 10},
+		Retry:   bulwark.Retry{Backoff: noWait, OnRetry: func(*http.Request, bulwark.RetryEvent) { retries.Add(1) }},
+	}})
+	for range 5 {
+		_, err := seamSend(t, tr, "GET", srv.URL+"/", "X-Bad\x7fName", "v")
+		if !errors.Is(err, bulwark.ErrInvalidRequest) {
+			t.Fatalf("bad header name: %v; want ErrInvalidRequest", err)
+		}
+		_, err = seamSend(t, tr, "GET", srv.URL+"/", "X-Value", "a\nb")
+		if !errors.Is(err, bulwark.ErrInvalidRequest) {
+			t.Fatalf("bad header value: %v; want ErrInvalidRequest", err)
+		}
+	}
+	errRead := errors.New("disk gone")
+	for range 5 {
+		body := func() io.ReadCloser {
+			return io.NopCloser(io.MultiReader(strings.NewReader(strings.Repeat("x", 64<<10)), errReader{errRead}))
+		}
+		req, _ := http.NewRequestWithContext(t.Context(), "PUT", srv.URL+"/", body())
+		req.GetBody = func() (io.ReadCloser, error) { return body(), nil }
+		resp, err := tr.RoundTrip(req)
+		if resp != nil || !errors.Is(err, bulwark.ErrRequestBody) || !errors.Is(err, errRead) {
+			t.Fatalf("failing body: %v, %v; want ErrRequestBody and the body's error", resp, err)
+		}
+	}
+	// A failing body's request may reach the server before its body
+	// fails (once each); a bad header's never does.
+	if retries.Load() != 0 || hits.Load() > 5 {
+		t.Fatalf("%d retries, %d requests served; want none, at most 5", retries.Load(), hits.Load())
+	}
+	hs := seamHost(t, tr, strings.TrimPrefix(srv.URL, "http://"))
+	if hs.Breaker.State != bulwark.CircuitClosed || hs.Breaker.Calls != 0 || hs.Budget.Calls != 0 {
+		t.Fatalf("breaker %+v, budget %+v; want nothing counted", hs.Breaker, hs.Budget)
+	}
+	if code, err := seamSend(t, tr, "GET", srv.URL+"/"); code != 200 {
+		t.Fatalf("a good request after: %d, %v", code, err)
+	}
+
+	// With bulwark's own base, a scheme it cannot send is refused too.
+	own := seamNew(t, bulwark.Config{})
+	if _, err := seamSend(t, own, "GET", "ftp://127.0.0.1:1/"); !errors.Is(err, bulwark.ErrInvalidRequest) {
+		t.Fatalf("ftp with bulwark's base: %v; want ErrInvalidRequest", err)
+	}
+	if hs := own.Snapshot().Hosts; len(hs) != 0 {
+		t.Fatalf("a host state for a request never sent: %+v", hs)
+	}
+}
+
+// TestNilHeaderNoPanic: a request with a nil Header gets an error, as from
+// net/http's Transport, on every path (a priority in its context, a
+// route, hedging, a fallback), never a panic.
+func TestNilHeaderNoPanic(t *testing.T) {
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) { return seamAnswer(req, 0, 200) }}
+	for _, cfg := range []bulwark.Config{
+		{Base: base},
+		{Base: base, Routes: map[string]bulwark.Policy{"GET /a": {}}},
+		{Base: base, Default: bulwark.Policy{Hedge: bulwark.Hedge{Delay: 1}, Retry: bulwark.Retry{KeyPOST: true},
+			Fallback: bulwark.Fallback{Constant: &bulwark.ConstantResponse{StatusCode: 200}}}},
+	} {
+		tr := seamNew(t, cfg)
+		for _, method := range []string{"GET", "POST"} {
+			u, _ := url.Parse("http://api.test/a")
+			req := (&http.Request{Method: method, URL: u}).WithContext(bulwark.WithPriority(t.Context(), bulwark.PriorityCritical))
+			resp, err := tr.RoundTrip(req)
+			if resp != nil || !errors.Is(err, bulwark.ErrInvalidRequest) {
+				t.Fatalf("%s with a nil Header: %v, %v; want ErrInvalidRequest", method, resp, err)
+			}
+		}
+	}
+	if base.sent() != 0 {
+		t.Fatalf("sent %d requests with a nil Header", base.sent())
+	}
+}
+
+// TestCheckRetryRetryablehttpPolicies: go-retryablehttp's own policies mean
+// in bulwark what they mean in go-retryablehttp. ErrorPropagatedRetryPolicy
+// against an always-500 server retries until the attempts run out and
+// then returns its error; DefaultRetryPolicy sees an untrusted certificate
+// through the *url.Error http.Client would wrap it in, and does not retry.
+// The policy is handed exactly that *url.Error.
+func TestCheckRetryRetryablehttpPolicies(t *testing.T) {
+	srv, hits := countingServer(t, 500)
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	tr := seamNew(t, bulwark.Config{Base: base, Default: bulwark.Policy{Retry: bulwark.Retry{
+		CheckRetry: retryablehttp.ErrorPropagatedRetryPolicy, Backoff: noWait}}})
+	_, err := seamSend(t, tr, "GET", srv.URL+"/")
+	var re *bulwark.RetryError
+	if !errors.As(err, &re) || re.Attempts != 3 || hits.Load() != 3 || !strings.Contains(err.Error(), "unexpected HTTP status") {
+		t.Fatalf("ErrorPropagatedRetryPolicy on 500s: %v after %d requests; want its error after 3", err, hits.Load())
+	}
+
+	tlsSrv := httptest.NewTLSServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	t.Cleanup(tlsSrv.Close)
+	untrusting := &http.Transport{TLSClientConfig: &tls.Config{}}
+	t.Cleanup(untrusting.CloseIdleConnections)
+	var asked atomic.Int32
+	trTLS := seamNew(t, bulwark.Config{Base: untrusting, Default: bulwark.Policy{Retry: bulwark.Retry{
+		Backoff: noWait,
+		CheckRetry: func(ctx context.Context, resp *http.Response, err error) (bool, error) {
+			asked.Add(1)
+			if ue, ok := err.(*url.Error); !ok || ue.Op != "Get" || ue.URL != tlsSrv.URL+"/" {
+				t.Errorf("CheckRetry handed %#v; want a *url.Error as http.Client makes", err)
+			}
+			return retryablehttp.DefaultRetryPolicy(ctx, resp, err)
+		}}}})
+	_, err = seamSend(t, trTLS, "GET", tlsSrv.URL+"/")
+	// DefaultRetryPolicy returns no error of its own: the caller gets the
+	// transport's, bare, as from any RoundTripper (http.Client wraps it).
+	var ce *tls.CertificateVerificationError
+	if asked.Load() != 1 || !errors.As(err, &ce) {
+		t.Fatalf("DefaultRetryPolicy on an untrusted certificate: asked %d times, %v; want asked once, the certificate error", asked.Load(), err)
+	}
+}
+
+// TestPrepareRetryError: an error from Retry.PrepareRetry ends the call
+// before the retry is sent, and the caller can check for it.
+func TestPrepareRetryError(t *testing.T) {
+	srv, hits := countingServer(t, 503)
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	errExpired := errors.New("credentials expired")
+	tr := seamNew(t, bulwark.Config{Base: base, Default: bulwark.Policy{Retry: bulwark.Retry{Backoff: noWait,
+		PrepareRetry: func(*http.Request) error { return errExpired }}}})
+	_, err := seamSend(t, tr, "GET", srv.URL+"/")
+	var re *bulwark.RetryError
+	if !errors.Is(err, errExpired) || !errors.As(err, &re) || re.Attempts != 1 || hits.Load() != 1 {
+		t.Fatalf("PrepareRetry error: %v after %d requests; want a RetryError wrapping it after 1", err, hits.Load())
+	}
+}
+
+// TestDocsTellPeersTruly: the README and the doc comments no longer say
+// what the peers do not: that 408, 429, 500, 502, 503 and 504 are the set
+// Polly and go-retryablehttp retry, that bulwark's breaker rates are
+// resilience4j's defaults (its slow-call rate is 100 %), or that the
+// adaptive limit never refuses a healthy burst.
+func TestDocsTellPeersTruly(t *testing.T) {
+	for _, f := range []string{"README.md", "classify.go", "retry_rt.go", "breaker_rt.go", "bulkhead_rt.go"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := strings.Join(strings.Fields(strings.ReplaceAll(string(b), "//", "")), " ")
+		for _, claim := range []string{
+			"the set Polly's standard pipeline and go-retryablehttp retry",
+			"as Polly's standard pipeline and go-retryablehttp retry them",
+			"Polly's standard pipeline and go-retryablehttp retry:",
+			"(resilience4j's defaults)",
+			"The rates, the window of the last 100 calls and the 100-call minimum are resilience4j's defaults",
+			"is never refused",
+			"bursts are never refused",
+		} {
+			if strings.Contains(text, claim) {
+				t.Errorf("%s still says %q", f, claim)
+			}
+		}
+	}
+}
