@@ -206,22 +206,35 @@ func smallUint(s string, digits int) (uint64, error) {
 	return strconv.ParseUint(s, 10, 64)
 }
 
-// publishScript keeps the longest hold under KEYS[1] (a value that does
-// not parse is overwritten), with the key expiring when the hold ends, and
-// publishes the update when it is news. ARGV: value, until (ms), TTL (ms),
-// channel.
+// publishScript sets KEYS[1] to ARGV[1], expiring in ARGV[2] ms, and
+// publishes it on ARGV[3], if the key still holds what Publish read there:
+// ARGV[4] is "w" when that was not a string (it is replaced, as the lease
+// script replaces keys of the wrong type), or "s" when it was the string
+// whose first ARGV[5]+1 bytes are ARGV[6] (no key reads as ""). It returns
+// 1, or 0 when the key changed meanwhile. Whether what the key holds is a
+// longer hold to keep is the Go decoder's decision, taken in Publish, not
+// a second parser here that could accept what the decoder rejects.
 var publishScript = redis.NewScript(`
-local cur = redis.call('GET', KEYS[1])
-if cur then
-	local u = tonumber(string.match(cur, '^1|%d|(%d+)|'))
-	if u and u >= tonumber(ARGV[2]) then return 0 end
+local t = redis.call('TYPE', KEYS[1]).ok
+if ARGV[4] == 'w' then
+	if t == 'string' or t == 'none' then return 0 end
+elseif (t ~= 'string' and t ~= 'none') or redis.call('GETRANGE', KEYS[1], 0, ARGV[5]) ~= ARGV[6] then
+	return 0
 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
-redis.call('PUBLISH', ARGV[4], ARGV[1])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[1])
 return 1
 `)
 
-// Publish implements bulwark.Fleet: one script run, bounded by Timeout.
+// publishTries bounds the reads and writes of one Publish when other pods
+// change the key in between.
+const publishTries = 3
+
+// Publish implements bulwark.Fleet: for a hold, a read of its key and one
+// script run, bounded by Timeout. The longest hold wins: a hold the key
+// already holds until later is kept, and anything else there (nothing,
+// a shorter hold, a value that does not decode, a key of another type) is
+// overwritten.
 func (f *Fleet) Publish(ctx context.Context, u bulwark.FleetUpdate) error {
 	ttl := time.Until(u.Until).Milliseconds()
 	if ttl <= 0 {
@@ -234,7 +247,36 @@ func (f *Fleet) Publish(ctx context.Context, u bulwark.FleetUpdate) error {
 		// Counts go stale within seconds: published, not kept.
 		return f.c.Publish(ctx, f.channel, v).Err()
 	}
-	return publishScript.Run(ctx, f.c, []string{f.key(u)}, v, u.Until.UnixMilli(), ttl, f.channel).Err()
+	key := f.key(u)
+	for range publishTries {
+		// At most maxValue+1 bytes: a longer value is corrupt whatever
+		// follows, and a hostile one may be large.
+		cur, err := f.c.GetRange(ctx, key, 0, maxValue).Result()
+		held := "s"
+		switch {
+		case isWrongType(err):
+			held = "w"
+		case err != nil:
+			return err
+		default:
+			if old, _, derr := decode(cur, time.Now()); derr == nil && f.key(old) == key &&
+				old.Until.UnixMilli() >= u.Until.UnixMilli() {
+				return nil // a hold at least as long is in force
+			}
+		}
+		done, err := publishScript.Run(ctx, f.c, []string{key}, v, ttl, f.channel, held, maxValue, cur).Int()
+		if err != nil || done == 1 {
+			return err
+		}
+	}
+	return errors.New("redisfleet: hold changed by others during each of " + strconv.Itoa(publishTries) + " tries")
+}
+
+// isWrongType reports whether err is Redis's answer for a key of another
+// type than the command's.
+func isWrongType(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "WRONGTYPE")
 }
 
 // Receive implements bulwark.Fleet: it subscribes to the channel, reads the
@@ -323,13 +365,13 @@ func (f *Fleet) catchUp(ctx context.Context, sink *bulwark.FleetSink) error {
 				cmds := make([]*redis.StringCmd, len(keys))
 				pipe := c.Pipeline()
 				for i, k := range keys {
-					cmds[i] = pipe.Get(ctx, k)
+					cmds[i] = pipe.GetRange(ctx, k, 0, maxValue) // longer is corrupt
 				}
 				_, _ = pipe.Exec(ctx)
 				now := time.Now()
 				for i, cmd := range cmds {
 					v, err := cmd.Result()
-					if errors.Is(err, redis.Nil) {
+					if err == nil && v == "" {
 						continue // expired meanwhile
 					}
 					if err != nil {
