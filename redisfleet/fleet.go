@@ -235,13 +235,14 @@ const publishTries = 3
 // already holds until later is kept, and anything else there (nothing,
 // a shorter hold, a value that does not decode, a key of another type) is
 // overwritten.
-func (f *Fleet) Publish(ctx context.Context, u bulwark.FleetUpdate) error {
+func (f *Fleet) Publish(ctx context.Context, u bulwark.FleetUpdate) (err error) {
 	ttl := time.Until(u.Until).Milliseconds()
 	if ttl <= 0 {
 		return nil // over already: nothing to tell
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
+	defer func() { f.reloadOnError(err) }()
 	v := f.encode(u)
 	if u.Kind == bulwark.FleetBreakerCounts || u.Kind == bulwark.FleetBudgetCounts {
 		// Counts go stale within seconds: published, not kept.
@@ -272,6 +273,22 @@ func (f *Fleet) Publish(ctx context.Context, u bulwark.FleetUpdate) error {
 	return errors.New("redisfleet: hold changed by others during each of " + strconv.Itoa(publishTries) + " tries")
 }
 
+// reloadOnError has a Cluster client reload its map of the slots after a
+// call failed. go-redis reloads it on its own only every
+// ClusterStateReloadInterval (a minute by default) or on a MOVED reply, and
+// a master that died answers nothing: without this, the subscription and
+// the leases would keep asking the dead node until the next reload, though
+// its replica took over seconds after. The reload runs in the background,
+// coalesced, so calling this on every failure costs one at a time.
+func (f *Fleet) reloadOnError(err error) {
+	if err == nil {
+		return
+	}
+	if cc, ok := f.c.(*redis.ClusterClient); ok {
+		cc.ReloadState(context.Background())
+	}
+}
+
 // isWrongType reports whether err is Redis's answer for a key of another
 // type than the command's.
 func isWrongType(err error) bool {
@@ -282,14 +299,19 @@ func isWrongType(err error) bool {
 // Receive implements bulwark.Fleet: it subscribes to the channel, reads the
 // state still held under the prefix, then hands the sink each update
 // published, until ctx is done or the connection fails.
-func (f *Fleet) Receive(ctx context.Context, sink *bulwark.FleetSink) error {
+func (f *Fleet) Receive(ctx context.Context, sink *bulwark.FleetSink) (err error) {
+	defer func() {
+		if ctx.Err() == nil {
+			f.reloadOnError(err)
+		}
+	}()
 	ps := f.c.Subscribe(ctx)
 	defer ps.Close()
 	// A blocked read returns when ctx is done, not only at its timeout.
 	stop := context.AfterFunc(ctx, func() { _ = ps.Close() })
 	defer stop()
 	sctx, cancel := context.WithTimeout(ctx, f.timeout)
-	err := ps.Subscribe(sctx, f.channel)
+	err = ps.Subscribe(sctx, f.channel)
 	if err == nil {
 		_, err = ps.ReceiveTimeout(sctx, f.timeout) // the subscription's confirmation
 	}

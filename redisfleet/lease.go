@@ -97,6 +97,7 @@ func (f *Fleet) Lease(ctx context.Context, r bulwark.LeaseRequest) (bulwark.Leas
 		strconv.FormatFloat(r.Rate, 'g', -1, 64), r.Burst, r.Want, f.id,
 		quotaPodsFor.Milliseconds(), maxQuotaPods).Int64Slice()
 	if err != nil {
+		f.reloadOnError(err)
 		return bulwark.LeaseGrant{}, err
 	}
 	if len(res) != 2 || res[0] < 0 || res[0] > r.Want || res[1] < 1 || res[1] > maxQuotaPods {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/bulwark-http/bulwark"
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/logging"
 )
 
 // records is a slog.Handler that keeps every record's level and message.
@@ -44,7 +43,7 @@ func TestOutageLoggedOnce(t *testing.T) {
 	rec := &records{msgs: map[slog.Level][]string{}}
 	logger := slog.New(rec)
 	redis.SetLogger(DebugLog{Logger: logger})
-	t.Cleanup(logging.Enable) // go-redis's default, for the other tests
+	t.Cleanup(func() { redis.SetLogger(DebugLog{}) }) // as TestMain sets it
 
 	ok := newUpstream(t, 200, nil)
 	sick := newUpstream(t, 500, nil)

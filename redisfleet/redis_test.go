@@ -21,6 +21,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// go-redis's line per failed dial, at Debug (dropped), as the README
+	// says to set it: the tests kill servers on purpose.
+	redis.SetLogger(DebugLog{})
 	goleak.VerifyTestMain(m)
 }
 
@@ -30,12 +33,13 @@ type redisServer struct {
 	t    testing.TB
 	port int
 	dir  string
+	args []string // more of redis-server's options
 	cmd  *exec.Cmd
 }
 
 // startRedis starts a redis-server for the test, or skips the test when
 // the binary is absent (CI installs it: .ci/run).
-func startRedis(t testing.TB) *redisServer {
+func startRedis(t testing.TB, args ...string) *redisServer {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Skip("redis-server not installed (apt-get install redis-server; .ci/run installs it): skipping the tests against a real Redis")
@@ -46,7 +50,7 @@ func startRedis(t testing.TB) *redisServer {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	s := &redisServer{t: t, port: port, dir: t.TempDir()}
+	s := &redisServer{t: t, port: port, dir: t.TempDir(), args: args}
 	s.start()
 	t.Cleanup(s.kill)
 	return s
@@ -56,8 +60,8 @@ func (s *redisServer) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port)
 
 func (s *redisServer) start() {
 	s.t.Helper()
-	s.cmd = exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir, "--daemonize", "no", "--loglevel", "warning")
+	s.cmd = exec.Command("redis-server", append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir, "--daemonize", "no", "--loglevel", "warning"}, s.args...)...)
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)
 	}
