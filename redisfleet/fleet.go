@@ -14,7 +14,9 @@
 // delay against a read per process per interval whether or not anything
 // happened. A process that was disconnected reads the keys again when it
 // resubscribes, so nothing that is still in force is missed for longer
-// than the reconnection takes.
+// than the reconnection takes; a heartbeat it publishes to itself tells it
+// when a subscription that still answers no longer hears what is
+// published (heartbeatEvery).
 //
 // What is read from Redis is untrusted: a value that does not parse, names
 // an unknown version or kind, or is too long is ignored and counted
@@ -93,10 +95,16 @@ const (
 	maxHost    = 300
 	maxCatchUp = 4096 // keys read when (re)subscribing
 	maxHold    = 24 * time.Hour
-	// pingEvery is how long the subscription may stay silent before a
-	// PING checks it; two silent checks in a row end it, so a partitioned
-	// server is noticed within about three of these.
-	pingEvery = time.Second
+	// heartbeatEvery is how often a subscribed process publishes a
+	// heartbeat, by the command connections, on a channel of its own that
+	// its subscription listens to as well; a heartbeat not heard back when
+	// the next is due ends the subscription. It tests the whole path a
+	// trip takes, so a partitioned server, and a subscription left on a
+	// node that no longer gets what is published (a master demoted by a
+	// Sentinel failover still answers PING), are noticed within about two
+	// of these. It costs one PUBLISH a second a process, heard by that
+	// process alone.
+	heartbeatEvery = time.Second
 )
 
 // key is where the state an update describes lives.
@@ -310,10 +318,13 @@ func (f *Fleet) Receive(ctx context.Context, sink *bulwark.FleetSink) (err error
 	// A blocked read returns when ctx is done, not only at its timeout.
 	stop := context.AfterFunc(ctx, func() { _ = ps.Close() })
 	defer stop()
+	heartbeats := f.prefix + "heartbeat:" + f.id
 	sctx, cancel := context.WithTimeout(ctx, f.timeout)
-	err = ps.Subscribe(sctx, f.channel)
-	if err == nil {
-		_, err = ps.ReceiveTimeout(sctx, f.timeout) // the subscription's confirmation
+	err = ps.Subscribe(sctx, f.channel, heartbeats)
+	for range 2 { // the subscriptions' confirmations
+		if err == nil {
+			_, err = ps.ReceiveTimeout(sctx, f.timeout)
+		}
 	}
 	cancel()
 	if err != nil {
@@ -323,9 +334,24 @@ func (f *Fleet) Receive(ctx context.Context, sink *bulwark.FleetSink) (err error
 	if err := f.catchUp(ctx, sink); err != nil {
 		return err
 	}
-	silent := 0
+	var beat uint64
+	heard, next := true, time.Now()
 	for {
-		msg, err := ps.ReceiveTimeout(ctx, pingEvery)
+		if time.Until(next) <= 0 {
+			if !heard {
+				return errors.New("redisfleet: own heartbeat not heard back: the subscription no longer gets what is published")
+			}
+			beat++
+			heard, next = false, time.Now().Add(heartbeatEvery)
+			pctx, cancel := context.WithTimeout(ctx, f.timeout)
+			err := f.c.Publish(pctx, heartbeats, strconv.FormatUint(beat, 10)).Err()
+			cancel()
+			if err != nil {
+				return err
+			}
+		}
+		// At least a millisecond: a zero timeout would block.
+		msg, err := ps.ReceiveTimeout(ctx, max(time.Until(next), time.Millisecond))
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -334,19 +360,14 @@ func (f *Fleet) Receive(ctx context.Context, sink *bulwark.FleetSink) (err error
 			if !errors.As(err, &ne) || !ne.Timeout() {
 				return err
 			}
-			if silent++; silent > 2 {
-				return errors.New("redisfleet: subscription silent, no answer to PING")
-			}
-			pctx, cancel := context.WithTimeout(ctx, f.timeout)
-			err = ps.Ping(pctx)
-			cancel()
-			if err != nil {
-				return err
-			}
 			continue
 		}
-		silent = 0
-		if m, ok := msg.(*redis.Message); ok {
+		m, ok := msg.(*redis.Message)
+		switch {
+		case !ok:
+		case m.Channel == heartbeats:
+			heard = heard || m.Payload == strconv.FormatUint(beat, 10)
+		default:
 			f.deliver(m.Payload, sink, time.Now())
 		}
 	}

@@ -8,7 +8,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -33,6 +35,7 @@ type redisServer struct {
 	t    testing.TB
 	port int
 	dir  string
+	conf string   // a config file, first on the command line when set
 	args []string // more of redis-server's options
 	cmd  *exec.Cmd
 }
@@ -40,6 +43,13 @@ type redisServer struct {
 // startRedis starts a redis-server for the test, or skips the test when
 // the binary is absent (CI installs it: .ci/run).
 func startRedis(t testing.TB, args ...string) *redisServer {
+	t.Helper()
+	return startRedisConf(t, "", args...)
+}
+
+// startRedisConf is startRedis with a config file, written to the
+// server's own directory (Sentinel rewrites it).
+func startRedisConf(t testing.TB, conf string, args ...string) *redisServer {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Skip("redis-server not installed (apt-get install redis-server; .ci/run installs it): skipping the tests against a real Redis")
@@ -51,6 +61,12 @@ func startRedis(t testing.TB, args ...string) *redisServer {
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	s := &redisServer{t: t, port: port, dir: t.TempDir(), args: args}
+	if conf != "" {
+		s.conf = filepath.Join(s.dir, "redis.conf")
+		if err := os.WriteFile(s.conf, []byte(conf), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	s.start()
 	t.Cleanup(s.kill)
 	return s
@@ -60,8 +76,12 @@ func (s *redisServer) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port)
 
 func (s *redisServer) start() {
 	s.t.Helper()
-	s.cmd = exec.Command("redis-server", append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir, "--daemonize", "no", "--loglevel", "warning"}, s.args...)...)
+	var conf []string
+	if s.conf != "" {
+		conf = []string{s.conf}
+	}
+	s.cmd = exec.Command("redis-server", append(append(conf, "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir, "--daemonize", "no", "--loglevel", "warning"), s.args...)...)
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)
 	}
