@@ -79,6 +79,17 @@ func TestClusterFailover(t *testing.T) {
 		pods[i] = newTransport(t, bulwark.Config{Default: p, Fleet: f})
 	}
 	a, b := pods[0], pods[1]
+	// A third pod leases a fleet quota (fail-open) for host quotaUp.
+	fq, err := New(clusterClient(t, nodes), Options{Prefix: "c1:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pq := bulwark.Policy{}
+	pq.Retry.Disabled = true
+	pq.Breaker.Disabled = true
+	pq.Bulkhead.MaxConcurrent = 1000
+	pq.Bulkhead.FleetRate = 1000
+	q := newTransport(t, bulwark.Config{Default: pq, Fleet: fq})
 	eventually(t, "both pods subscribed", func() bool { return connected(a) && connected(b) })
 	// shared reports how long pod B, which has called a sick host once,
 	// took to adopt pod A's trip of it.
@@ -127,9 +138,38 @@ func TestClusterFailover(t *testing.T) {
 			}
 		}
 	}
+	victimSlots := func(slot int64) bool {
+		for _, s := range slots {
+			if int64(s.Start) <= slot && slot <= int64(s.End) && victim != nil && s.Nodes[0].Addr == victim.addr() {
+				return true
+			}
+		}
+		return false
+	}
 	if victim == nil {
 		t.Fatalf("no master for slot %d in %+v", slot, slots)
 	}
+	// A quota host whose keys are on the victim too.
+	var quotaUp *upstream
+	for range 100 {
+		u := newUpstream(t, 200, nil)
+		s, err := c.ClusterKeySlot(t.Context(), fq.quotaKeys(u.host())[0]).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if victimSlots(s) {
+			quotaUp = u
+			break
+		}
+	}
+	if quotaUp == nil {
+		t.Fatal("no quota host on the victim in 100 tries")
+	}
+	lq := startLoad(t, []*bulwark.Transport{q}, quotaUp.URL, 10*time.Millisecond)
+	eventually(t, "the quota pod leasing", func() bool {
+		qs := quotaOf(q, quotaUp.host())
+		return qs != nil && !qs.Local && qs.Leases > 3
+	})
 	killed := time.Now()
 	victim.kill()
 	eventually(t, "the pods to see their subscription gone", func() bool { return !connected(a) && !connected(b) })
@@ -143,9 +183,21 @@ func TestClusterFailover(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	back := time.Since(killed)
+	leases := quotaOf(q, quotaUp.host()).Leases
+	for qs := quotaOf(q, quotaUp.host()); qs.Local || qs.Leases < leases+3; qs = quotaOf(q, quotaUp.host()) {
+		if time.Since(killed) > 20*time.Second {
+			t.Fatalf("quota pod not leasing again 20 s after the kill: %+v", qs)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("the quota pod leases again %v after the kill", time.Since(killed))
 	took := shared("after the failover", 5*time.Second)
 	t.Logf("pods subscribed again %v after the kill; a trip then took %v to reach the other pod", back, took)
 	l.end()
+	lq.end()
+	if lq.other.Load() != 0 {
+		t.Fatalf("%d requests under the quota failed across the failover (%v), want none", lq.other.Load(), lq.lastOther.Load())
+	}
 	if l.other.Load() != 0 {
 		t.Fatalf("%d requests failed across the failover (%v), want none", l.other.Load(), l.lastOther.Load())
 	}
