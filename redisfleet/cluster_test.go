@@ -124,30 +124,32 @@ func TestClusterFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	slots, err := c.ClusterSlots(t.Context()).Result()
+	shards, err := c.ClusterShards(t.Context()).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var victim *redisServer
-	for _, s := range slots {
-		if int64(s.Start) <= slot && slot <= int64(s.End) {
-			for _, n := range nodes {
-				if n.addr() == s.Nodes[0].Addr {
-					victim = n
+	// owner is the server of the master that owns slot.
+	owner := func(slot int64) *redisServer {
+		for _, sh := range shards {
+			for _, r := range sh.Slots {
+				if r.Start > slot || slot > r.End {
+					continue
+				}
+				for _, sn := range sh.Nodes {
+					for _, n := range nodes {
+						if sn.Role == "master" && n.port == int(sn.Port) {
+							return n
+						}
+					}
 				}
 			}
 		}
+		return nil
 	}
-	victimSlots := func(slot int64) bool {
-		for _, s := range slots {
-			if int64(s.Start) <= slot && slot <= int64(s.End) && victim != nil && s.Nodes[0].Addr == victim.addr() {
-				return true
-			}
-		}
-		return false
-	}
+	victim := owner(slot)
+	victimSlots := func(slot int64) bool { return owner(slot) == victim }
 	if victim == nil {
-		t.Fatalf("no master for slot %d in %+v", slot, slots)
+		t.Fatalf("no master for slot %d in %+v", slot, shards)
 	}
 	// A quota host whose keys are on the victim too.
 	var quotaUp *upstream
