@@ -6,9 +6,10 @@
 //
 // Every Redis call runs on the Transport's two fleet goroutines, never on a
 // request, each bounded by Options.Timeout. Each hold (an open verdict, a
-// pause) is written once, with one script: the key of its state (the
-// longest hold wins; the key expires when the hold ends, so keys never
-// accumulate) and a PUBLISH on one channel. A breaker's counts, stale in
+// pause) is written once, with one script after a read of its key: the
+// key of its state (the longest hold wins, as the decoder reads what is
+// there; the key expires when the hold ends, so keys never accumulate)
+// and a PUBLISH on one channel. A breaker's counts, stale in
 // seconds, are only published. Other processes get it by pub/sub rather than polling: a
 // trip reaches them in about a round trip, where polling would trade that
 // delay against a read per process per interval whether or not anything
