@@ -6,15 +6,18 @@
 //
 // Every Redis call runs on the Transport's two fleet goroutines, never on a
 // request, each bounded by Options.Timeout. Each hold (an open verdict, a
-// pause) is written once, with one script: the key of its state (the
-// longest hold wins; the key expires when the hold ends, so keys never
-// accumulate) and a PUBLISH on one channel. A breaker's counts, stale in
+// pause) is written once, with one script after a read of its key: the
+// key of its state (the longest hold wins, as the decoder reads what is
+// there; the key expires when the hold ends, so keys never accumulate)
+// and a PUBLISH on one channel. A breaker's counts, stale in
 // seconds, are only published. Other processes get it by pub/sub rather than polling: a
 // trip reaches them in about a round trip, where polling would trade that
 // delay against a read per process per interval whether or not anything
 // happened. A process that was disconnected reads the keys again when it
 // resubscribes, so nothing that is still in force is missed for longer
-// than the reconnection takes.
+// than the reconnection takes; a heartbeat it publishes to itself tells it
+// when a subscription that still answers no longer hears what is
+// published (heartbeatEvery).
 //
 // What is read from Redis is untrusted: a value that does not parse, names
 // an unknown version or kind, or is too long is ignored and counted
@@ -93,10 +96,16 @@ const (
 	maxHost    = 300
 	maxCatchUp = 4096 // keys read when (re)subscribing
 	maxHold    = 24 * time.Hour
-	// pingEvery is how long the subscription may stay silent before a
-	// PING checks it; two silent checks in a row end it, so a partitioned
-	// server is noticed within about three of these.
-	pingEvery = time.Second
+	// heartbeatEvery is how often a subscribed process publishes a
+	// heartbeat, by the command connections, on a channel of its own that
+	// its subscription listens to as well; a heartbeat not heard back when
+	// the next is due ends the subscription. It tests the whole path a
+	// trip takes, so a partitioned server, and a subscription left on a
+	// node that no longer gets what is published (a master demoted by a
+	// Sentinel failover still answers PING), are noticed within about two
+	// of these. It costs one PUBLISH a second a process, heard by that
+	// process alone.
+	heartbeatEvery = time.Second
 )
 
 // key is where the state an update describes lives.
@@ -206,50 +215,117 @@ func smallUint(s string, digits int) (uint64, error) {
 	return strconv.ParseUint(s, 10, 64)
 }
 
-// publishScript keeps the longest hold under KEYS[1] (a value that does
-// not parse is overwritten), with the key expiring when the hold ends, and
-// publishes the update when it is news. ARGV: value, until (ms), TTL (ms),
-// channel.
+// publishScript sets KEYS[1] to ARGV[1], expiring in ARGV[2] ms, and
+// publishes it on ARGV[3], if the key still holds what Publish read there:
+// ARGV[4] is "w" when that was not a string (it is replaced, as the lease
+// script replaces keys of the wrong type), or "s" when it was the string
+// whose first ARGV[5]+1 bytes are ARGV[6] (no key reads as ""). It returns
+// 1, or 0 when the key changed meanwhile. Whether what the key holds is a
+// longer hold to keep is the Go decoder's decision, taken in Publish, not
+// a second parser here that could accept what the decoder rejects.
 var publishScript = redis.NewScript(`
-local cur = redis.call('GET', KEYS[1])
-if cur then
-	local u = tonumber(string.match(cur, '^1|%d|(%d+)|'))
-	if u and u >= tonumber(ARGV[2]) then return 0 end
+local t = redis.call('TYPE', KEYS[1]).ok
+if ARGV[4] == 'w' then
+	if t == 'string' or t == 'none' then return 0 end
+elseif (t ~= 'string' and t ~= 'none') or redis.call('GETRANGE', KEYS[1], 0, ARGV[5]) ~= ARGV[6] then
+	return 0
 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
-redis.call('PUBLISH', ARGV[4], ARGV[1])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[1])
 return 1
 `)
 
-// Publish implements bulwark.Fleet: one script run, bounded by Timeout.
-func (f *Fleet) Publish(ctx context.Context, u bulwark.FleetUpdate) error {
+// publishTries bounds the reads and writes of one Publish when other pods
+// change the key in between.
+const publishTries = 3
+
+// Publish implements bulwark.Fleet: for a hold, a read of its key and one
+// script run, bounded by Timeout. The longest hold wins: a hold the key
+// already holds until later is kept, and anything else there (nothing,
+// a shorter hold, a value that does not decode, a key of another type) is
+// overwritten.
+func (f *Fleet) Publish(ctx context.Context, u bulwark.FleetUpdate) (err error) {
 	ttl := time.Until(u.Until).Milliseconds()
 	if ttl <= 0 {
 		return nil // over already: nothing to tell
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
+	defer func() { f.reloadOnError(err) }()
 	v := f.encode(u)
 	if u.Kind == bulwark.FleetBreakerCounts || u.Kind == bulwark.FleetBudgetCounts {
 		// Counts go stale within seconds: published, not kept.
 		return f.c.Publish(ctx, f.channel, v).Err()
 	}
-	return publishScript.Run(ctx, f.c, []string{f.key(u)}, v, u.Until.UnixMilli(), ttl, f.channel).Err()
+	key := f.key(u)
+	for range publishTries {
+		// At most maxValue+1 bytes: a longer value is corrupt whatever
+		// follows, and a hostile one may be large.
+		cur, err := f.c.GetRange(ctx, key, 0, maxValue).Result()
+		held := "s"
+		switch {
+		case isWrongType(err):
+			held = "w"
+		case err != nil:
+			return err
+		default:
+			if old, _, derr := decode(cur, time.Now()); derr == nil && f.key(old) == key &&
+				old.Until.UnixMilli() >= u.Until.UnixMilli() {
+				return nil // a hold at least as long is in force
+			}
+		}
+		done, err := publishScript.Run(ctx, f.c, []string{key}, v, ttl, f.channel, held, maxValue, cur).Int()
+		if err != nil || done == 1 {
+			return err
+		}
+	}
+	return errors.New("redisfleet: hold changed by others during each of " + strconv.Itoa(publishTries) + " tries")
+}
+
+// reloadOnError has a Cluster client reload its map of the slots after a
+// call failed. go-redis reloads it on its own only every
+// ClusterStateReloadInterval (a minute by default) or on a MOVED reply, and
+// a master that died answers nothing: without this, the subscription and
+// the leases would keep asking the dead node until the next reload, though
+// its replica took over seconds after. The reload runs in the background,
+// coalesced, so calling this on every failure costs one at a time.
+func (f *Fleet) reloadOnError(err error) {
+	if err == nil {
+		return
+	}
+	if cc, ok := f.c.(*redis.ClusterClient); ok {
+		cc.ReloadState(context.Background())
+	}
+}
+
+// isWrongType reports whether err is Redis's answer for a key of another
+// type than the command's.
+func isWrongType(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "WRONGTYPE")
 }
 
 // Receive implements bulwark.Fleet: it subscribes to the channel, reads the
 // state still held under the prefix, then hands the sink each update
 // published, until ctx is done or the connection fails.
-func (f *Fleet) Receive(ctx context.Context, sink *bulwark.FleetSink) error {
+func (f *Fleet) Receive(ctx context.Context, sink *bulwark.FleetSink) (err error) {
+	defer func() {
+		if ctx.Err() == nil {
+			f.reloadOnError(err)
+		}
+	}()
 	ps := f.c.Subscribe(ctx)
 	defer ps.Close()
 	// A blocked read returns when ctx is done, not only at its timeout.
 	stop := context.AfterFunc(ctx, func() { _ = ps.Close() })
 	defer stop()
+	heartbeats := f.prefix + "heartbeat:" + f.id
 	sctx, cancel := context.WithTimeout(ctx, f.timeout)
-	err := ps.Subscribe(sctx, f.channel)
-	if err == nil {
-		_, err = ps.ReceiveTimeout(sctx, f.timeout) // the subscription's confirmation
+	err = ps.Subscribe(sctx, f.channel, heartbeats)
+	for range 2 { // the subscriptions' confirmations
+		if err == nil {
+			_, err = ps.ReceiveTimeout(sctx, f.timeout)
+		}
 	}
 	cancel()
 	if err != nil {
@@ -259,9 +335,24 @@ func (f *Fleet) Receive(ctx context.Context, sink *bulwark.FleetSink) error {
 	if err := f.catchUp(ctx, sink); err != nil {
 		return err
 	}
-	silent := 0
+	var beat uint64
+	heard, next := true, time.Now()
 	for {
-		msg, err := ps.ReceiveTimeout(ctx, pingEvery)
+		if time.Until(next) <= 0 {
+			if !heard {
+				return errors.New("redisfleet: own heartbeat not heard back: the subscription no longer gets what is published")
+			}
+			beat++
+			heard, next = false, time.Now().Add(heartbeatEvery)
+			pctx, cancel := context.WithTimeout(ctx, f.timeout)
+			err := f.c.Publish(pctx, heartbeats, strconv.FormatUint(beat, 10)).Err()
+			cancel()
+			if err != nil {
+				return err
+			}
+		}
+		// At least a millisecond: a zero timeout would block.
+		msg, err := ps.ReceiveTimeout(ctx, max(time.Until(next), time.Millisecond))
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -270,19 +361,14 @@ func (f *Fleet) Receive(ctx context.Context, sink *bulwark.FleetSink) error {
 			if !errors.As(err, &ne) || !ne.Timeout() {
 				return err
 			}
-			if silent++; silent > 2 {
-				return errors.New("redisfleet: subscription silent, no answer to PING")
-			}
-			pctx, cancel := context.WithTimeout(ctx, f.timeout)
-			err = ps.Ping(pctx)
-			cancel()
-			if err != nil {
-				return err
-			}
 			continue
 		}
-		silent = 0
-		if m, ok := msg.(*redis.Message); ok {
+		m, ok := msg.(*redis.Message)
+		switch {
+		case !ok:
+		case m.Channel == heartbeats:
+			heard = heard || m.Payload == strconv.FormatUint(beat, 10)
+		default:
 			f.deliver(m.Payload, sink, time.Now())
 		}
 	}
@@ -323,13 +409,13 @@ func (f *Fleet) catchUp(ctx context.Context, sink *bulwark.FleetSink) error {
 				cmds := make([]*redis.StringCmd, len(keys))
 				pipe := c.Pipeline()
 				for i, k := range keys {
-					cmds[i] = pipe.Get(ctx, k)
+					cmds[i] = pipe.GetRange(ctx, k, 0, maxValue) // longer is corrupt
 				}
 				_, _ = pipe.Exec(ctx)
 				now := time.Now()
 				for i, cmd := range cmds {
 					v, err := cmd.Result()
-					if errors.Is(err, redis.Nil) {
+					if err == nil && v == "" {
 						continue // expired meanwhile
 					}
 					if err != nil {

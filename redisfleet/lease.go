@@ -37,7 +37,12 @@ const maxQuotaPods = 1024
 // processes' clocks do not matter. What the keys hold is untrusted: a key
 // of the wrong type is replaced, a count that does not parse or is out
 // of range is read as an empty bucket (it refills within a burst's time),
-// a time in the future as now. Both keys expire once the bucket would be
+// a time in the future as now. Every process writes its ask at Redis's
+// now, so an ask dated later than now plus its lifetime (podsFor) was
+// written by something else and is dropped; asks a little ahead of now
+// are kept (a replica promoted with its clock behind reads its
+// predecessor's asks so), but when the set is over its cap they go first,
+// before the oldest asks. Both keys expire once the bucket would be
 // full again and the process set stale, so a quota nobody uses leaves
 // nothing behind.
 var leaseScript = redis.NewScript(`
@@ -56,9 +61,14 @@ if tokens == nil or tokens ~= tokens or tokens < 0 then tokens = 0 end
 if tokens > burst then tokens = burst end
 if ts == nil or ts ~= ts or ts > now then ts = now end
 tokens = math.min(burst, tokens + (now - ts) * rate / 1000)
-redis.call('ZADD', KEYS[2], now, ARGV[4])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - podsFor)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '(' .. (now + podsFor), '+inf')
+redis.call('ZADD', KEYS[2], now, ARGV[4])
 local pods = redis.call('ZCARD', KEYS[2])
+if pods > maxPods then
+	redis.call('ZREMRANGEBYSCORE', KEYS[2], '(' .. now, '+inf')
+	pods = redis.call('ZCARD', KEYS[2])
+end
 if pods > maxPods then
 	redis.call('ZREMRANGEBYRANK', KEYS[2], 0, pods - maxPods - 1)
 	pods = maxPods
@@ -87,6 +97,7 @@ func (f *Fleet) Lease(ctx context.Context, r bulwark.LeaseRequest) (bulwark.Leas
 		strconv.FormatFloat(r.Rate, 'g', -1, 64), r.Burst, r.Want, f.id,
 		quotaPodsFor.Milliseconds(), maxQuotaPods).Int64Slice()
 	if err != nil {
+		f.reloadOnError(err)
 		return bulwark.LeaseGrant{}, err
 	}
 	if len(res) != 2 || res[0] < 0 || res[0] > r.Want || res[1] < 1 || res[1] > maxQuotaPods {

@@ -3,6 +3,7 @@ package redisfleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -240,5 +241,70 @@ func TestQuotaBucket(t *testing.T) {
 	}
 	if limit := int64(100*time.Since(start).Seconds()) + 1; got > limit || got < 30 {
 		t.Fatalf("%d tokens granted in %v after the burst, want about 100 and at most %d", got, time.Since(start), limit)
+	}
+}
+
+// TestQuotaFutureEntries: entries dated in the future under a quota's
+// processes (garbage: every process writes Redis's now) neither count as
+// processes nor make the cap drop a process that asked, and three pods
+// behind 1,023 of them still get the fleet's rate.
+func TestQuotaFutureEntries(t *testing.T) {
+	s := startRedis(t)
+	c := s.client(t)
+	ctx := t.Context()
+	f, _ := New(c, Options{Prefix: "q6:", ID: "me"})
+	host := "f.test:80"
+	pods := f.quotaKeys(host)[1]
+	fakes := func(n int, score float64) []redis.Z {
+		z := make([]redis.Z, n)
+		for i := range z {
+			z[i] = redis.Z{Score: score, Member: fmt.Sprintf("fake%d", i)}
+		}
+		return z
+	}
+	r := bulwark.LeaseRequest{Host: host, Rate: 100, Burst: 20, Want: 10}
+
+	c.ZAdd(ctx, pods, fakes(maxQuotaPods-1, 1e15)...)
+	if g, err := f.Lease(ctx, r); err != nil || g.Pods != 1 || g.Tokens != 10 {
+		t.Fatalf("lease behind %d entries dated 1e15: %+v, %v; want 10 tokens for 1 pod", maxQuotaPods-1, g, err)
+	}
+	if n := c.ZCard(ctx, pods).Val(); n != 1 {
+		t.Fatalf("%d processes left, want the asker only", n)
+	}
+
+	// Entries a little ahead of Redis's clock are within the tolerance,
+	// but over the cap they go before any process that asked.
+	c.Del(ctx, pods)
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.ZAdd(ctx, pods, redis.Z{Score: float64(now.UnixMilli()), Member: "other"})
+	c.ZAdd(ctx, pods, fakes(maxQuotaPods+10, float64(now.Add(quotaPodsFor/2).UnixMilli()))...)
+	g, err := f.Lease(ctx, r)
+	if err != nil || g.Pods != 2 {
+		t.Fatalf("lease over the cap: %+v, %v; want 2 pods", g, err)
+	}
+	for _, m := range []string{"me", "other"} {
+		if err := c.ZScore(ctx, pods, m).Err(); err != nil {
+			t.Fatalf("process %s dropped by the cap: %v", m, err)
+		}
+	}
+
+	// The figure: the leased quota holds its rate.
+	up := newUpstream(t, 200, nil)
+	c.ZAdd(ctx, "q7:quota:{"+up.host()+"}:pods", fakes(maxQuotaPods-1, 1e15)...)
+	var ts []*bulwark.Transport
+	for range 3 {
+		ts = append(ts, quotaPod(t, s, "q7:", 100, false))
+	}
+	l := startLoad(t, ts, up.URL, 2*time.Millisecond)
+	eventually(t, "the pods to lease", func() bool { return up.hits.Load() > 0 })
+	start, before := time.Now(), up.hits.Load()
+	time.Sleep(2 * time.Second)
+	rate := float64(up.hits.Load()-before) / time.Since(start).Seconds()
+	l.end()
+	if rate < 60 || rate > 130 || l.other.Load() != 0 {
+		t.Fatalf("%.0f req/s sent by 3 pods with FleetRate 100 (%d other errors), want about 100", rate, l.other.Load())
 	}
 }

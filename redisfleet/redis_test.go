@@ -8,8 +8,11 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,7 +23,12 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	// go-redis's line per failed dial, at Debug (dropped), as the README
+	// says to set it: the tests kill servers on purpose.
+	redis.SetLogger(DebugLog{})
+	// go-redis's redialer of a pool whose dials all failed (a dead node)
+	// sleeps a second between tries and sees the pool closed only then.
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
 }
 
 // redisServer is a redis-server of the test's own on 127.0.0.1, with no
@@ -29,12 +37,21 @@ type redisServer struct {
 	t    testing.TB
 	port int
 	dir  string
+	conf string   // a config file, first on the command line when set
+	args []string // more of redis-server's options
 	cmd  *exec.Cmd
 }
 
 // startRedis starts a redis-server for the test, or skips the test when
 // the binary is absent (CI installs it: .ci/run).
-func startRedis(t testing.TB) *redisServer {
+func startRedis(t testing.TB, args ...string) *redisServer {
+	t.Helper()
+	return startRedisConf(t, "", args...)
+}
+
+// startRedisConf is startRedis with a config file, written to the
+// server's own directory (Sentinel rewrites it).
+func startRedisConf(t testing.TB, conf string, args ...string) *redisServer {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Skip("redis-server not installed (apt-get install redis-server; .ci/run installs it): skipping the tests against a real Redis")
@@ -45,7 +62,13 @@ func startRedis(t testing.TB) *redisServer {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	s := &redisServer{t: t, port: port, dir: t.TempDir()}
+	s := &redisServer{t: t, port: port, dir: t.TempDir(), args: args}
+	if conf != "" {
+		s.conf = filepath.Join(s.dir, "redis.conf")
+		if err := os.WriteFile(s.conf, []byte(conf), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	s.start()
 	t.Cleanup(s.kill)
 	return s
@@ -55,8 +78,12 @@ func (s *redisServer) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port)
 
 func (s *redisServer) start() {
 	s.t.Helper()
-	s.cmd = exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir, "--daemonize", "no", "--loglevel", "warning")
+	var conf []string
+	if s.conf != "" {
+		conf = []string{s.conf}
+	}
+	s.cmd = exec.Command("redis-server", append(append(conf, "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir, "--daemonize", "no", "--loglevel", "warning"), s.args...)...)
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)
 	}
@@ -424,5 +451,68 @@ func TestCountsAggregated(t *testing.T) {
 	})
 	if h := sick.hits.Load(); h != 5 {
 		t.Fatalf("sick host got %d calls, want MinCalls (5) fleet-wide", h)
+	}
+}
+
+// TestPublishOverwritesGarbage: whatever a hold's key holds that the
+// decoder rejects (a value that does not parse, a hold past a day, another
+// host's, an oversized value, a key of another type), a trip overwrites it
+// and is published; a longer valid hold is kept and nothing is published.
+func TestPublishOverwritesGarbage(t *testing.T) {
+	s := startRedis(t)
+	c := s.client(t)
+	ctx := t.Context()
+	f, _ := New(c, Options{Prefix: "t7:", ID: "me"})
+	ps := c.Subscribe(ctx, "t7:updates")
+	defer ps.Close()
+	if _, err := ps.ReceiveTimeout(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	host := "h.test:80"
+	key := "t7:breaker:" + host
+	far := time.Now().Add(23 * time.Hour).UnixMilli()
+	tooFar := strconv.FormatInt(time.Now().Add(48*time.Hour).UnixMilli(), 10)
+	long := "1|1|" + strconv.FormatInt(far, 10) + "|1|0|0|0,0,0|x|"
+	for _, tc := range []struct {
+		name string
+		set  func() error
+	}{
+		{"unparsable", func() error { return c.Set(ctx, key, "1|1|99999999999999|x", 0).Err() }},
+		{"past a day", func() error { return c.Set(ctx, key, "1|1|"+tooFar+"|1|0|0|0,0,0|x|"+host, 0).Err() }},
+		{"another host", func() error { return c.Set(ctx, key, long+"other.test:80", 0).Err() }},
+		{"oversized", func() error { return c.Set(ctx, key, long+host+strings.Repeat(" ", 1000), 0).Err() }},
+		{"list", func() error { return c.LPush(ctx, key, "x").Err() }},
+		{"hash", func() error { return c.HSet(ctx, key, "x", "y").Err() }},
+	} {
+		c.Del(ctx, key)
+		if err := tc.set(); err != nil {
+			t.Fatal(err)
+		}
+		u := bulwark.FleetUpdate{Kind: bulwark.FleetBreakerOpen, Host: host, Until: time.Now().Add(5 * time.Second), Generation: 1}
+		if err := f.Publish(ctx, u); err != nil {
+			t.Fatalf("%s: Publish: %v", tc.name, err)
+		}
+		if v, err := c.Get(ctx, key).Result(); err != nil || v != f.encode(u) {
+			t.Fatalf("%s: key holds %q, %v; want the trip", tc.name, v, err)
+		}
+		if ttl := c.PTTL(ctx, key).Val(); ttl <= 0 || ttl > 5*time.Second {
+			t.Fatalf("%s: TTL %v, want the hold's", tc.name, ttl)
+		}
+		m, err := ps.ReceiveTimeout(ctx, time.Second)
+		if msg, ok := m.(*redis.Message); err != nil || !ok || msg.Payload != f.encode(u) {
+			t.Fatalf("%s: published %v, %v; want the trip", tc.name, m, err)
+		}
+	}
+	// A longer hold in force is kept, and the shorter one is not news.
+	c.Set(ctx, key, long+host, time.Minute)
+	u := bulwark.FleetUpdate{Kind: bulwark.FleetBreakerOpen, Host: host, Until: time.Now().Add(5 * time.Second)}
+	if err := f.Publish(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	if v := c.Get(ctx, key).Val(); v != long+host {
+		t.Fatalf("key holds %q, want the longer hold kept", v)
+	}
+	if m, err := ps.ReceiveTimeout(ctx, 200*time.Millisecond); err == nil {
+		t.Fatalf("published %v, want nothing", m)
 	}
 }

@@ -432,6 +432,9 @@ func childTransport(p bulwark.Policy) (*bulwark.Transport, func(), error) {
 	cfg := bulwark.Config{Default: p}
 	closeFleet := func() {}
 	if *redisURL != "" {
+		// go-redis's line per failed dial, at Debug: the Transport logs
+		// the outage once (README).
+		redis.SetLogger(redisfleet.DebugLog{})
 		rc := redis.NewClient(&redis.Options{Addr: *redisURL, DialTimeout: 200 * time.Millisecond,
 			ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1})
 		closeFleet = func() { _ = rc.Close() }
