@@ -379,6 +379,7 @@ func (e *RetryError) Unwrap() []error {
 type retryStage struct {
 	next     stage
 	e        env
+	refused  atomic.Uint64  // retries the budget refused, since the state was made
 	pause    pauser         // the host's pushback; nil when off
 	ignored  *atomic.Uint64 // Retry-After values ignored, when pushback does not count them
 	randN    func(int64) int64
@@ -484,6 +485,7 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 		}
 		switch d.v {
 		case budgetSpent:
+			r.refused.Add(1)
 			r.e.rep.rejected(ctx, layerBudget)
 			return r.finish(attempt, resp, err, true)
 		case giveUp:
@@ -772,6 +774,9 @@ type BudgetSnapshot struct {
 	// fleet's counted: the room under the ratio or, if larger, the
 	// floor's.
 	Remaining int64
+	// Refused is how many retries it has refused since the host's state
+	// was made.
+	Refused uint64
 }
 
 func (b *retryBudget) state(now time.Time) BudgetSnapshot {
@@ -809,6 +814,7 @@ func (b *retryBudget) withdraw(now time.Time) bool {
 func (r *retryStage) snapshot() (budget *BudgetSnapshot, hedge *HedgeSnapshot) {
 	if r.budget != nil {
 		s := r.budget.state(time.Now())
+		s.Refused = r.refused.Load()
 		budget = &s
 	}
 	if r.hedge != nil {

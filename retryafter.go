@@ -51,6 +51,7 @@ type pushbackStage struct {
 	max     time.Duration
 	ignored *atomic.Uint64 // the Transport's count of ignored Retry-After values
 	fleet   fleetPublisher // where a pause is shared; nil without a Fleet
+	refused atomic.Uint64  // requests held back by a pause, since the state was made
 	// The pauses, shared with the pushback layer of a stack Update builds
 	// for the same host, so a pause outlives a policy change.
 	*pauses
@@ -81,6 +82,7 @@ func (p *pushbackStage) roundTrip(req *http.Request, c call) (*http.Response, er
 func (p *pushbackStage) pass(next stage, req *http.Request, c call) (*http.Response, error) {
 	prio, fromContext := requestPriority(req)
 	if e := p.pausedFor(prio); e != nil {
+		p.refused.Add(1)
 		p.e.rep.rejected(req.Context(), layerPushback)
 		closeBody(req)
 		return nil, e
@@ -197,11 +199,14 @@ type PushbackSnapshot struct {
 	// holds back requests of priority p and less important ones; zero when
 	// none.
 	Tiers [NumPriorities]time.Time
+	// Refused is how many requests a pause has held back since the host's
+	// state was made.
+	Refused uint64
 }
 
 // snapshot is the pushback's piece of Snapshot.
 func (p *pushbackStage) snapshot() *PushbackSnapshot {
-	s := &PushbackSnapshot{}
+	s := &PushbackSnapshot{Refused: p.refused.Load()}
 	if e := p.paused.Load(); e != nil {
 		s.Until = e.Until
 	}

@@ -103,7 +103,7 @@ func (b *debugBase) RoundTrip(req *http.Request) (*http.Response, error) {
 // debugFixture is a live Transport with a tripped breaker (sick.test), a
 // host failing every call but too few for its breaker's MinCalls
 // (failing.test: 3 of 3 failed, breaker closed), a calm host (calm.test),
-// a full bulkhead (busy.test, two of two slots held until the test ends) and
+// a full bulkhead (which has refused one request) (busy.test, two of two slots held until the test ends) and
 // an ejected instance (10.0.0.2:80 of pool.test). sample, if not nil, is
 // called between the steps, so a history sees the state build up.
 func debugFixture(t *testing.T, sample func(*bulwark.Transport)) *bulwark.Transport {
@@ -143,6 +143,7 @@ func debugFixture(t *testing.T, sample func(*bulwark.Transport)) *bulwark.Transp
 		<-base.entered
 		step()
 	}
+	sendOnce(t, tr, "GET", "http://busy.test/") // refused: the bulkhead is full
 	t.Cleanup(func() {
 		close(base.release)
 		wg.Wait()
@@ -350,7 +351,7 @@ func TestDebugPageInChromium(t *testing.T) {
 	}
 	text := regexp.MustCompile(`<[^>]*>`)
 	for host, want := range map[string][]string{
-		"sick.test:80":    {"sick.test:80", "breaker", "open", "next probe in "},
+		"sick.test:80":    {"sick.test:80", "breaker", "open", "next probe in ", "trips in a row 1, 1 in all", "refused since start"},
 		"failing.test:80": {"failing.test:80", "3 calls: 100 % failed (3)", "3 of 3 calls failed"},
 		"busy.test:80":    {"busy.test:80", "2 / 2 in flight", "full"},
 		"pool.test:80":    {"pool.test:80", "10.0.0.1:80", "10.0.0.2:80", "ejected for "},
@@ -387,6 +388,12 @@ func TestDebugPageInChromium(t *testing.T) {
 	}
 	if !regexp.MustCompile(`next probe in [0-9]+\.[0-9] s`).MatchString(text.ReplaceAllString(section("sick.test:80"), "")) {
 		t.Errorf("sick.test shows no countdown to its next probe:\n%s", section("sick.test:80"))
+	}
+	// The refusals are counted, per layer that refused.
+	for host, re := range map[string]string{"sick.test:80": `[1-9][0-9]* breaker open`, "busy.test:80": `1 bulkhead full · 0 pushback`} {
+		if !regexp.MustCompile(re).MatchString(text.ReplaceAllString(section(host), "")) {
+			t.Errorf("%s does not show its refusals (%s):\n%s", host, re, text.ReplaceAllString(section(host), ""))
+		}
 	}
 	if d := strings.Index(dom, `<details class="calm"`); d < 0 || d > strings.Index(dom, `data-host="calm.test:80"`) {
 		t.Errorf("calm.test is not folded under <details>")

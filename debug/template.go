@@ -113,6 +113,48 @@ func (h hostView) Summary() string {
 	return string(fmt.Appendf(b, " · %d in flight", h.InFlight()))
 }
 
+// refusal is one layer's count of requests it refused.
+type refusal struct {
+	Layer string
+	N     uint64
+}
+
+// Refusals are the host's refusals since its state was made, by the layer
+// that refused, for each layer the host has: its routes' breakers added
+// to its own breaker's, its instances' bulkheads to its bulkhead's.
+func (h hostView) Refusals() []refusal {
+	var out []refusal
+	if b := h.Breaker; b != nil || len(h.Routes) > 0 {
+		var n uint64
+		if b != nil {
+			n = b.Refused
+		}
+		for _, r := range h.Routes {
+			if r.Breaker != nil {
+				n += r.Breaker.Refused
+			}
+		}
+		out = append(out, refusal{"breaker open", n})
+	}
+	if bhs := bulkheads(h.HostSnapshot); len(bhs) > 0 {
+		var n uint64
+		for _, bh := range bhs {
+			n += bh.Refused
+		}
+		out = append(out, refusal{"bulkhead full", n})
+	}
+	if b := h.Budget; b != nil {
+		out = append(out, refusal{"retry budget spent", b.Refused})
+	}
+	if p := h.Pushback; p != nil {
+		out = append(out, refusal{"pushback", p.Refused})
+	}
+	if t := h.Throttle; t != nil {
+		out = append(out, refusal{"throttle", t.Refused})
+	}
+	return out
+}
+
 // InFlight is the slots held in the host's bulkheads (its instances' for a
 // balanced upstream).
 func (h hostView) InFlight() int {
