@@ -10,8 +10,8 @@ import (
 
 // TestRefusalCounts: each layer that refuses counts its refusals in its
 // piece of Snapshot, since the host's state was made, and the breaker
-// counts its trips in total as well as in a row. Steps on one timeline of
-// the fake clock.
+// counts its trips in total as well as in a row; an Update keeps the
+// counts. Steps on one timeline of the fake clock.
 func TestRefusalCounts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		get := func(tr *Transport, url string) {
@@ -55,6 +55,14 @@ func TestRefusalCounts(t *testing.T) {
 		if p := host(tr).Pushback; p.Refused != 2 {
 			t.Errorf("pushback refused %d during the pause, want 2", p.Refused)
 		}
+		// A policy change keeps the counts, as it keeps the pause.
+		if err := tr.Update(Config{Base: &scriptBase{step: always(503, "Retry-After", "60")}, Default: only(Policy{Retry: Retry{MaxAttempts: 1, MaxRetryAfter: time.Hour}}, "pushback")}); err != nil {
+			t.Fatal(err)
+		}
+		get(tr, "http://a.test/")
+		if p := host(tr).Pushback; p.Refused != 3 {
+			t.Errorf("pushback refused %d after an Update and one more call, want 3", p.Refused)
+		}
 
 		// Retry budget: no floor and a tiny ratio, so every retry is refused.
 		tr = mustNew(t, Config{Base: &scriptBase{step: always(503)}, Default: only(Policy{Retry: Retry{MaxAttempts: 2, NoPushback: true,
@@ -64,6 +72,14 @@ func TestRefusalCounts(t *testing.T) {
 		}
 		if b := host(tr).Budget; b.Refused != 3 {
 			t.Errorf("retry budget refused %d retries, want 3", b.Refused)
+		}
+		if err := tr.Update(Config{Base: &scriptBase{step: always(503)}, Default: only(Policy{Retry: Retry{MaxAttempts: 3, NoPushback: true,
+			Budget: Budget{Ratio: 0.001, MinPerSecond: -1}}}, "retry")}); err != nil {
+			t.Fatal(err)
+		}
+		get(tr, "http://a.test/")
+		if b := host(tr).Budget; b.Refused != 4 {
+			t.Errorf("retry budget refused %d after an Update and one more call, want 4", b.Refused)
 		}
 
 		// Bulkhead: one slot, held; the next call is refused.

@@ -379,7 +379,6 @@ func (e *RetryError) Unwrap() []error {
 type retryStage struct {
 	next     stage
 	e        env
-	refused  atomic.Uint64  // retries the budget refused, since the state was made
 	pause    pauser         // the host's pushback; nil when off
 	ignored  *atomic.Uint64 // Retry-After values ignored, when pushback does not count them
 	randN    func(int64) int64
@@ -485,7 +484,7 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 		}
 		switch d.v {
 		case budgetSpent:
-			r.refused.Add(1)
+			r.budget.refused.Add(1)
 			r.e.rep.rejected(ctx, layerBudget)
 			return r.finish(attempt, resp, err, true)
 		case giveUp:
@@ -731,6 +730,8 @@ type retryBudget struct {
 	floorMax float64       // the most floor-funded retries a window may hold
 	floor    *rate.Limiter // nil: no floor
 
+	refused atomic.Uint64 // retries refused, across Updates
+
 	mu  sync.Mutex
 	win *window.Window // positions are unix nanoseconds
 
@@ -814,7 +815,7 @@ func (b *retryBudget) withdraw(now time.Time) bool {
 func (r *retryStage) snapshot() (budget *BudgetSnapshot, hedge *HedgeSnapshot) {
 	if r.budget != nil {
 		s := r.budget.state(time.Now())
-		s.Refused = r.refused.Load()
+		s.Refused = r.budget.refused.Load()
 		budget = &s
 	}
 	if r.hedge != nil {

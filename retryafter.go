@@ -51,7 +51,6 @@ type pushbackStage struct {
 	max     time.Duration
 	ignored *atomic.Uint64 // the Transport's count of ignored Retry-After values
 	fleet   fleetPublisher // where a pause is shared; nil without a Fleet
-	refused atomic.Uint64  // requests held back by a pause, since the state was made
 	// The pauses, shared with the pushback layer of a stack Update builds
 	// for the same host, so a pause outlives a policy change.
 	*pauses
@@ -67,6 +66,8 @@ type pauses struct {
 	// less important ones.
 	tiers [NumPriorities]atomic.Pointer[PushbackError]
 	mu    sync.Mutex // serialises writers of paused and tiers
+	// refused counts the requests a pause held back, across Updates.
+	refused atomic.Uint64
 }
 
 func newPushback(next stage, max time.Duration, e env, ignored *atomic.Uint64) *pushbackStage {
