@@ -82,6 +82,17 @@ func TestRefusalCounts(t *testing.T) {
 			t.Errorf("retry budget refused %d after an Update and one more call, want 4", b.Refused)
 		}
 
+		// Fallback: every final failure answered by the Func.
+		tr = mustNew(t, Config{Base: &scriptBase{step: always(500)}, Default: only(Policy{Fallback: Fallback{Func: func(req *http.Request, _ error) (*http.Response, error) {
+			return response(req, 200), nil
+		}}})})
+		for range 3 {
+			get(tr, "http://a.test/")
+		}
+		if f := host(tr).Fallback; f == nil || f.Served != 3 {
+			t.Errorf("fallback = %+v, want 3 answers served", f)
+		}
+
 		// Bulkhead: one slot, held; the next call is refused.
 		release := make(chan struct{})
 		held := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {

@@ -24,6 +24,7 @@ func TestPageTemplate(t *testing.T) {
 			Pushback: &bulwark.PushbackSnapshot{Until: now.Add(time.Second), Tiers: tiers},
 			Hedge:    &bulwark.HedgeSnapshot{Sent: 4, Skipped: bulwark.HedgeSkips{Budget: 1, Throttle: 2}, Delay: 1500 * time.Microsecond},
 			Fault:    &bulwark.FaultSnapshot{FromHeaders: bulwark.FaultCounts{Delays: 1, Resets: 1}},
+			Fallback: &bulwark.FallbackSnapshot{Served: 7},
 		}, {Host: "b.test:443", Scheme: "https", Upstream: "default",
 			Pushback: &bulwark.PushbackSnapshot{Until: now.Add(-time.Second)}, // over
 		}}},
@@ -41,6 +42,7 @@ func TestPageTemplate(t *testing.T) {
 		"normal and below for 2.0 s",
 		"4 sent, 0 won, 3 skipped · delay 1.5 ms",
 		"(2 from headers)",
+		"7 final failures answered from the fallback",
 		`<tr class="host calm" data-host="b.test:443"><td>b.test:443</td>`,
 	} {
 		if !strings.Contains(html, want) {
