@@ -413,6 +413,8 @@ type breakerCore struct {
 	heldErr *BreakerOpenError
 	// wouldReject counts the refusals a breaker in shadow mode let through.
 	wouldReject atomic.Uint64
+	// refused and opened count refusals and trips since the state was made.
+	refused, opened atomic.Uint64
 
 	// Guarded by winMu; the hooks that write them run under gobreaker's
 	// mutex too (lock order: gobreaker's, then winMu). The thresholds
@@ -544,6 +546,7 @@ func (b *breakerStage) refuse(req *http.Request, c call, held bool) (*http.Respo
 		b.e.rep.shadowRejected(req.Context(), layerBreaker)
 		return b.next.roundTrip(req, c)
 	}
+	b.refused.Add(1)
 	b.e.rep.rejected(req.Context(), layerBreaker)
 	closeBody(req)
 	if e := b.openErr.Load(); e != nil && !held {
@@ -647,6 +650,7 @@ func (b *breakerCore) onStateChange(_ string, from, to gobreaker.State) {
 	case gobreaker.StateOpen:
 		b.peers.Reset()
 		b.trips++
+		b.opened.Add(1)
 		d := b.openTime(b.trips)
 		until := now.Add(d).UnixNano()
 		b.openErr.Store(&BreakerOpenError{Host: b.e.host, ProbeAt: now.Add(d)})
@@ -739,11 +743,16 @@ type BreakerSnapshot struct {
 	// WouldReject how many requests it would have refused and sent instead.
 	Shadow      bool
 	WouldReject uint64
+	// Refused is how many requests it has refused, and TotalTrips how many
+	// times it has opened (not only in a row), since the host's state was
+	// made.
+	Refused, TotalTrips uint64
 }
 
 // snapshot is the breaker's piece of Snapshot.
 func (b *breakerStage) snapshot() *BreakerSnapshot {
 	s := b.state()
+	s.Refused, s.TotalTrips = b.refused.Load(), b.opened.Load()
 	return &s
 }
 

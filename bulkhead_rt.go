@@ -304,6 +304,7 @@ type bulkheadStage struct {
 	shadow    bool
 	// wouldReject counts the refusals of a bulkhead in shadow mode.
 	wouldReject atomic.Uint64
+	refusals    atomic.Uint64 // full or rate limited, since the state was made
 
 	// inFlight is the number of slots held, including ones handed to
 	// waiters. Without a queue (MaxQueue 0, the default) it is the whole
@@ -494,6 +495,7 @@ func (b *bulkheadStage) limitNow() int64 {
 // not a caller who gave up while queued.
 func (b *bulkheadStage) refused(req *http.Request, err error) {
 	if err == error(b.full) || err == error(b.limited) {
+		b.refusals.Add(1)
 		b.rep.rejected(req.Context(), layerBulkhead)
 	}
 }
@@ -706,6 +708,9 @@ type BulkheadSnapshot struct {
 	// instead.
 	Shadow      bool
 	WouldReject uint64
+	// Refused is how many requests it has refused, full or rate limited,
+	// since the host's state was made.
+	Refused uint64
 	// Rate is the client-side rate limit in force, in requests a second:
 	// Bulkhead.Rate, or the tighter quota the host advertises; 0 without
 	// a rate limit.
@@ -717,6 +722,7 @@ type BulkheadSnapshot struct {
 // shared by its bulkheads.
 func (b *bulkheadStage) snapshot() (*BulkheadSnapshot, *QuotaSnapshot) {
 	s := b.state()
+	s.Refused = b.refusals.Load()
 	return &s, b.quota.snapshot(time.Now())
 }
 

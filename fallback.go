@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -207,6 +208,20 @@ type fallbackStage struct {
 	stale    *staleCache // nil: no stale cache
 	fn       func(*http.Request, error) (*http.Response, error)
 	constant *ConstantResponse // a private copy; nil: none
+	served   atomic.Uint64     // answers given, since the stack was built
+}
+
+// FallbackSnapshot is the fallback layer's state.
+type FallbackSnapshot struct {
+	// Served is how many final failures it has answered (stale, constant
+	// or func) since the host's policy was last set: an Update starts it
+	// again.
+	Served uint64
+}
+
+// snapshot is the fallback's piece of Snapshot.
+func (f *fallbackStage) snapshot() *FallbackSnapshot {
+	return &FallbackSnapshot{Served: f.served.Load()}
 }
 
 func newFallback(next stage, p Fallback, e env) *fallbackStage {
@@ -250,6 +265,7 @@ func (f *fallbackStage) roundTrip(req *http.Request, c call) (*http.Response, er
 	}
 	discard(resp)
 	if fb != nil {
+		f.served.Add(1)
 		f.e.rep.fallbackServed(req.Context(), fb.Header.Get(FallbackHeader))
 	}
 	return fb, ferr

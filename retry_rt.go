@@ -484,6 +484,7 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 		}
 		switch d.v {
 		case budgetSpent:
+			r.budget.refused.Add(1)
 			r.e.rep.rejected(ctx, layerBudget)
 			return r.finish(attempt, resp, err, true)
 		case giveUp:
@@ -729,6 +730,8 @@ type retryBudget struct {
 	floorMax float64       // the most floor-funded retries a window may hold
 	floor    *rate.Limiter // nil: no floor
 
+	refused atomic.Uint64 // retries refused, across Updates
+
 	mu  sync.Mutex
 	win *window.Window // positions are unix nanoseconds
 
@@ -772,6 +775,9 @@ type BudgetSnapshot struct {
 	// fleet's counted: the room under the ratio or, if larger, the
 	// floor's.
 	Remaining int64
+	// Refused is how many retries it has refused since the host's state
+	// was made.
+	Refused uint64
 }
 
 func (b *retryBudget) state(now time.Time) BudgetSnapshot {
@@ -809,6 +815,7 @@ func (b *retryBudget) withdraw(now time.Time) bool {
 func (r *retryStage) snapshot() (budget *BudgetSnapshot, hedge *HedgeSnapshot) {
 	if r.budget != nil {
 		s := r.budget.state(time.Now())
+		s.Refused = r.budget.refused.Load()
 		budget = &s
 	}
 	if r.hedge != nil {

@@ -66,6 +66,8 @@ type pauses struct {
 	// less important ones.
 	tiers [NumPriorities]atomic.Pointer[PushbackError]
 	mu    sync.Mutex // serialises writers of paused and tiers
+	// refused counts the requests a pause held back, across Updates.
+	refused atomic.Uint64
 }
 
 func newPushback(next stage, max time.Duration, e env, ignored *atomic.Uint64) *pushbackStage {
@@ -81,6 +83,7 @@ func (p *pushbackStage) roundTrip(req *http.Request, c call) (*http.Response, er
 func (p *pushbackStage) pass(next stage, req *http.Request, c call) (*http.Response, error) {
 	prio, fromContext := requestPriority(req)
 	if e := p.pausedFor(prio); e != nil {
+		p.refused.Add(1)
 		p.e.rep.rejected(req.Context(), layerPushback)
 		closeBody(req)
 		return nil, e
@@ -197,11 +200,14 @@ type PushbackSnapshot struct {
 	// holds back requests of priority p and less important ones; zero when
 	// none.
 	Tiers [NumPriorities]time.Time
+	// Refused is how many requests a pause has held back since the host's
+	// state was made.
+	Refused uint64
 }
 
 // snapshot is the pushback's piece of Snapshot.
 func (p *pushbackStage) snapshot() *PushbackSnapshot {
-	s := &PushbackSnapshot{}
+	s := &PushbackSnapshot{Refused: p.refused.Load()}
 	if e := p.paused.Load(); e != nil {
 		s.Until = e.Until
 	}

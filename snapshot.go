@@ -50,6 +50,7 @@ type HostSnapshot struct {
 	Hedge    *HedgeSnapshot    // nil unless the upstream hedges
 	Throttle *ThrottleSnapshot // nil unless Throttle is enabled
 	Quota    *QuotaSnapshot    // nil unless Bulkhead.FleetRate is set and leased
+	Fallback *FallbackSnapshot // nil unless the upstream has a Fallback
 	// Fault is what fault injection did on the host, its routes and
 	// instances included; nil until a policy that injects faults (see
 	// Fault) has a stack on the host.

@@ -193,6 +193,7 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 			f.stale = old.stale
 		}
 		s, parts = f, append(parts, f)
+		shows = append(shows, func(h *HostSnapshot) { h.Fallback = f.snapshot() })
 	}
 	sh.built = true
 	// Outer first, as the stack reads.

@@ -165,6 +165,7 @@ type throttleCounts struct {
 	pubUntil atomic.Int64
 	// wouldReject counts the refusals of a throttle in shadow mode.
 	wouldReject atomic.Uint64
+	refused     atomic.Uint64 // since the state was made
 }
 
 func newThrottle(next stage, p Throttle, e env, randN func(int64) int64) *throttleStage {
@@ -206,6 +207,7 @@ func (t *throttleStage) roundTrip(req *http.Request, c call) (*http.Response, er
 			return t.send(req, c, now)
 		}
 		t.record(now, 1, 0)
+		t.refused.Add(1)
 		t.e.rep.rejected(req.Context(), layerThrottle)
 		closeBody(req)
 		return nil, t.rejected
@@ -282,6 +284,9 @@ type ThrottleSnapshot struct {
 	// many requests it would have refused and sent instead.
 	Shadow      bool
 	WouldReject uint64
+	// Refused is how many requests it has refused since the host's state
+	// was made.
+	Refused uint64
 }
 
 // snapshot is the throttle's piece of Snapshot.
@@ -290,5 +295,5 @@ func (t *throttleStage) snapshot() *ThrottleSnapshot {
 	c := t.w.Sum(time.Now().UnixNano())
 	t.mu.Unlock()
 	return &ThrottleSnapshot{Requests: c[thRequests], Accepts: c[thAccepts], Probability: t.probability(c),
-		Shadow: t.shadow, WouldReject: t.wouldReject.Load()}
+		Shadow: t.shadow, WouldReject: t.wouldReject.Load(), Refused: t.refused.Load()}
 }

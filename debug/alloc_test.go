@@ -1,6 +1,7 @@
 package debug
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -86,5 +87,44 @@ func TestAddsNoAllocations(t *testing.T) {
 	d.ServeHTTP(discardWriter{}, pageRequest())
 	if with := allocs(tr); with != without {
 		t.Errorf("a call allocates %v times with the debug handler mounted, %v without", with, without)
+	}
+}
+
+// BenchmarkPage1000Hosts renders the HTML page for 1,000 hosts, each with a
+// breaker, a bulkhead and a full history (five minutes, a sample a
+// second), one in ten failing and one in fifty open (the others calm, folded):
+// the ranking and the
+// template, from a Page already taken.
+func BenchmarkPage1000Hosts(b *testing.B) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	page := Page{Time: now, SampleEvery: sampleEvery}
+	for i := range 1000 {
+		st := bulwark.CircuitClosed
+		calls, failed := int64(100), int64(i%4) // calm: under 5 %
+		switch {
+		case i%50 == 0:
+			st, calls, failed = bulwark.CircuitOpen, 0, 0
+		case i%10 == 0:
+			failed = 90
+		}
+		host := fmt.Sprintf("host-%04d.example.internal:443", i)
+		page.Snapshot.Hosts = append(page.Snapshot.Hosts, bulwark.HostSnapshot{Host: host, Scheme: "https", Upstream: "default",
+			Breaker:  &bulwark.BreakerSnapshot{State: st, Calls: calls, Failures: failed, OpenUntil: now.Add(3 * time.Second)},
+			Bulkhead: &bulwark.BulkheadSnapshot{InFlight: i % 30, Limit: 64, MaxConcurrent: 64},
+			Budget:   &bulwark.BudgetSnapshot{Remaining: 10},
+			Pushback: &bulwark.PushbackSnapshot{},
+		})
+		h := History{Host: host, Scheme: "https"}
+		for k := range sampleKeep {
+			s := st
+			h.Samples = append(h.Samples, Sample{Time: now.Add(time.Duration(k-sampleKeep+1) * sampleEvery), InFlight: (i + k) % 30, Calls: calls, Failures: failed, State: &s})
+		}
+		page.History = append(page.History, h)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := pageTemplate.Execute(io.Discard, newView(page, sampleEvery*sampleKeep)); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -8,10 +8,12 @@
 //	mux.Handle("/debug/bulwark/", debug.Handler(tr))
 //	// HTML: GET /debug/bulwark/    JSON: GET /debug/bulwark/json or /debug/bulwark/?format=json
 //
-// The JSON is a Page: the bulwark.Snapshot itself, with its Go field names,
-// plus when it was taken and the history the page's charts draw. A field
-// added to a layer's snapshot type reaches the JSON with no change here,
-// and reaches the HTML with a line in page.html.
+// The JSON is a Page: the bulwark.Snapshot itself, with its Go field names
+// and in its order (by host), plus when it was taken and the history the
+// page's charts draw. It has no schema of its own: the ranking, shares and
+// colours of the HTML are derived from it and are not in it. A field added
+// to a layer's snapshot type reaches the JSON with no change here, and
+// reaches the HTML with a line in page.html.
 package debug
 
 import (
@@ -27,28 +29,39 @@ import (
 )
 
 // Handler returns a read-only page of tr's live state, in the style of
-// net/http/pprof and expvar: per host, the breaker's state, window and next
-// probe, the bulkhead's slots and queue, the retry budget left, pushback
-// pauses (the host's and each priority tier's), a balanced upstream's
-// instances with their ejections, the shadow-mode counts, and a sparkline
-// of the last five minutes (requests in flight and the breaker window's
-// failure share). The page is one self-contained HTML document, with no
-// script and nothing loaded from elsewhere, that reloads itself every two
-// seconds.
+// net/http/pprof and expvar, ranked by harm: hosts in trouble first, red
+// (an open breaker, then by failure share: at least half the breaker
+// window failed or slow, whatever MinCalls says; a full bulkhead; a pause
+// the upstream asked for) before amber (half-open, 5 % failed or 10 %
+// slow, requests queued, throttled, an instance ejected), and the calm
+// hosts last, one line each, folded under a <details> (?calm=open unfolds
+// them across reloads). Per host in trouble: the breaker's state, the
+// failure and slow shares of its window, coloured, the countdown to its
+// next probe, its trips in a row; each route's breaker; the bulkhead's
+// slots and queue; the retry budget left; pushback pauses (the host's and
+// each priority tier's) with their countdowns; a balanced upstream's
+// instances with their ejections; the shadow-mode counts; and a chart of
+// the last five minutes with its axes (requests in flight, the breaker
+// window's failure share, the spans the breaker was open). The page is one
+// self-contained HTML document, with no script and nothing loaded from
+// elsewhere, that reloads itself every two seconds.
 //
 // The same data is served as JSON, in the schema of Page, for a request
 // whose path ends in "/json" or whose query has format=json.
 //
 // The handler only reads (any method but GET and HEAD is refused with 405)
-// and shows hosts as "host:port", never a URL, path or query. It still
+// and shows hosts as "host:port" and routes by their Config.Routes
+// pattern, never a URL, path, query, userinfo or header, and escapes every
+// name it prints. It still
 // tells whoever reads it which hosts the process talks to and how they
 // fare: do not expose it publicly. Mount it on an internal listener or
 // behind your own authentication, as you would net/http/pprof.
 //
-// The sparklines come from a bounded history the handler keeps: a sample
-// of every host each 5 s, 60 per host, taken by a goroutine the handler
-// starts at its first request and that stops on its own once the page has
-// not been served for five minutes (a later request starts it again). The
+// The charts come from a bounded history the handler keeps: a sample of
+// every host each second, 300 per host (about 60 bytes each, so some 18 KB
+// a host), the first taken at the handler's first request and the rest by
+// a goroutine the handler starts then and that stops on its own once the
+// page has not been served for five minutes (a later request starts it again). The
 // returned handler is also an io.Closer: Close stops that goroutine now,
 // for a program or a test (goleak) that wants none left. Nothing runs on
 // the request path of tr: each sample is one Transport.Snapshot, and the
@@ -60,8 +73,8 @@ func Handler(tr *bulwark.Transport) http.Handler {
 // The history of the page: a sample every sampleEvery, sampleKeep samples
 // per host, so five minutes of it.
 const (
-	sampleEvery = 5 * time.Second
-	sampleKeep  = 60
+	sampleEvery = time.Second
+	sampleKeep  = 300
 )
 
 // Page is what the Handler serves, and the schema of its JSON. Its fields,
@@ -151,7 +164,9 @@ func (d *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	// The page has no script, and loads nothing.
 	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
-	_ = pageTemplate.Execute(w, page)
+	v := newView(page, time.Duration(d.keep)*d.every)
+	v.CalmOpen = r.URL.Query().Get("calm") == "open"
+	_ = pageTemplate.Execute(w, v)
 }
 
 // serve takes the page at now, starting the sampler if none runs, and

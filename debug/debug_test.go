@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -78,7 +79,7 @@ func (s statusBase) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // debugBase is the in-memory upstreams of the debug page's tests:
-// sick.test fails, busy.test holds every request until release is closed,
+// sick.test and failing.test fail, busy.test holds every request until release is closed,
 // and instance 10.0.0.2:80 of the balanced pool.test fails.
 type debugBase struct {
 	entered chan struct{}
@@ -87,7 +88,7 @@ type debugBase struct {
 
 func (b *debugBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	switch req.URL.Host {
-	case "sick.test", "10.0.0.2:80":
+	case "sick.test", "failing.test", "10.0.0.2:80":
 		return response(req, http.StatusInternalServerError), nil
 	case "busy.test":
 		if req.URL.Path == "/ok" {
@@ -100,14 +101,16 @@ func (b *debugBase) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // debugFixture is a live Transport with a tripped breaker (sick.test), a
-// full bulkhead (busy.test, two of two slots held until the test ends) and
+// host failing every call but too few for its breaker's MinCalls
+// (failing.test: 3 of 3 failed, breaker closed), a calm host (calm.test),
+// a full bulkhead (which has refused one request) (busy.test, two of two slots held until the test ends) and
 // an ejected instance (10.0.0.2:80 of pool.test). sample, if not nil, is
 // called between the steps, so a history sees the state build up.
 func debugFixture(t *testing.T, sample func(*bulwark.Transport)) *bulwark.Transport {
 	t.Helper()
 	base := &debugBase{entered: make(chan struct{}), release: make(chan struct{})}
 	p := only(bulwark.Policy{}, "breaker", "bulkhead", "pushback")
-	p.Breaker = bulwark.Breaker{WindowCalls: 10, MinCalls: 5}
+	p.Breaker = bulwark.Breaker{WindowCalls: 10, MinCalls: 5, OpenFor: time.Minute} // open for the whole test, however slow the machine
 	p.Bulkhead = bulwark.Bulkhead{MaxConcurrent: 2}
 	pool := bulwark.Policy{Breaker: bulwark.Breaker{Disabled: true}, Endpoints: bulwark.Endpoints{Addrs: []string{"10.0.0.1:80", "10.0.0.2:80"}}}
 	tr := mustNew(t, bulwark.Config{Base: base, Default: p, Upstreams: map[string]bulwark.Policy{"pool.test": pool}})
@@ -117,6 +120,10 @@ func debugFixture(t *testing.T, sample func(*bulwark.Transport)) *bulwark.Transp
 		}
 	}
 	sendOnce(t, tr, "GET", "http://busy.test/ok") // busy.test has state from the start
+	sendOnce(t, tr, "GET", "http://calm.test/")
+	for range 3 {
+		sendOnce(t, tr, "GET", "http://failing.test/")
+	}
 	// One call in three succeeds: the window fills with failures until the
 	// breaker opens (and empties its window).
 	for i := range 8 {
@@ -136,6 +143,7 @@ func debugFixture(t *testing.T, sample func(*bulwark.Transport)) *bulwark.Transp
 		<-base.entered
 		step()
 	}
+	sendOnce(t, tr, "GET", "http://busy.test/") // refused: the bulkhead is full
 	t.Cleanup(func() {
 		close(base.release)
 		wg.Wait()
@@ -286,16 +294,19 @@ func TestDebugHistory(t *testing.T) {
 }
 
 // TestDebugPageInChromium loads the page in headless Chromium against a
-// live Transport with a tripped breaker, a full bulkhead and an ejected
-// instance, and checks what a person would see: each host, its state, and
-// a chart with data. The screenshot is left in the test's temporary
-// directory (go test -run Chromium -v prints where).
+// live Transport with a tripped breaker, a host failing every call below
+// its breaker's MinCalls, a full bulkhead, an ejected instance and a calm
+// host, and checks what an on-call engineer must see: the open breaker and
+// the failing host first and red, the countdown to the next probe, each
+// host's state, a chart with data, the calm host folded. The screenshots
+// go to $BULWARK_DEBUG_SHOTS if set (a directory), else to the test's
+// temporary directory (go test -run Chromium -v prints where).
 func TestDebugPageInChromium(t *testing.T) {
 	const chromium = "/usr/bin/chromium"
 	if _, err := os.Stat(chromium); err != nil {
 		t.Skip("skipped: " + chromium + " not found, so the debug page was not checked in a browser")
 	}
-	d := newHandler(nil, time.Hour, 60)
+	d := newHandler(nil, sampleEvery, sampleKeep)
 	defer d.Close()
 	tr := debugFixture(t, sampler(d))
 	d.tr = tr
@@ -305,8 +316,11 @@ func TestDebugPageInChromium(t *testing.T) {
 	defer srv.Close()
 	url := srv.URL + "/debug/bulwark/"
 
-	dir := t.TempDir()
-	run := func(args ...string) []byte {
+	dir := os.Getenv("BULWARK_DEBUG_SHOTS")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	run := func(url string, args ...string) []byte {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
 		defer cancel()
@@ -323,7 +337,7 @@ func TestDebugPageInChromium(t *testing.T) {
 		}
 		return out
 	}
-	dom := string(run("--dump-dom"))
+	dom := string(run(url, "--dump-dom"))
 	section := func(host string) string {
 		i := strings.Index(dom, `data-host="`+host+`"`)
 		if i < 0 {
@@ -337,9 +351,10 @@ func TestDebugPageInChromium(t *testing.T) {
 	}
 	text := regexp.MustCompile(`<[^>]*>`)
 	for host, want := range map[string][]string{
-		"sick.test:80": {"sick.test:80", "breaker", "open", "next probe"},
-		"busy.test:80": {"busy.test:80", "2 / 2 in flight", "full"},
-		"pool.test:80": {"pool.test:80", "10.0.0.1:80", "10.0.0.2:80", "ejected until"},
+		"sick.test:80":    {"sick.test:80", "breaker", "open", "next probe in ", "trips in a row 1, 1 in all", "refused since start"},
+		"failing.test:80": {"failing.test:80", "3 calls: 100 % failed (3)", "3 of 3 calls failed"},
+		"busy.test:80":    {"busy.test:80", "2 / 2 in flight", "full"},
+		"pool.test:80":    {"pool.test:80", "10.0.0.1:80", "10.0.0.2:80", "ejected for "},
 	} {
 		s := section(host)
 		visible := text.ReplaceAllString(s, "")
@@ -356,16 +371,41 @@ func TestDebugPageInChromium(t *testing.T) {
 	if !strings.Contains(section("sick.test:80"), `class="state open"`) {
 		t.Error("sick.test's breaker state is not shown as open")
 	}
-
-	shot := filepath.Join(dir, "debug.png")
-	run("--screenshot="+shot, "--window-size=1100,1000", "--hide-scrollbars")
-	if fi, err := os.Stat(shot); err != nil || fi.Size() < 5000 {
-		t.Fatalf("screenshot %s: %v (size %v)", shot, err, fi)
+	// Ranked by harm: the open breaker, then the host failing every call
+	// (red though its breaker is closed and has no rate below MinCalls),
+	// then the full bulkhead, all red; the ejected instance amber; the
+	// calm host last, folded.
+	var order []string
+	for _, m := range regexp.MustCompile(`class="host (\w+)" data-host="([^"]+)"`).FindAllStringSubmatch(dom, -1) {
+		order = append(order, m[2]+" "+m[1])
 	}
-	t.Logf("screenshot: %s", shot)
-	if p := os.Getenv("BULWARK_DEBUG_SHOT"); p != "" {
-		b, _ := os.ReadFile(shot)
-		os.WriteFile(p, b, 0o644)
+	want := []string{"sick.test:80 bad", "failing.test:80 bad", "busy.test:80 bad", "pool.test:80 warn", "calm.test:80 calm"}
+	if !slices.Equal(order, want) {
+		t.Errorf("hosts in the order %q, want %q", order, want)
+	}
+	if !strings.Contains(section("failing.test:80"), `<span class="share bad">100 % failed</span>`) {
+		t.Errorf("failing.test's 100 %% failures are not shown red:\n%s", section("failing.test:80"))
+	}
+	if !regexp.MustCompile(`next probe in [0-9]+\.[0-9] s`).MatchString(text.ReplaceAllString(section("sick.test:80"), "")) {
+		t.Errorf("sick.test shows no countdown to its next probe:\n%s", section("sick.test:80"))
+	}
+	// The refusals are counted, per layer that refused.
+	for host, re := range map[string]string{"sick.test:80": `[1-9][0-9]* breaker open`, "busy.test:80": `1 bulkhead full · 0 pushback`} {
+		if !regexp.MustCompile(re).MatchString(text.ReplaceAllString(section(host), "")) {
+			t.Errorf("%s does not show its refusals (%s):\n%s", host, re, text.ReplaceAllString(section(host), ""))
+		}
+	}
+	if d := strings.Index(dom, `<details class="calm"`); d < 0 || d > strings.Index(dom, `data-host="calm.test:80"`) {
+		t.Errorf("calm.test is not folded under <details>")
+	}
+
+	for name, u := range map[string]string{"debug.png": url, "debug-calm-open.png": url + "?calm=open"} {
+		shot := filepath.Join(dir, name)
+		run(u, "--screenshot="+shot, "--window-size=1100,1400", "--hide-scrollbars")
+		if fi, err := os.Stat(shot); err != nil || fi.Size() < 5000 {
+			t.Fatalf("screenshot %s: %v (size %v)", shot, err, fi)
+		}
+		t.Logf("screenshot: %s", shot)
 	}
 }
 
@@ -396,4 +436,38 @@ func TestDebugHedgeAndThrottle(t *testing.T) {
 			t.Errorf("page has no hedging, throttle or fault row")
 		}
 	})
+}
+
+// TestDebugShowsNoSecrets sends requests with userinfo, a query, a
+// credential header and a hostile host name through a live Transport, and
+// checks that neither the page nor the JSON carries the secrets, and that
+// the hostile host reaches the page only escaped.
+func TestDebugShowsNoSecrets(t *testing.T) {
+	tr := mustNew(t, bulwark.Config{Base: statusBase(http.StatusInternalServerError), Default: only(bulwark.Policy{}, "breaker", "bulkhead")})
+	for _, u := range []string{"http://user:pa55word@a.test/orders?token=s3cret", `http://x"><script>alert(1)<.test/p?token=s3cret`} {
+		req, err := http.NewRequestWithContext(t.Context(), "GET", u, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", u, err)
+		}
+		req.Header.Set("Authorization", "Bearer h3ader")
+		if resp, err := tr.RoundTrip(req); err == nil {
+			resp.Body.Close()
+		}
+	}
+	d := newHandler(tr, time.Hour, 10)
+	defer d.Close()
+	for _, target := range []string{"/", "/json"} {
+		body := getDebug(t, d, target).Body.String()
+		for _, secret := range []string{"pa55word", "user:", "s3cret", "h3ader", "/orders", "<script"} {
+			if strings.Contains(body, secret) {
+				t.Errorf("%s carries %q", target, secret)
+			}
+		}
+		if !strings.Contains(body, "a.test:80") {
+			t.Errorf("%s does not show a.test:80", target)
+		}
+	}
+	if html := getDebug(t, d, "/").Body.String(); !strings.Contains(html, "x&#34;&gt;&lt;script&gt;alert(1)&lt;.test:80") {
+		t.Errorf("the hostile host is not shown escaped:\n%s", html)
+	}
 }

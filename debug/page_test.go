@@ -1,6 +1,7 @@
 package debug
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -23,24 +24,26 @@ func TestPageTemplate(t *testing.T) {
 			Pushback: &bulwark.PushbackSnapshot{Until: now.Add(time.Second), Tiers: tiers},
 			Hedge:    &bulwark.HedgeSnapshot{Sent: 4, Skipped: bulwark.HedgeSkips{Budget: 1, Throttle: 2}, Delay: 1500 * time.Microsecond},
 			Fault:    &bulwark.FaultSnapshot{FromHeaders: bulwark.FaultCounts{Delays: 1, Resets: 1}},
+			Fallback: &bulwark.FallbackSnapshot{Served: 7},
 		}, {Host: "b.test:443", Scheme: "https", Upstream: "default",
 			Pushback: &bulwark.PushbackSnapshot{Until: now.Add(-time.Second)}, // over
 		}}},
 		History: []History{{Host: "a.test:80", Scheme: "http"}, {Host: "b.test:443", Scheme: "https"}},
 	}
 	var b strings.Builder
-	if err := pageTemplate.Execute(&b, page); err != nil {
+	if err := pageTemplate.Execute(&b, newView(page, sampleEvery*sampleKeep)); err != nil {
 		t.Fatal(err)
 	}
 	html := b.String()
 	for _, want := range []string{
 		`<span class="state open">open</span>`,
 		"control force-open",
-		"paused until 12:00:01.000",
-		"normal and below until 12:00:02.000",
+		"paused for 1.0 s",
+		"normal and below for 2.0 s",
 		"4 sent, 0 won, 3 skipped · delay 1.5 ms",
 		"(2 from headers)",
-		"<td>none</td>",
+		"7 final failures answered from the fallback",
+		`<tr class="host calm" data-host="b.test:443"><td>b.test:443</td>`,
 	} {
 		if !strings.Contains(html, want) {
 			t.Errorf("the page does not show %q:\n%s", want, html)
@@ -48,5 +51,137 @@ func TestPageTemplate(t *testing.T) {
 	}
 	if strings.Contains(html, "low and below") {
 		t.Errorf("the page shows a tier's pause that is over:\n%s", html)
+	}
+}
+
+// TestPageRanksByHarm renders hosts in every state the ranking knows and
+// checks the order (bad before warn before calm; an open breaker first,
+// then by failure share), the colours of the shares whatever MinCalls
+// says, the countdown to the next probe, and the calm hosts folded.
+func TestPageRanksByHarm(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	br := func(st bulwark.CircuitState, calls, failed, slow int64) *bulwark.BreakerSnapshot {
+		return &bulwark.BreakerSnapshot{State: st, Calls: calls, Failures: failed, Slow: slow}
+	}
+	open := br(bulwark.CircuitOpen, 0, 0, 0)
+	open.OpenUntil = now.Add(3200 * time.Millisecond)
+	hosts := []bulwark.HostSnapshot{
+		{Host: "a-calm.test:80", Breaker: br(bulwark.CircuitClosed, 100, 1, 0)},
+		{Host: "b-failing.test:80", Breaker: br(bulwark.CircuitClosed, 83, 83, 0)}, // below MinCalls: no rate, still red
+		{Host: "c-halfopen.test:80", Breaker: br(bulwark.CircuitHalfOpen, 0, 0, 0)},
+		{Host: "d-open.test:80", Breaker: open},
+		{Host: "e-slow.test:80", Breaker: br(bulwark.CircuitClosed, 10, 0, 2)},
+		{Host: "f-idle.test:80", Breaker: br(bulwark.CircuitClosed, 0, 0, 0)},
+		{Host: "g-some.test:80", Breaker: br(bulwark.CircuitClosed, 10, 6, 0)},
+	}
+	page := Page{Time: now, SampleEvery: sampleEvery, Snapshot: bulwark.Snapshot{Hosts: hosts}}
+	v := newView(page, sampleEvery*sampleKeep)
+	var got []string
+	for _, h := range v.Hot {
+		got = append(got, h.Host+" "+h.Harm.String())
+	}
+	want := []string{"d-open.test:80 bad", "b-failing.test:80 bad", "g-some.test:80 bad", "e-slow.test:80 warn", "c-halfopen.test:80 warn"}
+	if strings.Join(got, ", ") != strings.Join(want, ", ") {
+		t.Errorf("hosts in trouble, in order:\n got %q\nwant %q", got, want)
+	}
+	if len(v.Calm) != 2 || v.Calm[0].Host != "a-calm.test:80" || v.Calm[1].Host != "f-idle.test:80" {
+		t.Errorf("calm hosts = %v, want a-calm and f-idle in host order", v.Calm)
+	}
+	var b strings.Builder
+	if err := pageTemplate.Execute(&b, v); err != nil {
+		t.Fatal(err)
+	}
+	html := b.String()
+	for _, want := range []string{
+		`<span class="share bad">100 % failed</span> (83)`,
+		`<td>a-calm.test:80</td><td> · upstream  · breaker closed, 100 calls, 1 % failed, 0 % slow · 0 in flight</td>`,
+		`<span class="share warn">20 % slow</span> (2)`,
+		`next probe in 3.2 s`,
+		`<span class="why">83 of 83 calls failed</span>`,
+		`emptied when the breaker opened`,
+		`<details class="calm"><summary>2 calm hosts`,
+	} {
+		if !strings.Contains(html, want) {
+			t.Errorf("the page does not show %q", want)
+		}
+	}
+	if i, j := strings.Index(html, `data-host="d-open.test:80"`), strings.Index(html, `<details class="calm"`); i < 0 || j < i || strings.Index(html, `data-host="a-calm.test:80"`) < j {
+		t.Errorf("the open host is not first, or a calm host is not folded")
+	}
+}
+
+// TestSpark draws a history: the first sample shows at once, at the right
+// edge; a sample with an empty window (the breaker just opened) breaks the
+// failure line instead of drawing a fall to 0; open samples are a band.
+func TestSpark(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	st := func(s bulwark.CircuitState) *bulwark.CircuitState { return &s }
+	h := bulwark.HostSnapshot{Breaker: &bulwark.BreakerSnapshot{}, Bulkhead: &bulwark.BulkheadSnapshot{Limit: 4}}
+	span := sampleEvery * sampleKeep
+
+	one := spark(h, History{Samples: []Sample{{Time: now, InFlight: 4, Calls: 2, Failures: 2, State: st(bulwark.CircuitClosed)}}}, now, sampleEvery, span)
+	if one.N != 1 || one.In != "334,4 333,4" || len(one.Fail) != 1 || one.Fail[0] != "334,4" {
+		t.Errorf("one sample = %+v, want a visible point at the right edge, at the top", one)
+	}
+	if one.Span != "5 min" || one.Every != "1 s" || one.Peak != 4 {
+		t.Errorf("axis = %q, every %q, peak %d; want 5 min, 1 s, 4", one.Span, one.Every, one.Peak)
+	}
+
+	var samples []Sample
+	for i, s := range []struct {
+		calls, failed int64
+		state         bulwark.CircuitState
+	}{{10, 10, bulwark.CircuitClosed}, {0, 0, bulwark.CircuitOpen}, {0, 0, bulwark.CircuitOpen}, {4, 0, bulwark.CircuitHalfOpen}} {
+		samples = append(samples, Sample{Time: now.Add(time.Duration(i-3) * time.Second), Calls: s.calls, Failures: s.failed, State: st(s.state)})
+	}
+	sl := spark(h, History{Samples: samples}, now, sampleEvery, span)
+	if want := []string{"331,4", "334,44"}; !slices.Equal(sl.Fail, want) {
+		t.Errorf("failure lines = %q, want %q (broken where the window was empty)", sl.Fail, want)
+	}
+	if want := []band{{X: 331, W: 2}}; !slices.Equal(sl.Open, want) {
+		t.Errorf("open bands = %+v, want %+v", sl.Open, want)
+	}
+	if sl := spark(h, History{Samples: []Sample{{Time: now.Add(-time.Hour)}}}, now, sampleEvery, span); !strings.HasPrefix(sl.In, "34,") {
+		t.Errorf("a sample older than the span = %q, want it at the left edge", sl.In)
+	}
+}
+
+// hostile are host names, patterns and addresses that would break out of
+// an element or an attribute if printed as they are.
+var hostile = []string{
+	`<script>alert(1)</script>:80`,
+	`"><img src=x onerror=alert(1)>:80`,
+	`' onmouseover='alert(1)`,
+	`javascript:alert(1)`,
+	`</style><svg onload=alert(1)>`,
+}
+
+// TestPageEscapesHostile renders every string the page prints from the
+// Snapshot (host, scheme, upstream, route pattern, instance address) set
+// to hostile text, and checks that none of it reaches the page as markup.
+func TestPageEscapesHostile(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	var hosts []bulwark.HostSnapshot
+	var hist []History
+	for _, s := range hostile {
+		hosts = append(hosts, bulwark.HostSnapshot{Host: s, Scheme: s, Upstream: s,
+			Breaker:   &bulwark.BreakerSnapshot{State: bulwark.CircuitOpen, OpenUntil: now.Add(time.Second)},
+			Routes:    []bulwark.RouteSnapshot{{Pattern: s, Breaker: &bulwark.BreakerSnapshot{State: bulwark.CircuitOpen}}},
+			Endpoints: []bulwark.EndpointState{{Addr: s, Ejected: true, EjectedUntil: now.Add(time.Second)}},
+		})
+		hist = append(hist, History{Host: s, Scheme: s, Samples: []Sample{{Time: now}}})
+	}
+	var b strings.Builder
+	if err := pageTemplate.Execute(&b, newView(Page{Time: now, SampleEvery: sampleEvery, Snapshot: bulwark.Snapshot{Hosts: hosts}, History: hist}, sampleEvery*sampleKeep)); err != nil {
+		t.Fatal(err)
+	}
+	html := b.String()
+	for _, bad := range []string{"<script", "<img", "onmouseover='", "<svg onload", "</style><svg"} {
+		if strings.Contains(html, bad) {
+			t.Errorf("the page carries %q as markup", bad)
+		}
+	}
+	if n := strings.Count(html, "&lt;script&gt;alert(1)&lt;/script&gt;:80"); n < 4 {
+		t.Errorf("the hostile host is shown escaped %d times, want it in the heading, the upstream, the route and the instance", n)
 	}
 }

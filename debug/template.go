@@ -5,7 +5,8 @@ import (
 	"fmt"
 	"html/template"
 	"reflect"
-	"strings"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/bulwark-http/bulwark"
@@ -13,68 +14,422 @@ import (
 
 // page.html reads the Snapshot's fields directly: showing a new field of a
 // layer's snapshot type takes a line there and nothing here. The funcs
-// below only derive what a template cannot (charts, sums, units).
+// and the view below only derive what a template cannot (the ranking,
+// shares and their colours, charts, sums, units).
 //
 //go:embed page.html
 var pageHTML string
 
 var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{
-	"spark":    spark,
 	"sum":      sum,
 	"ts":       func(t time.Time) string { return t.UTC().Format("15:04:05.000") },
 	"pct":      func(p float64) float64 { return 100 * p },
 	"ms":       func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) },
 	"priority": func(i int) string { return bulwark.Priority(i).String() },
+	"in":       func(t, now time.Time) string { return seconds(t.Sub(now)) },
 }).Parse(pageHTML))
 
-// The sparkline's size, in SVG user units.
-const sparkW, sparkH = 240.0, 40.0
+// harm is how badly a host fares, as the page ranks and colours it.
+type harm int
 
-// sparkline is a host's chart as page.html draws it: N samples, In and Fail
-// as SVG polyline point lists ("" for a line not drawn).
-type sparkline struct {
-	In, Fail string
-	N        int
+const (
+	calm harm = iota // folded at the bottom of the page
+	warn             // amber: worth a look
+	bad              // red: callers are failing or refused now
+)
+
+func (h harm) String() string { return [...]string{"calm", "warn", "bad"}[h] }
+
+// The shares of the breaker window at which the page turns amber and red,
+// whatever the breaker's own thresholds and MinCalls: a host failing 83 of
+// 83 calls is red before its breaker has a rate to trip on.
+const (
+	failWarn, failBad = 0.05, 0.5
+	slowWarn, slowBad = 0.1, 0.5
+)
+
+// share is a part of the breaker window (failed or slow calls) as the page
+// shows it.
+type share struct {
+	N, Of int64
+	Pct   float64 // 0 to 100; 0 when Of is 0
+	Harm  harm    // calm when Of is 0
 }
 
-// spark draws h's history: requests in flight (scaled to their peak, or the
-// bulkhead's limit if larger) and the breaker window's failure share
-// (scaled to 100 %, and not drawn without a breaker).
-func spark(h bulwark.HostSnapshot, hist History) sparkline {
-	n := len(hist.Samples)
-	if n == 0 {
-		return sparkline{}
+func newShare(n, of int64, warnAt, badAt float64) share {
+	s := share{N: n, Of: of}
+	if of == 0 {
+		return s
 	}
-	peak := 1
-	if h.Bulkhead != nil {
-		peak = max(peak, h.Bulkhead.Limit)
+	f := float64(n) / float64(of)
+	s.Pct = 100 * f
+	switch {
+	case f >= badAt:
+		s.Harm = bad
+	case f >= warnAt:
+		s.Harm = warn
 	}
+	return s
+}
+
+// view is what page.html draws: the Page, with its hosts ranked by harm.
+// The JSON is the Page alone, in the Snapshot's order.
+type view struct {
+	Page
+	Hot      []hostView // warn and bad, worst first
+	Calm     []hostView // in the Snapshot's order
+	CalmOpen bool       // unfold the calm hosts (?calm=open)
+}
+
+// The thresholds, for the page's legend.
+func (view) FailWarn() float64 { return failWarn }
+func (view) FailBad() float64  { return failBad }
+func (view) SlowWarn() float64 { return slowWarn }
+func (view) SlowBad() float64  { return slowBad }
+
+// hostView is one host as the page draws it.
+type hostView struct {
+	bulwark.HostSnapshot
+	Now        time.Time // the Page's Time, for countdowns
+	Harm       harm
+	Why        []string // what makes it warn or bad, worst first
+	Fail, Slow share    // of the breaker window; zero without a breaker
+	// Spark is the chart of the host's history, drawn for hosts in
+	// trouble only: a calm host is one row of a folded table.
+	Spark template.HTML
+}
+
+// Summary is a calm host's one line: scheme, upstream, breaker window,
+// requests in flight. It is a plain string, escaped by page.html, so a row
+// of the folded table costs the template two actions, not a dozen.
+func (h hostView) Summary() string {
+	b := make([]byte, 0, 96)
+	b = append(b, h.Scheme...)
+	b = append(b, " · upstream "...)
+	b = append(b, h.Upstream...)
+	if br := h.Breaker; br != nil {
+		b = fmt.Appendf(b, " · breaker %s, %d calls, %.0f %% failed, %.0f %% slow", br.State, br.Calls, h.Fail.Pct, h.Slow.Pct)
+	}
+	return string(fmt.Appendf(b, " · %d in flight", h.InFlight()))
+}
+
+// refusal is one layer's count of requests it refused.
+type refusal struct {
+	Layer string
+	N     uint64
+}
+
+// Refusals are the host's refusals since its state was made, by the layer
+// that refused, for each layer the host has: its routes' breakers added
+// to its own breaker's, its instances' bulkheads to its bulkhead's.
+func (h hostView) Refusals() []refusal {
+	var out []refusal
+	if b := h.Breaker; b != nil || len(h.Routes) > 0 {
+		var n uint64
+		if b != nil {
+			n = b.Refused
+		}
+		for _, r := range h.Routes {
+			if r.Breaker != nil {
+				n += r.Breaker.Refused
+			}
+		}
+		out = append(out, refusal{"breaker open", n})
+	}
+	if bhs := bulkheads(h.HostSnapshot); len(bhs) > 0 {
+		var n uint64
+		for _, bh := range bhs {
+			n += bh.Refused
+		}
+		out = append(out, refusal{"bulkhead full", n})
+	}
+	if b := h.Budget; b != nil {
+		out = append(out, refusal{"retry budget spent", b.Refused})
+	}
+	if p := h.Pushback; p != nil {
+		out = append(out, refusal{"pushback", p.Refused})
+	}
+	if t := h.Throttle; t != nil {
+		out = append(out, refusal{"throttle", t.Refused})
+	}
+	return out
+}
+
+// InFlight is the slots held in the host's bulkheads (its instances' for a
+// balanced upstream).
+func (h hostView) InFlight() int {
+	n := 0
+	for _, b := range bulkheads(h.HostSnapshot) {
+		n += b.InFlight
+	}
+	return n
+}
+
+// newView ranks p's hosts: bad before warn before calm, and within a
+// rank an open breaker first (it refuses every call), then by failure
+// share, then by calls in the window; ties keep the Snapshot's order (by
+// host).
+func newView(p Page, span time.Duration) view {
+	v := view{Page: p}
+	hosts := make([]hostView, len(p.Snapshot.Hosts))
+	for i, h := range p.Snapshot.Hosts {
+		hv := assess(h, p.Time)
+		if hv.Harm > calm && i < len(p.History) {
+			hv.Spark = spark(h, p.History[i], p.Time, p.SampleEvery, span).svg()
+		}
+		hosts[i] = hv
+	}
+	slices.SortStableFunc(hosts, func(a, b hostView) int {
+		switch {
+		case a.Harm != b.Harm:
+			return int(b.Harm - a.Harm)
+		case a.open() != b.open():
+			if a.open() {
+				return -1
+			}
+			return 1
+		case a.Fail.Pct != b.Fail.Pct:
+			if a.Fail.Pct > b.Fail.Pct {
+				return -1
+			}
+			return 1
+		}
+		return int(b.Fail.Of - a.Fail.Of)
+	})
+	for _, h := range hosts {
+		if h.Harm == calm {
+			v.Calm = append(v.Calm, h)
+		} else {
+			v.Hot = append(v.Hot, h)
+		}
+	}
+	return v
+}
+
+// open reports whether the host's own breaker is open.
+func (h hostView) open() bool { return h.Breaker != nil && h.Breaker.State == bulwark.CircuitOpen }
+
+// assess is h's harm at now, from its Snapshot alone.
+func assess(h bulwark.HostSnapshot, now time.Time) hostView {
+	hv := hostView{HostSnapshot: h, Now: now}
+	note := func(level harm, why string) {
+		hv.Harm = max(hv.Harm, level)
+		if level == bad {
+			hv.Why = append([]string{why}, hv.Why...)
+		} else {
+			hv.Why = append(hv.Why, why)
+		}
+	}
+	if b := h.Breaker; b != nil {
+		hv.Fail = newShare(b.Failures, b.Calls, failWarn, failBad)
+		hv.Slow = newShare(b.Slow, b.Calls, slowWarn, slowBad)
+		switch b.State {
+		case bulwark.CircuitOpen:
+			note(bad, "breaker open")
+		case bulwark.CircuitHalfOpen:
+			note(warn, "breaker half-open")
+		}
+		if hv.Fail.Harm > calm {
+			note(hv.Fail.Harm, fmt.Sprintf("%d of %d calls failed", b.Failures, b.Calls))
+		}
+		if hv.Slow.Harm > calm {
+			note(hv.Slow.Harm, fmt.Sprintf("%d of %d calls slow", b.Slow, b.Calls))
+		}
+	}
+	for _, r := range h.Routes {
+		if r.Breaker != nil && r.Breaker.State == bulwark.CircuitOpen {
+			note(bad, "breaker of route "+r.Pattern+" open")
+		}
+	}
+	for _, bh := range bulkheads(h) {
+		if bh.Limit > 0 && bh.InFlight >= bh.Limit {
+			note(bad, "bulkhead full")
+			break
+		}
+		if bh.Queued > 0 {
+			note(warn, "requests queued")
+			break
+		}
+	}
+	if p := h.Pushback; p != nil {
+		if p.Until.After(now) {
+			note(bad, "paused by the upstream")
+		} else if slices.ContainsFunc(p.Tiers[:], func(t time.Time) bool { return t.After(now) }) {
+			note(warn, "some priorities paused")
+		}
+	}
+	if t := h.Throttle; t != nil {
+		// The throttle's window is the one count of failures a host
+		// without a breaker has: requests its upstream did not accept.
+		if h.Breaker == nil {
+			if sh := newShare(t.Requests-t.Accepts, t.Requests, failWarn, failBad); sh.Harm > calm {
+				note(sh.Harm, fmt.Sprintf("%d of %d requests not accepted", t.Requests-t.Accepts, t.Requests))
+			}
+		}
+		if !t.Shadow && t.Probability > 0 {
+			note(warn, "throttled")
+		}
+	}
+	for _, e := range h.Endpoints {
+		if e.Ejected {
+			note(warn, "instance ejected")
+			break
+		}
+	}
+	return hv
+}
+
+// seconds formats a wait for a person: "3.2 s", "2 min 5 s"; "now" once
+// it is over.
+func seconds(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "now"
+	case d < time.Minute:
+		return strconv.FormatFloat(d.Seconds(), 'f', 1, 64) + " s"
+	}
+	d = d.Round(time.Second)
+	return fmt.Sprintf("%d min %d s", int(d.Minutes()), int(d.Seconds())%60)
+}
+
+// The sparkline's geometry, in SVG user units: the plot, and margins for
+// the axis labels.
+const (
+	sparkW, sparkH     = 300, 40
+	sparkLeft, sparkUp = 34, 4
+	sparkSVGW          = sparkLeft + sparkW + 34
+	sparkSVGH          = sparkUp + sparkH + 14
+)
+
+// sparkline is a host's chart as page.html draws it over a fixed span
+// that ends now: requests in flight, the breaker window's failure share,
+// and bands where the breaker was open. Points are SVG polyline point
+// lists.
+type sparkline struct {
+	N     int      // samples drawn
+	Span  string   // the x axis's length, "5 min"
+	Every string   // between two samples, "1 s"
+	Peak  int      // in flight at the top of the chart
+	In    string   // "" with no samples
+	Fail  []string // one polyline per run of samples with calls in the window
+	Open  []band   // where the breaker was open
+}
+
+// band is a span of the x axis.
+type band struct{ X, W int }
+
+// spark draws hist over the span that ends at now: requests in flight
+// (scaled to their peak, or the bulkhead's limit if larger), the breaker
+// window's failure share (scaled to 100 %; a sample whose window is empty,
+// as it is when the breaker has just opened, breaks the line rather than
+// drawing a fall to 0), and the samples at which the breaker was open, as
+// bands. x is a sample's time, so the chart fills from the right as the
+// history grows.
+func spark(h bulwark.HostSnapshot, hist History, now time.Time, every, span time.Duration) sparkline {
+	sl := sparkline{N: len(hist.Samples), Span: spanLabel(span), Every: spanLabel(every), Peak: 1}
+	if sl.N == 0 {
+		return sl
+	}
+	for _, bh := range bulkheads(h) {
+		sl.Peak = max(sl.Peak, bh.Limit)
+	}
+	peak := 0
 	for _, s := range hist.Samples {
 		peak = max(peak, s.InFlight)
 	}
-	var a, b strings.Builder
+	sl.Peak = max(sl.Peak, peak)
+	x := func(t time.Time) int {
+		return sparkLeft + sparkW - int(min(max(now.Sub(t), 0), span)*sparkW/max(span, 1))
+	}
+	y := func(share float64) int { return sparkUp + sparkH - int(share*sparkH+0.5) }
+	var in, fail []byte
+	var bands []band
+	step := max(int(sparkW*every/max(span, 1)), 1) // a sample's width; a lone one still shows
 	for i, s := range hist.Samples {
-		x := sparkW
-		if n > 1 {
-			x = float64(i) * sparkW / float64(n-1)
+		xi := x(s.Time)
+		if i > 0 {
+			in = append(in, ' ')
 		}
-		fmt.Fprintf(&a, "%.1f,%.1f ", x, sparkY(float64(s.InFlight)/float64(peak)))
-		share := 0.0
-		if s.Calls > 0 {
-			share = float64(s.Failures) / float64(s.Calls)
+		in = point(in, xi, y(float64(s.InFlight)/float64(sl.Peak)))
+		if sl.N == 1 {
+			in = append(in, ' ')
+			in = point(in, xi-step, y(float64(s.InFlight)/float64(sl.Peak)))
 		}
-		fmt.Fprintf(&b, "%.1f,%.1f ", x, sparkY(share))
+		if s.State != nil && *s.State == bulwark.CircuitOpen {
+			if n := len(bands); n > 0 && bands[n-1].X+bands[n-1].W >= xi-step {
+				bands[n-1].W = xi - bands[n-1].X
+			} else {
+				bands = append(bands, band{X: xi - step, W: step})
+			}
+		}
+		if h.Breaker == nil {
+			continue
+		}
+		if s.Calls == 0 {
+			if len(fail) > 0 {
+				sl.Fail = append(sl.Fail, string(fail))
+				fail = fail[:0]
+			}
+			continue
+		}
+		if len(fail) > 0 {
+			fail = append(fail, ' ')
+		}
+		fail = point(fail, xi, y(float64(s.Failures)/float64(s.Calls)))
 	}
-	sl := sparkline{In: strings.TrimSpace(a.String()), N: n}
-	if h.Breaker != nil {
-		sl.Fail = strings.TrimSpace(b.String())
+	if len(fail) > 0 {
+		sl.Fail = append(sl.Fail, string(fail))
 	}
+	sl.In, sl.Open = string(in), bands
 	return sl
 }
 
-// sparkY is the height of a share (0 to 1) of the chart, 2 units in from
-// each edge so a line at either bound is not hidden by the border.
-func sparkY(share float64) float64 { return sparkH - 2 - share*(sparkH-4) }
+// svg is the chart as markup. It is built here rather than in page.html
+// because html/template's escaping of some 2,400 bytes of points per host
+// was most of the cost of a page of many hosts; it is safe unescaped
+// because everything in it is a number this file formats or a fixed
+// string, nothing from a request or a Snapshot.
+func (sl sparkline) svg() template.HTML {
+	if sl.N == 0 {
+		return ""
+	}
+	b := make([]byte, 0, 1024+len(sl.In)+len(sl.In)*len(sl.Fail))
+	b = fmt.Appendf(b, `<svg class="spark" data-points="%d" width="%d" height="%d" viewBox="0 0 %d %d" role="img" aria-label="the last %s: requests in flight, failure share, breaker open">`,
+		sl.N, sparkSVGW, sparkSVGH, sparkSVGW, sparkSVGH, sl.Span)
+	b = fmt.Appendf(b, `<rect class="plot" x="%d" y="%d" width="%d" height="%d"/>`, sparkLeft, sparkUp, sparkW, sparkH)
+	for _, o := range sl.Open {
+		b = fmt.Appendf(b, `<rect class="openband" x="%d" y="%d" width="%d" height="%d"/>`, o.X, sparkUp, o.W, sparkH)
+	}
+	b = append(b, "\n"+`<polyline class="in" points="`...)
+	b = append(b, sl.In...)
+	b = append(b, `"/>`...)
+	for _, f := range sl.Fail {
+		b = append(b, `<polyline class="fail" points="`...)
+		b = append(b, f...)
+		b = append(b, `"/>`...)
+	}
+	l, r, top, bottom := sparkLeft-3, sparkLeft+sparkW+3, sparkUp+7, sparkUp+sparkH
+	b = fmt.Appendf(b, "\n"+`<text class="failax" x="%d" y="%d" text-anchor="end">100 %%</text><text class="failax" x="%d" y="%d" text-anchor="end">0 %%</text>`, l, top, l, bottom)
+	b = fmt.Appendf(b, `<text class="inax" x="%d" y="%d">%d</text><text class="inax" x="%d" y="%d">0</text>`, r, top, sl.Peak, r, bottom)
+	b = fmt.Appendf(b, `<text x="%d" y="%d">−%s</text><text x="%d" y="%d" text-anchor="end">now</text></svg>`, sparkLeft, sparkSVGH-2, sl.Span, sparkLeft+sparkW, sparkSVGH-2)
+	b = fmt.Appendf(b, `<span class="muted"><span style="color:#1565c0">in flight (right axis, requests)</span> · <span style="color:#c62828">failure share of the breaker window (left axis, %%)</span> · shaded: breaker open · a sample every %s, %d so far</span>`, sl.Every, sl.N)
+	return template.HTML(b)
+}
+
+// point appends "x,y".
+func point(b []byte, x, y int) []byte {
+	b = strconv.AppendInt(b, int64(x), 10)
+	b = append(b, ',')
+	return strconv.AppendInt(b, int64(y), 10)
+}
+
+// spanLabel is a span for the axis: "5 min", "90 s".
+func spanLabel(d time.Duration) string {
+	if d >= time.Minute && d%time.Minute == 0 {
+		return strconv.Itoa(int(d/time.Minute)) + " min"
+	}
+	return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) + " s"
+}
 
 // sum adds up the unsigned counters of a struct of counts by kind
 // (bulwark.HedgeSkips, bulwark.FaultCounts), for a total on the page. It

@@ -73,7 +73,6 @@ type scenario struct {
 // lab is one invocation: where its output goes and what it measured.
 type lab struct {
 	set      settings
-	out      io.Writer // the report
 	progress io.Writer // the progress indicator; io.Discard in tests
 	tty      bool      // progress is a terminal: redraw one line in place
 	k, n     int       // scenario k of n, for the progress line

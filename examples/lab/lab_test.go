@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 }
 
 func testLab(set settings) *lab {
-	return &lab{set: set, out: io.Discard, progress: io.Discard}
+	return &lab{set: set, progress: io.Discard}
 }
 
 // inBubble runs f inside a testing/synctest bubble, with the lab's
@@ -112,6 +112,22 @@ func testTuesdayProtectsOrders(t *testing.T) {
 	}
 	if n := prot.tl.get("breaker open").den; sum(n) == 0 {
 		t.Errorf("the breaker-open series has no samples")
+	}
+	// The fallback's answers are counted and drawn apart from real ones:
+	// an ok at a stale tax rate must not pass for a real one.
+	if n := prot.metrics["fallback"]; n <= 0 {
+		t.Errorf("bulwark's fallback answered %v checkouts, want some (the breaker was open)", n)
+	}
+	if fb := prot.tl.get("checkout fallback"); fb.empty() || sum(fb.num) == 0 {
+		t.Errorf("bulwark's checkout fallback series has no fallback answers")
+	}
+	if fb := plain.tl.get("checkout fallback"); !fb.empty() {
+		t.Errorf("the plain client's checkout fallback series has samples; it has no fallback")
+	}
+	sc.key = "tuesday"
+	v := tuesdaySpec.verdict(sc)
+	if want := fmt.Sprintf("%.0f checkouts in the run were charged the last good tax rate", prot.metrics["fallback"]); !strings.Contains(v, want) {
+		t.Errorf("verdict = %q\nwant it to say %q", v, want)
 	}
 }
 
@@ -273,6 +289,46 @@ func testThrottleCapsSends(t *testing.T) {
 	}
 }
 
+// TestStormVerdict checks that the storm's verdict compares bulwark with
+// no retries as well as with immediate retries, and says who wins on what
+// whichever way the figures fall.
+func TestStormVerdict(t *testing.T) {
+	m := func(peak, ok float64) map[string]float64 { return map[string]float64{"peak": peak, "ok": ok} }
+	for _, tc := range []struct {
+		name          string
+		none, imm, bw map[string]float64
+		want          []string
+	}{
+		{"no retries ahead on ok", m(150, 0.865), m(520, 0.60), m(180, 0.836), []string{
+			"150 from a client that does not retry", "no retries 86.5 %", "bulwark wins on both",
+			"Not retrying at all beats bulwark on calls ok (by 2.9 points), at a lower load"}},
+		{"bulwark ahead of both", m(150, 0.80), m(520, 0.60), m(180, 0.90), []string{
+			"bulwark wins on both", "Against no retries bulwark wins on calls ok (by 10.0 points), at 30 req/s more at the peak"}},
+		{"immediate retries ahead on ok", m(150, 0.70), m(520, 0.95), m(180, 0.90), []string{
+			"bulwark wins on load, not on calls ok"}},
+	} {
+		got := stormVerdict(tc.none, tc.imm, tc.bw)
+		for _, w := range tc.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%s: stormVerdict = %q\nwant it to say %q", tc.name, got, w)
+			}
+		}
+	}
+}
+
+// TestDefaultReport checks where the report goes without -out: the
+// working directory, under a name that differs from one run to the next.
+func TestDefaultReport(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 2, 46, 0, 0, time.UTC)
+	a, b := defaultReport(t0), defaultReport(t0.Add(time.Second))
+	if filepath.Dir(a) != "." || filepath.Ext(a) != ".html" {
+		t.Errorf("defaultReport = %q, want an .html file in the working directory", a)
+	}
+	if a == b {
+		t.Errorf("defaultReport gives %q for two runs a second apart: the second overwrites the first", a)
+	}
+}
+
 func TestFlags(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -325,7 +381,7 @@ func report(t *testing.T) labRun {
 		var out, errOut bytes.Buffer
 		// ×0.05 and 1.4 s: the shortest run in which the storm still has
 		// a second after its (0.1 s) blip.
-		args := []string{"-scenario", "all", "-duration", "1.4s", "-load", "100", "-scale", "0.05", "-html", path}
+		args := []string{"-scenario", "all", "-duration", "1.4s", "-load", "100", "-scale", "0.05", "-out", path}
 		if labErr = mainErr(args, &out, &errOut); labErr != nil {
 			return
 		}
@@ -381,13 +437,29 @@ func TestOutputInAPipe(t *testing.T) {
 		}
 	}
 	n := 0
-	for _, l := range strings.Split(r.stdout, "\n") {
+	lines := strings.Split(r.stdout, "\n")
+	for _, l := range lines {
 		if strings.HasPrefix(l, "Verdict: ") {
 			n++
 		}
 	}
 	if n != 2*len(scenarios) {
-		t.Errorf("stdout has %d lines starting with \"Verdict: \", want %d (each section and the summary):\n%s", n, 2*len(scenarios), r.stdout)
+		t.Errorf("stdout has %d lines starting with \"Verdict: \", want %d (the opening and each section):\n%s", n, 2*len(scenarios), r.stdout)
+	}
+	// The output opens with every verdict, one line each, in the
+	// registry's order, before any detail: a header, a blank line, then
+	// the verdicts.
+	if len(lines) < 2+len(scenarios) {
+		t.Fatalf("stdout has %d lines:\n%s", len(lines), r.stdout)
+	}
+	for k, sp := range scenarios {
+		if l := lines[2+k]; !strings.HasPrefix(l, "Verdict: ") || !strings.HasSuffix(l, " ["+sp.key+"]") {
+			t.Errorf("stdout line %d = %q, want the verdict of %s", 3+k, l, sp.key)
+		}
+	}
+	lastVerdict := strings.Index(r.stdout, " ["+scenarios[len(scenarios)-1].key+"]\n")
+	if first := strings.Index(r.stdout, scenarios[0].title); first < 0 || first < lastVerdict {
+		t.Errorf("a scenario's detail comes before the last opening verdict:\n%s", r.stdout)
 	}
 }
 

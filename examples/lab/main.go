@@ -48,7 +48,7 @@ func mainErr(args []string, stdout, stderr io.Writer) error {
 		duration = fs.Duration("duration", 0, "length of each run (0: each scenario's default: tuesday 9s, storm 4.4s (grows with -scale), deadlines 5s, outlier 5s, tail 6s, capacity 7s, throttle 4s)")
 		load     = fs.Float64("load", 400, "requests per second offered in each run (10..5000)")
 		scale    = fs.Float64("scale", 0.25, "time scale: every duration of the scenarios (40 ms, 10 s, a 2 s blip, 100 s) is multiplied by it (0.05..2)")
-		report   = fs.String("html", filepath.Join(os.TempDir(), "bulwark-lab.html"), "where to write the HTML report (empty: none)")
+		report   = fs.String("out", "", "where to write the HTML report (default: bulwark-lab-<date>-<time>.html in the working directory, named on the output; \"-\": none)")
 	)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: go run ./lab [flags]\n\nThe resilience lab replays well-known outages on 127.0.0.1 and\nmeasures a plain http.Client against bulwark:\n\n")
@@ -87,35 +87,67 @@ func mainErr(args []string, stdout, stderr io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 
-	l := &lab{set: set, out: stdout, progress: stderr, tty: isTerminal(stderr)}
-	fmt.Fprintf(stdout, "bulwark resilience lab: real HTTP on 127.0.0.1, time scaled ×%g, %.0f req/s offered per run\n", set.scale, set.load)
-	scs, err := l.runAll(ctx, specs)
-	if err != nil {
-		return err
+	path := *report
+	if path == "" {
+		path = defaultReport(time.Now())
 	}
-	if len(scs) > 1 {
-		fmt.Fprintf(stdout, "\nSummary\n=======\n")
-		for _, sc := range scs {
-			fmt.Fprintf(stdout, "%s [%s]\n", verdictLine(sc), sc.key)
-		}
-		fmt.Fprintf(stdout, "\n%s\n", fleetPointer)
+	// The detail of each scenario is held until every scenario has run, so
+	// that the output opens with all the verdicts, one line each: what a
+	// reader wants first. Progress goes to stderr meanwhile.
+	l := &lab{set: set, progress: stderr, tty: isTerminal(stderr)}
+	scs, runErr := l.runAll(ctx, specs)
+	if len(scs) == 0 {
+		return runErr
 	}
-	if *report != "" {
-		f, err := os.Create(*report)
-		if err != nil {
-			return err
+	abs := ""
+	if path != "-" {
+		var err error
+		if abs, err = writeReport(path, set, scs); err != nil {
+			return errors.Join(runErr, err)
 		}
-		if err := writeHTML(f, set, scs, time.Now()); err != nil {
-			f.Close()
-			return err
-		}
-		if err := f.Close(); err != nil {
-			return err
-		}
-		abs, _ := filepath.Abs(*report)
+	}
+	fmt.Fprintf(stdout, "bulwark resilience lab: real HTTP on 127.0.0.1, time scaled ×%g, %.0f req/s offered per run\n\n", set.scale, set.load)
+	for _, sc := range scs {
+		fmt.Fprintf(stdout, "%s [%s]\n", verdictLine(sc), sc.key)
+	}
+	if abs != "" {
 		fmt.Fprintf(stdout, "\nHTML report: %s\n", abs)
 	}
-	return nil
+	fmt.Fprintf(stdout, "\nThe detail of each scenario follows.\n")
+	for _, sc := range scs {
+		l.render(stdout, sc)
+	}
+	if len(scs) > 1 {
+		fmt.Fprintf(stdout, "\n%s\n", fleetPointer)
+	}
+	if abs != "" {
+		fmt.Fprintf(stdout, "\nHTML report: %s\n", abs)
+	}
+	return runErr
+}
+
+// defaultReport is the report's path when -out is not given: a file in
+// the working directory, where a user looks, named for the instant the run
+// ended so that two runs do not overwrite each other.
+func defaultReport(now time.Time) string {
+	return "bulwark-lab-" + now.Format("20060102-150405") + ".html"
+}
+
+// writeReport writes the HTML report of scs to path and returns the
+// path made absolute, as printed.
+func writeReport(path string, set settings, scs []*scenario) (string, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return "", err
+	}
+	if err := writeHTML(f, set, scs, time.Now()); err != nil {
+		f.Close()
+		return "", err
+	}
+	if err := f.Close(); err != nil {
+		return "", err
+	}
+	return filepath.Abs(path)
 }
 
 // isTerminal reports whether w is a terminal (a character device), where
@@ -130,8 +162,9 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
-// runAll runs the scenarios in order, printing each as it finishes. Away
-// from a terminal, progress is one line per scenario.
+// runAll runs the scenarios in order and returns those that finished (all
+// of them unless it returns an error). Away from a terminal, progress is
+// one line per scenario.
 func (l *lab) runAll(ctx context.Context, specs []spec) ([]*scenario, error) {
 	var scs []*scenario
 	for k, sp := range specs {
@@ -154,7 +187,6 @@ func (l *lab) runAll(ctx context.Context, specs []spec) ([]*scenario, error) {
 		sc.key, sc.title = sp.key, sp.title
 		sc.verdict = sp.verdict(sc)
 		sc.took = time.Since(t0)
-		l.render(l.out, sc)
 		scs = append(scs, sc)
 	}
 	return scs, nil

@@ -38,18 +38,44 @@ var stormSpec = spec{
 	blurb: "a 2 s blip on a fixed-capacity service, with no retries, 3 immediate retries, exponential backoff, full jitter, and bulwark's retries (full jitter with a retry budget)",
 	run:   (*lab).storm,
 	verdict: func(sc *scenario) string {
-		var imm, bw *run
+		runs := map[string]map[string]float64{}
 		for _, r := range sc.runs {
-			switch r.short {
-			case "imm×3":
-				imm = r
-			case "bulwark":
-				bw = r
-			}
+			runs[r.short] = r.metrics
 		}
-		return fmt.Sprintf("around the blip bulwark's retries peaked at %.0f req/s on the service while a plain client with 3 immediate retries hit it with %.0f req/s (calls ok: bulwark %s, immediate retries %s).",
-			bw.metrics["peak"], imm.metrics["peak"], pctSp(bw.metrics["ok"]), pctSp(imm.metrics["ok"]))
+		return stormVerdict(runs["none"], runs["imm×3"], runs["bulwark"])
 	},
+}
+
+// stormVerdict compares bulwark with the two clients a reader weighs it
+// against, no retries and immediate retries, on the two things they trade:
+// the load on the service around the blip and the calls that ended ok. It
+// says who wins on what from the figures, whichever way they fall.
+func stormVerdict(none, imm, bw map[string]float64) string {
+	v := fmt.Sprintf("around the blip the service got at most %.0f req/s from bulwark, %.0f from 3 immediate retries and %.0f from a client that does not retry; calls ok: bulwark %s, immediate retries %s, no retries %s.",
+		bw["peak"], imm["peak"], none["peak"], pctSp(bw["ok"]), pctSp(imm["ok"]), pctSp(none["ok"]))
+	lowerPeak, moreOK := bw["peak"] < imm["peak"], bw["ok"] > imm["ok"]
+	switch {
+	case lowerPeak && moreOK:
+		v += " Against immediate retries bulwark wins on both."
+	case lowerPeak:
+		v += " Against immediate retries bulwark wins on load, not on calls ok."
+	case moreOK:
+		v += " Against immediate retries bulwark wins on calls ok, not on load."
+	default:
+		v += " Against immediate retries bulwark wins on neither."
+	}
+	if bw["ok"] < none["ok"] {
+		load := "at a lower load"
+		if none["peak"] >= bw["peak"] {
+			load = "though at a load as high or higher"
+		}
+		return v + fmt.Sprintf(" Not retrying at all beats bulwark on calls ok (by %.1f points), %s: in this blip retries buy nothing, and bulwark's budget only bounds what they cost.", 100*(none["ok"]-bw["ok"]), load)
+	}
+	load := fmt.Sprintf("at %.0f req/s more at the peak", bw["peak"]-none["peak"])
+	if bw["peak"] <= none["peak"] {
+		load = "and on load"
+	}
+	return v + fmt.Sprintf(" Against no retries bulwark wins on calls ok (by %.1f points), %s.", 100*(bw["ok"]-none["ok"]), load)
 }
 
 // caller makes one logical call, retrying as it sees fit, and reports
