@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/bulwark-http/bulwark"
@@ -146,7 +147,11 @@ func (e encoder) node(v reflect.Value, path string) (*yaml.Node, error) {
 		case math.IsInf(f, -1):
 			return scalarNode("!!float", "-.inf"), nil
 		}
-		return scalarNode("!!float", strconv.FormatFloat(f, 'g', -1, t.Bits())), nil
+		s := strconv.FormatFloat(f, 'g', -1, t.Bits())
+		if !strings.ContainsAny(s, ".e") {
+			s += ".0" // "2" would read back as an integer, and be written with a tag
+		}
+		return scalarNode("!!float", s), nil
 	}
 	return nil, fmt.Errorf("config: %s: the format has no spelling for %v", path, t)
 }
