@@ -24,19 +24,19 @@ import (
 // ignores them (see bulwark.Transport.Update), so a reloaded file may name
 // them but changing them takes a new Transport.
 type Registry struct {
-	Classifiers     map[string]bulwark.Classifier                                      // Policy.Classify
-	Fallbacks       map[string]func(*http.Request, error) (*http.Response, error)       // Fallback.Func
-	CheckRetry      map[string]retryablehttp.CheckRetry                                // Retry.CheckRetry
-	Backoffs        map[string]retryablehttp.Backoff                                   // Retry.Backoff
-	OnRetry         map[string]func(*http.Request, bulwark.RetryEvent)                 // Retry.OnRetry
-	OnStateChange   map[string]func(host string, from, to bulwark.CircuitState)        // Breaker.OnStateChange
-	Resolvers       map[string]bulwark.Resolver                                        // Endpoints.Resolver
-	Bases           map[string]http.RoundTripper                                       // Config.Base
-	TracerProviders map[string]trace.TracerProvider                                    // Config.TracerProvider
-	MeterProviders  map[string]metric.MeterProvider                                    // Config.MeterProvider
-	Propagators     map[string]propagation.TextMapPropagator                           // Config.Propagator
-	Loggers         map[string]*slog.Logger                                            // Config.Logger
-	Fleets          map[string]bulwark.Fleet                                           // Config.Fleet
+	Classifiers     map[string]bulwark.Classifier                                 // Policy.Classify
+	Fallbacks       map[string]func(*http.Request, error) (*http.Response, error) // Fallback.Func
+	CheckRetry      map[string]retryablehttp.CheckRetry                           // Retry.CheckRetry
+	Backoffs        map[string]retryablehttp.Backoff                              // Retry.Backoff
+	OnRetry         map[string]func(*http.Request, bulwark.RetryEvent)            // Retry.OnRetry
+	OnStateChange   map[string]func(host string, from, to bulwark.CircuitState)   // Breaker.OnStateChange
+	Resolvers       map[string]bulwark.Resolver                                   // Endpoints.Resolver
+	Bases           map[string]http.RoundTripper                                  // Config.Base
+	TracerProviders map[string]trace.TracerProvider                               // Config.TracerProvider
+	MeterProviders  map[string]metric.MeterProvider                               // Config.MeterProvider
+	Propagators     map[string]propagation.TextMapPropagator                      // Config.Propagator
+	Loggers         map[string]*slog.Logger                                       // Config.Logger
+	Fleets          map[string]bulwark.Fleet                                      // Config.Fleet
 }
 
 // registryField is the name of Registry's map for values of type t, or ""
