@@ -48,6 +48,10 @@ type WatchOptions struct {
 	// Applied, if set, is called after each reload with the version read
 	// and the error, nil when tr.Update applied it; for tests and metrics.
 	Applied func(version string, err error)
+
+	// ready, if set (by tests), is closed once the directory is watched
+	// and the file read the first time.
+	ready chan struct{}
 }
 
 // Watch keeps tr running the file at path: at start, and whenever the
@@ -94,6 +98,9 @@ func Watch(ctx context.Context, path string, tr *bulwark.Transport, reg Registry
 		r.last = s.Version // what Load read, and New applied, is read again only if changed
 	}
 	r.reload()
+	if opts.ready != nil {
+		close(opts.ready)
+	}
 
 	timer := time.NewTimer(debounce)
 	timer.Stop()
