@@ -1,7 +1,9 @@
 package config
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -107,5 +109,28 @@ func TestParseNamesAndVersion(t *testing.T) {
 	cfg, err = Parse([]byte("version: \"2026-12-03.1\"\n"), "p.yaml", reg)
 	if err != nil || cfg.Version != "2026-12-03.1" {
 		t.Errorf("Parse(version: 2026-12-03.1) = Version %q, %v", cfg.Version, err)
+	}
+}
+
+type leaserFleet struct{ nameFleet }
+
+func (*leaserFleet) Lease(context.Context, bulwark.LeaseRequest) (bulwark.LeaseGrant, error) {
+	return bulwark.LeaseGrant{}, nil
+}
+
+// TestParseFleetRate validates Bulkhead.FleetRate as New would with the
+// file's Fleet: accepted when the Registry's Fleet leases quota, refused
+// at the value when it does not. Validation starts no goroutine that
+// outlives it (goleak, in TestMain).
+func TestParseFleetRate(t *testing.T) {
+	reg := Registry{Fleets: map[string]bulwark.Fleet{"leases": &leaserFleet{}, "plain": &nameFleet{}}}
+	file := "fleet: %s\nupstreams:\n  pay:\n    bulkhead: {fleetRate: 100}\n"
+	cfg, err := Parse(fmt.Appendf(nil, file, "leases"), "p.yaml", reg)
+	if err != nil || cfg.Fleet != reg.Fleets["leases"] {
+		t.Fatalf("Parse with a leasing Fleet = %v (Fleet %v)", err, cfg.Fleet)
+	}
+	_, err = Parse(fmt.Appendf(nil, file, "plain"), "p.yaml", reg)
+	if want := `p.yaml:4:27: upstream "pay": bulkhead.fleetRate: value 100: needs a Config.Fleet that implements FleetLeaser`; err == nil || err.Error() != want {
+		t.Fatalf("Parse with a Fleet that does not lease:\n got %v\nwant %s", err, want)
 	}
 }
