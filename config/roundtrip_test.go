@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -279,12 +280,35 @@ func TestRoundTripExamples(t *testing.T) {
 	}
 }
 
+// TestReadmeYAML: the README's YAML blocks are files Parse accepts.
+func TestReadmeYAML(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, block := range strings.Split(string(readme), "```yaml\n")[1:] {
+		body, _, ok := strings.Cut(block, "```")
+		if !ok {
+			t.Fatal("README: a yaml block is not closed")
+		}
+		n++
+		if _, err := Parse([]byte(body), "README.md yaml block", exampleRegistry()); err != nil {
+			t.Errorf("README's yaml block %d: %v\n%s", n, err, body)
+		}
+	}
+	if n == 0 {
+		t.Fatal("README has no yaml block")
+	}
+}
+
 // exampleRegistry holds the names the example files use.
 func exampleRegistry() Registry {
 	return Registry{
 		Classifiers: map[string]bulwark.Classifier{"default": bulwark.DefaultClassify},
 		Fallbacks: map[string]func(*http.Request, error) (*http.Response, error){
 			"empty-list": func(*http.Request, error) (*http.Response, error) { return nil, nil },
+			"last-rate":  func(*http.Request, error) (*http.Response, error) { return nil, nil },
 		},
 		Resolvers: map[string]bulwark.Resolver{"dns": nameResolver("dns")},
 	}
