@@ -173,6 +173,24 @@ func TestWatchReloads(t *testing.T) {
 				t.Fatal(err)
 			}
 		}},
+		{"symlink into another directory, target edited", func(t *testing.T, dir string, data []byte) string {
+			other := filepath.Join(dir, "other")
+			if err := os.Mkdir(other, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			writeFile(t, filepath.Join(other, "real.yaml"), data)
+			link := filepath.Join(dir, "etc")
+			if err := os.Mkdir(link, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			p := filepath.Join(link, "policies.yaml")
+			if err := os.Symlink(filepath.Join(other, "real.yaml"), p); err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}, func(t *testing.T, dir, path string, data []byte, n int) {
+			writeFile(t, filepath.Join(dir, "other", "real.yaml"), data)
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
