@@ -22,9 +22,10 @@ import (
 // kilobytes, and a file much larger is a mistake or an attack.
 const MaxBytes = 1 << 20
 
-// MaxDepth is the deepest nesting of mappings and sequences Parse accepts.
-// The format itself needs six levels (routes → pattern → fallback →
-// constant → header → values).
+// MaxDepth is the deepest nesting of nodes Parse accepts, counting the
+// file's top mapping as 1. The format itself needs 8, at a route's
+// constant answer's header values (top → routes → pattern → fallback →
+// constant → header → name → value).
 const MaxDepth = 16
 
 // Error is a file, or a part of one, that Parse refused. It names where:
