@@ -85,14 +85,24 @@ func (e *Error) Unwrap() error { return e.Err }
 // provider, Base, Logger or Fleet of reg's, so validation has no effect
 // outside the Config.
 func Parse(data []byte, source string, reg Registry) (bulwark.Config, error) {
-	cfg, d, err := decode(data, source, reg)
+	cfg, _, err := parse(data, source, reg)
 	if err != nil {
 		return bulwark.Config{}, err
 	}
-	if err := validate(cfg); err != nil {
-		return bulwark.Config{}, d.place(err)
-	}
 	return cfg, nil
+}
+
+// parse is Parse that also returns the version of bytes that decode but
+// do not validate: the file's version field, which a refusal should name.
+func parse(data []byte, source string, reg Registry) (_ bulwark.Config, version string, _ error) {
+	cfg, d, err := decode(data, source, reg)
+	if err != nil {
+		return bulwark.Config{}, Version(data), err
+	}
+	if err := validate(cfg); err != nil {
+		return bulwark.Config{}, cfg.Version, d.place(err)
+	}
+	return cfg, cfg.Version, nil
 }
 
 // Version is the version Parse gives bytes with no version field.

@@ -36,6 +36,22 @@ func readCapped(path string) ([]byte, error) {
 	return data, nil
 }
 
+// Apply parses data as Parse does and applies it to tr with Update. Either
+// way Snapshot.Config shows the outcome: the version in force, or this one
+// as the last rejected, with the error (RejectConfig for a refusal by
+// Parse, Update's own record for one by Update). version is the file's
+// version field, or Version(data) when it has none or does not decode. Watch applies each
+// change of its file so; a configuration received from elsewhere (a
+// fleet's store) can be applied the same way, with its own source.
+func Apply(tr *bulwark.Transport, data []byte, source string, reg Registry) (version string, err error) {
+	cfg, version, err := parse(data, source, reg)
+	if err != nil {
+		tr.RejectConfig(version, source, err)
+		return version, err
+	}
+	return version, tr.Update(cfg)
+}
+
 // WatchOptions tunes Watch. The zero value is ready to use.
 type WatchOptions struct {
 	// Logger receives one line per version applied (Info) and one per
@@ -157,13 +173,7 @@ func (r *reloader) reload() {
 		return // an event that did not change the bytes: a touch, a swap to the same content
 	}
 	r.last = version
-	cfg, err := Parse(data, r.path, r.reg)
-	if err == nil {
-		version = cfg.Version
-		err = r.tr.Update(cfg) // records a refusal in Snapshot.Config itself
-	} else {
-		r.tr.RejectConfig(version, r.path, err)
-	}
+	version, err = Apply(r.tr, data, r.path, r.reg)
 	if err != nil {
 		r.log.Warn("bulwark config: refused; the running configuration stays", "path", r.path, "version", version, "err", err)
 	} else {

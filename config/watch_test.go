@@ -278,3 +278,26 @@ func TestWatchMissingDir(t *testing.T) {
 		t.Fatal("Watch of a missing directory = nil, want an error")
 	}
 }
+
+// TestApply applies bytes from elsewhere than a file, and records each
+// outcome in Snapshot.Config.
+func TestApply(t *testing.T) {
+	tr, err := bulwark.New(bulwark.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := Apply(tr, []byte("version: v1\ndefault: {retry: {maxAttempts: 2}}\n"), "redis:bulwark:config", Registry{})
+	if err != nil || v != "v1" {
+		t.Fatalf("Apply(v1) = %q, %v", v, err)
+	}
+	bad := []byte("version: v2\ndefault: {retry: {maxAttempts: -2}}\n")
+	v, err = Apply(tr, bad, "redis:bulwark:config", Registry{})
+	if err == nil || v != "v2" {
+		t.Fatalf("Apply(bad) = %q, %v; want v2 and an error", v, err)
+	}
+	c := tr.Snapshot().Config
+	if c.Version != "v1" || c.Source != "redis:bulwark:config" || c.Rejected == nil || c.Rejected.Version != "v2" ||
+		!strings.HasPrefix(c.Rejected.Error, "redis:bulwark:config:2:32: default: retry.maxAttempts: value -2") {
+		t.Fatalf("Snapshot().Config = %+v, rejected %+v", c, c.Rejected)
+	}
+}
