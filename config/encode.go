@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/bulwark-http/bulwark"
@@ -44,6 +45,18 @@ type encoder struct{ reg Registry }
 
 func scalarNode(tag, value string) *yaml.Node {
 	return &yaml.Node{Kind: yaml.ScalarNode, Tag: tag, Value: value}
+}
+
+// stringNode is a string scalar, double-quoted when it holds a control
+// character or a line break: yaml.v3 would write some of those (a line
+// that starts with a tab) as a block its own parser refuses, and a quoted
+// string with escapes reads back exactly.
+func stringNode(value string) *yaml.Node {
+	n := scalarNode("!!str", value)
+	if strings.ContainsFunc(value, func(r rune) bool { return unicode.IsControl(r) || r == '\u2028' || r == '\u2029' || r == '\u0085' }) {
+		n.Style = yaml.DoubleQuotedStyle
+	}
+	return n
 }
 
 func (e encoder) node(v reflect.Value, path string) (*yaml.Node, error) {
@@ -88,7 +101,7 @@ func (e encoder) node(v reflect.Value, path string) (*yaml.Node, error) {
 			if err != nil {
 				return nil, err
 			}
-			m.Content = append(m.Content, scalarNode("!!str", k.String()), c)
+			m.Content = append(m.Content, stringNode(k.String()), c)
 		}
 		if len(m.Content) == 0 {
 			m.Style = yaml.FlowStyle
@@ -109,7 +122,7 @@ func (e encoder) node(v reflect.Value, path string) (*yaml.Node, error) {
 		return s, nil
 	case kindBytes:
 		if b := v.Bytes(); utf8.Valid(b) {
-			return scalarNode("!!str", string(b)), nil
+			return stringNode(string(b)), nil
 		}
 		return scalarNode("!!binary", base64.StdEncoding.EncodeToString(v.Bytes())), nil
 	case kindDuration:
@@ -130,7 +143,7 @@ func (e encoder) node(v reflect.Value, path string) (*yaml.Node, error) {
 		}
 		return scalarNode("!!str", name), nil
 	case kindString:
-		return scalarNode("!!str", v.String()), nil
+		return stringNode(v.String()), nil
 	case kindBool:
 		return scalarNode("!!bool", strconv.FormatBool(v.Bool())), nil
 	case kindInt:
