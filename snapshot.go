@@ -27,6 +27,10 @@ type Snapshot struct {
 	RetryAfterIgnored uint64
 	// Fleet is the health of the link to Config.Fleet; nil without one.
 	Fleet *FleetSnapshot
+	// Config is the Config.Version in force, where it came from, and the
+	// last configuration refused and why; nil until a Config with a
+	// Version or Source was applied or one was refused.
+	Config *ConfigSnapshot
 }
 
 // HostSnapshot is one host's state. A layer the host's policy disables has
@@ -89,6 +93,7 @@ func (t *Transport) Snapshot() Snapshot {
 	})
 	s.RetryAfterIgnored = t.ignoredRA.Load()
 	s.Fleet = t.fleet.snapshot()
+	s.Config = t.config.snapshot()
 	return s
 }
 

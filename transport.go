@@ -141,6 +141,13 @@ type Config struct {
 	// it. Only each host's own breaker and pushback are shared, not the
 	// breakers of Routes.
 	Fleet Fleet
+
+	// Version and Source name this configuration and where it came from
+	// (a file's path, a fleet's store), for Snapshot.Config: New and
+	// Update record them as the version in force, and Update records a
+	// refused Config that carries either as the last rejected one. They
+	// change nothing else; empty is fine.
+	Version, Source string
 }
 
 // Transport is bulwark's http.RoundTripper: the router that picks each
@@ -188,6 +195,8 @@ type Transport struct {
 	controls map[string]BreakerControl
 
 	fleet *fleetLink // nil without Config.Fleet (fleet.go)
+
+	config configRecord // the Version in force and the last refused (Snapshot.Config)
 }
 
 // policies is what New and Update compile from a Config: a route per
@@ -312,6 +321,7 @@ func New(cfg Config) (*Transport, error) {
 	}
 	t.obs = newObserver(cfg.TracerProvider, cfg.Propagator, cfg.MeterProvider, t.logger)
 	t.registerGauges()
+	t.config.applied(cfg.Version, cfg.Source, time.Now())
 	// Last, so that a refused configuration starts no goroutine.
 	t.fleet = newFleetLink(cfg.Fleet, t.logger, t)
 	return t, nil

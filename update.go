@@ -40,12 +40,19 @@ import "time"
 // Requests never wait for Update: it builds the new stacks without the
 // Transport's lock and takes it only to swap them in, as a new host's first
 // request does. Concurrent Updates are applied one after another.
+//
+// Update records cfg.Version and cfg.Source in Snapshot.Config: as the
+// version in force when it applies cfg, as the last rejected one, with the
+// error, when it refuses a cfg that carries either.
 func (t *Transport) Update(cfg Config) error {
 	rs, err := compile(cfg)
-	if err != nil {
-		return err
+	if err == nil {
+		err = rs.checkLeases(t.fleet.leasing() != nil)
 	}
-	if err := rs.checkLeases(t.fleet.leasing() != nil); err != nil {
+	if err != nil {
+		if cfg.Version != "" || cfg.Source != "" {
+			t.config.rejected(cfg.Version, cfg.Source, err, time.Now())
+		}
 		return err
 	}
 	t.updateMu.Lock()
@@ -100,7 +107,17 @@ func (t *Transport) Update(cfg Config) error {
 		c.closeIdle()
 	}
 	t.obs.refresh()
+	t.config.applied(cfg.Version, cfg.Source, time.Now())
 	return nil
+}
+
+// RejectConfig records in Snapshot.Config that a configuration was refused
+// before it reached Update, by a loader that could not read it (a file that
+// does not parse, names an unknown field or is too large): its version and
+// source as the loader knows them, and err. The running configuration does
+// not change.
+func (t *Transport) RejectConfig(version, source string, err error) {
+	t.config.rejected(version, source, err, time.Now())
 }
 
 // replacedClosers is the layers of prev with connections of their own that

@@ -185,3 +185,27 @@ func TestPageEscapesHostile(t *testing.T) {
 		t.Errorf("the hostile host is shown escaped %d times, want it in the heading, the upstream, the route and the instance", n)
 	}
 }
+
+// TestPageConfig shows the configuration version in force and the last
+// one refused, with why.
+func TestPageConfig(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	page := Page{Time: now, SampleEvery: time.Second, Snapshot: bulwark.Snapshot{Config: &bulwark.ConfigSnapshot{
+		Version: "sha256:ab12", Source: "/etc/bulwark/policies.yaml", Applied: now.Add(-time.Minute),
+		Rejected: &bulwark.RejectedConfig{Version: "sha256:cd34", Error: "policies.yaml:7:14: upstream \"pay\": Retry.MaxAttempts: bad", At: now},
+	}}}
+	var b strings.Builder
+	if err := pageTemplate.Execute(&b, newView(page, sampleEvery*sampleKeep)); err != nil {
+		t.Fatal(err)
+	}
+	html := b.String()
+	for _, want := range []string{
+		"config sha256:ab12",
+		"from /etc/bulwark/policies.yaml · applied 11:59:00.000",
+		"rejected sha256:cd34 at 12:00:00.000: policies.yaml:7:14: upstream &#34;pay&#34;: Retry.MaxAttempts: bad",
+	} {
+		if !strings.Contains(html, want) {
+			t.Errorf("the page does not show %q:\n%s", want, html)
+		}
+	}
+}
