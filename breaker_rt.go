@@ -79,9 +79,15 @@ type Breaker struct {
 
 	// SlowCall is how long an attempt may take, from sending to its
 	// response headers, before it counts as slow. Zero inherits from
-	// Default, then half of the policy's Timeout.Attempt (5 s with the
-	// package defaults): an attempt that uses half its timeout is already
-	// far past the p99.9 a timeout should be set to.
+	// Default, then means learned from the host: 2 × its healthy p99.9
+	// (the baseline Timeout.Attempt learns from, which moves by at most ×2
+	// per five minutes), at least 50 ms, at most half of the policy's
+	// Timeout.Attempt (5 s with the package defaults), and that half while
+	// fewer than 200 attempts have succeeded. Twice the slowest healthy
+	// answers is slow by the host's own measure, and stays below the
+	// learned timeout (3 × the p99.9), so a host that slows down trips the
+	// slow-call rate before its attempts time out. A set SlowCall is obeyed
+	// as set: nothing is learned for it.
 	SlowCall time.Duration
 
 	// WindowCalls is how many of the most recent calls the rates are
@@ -138,6 +144,10 @@ type Breaker struct {
 	// upstream cannot enforce what Default shadows).
 	Shadow bool
 
+	// learn records that SlowCall was not given: then SlowCall is the
+	// ceiling of the learned threshold.
+	learn bool
+
 	// Disabled turns the breaker off for this upstream: every request goes
 	// through. An upstream inherits Disabled from Default unless it sets
 	// Enabled.
@@ -173,7 +183,7 @@ func (b Breaker) withDefaults(slowCall time.Duration) Breaker {
 	b.FailureRate = cmp.Or(b.FailureRate, DefaultFailureRate)
 	b.SlowCallRate = cmp.Or(b.SlowCallRate, DefaultSlowCallRate)
 	if b.SlowCall == 0 {
-		b.SlowCall = slowCall
+		b.SlowCall, b.learn = slowCall, true
 	}
 	b.WindowCalls = cmp.Or(b.WindowCalls, DefaultWindowCalls)
 	if b.MinCalls == 0 {
@@ -366,7 +376,8 @@ const (
 type breakerStage struct {
 	*breakerCore
 	next     stage
-	slow     time.Duration
+	slow     time.Duration // the slow-call threshold, or its ceiling when learned
+	learn    bool          // the threshold is learned from the host (e.learned)
 	onChange func(host string, from, to CircuitState)
 	shadow   bool
 }
@@ -473,7 +484,7 @@ func newBreaker(next stage, p Breaker, e env, randN func(int64) int64) *breakerS
 // link is a stage over next that shares c's state, with p's per-attempt
 // settings.
 func (c *breakerCore) link(next stage, p Breaker) *breakerStage {
-	return &breakerStage{breakerCore: c, next: next, slow: p.SlowCall, onChange: p.OnStateChange, shadow: p.Shadow}
+	return &breakerStage{breakerCore: c, next: next, slow: p.SlowCall, learn: p.learn, onChange: p.OnStateChange, shadow: p.Shadow}
 }
 
 // retune sets the thresholds p gives: the rates, MinCalls and the open
@@ -538,7 +549,11 @@ func (b *breakerStage) refuse(req *http.Request, c call) (*http.Response, error)
 // verdict is what gobreaker is told of an attempt judged j that took took:
 // one of the errVerdict sentinels, or nil for a fast success.
 func (b *breakerStage) verdict(j judged, took time.Duration) error {
-	slow := took >= b.slow
+	threshold := b.slow
+	if b.learn {
+		threshold, _ = b.e.learned.slowCall(b.slow)
+	}
+	slow := took >= threshold
 	switch j.v.Outcome {
 	case OutcomeIgnored:
 		return errVerdictIgnored

@@ -289,6 +289,7 @@ func TestBreakerDefaults(t *testing.T) {
 		FailureRate: DefaultFailureRate, SlowCallRate: DefaultSlowCallRate, SlowCall: time.Second,
 		WindowCalls: DefaultWindowCalls, MinCalls: DefaultMinCalls, OpenFor: DefaultOpenFor,
 		MaxOpenFor: DefaultMaxOpenFor, HalfOpenCalls: DefaultHalfOpenCalls,
+		learn: true, // SlowCall is learned, under half the attempt timeout
 	}
 	got := p.Breaker
 	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {

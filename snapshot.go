@@ -5,6 +5,7 @@ import (
 	"net"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Snapshot is the state of every host a Transport keeps, as
@@ -49,6 +50,10 @@ type HostSnapshot struct {
 	Hedge    *HedgeSnapshot    // nil unless the upstream hedges
 	Throttle *ThrottleSnapshot // nil unless Throttle is enabled
 	Quota    *QuotaSnapshot    // nil unless Bulkhead.FleetRate is set and leased
+	// Learned is what bulwark learned of the host's healthy latency, and
+	// the attempt timeout and slow-call threshold in force with where each
+	// comes from (see Timeout.Attempt and Breaker.SlowCall).
+	Learned *LearnedSnapshot
 	// Fault is what fault injection did on the host, its routes and
 	// instances included; nil until a policy that injects faults (see
 	// Fault) has a stack on the host.
@@ -81,6 +86,17 @@ func (t *Transport) Snapshot() Snapshot {
 		}
 		hs.eachRoute(func(rs *routeState) { h.Routes = append(h.Routes, rs.snapshot()) })
 		h.Fault = hs.faults.snapshot()
+		if l := hs.learned; l != nil {
+			p := hs.policy
+			var attempt, slow time.Duration
+			if !p.Timeout.Disabled {
+				attempt = p.Timeout.Attempt
+			}
+			if !p.Breaker.Disabled {
+				slow = p.Breaker.SlowCall
+			}
+			h.Learned = l.snapshot(attempt, p.Timeout.learn, slow, p.Breaker.learn)
+		}
 		sort.Slice(h.Routes, func(i, j int) bool { return h.Routes[i].Pattern < h.Routes[j].Pattern })
 		s.Hosts = append(s.Hosts, h)
 	})

@@ -45,7 +45,14 @@ func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 	if hs.faults == nil {
 		hs.faults = new(faultCounts)
 	}
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep, faults: hs.faults}
+	if prev != nil && prev.upstream == hs.upstream {
+		hs.learned = prev.learned // what the host's latency taught outlives an Update
+	}
+	if hs.learned == nil {
+		hs.learned = newLearned(hs.rep)
+	}
+	hs.learned.rep.Store(hs.rep)
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep, faults: hs.faults, learned: hs.learned}
 	hs.rt, hs.parts = t.compose(hs.policy, e, &hs.shared, reuseFrom(prev, hs))
 }
 
@@ -55,7 +62,7 @@ func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 // layers report through rep, the route's reporter; the shared ones
 // through the host's.
 func (t *Transport) buildRoute(hs *hostState, rep *reporter, p *Policy) (stage, []any) {
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep, faults: hs.faults}
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep, faults: hs.faults, learned: hs.learned}
 	shared := hs.shared
 	return t.compose(p, e, &shared, kept{})
 }
@@ -226,7 +233,7 @@ func (t *Transport) attemptStack(p *Policy, e env, base http.RoundTripper) stage
 	}
 	s = newObserveStage(s, e)
 	if !p.Timeout.Disabled {
-		s = newAttemptStage(s, p.Timeout, e.rep)
+		s = newAttemptStage(s, p.Timeout, e.rep, e.learned)
 	}
 	return s
 }
