@@ -6,11 +6,15 @@ package bulwark_test
 // seconds, and the figures hold on a loaded machine.
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -347,3 +351,58 @@ func TestLearnedSetIsObeyed(t *testing.T) {
 type rtFunc func(*http.Request) (*http.Response, error)
 
 func (f rtFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+// TestLearnedChangeLogged: the baseline's first learning, and each later
+// move by more than 2×, is logged once through the reporter, with both
+// values.
+func TestLearnedChangeLogged(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var slowAt atomic.Int64
+		h := newSimHost(func(now time.Time, rng *rand.Rand) time.Duration {
+			d := 10*time.Millisecond + time.Duration(rng.Int64N(int64(time.Millisecond)))
+			if at := slowAt.Load(); at != 0 && now.UnixNano() >= at {
+				d *= 3 // a host slower for good, within the retries' reach
+			}
+			return d
+		})
+		var buf syncBuffer
+		tr, err := bulwark.New(bulwark.Config{Base: h, Logger: slog.New(slog.NewJSONHandler(&buf, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &http.Client{Transport: tr}
+		drive(t, c, 10, time.Minute)
+		slowAt.Store(time.Now().UnixNano())
+		drive(t, c, 10, time.Hour)
+		var lines []map[string]any
+		for _, ln := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+			var m map[string]any
+			if json.Unmarshal([]byte(ln), &m) == nil && m["msg"] == "bulwark: learned latency changed" {
+				lines = append(lines, m)
+			}
+		}
+		t.Logf("log lines: %v; learned %+v", lines, learnedOf(t, tr))
+		// Learned (from 0 to ≈ 11 ms), then ≈ 11 → ≈ 33 ms, past 2× once.
+		if len(lines) != 2 || lines[0]["from"] != 0.0 || lines[1]["from"] != lines[0]["to"] || lines[1]["host"] != "sim.test:80" {
+			t.Errorf("log lines %v, want the first learning then one line for the 3× move, with both values", lines)
+		}
+	})
+}
+
+// syncBuffer is a bytes.Buffer safe for the log lines of concurrent calls.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -397,3 +397,26 @@ func TestDebugHedgeAndThrottle(t *testing.T) {
 		}
 	})
 }
+
+// TestDebugLearned: a host's learned latency and the bounds in force, with
+// where each comes from, reach the JSON and the page.
+func TestDebugLearned(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, bulwark.Config{Base: statusBase(http.StatusOK)})
+		sendOnce(t, tr, "GET", "http://a.test/")
+		d := newHandler(tr, time.Second, 5)
+		defer d.Close()
+		var page Page
+		if err := json.Unmarshal(getDebug(t, d, "/json").Body.Bytes(), &page); err != nil {
+			t.Fatal(err)
+		}
+		l := page.Snapshot.Hosts[0].Learned
+		if l == nil || l.AttemptFrom != bulwark.FromColdStart || l.AttemptTimeout != bulwark.DefaultAttemptTimeout {
+			t.Fatalf("learned = %+v, want the cold start's %v", l, bulwark.DefaultAttemptTimeout)
+		}
+		html := getDebug(t, d, "/").Body.String()
+		if !strings.Contains(html, "learned latency") || !strings.Contains(html, "attempt timeout 10000.0 ms, cold start") {
+			t.Errorf("page has no learned latency row")
+		}
+	})
+}
