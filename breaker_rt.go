@@ -30,7 +30,21 @@ const (
 	DefaultOpenFor       = 5 * time.Second
 	DefaultMaxOpenFor    = 60 * time.Second
 	DefaultHalfOpenCalls = 10
+	// DefaultBreakerConsecutive is Breaker.ConsecutiveFailures' default:
+	// see there for why ten.
+	DefaultBreakerConsecutive = 10
 )
+
+// BreakerCounts is what a host's breaker has counted while closed, as
+// Breaker.ReadyToTrip receives it: the window's calls, failures and slow
+// calls (the fleet's included, with a Fleet), and the attempts that failed
+// in a row, counted on this client alone.
+type BreakerCounts struct {
+	Calls               int64
+	Failures            int64
+	Slow                int64
+	ConsecutiveFailures int64
+}
 
 // breakerBuckets is how many buckets a window is cut into: it rolls forward
 // a tenth at a time, so an old burst fades out in steps rather than all at
@@ -53,10 +67,13 @@ const maxWindowCalls = window.MaxCalls
 // is slow) it opens again, for twice as long, up to MaxOpenFor.
 //
 // The window is the last WindowCalls calls, so a host's healthy past
-// cannot dilute a failure that starts now: with the defaults a host that
-// turns sick trips after about 50 failed calls, however much traffic came
-// before. Rates are computed only once MinCalls calls are in the window, so
-// a quiet endpoint's occasional failure never trips it. Each attempt's
+// cannot dilute a failure that starts now: with the rate rules alone a host
+// that turns sick trips after about 50 failed calls, however much traffic
+// came before. Rates are computed only once MinCalls calls are in the
+// window, so a quiet endpoint's occasional failure never trips them; a run
+// of ConsecutiveFailures failed attempts (10) trips it whatever the
+// traffic, so a dead or hung host is cut off after three or four calls,
+// and ReadyToTrip adds a rule of the user's. Each attempt's
 // verdict is Policy.Classify's, taken when its response headers arrive (or
 // its error does): an error while the caller reads the body is not
 // counted.
@@ -127,6 +144,29 @@ type Breaker struct {
 	// close. Zero inherits from Default, then DefaultHalfOpenCalls (10).
 	HalfOpenCalls int
 
+	// ReadyToTrip, if not nil, is a trip rule of the user's, beside the
+	// rate rules and ConsecutiveFailures, as gobreaker's
+	// Settings.ReadyToTrip is: after each attempt that failed or was slow
+	// while the breaker is closed, it gets the breaker's counts and trips
+	// it by returning true. It is asked whatever MinCalls says, so it can
+	// trip a quiet host; the rate rules still apply. It runs under the
+	// breaker's lock, on the request path: it must be fast, and must not
+	// call the Transport. Nil inherits from Default, then means no rule of
+	// the user's (unlike gobreaker, whose nil means more than five
+	// consecutive failures: here that is ConsecutiveFailures).
+	ReadyToTrip func(BreakerCounts) bool
+
+	// ConsecutiveFailures trips the breaker when that many attempts in a
+	// row failed, whatever MinCalls says, so that a dead or hung host at
+	// low traffic fails fast after a few calls instead of costing each of
+	// the 100 calls MinCalls waits for. Zero inherits from Default, then
+	// DefaultBreakerConsecutive (10); negative turns the rule off. Ten
+	// failed attempts are three or four calls with the default retries:
+	// more than the two failures a quiet host sees now and then (which
+	// the field warns must not trip it), fewer than gobreaker's default
+	// would need in calls, since it counts only the calls.
+	ConsecutiveFailures int
+
 	// OnStateChange, if not nil, is called after each state change of a
 	// host's breaker, outside any lock of bulwark's and gobreaker's, on the
 	// goroutine of a request that saw the change, in the order the changes
@@ -171,6 +211,10 @@ func (b Breaker) inherit(parent Breaker) Breaker {
 	if b.OnStateChange == nil {
 		b.OnStateChange = parent.OnStateChange
 	}
+	if b.ReadyToTrip == nil {
+		b.ReadyToTrip = parent.ReadyToTrip
+	}
+	b.ConsecutiveFailures = cmp.Or(b.ConsecutiveFailures, parent.ConsecutiveFailures)
 	b.Shadow = b.Shadow || parent.Shadow
 	b.Disabled = inheritOff(b.Disabled, b.Enabled, parent.Disabled)
 	return b
@@ -195,6 +239,7 @@ func (b Breaker) withDefaults(slowCall time.Duration) Breaker {
 	b.OpenFor = cmp.Or(b.OpenFor, DefaultOpenFor)
 	b.MaxOpenFor = cmp.Or(b.MaxOpenFor, max(DefaultMaxOpenFor, b.OpenFor))
 	b.HalfOpenCalls = cmp.Or(b.HalfOpenCalls, DefaultHalfOpenCalls)
+	b.ConsecutiveFailures = cmp.Or(b.ConsecutiveFailures, DefaultBreakerConsecutive)
 	return b
 }
 
@@ -413,17 +458,20 @@ type breakerCore struct {
 	// Guarded by winMu; the hooks that write them run under gobreaker's
 	// mutex too (lock order: gobreaker's, then winMu). The thresholds
 	// (minCalls to maxOpen) may be changed by Update (retune).
-	winMu    sync.Mutex
-	win      *window.Window
-	byCount  bool
-	seq      int64 // a count window's position: the calls counted
-	minCalls int64
-	failRate float64
-	slowRate float64
-	cbState  gobreaker.State
-	trips    int // trips in a row, reset when the breaker closes
-	openFor  time.Duration
-	maxOpen  time.Duration
+	winMu     sync.Mutex
+	win       *window.Window
+	byCount   bool
+	seq       int64 // a count window's position: the calls counted
+	minCalls  int64
+	failRate  float64
+	slowRate  float64
+	consec    int64 // attempts failed in a row, while closed
+	maxConsec int64 // ConsecutiveFailures; ≤ 0: off
+	userTrip  func(BreakerCounts) bool
+	cbState   gobreaker.State
+	trips     int // trips in a row, reset when the breaker closes
+	openFor   time.Duration
+	maxOpen   time.Duration
 
 	// State changes queue here under gobreaker's mutex and are reported by
 	// whichever request finds them there after leaving it.
@@ -492,6 +540,7 @@ func (c *breakerCore) link(next stage, p Breaker) *breakerStage {
 func (c *breakerCore) retune(p Breaker) {
 	c.winMu.Lock()
 	c.minCalls, c.failRate, c.slowRate = int64(p.MinCalls), p.FailureRate, p.SlowCallRate
+	c.maxConsec, c.userTrip = int64(p.ConsecutiveFailures), p.ReadyToTrip
 	c.openFor, c.maxOpen = p.OpenFor, p.MaxOpenFor
 	c.winMu.Unlock()
 }
@@ -587,6 +636,11 @@ func (b *breakerCore) isSuccessful(verdict error) bool {
 		if verdict == errVerdictSlow || verdict == errVerdictSlowFailure {
 			c[winSlow] = 1
 		}
+		if c[winFailures] > 0 {
+			b.consec++
+		} else {
+			b.consec = 0
+		}
 		b.seq++
 		b.win.Add(b.pos(), c)
 		if c[winFailures]+c[winSlow] > 0 {
@@ -609,13 +663,23 @@ func (b *breakerCore) pos() int64 {
 }
 
 // readyToTrip is gobreaker's ReadyToTrip hook, under its mutex: our window
-// decides, not gobreaker's counts.
+// and counts decide, not gobreaker's: the rate rules, then the failures in
+// a row, then the user's rule.
 func (b *breakerCore) readyToTrip(gobreaker.Counts) bool {
 	b.winMu.Lock()
 	defer b.winMu.Unlock()
 	s := b.win.Sum(b.pos())
 	// The other pods' windows count as if they were this one's (fleet.go).
-	return b.due(b.peers.Add(s, time.Now()))
+	s = b.peers.Add(s, time.Now())
+	switch {
+	case b.due(s):
+		return true
+	case b.maxConsec > 0 && b.consec >= b.maxConsec:
+		return true
+	case b.userTrip != nil:
+		return b.userTrip(BreakerCounts{Calls: s[winCalls], Failures: s[winFailures], Slow: s[winSlow], ConsecutiveFailures: b.consec})
+	}
+	return false
 }
 
 // due is the trip condition on a window's sums. Under winMu.
@@ -640,7 +704,7 @@ func (b *breakerCore) onStateChange(_ string, from, to gobreaker.State) {
 	ev := breakerEvent{from: from, to: to, at: now, calls: s[winCalls], failures: s[winFailures], slow: s[winSlow]}
 	b.cbState = to
 	b.win.Reset()
-	b.seq = 0
+	b.seq, b.consec = 0, 0
 	switch to {
 	case gobreaker.StateOpen:
 		b.peers.Reset()

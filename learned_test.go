@@ -13,10 +13,13 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -119,13 +122,16 @@ func newSim(t *testing.T, h *simHost) (*bulwark.Transport, *http.Client) {
 }
 
 // TestLearnedHungHost: a host healthy for 60 s (p99.9 20 ms, 10 calls a
-// second) then hung. Once hung, no call waits longer than 1 s: its three
-// attempts time out at the learned 50, 100 and 200 ms.
+// second) then hung for 10 s. Once hung, no call waits longer than 1 s:
+// its three attempts time out at the learned 60, 120 and 240 ms. Within 10
+// calls of the hang calls fail at once: 10 timeouts in a row open the
+// breaker. After the host recovers, traffic resumes within the open time
+// in force (the second trip's, at most 10 s).
 func TestLearnedHungHost(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var hungAt atomic.Int64
+		var hungAt, recoveredAt atomic.Int64
 		h := newSimHost(func(now time.Time, rng *rand.Rand) time.Duration {
-			if at := hungAt.Load(); at != 0 && now.UnixNano() >= at {
+			if at := hungAt.Load(); at != 0 && now.UnixNano() >= at && recoveredAt.Load() == 0 {
 				return -1
 			}
 			return lognormal(rng, 5*time.Millisecond, 20*time.Millisecond)
@@ -158,8 +164,21 @@ func TestLearnedHungHost(t *testing.T) {
 		if worst > time.Second {
 			t.Errorf("a call of the hung host took %v, want ≤ 1 s", worst)
 		}
-		if firstFast < 0 {
-			t.Errorf("the breaker never opened on the hung host")
+		if firstFast < 0 || firstFast > 10 {
+			t.Errorf("the first call refused at once was call %d of the hang, want within 10", firstFast)
+		}
+		recovered := time.Now()
+		recoveredAt.Store(recovered.UnixNano())
+		var back time.Duration = -1
+		for _, r := range drive(t, c, 10, 30*time.Second) {
+			if r.err == nil {
+				back = r.at.Sub(recovered)
+				break
+			}
+		}
+		t.Logf("recovered: the first call succeeded %v after the host did", back)
+		if back < 0 || back > 2*bulwark.DefaultOpenFor {
+			t.Errorf("first success %v after the recovery, want within the open time in force (≤ %v)", back, 2*bulwark.DefaultOpenFor)
 		}
 	})
 }
@@ -405,4 +424,77 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// refusedErr is what net/http returns for a connection the host refused.
+func refusedErr() error {
+	return &net.OpError{Op: "dial", Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: syscall.ECONNREFUSED}}
+}
+
+// TestDeadHostFailsFast: a host that refuses every connection, at 10
+// calls a second. The breaker refuses within 10 calls, and no call takes
+// longer than 300 ms: a refused connection is retried after at most
+// 10 ms, and 10 refusals in a row open the breaker.
+func TestDeadHostFailsFast(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var reached atomic.Int64
+		tr, err := bulwark.New(bulwark.Config{Base: rtFunc(func(*http.Request) (*http.Response, error) {
+			reached.Add(1)
+			return nil, refusedErr()
+		})})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := drive(t, &http.Client{Transport: tr}, 10, 5*time.Second)
+		var worst time.Duration
+		first := -1
+		for i, r := range res {
+			worst = max(worst, r.took)
+			if first < 0 && errors.Is(r.err, bulwark.ErrBreakerOpen) {
+				first = i
+			}
+		}
+		t.Logf("dead host: refused at once from call %d; %d attempts reached it; longest call %v", first, reached.Load(), worst)
+		if first < 0 || first > 10 {
+			t.Errorf("the breaker refused first at call %d, want within 10", first)
+		}
+		if worst > 300*time.Millisecond {
+			t.Errorf("a call took %v, want ≤ 300 ms", worst)
+		}
+	})
+}
+
+// TestQuietHostTwoFailures: two calls that fail at 3 a.m. on a quiet host
+// (every attempt of each) do not trip its breaker.
+func TestQuietHostTwoFailures(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fail := atomic.Bool{}
+		tr, err := bulwark.New(bulwark.Config{Base: rtFunc(func(req *http.Request) (*http.Response, error) {
+			if fail.Load() {
+				return &http.Response{StatusCode: 503, Body: http.NoBody, Header: http.Header{}, Request: req}, nil
+			}
+			return &http.Response{StatusCode: 200, Body: http.NoBody, Header: http.Header{}, Request: req}, nil
+		})})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &http.Client{Transport: tr}
+		get := func() {
+			if resp, err := c.Get("http://sim.test/"); err == nil {
+				resp.Body.Close()
+			}
+		}
+		for range 5 {
+			get()
+			time.Sleep(time.Minute)
+		}
+		fail.Store(true)
+		get()
+		time.Sleep(time.Minute)
+		get()
+		fail.Store(false)
+		if st := tr.Snapshot().Host("sim.test:80")[0].Breaker.State; st != bulwark.CircuitClosed {
+			t.Errorf("after two failed calls on a quiet host the breaker is %v, want closed", st)
+		}
+	})
 }
