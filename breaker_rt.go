@@ -95,7 +95,8 @@ type Breaker struct {
 	SlowCallRate float64
 
 	// SlowCall is how long an attempt may take, from sending to its
-	// response headers, before it counts as slow. Zero inherits from
+	// response headers, before it counts as slow (a wait in the bulkhead's
+	// queue before sending is not the host's and does not count). Zero inherits from
 	// Default, then means learned from the host: 2 × its healthy p99.9
 	// (the baseline Timeout.Attempt learns from, which moves by at most ×2
 	// per five minutes), at least 50 ms, at most half of the policy's
@@ -564,9 +565,16 @@ func (b *breakerStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	// on, so a half-open probe slot is never left taken.
 	_, _ = b.cb.Execute(func() (struct{}, error) {
 		ran = true
+		sc := sendClocks.Get().(*sendClock)
+		sc.at, c.sendAt = time.Time{}, sc
 		start := time.Now()
 		resp, err = b.next.roundTrip(req, c)
-		return struct{}{}, b.verdict(c.judge(resp, err), time.Since(start))
+		if !sc.at.IsZero() {
+			start = sc.at // sent past the bulkhead's queue, if it waited there
+		}
+		took := time.Since(start)
+		sendClocks.Put(sc)
+		return struct{}{}, b.verdict(c.judge(resp, err), took)
 	})
 	if b.pending.Load() {
 		b.flush()

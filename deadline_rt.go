@@ -226,6 +226,9 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 		return nil, doneError(ctx)
 	}
 	now := time.Now()
+	if c.sendAt != nil {
+		c.sendAt.at = now
+	}
 	bound := a.attempt
 	if a.learn {
 		bound, _ = a.learned.timeout(c.attempt, a.attempt)

@@ -59,7 +59,19 @@ type call struct {
 	// included, and so that a layer Update keeps whole judges the calls of
 	// the new stack by the new policy.
 	classify Classifier
+	// sendAt, when not nil, is where the attempt layer notes when it sent
+	// the attempt, past the bulkhead's queue: the breaker times a slow
+	// call from there, since a wait in bulwark's own queue says nothing of
+	// the host.
+	sendAt *sendClock
 }
+
+// sendClock is one attempt's send time, as call.sendAt carries it. The
+// breaker takes one from sendClocks for each attempt and puts it back when
+// the attempt returns, so that timing costs no allocation.
+type sendClock struct{ at time.Time }
+
+var sendClocks = sync.Pool{New: func() any { return new(sendClock) }}
 
 // judge is what the call's classifier makes of an outcome: every layer
 // that judges one asks here.

@@ -498,3 +498,38 @@ func TestQuietHostTwoFailures(t *testing.T) {
 		}
 	})
 }
+
+// TestSlowCallNotFromOwnQueue: a call that waited in bulwark's own
+// bulkhead queue and was then answered fast is not a slow call: the
+// breaker times the attempt from its sending.
+func TestSlowCallNotFromOwnQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newSimHost(func(time.Time, *rand.Rand) time.Duration { return 10 * time.Millisecond })
+		tr, err := bulwark.New(bulwark.Config{Base: h, Default: bulwark.Policy{
+			Bulkhead: bulwark.Bulkhead{MaxConcurrent: 1, MaxQueue: 50},
+			Breaker:  bulwark.Breaker{SlowCall: 30 * time.Millisecond},
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &http.Client{Transport: tr}
+		var wg sync.WaitGroup
+		var waited atomic.Int64
+		for range 20 {
+			wg.Go(func() {
+				start := time.Now()
+				if resp, err := c.Get("http://sim.test/"); err == nil {
+					resp.Body.Close()
+				}
+				if time.Since(start) > 30*time.Millisecond {
+					waited.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		b := tr.Snapshot().Host("sim.test:80")[0].Breaker
+		if waited.Load() == 0 || b.Calls != 20 || b.Slow != 0 {
+			t.Errorf("%d calls waited past SlowCall in the queue; breaker counted %d calls, %d slow; want 20 and none slow", waited.Load(), b.Calls, b.Slow)
+		}
+	})
+}
