@@ -165,7 +165,12 @@ type Breaker struct {
 	// failed attempts are three or four calls with the default retries:
 	// more than the two failures a quiet host sees now and then (which
 	// the field warns must not trip it), fewer than gobreaker's default
-	// would need in calls, since it counts only the calls.
+	// would need in calls, since it counts only the calls. Once the host
+	// has a learned latency (see SlowCall), the run must also last at
+	// least its learned attempt timeout (3 × the healthy p99.9, at least
+	// 50 ms): a shorter run, between answers, is a batch of attempts that
+	// timed out together in the queue of a host serving at its capacity,
+	// which the adaptive bulkhead is for, not a dead or hung host.
 	ConsecutiveFailures int
 
 	// OnStateChange, if not nil, is called after each state change of a
@@ -467,6 +472,7 @@ type breakerCore struct {
 	failRate  float64
 	slowRate  float64
 	consec    int64 // attempts failed in a row, while closed
+	consecAt  int64 // unix ns of the first of them
 	maxConsec int64 // ConsecutiveFailures; ≤ 0: off
 	userTrip  func(BreakerCounts) bool
 	cbState   gobreaker.State
@@ -645,6 +651,9 @@ func (b *breakerCore) isSuccessful(verdict error) bool {
 			c[winSlow] = 1
 		}
 		if c[winFailures] > 0 {
+			if b.consec == 0 {
+				b.consecAt = time.Now().UnixNano()
+			}
 			b.consec++
 		} else {
 			b.consec = 0
@@ -682,7 +691,7 @@ func (b *breakerCore) readyToTrip(gobreaker.Counts) bool {
 	switch {
 	case b.due(s):
 		return true
-	case b.maxConsec > 0 && b.consec >= b.maxConsec:
+	case b.maxConsec > 0 && b.consec >= b.maxConsec && time.Now().UnixNano()-b.consecAt >= int64(b.e.learned.failingFor()):
 		return true
 	case b.userTrip != nil:
 		return b.userTrip(BreakerCounts{Calls: s[winCalls], Failures: s[winFailures], Slow: s[winSlow], ConsecutiveFailures: b.consec})

@@ -331,6 +331,24 @@ func (l *learned) timeout(attempt int, ceiling time.Duration) (time.Duration, bo
 	return min(d, ceiling), true
 }
 
+// failingFor is how long a run of failed attempts must last before
+// Breaker.ConsecutiveFailures counts it: a first attempt's learned
+// timeout, so that the host has answered no attempt successfully for a
+// whole timeout; zero without a baseline. A shorter run, on a host that
+// still answers between runs, is a batch of attempts that queued together
+// behind a host serving at capacity (the adaptive limit's work), not a
+// dead or hung host. l may be nil.
+func (l *learned) failingFor() time.Duration {
+	if l == nil {
+		return 0
+	}
+	b, ok := l.est.Baseline()
+	if !ok {
+		return 0
+	}
+	return max(attemptFactor*b, learnedFloor)
+}
+
 // slowCall is the learned slow-call threshold, within [learnedFloor,
 // ceiling], and whether it is learned; ceiling while there is no baseline.
 // l may be nil.
