@@ -21,10 +21,11 @@ import (
 // coreHost is a host of cores that each serve one request in service, with
 // a FIFO queue in front of them: a request that finds every core busy
 // waits its turn, or until its caller gives up. cores can change while it
-// runs; a core taken away finishes the request it has.
+// runs, and so can service (under mu); a core taken away finishes the
+// request it has.
 type coreHost struct {
-	service time.Duration
 	mu      sync.Mutex
+	service time.Duration
 	cores   int
 	busy    int
 	queue   []chan struct{} // the waiters, in arrival order
@@ -78,8 +79,11 @@ func (h *coreHost) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 	}
 	// The core serves the request whether or not its caller still waits.
+	h.mu.Lock()
+	service := h.service
+	h.mu.Unlock()
 	done := make(chan struct{})
-	time.AfterFunc(h.service, func() { h.release(); close(done) })
+	time.AfterFunc(service, func() { h.release(); close(done) })
 	select {
 	case <-done:
 		return &http.Response{StatusCode: 200, Body: http.NoBody, Header: http.Header{}, Request: req}, nil
@@ -243,6 +247,34 @@ func TestHealthyBurstDefaults(t *testing.T) {
 		t.Logf("burst of %d after steady 4: limit before %d, %d failed", len(errs), before, failed)
 		if failed > 0 {
 			t.Errorf("%d of %d burst calls failed, want none", failed, len(errs))
+		}
+	})
+}
+
+// TestSlowerHostDefaults: a host with room for everything (1,000 cores)
+// turns from 20 ms to 40 ms under 1,200 calls a second, and the load stops
+// and comes back: its latency is its own, not a queue, so package defaults
+// refuse nothing.
+func TestSlowerHostDefaults(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := &coreHost{service: 20 * time.Millisecond, cores: 1000}
+		tr, err := bulwark.New(bulwark.Config{Base: h})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &http.Client{Transport: tr}
+		go func() {
+			time.Sleep(1500 * time.Millisecond)
+			h.mu.Lock()
+			h.service = 40 * time.Millisecond
+			h.mu.Unlock()
+		}()
+		for i := range 2 {
+			r := openLoop(c, "http://cap.test/", 1200, 3*time.Second, 250*time.Millisecond)
+			t.Logf("run %d: %d ok of %d, %d refused, %d breaker open, p99 %v", i, r.ok, r.sent, r.refused, r.open, r.p99)
+			if r.ok != r.sent {
+				t.Errorf("run %d: %d of %d calls failed, want none", i, r.sent-r.ok, r.sent)
+			}
 		}
 	})
 }

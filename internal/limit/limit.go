@@ -43,7 +43,10 @@
 // A soft limit's cut for queueing comes down to the Little's-law level
 // whole, and a window past Tolerance that is neither pressed nor piling
 // up leaves it where it is: it is in nobody's way, and the noise of a
-// heavy tail at a few in flight must not make it so.
+// heavy tail at a few in flight must not make it so. Such a window's
+// latency is the upstream's own (nothing of ours queues behind it), and the
+// baseline follows it up as fast as it follows a fall, so a host that
+// got slower is not read as queueing when the load next rises.
 //
 // What latency cannot tell apart: an upstream that got slower on its own
 // while the callers press on the limit reads as a queue, so the limit
@@ -452,7 +455,9 @@ func (g *Gradient) update(now int64) (hold bool) {
 	}
 	g.cur = min(g.max, max(g.min, g.cur))
 	switch {
-	case short <= g.base || g.cur <= g.min:
+	case short <= g.base || g.cur <= g.min || g.soft > 0 && !queued:
+		// A soft limit in nobody's way, with nothing piling up: the
+		// latency is the upstream's own, followed as fast as a fall.
 		g.base += (1 - math.Pow(1-baseFall, float64(now-g.start)/float64(fallPer))) * (short - g.base)
 	case peak < busyShare*float64(g.limit.Load()):
 		// Latency that rose while the callers were not pressing on the
