@@ -299,7 +299,7 @@ func TestBalancerAllSickBreakerOpens(t *testing.T) {
 		f := newFleet(t, 5, "tax.internal", func(int) int { return http.StatusInternalServerError })
 		tr, _, _ := balancedTransport(t, f.transport(), Policy{
 			Endpoints: Endpoints{Addrs: f.addrs},
-			Breaker:   Breaker{MinCalls: 20},
+			Breaker:   Breaker{MinCalls: 20, ConsecutiveFailures: -1}, // MinCalls under test
 			Retry:     Retry{Disabled: true},
 		})
 		c := &http.Client{Transport: tr}

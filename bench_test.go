@@ -215,3 +215,21 @@ func BenchmarkRouteMatch(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkLearned pairs the default stack, whose attempt timeout and
+// slow-call threshold are learned from the host (read from atomics on
+// every attempt), with the same stack whose two bounds are set, which only
+// records the host's latency (one attempt in eight once the host is busy):
+// the difference is what reading the learned bounds costs. What recording
+// costs is internal/learn's BenchmarkRecord, over eight. Compare with
+// BenchmarkTransport's stub/defaults at the commit before learning for the
+// whole.
+func BenchmarkLearned(b *testing.B) {
+	b.Run("set", func(b *testing.B) {
+		p := Policy{Timeout: Timeout{Attempt: DefaultAttemptTimeout}, Breaker: Breaker{SlowCall: DefaultAttemptTimeout / 2}}
+		benchRoundTrips(b, mustNew(b, Config{Base: benchBase{}, Default: p}), "http://stub.internal/x")
+	})
+	b.Run("learned", func(b *testing.B) {
+		benchRoundTrips(b, mustNew(b, Config{Base: benchBase{}}), "http://stub.internal/x")
+	})
+}

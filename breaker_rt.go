@@ -33,7 +33,21 @@ const (
 	DefaultOpenFor       = 5 * time.Second
 	DefaultMaxOpenFor    = 60 * time.Second
 	DefaultHalfOpenCalls = 10
+	// DefaultBreakerConsecutive is Breaker.ConsecutiveFailures' default:
+	// see there for why ten.
+	DefaultBreakerConsecutive = 10
 )
+
+// BreakerCounts is what a host's breaker has counted while closed, as
+// Breaker.ReadyToTrip receives it: the window's calls, failures and slow
+// calls (the fleet's included, with a Fleet), and the attempts that failed
+// in a row, counted on this client alone.
+type BreakerCounts struct {
+	Calls               int64
+	Failures            int64
+	Slow                int64
+	ConsecutiveFailures int64
+}
 
 // breakerBuckets is how many buckets a window is cut into: it rolls forward
 // a tenth at a time, so an old burst fades out in steps rather than all at
@@ -56,13 +70,16 @@ const maxWindowCalls = window.MaxCalls
 // is slow) it opens again, for twice as long, up to MaxOpenFor.
 //
 // The window is the last WindowCalls calls, so a host's healthy past
-// cannot dilute a failure that starts now: with the defaults a host that
-// turns sick after 50 healthy calls or more trips after 50 to 59 failed
-// calls (where the window's buckets of ten fall), however much traffic came
-// before; from a cold start, or just after closing (the window starts
-// empty), it takes 100. Rates are computed only once MinCalls calls are in
-// the window, so
-// a quiet endpoint's occasional failure never trips it. Each attempt's
+// cannot dilute a failure that starts now: with the rate rules alone a host
+// that turns sick after 50 healthy calls or more trips after 50 to 59
+// failed calls (where the window's buckets of ten fall), however much
+// traffic came before; from a cold start, or just after closing (the
+// window starts empty), it takes 100. Rates are computed only once
+// MinCalls calls are in the window, so a quiet endpoint's occasional
+// failure never trips them; a run of ConsecutiveFailures failed attempts
+// (10) trips it whatever the traffic, so a dead or hung host is cut off
+// after three or four calls, and ReadyToTrip adds a rule of the user's.
+// Each attempt's
 // verdict is Policy.Classify's, taken when its response headers arrive (or
 // its error does): an error while the caller reads the body is not
 // counted.
@@ -84,10 +101,17 @@ type Breaker struct {
 	SlowCallRate float64
 
 	// SlowCall is how long an attempt may take, from sending to its
-	// response headers, before it counts as slow. Zero inherits from
-	// Default, then half of the policy's Timeout.Attempt (5 s with the
-	// package defaults): an attempt that uses half its timeout is already
-	// far past the p99.9 a timeout should be set to.
+	// response headers, before it counts as slow (a wait in the bulkhead's
+	// queue before sending is not the host's and does not count). Zero inherits from
+	// Default, then means learned from the host: 2 × its healthy p99.9
+	// (the baseline Timeout.Attempt learns from, which moves by at most ×2
+	// per five minutes), at least 50 ms, at most half of the policy's
+	// Timeout.Attempt (5 s with the package defaults), and that half while
+	// fewer than 200 attempts have succeeded. Twice the slowest healthy
+	// answers is slow by the host's own measure, and stays below the
+	// learned timeout (3 × the p99.9), so a host that slows down trips the
+	// slow-call rate before its attempts time out. A set SlowCall is obeyed
+	// as set: nothing is learned for it.
 	SlowCall time.Duration
 
 	// WindowCalls is how many of the most recent calls the rates are
@@ -127,6 +151,34 @@ type Breaker struct {
 	// close. Zero inherits from Default, then DefaultHalfOpenCalls (10).
 	HalfOpenCalls int
 
+	// ReadyToTrip, if not nil, is a trip rule of the user's, beside the
+	// rate rules and ConsecutiveFailures, as gobreaker's
+	// Settings.ReadyToTrip is: after each attempt that failed or was slow
+	// while the breaker is closed, it gets the breaker's counts and trips
+	// it by returning true. It is asked whatever MinCalls says, so it can
+	// trip a quiet host; the rate rules still apply. It runs under the
+	// breaker's lock, on the request path: it must be fast, and must not
+	// call the Transport. Nil inherits from Default, then means no rule of
+	// the user's (unlike gobreaker, whose nil means more than five
+	// consecutive failures: here that is ConsecutiveFailures).
+	ReadyToTrip func(BreakerCounts) bool
+
+	// ConsecutiveFailures trips the breaker when that many attempts in a
+	// row failed, whatever MinCalls says, so that a dead or hung host at
+	// low traffic fails fast after a few calls instead of costing each of
+	// the 100 calls MinCalls waits for. Zero inherits from Default, then
+	// DefaultBreakerConsecutive (10); negative turns the rule off. Ten
+	// failed attempts are three or four calls with the default retries:
+	// more than the two failures a quiet host sees now and then (which
+	// the field warns must not trip it), fewer than gobreaker's default
+	// would need in calls, since it counts only the calls. Once the host
+	// has a learned latency (see SlowCall), the run must also last at
+	// least its learned attempt timeout (3 × the healthy p99.9, at least
+	// 50 ms): a shorter run, between answers, is a batch of attempts that
+	// timed out together in the queue of a host serving at its capacity,
+	// which the adaptive bulkhead is for, not a dead or hung host.
+	ConsecutiveFailures int
+
 	// OnStateChange, if not nil, is called after each state change of a
 	// host's breaker, outside any lock of bulwark's and gobreaker's, on the
 	// goroutine of a request that saw the change, in the order the changes
@@ -143,6 +195,10 @@ type Breaker struct {
 	// them. An upstream inherits Shadow from Default (it is or-ed: an
 	// upstream cannot enforce what Default shadows).
 	Shadow bool
+
+	// learn records that SlowCall was not given: then SlowCall is the
+	// ceiling of the learned threshold.
+	learn bool
 
 	// Disabled turns the breaker off for this upstream: every request goes
 	// through. An upstream inherits Disabled from Default unless it sets
@@ -167,6 +223,10 @@ func (b Breaker) inherit(parent Breaker) Breaker {
 	if b.OnStateChange == nil {
 		b.OnStateChange = parent.OnStateChange
 	}
+	if b.ReadyToTrip == nil {
+		b.ReadyToTrip = parent.ReadyToTrip
+	}
+	b.ConsecutiveFailures = cmp.Or(b.ConsecutiveFailures, parent.ConsecutiveFailures)
 	b.Shadow = b.Shadow || parent.Shadow
 	b.Disabled = inheritOff(b.Disabled, b.Enabled, parent.Disabled)
 	return b
@@ -179,7 +239,7 @@ func (b Breaker) withDefaults(slowCall time.Duration) Breaker {
 	b.FailureRate = cmp.Or(b.FailureRate, DefaultFailureRate)
 	b.SlowCallRate = cmp.Or(b.SlowCallRate, DefaultSlowCallRate)
 	if b.SlowCall == 0 {
-		b.SlowCall = slowCall
+		b.SlowCall, b.learn = slowCall, true
 	}
 	b.WindowCalls = cmp.Or(b.WindowCalls, DefaultWindowCalls)
 	if b.MinCalls == 0 {
@@ -191,6 +251,7 @@ func (b Breaker) withDefaults(slowCall time.Duration) Breaker {
 	b.OpenFor = cmp.Or(b.OpenFor, DefaultOpenFor)
 	b.MaxOpenFor = cmp.Or(b.MaxOpenFor, max(DefaultMaxOpenFor, b.OpenFor))
 	b.HalfOpenCalls = cmp.Or(b.HalfOpenCalls, DefaultHalfOpenCalls)
+	b.ConsecutiveFailures = cmp.Or(b.ConsecutiveFailures, DefaultBreakerConsecutive)
 	return b
 }
 
@@ -377,7 +438,8 @@ const (
 type breakerStage struct {
 	*breakerCore
 	next     stage
-	slow     time.Duration
+	slow     time.Duration // the slow-call threshold, or its ceiling when learned
+	learn    bool          // the threshold is learned from the host (e.learned)
 	onChange func(host string, from, to CircuitState)
 	shadow   bool
 }
@@ -419,17 +481,21 @@ type breakerCore struct {
 	// Guarded by winMu; the hooks that write them run under gobreaker's
 	// mutex too (lock order: gobreaker's, then winMu). The thresholds
 	// (minCalls to maxOpen) may be changed by Update (retune).
-	winMu    sync.Mutex
-	win      *window.Window
-	byCount  bool
-	seq      int64 // a count window's position: the calls counted
-	minCalls int64
-	failRate float64
-	slowRate float64
-	cbState  gobreaker.State
-	trips    int // trips in a row, reset when the breaker closes
-	openFor  time.Duration
-	maxOpen  time.Duration
+	winMu     sync.Mutex
+	win       *window.Window
+	byCount   bool
+	seq       int64 // a count window's position: the calls counted
+	minCalls  int64
+	failRate  float64
+	slowRate  float64
+	consec    int64 // attempts failed in a row, while closed
+	consecAt  int64 // unix ns of the first of them
+	maxConsec int64 // ConsecutiveFailures; ≤ 0: off
+	userTrip  func(BreakerCounts) bool
+	cbState   gobreaker.State
+	trips     int // trips in a row, reset when the breaker closes
+	openFor   time.Duration
+	maxOpen   time.Duration
 
 	// State changes queue here under gobreaker's mutex and are reported by
 	// whichever request finds them there after leaving it.
@@ -490,7 +556,7 @@ func newBreaker(next stage, p Breaker, e env, randN func(int64) int64) *breakerS
 // link is a stage over next that shares c's state, with p's per-attempt
 // settings.
 func (c *breakerCore) link(next stage, p Breaker) *breakerStage {
-	return &breakerStage{breakerCore: c, next: next, slow: p.SlowCall, onChange: p.OnStateChange, shadow: p.Shadow}
+	return &breakerStage{breakerCore: c, next: next, slow: p.SlowCall, learn: p.learn, onChange: p.OnStateChange, shadow: p.Shadow}
 }
 
 // retune sets the thresholds p gives: the rates, MinCalls and the open
@@ -498,6 +564,7 @@ func (c *breakerCore) link(next stage, p Breaker) *breakerStage {
 func (c *breakerCore) retune(p Breaker) {
 	c.winMu.Lock()
 	c.minCalls, c.failRate, c.slowRate = int64(p.MinCalls), p.FailureRate, p.SlowCallRate
+	c.maxConsec, c.userTrip = int64(p.ConsecutiveFailures), p.ReadyToTrip
 	c.openFor, c.maxOpen = p.OpenFor, p.MaxOpenFor
 	c.winMu.Unlock()
 }
@@ -521,9 +588,16 @@ func (b *breakerStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	// on, so a half-open probe slot is never left taken.
 	_, _ = b.cb.Execute(func() (struct{}, error) {
 		ran = true
+		sc := sendClocks.Get().(*sendClock)
+		sc.at, c.sendAt = time.Time{}, sc
 		start := time.Now()
 		resp, err = b.next.roundTrip(req, c)
-		return struct{}{}, b.verdict(c.judge(resp, err), time.Since(start))
+		if !sc.at.IsZero() {
+			start = sc.at // sent past the bulkhead's queue, if it waited there
+		}
+		took := time.Since(start)
+		sendClocks.Put(sc)
+		return struct{}{}, b.verdict(c.judge(resp, err), took)
 	})
 	if b.pending.Load() {
 		b.flush()
@@ -558,7 +632,11 @@ func (b *breakerStage) refuse(req *http.Request, c call, held bool) (*http.Respo
 // verdict is what gobreaker is told of an attempt judged j that took took:
 // one of the errVerdict sentinels, or nil for a fast success.
 func (b *breakerStage) verdict(j judged, took time.Duration) error {
-	slow := took >= b.slow
+	threshold := b.slow
+	if b.learn {
+		threshold, _ = b.e.learned.slowCall(b.slow)
+	}
+	slow := took >= threshold
 	switch j.v.Outcome {
 	case OutcomeIgnored:
 		return errVerdictIgnored
@@ -592,6 +670,14 @@ func (b *breakerCore) isSuccessful(verdict error) bool {
 		if verdict == errVerdictSlow || verdict == errVerdictSlowFailure {
 			c[winSlow] = 1
 		}
+		if c[winFailures] > 0 {
+			if b.consec == 0 {
+				b.consecAt = time.Now().UnixNano()
+			}
+			b.consec++
+		} else {
+			b.consec = 0
+		}
 		b.seq++
 		b.win.Add(b.pos(), c)
 		if c[winFailures]+c[winSlow] > 0 {
@@ -614,13 +700,23 @@ func (b *breakerCore) pos() int64 {
 }
 
 // readyToTrip is gobreaker's ReadyToTrip hook, under its mutex: our window
-// decides, not gobreaker's counts.
+// and counts decide, not gobreaker's: the rate rules, then the failures in
+// a row, then the user's rule.
 func (b *breakerCore) readyToTrip(gobreaker.Counts) bool {
 	b.winMu.Lock()
 	defer b.winMu.Unlock()
 	s := b.win.Sum(b.pos())
 	// The other pods' windows count as if they were this one's (fleet.go).
-	return b.due(b.peers.Add(s, time.Now()))
+	s = b.peers.Add(s, time.Now())
+	switch {
+	case b.due(s):
+		return true
+	case b.maxConsec > 0 && b.consec >= b.maxConsec && time.Now().UnixNano()-b.consecAt >= int64(b.e.learned.failingFor()):
+		return true
+	case b.userTrip != nil:
+		return b.userTrip(BreakerCounts{Calls: s[winCalls], Failures: s[winFailures], Slow: s[winSlow], ConsecutiveFailures: b.consec})
+	}
+	return false
 }
 
 // due is the trip condition on a window's sums. Under winMu.
@@ -645,7 +741,7 @@ func (b *breakerCore) onStateChange(_ string, from, to gobreaker.State) {
 	ev := breakerEvent{from: from, to: to, at: now, calls: s[winCalls], failures: s[winFailures], slow: s[winSlow]}
 	b.cbState = to
 	b.win.Reset()
-	b.seq = 0
+	b.seq, b.consec = 0, 0
 	switch to {
 	case gobreaker.StateOpen:
 		b.peers.Reset()

@@ -190,8 +190,20 @@ func TestBreakerTrips(t *testing.T) {
 		{"slow rate 0.2", Breaker{MinCalls: 10, SlowCall: slow, SlowCallRate: 0.2}, "SSSSSSSSLL", 10},
 		{"slow successes are not failures", Breaker{MinCalls: 10, SlowCall: slow, SlowCallRate: 1}, "LLLLLFFFFS", 0},
 		{"two failures on a quiet endpoint", Breaker{}, "FF", 0},
-		{"default MinCalls", Breaker{}, strings.Repeat("F", 99), 0},
-		{"default MinCalls reached", Breaker{}, strings.Repeat("S", 50) + strings.Repeat("F", 50), 100},
+		{"default MinCalls", Breaker{ConsecutiveFailures: -1}, strings.Repeat("F", 99), 0},
+		{"default MinCalls reached", Breaker{ConsecutiveFailures: -1}, strings.Repeat("S", 50) + strings.Repeat("F", 50), 100},
+		{"ten failures in a row trip a quiet host", Breaker{}, "FFFFFFFFFF", 10},
+		{"nine do not", Breaker{}, "FFFFFFFFF", 0},
+		{"a success ends the run", Breaker{}, "FFFFFFFFFSFFFFFFFFF", 0},
+		{"ignored calls do not", Breaker{}, "FFFFF44CCFFFFF", 14},
+		{"slow successes end the run too", Breaker{SlowCall: slow}, "FFFFFFFFFLFFFFFFFFF", 0},
+		{"a run of 3", Breaker{ConsecutiveFailures: 3}, "SFFSFFF", 7},
+		{"the run rule off", Breaker{ConsecutiveFailures: -1}, strings.Repeat("F", 50), 0},
+		{"ReadyToTrip on failures in a row", Breaker{ReadyToTrip: func(c BreakerCounts) bool { return c.ConsecutiveFailures >= 3 }}, "FFSFFF", 6},
+		{"ReadyToTrip on slow calls", Breaker{SlowCall: slow, ReadyToTrip: func(c BreakerCounts) bool { return c.Slow >= 2 && c.Calls >= 3 }}, "LSL", 3},
+		{"ReadyToTrip is asked on failures only", Breaker{ReadyToTrip: func(c BreakerCounts) bool { return c.Calls >= 3 }}, "SSSSF", 5},
+		{"ReadyToTrip sees the window's failures", Breaker{ReadyToTrip: func(c BreakerCounts) bool { return c.Failures == 2 && c.Calls == 4 }}, "SFSF", 4},
+		{"ReadyToTrip false leaves the rate rules", Breaker{MinCalls: 10, ReadyToTrip: func(BreakerCounts) bool { return false }}, "SSSSSFFFFF", 10},
 		{"count window of 20", Breaker{WindowCalls: 20}, strings.Repeat("S", 100) + strings.Repeat("F", 10), 110},
 	}
 	for _, tt := range tests {
@@ -252,9 +264,12 @@ func TestBreakerDefaultsTripWithinAHundredCalls(t *testing.T) {
 		return 0
 	}
 
+	// The rate rule is under test in the first two: the run of failures
+	// (ConsecutiveFailures) would trip first; the third has it.
+	rateOnly := Policy{Breaker: Breaker{ConsecutiveFailures: -1}}
 	t.Run("after a healthy past", func(t *testing.T) {
 		base := &opBase{}
-		tr := mustNew(t, Config{Base: base, Default: only(Policy{}, "breaker")})
+		tr := mustNew(t, Config{Base: base, Default: only(rateOnly, "breaker")})
 		for i := range 10_000 {
 			if code, err := send(t, tr, t.Context(), breakerURL, "S"); err != nil || code != 200 {
 				t.Fatalf("healthy call %d: %d, %v", i+1, code, err)
@@ -273,9 +288,19 @@ func TestBreakerDefaultsTripWithinAHundredCalls(t *testing.T) {
 	})
 	t.Run("cold", func(t *testing.T) {
 		base := &opBase{}
-		tr := mustNew(t, Config{Base: base, Default: only(Policy{}, "breaker")})
+		tr := mustNew(t, Config{Base: base, Default: only(rateOnly, "breaker")})
 		if n := failingUntilOpen(t, tr, base); n != DefaultMinCalls {
 			t.Errorf("failing from the first call: %d calls reached the upstream before the breaker opened, want %d (MinCalls)", n, DefaultMinCalls)
+		}
+	})
+	t.Run("a run of failures", func(t *testing.T) {
+		base := &opBase{}
+		tr := mustNew(t, Config{Base: base, Default: only(Policy{}, "breaker")})
+		for range 10_000 {
+			send(t, tr, t.Context(), breakerURL, "S")
+		}
+		if n := failingUntilOpen(t, tr, base); n != DefaultBreakerConsecutive {
+			t.Errorf("%d failing calls in a row reached the upstream before the breaker opened, want %d (ConsecutiveFailures)", n, DefaultBreakerConsecutive)
 		}
 	})
 }
@@ -289,6 +314,8 @@ func TestBreakerDefaults(t *testing.T) {
 		FailureRate: DefaultFailureRate, SlowCallRate: DefaultSlowCallRate, SlowCall: time.Second,
 		WindowCalls: DefaultWindowCalls, MinCalls: DefaultMinCalls, OpenFor: DefaultOpenFor,
 		MaxOpenFor: DefaultMaxOpenFor, HalfOpenCalls: DefaultHalfOpenCalls,
+		ConsecutiveFailures: DefaultBreakerConsecutive,
+		learn:               true, // SlowCall is learned, under half the attempt timeout
 	}
 	got := p.Breaker
 	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {

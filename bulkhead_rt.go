@@ -25,8 +25,7 @@ import (
 // caller's capacity, as Nygard's Release It! sizes bulkheads: a slow
 // dependency should be able to strand only its own share.
 //
-// It is also the floor of the package default limit, which is adaptive:
-// see Bulkhead.Adaptive.
+// The package default limit is adaptive instead: see Bulkhead.Adaptive.
 const DefaultMaxConcurrent = 100
 
 // DefaultAdaptiveMax is the ceiling of an adaptive limit when
@@ -38,14 +37,21 @@ const DefaultMaxConcurrent = 100
 // the recent peak may be until the limit grows back (Bulkhead.Adaptive).
 const DefaultAdaptiveMax = 1000
 
-// DefaultMinConcurrent is the floor of an adaptive limit set with
-// Bulkhead.Adaptive when Bulkhead.MinConcurrent is zero (or MaxConcurrent,
-// if that is less).
+// DefaultMinConcurrent is the floor of an adaptive limit (the package
+// default, or one set with Bulkhead.Adaptive) when Bulkhead.MinConcurrent
+// is zero (or MaxConcurrent, if that is less). Ten in flight are never
+// refused: about what a host of ten cores needs, and a floor the noise of
+// a heavy tail's latency at a few in flight cannot cut through.
 const DefaultMinConcurrent = 10
 
 // defaultHeadroom is how far above the peak in flight the package default
 // adaptive limit decays to.
 const defaultHeadroom = 2
+
+// softFor is how long after the last window that showed queueing the
+// package default limit stays enforced; past it, a request over the limit
+// is admitted and the limit rises to what is in flight (limit.Config.Soft).
+const softFor = time.Second
 
 // ErrRateLimited reports that the host's client-side rate limit
 // (Bulkhead.Rate) had no token for the request before its deadline, so the
@@ -67,7 +73,7 @@ type Bulkhead struct {
 	// MaxConcurrent is how many requests to one host may be in flight at
 	// once: a fixed limit, or an adaptive limit's ceiling when Adaptive is
 	// set. Zero inherits from Default, then the package default: an
-	// adaptive limit from DefaultMaxConcurrent up to DefaultAdaptiveMax.
+	// adaptive limit from DefaultMinConcurrent up to DefaultAdaptiveMax.
 	MaxConcurrent int
 
 	// Adaptive makes the limit learn from latency, within MinConcurrent and
@@ -80,19 +86,27 @@ type Bulkhead struct {
 	// requests use the limit and see no queue it probes upward by 1,
 	// doubling each window in a row; while they use less it decays toward
 	// 1.1 × their peak. It starts at MaxConcurrent. The queue (MaxQueue)
-	// still applies to requests past the limit. Adaptive is on whenever
-	// MaxConcurrent is zero after inheritance (that default limit decays
-	// only toward twice the peak); set MaxConcurrent without Adaptive for a
-	// fixed limit. A decayed limit can refuse a burst larger than it: after
-	// a quiet spell, a sudden burst of more than twice the recent peak
-	// meets the lower limit (and the queue, if any) until the probing
-	// raises it.
+	// still applies to requests past the limit. Set MaxConcurrent without
+	// Adaptive for a fixed limit.
+	//
+	// Adaptive is on whenever MaxConcurrent is zero after inheritance, and
+	// that package default limit is soft: while no window of the last
+	// second has shown the host queueing, a request past the limit is
+	// admitted and the limit rises to what is in flight, so a healthy
+	// host's bursts at its baseline latency are not refused; idle, it
+	// decays toward twice the peak in flight. A window shows queueing when its mean latency is
+	// past the tolerance (or a request was dropped) while the callers
+	// press on the limit or their requests in flight pile up faster than
+	// the host answers, or when callers pressing on the limit see a queue
+	// at all; the limit then comes down to the Little's-law level whole,
+	// not by at most half, and stays enforced until a second passes
+	// without such a window. MinConcurrent and MaxConcurrent stay hard
+	// bounds.
 	Adaptive bool
 
 	// MinConcurrent is an adaptive limit's floor. Zero inherits from
-	// Default, then DefaultMaxConcurrent for the package default limit, or
-	// DefaultMinConcurrent (at most MaxConcurrent) for one set Adaptive.
-	// Ignored for a fixed limit.
+	// Default, then DefaultMinConcurrent (at most MaxConcurrent). Ignored
+	// for a fixed limit.
 	MinConcurrent int
 
 	// MaxQueue is how many requests may wait, in arrival order, for a slot
@@ -180,7 +194,7 @@ type Bulkhead struct {
 	Enabled bool
 
 	// pkgDefault marks the package default adaptive limit (set by
-	// withDefaults), whose limit keeps twice the peak in flight.
+	// withDefaults): soft, decaying toward twice the peak in flight.
 	pkgDefault bool
 }
 
@@ -202,11 +216,10 @@ func (b Bulkhead) inherit(parent Bulkhead) Bulkhead {
 func (b Bulkhead) withDefaults() Bulkhead {
 	switch {
 	case b.MaxConcurrent == 0 && !b.Adaptive:
-		// The package default: adaptive, never tighter than the fixed
-		// limit it replaced.
+		// The package default: adaptive and soft (see Adaptive).
 		b.Adaptive, b.pkgDefault = true, true
 		b.MaxConcurrent = DefaultAdaptiveMax
-		b.MinConcurrent = cmp.Or(b.MinConcurrent, min(DefaultMaxConcurrent, DefaultAdaptiveMax))
+		b.MinConcurrent = cmp.Or(b.MinConcurrent, DefaultMinConcurrent)
 	case b.Adaptive:
 		b.MaxConcurrent = cmp.Or(b.MaxConcurrent, DefaultAdaptiveMax)
 		b.MinConcurrent = cmp.Or(b.MinConcurrent, min(DefaultMinConcurrent, b.MaxConcurrent))
@@ -349,9 +362,10 @@ func newBulkhead(next stage, p Bulkhead, name string, rep *reporter, ignored *at
 		c := limit.Config{Min: max(1, p.MinConcurrent), Max: p.MaxConcurrent}
 		if p.pkgDefault {
 			// A drop-in for http.DefaultClient must not refuse a healthy
-			// upstream's bursts: twice the recent peak, above a floor of
-			// the fixed limit it replaced.
+			// upstream's bursts: a soft limit, enforced only while the
+			// host queues, decaying toward twice the recent peak.
 			c.Headroom = defaultHeadroom
+			c.Soft = softFor
 		}
 		b.lim, _ = limit.New(c)
 	}
@@ -482,6 +496,13 @@ func (b *bulkheadStage) followPolicy(h http.Header) {
 	}
 }
 
+// admitOver reports whether a request that finds n in flight, at or past
+// the limit, goes all the same: a soft adaptive limit while the host shows
+// no queue (limit.Gradient.Admit), which then rises to n + 1.
+func (b *bulkheadStage) admitOver(n int64) bool {
+	return b.lim != nil && b.lim.Admit(time.Now().UnixNano(), int(n))
+}
+
 // limitNow is the limit in force: the adaptive one's current value, or the
 // fixed one.
 func (b *bulkheadStage) limitNow() int64 {
@@ -520,7 +541,7 @@ func (b *bulkheadStage) acquire(req *http.Request, c call) error {
 	if b.maxQueue == 0 {
 		for {
 			n := b.inFlight.Load()
-			if n >= b.limitNow() {
+			if n >= b.limitNow() && !b.admitOver(n) {
 				return b.full
 			}
 			if b.inFlight.CompareAndSwap(n, n+1) {
@@ -532,7 +553,7 @@ func (b *bulkheadStage) acquire(req *http.Request, c call) error {
 	// A free slot goes to the queue first: taking it past waiters would
 	// break FIFO order (and a releaser hands slots to waiters directly, so
 	// a free slot with waiters only exists for an instant anyway).
-	if n := b.inFlight.Load(); n < b.limitNow() && b.queue.Front() == nil {
+	if n := b.inFlight.Load(); (n < b.limitNow() || b.admitOver(n)) && b.queue.Front() == nil {
 		b.inFlight.Store(n + 1)
 		b.mu.Unlock()
 		return nil

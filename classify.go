@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // Outcome is what one attempt's result says about its host's health, as a
@@ -283,6 +284,13 @@ func classify(resp *http.Response, err error) kind {
 		return kindPermanent
 	}
 	return kindTransient
+}
+
+// connRefused reports a connection the host refused: nothing was sent, so
+// the host spent nothing on it but a reset, and a retry soon costs it as
+// little (the retry layer waits at most refusedWait before one).
+func connRefused(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED)
 }
 
 // permanentError reports a transport error that another try will not

@@ -93,14 +93,15 @@ func TestPolicyInheritance(t *testing.T) {
 		upstream string
 		want     Timeout
 	}{
-		// Default: Attempt takes the package default, capped at Total, and
-		// BodyIdle takes Attempt's; Total, set (in Default), bounds the body.
-		{"http://other.internal/", "default", Timeout{Total: 4 * time.Second, Attempt: 4 * time.Second, BodyIdle: 4 * time.Second, Header: "X-Deadline", totalSet: true}},
+		// Default: Attempt is learned, under the package default capped at
+		// Total, and BodyIdle takes that ceiling; Total, set (in Default),
+		// bounds the body.
+		{"http://other.internal/", "default", Timeout{Total: 4 * time.Second, Attempt: 4 * time.Second, BodyIdle: 4 * time.Second, Header: "X-Deadline", totalSet: true, learn: true}},
 		// Host key, any port; inherits Total and Header from Default.
 		{"http://tax.internal/rate", "tax.internal", Timeout{Total: 4 * time.Second, Attempt: 150 * time.Millisecond, BodyIdle: 150 * time.Millisecond, Header: "X-Deadline", totalSet: true}},
 		{"https://TAX.internal:9000/rate", "tax.internal", Timeout{Total: 4 * time.Second, Attempt: 150 * time.Millisecond, BodyIdle: 150 * time.Millisecond, Header: "X-Deadline", totalSet: true}},
 		// Exact host:port wins over the host key.
-		{"https://tax.internal:8443/rate", "tax.internal:8443", Timeout{Total: 4 * time.Second, Attempt: 4 * time.Second, BodyIdle: 4 * time.Second, Header: "X-Deadline", Disabled: true, totalSet: true}},
+		{"https://tax.internal:8443/rate", "tax.internal:8443", Timeout{Total: 4 * time.Second, Attempt: 4 * time.Second, BodyIdle: 4 * time.Second, Header: "X-Deadline", Disabled: true, totalSet: true, learn: true}},
 	}
 	for _, tt := range tests {
 		u, _ := url.Parse(tt.url)

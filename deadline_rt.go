@@ -19,8 +19,9 @@ import (
 const NoDeadlineHeader = "-"
 
 // Package defaults for Timeout. A timeout is a capacity decision: these are
-// generous bounds meant to be tightened to about the p99.9 of the upstream's
-// healthy latency, not values tuned for any service.
+// generous bounds. DefaultAttemptTimeout is the ceiling of the attempt
+// timeout bulwark learns from each host (see Timeout.Attempt), and the
+// timeout while it has not learned one yet.
 const (
 	DefaultTotalTimeout   = 30 * time.Second
 	DefaultAttemptTimeout = 10 * time.Second
@@ -52,7 +53,20 @@ type Timeout struct {
 
 	// Attempt bounds one attempt, from sending until its response headers
 	// arrive. It may not exceed Total. Zero inherits from Default, then
-	// DefaultAttemptTimeout, capped at Total.
+	// means learned: each host's timeout follows its own healthy latency,
+	// as TCP's retransmission timer follows the round trip (RFC 6298) and
+	// LogDevice's adaptive timeouts follow a high quantile. A first
+	// attempt's is 3 × the host's healthy p99.9 (the p99.9 of the attempts
+	// Policy.Classify called a success, over the last five to ten
+	// minutes), at least 50 ms, at most DefaultAttemptTimeout and Total;
+	// each retry doubles it, as TCP doubles its timer, up to the same
+	// ceiling. Until a host has answered 200 attempts, and on a host that
+	// never answers, it is the ceiling. The p99.9 it follows may move by
+	// at most ×2 per five minutes, so that a host slowed by an incident,
+	// whose answers come slower for minutes, does not teach it that slow
+	// is normal, while a host that stays slower for an hour is followed.
+	// Transport.Snapshot shows what was learned (HostSnapshot.Learned).
+	// A set Attempt is obeyed as set: nothing is learned for it.
 	Attempt time.Duration
 
 	// BodyIdle bounds how long one read of a response body may wait for a
@@ -81,6 +95,9 @@ type Timeout struct {
 	// totalSet records that Total was given, not defaulted: only then does
 	// it bound the body.
 	totalSet bool
+	// learn records that Attempt was not given: then Attempt is the
+	// ceiling of the learned timeout.
+	learn bool
 }
 
 func (t Timeout) inherit(parent Timeout) Timeout {
@@ -108,6 +125,7 @@ func (t Timeout) validate() error {
 
 func (t Timeout) withDefaults() Timeout {
 	t.totalSet = t.Total > 0
+	t.learn = t.Attempt == 0
 	t.Total = cmp.Or(t.Total, DefaultTotalTimeout)
 	t.Attempt = cmp.Or(t.Attempt, min(DefaultAttemptTimeout, t.Total))
 	t.BodyIdle = cmp.Or(t.BodyIdle, t.Attempt)
@@ -162,10 +180,24 @@ type attemptStage struct {
 	bodyTotal bool          // Total bounds the body (it was set explicitly)
 	header    string        // empty: no per-attempt headers
 	rep       *reporter
+	// learned is the host's healthy latency: every attempt's success is
+	// recorded in it, and, when learn is set (Attempt was not), the
+	// attempt's bound is learned from it, attempt being its ceiling.
+	learned *learned
+	learn   bool
+	// learnedMs caches the deadline header's value for the learned first
+	// attempt's timeout, which changes far less often than calls come.
+	learnedMs atomic.Pointer[headerValue]
 }
 
-func newAttemptStage(next stage, t Timeout, rep *reporter) *attemptStage {
-	a := &attemptStage{next: next, attempt: t.Attempt, idle: t.BodyIdle, bodyTotal: t.totalSet, rep: rep}
+// headerValue is a deadline header's value for a time left of left.
+type headerValue struct {
+	left time.Duration
+	ms   string
+}
+
+func newAttemptStage(next stage, t Timeout, rep *reporter, l *learned) *attemptStage {
+	a := &attemptStage{next: next, attempt: t.Attempt, idle: t.BodyIdle, bodyTotal: t.totalSet, rep: rep, learned: l, learn: t.learn && l != nil}
 	if t.Header != NoDeadlineHeader {
 		a.header = t.Header
 		a.attemptMs = deadlineValue(t.Attempt)
@@ -194,8 +226,15 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 		return nil, doneError(ctx)
 	}
 	now := time.Now()
+	if c.sendAt != nil {
+		c.sendAt.at = now
+	}
+	bound := a.attempt
+	if a.learn {
+		bound, _ = a.learned.timeout(c.attempt, a.attempt)
+	}
 	// Our bound on the wait for headers: Attempt, or Total's end if sooner.
-	ours, limit := now.Add(a.attempt), errAttemptTimeout
+	ours, limit := now.Add(bound), errAttemptTimeout
 	if !c.total.IsZero() && c.total.Before(ours) {
 		ours, limit = c.total, errTotalTimeout
 	}
@@ -240,6 +279,12 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 		vals := r.vals[:]
 		if left == a.attempt {
 			vals[0] = a.attemptMs
+		} else if h := a.learnedMs.Load(); h != nil && h.left == left {
+			vals[0] = h.ms
+		} else if left == bound && c.attempt <= 1 {
+			h := &headerValue{left: left, ms: deadlineValue(left)}
+			a.learnedMs.Store(h)
+			vals[0] = h.ms
 		} else {
 			vals[0] = deadlineValue(left)
 		}
@@ -261,6 +306,7 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	resp, err := a.next.roundTrip(out, c)
 	returned = true
 	r.stopTimer()
+	a.learned.record(c, now, resp, err)
 	if err != nil {
 		err = r.cut(err)
 		r.bodyEnd()

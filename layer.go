@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/bulwark-http/bulwark/internal/learn"
 )
 
 // stage is one layer of a host's stack. Every layer of bulwark implements
@@ -57,7 +59,19 @@ type call struct {
 	// included, and so that a layer Update keeps whole judges the calls of
 	// the new stack by the new policy.
 	classify Classifier
+	// sendAt, when not nil, is where the attempt layer notes when it sent
+	// the attempt, past the bulkhead's queue: the breaker times a slow
+	// call from there, since a wait in bulwark's own queue says nothing of
+	// the host.
+	sendAt *sendClock
 }
+
+// sendClock is one attempt's send time, as call.sendAt carries it. The
+// breaker takes one from sendClocks for each attempt and puts it back when
+// the attempt returns, so that timing costs no allocation.
+type sendClock struct{ at time.Time }
+
+var sendClocks = sync.Pool{New: func() any { return new(sendClock) }}
 
 // judge is what the call's classifier makes of an outcome: every layer
 // that judges one asks here.
@@ -195,6 +209,9 @@ type env struct {
 	scheme   string
 	upstream string    // the Upstreams key, or "default"
 	rep      *reporter // never nil
+	// learned is the host's healthy latency, which the attempt deadline
+	// and the breaker learn their bounds from; nil: nothing is learned.
+	learned *learned
 }
 
 // baseStage adapts the base http.RoundTripper, and holds it to the
@@ -227,4 +244,188 @@ func (b baseStage) roundTrip(req *http.Request, _ call) (*http.Response, error) 
 		resp.Body = http.NoBody
 	}
 	return resp, nil
+}
+
+// The learned bounds. A bound the policy sets (Timeout.Attempt,
+// Breaker.SlowCall) is obeyed as set; a zero one follows the host's
+// healthy p99.9 (internal/learn: the successes' latency to response
+// headers, moving at most ×2 per 5 minutes), clamped between
+// learnedFloor and the static default, which also serves while fewer
+// than learn.MinSamples successes have been seen.
+const (
+	// attemptFactor × the healthy p99.9 is a first attempt's learned
+	// timeout. LogDevice's adaptive timeouts multiply a high quantile by a
+	// safety factor in the same way; 3 leaves room for the quantile's
+	// error and a host's ordinary jitter: a lognormal host whose p99.9 is
+	// 20× its median (a heavy tail) passes 3 × its p99.9 on about one
+	// attempt in 80,000.
+	attemptFactor = 3
+	// slowFactor × the healthy p99.9 is the learned slow-call threshold:
+	// below the timeout, so that a host twice as slow as its worst healthy
+	// answers is slow before it times out.
+	slowFactor = 2
+	// learnedFloor is the least learned timeout or threshold: below it a
+	// pause of the caller's own (a GC, a starved CPU, a new connection's
+	// handshake) would time out a healthy host. 50 ms keeps a hung host's
+	// three attempts (50, 100 and 200 ms, doubled as TCP's timer is, RFC
+	// 6298 5.5) and their default backoffs (at most 100 and 200 ms) under
+	// 650 ms.
+	learnedFloor = 50 * time.Millisecond
+)
+
+// learned is a host's healthy latency, shared by the layers that derive a
+// bound from it (the attempt deadline, the breaker's slow calls), so that
+// both follow one baseline; it is the host's, kept across Transport.Update
+// as the measurement it is.
+type learned struct {
+	est *learn.Estimator
+	// rep, set by each build of the host's stack, gets the log line of a
+	// change by more than 2×; logged is the baseline it last reported.
+	rep    atomic.Pointer[reporter]
+	logged atomic.Int64
+}
+
+func newLearned(rep *reporter) *learned {
+	l := &learned{est: learn.New(time.Now())}
+	l.rep.Store(rep)
+	return l
+}
+
+// record takes the outcome of an attempt sent at start, when the call's
+// classifier calls it a success: an ignored outcome (the caller's cancel,
+// a hedge's loser) or a failure says nothing about healthy latency. l may
+// be nil.
+func (l *learned) record(c call, start time.Time, resp *http.Response, err error) {
+	if l == nil || !l.est.Want() || c.judge(resp, err).v.Outcome != OutcomeSuccess {
+		return
+	}
+	now := time.Now()
+	if !l.est.Record(now.Sub(start), now) {
+		return
+	}
+	b, ok := l.est.Baseline()
+	old := time.Duration(l.logged.Load())
+	if !ok || old != 0 && b <= 2*old && old <= 2*b {
+		return
+	}
+	if l.logged.CompareAndSwap(int64(old), int64(b)) {
+		if rep := l.rep.Load(); rep != nil {
+			rep.learnedChanged(old, b)
+		}
+	}
+}
+
+// timeout is the attempt-th attempt's learned timeout (attempt from 1; 0,
+// when no retry layer numbers them, counts as 1), and whether it is
+// learned: attemptFactor × the baseline, doubled for each attempt before
+// it, within [learnedFloor, ceiling]. ceiling (the static default) while
+// there is no baseline; l may be nil.
+func (l *learned) timeout(attempt int, ceiling time.Duration) (time.Duration, bool) {
+	if l == nil {
+		return ceiling, false
+	}
+	b, ok := l.est.Baseline()
+	if !ok {
+		return ceiling, false
+	}
+	d := max(attemptFactor*b, learnedFloor)
+	for i := 1; i < attempt && d < ceiling; i++ {
+		d *= 2
+	}
+	return min(d, ceiling), true
+}
+
+// failingFor is how long a run of failed attempts must last before
+// Breaker.ConsecutiveFailures counts it: a first attempt's learned
+// timeout, so that the host has answered no attempt successfully for a
+// whole timeout; zero without a baseline. A shorter run, on a host that
+// still answers between runs, is a batch of attempts that queued together
+// behind a host serving at capacity (the adaptive limit's work), not a
+// dead or hung host. l may be nil.
+func (l *learned) failingFor() time.Duration {
+	if l == nil {
+		return 0
+	}
+	b, ok := l.est.Baseline()
+	if !ok {
+		return 0
+	}
+	return max(attemptFactor*b, learnedFloor)
+}
+
+// slowCall is the learned slow-call threshold, within [learnedFloor,
+// ceiling], and whether it is learned; ceiling while there is no baseline.
+// l may be nil.
+func (l *learned) slowCall(ceiling time.Duration) (time.Duration, bool) {
+	if l == nil {
+		return ceiling, false
+	}
+	b, ok := l.est.Baseline()
+	if !ok {
+		return ceiling, false
+	}
+	return min(max(slowFactor*b, learnedFloor), ceiling), true
+}
+
+// Where a bound in force comes from, as LearnedSnapshot says it.
+const (
+	FromSet       = "set"
+	FromLearned   = "learned"
+	FromColdStart = "cold start"
+)
+
+// LearnedSnapshot is what bulwark has learned of a host's healthy latency,
+// and the bounds in force that follow from it.
+type LearnedSnapshot struct {
+	// Samples is how many healthy attempts the window (the last five to
+	// ten minutes) held at its last reading; thinned to one in eight on a
+	// busy host.
+	Samples int64
+	// HealthyP50 and HealthyP999 are the median and the p99.9 of those
+	// attempts' latency to response headers; zero below 200 samples.
+	HealthyP50, HealthyP999 time.Duration
+	// Baseline is the p99.9 the bounds are learned from: it follows
+	// HealthyP999 by at most ×2 per 5 minutes, so that an incident does
+	// not teach it that slow is normal. Zero until learned.
+	Baseline time.Duration
+	// AttemptTimeout is a first attempt's timeout in force (a retry's
+	// doubles, up to the static default), and AttemptFrom where it comes
+	// from: FromSet (Timeout.Attempt), FromLearned, or FromColdStart (too
+	// few samples yet: the static default); zero and empty when the
+	// Timeout policy is disabled.
+	AttemptTimeout time.Duration
+	AttemptFrom    string
+	// SlowCall is the breaker's slow-call threshold in force, and
+	// SlowCallFrom where it comes from, as AttemptFrom; zero and empty
+	// when the breaker is off.
+	SlowCall     time.Duration
+	SlowCallFrom string
+}
+
+// snapshot reads l under the host's bounds: attempt and slow are the
+// policy's values, each learned or set as its flag says (attempt ≤ 0: no
+// deadline layer; slow ≤ 0: no breaker).
+func (l *learned) snapshot(attempt time.Duration, learnAttempt bool, slow time.Duration, learnSlow bool) *LearnedSnapshot {
+	s := &LearnedSnapshot{}
+	s.HealthyP50, s.HealthyP999, s.Samples = l.est.Window()
+	s.Baseline, _ = l.est.Baseline()
+	if attempt > 0 {
+		s.AttemptTimeout, s.AttemptFrom = attempt, FromSet
+	}
+	if attempt > 0 && learnAttempt {
+		s.AttemptFrom = FromColdStart
+		if d, ok := l.timeout(1, attempt); ok {
+			s.AttemptTimeout, s.AttemptFrom = d, FromLearned
+		}
+	}
+	if slow > 0 {
+		s.SlowCall, s.SlowCallFrom = slow, FromSet
+		if learnSlow {
+			s.SlowCallFrom = FromColdStart
+			if d, ok := l.slowCall(slow); ok {
+				s.SlowCall, s.SlowCallFrom = d, FromLearned
+			}
+		}
+	}
+	return s
 }

@@ -656,6 +656,18 @@ func (hs *reporter) limitChanged(name string, old, limit int) {
 	}
 }
 
+// learnedChanged reports, at Info, that the healthy p99.9 a host's
+// learned bounds follow moved by more than 2×, from old (zero: nothing
+// learned yet) to p999.
+func (hs *reporter) learnedChanged(old, p999 time.Duration) {
+	ctx := context.Background()
+	if l := hs.logger; l.Enabled(ctx, slog.LevelInfo) {
+		l.LogAttrs(ctx, slog.LevelInfo, "bulwark: learned latency changed",
+			slog.String("upstream", hs.upstream), slog.String("host", hs.host),
+			slog.Duration("from", old), slog.Duration("to", p999))
+	}
+}
+
 // throttleChanged reports, at Info, that the host's client-side throttle
 // probability moved from old to p.
 func (hs *reporter) throttleChanged(old, p float64) {

@@ -87,7 +87,7 @@ func (p Policy) inherit(parent Policy) Policy {
 func (p Policy) withDefaults() Policy {
 	p.Timeout = p.Timeout.withDefaults()
 	p.Bulkhead = p.Bulkhead.withDefaults()
-	slow := p.Timeout.Attempt / 2 // Breaker.SlowCall's default
+	slow := p.Timeout.Attempt / 2 // the ceiling of Breaker.SlowCall's learned default
 	if slow <= 0 {
 		slow = DefaultAttemptTimeout / 2
 	}

@@ -102,7 +102,9 @@ type Retry struct {
 	// Base and Cap shape the backoff: the wait before retry n (from 0) grows
 	// as Base × 2ⁿ up to Cap, then Jitter randomises it. Cap may not be below
 	// Base. Zero inherits from Default, then DefaultRetryBase, and for Cap
-	// DefaultRetryCap (or Base, if that is larger).
+	// DefaultRetryCap (or Base, if that is larger). After a connection
+	// the host refused the wait is at most 10 ms: nothing reached the host,
+	// and a dead host should be judged in a few calls, not seconds.
 	Base, Cap time.Duration
 
 	// MaxRetryAfter caps the wait a 429 or 503 response's Retry-After asks
@@ -635,6 +637,13 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 	}
 	if !d.fromRA {
 		d.wait = r.backoffWait(attempt-1, resp, prevWait)
+		if connRefused(err) {
+			// A refused connection cost the host nothing: backing off
+			// spares it no work and only makes a dead host slow to judge
+			// (the breaker counts each refusal, ConsecutiveFailures in a
+			// row open it). A little jitter still spreads a fleet's retries.
+			d.wait = min(d.wait, refusedWait)
+		}
 	}
 	if r.pause != nil {
 		if until := r.pause.pausedUntil(req); until.After(now) {
@@ -713,6 +722,9 @@ func (r *retryStage) backoffWait(n int, resp *http.Response, prevWait *time.Dura
 		return time.Duration(r.rand(int64(exp) + 1))
 	}
 }
+
+// refusedWait is the most a retry waits after a refused connection.
+const refusedWait = 10 * time.Millisecond
 
 // budgetBuckets is how many slices the budget window is counted in.
 const budgetBuckets = 10

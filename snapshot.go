@@ -55,6 +55,10 @@ type HostSnapshot struct {
 	Throttle *ThrottleSnapshot // nil unless Throttle is enabled
 	Quota    *QuotaSnapshot    // nil unless Bulkhead.FleetRate is set and leased
 	Fallback *FallbackSnapshot // nil unless the upstream has a Fallback
+	// Learned is what bulwark learned of the host's healthy latency, and
+	// the attempt timeout and slow-call threshold in force with where each
+	// comes from (see Timeout.Attempt and Breaker.SlowCall).
+	Learned *LearnedSnapshot
 	// Fault is what fault injection did on the host, its routes and
 	// instances included; nil until a policy that injects faults (see
 	// Fault) has a stack on the host.

@@ -3,6 +3,7 @@ package bulwark
 import (
 	"net/http"
 	"reflect"
+	"time"
 )
 
 // buildStack composes a host's layers, outer to inner, once, and records
@@ -45,11 +46,29 @@ func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 	if hs.faults == nil {
 		hs.faults = new(faultCounts)
 	}
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep}
+	if prev != nil && prev.upstream == hs.upstream {
+		hs.learned = prev.learned // what the host's latency taught outlives an Update
+	}
+	if hs.learned == nil {
+		hs.learned = newLearned(hs.rep)
+	}
+	hs.learned.rep.Store(hs.rep)
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep, learned: hs.learned}
 	hs.shared.faults = hs.faults
 	hs.rt, hs.parts, hs.shows = t.compose(hs.policy, e, &hs.shared, reuseFrom(prev, hs))
-	faults := hs.faults
-	hs.shows = append(hs.shows, func(h *HostSnapshot) { h.Fault = faults.snapshot() })
+	faults, learned, p := hs.faults, hs.learned, hs.policy
+	hs.shows = append(hs.shows,
+		func(h *HostSnapshot) { h.Fault = faults.snapshot() },
+		func(h *HostSnapshot) {
+			var attempt, slow time.Duration
+			if !p.Timeout.Disabled {
+				attempt = p.Timeout.Attempt
+			}
+			if !p.Breaker.Disabled {
+				slow = p.Breaker.SlowCall
+			}
+			h.Learned = learned.snapshot(attempt, p.Timeout.learn, slow, p.Breaker.learn)
+		})
 }
 
 // buildRoute composes the stack of one route on a host: the same layers as
@@ -58,7 +77,7 @@ func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 // layers report through rep, the route's reporter; the shared ones
 // through the host's. old is what the route's previous stack keeps.
 func (t *Transport) buildRoute(hs *hostState, rep *reporter, p *Policy, old kept) (stage, []any, []func(*HostSnapshot)) {
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep}
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep, learned: hs.learned}
 	shared := hs.shared
 	return t.compose(p, e, &shared, old)
 }
@@ -258,7 +277,7 @@ func (t *Transport) attemptStack(p *Policy, e env, base http.RoundTripper, fault
 	}
 	s = newObserveStage(s, e)
 	if !p.Timeout.Disabled {
-		s = newAttemptStage(s, p.Timeout, e.rep)
+		s = newAttemptStage(s, p.Timeout, e.rep, e.learned)
 	}
 	return s
 }

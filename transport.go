@@ -264,6 +264,9 @@ type hostState struct {
 	shared hostShared
 	// faults counts what every fault layer of the host injected.
 	faults *faultCounts
+	// learned is the host's healthy latency (layer.go), kept across an
+	// Update like faults.
+	learned *learned
 	// table is the route table the host was built under (nil: no
 	// routes), and routes[i] its i-th route's stack on this host, built on
 	// its first request (nil until then). A host keeps its table, so an

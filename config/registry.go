@@ -31,6 +31,7 @@ type Registry struct {
 	OnRetry         map[string]func(*http.Request, bulwark.RetryEvent)            // Retry.OnRetry
 	PrepareRetry    map[string]func(*http.Request) error                          // Retry.PrepareRetry
 	OnStateChange   map[string]func(host string, from, to bulwark.CircuitState)   // Breaker.OnStateChange
+	ReadyToTrip     map[string]func(bulwark.BreakerCounts) bool                   // Breaker.ReadyToTrip
 	Resolvers       map[string]bulwark.Resolver                                   // Endpoints.Resolver
 	Bases           map[string]http.RoundTripper                                  // Config.Base
 	TracerProviders map[string]trace.TracerProvider                               // Config.TracerProvider

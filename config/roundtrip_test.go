@@ -57,6 +57,9 @@ func fullRegistry() Registry {
 		PrepareRetry: map[string]func(*http.Request) error{
 			"a": func(*http.Request) error { return nil }, "b": func(*http.Request) error { return http.ErrAbortHandler },
 		},
+		ReadyToTrip: map[string]func(bulwark.BreakerCounts) bool{
+			"a": func(bulwark.BreakerCounts) bool { return false }, "b": func(c bulwark.BreakerCounts) bool { return c.Failures > 0 },
+		},
 		OnStateChange: map[string]func(string, bulwark.CircuitState, bulwark.CircuitState){
 			"a": func(string, bulwark.CircuitState, bulwark.CircuitState) {}, "b": func(string, bulwark.CircuitState, bulwark.CircuitState) { println() },
 		},

@@ -471,3 +471,29 @@ func TestDebugShowsNoSecrets(t *testing.T) {
 		t.Errorf("the hostile host is not shown escaped:\n%s", html)
 	}
 }
+
+// TestDebugLearned: a host's learned latency and the bounds in force, with
+// where each comes from, reach the JSON and the page.
+func TestDebugLearned(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tr := mustNew(t, bulwark.Config{Base: statusBase(http.StatusOK)})
+		sendOnce(t, tr, "GET", "http://a.test/")
+		d := newHandler(tr, time.Second, 5)
+		defer d.Close()
+		var page Page
+		if err := json.Unmarshal(getDebug(t, d, "/json").Body.Bytes(), &page); err != nil {
+			t.Fatal(err)
+		}
+		l := page.Snapshot.Hosts[0].Learned
+		if l == nil || l.AttemptFrom != bulwark.FromColdStart || l.AttemptTimeout != bulwark.DefaultAttemptTimeout {
+			t.Fatalf("learned = %+v, want the cold start's %v", l, bulwark.DefaultAttemptTimeout)
+		}
+		// A calm host is one folded row, which names the timeout in force
+		// and where it comes from; a host in trouble has the whole
+		// learned-latency row (TestPageRanksByHarm's hosts).
+		html := getDebug(t, d, "/").Body.String()
+		if !strings.Contains(html, "attempt timeout 10000.0 ms, cold start") {
+			t.Errorf("page does not show the attempt timeout in force:\n%s", html)
+		}
+	})
+}

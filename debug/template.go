@@ -100,7 +100,8 @@ type hostView struct {
 }
 
 // Summary is a calm host's one line: scheme, upstream, breaker window,
-// requests in flight. It is a plain string, escaped by page.html, so a row
+// the attempt timeout in force and where it comes from, requests in
+// flight. It is a plain string, escaped by page.html, so a row
 // of the folded table costs the template two actions, not a dozen.
 func (h hostView) Summary() string {
 	b := make([]byte, 0, 96)
@@ -109,6 +110,9 @@ func (h hostView) Summary() string {
 	b = append(b, h.Upstream...)
 	if br := h.Breaker; br != nil {
 		b = fmt.Appendf(b, " · breaker %s, %d calls, %.0f %% failed, %.0f %% slow", br.State, br.Calls, h.Fail.Pct, h.Slow.Pct)
+	}
+	if l := h.Learned; l != nil && l.AttemptFrom != "" {
+		b = fmt.Appendf(b, " · attempt timeout %.1f ms, %s", float64(l.AttemptTimeout)/float64(time.Millisecond), l.AttemptFrom)
 	}
 	return string(fmt.Appendf(b, " · %d in flight", h.InFlight()))
 }

@@ -32,6 +32,22 @@
 // After a change, samples for one latency are ignored: they come from
 // requests admitted under the old limit.
 //
+// A soft limit (Config.Soft) is enforced only while the upstream shows a
+// queue: a window past Tolerance (or with a drop) while the callers press
+// on the limit or pile up faster than the upstream answers (in flight
+// growing within the window by more than the tolerated queue and than
+// twice the arrivals' noise), or callers pressing on the limit who see
+// any queue. Until Soft has passed since such a window, Admit refuses past
+// the limit; after it, Admit lets a request past and raises the limit to
+// what is in flight, so a burst at the baseline latency is never refused.
+// A soft limit's cut for queueing comes down to the Little's-law level
+// whole, and a window past Tolerance that is neither pressed nor piling
+// up leaves it where it is: it is in nobody's way, and the noise of a
+// heavy tail at a few in flight must not make it so. Such a window's
+// latency is the upstream's own (nothing of ours queues behind it), and the
+// baseline follows it up as fast as it follows a fall, so a host that
+// got slower is not read as queueing when the load next rises.
+//
 // What latency cannot tell apart: an upstream that got slower on its own
 // while the callers press on the limit reads as a queue, so the limit
 // comes down until it reaches Min, where the baseline follows the new
@@ -134,6 +150,17 @@ type Config struct {
 	// the limit comes down); more keeps bursts above the recent peak from
 	// being refused while the limit grows back. +Inf never decays.
 	Headroom float64
+	// Soft, when positive, makes the limit soft while no window in the
+	// last Soft has shown queueing (a mean latency above Tolerance, or a
+	// dropped request): Admit then lets a request past the limit and
+	// raises the limit to what is in flight, so a burst at the baseline
+	// latency is never refused, and the limit is enforced only from the
+	// first window that shows the upstream queueing. A soft limit that
+	// cuts for queueing (a ratio of 2 or more) comes down to the
+	// Little's-law level whole rather than by at most half per window: a
+	// cut that was too deep costs at most Soft of refusals. Zero: the
+	// limit is always enforced.
+	Soft time.Duration
 }
 
 // Gradient is an adaptive concurrency limit. Limit is one atomic load;
@@ -141,6 +168,9 @@ type Config struct {
 // concurrent use. Use New.
 type Gradient struct {
 	limit atomic.Int64 // the published limit, what Limit returns
+	// queuedAt (ns) is when a window last showed queueing; 0: never.
+	queuedAt atomic.Int64
+	soft     int64 // ns; 0: a hard limit
 
 	mu         sync.Mutex
 	min, max   float64
@@ -158,6 +188,8 @@ type Gradient struct {
 	n           int
 	maxInflight int
 	dropped     bool
+	// In flight at the window's first and latest sample.
+	firstInflight, lastInflight int
 
 	base float64 // ns, the long-term baseline; 0 before the first window
 	step float64 // the next probe upward
@@ -214,6 +246,8 @@ func New(c Config) (*Gradient, error) {
 		return nil, configError("Smoothing %v, want in (0, 1]", c.Smoothing)
 	case !(c.Headroom >= minHeadroom):
 		return nil, configError("Headroom %v, want ≥ %v", c.Headroom, minHeadroom)
+	case c.Soft < 0:
+		return nil, configError("Soft %v, want ≥ 0", c.Soft)
 	}
 	g := &Gradient{
 		min:        float64(c.Min),
@@ -224,6 +258,7 @@ func New(c Config) (*Gradient, error) {
 		headroom:   c.Headroom,
 		window:     int64(c.Window),
 		minSamples: c.MinSamples,
+		soft:       int64(c.Soft),
 		step:       1,
 	}
 	g.limit.Store(int64(c.Initial))
@@ -232,6 +267,30 @@ func New(c Config) (*Gradient, error) {
 
 // Limit returns the current limit, in [Min, Max].
 func (g *Gradient) Limit() int { return int(g.limit.Load()) }
+
+// Admit reports whether a request that finds inflight requests in flight,
+// the limit or more, may go all the same: only a soft limit (Config.Soft)
+// that no window has shown queueing for the last Soft before now, and
+// never past Max. It then raises the limit to inflight + 1, so that the
+// next cut for queueing starts from what was in flight.
+func (g *Gradient) Admit(now int64, inflight int) bool {
+	if g.soft == 0 || float64(inflight+1) > g.max {
+		return false
+	}
+	if q := g.queuedAt.Load(); q != 0 && now-q < g.soft {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := float64(inflight + 1)
+	if n > g.cur {
+		g.cur = n
+		g.limit.Store(int64(inflight + 1))
+	}
+	g.decayPeak = max(g.decayPeak, n)
+	g.decayStart = now
+	return true
+}
 
 // Sample records one completed request: now (unix nanoseconds, or any
 // monotonic count of them), its latency, how many requests were in flight
@@ -250,8 +309,9 @@ func (g *Gradient) Sample(now int64, latency time.Duration, inflight int, droppe
 		return int(g.limit.Load()), false
 	}
 	if !g.started {
-		g.started, g.start = true, now
+		g.started, g.start, g.firstInflight = true, now, inflight
 	}
+	g.lastInflight = inflight
 	g.sum += int64(latency)
 	g.n++
 	g.maxInflight = max(g.maxInflight, inflight)
@@ -311,7 +371,9 @@ func (g *Gradient) update(now int64) (hold bool) {
 	g.lastShort = short
 	peak := float64(g.maxInflight)
 	g.decayPeak = max(g.decayPeak, peak)
-	grow, hold := false, false
+	// queued: the window says the upstream queues (or drops), which
+	// keeps a soft limit enforced.
+	grow, hold, queued := false, false, false
 	switch {
 	case ratio > g.tolerance || g.dropped:
 		// Queueing. The window's completions a second are what the
@@ -329,18 +391,36 @@ func (g *Gradient) update(now int64) (hold bool) {
 		}
 		// At most halve per window: a stall that looks like a queue
 		// (a pause of the process, a burst of dialling) costs half the
-		// limit, not all of it, and the next window can cut again.
-		target = max(target, g.cur/2)
-		if peak < busyShare*float64(g.limit.Load()) {
+		// limit, not all of it, and the next window can cut again. A
+		// soft limit far past its tolerance cuts whole: the queue is
+		// certain, and a cut too deep lasts at most Soft.
+		if g.soft == 0 {
+			target = max(target, g.cur/2)
+		}
+		// A soft limit's in flight that grew within the window by more
+		// than the tolerated queue, and by more than twice the
+		// arrivals' own noise (√n of n): completions fall behind what
+		// the callers send, so their rate is what the upstream serves,
+		// pressed on the limit or not.
+		growth := float64(g.lastInflight - g.firstInflight)
+		building := g.soft > 0 && growth > (g.tolerance-1)*peak && growth > 2*math.Sqrt(float64(g.n))
+		if peak < busyShare*float64(g.limit.Load()) && !building {
 			// The callers were not pressing on the limit: the
 			// completions a second are what they sent, not what the
 			// upstream can serve (a cold start dialling connections, a
 			// slower upstream), so do not refuse what is already in
-			// flight; only stop more from piling in.
+			// flight; only stop more from piling in. A soft limit
+			// is not in the way of anyone yet: it stays where it is.
 			target = max(target, peak)
+			if g.soft > 0 {
+				target = g.cur
+			}
+		} else {
+			queued = true
 		}
 		g.cur = min(g.cur, target)
 		hold = true
+		queued = queued || g.dropped
 	case peak >= busyShare*float64(g.limit.Load()) && ratio <= g.growBelow():
 		// In use up to the limit and no queue to speak of: probe upward,
 		// by 1 and then doubling the step each window in a row that
@@ -362,12 +442,22 @@ func (g *Gradient) update(now int64) (hold bool) {
 	if !grow {
 		g.step = 1
 	}
+	if !hold && peak >= busyShare*float64(g.limit.Load()) && ratio > g.growBelow() {
+		// Pressing on the limit with some queue, if less than Tolerance:
+		// the upstream is at its capacity.
+		queued = true
+	}
+	if queued {
+		g.queuedAt.Store(max(now, 1))
+	}
 	if hold {
 		g.decayStart, g.decayPeak = now, 0
 	}
 	g.cur = min(g.max, max(g.min, g.cur))
 	switch {
-	case short <= g.base || g.cur <= g.min:
+	case short <= g.base || g.cur <= g.min || g.soft > 0 && !queued:
+		// A soft limit in nobody's way, with nothing piling up: the
+		// latency is the upstream's own, followed as fast as a fall.
 		g.base += (1 - math.Pow(1-baseFall, float64(now-g.start)/float64(fallPer))) * (short - g.base)
 	case peak < busyShare*float64(g.limit.Load()):
 		// Latency that rose while the callers were not pressing on the

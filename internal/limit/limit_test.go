@@ -331,3 +331,46 @@ func TestGradientSlowBelowLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestGradientSoftAdmit: a soft limit lets a request past it, and rises
+// to what is in flight, until a window shows queueing; then it is
+// enforced for Soft, and soft again after it. A hard limit never admits
+// past itself.
+func TestGradientSoftAdmit(t *testing.T) {
+	const ms = int64(time.Millisecond)
+	g, err := New(Config{Min: 2, Max: 50, Initial: 10, Soft: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !g.Admit(0, 10) || g.Limit() != 11 {
+		t.Fatalf("Admit(0, 10) on a soft limit of 10 before any queue: limit %d, want admitted and 11", g.Limit())
+	}
+	if g.Admit(0, 50) {
+		t.Errorf("Admit(0, 50) = true, want false past Max")
+	}
+	// A window at 20 ms sets the baseline; the next, at 60 ms with the
+	// limit in flight (pressing on it), is a queue.
+	now := int64(0)
+	for range 10 {
+		now += 12 * ms
+		g.Sample(now, 20*time.Millisecond, 11, false)
+	}
+	pressed := g.Limit()
+	for range 20 {
+		now += 6 * ms
+		g.Sample(now, 60*time.Millisecond, pressed, false)
+	}
+	if l := g.Limit(); l >= pressed/2 {
+		t.Fatalf("limit after windows at 3× the baseline pressed on %d: %d, want below half", pressed, l)
+	}
+	if g.Admit(now+500*ms, g.Limit()) {
+		t.Errorf("Admit half a second after the queue = true, want false")
+	}
+	if !g.Admit(now+1100*ms, g.Limit()) {
+		t.Errorf("Admit 1.1 s after the queue = false, want true")
+	}
+	h, _ := New(Config{Min: 2, Max: 50, Initial: 10})
+	if h.Admit(0, 10) {
+		t.Errorf("Admit on a hard limit = true, want false")
+	}
+}
