@@ -164,7 +164,9 @@ type Breaker struct {
 	ReadyToTrip func(BreakerCounts) bool
 
 	// ConsecutiveFailures trips the breaker when that many attempts in a
-	// row failed, whatever MinCalls says, so that a dead or hung host at
+	// row failed unanswered (bulwark's own timeout, a transport error such
+	// as a refused or reset connection; an answer, even a 5xx, ends the
+	// run), whatever MinCalls says, so that a dead or hung host at
 	// low traffic fails fast after a few calls instead of costing each of
 	// the 100 calls MinCalls waits for. Zero inherits from Default, then
 	// DefaultBreakerConsecutive (10); negative turns the rule off. Ten
@@ -409,7 +411,11 @@ var (
 	errVerdictSlow        = errors.New("bulwark: slow call")
 	errVerdictFailure     = errors.New("bulwark: failed call")
 	errVerdictSlowFailure = errors.New("bulwark: slow failed call")
-	errVerdictIgnored     = errors.New("bulwark: ignored call")
+	// A failure the host never answered (bulwark's own timeout, a
+	// transport error): the only kind ConsecutiveFailures counts in a row.
+	errVerdictUnanswered     = errors.New("bulwark: unanswered call")
+	errVerdictSlowUnanswered = errors.New("bulwark: slow unanswered call")
+	errVerdictIgnored        = errors.New("bulwark: ignored call")
 	// errVerdictFleet is no call: the fleet's counts alone meet the trip
 	// condition (fleetTrip), and gobreaker is asked to trip.
 	errVerdictFleet = errors.New("bulwark: the fleet's counts trip the breaker")
@@ -488,8 +494,9 @@ type breakerCore struct {
 	minCalls  int64
 	failRate  float64
 	slowRate  float64
-	consec    int64 // attempts failed in a row, while closed
-	consecAt  int64 // unix ns of the first of them
+	consec    int64 // attempts failed in a row, while closed (BreakerCounts)
+	unans     int64 // of those, the unanswered in a row (ConsecutiveFailures)
+	unansAt   int64 // unix ns of the first of them
 	maxConsec int64 // ConsecutiveFailures; ≤ 0: off
 	userTrip  func(BreakerCounts) bool
 	cbState   gobreaker.State
@@ -641,7 +648,12 @@ func (b *breakerStage) verdict(j judged, took time.Duration) error {
 	case OutcomeIgnored:
 		return errVerdictIgnored
 	case OutcomeFailure:
-		if slow {
+		switch unanswered := j.k == kindTimeout || j.k == kindTransient || j.k == kindPermanent; {
+		case unanswered && slow:
+			return errVerdictSlowUnanswered
+		case unanswered:
+			return errVerdictUnanswered
+		case slow:
 			return errVerdictSlowFailure
 		}
 		return errVerdictFailure
@@ -667,16 +679,26 @@ func (b *breakerCore) isSuccessful(verdict error) bool {
 		if verdict != nil && verdict != errVerdictSlow {
 			c[winFailures] = 1
 		}
-		if verdict == errVerdictSlow || verdict == errVerdictSlowFailure {
+		if verdict == errVerdictSlow || verdict == errVerdictSlowFailure || verdict == errVerdictSlowUnanswered {
 			c[winSlow] = 1
 		}
+		// The run ConsecutiveFailures counts is of attempts the host never
+		// answered: a host that answers, even with a 503, is alive, and
+		// its failure rate is the rate rules' to judge (a Shedder refusing
+		// the less important requests with 503s must not cut its callers
+		// off from the critical ones).
 		if c[winFailures] > 0 {
-			if b.consec == 0 {
-				b.consecAt = time.Now().UnixNano()
-			}
 			b.consec++
 		} else {
 			b.consec = 0
+		}
+		if verdict == errVerdictUnanswered || verdict == errVerdictSlowUnanswered {
+			if b.unans == 0 {
+				b.unansAt = time.Now().UnixNano()
+			}
+			b.unans++
+		} else {
+			b.unans = 0
 		}
 		b.seq++
 		b.win.Add(b.pos(), c)
@@ -711,7 +733,7 @@ func (b *breakerCore) readyToTrip(gobreaker.Counts) bool {
 	switch {
 	case b.due(s):
 		return true
-	case b.maxConsec > 0 && b.consec >= b.maxConsec && time.Now().UnixNano()-b.consecAt >= int64(b.e.learned.failingFor()):
+	case b.maxConsec > 0 && b.unans >= b.maxConsec && time.Now().UnixNano()-b.unansAt >= int64(b.e.learned.failingFor()):
 		return true
 	case b.userTrip != nil:
 		return b.userTrip(BreakerCounts{Calls: s[winCalls], Failures: s[winFailures], Slow: s[winSlow], ConsecutiveFailures: b.consec})
@@ -741,7 +763,7 @@ func (b *breakerCore) onStateChange(_ string, from, to gobreaker.State) {
 	ev := breakerEvent{from: from, to: to, at: now, calls: s[winCalls], failures: s[winFailures], slow: s[winSlow]}
 	b.cbState = to
 	b.win.Reset()
-	b.seq, b.consec = 0, 0
+	b.seq, b.consec, b.unans = 0, 0, 0
 	switch to {
 	case gobreaker.StateOpen:
 		b.peers.Reset()

@@ -192,13 +192,15 @@ func TestBreakerTrips(t *testing.T) {
 		{"two failures on a quiet endpoint", Breaker{}, "FF", 0},
 		{"default MinCalls", Breaker{ConsecutiveFailures: -1}, strings.Repeat("F", 99), 0},
 		{"default MinCalls reached", Breaker{ConsecutiveFailures: -1}, strings.Repeat("S", 50) + strings.Repeat("F", 50), 100},
-		{"ten failures in a row trip a quiet host", Breaker{}, "FFFFFFFFFF", 10},
-		{"nine do not", Breaker{}, "FFFFFFFFF", 0},
-		{"a success ends the run", Breaker{}, "FFFFFFFFFSFFFFFFFFF", 0},
-		{"ignored calls do not", Breaker{}, "FFFFF44CCFFFFF", 14},
-		{"slow successes end the run too", Breaker{SlowCall: slow}, "FFFFFFFFFLFFFFFFFFF", 0},
-		{"a run of 3", Breaker{ConsecutiveFailures: 3}, "SFFSFFF", 7},
-		{"the run rule off", Breaker{ConsecutiveFailures: -1}, strings.Repeat("F", 50), 0},
+		{"ten unanswered attempts in a row trip a quiet host", Breaker{}, "EEEEETTTTT", 10},
+		{"ten 503s in a row are the rate rules' to judge", Breaker{}, "FFFFFFFFFFFF", 0},
+		{"an answer ends the run", Breaker{}, "EEEEEFEEEEE", 0},
+		{"nine do not", Breaker{}, "EEEEEEEEE", 0},
+		{"a success ends the run", Breaker{}, "EEEEEEEEESEEEEEEEEE", 0},
+		{"ignored calls do not", Breaker{}, "EEEEE44CCEEEEE", 14},
+		{"slow successes end the run too", Breaker{SlowCall: slow}, "EEEEEEEEELEEEEEEEEE", 0},
+		{"a run of 3", Breaker{ConsecutiveFailures: 3}, "SEESEEE", 7},
+		{"the run rule off", Breaker{ConsecutiveFailures: -1}, strings.Repeat("E", 50), 0},
 		{"ReadyToTrip on failures in a row", Breaker{ReadyToTrip: func(c BreakerCounts) bool { return c.ConsecutiveFailures >= 3 }}, "FFSFFF", 6},
 		{"ReadyToTrip on slow calls", Breaker{SlowCall: slow, ReadyToTrip: func(c BreakerCounts) bool { return c.Slow >= 2 && c.Calls >= 3 }}, "LSL", 3},
 		{"ReadyToTrip is asked on failures only", Breaker{ReadyToTrip: func(c BreakerCounts) bool { return c.Calls >= 3 }}, "SSSSF", 5},
@@ -252,11 +254,11 @@ func TestBreakerWindowRolls(t *testing.T) {
 func TestBreakerDefaultsTripWithinAHundredCalls(t *testing.T) {
 	// failingUntilOpen sends failing calls until the breaker refuses one,
 	// and returns how many reached the base.
-	failingUntilOpen := func(t *testing.T, tr *Transport, base *opBase) int64 {
+	failingUntilOpen := func(t *testing.T, tr *Transport, base *opBase, op string) int64 {
 		t.Helper()
 		before := base.calls.Load()
 		for range 1000 {
-			if _, err := send(t, tr, t.Context(), breakerURL, "F"); errors.Is(err, ErrBreakerOpen) {
+			if _, err := send(t, tr, t.Context(), breakerURL, op); errors.Is(err, ErrBreakerOpen) {
 				return base.calls.Load() - before
 			}
 		}
@@ -278,7 +280,7 @@ func TestBreakerDefaultsTripWithinAHundredCalls(t *testing.T) {
 		if s := breakerStateOf(t, tr); s != CircuitClosed {
 			t.Fatalf("after 10,000 healthy calls: %v, want closed", s)
 		}
-		n := failingUntilOpen(t, tr, base)
+		n := failingUntilOpen(t, tr, base, "F")
 		t.Logf("after 10,000 healthy calls, %d failing calls reached the upstream before the breaker opened", n)
 		// At a failure rate of 50 % over at most 100 calls, fewer than 50
 		// failures cannot trip it.
@@ -289,18 +291,18 @@ func TestBreakerDefaultsTripWithinAHundredCalls(t *testing.T) {
 	t.Run("cold", func(t *testing.T) {
 		base := &opBase{}
 		tr := mustNew(t, Config{Base: base, Default: only(rateOnly, "breaker")})
-		if n := failingUntilOpen(t, tr, base); n != DefaultMinCalls {
+		if n := failingUntilOpen(t, tr, base, "F"); n != DefaultMinCalls {
 			t.Errorf("failing from the first call: %d calls reached the upstream before the breaker opened, want %d (MinCalls)", n, DefaultMinCalls)
 		}
 	})
-	t.Run("a run of failures", func(t *testing.T) {
+	t.Run("a run of unanswered attempts", func(t *testing.T) {
 		base := &opBase{}
 		tr := mustNew(t, Config{Base: base, Default: only(Policy{}, "breaker")})
 		for range 10_000 {
 			send(t, tr, t.Context(), breakerURL, "S")
 		}
-		if n := failingUntilOpen(t, tr, base); n != DefaultBreakerConsecutive {
-			t.Errorf("%d failing calls in a row reached the upstream before the breaker opened, want %d (ConsecutiveFailures)", n, DefaultBreakerConsecutive)
+		if n := failingUntilOpen(t, tr, base, "E"); n != DefaultBreakerConsecutive {
+			t.Errorf("%d unanswered calls in a row reached the upstream before the breaker opened, want %d (ConsecutiveFailures)", n, DefaultBreakerConsecutive)
 		}
 	})
 }
