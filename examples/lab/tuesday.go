@@ -54,10 +54,11 @@ func breakerWindow(s settings) time.Duration {
 	return max(time.Duration(breakerWindowCalls/(s.load/2)*float64(time.Second)), 100*time.Millisecond).Round(time.Millisecond)
 }
 
-// protectedTaxClient is the transport the checkout service calls tax with
-// in the "bulwark" run. It is the one place that says what bulwark does in
-// this scenario; lastGood returns the last tax rate a call returned ("" for
-// none yet), which the fallback answers with.
+// tunedTaxClient is the transport the checkout service calls tax with in
+// the "bulwark tuned" run: the policy an expert sets by hand, beside the
+// package defaults of the "bulwark" run (protectedTaxClient). lastGood
+// returns the last tax rate a call returned ("" for none yet), which the
+// fallback answers with.
 //
 // Layers for the tax call, Release It!'s remedies for a slow dependency:
 //   - Timeout: the attempt timeout near the healthy p99.9 (a capacity
@@ -82,7 +83,7 @@ func breakerWindow(s settings) time.Duration {
 //     timed out because the service is slow only adds load to the sick
 //     service and holds a worker longer; the breaker and the fallback are
 //     the answer to slowness, not another try.
-func protectedTaxClient(base http.RoundTripper, taxHost string, attempt time.Duration, bulkhead int, s settings, lastGood func() string) (*bulwark.Transport, error) {
+func tunedTaxClient(base http.RoundTripper, taxHost string, attempt time.Duration, bulkhead int, s settings, lastGood func() string) (*bulwark.Transport, error) {
 	return bulwark.New(bulwark.Config{
 		Base: base,
 		Upstreams: map[string]bulwark.Policy{
@@ -102,6 +103,21 @@ func protectedTaxClient(base http.RoundTripper, taxHost string, attempt time.Dur
 				Retry:    bulwark.Retry{Disabled: true},
 			},
 		},
+	})
+}
+
+// protectedTaxClient is the transport the checkout service calls tax with
+// in the "bulwark" run: bulwark's package defaults, nothing that tunes
+// resilience set. Its attempt timeout and slow-call threshold are learned
+// from the tax host's own healthy latency, its bulkhead is the soft
+// adaptive default, and a POST without an idempotency key is never
+// retried. Only the fallback is set: no default can know what to answer a
+// failed tax call with (here the last good rate, as in tunedTaxClient),
+// and the scenario's verdict counts the checkouts it answered.
+func protectedTaxClient(base http.RoundTripper, lastGood func() string) (*bulwark.Transport, error) {
+	return bulwark.New(bulwark.Config{
+		Base:    base,
+		Default: bulwark.Policy{Fallback: bulwark.Fallback{Func: lastRateFallback(lastGood)}},
 	})
 }
 
@@ -129,12 +145,13 @@ func lastRateFallback(lastGood func() string) func(*http.Request, error) (*http.
 var tuesdaySpec = spec{
 	key:   "tuesday",
 	title: "1. A slow dependency: tax gets slow, checkout's shared worker pool drains",
-	blurb: "the tax service turns slow (40 ms -> 10 s) and drains checkout's 40-worker pool; GET /orders fails with it unless the tax call is bounded",
+	blurb: "the tax service turns slow (40 ms -> 10 s) and drains checkout's 40-worker pool; GET /orders fails with it unless the tax call is bounded (bulwark with zero config, and tuned by hand)",
 	run:   (*lab).tuesday,
 	verdict: func(sc *scenario) string {
-		p, b := sc.runs[0].metrics, sc.runs[1].metrics
-		return fmt.Sprintf("while tax was slow, bulwark kept GET /orders at %s ok (plain client: %s) and POST /checkout at %s ok (plain: %s), but %s of those checkouts were answered by its fallback: %.0f checkouts in the run were charged the last good tax rate, a stale one.",
-			pctSp(b["orders_sick"]), pctSp(p["orders_sick"]), pctSp(b["checkout_sick"]), pctSp(p["checkout_sick"]), pctSp(b["fallback_sick"]), b["fallback"])
+		p, b, t := sc.runs[0].metrics, sc.runs[1].metrics, sc.runs[2].metrics
+		return fmt.Sprintf("while tax was slow, bulwark with zero config (only a fallback set) kept GET /orders at %s ok (plain client: %s; bulwark tuned by hand: %s) and POST /checkout at %s ok (plain: %s), and let %.0f calls reach the sick tax service (plain: %.0f; tuned: %.0f), but %s of those checkouts were answered by its fallback: %.0f checkouts in the run were charged the last good tax rate, a stale one.",
+			pctSp(b["orders_sick"]), pctSp(p["orders_sick"]), pctSp(t["orders_sick"]), pctSp(b["checkout_sick"]), pctSp(p["checkout_sick"]),
+			b["tax_sick"], p["tax_sick"], t["tax_sick"], pctSp(b["fallback_sick"]), b["fallback"])
 	},
 }
 
@@ -143,6 +160,7 @@ func pctSp(f float64) string { return fmt.Sprintf("%.1f %%", 100*f) }
 
 type tuesdayRun struct {
 	protected bool
+	tuned     bool // protected with the hand-tuned policy, not the package defaults
 	tl        *timeline
 	sickAt    time.Time
 	healAt    time.Time
@@ -157,6 +175,27 @@ type tuesdayRun struct {
 	taxClient *http.Client
 	bulwark   *bulwark.Transport // the tax client's transport; nil for plain
 	taxHost   string             // host:port of this run's tax service
+	// learned is what bulwark had learned of tax when it turned sick (the
+	// first breaker sample in the sick period); nil for plain.
+	learned *bulwark.LearnedSnapshot
+}
+
+// learnedNote says what the zero-config client had learned of tax when it
+// turned sick.
+func (r *tuesdayRun) learnedNote() string {
+	l := r.learned
+	if l == nil {
+		return "(nothing learned of tax was in its snapshot when it turned sick)"
+	}
+	note := fmt.Sprintf("when tax turned sick: healthy p50 %v, p99.9 %v (%d samples) → attempt timeout %v (%s), slow call ≥ %v (%s).",
+		l.HealthyP50.Round(100*time.Microsecond), l.HealthyP999.Round(100*time.Microsecond), l.Samples,
+		l.AttemptTimeout.Round(100*time.Microsecond), l.AttemptFrom, l.SlowCall.Round(100*time.Microsecond), l.SlowCallFrom)
+	if l.AttemptFrom == bulwark.FromColdStart {
+		// bulwark learns from 200 healthy attempts; the run's healthy
+		// first 15 % made fewer tax calls than that.
+		note += " Too few healthy tax calls before it turned sick to learn from: the static bounds, which a sick call never reaches. A longer -duration or a higher -load gives bulwark the calls to learn from."
+	}
+	return note
 }
 
 // sick reports whether the tax service is slow at instant t.
@@ -181,12 +220,12 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 			"the outage of a slow dependency told in Michael Nygard's Release It! (2nd ed.): slow is worse than down, because a slow service holds its callers' threads",
 			fmt.Sprintf("checkout: %d workers (%d threads ÷ %d), %.0f req/s offered, half POST /checkout (calls tax), half GET /orders/{id} (local, %v)",
 				workers, refPoolThreads, poolDivisor, s.load, max(s.ref(refOrderTime), 500*time.Microsecond)),
-			fmt.Sprintf("tax answers in %v, then %v from %.1fs to %.1fs; users give up after %v; both runs side by side, each with its own servers",
+			fmt.Sprintf("tax answers in %v, then %v from %.1fs to %.1fs; users give up after %v; the three runs side by side, each with its own servers",
 				s.ref(refTaxHealthy), s.ref(refTaxSick), sickFrom.Seconds(), sickTo.Seconds(), patience),
 		},
 	}
 
-	// Calibrate on a healthy tax service: the attempt timeout comes from its
+	// Calibrate on a healthy tax service: the tuned attempt timeout comes from its
 	// measured p99.9, never below 150 ms (scaled).
 	p999, err := l.taxP999(ctx)
 	if err != nil {
@@ -194,10 +233,10 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 	}
 	// Rounded up: a timeout below the measured p99.9 would cut healthy calls.
 	attempt := roundUp(max(s.ref(refTaxTimeout), p999), time.Millisecond)
-	sc.intro = append(sc.intro, fmt.Sprintf("healthy tax p99.9 measured %v → bulwark attempt timeout %v (the larger of it and 150 ms scaled, rounded up)", roundUp(p999, 100*time.Microsecond), attempt))
+	sc.intro = append(sc.intro, fmt.Sprintf("healthy tax p99.9 measured %v → tuned bulwark's attempt timeout %v (the larger of it and 150 ms scaled, rounded up); the zero-config bulwark learns its own", roundUp(p999, 100*time.Microsecond), attempt))
 
 	start := time.Now().Add(50 * time.Millisecond)
-	runs := []*tuesdayRun{{protected: false}, {protected: true}}
+	runs := []*tuesdayRun{{protected: false}, {protected: true}, {protected: true, tuned: true}}
 	for _, r := range runs {
 		r.tl = newTimeline(start, 100*time.Millisecond, length+patience+time.Second)
 		r.sickAt, r.healAt = start.Add(sickFrom), start.Add(sickTo)
@@ -215,12 +254,12 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 		r.tl.define("orders ok", kindRate, true, true)
 		r.tl.define("orders p99", kindP99, true, false)
 		// The share of the time bulwark's breaker for tax was open, sampled
-		// every few ms. Defined for both runs so the sparkline rows line up;
+		// every few ms. Defined for every run so the sparkline rows line up;
 		// the plain client has no breaker, so its row stays empty.
 		r.tl.define("breaker open", kindRate, r.protected, true)
 	}
 
-	if err := l.sideBySide("tuesday: plain and bulwark side by side", length+patience, len(runs), func(i int) error {
+	if err := l.sideBySide("tuesday: plain, bulwark and bulwark tuned side by side", length+patience, len(runs), func(i int) error {
 		return l.tuesdayRun(ctx, runs[i], start, length, patience, attempt, workers)
 	}); err != nil {
 		return nil, err
@@ -229,15 +268,23 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 	sickB, healB, endB := runs[0].tl.at(sickFrom), runs[0].tl.at(sickTo), runs[0].tl.at(length)
 	for _, r := range runs {
 		out := &run{tl: r.tl}
-		if r.protected {
-			out.name, out.short = "bulwark client (timeout, breaker, bulkhead, fallback on the tax call)", "bulwark"
+		switch {
+		case r.protected && !r.tuned:
+			out.name, out.short = "bulwark client, zero config: package defaults, only a fallback set on the tax call", "bulwark"
+			out.notes = []string{
+				"nothing tuned: the attempt timeout and the breaker's slow-call threshold are learned from tax's own healthy latency, the bulkhead is the soft adaptive default;",
+				"only a fallback function is set (no default can know what to answer a failed tax call with): it answers with the last good rate, from memory.",
+				r.learnedNote(),
+			}
+		case r.tuned:
+			out.name, out.short = "bulwark client tuned by hand (timeout, breaker, bulkhead, fallback on the tax call)", "bulwark tuned"
 			out.notes = []string{
 				fmt.Sprintf("bulwark layers for tax: Timeout (attempt %v, total %v); Breaker (slow call ≥ %v, trips at 50%% slow or failed of ≥ %d calls in %v, open %v, 5 probes);",
 					attempt, 2*attempt, attempt/2, breakerMinCalls, breakerWindow(s), s.ref(refBreakerOpenFor)),
 				fmt.Sprintf("Bulkhead %d in flight (%d of %d threads, scaled with the pool), no queue; a fallback function that answers with the last good rate, from memory", refTaxBulkhead/poolDivisor, refTaxBulkhead, refPoolThreads),
 				"(the tax call is a POST: no stale cache, no retries). \"of which fallback\" counts checkouts whose response carried " + bulwark.FallbackHeader + ".",
 			}
-		} else {
+		default:
 			out.name, out.short = "plain http.Client (no timeout)", "plain"
 		}
 		ordersSick, _ := r.tl.get("orders ok").value(sickB, healB, r.tl.width)
@@ -350,14 +397,21 @@ func (l *lab) tuesdayRun(ctx context.Context, r *tuesdayRun, start time.Time, le
 
 	taxBase := loopbackTransport()
 	defer taxBase.CloseIdleConnections()
-	if r.protected {
-		r.bulwark, err = protectedTaxClient(taxBase, tax.host, attempt, refTaxBulkhead/poolDivisor, s,
-			func() string { return r.lastRate.Load().(string) })
+	lastGood := func() string { return r.lastRate.Load().(string) }
+	switch {
+	case r.tuned:
+		r.bulwark, err = tunedTaxClient(taxBase, tax.host, attempt, refTaxBulkhead/poolDivisor, s, lastGood)
 		if err != nil {
 			return err
 		}
 		r.taxClient = &http.Client{Transport: r.bulwark}
-	} else {
+	case r.protected:
+		r.bulwark, err = protectedTaxClient(taxBase, lastGood)
+		if err != nil {
+			return err
+		}
+		r.taxClient = &http.Client{Transport: r.bulwark}
+	default:
 		r.taxClient = &http.Client{Transport: taxBase} // no timeout: the default
 	}
 
@@ -482,6 +536,9 @@ func (r *tuesdayRun) sampleBreaker() (stop func()) {
 			open := false
 			for _, h := range r.bulwark.Snapshot().Host(r.taxHost) {
 				open = open || h.Breaker != nil && h.Breaker.State == bulwark.CircuitOpen
+				if r.learned == nil && h.Learned != nil && r.sick(now) {
+					r.learned = h.Learned
+				}
 			}
 			r.tl.outcome("breaker open", now, open)
 			select {
