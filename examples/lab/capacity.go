@@ -46,8 +46,10 @@ var capacitySpec = spec{
 	run:   (*lab).capacity,
 	verdict: func(sc *scenario) string {
 		plain, bw := sc.runs[0].metrics, sc.runs[1].metrics
-		return fmt.Sprintf("while the service had a quarter of its cores (%.0f calls/s of capacity), bulwark's adaptive limit kept %.0f calls/s answered in time (p99 %s) while the plain client's fell to %.0f calls/s (p99 %s); after the cores came back, bulwark answered %.0f calls/s and the plain client %.0f.",
-			bw["low_capacity"], bw["low_good"], msSp(bw["low_p99"]), plain["low_good"], msSp(plain["low_p99"]), bw["after_good"], plain["after_good"])
+		zero := sc.runs[2].metrics
+		return fmt.Sprintf("while the service had a quarter of its cores (%.0f calls/s of capacity), bulwark's adaptive limit kept %.0f calls/s answered in time (p99 %s) while the plain client's fell to %.0f calls/s (p99 %s); after the cores came back, bulwark answered %.0f calls/s and the plain client %.0f. bulwark with zero config answered %.0f calls/s in time at a quarter of the cores (p99 %s) and %.0f after they came back (its breaker refused %.0f calls).",
+			bw["low_capacity"], bw["low_good"], msSp(bw["low_p99"]), plain["low_good"], msSp(plain["low_p99"]), bw["after_good"], plain["after_good"],
+			zero["low_good"], msSp(zero["low_p99"]), zero["after_good"], zero["breaker"])
 	},
 }
 
@@ -137,10 +139,12 @@ func capacityPolicy(full int) bulwark.Policy {
 
 type capRun struct {
 	bulwark  bool
+	zero     bool // bulwark with package defaults: no policy set at all
 	tl       *timeline
 	maxQueue atomic.Int64 // the service's longest queue
 	refused  atomic.Int64 // calls bulwark's limit refused at once
 	late     atomic.Int64 // calls that ran out of deadline
+	breaker  atomic.Int64 // calls bulwark's breaker refused at once
 }
 
 func (l *lab) capacity(ctx context.Context) (*scenario, error) {
@@ -160,14 +164,14 @@ func (l *lab) capacity(ctx context.Context) (*scenario, error) {
 		intro: []string{
 			fmt.Sprintf("service: %d cores, each request holds one for %v (%.0f calls/s of capacity), the rest wait in its own FIFO and are served even after their caller gave up; from %.1fs to %.1fs it has %d cores (%.0f calls/s)",
 				full, capService, float64(full)/capService.Seconds(), dropAt.Seconds(), backAt.Seconds(), low, float64(low)/capService.Seconds()),
-			fmt.Sprintf("%.0f calls/s offered to each client, open loop, with a %v deadline per call; the two runs side by side, each with its own service", s.load, capDeadline),
+			fmt.Sprintf("%.0f calls/s offered to each client, open loop, with a %v deadline per call; the three runs side by side, each with its own service", s.load, capDeadline),
 			fmt.Sprintf("bulwark: the adaptive concurrency limit alone (a latency gradient, after Netflix's concurrency-limits and Envoy's adaptive concurrency), from 1 to %d, no queue; retries, breaker and hedging off", capCeiling*full),
 			"the service time and the deadline are not scaled: the limit learns from latency, which a loaded machine blurs below a few milliseconds; only the run's length follows -duration",
 		},
 	}
 	start := time.Now().Add(100 * time.Millisecond)
 	width := 100 * time.Millisecond
-	runs := []*capRun{{bulwark: false}, {bulwark: true}}
+	runs := []*capRun{{bulwark: false}, {bulwark: true}, {bulwark: true, zero: true}}
 	for _, r := range runs {
 		r.tl = newTimeline(start, width, length+capDeadline+time.Second)
 		r.tl.define("calls", kindLoad, false, false)
@@ -178,7 +182,7 @@ func (l *lab) capacity(ctx context.Context) (*scenario, error) {
 			r.tl.define("limit", kindGauge, true, true)
 		}
 	}
-	if err := l.sideBySide("capacity: plain and adaptive limit side by side", length, len(runs), func(i int) error {
+	if err := l.sideBySide("capacity: plain, adaptive limit and zero config side by side", length, len(runs), func(i int) error {
 		return l.capacityRun(ctx, runs[i], start, length, dropAt, backAt, full, low)
 	}); err != nil {
 		return nil, err
@@ -190,7 +194,9 @@ func (l *lab) capacity(ctx context.Context) (*scenario, error) {
 	endB := runs[0].tl.at(length)
 	for _, r := range runs {
 		out := &run{tl: r.tl}
-		if r.bulwark {
+		if r.zero {
+			out.name, out.short = "bulwark with zero config: package defaults (learned timeout and slow-call threshold, breaker, soft adaptive bulkhead with a floor of 10, retries of GETs)", "bulwark zero"
+		} else if r.bulwark {
 			out.name, out.short = "bulwark: adaptive concurrency limit", "bulwark"
 		} else {
 			out.name, out.short = "plain http.Client with the deadline", "plain"
@@ -221,12 +227,13 @@ func (l *lab) capacity(ctx context.Context) (*scenario, error) {
 			{"answered in time, cores back (calls/s)", fmt.Sprintf("%.0f", after)},
 			{"bulwark's mean limit, quarter cores", limit},
 			{"calls refused at once by the limit", strconv.FormatInt(r.refused.Load(), 10)},
+			{"calls refused at once by the breaker", strconv.FormatInt(r.breaker.Load(), 10)},
 			{"calls out of deadline", strconv.FormatInt(r.late.Load(), 10)},
 			{"longest queue at the service", strconv.FormatInt(r.maxQueue.Load(), 10)},
 		}
 		out.metrics = map[string]float64{"before_good": before, "low_good": lowGood, "low_p99": lowP99, "after_good": after,
 			"low_limit": lowLimit, "min_limit": minLimit, "ceiling": float64(capCeiling * full), "low_capacity": float64(low) / capService.Seconds(), "full": float64(full), "low": float64(low),
-			"max_queue": float64(r.maxQueue.Load()), "refused": float64(r.refused.Load())}
+			"max_queue": float64(r.maxQueue.Load()), "refused": float64(r.refused.Load()), "breaker": float64(r.breaker.Load())}
 		sc.runs = append(sc.runs, out)
 	}
 	plain, bw := sc.runs[0].metrics, sc.runs[1].metrics
@@ -234,7 +241,15 @@ func (l *lab) capacity(ctx context.Context) (*scenario, error) {
 		fmt.Sprintf("Why the plain client's calls stop being answered: %.0f calls/s arrive at a service that now serves %.0f, so its queue grows (to %.0f requests here), and once it holds more than a deadline's worth of work (%.0f requests) every request waits past its caller's deadline. The service still serves each one, for nobody, so after the cores come back it first works through the backlog of calls already given up.",
 			l.set.load, plain["low_capacity"], plain["max_queue"], plain["low_capacity"]*capDeadline.Seconds()),
 		fmt.Sprintf("bulwark's limit follows the latency: while the queue grows, each short window's mean latency rises above the baseline and the limit falls (to %.1f on average, against %.0f cores), so at most about that many requests are at the service and the calls beyond them fail at once (%.0f in this run) instead of queueing; when the cores come back the latency falls and the limit grows again.",
-			bw["low_limit"], bw["low"], bw["refused"]))
+			bw["low_limit"], bw["low"], bw["refused"]),
+	)
+	zero := sc.runs[2].metrics
+	why := fmt.Sprintf("bulwark with zero config sets no bounds: its soft adaptive limit stays at or above its floor of 10 (lowest %.0f here, against %.0f cores), so more calls reach the service than its cores serve at once and they queue there (p99 %s at a quarter of the cores, against %s with the adaptive limit from 1).",
+		zero["min_limit"], bw["low"], msSp(zero["low_p99"]), msSp(bw["low_p99"]))
+	if zero["breaker"] > 0 {
+		why += fmt.Sprintf(" In this run its breaker opened too and refused %.0f calls at once, calls the service had room for among them.", zero["breaker"])
+	}
+	sc.explain = append(sc.explain, why)
 	return sc, nil
 }
 
@@ -263,7 +278,11 @@ func (l *lab) capacityRun(ctx context.Context, r *capRun, start time.Time, lengt
 		bw *bulwark.Transport
 	)
 	if r.bulwark {
-		bw, err = bulwark.New(bulwark.Config{Base: base, Default: capacityPolicy(full)})
+		cfg := bulwark.Config{Base: base, Default: capacityPolicy(full)}
+		if r.zero {
+			cfg = bulwark.Config{Base: base}
+		}
+		bw, err = bulwark.New(cfg)
 		if err != nil {
 			return err
 		}
@@ -326,6 +345,8 @@ func (l *lab) capacityRun(ctx context.Context, r *capRun, start time.Time, lengt
 			r.tl.count("good", at)
 		case errors.Is(err, bulwark.ErrBulkheadFull):
 			r.refused.Add(1)
+		case errors.Is(err, bulwark.ErrBreakerOpen):
+			r.breaker.Add(1)
 		default:
 			r.late.Add(1)
 		}
