@@ -226,6 +226,30 @@ func trip(t *testing.T, tr http.RoundTripper, url string) {
 	}
 }
 
+// tripShared has pod b call a new sick host once, then pod a trip its
+// breaker on it, and returns how long b took to adopt a's trip, and the
+// sick host; it fails after within, naming what and both pods' fleet
+// state.
+func tripShared(t *testing.T, a, b *bulwark.Transport, what string, within time.Duration) (time.Duration, *upstream) {
+	t.Helper()
+	sick := newUpstream(t, 500, nil)
+	if _, err := get(t, b, sick.URL); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	trip(t, a, sick.URL)
+	for {
+		h := b.Snapshot().Host(sick.host())
+		if len(h) == 1 && h[0].Breaker.State == bulwark.CircuitOpen {
+			return time.Since(start), sick
+		}
+		if time.Since(start) > within {
+			t.Fatalf("%s: pod B did not adopt pod A's trip within %v: A %+v, B %+v", what, within, fleetOf(a), fleetOf(b))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // refused reports whether tr refuses url with err's kind without sending.
 func refusedBy(t *testing.T, tr http.RoundTripper, url string, target error) bool {
 	_, err := get(t, tr, url)

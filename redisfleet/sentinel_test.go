@@ -91,22 +91,8 @@ func TestSentinelFailover(t *testing.T) {
 	// shared reports how long pod B, which has called a sick host once,
 	// took to adopt pod A's trip of it, or fails after within.
 	shared := func(what string, within time.Duration) time.Duration {
-		sick := newUpstream(t, 500, nil)
-		if _, err := get(t, b, sick.URL); err != nil {
-			t.Fatal(err)
-		}
-		start := time.Now()
-		trip(t, a, sick.URL)
-		for {
-			h := b.Snapshot().Host(sick.host())
-			if len(h) == 1 && h[0].Breaker.State == bulwark.CircuitOpen {
-				return time.Since(start)
-			}
-			if time.Since(start) > within {
-				t.Fatalf("%s: pod B did not adopt pod A's trip within %v: A %+v, B %+v", what, within, fleetOf(a), fleetOf(b))
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		took, _ := tripShared(t, a, b, what, within)
+		return took
 	}
 	shared("before the failover", 5*time.Second)
 
