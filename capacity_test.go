@@ -10,7 +10,9 @@ import (
 	"errors"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -277,4 +279,56 @@ func TestSlowerHostDefaults(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestHealthyBurstTenfold: after 3 s of steady load at the host's baseline
+// latency (n callers at 20 ms, on a host with room for 20 n), a burst of
+// 10 n at once: package defaults refuse none, whatever n.
+func TestHealthyBurstTenfold(t *testing.T) {
+	for _, n := range []int{1, 10, 40, 100} {
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := &coreHost{service: 20 * time.Millisecond, cores: 20 * n}
+				tr, err := bulwark.New(bulwark.Config{Base: h})
+				if err != nil {
+					t.Fatal(err)
+				}
+				c := &http.Client{Transport: tr}
+				get := func() error {
+					resp, err := c.Get("http://cap.test/")
+					if err == nil {
+						resp.Body.Close()
+					}
+					return err
+				}
+				var wg sync.WaitGroup
+				var steadyFailed atomic.Int64
+				end := time.Now().Add(3 * time.Second)
+				for range n {
+					wg.Go(func() {
+						for time.Now().Before(end) {
+							if get() != nil {
+								steadyFailed.Add(1)
+							}
+						}
+					})
+				}
+				wg.Wait()
+				before := tr.Snapshot().Host("cap.test:80")[0].Bulkhead.Limit
+				var failed atomic.Int64
+				for range 10 * n {
+					wg.Go(func() {
+						if get() != nil {
+							failed.Add(1)
+						}
+					})
+				}
+				wg.Wait()
+				t.Logf("steady %d, burst %d: limit before %d, %d steady and %d burst calls failed", n, 10*n, before, steadyFailed.Load(), failed.Load())
+				if steadyFailed.Load() > 0 || failed.Load() > 0 {
+					t.Errorf("%d steady and %d of %d burst calls failed, want none", steadyFailed.Load(), failed.Load(), 10*n)
+				}
+			})
+		})
+	}
 }

@@ -55,3 +55,48 @@ func TestLearnedBounds(t *testing.T) {
 		t.Errorf("fast host: slowCall = %v, want the floor %v", got, learnedFloor)
 	}
 }
+
+// TestLearnedClockJump: the wall clock jumps 50 years back and 1,000
+// hours ahead while a host is learned (readings without a monotonic part,
+// so the latencies measured across the jump are negative or enormous):
+// every attempt's learned timeout stays within [learnedFloor, the static
+// default] and the slow threshold within [learnedFloor, its ceiling]:
+// never negative, never enormous.
+func TestLearnedClockJump(t *testing.T) {
+	start := time.Now()
+	l := newLearned(nil)
+	check := func(when string) {
+		t.Helper()
+		for attempt := range 8 {
+			d, _ := l.timeout(attempt, DefaultAttemptTimeout)
+			if d < learnedFloor || d > DefaultAttemptTimeout {
+				t.Errorf("%s: timeout(%d) = %v, want within [%v, %v]", when, attempt, d, learnedFloor, DefaultAttemptTimeout)
+			}
+		}
+		if d, _ := l.slowCall(DefaultAttemptTimeout / 2); d < learnedFloor || d > DefaultAttemptTimeout/2 {
+			t.Errorf("%s: slowCall = %v, want within [%v, %v]", when, d, learnedFloor, DefaultAttemptTimeout/2)
+		}
+	}
+	for i := range 1000 {
+		now := start.Add(time.Duration(i) * 10 * time.Millisecond)
+		l.est.Record(20*time.Millisecond, now)
+	}
+	check("healthy")
+	b0, _ := l.est.Baseline()
+	back := time.Unix(0, 0)                       // 50 years back, no monotonic reading
+	ahead := start.Round(0).Add(1000 * time.Hour) // far ahead, no monotonic reading
+	for i := range 3000 {
+		sent := start.Add(10*time.Second + time.Duration(i)*time.Millisecond)
+		switch i % 3 {
+		case 0:
+			l.est.Record(back.Sub(sent), back) // about -50 years
+		case 1:
+			l.est.Record(ahead.Sub(sent), ahead) // about +1,000 hours
+		default:
+			l.est.Record(20*time.Millisecond, sent)
+		}
+	}
+	b1, _ := l.est.Baseline()
+	t.Logf("baseline %v before the jumps, %v after", b0, b1)
+	check("after the jumps")
+}

@@ -533,3 +533,111 @@ func TestSlowCallNotFromOwnQueue(t *testing.T) {
 		}
 	})
 }
+
+// pool is a worker pool of a fixed size serving jobs from a bounded queue
+// (a job that finds it full is dropped, as a server sheds): each job is one
+// GET to the host. stuck is how many workers are inside a call at once,
+// and peak the most seen after mark was set.
+type pool struct {
+	jobs        chan struct{}
+	stuck, peak atomic.Int64
+	marked      atomic.Bool
+	dropped     atomic.Int64
+}
+
+func startPool(c *http.Client, size int, wg *sync.WaitGroup) *pool {
+	p := &pool{jobs: make(chan struct{}, size)}
+	for range size {
+		wg.Go(func() {
+			for range p.jobs {
+				n := p.stuck.Add(1)
+				if p.marked.Load() && n > p.peak.Load() {
+					p.peak.Store(n)
+				}
+				if resp, err := c.Get("http://sim.test/"); err == nil {
+					resp.Body.Close()
+				}
+				p.stuck.Add(-1)
+			}
+		})
+	}
+	return p
+}
+
+// feed offers jobs at rate a second for dur.
+func (p *pool) feed(rate int, dur time.Duration) {
+	every := time.Second / time.Duration(rate)
+	for range int(dur.Seconds() * float64(rate)) {
+		select {
+		case p.jobs <- struct{}{}:
+		default:
+			p.dropped.Add(1)
+		}
+		time.Sleep(every)
+	}
+}
+
+// TestLearnedSlowdownWorkerPool: a pool of 40 workers whose jobs each call
+// a host at 40 ms, 10 jobs a second (the hung host's traffic), and the
+// host turns to 3 s. Through a plain client the slow calls hold most of
+// the pool (30 in flight); with package defaults no more than 10 workers
+// are ever stuck on the slow host: the learned timeout cuts each attempt
+// at 3 × the healthy p99.9, and ten unanswered attempts in a row open the
+// breaker. (At 20 jobs a second the same run holds 11: the calls started
+// in the half second before the tenth timed-out attempt.)
+func TestLearnedSlowdownWorkerPool(t *testing.T) {
+	const rate = 10
+	for _, tc := range []struct {
+		name  string
+		plain bool
+	}{{"plain", true}, {"defaults", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var slowAt atomic.Int64
+				h := newSimHost(func(now time.Time, rng *rand.Rand) time.Duration {
+					if at := slowAt.Load(); at != 0 && now.UnixNano() >= at {
+						return 3 * time.Second
+					}
+					return 35*time.Millisecond + time.Duration(rng.Int64N(int64(10*time.Millisecond)))
+				})
+				c := &http.Client{Transport: h}
+				if !tc.plain {
+					_, c = newSim(t, h)
+				}
+				var wg sync.WaitGroup
+				p := startPool(c, 40, &wg)
+				p.feed(rate, 60*time.Second)
+				slowAt.Store(time.Now().UnixNano())
+				p.marked.Store(true)
+				p.feed(rate, 30*time.Second)
+				close(p.jobs)
+				wg.Wait()
+				t.Logf("%s: at most %d of 40 workers in a call to the slow host at once; %d jobs dropped for a full pool", tc.name, p.peak.Load(), p.dropped.Load())
+				switch {
+				case tc.plain && p.peak.Load() < 25:
+					t.Errorf("plain: at most %d workers stuck, want most of the pool (≥ 25): the scenario no longer drains a pool", p.peak.Load())
+				case !tc.plain && p.peak.Load() > 10:
+					t.Errorf("defaults: %d workers stuck on the slow host at once, want ≤ 10", p.peak.Load())
+				}
+			})
+		})
+	}
+}
+
+// TestLearnedHungFromStart: a host that never answers, from its first
+// call, teaches nothing: after two minutes at 10 calls a second its
+// learned values are the cold start's, the static defaults, never a
+// learned zero.
+func TestLearnedHungFromStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newSimHost(func(time.Time, *rand.Rand) time.Duration { return -1 })
+		tr, c := newSim(t, h)
+		drive(t, c, 10, 2*time.Minute)
+		l := learnedOf(t, tr)
+		t.Logf("hung from the start: %+v; %d attempts reached it", l, h.attempts.Load())
+		if l.Samples != 0 || l.Baseline != 0 || l.AttemptFrom != bulwark.FromColdStart || l.AttemptTimeout != bulwark.DefaultAttemptTimeout ||
+			l.SlowCallFrom != bulwark.FromColdStart || l.SlowCall <= 0 {
+			t.Errorf("a host that never answered: %+v, want no samples and the cold start's static bounds", l)
+		}
+	})
+}
