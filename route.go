@@ -194,6 +194,14 @@ type routeState struct {
 	parts    []any      // as hostState.parts
 	classify Classifier // the route's Policy.Classify
 	policy   *Policy    // the route's compiled policy on this host
+	// learned is the route's own healthy latency: a route is an endpoint
+	// the user named apart, often for a latency of its own (a report
+	// behind a fast API), so its calls learn its bounds and teach the
+	// host's nothing; a rare slow route sharing a fast host's p99.9 would
+	// time out every call. Kept across an Update, as the host's is. On a
+	// balanced upstream, whose attempt deadlines are the instances', it is
+	// the host's.
+	learned *learned
 
 	shows []func(*HostSnapshot) // as hostState.shows
 }
@@ -216,7 +224,7 @@ func (t *Transport) keepRoutes(hs, prev *hostState) {
 	for _, rs := range olds {
 		for _, e := range hs.table.routes {
 			if e.pattern == rs.pattern && hs.routes[e.idx].Load() == nil {
-				t.storeRoute(hs, e, keptParts(rs.parts, rs.policy, e.byParent[hs.policy]))
+				t.storeRoute(hs, e, keptParts(rs.parts, rs.policy, e.byParent[hs.policy]), rs.learned)
 			}
 		}
 	}
@@ -294,15 +302,25 @@ func (t *Transport) addRoute(hs *hostState, e *routeEntry) *routeState {
 	if rs := hs.routes[e.idx].Load(); rs != nil {
 		return rs
 	}
-	return t.storeRoute(hs, e, kept{})
+	return t.storeRoute(hs, e, kept{}, nil)
 }
 
-// storeRoute builds e's stack on hs, keeping old's state, and stores it.
-// Under hs.routeMu.
-func (t *Transport) storeRoute(hs *hostState, e *routeEntry, old kept) *routeState {
+// storeRoute builds e's stack on hs, keeping old's state and the learned
+// latency l (nil: a new one, cold), and stores it. Under hs.routeMu.
+func (t *Transport) storeRoute(hs *hostState, e *routeEntry, old kept, l *learned) *routeState {
 	p := e.byParent[hs.policy]
-	rs := &routeState{pattern: e.pattern, rep: hs.rep.forRoute(e.pattern), classify: p.Classify, policy: p}
-	rs.rt, rs.parts, rs.shows = t.buildRoute(hs, rs.rep, p, old)
+	rs := &routeState{pattern: e.pattern, rep: hs.rep.forRoute(e.pattern), classify: p.Classify, policy: p, learned: l}
+	switch {
+	case hs.shared.balancer != nil:
+		// The instances' attempt deadlines, the host's, time every call:
+		// the route's breaker follows what they learn.
+		rs.learned = hs.learned
+	case l == nil:
+		rs.learned = newLearned(rs.rep)
+	default:
+		rs.learned.rep.Store(rs.rep)
+	}
+	rs.rt, rs.parts, rs.shows = t.buildRoute(hs, rs.rep, p, old, rs.learned)
 	t.mu.RLock()
 	c, ok := t.controls[hs.name]
 	t.mu.RUnlock()
@@ -338,6 +356,10 @@ type RouteSnapshot struct {
 	Pattern string // the Config.Routes key
 	Breaker *BreakerSnapshot
 	Budget  *BudgetSnapshot
+	// Learned is what the route's own calls taught of its healthy
+	// latency, and the bounds in force on it: a route learns apart from
+	// its host, from a cold start.
+	Learned *LearnedSnapshot
 }
 
 func (rs *routeState) snapshot() RouteSnapshot {
@@ -345,7 +367,7 @@ func (rs *routeState) snapshot() RouteSnapshot {
 	for _, show := range rs.shows {
 		show(&h)
 	}
-	return RouteSnapshot{Pattern: rs.pattern, Breaker: h.Breaker, Budget: h.Budget}
+	return RouteSnapshot{Pattern: rs.pattern, Breaker: h.Breaker, Budget: h.Budget, Learned: h.Learned}
 }
 
 // routeSlots makes a host's empty route slots; nil without routes.

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -43,6 +44,10 @@ var seamRows = []struct {
 	{"local error × breaker, budget", seamLocalErrorBreaker},
 	{"force open × route", seamForceOpenRoute},
 	{"prepare retry × hedge", seamPrepareRetryHedge},
+	{"learned bounds × route", seamLearnedRoute},
+	{"learned bounds × hedge", seamLearnedHedge},
+	{"learned bounds × Update", seamLearnedUpdate},
+	{"consecutive failures × hedge", seamConsecutiveHedge},
 }
 
 func TestSeams(t *testing.T) {
@@ -641,4 +646,154 @@ func seamPrepareRetryHedge(t *testing.T) {
 	if got := req.Header.Get("Authorization"); got != "sig-0" {
 		t.Fatalf("the caller's request now says %q", got)
 	}
+}
+
+// seamLearn sends n GETs to url one after another, each read and closed.
+func seamLearn(t *testing.T, tr http.RoundTripper, url string, n int) (failed int) {
+	t.Helper()
+	for range n {
+		if code, err := seamSend(t, tr, "GET", url); err != nil || code != 200 {
+			failed++
+		}
+	}
+	return failed
+}
+
+// A route learns its own bounds, from a cold start, and its calls teach
+// the host nothing: a report route at 300 ms, called once in 4,000 calls
+// of a host whose other calls take 10 ms (far under the host's p99.9), is
+// not timed out at the host's learned 50 ms, and the host's timeout stays
+// the fast calls'. Once the route has its own 200 healthy calls it has its
+// own learned timeout, three times its p99.9.
+func seamLearnedRoute(t *testing.T) {
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) {
+		if req.URL.Path == "/report" {
+			return seamAnswer(req, 300*time.Millisecond, 200)
+		}
+		return seamAnswer(req, 10*time.Millisecond, 200)
+	}}
+	tr := seamNew(t, bulwark.Config{Base: base, Routes: map[string]bulwark.Policy{"GET /report": {}}})
+	reportFailed := 0
+	for range 3 {
+		seamLearn(t, tr, "http://api.test/rates", 4000)
+		reportFailed += seamLearn(t, tr, "http://api.test/report", 1)
+	}
+	host, route := seamHost(t, tr, "api.test:80").Learned, seamRoute(t, tr, "api.test:80", "GET /report").Learned
+	if reportFailed != 0 || host == nil || route == nil {
+		t.Fatalf("%d of 3 report calls failed; host learned %+v, route %+v; want none failed and both shown", reportFailed, host, route)
+	}
+	if host.AttemptFrom != bulwark.FromLearned || host.AttemptTimeout > 100*time.Millisecond || route.AttemptFrom != bulwark.FromColdStart || route.AttemptTimeout != bulwark.DefaultAttemptTimeout {
+		t.Fatalf("host learned %+v, route %+v; want the host's learned from its 10 ms calls, the route's cold", *host, *route)
+	}
+	if f := seamLearn(t, tr, "http://api.test/report", 300); f != 0 {
+		t.Fatalf("%d of 300 report calls failed", f)
+	}
+	route = seamRoute(t, tr, "api.test:80", "GET /report").Learned
+	if route.AttemptFrom != bulwark.FromLearned || route.AttemptTimeout < 900*time.Millisecond || route.AttemptTimeout > 1100*time.Millisecond {
+		t.Fatalf("route learned %+v after 300 calls at 300 ms; want its own, 3 × its p99.9", *route)
+	}
+}
+
+// A hedge's loser teaches nothing: the first attempt of every call takes
+// 200 ms and loses to a hedge sent after 20 ms that answers in 5 ms (the
+// budget off, so that every call is hedged); the host's healthy p99.9 is
+// the winners' 5 ms, not the losers' 200 ms.
+func seamLearnedHedge(t *testing.T) {
+	base := &seamBase{answer: slowFirstAttempt}
+	tr := seamNew(t, bulwark.Config{Base: base, Default: bulwark.Policy{Hedge: bulwark.Hedge{Delay: 20 * time.Millisecond},
+		Retry: bulwark.Retry{Budget: bulwark.Budget{Disabled: true}}}})
+	if f := seamLearn(t, tr, "http://api.test/x", 500); f != 0 {
+		t.Fatalf("%d of 500 hedged calls failed", f)
+	}
+	hs := seamHost(t, tr, "api.test:80")
+	l := hs.Learned
+	if hs.Hedge.Sent < 500 || l.HealthyP999 <= 0 || l.HealthyP999 > 10*time.Millisecond || l.AttemptFrom != bulwark.FromLearned {
+		t.Fatalf("%d hedges sent; learned %+v; want every call hedged and a p99.9 of the winners' 5 ms", hs.Hedge.Sent, *l)
+	}
+}
+
+// Update keeps what a host and its routes learned: it is a measurement of
+// the host, not configuration. A bound the new config sets is obeyed as
+// set while the measurement is kept, and a later Update that unsets it is
+// back on the learned value at once, with no cold start. A host that moves
+// to another upstream label starts cold, as its other state does.
+func seamLearnedUpdate(t *testing.T) {
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) {
+		return seamAnswer(req, 10*time.Millisecond, 200)
+	}}
+	cfg := bulwark.Config{Base: base, Routes: map[string]bulwark.Policy{"GET /report": {}}}
+	tr := seamNew(t, cfg)
+	seamLearn(t, tr, "http://api.test/x", 300)
+	seamLearn(t, tr, "http://api.test/report", 300)
+	learned := func() (host, route bulwark.LearnedSnapshot) {
+		return *seamHost(t, tr, "api.test:80").Learned, *seamRoute(t, tr, "api.test:80", "GET /report").Learned
+	}
+	h0, r0 := learned()
+	if h0.AttemptFrom != bulwark.FromLearned || r0.AttemptFrom != bulwark.FromLearned {
+		t.Fatalf("before Update: host %+v, route %+v; want both learned", h0, r0)
+	}
+	if err := tr.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if h, r := learned(); h != h0 || r != r0 {
+		t.Fatalf("after Update(same config): host %+v, route %+v; want %+v and %+v kept", h, r, h0, r0)
+	}
+	set := cfg
+	set.Default.Timeout.Attempt = 2 * time.Second
+	if err := tr.Update(set); err != nil {
+		t.Fatal(err)
+	}
+	if h, r := learned(); h.AttemptFrom != bulwark.FromSet || h.AttemptTimeout != 2*time.Second || h.Baseline != h0.Baseline ||
+		r.AttemptFrom != bulwark.FromSet || r.Baseline != r0.Baseline {
+		t.Fatalf("after Update(Attempt 2s): host %+v, route %+v; want 2s set, baselines %v and %v kept", h, r, h0.Baseline, r0.Baseline)
+	}
+	if err := tr.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if h, r := learned(); h != h0 || r != r0 {
+		t.Fatalf("after Update(Attempt unset again): host %+v, route %+v; want the learned %+v and %+v at once", h, r, h0, r0)
+	}
+	moved := cfg
+	moved.Upstreams = map[string]bulwark.Policy{"api.test": {}}
+	if err := tr.Update(moved); err != nil {
+		t.Fatal(err)
+	}
+	seamLearn(t, tr, "http://api.test/x", 1)
+	if h := *seamHost(t, tr, "api.test:80").Learned; h.AttemptFrom != bulwark.FromColdStart || h.Baseline != 0 {
+		t.Fatalf("after moving to upstream api.test: host %+v, want a cold start", h)
+	}
+}
+
+// ConsecutiveFailures counts attempts the host never answered; a hedge's
+// loser, cancelled by bulwark when the hedge won, is not one of them: a
+// host whose first attempts hang and whose hedges answer keeps its breaker
+// closed and answers every call. When the hedges hang too, every attempt
+// is unanswered and the breaker opens within a few calls.
+func seamConsecutiveHedge(t *testing.T) {
+	var hangAll atomic.Bool
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) {
+		if req.Header.Get(bulwark.AttemptHeader) == "1" || hangAll.Load() {
+			<-req.Context().Done()
+			return nil, context.Cause(req.Context())
+		}
+		return seamAnswer(req, 5*time.Millisecond, 200)
+	}}
+	tr := seamNew(t, bulwark.Config{Base: base, Default: bulwark.Policy{Hedge: bulwark.Hedge{Delay: 20 * time.Millisecond},
+		Retry: bulwark.Retry{Budget: bulwark.Budget{Disabled: true}}}})
+	if f := seamLearn(t, tr, "http://api.test/x", 300); f != 0 {
+		t.Fatalf("%d of 300 calls failed while every hedge answered", f)
+	}
+	if b := seamHost(t, tr, "api.test:80").Breaker; b.State != bulwark.CircuitClosed || b.Trips != 0 {
+		t.Fatalf("breaker %+v after 300 calls whose hedges answered; want closed, never tripped", b)
+	}
+	hangAll.Store(true)
+	for i := range 20 {
+		start := time.Now()
+		_, err := seamSend(t, tr, "GET", "http://api.test/x")
+		if errors.Is(err, bulwark.ErrBreakerOpen) {
+			t.Logf("all attempts hung: the breaker refused call %d; the one before took %v", i, time.Since(start))
+			return
+		}
+	}
+	t.Fatalf("breaker %+v after 20 calls whose every attempt hung; want it open", seamHost(t, tr, "api.test:80").Breaker)
 }

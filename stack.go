@@ -56,30 +56,37 @@ func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep, learned: hs.learned}
 	hs.shared.faults = hs.faults
 	hs.rt, hs.parts, hs.shows = t.compose(hs.policy, e, &hs.shared, reuseFrom(prev, hs))
-	faults, learned, p := hs.faults, hs.learned, hs.policy
+	faults := hs.faults
 	hs.shows = append(hs.shows,
 		func(h *HostSnapshot) { h.Fault = faults.snapshot() },
-		func(h *HostSnapshot) {
-			var attempt, slow time.Duration
-			if !p.Timeout.Disabled {
-				attempt = p.Timeout.Attempt
-			}
-			if !p.Breaker.Disabled {
-				slow = p.Breaker.SlowCall
-			}
-			h.Learned = learned.snapshot(attempt, p.Timeout.learn, slow, p.Breaker.learn)
-		})
+		showLearned(hs.learned, hs.policy))
+}
+
+// showLearned puts l's snapshot under p's bounds in a HostSnapshot.
+func showLearned(l *learned, p *Policy) func(*HostSnapshot) {
+	return func(h *HostSnapshot) {
+		var attempt, slow time.Duration
+		if !p.Timeout.Disabled {
+			attempt = p.Timeout.Attempt
+		}
+		if !p.Breaker.Disabled {
+			slow = p.Breaker.SlowCall
+		}
+		h.Learned = l.snapshot(attempt, p.Timeout.learn, slow, p.Breaker.learn)
+	}
 }
 
 // buildRoute composes the stack of one route on a host: the same layers as
 // the host's, made for the route's policy, except for the host's shared
 // ones (see hostShared), which the route's stack passes through. Its own
 // layers report through rep, the route's reporter; the shared ones
-// through the host's. old is what the route's previous stack keeps.
-func (t *Transport) buildRoute(hs *hostState, rep *reporter, p *Policy, old kept) (stage, []any, []func(*HostSnapshot)) {
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep, learned: hs.learned}
+// through the host's. old is what the route's previous stack keeps; l is
+// the route's own learned latency (routeState.learned).
+func (t *Transport) buildRoute(hs *hostState, rep *reporter, p *Policy, old kept, l *learned) (stage, []any, []func(*HostSnapshot)) {
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep, learned: l}
 	shared := hs.shared
-	return t.compose(p, e, &shared, old)
+	rt, parts, shows := t.compose(p, e, &shared, old)
+	return rt, parts, append(shows, showLearned(l, p))
 }
 
 // hostShared is the per-host state that a host's routes share with it:

@@ -85,7 +85,10 @@ type Config struct {
 	// rate limit), the pushback pauses a Retry-After asks for, and on a
 	// balanced upstream the balancer with its instances (their bulkheads,
 	// attempt deadlines and fault layers follow the upstream's policy, so a
-	// route's Timeout.Attempt and Fault do not apply there). A route policy
+	// route's Timeout.Attempt and Fault do not apply there). A route learns
+	// its own attempt timeout and slow-call threshold (see Timeout.Attempt)
+	// from its own calls, from a cold start, and its calls teach the host
+	// nothing; on a balanced upstream it follows the host's. A route policy
 	// that sets Bulkhead, Endpoints, Retry.NoPushback or
 	// Retry.MaxRetryAfter is a *ConfigError. Snapshot shows each route's
 	// own state in HostSnapshot.Routes. Metrics and spans of a routed call
