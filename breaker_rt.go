@@ -110,8 +110,17 @@ type Breaker struct {
 	// fewer than 200 attempts have succeeded. Twice the slowest healthy
 	// answers is slow by the host's own measure, and stays below the
 	// learned timeout (3 × the p99.9), so a host that slows down trips the
-	// slow-call rate before its attempts time out. A set SlowCall is obeyed
-	// as set: nothing is learned for it.
+	// slow-call rate before its attempts time out. While SlowCall is
+	// learned, a rate rule (FailureRate, SlowCallRate) trips only once it
+	// has held for the time ConsecutiveFailures' run must last (12 × the
+	// p99.9, at least 200 ms): bounds that tight make a queue of three
+	// service times slow or timed out, and on a busy host the last 100
+	// calls are a few tens of milliseconds, so the burst of slow calls
+	// that a capacity drop queues before the adaptive limit comes down
+	// would otherwise open the breaker for seconds on a host still serving
+	// a quarter of its load; a host slow or failing for longer trips as
+	// before. A set SlowCall is obeyed as set: nothing is learned for it,
+	// and its rate rules trip at once.
 	SlowCall time.Duration
 
 	// WindowCalls is how many of the most recent calls the rates are
@@ -175,10 +184,12 @@ type Breaker struct {
 	// the field warns must not trip it), fewer than gobreaker's default
 	// would need in calls, since it counts only the calls. Once the host
 	// has a learned latency (see SlowCall), the run must also last at
-	// least its learned attempt timeout (3 × the healthy p99.9, at least
-	// 50 ms): a shorter run, between answers, is a batch of attempts that
-	// timed out together in the queue of a host serving at its capacity,
-	// which the adaptive bulkhead is for, not a dead or hung host.
+	// least the third attempt's learned timeout (the first's doubled
+	// twice: 12 × the healthy p99.9, at least 200 ms): a shorter run,
+	// between answers, is a batch of attempts that timed out together in
+	// the queue of a host serving at its capacity (the queue its own
+	// server still works through after bulwark gave up on them), which the
+	// adaptive bulkhead is for, not a dead or hung host.
 	ConsecutiveFailures int
 
 	// OnStateChange, if not nil, is called after each state change of a
@@ -504,6 +515,12 @@ type breakerCore struct {
 	openFor   time.Duration
 	maxOpen   time.Duration
 
+	// settle: SlowCall is learned, and then a rate rule trips only once it
+	// has held for the learned failingFor (see SlowCall); dueAt is since
+	// when it has held (unix ns; 0: not due). Under winMu.
+	settle bool
+	dueAt  int64
+
 	// State changes queue here under gobreaker's mutex and are reported by
 	// whichever request finds them there after leaving it.
 	pending atomic.Bool
@@ -573,6 +590,7 @@ func (c *breakerCore) retune(p Breaker) {
 	c.minCalls, c.failRate, c.slowRate = int64(p.MinCalls), p.FailureRate, p.SlowCallRate
 	c.maxConsec, c.userTrip = int64(p.ConsecutiveFailures), p.ReadyToTrip
 	c.openFor, c.maxOpen = p.OpenFor, p.MaxOpenFor
+	c.settle = p.learn
 	c.winMu.Unlock()
 }
 
@@ -702,6 +720,9 @@ func (b *breakerCore) isSuccessful(verdict error) bool {
 		}
 		b.seq++
 		b.win.Add(b.pos(), c)
+		if b.dueAt != 0 && verdict == nil && !b.due(b.win.Sum(b.pos())) {
+			b.dueAt = 0 // the rates fell back: a later breach starts afresh
+		}
 		if c[winFailures]+c[winSlow] > 0 {
 			b.shareCounts()
 		}
@@ -730,8 +751,16 @@ func (b *breakerCore) readyToTrip(gobreaker.Counts) bool {
 	s := b.win.Sum(b.pos())
 	// The other pods' windows count as if they were this one's (fleet.go).
 	s = b.peers.Add(s, time.Now())
+	now := time.Now().UnixNano()
+	due := b.due(s)
 	switch {
-	case b.due(s):
+	case !due:
+		b.dueAt = 0
+	case b.dueAt == 0:
+		b.dueAt = now
+	}
+	switch {
+	case due && (!b.settle || now-b.dueAt >= int64(b.e.learned.failingFor())):
 		return true
 	case b.maxConsec > 0 && b.unans >= b.maxConsec && time.Now().UnixNano()-b.unansAt >= int64(b.e.learned.failingFor()):
 		return true
@@ -763,7 +792,7 @@ func (b *breakerCore) onStateChange(_ string, from, to gobreaker.State) {
 	ev := breakerEvent{from: from, to: to, at: now, calls: s[winCalls], failures: s[winFailures], slow: s[winSlow]}
 	b.cbState = to
 	b.win.Reset()
-	b.seq, b.consec, b.unans = 0, 0, 0
+	b.seq, b.consec, b.unans, b.dueAt = 0, 0, 0, 0
 	switch to {
 	case gobreaker.StateOpen:
 		b.peers.Reset()

@@ -41,7 +41,14 @@ const DefaultAdaptiveMax = 1000
 // default, or one set with Bulkhead.Adaptive) when Bulkhead.MinConcurrent
 // is zero (or MaxConcurrent, if that is less). Ten in flight are never
 // refused: about what a host of ten cores needs, and a floor the noise of
-// a heavy tail's latency at a few in flight cannot cut through.
+// a heavy tail's latency at a few in flight cannot cut through. Lower
+// floors were measured and refused a healthy host's calls: a lognormal
+// host (p50 5 ms, p99.9 100 ms) at 400 calls a second lost 63 of 24,000
+// calls to the limit with a floor of 6, 292 with 4 and 478 with 2, and
+// none with 10 (TestLearnedHeavyTail). The price is a host with fewer
+// than ten workers: with package defaults up to ten requests reach it at
+// once and the rest wait in its own queue, so set MaxConcurrent (or
+// MinConcurrent) for such a host.
 const DefaultMinConcurrent = 10
 
 // defaultHeadroom is how far above the peak in flight the package default

@@ -336,12 +336,16 @@ func (l *learned) timeout(attempt int, ceiling time.Duration) (time.Duration, bo
 }
 
 // failingFor is how long a run of failed attempts must last before
-// Breaker.ConsecutiveFailures counts it: a first attempt's learned
-// timeout, so that the host has answered no attempt successfully for a
-// whole timeout; zero without a baseline. A shorter run, on a host that
-// still answers between runs, is a batch of attempts that queued together
-// behind a host serving at capacity (the adaptive limit's work), not a
-// dead or hung host. l may be nil.
+// Breaker.ConsecutiveFailures counts it, and how long a rate rule must
+// hold before a learned breaker trips on it: the third attempt's learned
+// timeout (the first's doubled twice, as the default retries wait), so
+// that the host has answered nothing in time for as long as a call's
+// longest attempt waits; zero without a baseline. A shorter run, on a
+// host that still answers between runs, is a batch of attempts that
+// queued together behind a host serving at capacity, and the queue its
+// server works through after they were cut (the adaptive limit's work:
+// a capacity drop at 1,200 calls a second makes one of about 150 ms in
+// the lab's capacity scenario), not a dead or hung host. l may be nil.
 func (l *learned) failingFor() time.Duration {
 	if l == nil {
 		return 0
@@ -350,7 +354,7 @@ func (l *learned) failingFor() time.Duration {
 	if !ok {
 		return 0
 	}
-	return max(attemptFactor*b, learnedFloor)
+	return 4 * max(attemptFactor*b, learnedFloor)
 }
 
 // slowCall is the learned slow-call threshold, within [learnedFloor,

@@ -641,3 +641,67 @@ func TestLearnedHungFromStart(t *testing.T) {
 		}
 	})
 }
+
+// TestLearnedBreakerSettles: with a learned slow-call threshold, a rate
+// rule trips only once it has held for the third attempt's learned
+// timeout. A host at 20 ms, 1,000 calls a second, whose answers take
+// 150 ms for a tenth of a second (a queue that is drained: every call in
+// the breaker's last 100 slow or timed out) keeps its breaker closed; the
+// same burst trips a breaker whose SlowCall is set (the control); and a
+// host that stays at 150 ms trips the learned breaker within a second.
+func TestLearnedBreakerSettles(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		slowCall  time.Duration
+		burstTrip bool
+	}{{"learned", 0, false}, {"set", 50 * time.Millisecond, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var slowFrom, slowTo atomic.Int64
+				h := newSimHost(func(now time.Time, rng *rand.Rand) time.Duration {
+					if n := now.UnixNano(); n >= slowFrom.Load() && n < slowTo.Load() {
+						return 150 * time.Millisecond
+					}
+					return 18*time.Millisecond + time.Duration(rng.Int64N(int64(4*time.Millisecond)))
+				})
+				tr, err := bulwark.New(bulwark.Config{Base: h, Default: bulwark.Policy{Breaker: bulwark.Breaker{SlowCall: tc.slowCall}}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				c := &http.Client{Transport: tr}
+				drive(t, c, 1000, 20*time.Second)
+				trips := func() int { return tr.Snapshot().Host("sim.test:80")[0].Breaker.Trips }
+				if n := trips(); n != 0 {
+					t.Fatalf("%d trips while healthy", n)
+				}
+				now := time.Now().UnixNano()
+				slowFrom.Store(now)
+				slowTo.Store(now + int64(100*time.Millisecond))
+				drive(t, c, 1000, 3*time.Second)
+				burst := trips()
+				t.Logf("%s: %d trips after a 100 ms burst of 150 ms answers; learned %+v", tc.name, burst, learnedOf(t, tr))
+				if tc.burstTrip != (burst > 0) {
+					t.Fatalf("%s: %d trips after the burst, want tripped %v", tc.name, burst, tc.burstTrip)
+				}
+				if tc.burstTrip {
+					return
+				}
+				now = time.Now().UnixNano()
+				slowFrom.Store(now)
+				slowTo.Store(now + int64(time.Hour))
+				res := drive(t, c, 1000, 2*time.Second)
+				first := -1
+				for i, r := range res {
+					if errors.Is(r.err, bulwark.ErrBreakerOpen) && r.took < time.Millisecond {
+						first = i
+						break
+					}
+				}
+				t.Logf("%s: host slow for good: the first call refused at once was sent %v after the change", tc.name, time.Duration(first)*time.Millisecond)
+				if first < 0 || first > 1000 {
+					t.Errorf("%s: a host slow for good was first refused at once at call %d (1 ms apart), want within 1 s", tc.name, first)
+				}
+			})
+		})
+	}
+}

@@ -398,12 +398,17 @@ func (g *Gradient) update(now int64) (hold bool) {
 			target = max(target, g.cur/2)
 		}
 		// A soft limit's in flight that grew within the window by more
-		// than the tolerated queue, and by more than twice the
-		// arrivals' own noise (√n of n): completions fall behind what
-		// the callers send, so their rate is what the upstream serves,
-		// pressed on the limit or not.
+		// than the tolerated queue of its n completions ((Tolerance − 1)
+		// × n: arrivals more than Tolerance × the completions), and by
+		// more than twice the arrivals' own noise (√n of n): completions
+		// fall behind what the callers send, so their rate is what the
+		// upstream serves, pressed on the limit or not. Against n, not
+		// the peak in flight: a window under a queue closes after one
+		// baseline, so growth against the peak (which the queue itself
+		// raises) missed a capacity drop at 1,200 calls a second while
+		// the queue reached three service times.
 		growth := float64(g.lastInflight - g.firstInflight)
-		building := g.soft > 0 && growth > (g.tolerance-1)*peak && growth > 2*math.Sqrt(float64(g.n))
+		building := g.soft > 0 && growth > (g.tolerance-1)*float64(g.n) && growth > 2*math.Sqrt(float64(g.n))
 		if peak < busyShare*float64(g.limit.Load()) && !building {
 			// The callers were not pressing on the limit: the
 			// completions a second are what they sent, not what the

@@ -6,7 +6,8 @@
 //   - drop: an upstream of C "cores" of 20 ms (the rest wait in its own
 //     FIFO), C going 40 → 10 → 40, 1,200 calls a second open-loop with a
 //     250 ms deadline, through plain, fixed bulkheads of 40 and 10,
-//     bulwark's adaptive limit and failsafe-go's adaptivelimiter;
+//     bulwark's adaptive limit, bulwark with zero config (package
+//     defaults: issue 28) and failsafe-go's adaptivelimiter;
 //   - throttle: a backend that accepts at most X a second and answers the
 //     rest 503 at once, offered 5 X, through plain, bulwark's SRE throttle
 //     (K = 2) and failsafe-go's adaptivethrottler.
@@ -205,6 +206,15 @@ func drop() {
 			}
 			return 0
 		}})
+		zero := mustBulwark(transport(), bulwark.Policy{}) // bulwark.Config{Base: …} and nothing else
+		out = append(out, stack{"bulwark zero config", zero, func() int {
+			for _, h := range zero.Snapshot().Hosts {
+				if h.Bulkhead != nil {
+					return h.Bulkhead.Limit
+				}
+			}
+			return 0
+		}})
 		al := adaptivelimiter.NewBuilder[*http.Response]().WithLimits(1, 100, 20).Build()
 		out = append(out, stack{"failsafe-go adaptivelimiter 1..100", failsafehttp.NewRoundTripper(transport(), al), func() int { return al.Limit() }})
 		return out
@@ -244,7 +254,7 @@ func drop() {
 						ps.lat = append(ps.lat, lat)
 					case errors.Is(err, context.DeadlineExceeded):
 						ps.timeouts++
-					case errors.Is(err, bulwark.ErrBulkheadFull), errors.Is(err, adaptivelimiter.ErrExceeded):
+					case errors.Is(err, bulwark.ErrBulkheadFull), errors.Is(err, bulwark.ErrBreakerOpen), errors.Is(err, adaptivelimiter.ErrExceeded):
 						ps.rejected++
 					default:
 						ps.other++
