@@ -100,3 +100,26 @@ func TestLearnedClockJump(t *testing.T) {
 	t.Logf("baseline %v before the jumps, %v after", b0, b1)
 	check("after the jumps")
 }
+
+// BenchmarkLearnedBounds is what an attempt pays to read its learned
+// bounds: the attempt timeout (the deadline layer) and the slow-call
+// threshold (the breaker), two atomic loads and a clamp each; what
+// recording a sample costs is internal/learn's BenchmarkRecord, paid on
+// one attempt in eight once the host is busy.
+func BenchmarkLearnedBounds(b *testing.B) {
+	l := newLearned(nil)
+	now := time.Now()
+	for i := range 1000 {
+		l.est.Record(20*time.Millisecond, now.Add(time.Duration(i)*time.Millisecond))
+	}
+	b.ReportAllocs()
+	var sink time.Duration
+	for b.Loop() {
+		d, _ := l.timeout(1, DefaultAttemptTimeout)
+		s, _ := l.slowCall(DefaultAttemptTimeout / 2)
+		sink += d + s
+	}
+	if sink == 0 {
+		b.Fatal("no bounds read")
+	}
+}
