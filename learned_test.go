@@ -583,8 +583,10 @@ func (p *pool) feed(rate int, dur time.Duration) {
 // the pool (30 in flight); with package defaults no more than 10 workers
 // are ever stuck on the slow host: the learned timeout cuts each attempt
 // at 3 × the healthy p99.9, and ten unanswered attempts in a row open the
-// breaker. (At 20 jobs a second the same run holds 11: the calls started
-// in the half second before the tenth timed-out attempt.)
+// breaker once the run has lasted the third attempt's timeout. (At 20
+// jobs a second the same run holds 13, over the figure: the calls started
+// in the 550 ms that run must last, which a capacity drop needs; see
+// Breaker.ConsecutiveFailures.)
 func TestLearnedSlowdownWorkerPool(t *testing.T) {
 	const rate = 10
 	for _, tc := range []struct {
