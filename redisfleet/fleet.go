@@ -403,8 +403,11 @@ func (f *Fleet) catchUp(ctx context.Context, sink *bulwark.FleetSink) error {
 			}
 			keys = keys[:min(len(keys), maxCatchUp-read)]
 			read += len(keys)
-			// A quota's keys (lease.go) are no update to catch up on.
-			keys = slices.DeleteFunc(keys, func(k string) bool { return strings.HasPrefix(k, f.prefix+"quota:") })
+			// A quota's keys (lease.go) and the configuration's
+			// (configpush.go) are no update to catch up on.
+			keys = slices.DeleteFunc(keys, func(k string) bool {
+				return strings.HasPrefix(k, f.prefix+"quota:") || f.isConfigKey(k)
+			})
 			if len(keys) > 0 {
 				cmds := make([]*redis.StringCmd, len(keys))
 				pipe := c.Pipeline()
