@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -539,5 +540,81 @@ func TestParseStore(t *testing.T) {
 		if (err == nil) != tc.ok {
 			t.Errorf("parseStore(%q) = %v, want ok %v", tc.res, err, tc.ok)
 		}
+	}
+}
+
+// TestCanaryInShadow: the rollout the README describes. A canary pushes a
+// stricter threshold in shadow mode: the canary's breaker trips on a host
+// failing a third of its calls and reports the refusals it would make
+// (WouldReject) while sending every request, and its trip is not the
+// fleet's: the enforcing pod, on the old threshold, keeps calling. Pushed
+// again without shadow, the canary enforces it.
+func TestCanaryInShadow(t *testing.T) {
+	s := startRedis(t)
+	const prefix = "c4:"
+	var canaryPod, stablePod *configPod
+	for i := 0; canaryPod == nil || stablePod == nil; i++ {
+		if i > 100 {
+			t.Fatal("no ID in and none out of a 50% canary among 100")
+		}
+		id := "pod-" + strconv.Itoa(i)
+		switch in := InCanary(id, 0.5); {
+		case in && canaryPod == nil:
+			canaryPod = followingPod(t, s, prefix, id, config.Registry{})
+		case !in && stablePod == nil:
+			stablePod = followingPod(t, s, prefix, id, config.Registry{})
+		}
+	}
+	pods := []*configPod{canaryPod, stablePod}
+	followingAll(t, pods)
+	ctl := controller(t, s, prefix)
+	ctx := t.Context()
+	loose := "version: loose\ndefault:\n  retry: {disabled: true}\n  breaker: {failureRate: 0.9, minCalls: 6, windowCalls: 12}\n"
+	if _, err := ctl.PushConfig(ctx, []byte(loose), PushOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	runWithin(t, pods, all("loose"), time.Now(), 10*time.Second)
+	strict := "version: strict-shadow\ndefault:\n  retry: {disabled: true}\n  breaker: {failureRate: 0.3, minCalls: 6, windowCalls: 12, shadow: true}\n"
+	if _, err := ctl.PushConfig(ctx, []byte(strict), PushOptions{Canary: 0.5}); err != nil {
+		t.Fatal(err)
+	}
+	runWithin(t, pods, func(p *configPod) string {
+		return map[bool]string{true: "strict-shadow", false: "loose"}[p == canaryPod]
+	}, time.Now(), 10*time.Second)
+
+	// A host failing one call in three: over 0.3, under 0.9.
+	var n atomic.Int64
+	up := &upstream{Server: httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if n.Add(1)%3 == 0 {
+			w.WriteHeader(500)
+		}
+	}))}
+	t.Cleanup(up.Close)
+	for range 12 {
+		if _, err := get(t, canaryPod.tr, up.URL); err != nil {
+			t.Fatalf("canary in shadow refused: %v", err)
+		}
+	}
+	br := canaryPod.tr.Snapshot().Host(up.host())[0].Breaker
+	if br.State != bulwark.CircuitOpen || !br.Shadow || br.WouldReject == 0 {
+		t.Fatalf("canary's breaker %+v, want open in shadow, with refusals it would have made", br)
+	}
+	time.Sleep(200 * time.Millisecond) // what a published trip takes to arrive, many times over
+	for range 3 {
+		if _, err := get(t, stablePod.tr, up.URL); err != nil {
+			t.Fatalf("the enforcing pod adopted the shadow canary's trip: %v", err)
+		}
+	}
+
+	// Enforced on the canary: pushed again without shadow.
+	strict = strings.Replace(strings.Replace(strict, ", shadow: true", "", 1), "strict-shadow", "strict", 1)
+	if _, err := ctl.PushConfig(ctx, []byte(strict), PushOptions{Canary: 0.5}); err != nil {
+		t.Fatal(err)
+	}
+	runWithin(t, pods, func(p *configPod) string {
+		return map[bool]string{true: "strict", false: "loose"}[p == canaryPod]
+	}, time.Now(), 10*time.Second)
+	if _, err := get(t, canaryPod.tr, up.URL); !errors.Is(err, bulwark.ErrBreakerOpen) {
+		t.Fatalf("canary enforcing: %v, want its open breaker to refuse", err)
 	}
 }
