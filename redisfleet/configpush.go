@@ -217,7 +217,8 @@ end
 local function drop(s) redis.call('HDEL', k, s .. '.version', s .. '.data', s .. '.share') end
 local mode, version, canary = ARGV[1], ARGV[2], 0
 if mode == 'full' then
-	move('stable', 'previous')
+	-- The same bytes again keep the previous version to roll back to.
+	if get('stable.data') ~= ARGV[3] then move('stable', 'previous') end
 	redis.call('HSET', k, 'stable.version', ARGV[2], 'stable.data', ARGV[3])
 	drop('canary')
 elseif mode == 'canary' then
@@ -501,7 +502,9 @@ func (f *Fleet) ConfigStatus(ctx context.Context) (ConfigStatus, error) {
 		st.Ignored++
 	}
 	var cursor uint64
-	for len(st.Processes)+st.Ignored < maxAcks {
+	// Bounded twice: by the entries read, and by the calls, should a
+	// cursor keep returning nothing.
+	for calls := 0; calls < 4*maxAcks/256 && len(st.Processes)+st.Ignored < maxAcks; calls++ {
 		kv, next, err := f.c.HScan(ctx, f.ackKeys()[0], cursor, "", 256).Result()
 		if isWrongType(err) {
 			st.Ignored++

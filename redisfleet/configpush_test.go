@@ -202,6 +202,18 @@ func TestConfigPush(t *testing.T) {
 		}
 	}
 
+	// The same bytes pushed again keep v1 to roll back to, and are not
+	// applied again.
+	if r, err = ctl.PushConfig(ctx, []byte(pushV2), PushOptions{}); err != nil || r.Previous != "v1" {
+		t.Fatalf("push v2 again: %+v, %v; want v1 kept as the previous", r, err)
+	}
+	acked(t, ctl, pods, r.Seq)
+	for _, p := range pods {
+		if n := p.fl.Stats().Applied; n != 2 {
+			t.Fatalf("%s applied %d versions after v1, v2, v2 again; want 2", p.id, n)
+		}
+	}
+
 	// A canary of 50 %: the pods InCanary names run v3, the others v2.
 	start = time.Now()
 	r, err = ctl.PushConfig(ctx, []byte(pushV3), PushOptions{Canary: 0.5})
