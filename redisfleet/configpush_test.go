@@ -265,6 +265,10 @@ func TestConfigPush(t *testing.T) {
 	if _, err := ctl.RollbackConfig(ctx); !errors.Is(err, ErrNoConfig) {
 		t.Fatalf("second rollback: %v, want ErrNoConfig", err)
 	}
+	// A process that starts runs the latest version.
+	start = time.Now()
+	late := followingPod(t, s, prefix, "pod-e", config.Registry{})
+	t.Logf("a pod started after the pushes ran v2 %v after it was made", runWithin(t, []*configPod{late}, all("v2"), start, time.Second))
 	for _, p := range pods {
 		if st := p.fl.Stats(); st.Refused != 0 || st.Ignored != 0 || st.Applied < 4 {
 			t.Fatalf("%s: %+v", p.id, st)
