@@ -634,3 +634,47 @@ func TestCanaryInShadow(t *testing.T) {
 		t.Fatalf("canary enforcing: %v, want its open breaker to refuse", err)
 	}
 }
+
+// TestConfigPushCluster: on a Redis Cluster the store is one key and the
+// acks two keys of one slot (a hash tag), so each script runs where its
+// keys live; a push, a canary and the status work as on one node.
+func TestConfigPushCluster(t *testing.T) {
+	nodes := startCluster(t, 5*time.Second)
+	const prefix = "c5:"
+	var pods []*configPod
+	in := map[string]bool{}
+	for _, id := range []string{"pod-a", "pod-b", "pod-c", "pod-d"} {
+		f, err := New(clusterClient(t, nodes), Options{Prefix: prefix, ID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := newTransport(t, bulwark.Config{Fleet: f})
+		fl := f.ConfigFollower(tr, FollowOptions{Logger: slog.New(slog.DiscardHandler), Resync: time.Minute})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = fl.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		pods = append(pods, &configPod{id: id, tr: tr, fl: fl})
+		in[id] = InCanary(id, 0.5)
+	}
+	followingAll(t, pods)
+	ctl, err := New(clusterClient(t, nodes), Options{Prefix: prefix, ID: "ctl"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := ctl.PushConfig(t.Context(), []byte(pushV1), PushOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	runWithin(t, pods, all("v1"), start, time.Second)
+	start = time.Now()
+	r, err := ctl.PushConfig(t.Context(), []byte(pushV2), PushOptions{Canary: 0.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWithin(t, pods, func(p *configPod) string { return map[bool]string{true: "v2", false: "v1"}[in[p.id]] }, start, time.Second)
+	st := acked(t, ctl, pods, r.Seq)
+	if st.Stable != "v1" || st.Canary != "v2" || st.Ignored != 0 {
+		t.Fatalf("status on a Cluster: %+v", st)
+	}
+}
