@@ -9,8 +9,9 @@
 //	bulwarkctl rollback                               # end the canary, or return to the previous version
 //	bulwarkctl status                                 # who runs what, who refused what and why
 //
-// Global flags come before the command: -redis (host:port), -prefix (the
-// processes' redisfleet.Options.Prefix), -timeout.
+// Global flags come before the command: -redis (host:port; several,
+// comma-separated, for a Cluster, or the Sentinels with -master name),
+// -prefix (the processes' redisfleet.Options.Prefix), -timeout.
 //
 // validate and push check the file with an empty Registry: a file that
 // names the programs' functions (a fallback, a classifier) cannot be
@@ -40,7 +41,7 @@ func main() {
 	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
 
-const usage = `usage: bulwarkctl [-redis host:port] [-prefix p] [-timeout d] command [flags] [file]
+const usage = `usage: bulwarkctl [-redis host:port[,host:port...]] [-master name] [-prefix p] [-timeout d] command [flags] [file]
 
 commands:
   validate FILE                          check FILE as a process would (empty Registry)
@@ -57,7 +58,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	global := flag.NewFlagSet("bulwarkctl", flag.ContinueOnError)
 	global.SetOutput(stderr)
 	global.Usage = func() { fmt.Fprint(stderr, usage) }
-	addr := global.String("redis", "127.0.0.1:6379", "Redis address, host:port")
+	addr := global.String("redis", "127.0.0.1:6379", "Redis address, host:port; several, comma-separated, for a Cluster (or Sentinels with -master)")
+	master := global.String("master", "", "the Sentinel master's name, with -redis naming the Sentinels")
 	prefix := global.String("prefix", redisfleet.DefaultPrefix, "the fleet's redisfleet.Options.Prefix")
 	timeout := global.Duration("timeout", time.Second, "bound on each Redis call")
 	if err := global.Parse(args); err != nil {
@@ -92,7 +94,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 
-	rc := redis.NewClient(&redis.Options{Addr: *addr, DialTimeout: *timeout, ReadTimeout: *timeout, WriteTimeout: *timeout, MaxRetries: -1})
+	// One address is a single node, several a Cluster, a master name
+	// Sentinels: go-redis's UniversalClient decides so.
+	rc := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: strings.Split(*addr, ","), MasterName: *master,
+		DialTimeout: *timeout, ReadTimeout: *timeout, WriteTimeout: *timeout, MaxRetries: -1})
 	defer rc.Close()
 	f, err := redisfleet.New(rc, redisfleet.Options{Prefix: *prefix, ID: "bulwarkctl", Timeout: *timeout})
 	if err != nil {
