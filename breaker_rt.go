@@ -464,6 +464,10 @@ type breakerCore struct {
 	fleet  fleetPublisher
 	peers  peers.Table // the other pods' windows
 	queued atomic.Bool // counts queued for publishing (countsChanged)
+	// shadow is the newest stage's Breaker.Shadow: a shadow breaker's trip
+	// is not published, or the pods that enforce would refuse on a
+	// threshold only being watched (a canary in shadow mode).
+	shadow atomic.Bool
 
 	// control is a BreakerControl.
 	control atomic.Uint32
@@ -563,6 +567,7 @@ func newBreaker(next stage, p Breaker, e env, randN func(int64) int64) *breakerS
 // link is a stage over next that shares c's state, with p's per-attempt
 // settings.
 func (c *breakerCore) link(next stage, p Breaker) *breakerStage {
+	c.shadow.Store(p.Shadow)
 	return &breakerStage{breakerCore: c, next: next, slow: p.SlowCall, learn: p.learn, onChange: p.OnStateChange, shadow: p.Shadow}
 }
 
@@ -972,7 +977,7 @@ func (b *breakerCore) adoptOpen(until, now time.Time) bool {
 // publishOpen shares a local trip. Under gobreaker's mutex: the hand-off
 // does not block.
 func (b *breakerCore) publishOpen(until time.Time, trips int) {
-	if b.fleet == nil {
+	if b.fleet == nil || b.shadow.Load() {
 		return
 	}
 	b.fleet.publish(FleetUpdate{Kind: FleetBreakerOpen, Host: b.e.host, Until: until, Generation: uint64(trips)})
