@@ -1,0 +1,98 @@
+package bulwark
+
+import (
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// TestBreakerHistory: the breaker's Snapshot keeps its last state changes
+// with their reasons and times, oldest first and at most eight, and the
+// window as it was at its last trip beside the live (emptied) one. Steps
+// on one timeline of the fake clock.
+func TestBreakerHistory(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var status atomic.Int32
+		status.Store(500)
+		base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
+			return response(req, int(status.Load())), nil
+		}}
+		tr := mustNew(t, Config{Base: base, Default: only(Policy{Breaker: Breaker{WindowCalls: 10, MinCalls: 4,
+			OpenFor: time.Second, MaxOpenFor: time.Second, HalfOpenCalls: 1, ConsecutiveFailures: -1}}, "breaker")})
+		get := func() {
+			t.Helper()
+			req := testRequest(t, t.Context(), "GET", "http://a.test/", noBody, "")
+			if resp, err := tr.RoundTrip(req); err == nil {
+				resp.Body.Close()
+			}
+		}
+		breaker := func() *BreakerSnapshot {
+			t.Helper()
+			return tr.Snapshot().Hosts[0].Breaker
+		}
+		start := time.Now()
+		get()
+		if b := breaker(); len(b.Changes) != 0 || b.LastTrip != nil {
+			t.Fatalf("before any trip: Changes %v, LastTrip %v; want none", b.Changes, b.LastTrip)
+		}
+		for range 3 {
+			get()
+		}
+		b := breaker()
+		if len(b.Changes) != 1 || b.LastTrip == nil {
+			t.Fatalf("after 4 failed calls: Changes %v, LastTrip %v; want one trip", b.Changes, b.LastTrip)
+		}
+		want := BreakerChange{At: start, From: CircuitClosed, To: CircuitOpen, Reason: "failure rate 100 % ≥ 50 %", Calls: 4, Failures: 4}
+		if b.Changes[0] != want || *b.LastTrip != want {
+			t.Errorf("the trip: Changes[0] %+v, LastTrip %+v; want %+v", b.Changes[0], *b.LastTrip, want)
+		}
+		if b.Calls != 0 {
+			t.Errorf("live window holds %d calls after the trip, want 0 (LastTrip keeps them)", b.Calls)
+		}
+
+		// A probe that fails, then one that succeeds.
+		time.Sleep(1100 * time.Millisecond)
+		get()
+		time.Sleep(1100 * time.Millisecond)
+		status.Store(200)
+		get()
+		b = breaker()
+		reasons := []string{"failure rate 100 % ≥ 50 %", "open time over", "a probe failed or was slow", "open time over", "every probe succeeded"}
+		if len(b.Changes) != len(reasons) {
+			t.Fatalf("got %d changes %+v, want %d", len(b.Changes), b.Changes, len(reasons))
+		}
+		for i, r := range reasons {
+			if b.Changes[i].Reason != r {
+				t.Errorf("Changes[%d].Reason = %q, want %q", i, b.Changes[i].Reason, r)
+			}
+		}
+		if c := b.Changes[4]; c.From != CircuitHalfOpen || c.To != CircuitClosed || c.At != start.Add(2200*time.Millisecond) {
+			t.Errorf("the close: %+v, want half-open → closed at +2.2 s", c)
+		}
+		if *b.LastTrip != want {
+			t.Errorf("LastTrip after a failed probe is %+v, want the trip on the window's counts %+v", *b.LastTrip, want)
+		}
+
+		// A manual control is a change too; the ring keeps the last eight.
+		for _, c := range []BreakerControl{BreakerForceOpen, BreakerAuto, BreakerForceClosed, BreakerAuto} {
+			if err := tr.ControlBreaker("a.test:80", c); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b = breaker()
+		if len(b.Changes) != 8 {
+			t.Fatalf("got %d changes, want the last 8", len(b.Changes))
+		}
+		if c := b.Changes[0]; c.Reason != "open time over" {
+			t.Errorf("oldest kept change %+v, want the first half-open", c)
+		}
+		if c := b.Changes[4]; c.Reason != "control force-open" || c.From != CircuitClosed || c.To != CircuitOpen {
+			t.Errorf("Changes[4] = %+v, want closed → open by control force-open", c)
+		}
+		if c := b.Changes[7]; c.Reason != "control auto" || c.From != CircuitClosed || c.To != CircuitClosed {
+			t.Errorf("Changes[7] = %+v, want closed → closed by control auto", c)
+		}
+	})
+}
