@@ -59,6 +59,10 @@ type HostSnapshot struct {
 	// the attempt timeout and slow-call threshold in force with where each
 	// comes from (see Timeout.Attempt and Breaker.SlowCall).
 	Learned *LearnedSnapshot
+	// Latency is the host's recent latency percentiles, failures
+	// included; nil without a retry layer (Retry and Hedge both off) or
+	// while its window holds no attempt.
+	Latency *LatencySnapshot
 	// Fault is what fault injection did on the host, its routes and
 	// instances included; nil until a policy that injects faults (see
 	// Fault) has a stack on the host.

@@ -202,6 +202,7 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 		}
 		s, parts = r, append(parts, r)
 		shows = append(shows, func(h *HostSnapshot) { h.Budget, h.Hedge = r.snapshot() })
+		shows = append(shows, func(h *HostSnapshot) { h.Latency = r.latency(time.Now()) })
 	}
 	if !p.Timeout.Disabled {
 		s = &totalStage{next: s, total: p.Timeout.Total}

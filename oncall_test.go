@@ -96,3 +96,48 @@ func TestBreakerHistory(t *testing.T) {
 		}
 	})
 }
+
+// TestSnapshotLatency: Snapshot's Latency is the host's recent attempts'
+// percentiles, failures included, and nil once its window has passed.
+func TestSnapshotLatency(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// The n-th attempt takes n × 100 µs (all 200 within the 5 s
+		// window); every tenth fails.
+		base := &scriptBase{step: func(n int, req *http.Request) (*http.Response, error) {
+			time.Sleep(time.Duration(n) * 100 * time.Microsecond)
+			if n%10 == 0 {
+				return response(req, 500), nil
+			}
+			return response(req, 200), nil
+		}}
+		tr := mustNew(t, Config{Base: base, Default: only(Policy{Retry: Retry{MaxAttempts: 1}}, "retry")})
+		if h := tr.Snapshot().Hosts; len(h) != 0 {
+			t.Fatalf("hosts before a call: %v", h)
+		}
+		for range 200 {
+			req := testRequest(t, t.Context(), "GET", "http://a.test/", noBody, "")
+			if resp, err := tr.RoundTrip(req); err == nil {
+				resp.Body.Close()
+			}
+		}
+		l := tr.Snapshot().Hosts[0].Latency
+		if l == nil {
+			t.Fatal("Latency is nil after 200 calls")
+		}
+		if l.Samples != 200 {
+			t.Errorf("Latency.Samples = %d, want 200", l.Samples)
+		}
+		for _, c := range []struct {
+			name      string
+			got, want time.Duration
+		}{{"P50", l.P50, 10 * time.Millisecond}, {"P99", l.P99, 19800 * time.Microsecond}, {"P999", l.P999, 20 * time.Millisecond}} {
+			if c.got < c.want*97/100 || c.got > c.want*103/100 {
+				t.Errorf("Latency.%s = %v, want %v ± 3 %%", c.name, c.got, c.want)
+			}
+		}
+		time.Sleep(time.Minute)
+		if l := tr.Snapshot().Hosts[0].Latency; l != nil {
+			t.Errorf("a minute later Latency = %+v, want nil", *l)
+		}
+	})
+}
