@@ -188,6 +188,9 @@ type attemptStage struct {
 	// learnedMs caches the deadline header's value for the learned first
 	// attempt's timeout, which changes far less often than calls come.
 	learnedMs atomic.Pointer[headerValue]
+	// tooShort counts the refusals for too little time left, the host's
+	// (env.tooShort); nil: not counted.
+	tooShort *atomic.Uint64
 }
 
 // headerValue is a deadline header's value for a time left of left.
@@ -245,6 +248,9 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	if left < minSendTime {
 		closeBody(req)
 		a.rep.rejected(ctx, layerDeadline)
+		if a.tooShort != nil {
+			a.tooShort.Add(1)
+		}
 		return nil, ErrDeadlineTooShort
 	}
 

@@ -212,6 +212,9 @@ type env struct {
 	// learned is the host's healthy latency, which the attempt deadline
 	// and the breaker learn their bounds from; nil: nothing is learned.
 	learned *learned
+	// tooShort counts the host's attempts refused for too little time
+	// left (attemptStage); nil: not counted.
+	tooShort *atomic.Uint64
 }
 
 // baseStage adapts the base http.RoundTripper, and holds it to the

@@ -1,6 +1,8 @@
 package bulwark
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"sync/atomic"
 	"testing"
@@ -138,6 +140,49 @@ func TestSnapshotLatency(t *testing.T) {
 		time.Sleep(time.Minute)
 		if l := tr.Snapshot().Hosts[0].Latency; l != nil {
 			t.Errorf("a minute later Latency = %+v, want nil", *l)
+		}
+	})
+}
+
+// TestDeadlineTooShortCount: an attempt refused for too little time left
+// is counted in the host's Snapshot, and the count outlives an Update.
+func TestDeadlineTooShortCount(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &scriptBase{step: always(200)}
+		cfg := Config{Base: base, Default: only(Policy{}, "timeout")}
+		tr := mustNew(t, cfg)
+		call := func(left time.Duration) error {
+			ctx, cancel := context.WithTimeout(t.Context(), left)
+			defer cancel()
+			resp, err := tr.RoundTrip(testRequest(t, ctx, "GET", "http://a.test/", noBody, ""))
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err
+		}
+		if err := call(time.Second); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if err := call(5 * time.Millisecond); !errors.Is(err, ErrDeadlineTooShort) {
+				t.Fatalf("a call with 5 ms left: %v, want ErrDeadlineTooShort", err)
+			}
+		}
+		if n := tr.Snapshot().Hosts[0].DeadlineTooShort; n != 2 {
+			t.Errorf("DeadlineTooShort = %d, want 2", n)
+		}
+		cfg.Default.Timeout.Attempt = 20 * time.Second
+		if err := tr.Update(cfg); err != nil {
+			t.Fatal(err)
+		}
+		if err := call(time.Millisecond); !errors.Is(err, ErrDeadlineTooShort) {
+			t.Fatalf("a call with 1 ms left: %v, want ErrDeadlineTooShort", err)
+		}
+		if n := tr.Snapshot().Hosts[0].DeadlineTooShort; n != 3 {
+			t.Errorf("DeadlineTooShort after an Update and one more refusal = %d, want 3", n)
+		}
+		if got := base.calls(); got != 1 {
+			t.Errorf("the host was sent %d requests, want 1", got)
 		}
 	})
 }
