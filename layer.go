@@ -89,6 +89,12 @@ const minSendTime = 10 * time.Millisecond
 // request context's deadline and Total's.
 func (c call) deadline(req *http.Request) (time.Time, bool) {
 	d, ok := req.Context().Deadline()
+	return c.end(d, ok)
+}
+
+// end is deadline for a request whose context's deadline is d (if ok),
+// read already.
+func (c call) end(d time.Time, ok bool) (time.Time, bool) {
 	if !c.total.IsZero() && (!ok || c.total.Before(d)) {
 		return c.total, true
 	}

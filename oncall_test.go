@@ -264,3 +264,43 @@ func TestRefusalMetricsMatchSnapshot(t *testing.T) {
 		<-done
 	})
 }
+
+// TestAttemptBelowMinSendTime: an Attempt set below the least time a
+// request is sent with (10 ms) is the policy's choice of a short wait: the
+// attempt is sent with it, and its deadline header is at least 1 ms. Only
+// the call's own deadline (the caller's, or Total's end) that close
+// refuses it. The lab's retry storm at -scale below 0.067 (an attempt
+// timeout of 150 ms × scale) sent nothing at all before.
+func TestAttemptBelowMinSendTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var header atomic.Value
+		base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
+			header.Store(req.Header.Get(DefaultDeadlineHeader))
+			return response(req, 200), nil
+		}}
+		for _, attempt := range []time.Duration{9 * time.Millisecond, 2 * time.Millisecond} {
+			tr := mustNew(t, Config{Base: base, Default: only(Policy{Timeout: Timeout{Attempt: attempt}}, "timeout")})
+			resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://a.test/", noBody, ""))
+			if err != nil {
+				t.Fatalf("Attempt %v, no caller deadline: %v, want it sent", attempt, err)
+			}
+			resp.Body.Close()
+			want := "4"
+			if attempt < 6*time.Millisecond {
+				want = "1"
+			}
+			if got := header.Load(); got != want {
+				t.Errorf("Attempt %v: %s = %v, want %s", attempt, DefaultDeadlineHeader, got, want)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 8*time.Millisecond)
+			_, err = tr.RoundTrip(testRequest(t, ctx, "GET", "http://a.test/", noBody, ""))
+			cancel()
+			if !errors.Is(err, ErrDeadlineTooShort) {
+				t.Errorf("Attempt %v, 8 ms left to the caller: %v, want ErrDeadlineTooShort", attempt, err)
+			}
+		}
+		if n := base.calls(); n != 2 {
+			t.Errorf("the host got %d requests, want 2", n)
+		}
+	})
+}
