@@ -3,6 +3,7 @@ package bulwark
 import (
 	"net/http"
 	"reflect"
+	"sync/atomic"
 	"time"
 )
 
@@ -52,13 +53,20 @@ func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 	if hs.learned == nil {
 		hs.learned = newLearned(hs.rep)
 	}
+	if prev != nil && prev.upstream == hs.upstream {
+		hs.tooShort = prev.tooShort // a count, like the faults'
+	}
+	if hs.tooShort == nil {
+		hs.tooShort = new(atomic.Uint64)
+	}
 	hs.learned.rep.Store(hs.rep)
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep, learned: hs.learned}
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep, learned: hs.learned, tooShort: hs.tooShort}
 	hs.shared.faults = hs.faults
 	hs.rt, hs.parts, hs.shows = t.compose(hs.policy, e, &hs.shared, reuseFrom(prev, hs))
-	faults, learned, p := hs.faults, hs.learned, hs.policy
+	faults, learned, p, tooShort := hs.faults, hs.learned, hs.policy, hs.tooShort
 	hs.shows = append(hs.shows,
 		func(h *HostSnapshot) { h.Fault = faults.snapshot() },
+		func(h *HostSnapshot) { h.DeadlineTooShort = tooShort.Load() },
 		func(h *HostSnapshot) {
 			var attempt, slow time.Duration
 			if !p.Timeout.Disabled {
@@ -77,7 +85,7 @@ func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 // layers report through rep, the route's reporter; the shared ones
 // through the host's. old is what the route's previous stack keeps.
 func (t *Transport) buildRoute(hs *hostState, rep *reporter, p *Policy, old kept) (stage, []any, []func(*HostSnapshot)) {
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep, learned: hs.learned}
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep, learned: hs.learned, tooShort: hs.tooShort}
 	shared := hs.shared
 	return t.compose(p, e, &shared, old)
 }
@@ -202,6 +210,7 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 		}
 		s, parts = r, append(parts, r)
 		shows = append(shows, func(h *HostSnapshot) { h.Budget, h.Hedge = r.snapshot() })
+		shows = append(shows, func(h *HostSnapshot) { h.Latency = r.latency(time.Now()) })
 	}
 	if !p.Timeout.Disabled {
 		s = &totalStage{next: s, total: p.Timeout.Total}
@@ -277,7 +286,9 @@ func (t *Transport) attemptStack(p *Policy, e env, base http.RoundTripper, fault
 	}
 	s = newObserveStage(s, e)
 	if !p.Timeout.Disabled {
-		s = newAttemptStage(s, p.Timeout, e.rep, e.learned)
+		a := newAttemptStage(s, p.Timeout, e.rep, e.learned)
+		a.tooShort = e.tooShort
+		s = a
 	}
 	return s
 }
