@@ -223,8 +223,10 @@ const archMaxBothWays = 9
 // archMaxExported is a ratchet on the root's exported top-level names (136
 // when the root became the client alone; issues after it added the
 // names of their features): a new one needs a reason a user would accept,
-// and this line says so in review.
-const archMaxExported = 147
+// and this line says so in review. BreakerChange (issue 29): a breaker's
+// recent state changes and its last trip, for the on-call page;
+// LatencySnapshot (issue 29): a host's recent p50/p99/p99.9.
+const archMaxExported = 149
 
 // archNeverImported are the module's packages that import the root; the
 // root importing one would turn the direction around.

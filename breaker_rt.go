@@ -475,6 +475,10 @@ type breakerCore struct {
 	fleet  fleetPublisher
 	peers  peers.Table // the other pods' windows
 	queued atomic.Bool // counts queued for publishing (countsChanged)
+	// shadow is the newest stage's Breaker.Shadow: a shadow breaker's trip
+	// is not published, or the pods that enforce would refuse on a
+	// threshold only being watched (a canary in shadow mode).
+	shadow atomic.Bool
 
 	// control is a BreakerControl.
 	control atomic.Uint32
@@ -528,6 +532,9 @@ type breakerCore struct {
 	events  []breakerEvent // at most maxBreakerEvents
 	dropped int
 	flushMu sync.Mutex // one reporter at a time, so hooks see changes in order
+
+	// hist is the last state changes, for Snapshot (breakerHistory).
+	hist breakerHistory
 }
 
 // breakerShape is what a breaker's state is built on: a change in any of
@@ -570,7 +577,7 @@ func newBreaker(next stage, p Breaker, e env, randN func(int64) int64) *breakerS
 		// one is held by this layer.
 		Timeout:       max(p.OpenFor-p.OpenFor/5, 1),
 		ReadyToTrip:   c.readyToTrip,
-		OnStateChange: c.onStateChange,
+		OnStateChange: c.noteStateChange,
 		IsSuccessful:  c.isSuccessful,
 		IsExcluded:    func(err error) bool { return err == errVerdictIgnored },
 	})
@@ -580,6 +587,7 @@ func newBreaker(next stage, p Breaker, e env, randN func(int64) int64) *breakerS
 // link is a stage over next that shares c's state, with p's per-attempt
 // settings.
 func (c *breakerCore) link(next stage, p Breaker) *breakerStage {
+	c.shadow.Store(p.Shadow)
 	return &breakerStage{breakerCore: c, next: next, slow: p.SlowCall, learn: p.learn, onChange: p.OnStateChange, shadow: p.Shadow}
 }
 
@@ -894,12 +902,21 @@ type BreakerSnapshot struct {
 	// times it has opened (not only in a row), since the host's state was
 	// made.
 	Refused, TotalTrips uint64
+	// Changes are its last state changes (at most 8), oldest first: a
+	// trip, a probe's outcome, a trip adopted from the fleet, a manual
+	// control set or released.
+	Changes []BreakerChange
+	// LastTrip is its last trip on its own counts, with the window as it
+	// was then (the window empties when the breaker opens): kept when
+	// Changes has moved past it; nil until it first trips.
+	LastTrip *BreakerChange
 }
 
 // snapshot is the breaker's piece of Snapshot.
 func (b *breakerStage) snapshot() *BreakerSnapshot {
 	s := b.state()
 	s.Refused, s.TotalTrips = b.refused.Load(), b.opened.Load()
+	s.Changes, s.LastTrip = b.hist.read()
 	return &s
 }
 
@@ -930,7 +947,11 @@ func (b *breakerStage) state() BreakerSnapshot {
 }
 
 // setControl sets the manual override.
-func (b *breakerCore) setControl(c BreakerControl) { b.control.Store(uint32(c)) }
+func (b *breakerCore) setControl(c BreakerControl) {
+	if old := BreakerControl(b.control.Swap(uint32(c))); old != c {
+		b.noteControl(old, c)
+	}
+}
 
 // breakerController is a layer that takes a manual breaker override.
 type breakerController interface{ setControl(BreakerControl) }
@@ -980,6 +1001,7 @@ func (b *breakerCore) adoptOpen(until, now time.Time) bool {
 	if b.holdUntil.Load() >= un {
 		return false
 	}
+	from := b.heldState()
 	// The error first, so that a refusal that sees the hold names its end.
 	b.openErr.Store(&BreakerOpenError{Host: b.e.host, ProbeAt: until})
 	for {
@@ -995,13 +1017,14 @@ func (b *breakerCore) adoptOpen(until, now time.Time) bool {
 	// The counts that led to this verdict are spent.
 	b.peers.Reset()
 	b.e.rep.logger.Info("bulwark: circuit breaker open by the fleet", "host", b.e.host, "until", until)
+	b.hist.add(BreakerChange{At: now, From: from, To: CircuitOpen, Reason: "another pod tripped"})
 	return true
 }
 
 // publishOpen shares a local trip. Under gobreaker's mutex: the hand-off
 // does not block.
 func (b *breakerCore) publishOpen(until time.Time, trips int) {
-	if b.fleet == nil {
+	if b.fleet == nil || b.shadow.Load() {
 		return
 	}
 	b.fleet.publish(FleetUpdate{Kind: FleetBreakerOpen, Host: b.e.host, Until: until, Generation: uint64(trips)})
@@ -1059,4 +1082,132 @@ func (b *breakerStage) fleetTrip() bool {
 		b.flush()
 	}
 	return b.holdUntil.Load() != 0
+}
+
+// The breaker's recent history, for Snapshot: its last state changes with
+// why each happened, and the window as it was at its last trip. None of it
+// is on the request path: it is written only when the state changes.
+
+// BreakerChange is one state change of a host's breaker, as
+// BreakerSnapshot reports it.
+type BreakerChange struct {
+	// At is when it changed, From and To its states before and after (a
+	// manual control shows as the state it forces).
+	At       time.Time
+	From, To CircuitState
+	// Reason is why, in a few words: the rule that tripped it ("failure
+	// rate 60 % ≥ 50 %", "slow-call rate …", "the fleet's counts", "10
+	// unanswered attempts in a row", "ReadyToTrip"), "open time over", "a
+	// probe failed or was slow", "every probe succeeded", "another pod
+	// tripped", or the control set ("control force-open", "control auto").
+	Reason string
+	// Calls, Failures and Slow are what the breaker's own window held just
+	// before the change (a trip empties it); zero for a change that the
+	// window had no part in (a control, the fleet's trip).
+	Calls, Failures, Slow int64
+}
+
+// breakerHistory keeps a breaker's last maxBreakerEvents changes, in a
+// ring, and its last trip apart. Its own lock: it is written under
+// gobreaker's mutex (noteStateChange), and read by Snapshot.
+type breakerHistory struct {
+	mu       sync.Mutex
+	ring     [maxBreakerEvents]BreakerChange
+	n        int // changes recorded in all; ring[(n-1)%len] is the last
+	lastTrip BreakerChange
+	tripped  bool
+}
+
+func (h *breakerHistory) add(c BreakerChange) {
+	h.mu.Lock()
+	h.ring[h.n%len(h.ring)] = c
+	h.n++
+	if c.To == CircuitOpen && c.Calls > 0 {
+		h.lastTrip, h.tripped = c, true
+	}
+	h.mu.Unlock()
+}
+
+// read returns the changes, oldest first, and the last trip (nil: none).
+func (h *breakerHistory) read() ([]BreakerChange, *BreakerChange) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []BreakerChange
+	for i := max(h.n-len(h.ring), 0); i < h.n; i++ {
+		out = append(out, h.ring[i%len(h.ring)])
+	}
+	if !h.tripped {
+		return out, nil
+	}
+	t := h.lastTrip
+	return out, &t
+}
+
+// noteStateChange is gobreaker's OnStateChange hook: it reads why the
+// state changes and what the window holds before onStateChange empties it,
+// has onStateChange do its work, and records the change. Under
+// gobreaker's mutex, as onStateChange.
+func (b *breakerCore) noteStateChange(name string, from, to gobreaker.State) {
+	c := BreakerChange{At: time.Now(), From: circuitState(from), To: circuitState(to)}
+	b.winMu.Lock()
+	s := b.win.Sum(b.pos())
+	c.Calls, c.Failures, c.Slow = s[winCalls], s[winFailures], s[winSlow]
+	c.Reason = b.whyLocked(from, to, s, c.At)
+	b.winMu.Unlock()
+	b.onStateChange(name, from, to)
+	b.hist.add(c)
+}
+
+// whyLocked says why the breaker moves from from to to, its own window
+// holding s. A trip is explained by the first of readyToTrip's rules that
+// holds (due decides the rates, as there). Under winMu.
+func (b *breakerCore) whyLocked(from, to gobreaker.State, s window.Counts, now time.Time) string {
+	switch {
+	case to == gobreaker.StateHalfOpen:
+		return "open time over"
+	case to == gobreaker.StateClosed:
+		return "every probe succeeded"
+	case from == gobreaker.StateHalfOpen:
+		return "a probe failed or was slow"
+	}
+	n := float64(s[winCalls])
+	switch {
+	case b.due(s) && float64(s[winFailures])/n >= b.failRate:
+		return fmt.Sprintf("failure rate %.0f %% ≥ %.0f %%", 100*float64(s[winFailures])/n, 100*b.failRate)
+	case b.due(s):
+		return fmt.Sprintf("slow-call rate %.0f %% ≥ %.0f %%", 100*float64(s[winSlow])/n, 100*b.slowRate)
+	case b.due(b.peers.Add(s, now)):
+		return "the fleet's counts"
+	case b.maxConsec > 0 && b.unans >= b.maxConsec:
+		return strconv.FormatInt(b.unans, 10) + " unanswered attempts in a row"
+	case b.userTrip != nil:
+		return "ReadyToTrip"
+	}
+	return "tripped"
+}
+
+// noteControl records a change of the manual control from old to c.
+func (b *breakerCore) noteControl(old, c BreakerControl) {
+	state := func(c BreakerControl) CircuitState {
+		switch c {
+		case BreakerForceOpen:
+			return CircuitOpen
+		case BreakerForceClosed:
+			return CircuitClosed
+		}
+		return b.heldState()
+	}
+	b.hist.add(BreakerChange{At: time.Now(), From: state(old), To: state(c), Reason: "control " + c.String()})
+}
+
+// heldState is the breaker's state left to itself, read without asking
+// gobreaker (which could move it): open while an open time holds, else
+// the state gobreaker last reported.
+func (b *breakerCore) heldState() CircuitState {
+	if b.holdUntil.Load() != 0 {
+		return CircuitOpen
+	}
+	b.winMu.Lock()
+	defer b.winMu.Unlock()
+	return circuitState(b.cbState)
 }

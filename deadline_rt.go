@@ -66,7 +66,9 @@ type Timeout struct {
 	// whose answers come slower for minutes, does not teach it that slow
 	// is normal, while a host that stays slower for an hour is followed.
 	// Transport.Snapshot shows what was learned (HostSnapshot.Learned).
-	// A set Attempt is obeyed as set: nothing is learned for it.
+	// A set Attempt is obeyed as set: nothing is learned for it, and one
+	// below 10 ms is still sent (ErrDeadlineTooShort judges the time left
+	// before the call's deadline, not this bound).
 	Attempt time.Duration
 
 	// BodyIdle bounds how long one read of a response body may wait for a
@@ -188,6 +190,9 @@ type attemptStage struct {
 	// learnedMs caches the deadline header's value for the learned first
 	// attempt's timeout, which changes far less often than calls come.
 	learnedMs atomic.Pointer[headerValue]
+	// tooShort counts the refusals for too little time left, the host's
+	// (env.tooShort); nil: not counted.
+	tooShort *atomic.Uint64
 }
 
 // headerValue is a deadline header's value for a time left of left.
@@ -209,7 +214,9 @@ func newAttemptStage(next stage, t Timeout, rep *reporter, l *learned) *attemptS
 // whole milliseconds, less deadlineMargin for the time the request takes to
 // arrive.
 func deadlineValue(left time.Duration) string {
-	return strconv.FormatInt(int64((left-deadlineMargin)/time.Millisecond), 10)
+	// At least 1: an attempt with less than the margin left (an Attempt
+	// set that short) still tells the server a deadline, not a past one.
+	return strconv.FormatInt(max(int64((left-deadlineMargin)/time.Millisecond), 1), 10)
 }
 
 // The bounds an attempt's timer enforces, as *wrapError so that they fit an
@@ -239,12 +246,21 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 		ours, limit = c.total, errTotalTimeout
 	}
 	left := ours.Sub(now)
-	if cd, ok := ctx.Deadline(); ok && cd.Before(ours) {
+	cd, hasCD := ctx.Deadline()
+	if hasCD && cd.Before(ours) {
 		left = cd.Sub(now)
 	}
-	if left < minSendTime {
+	// Too little time is judged against the call's deadline (the
+	// caller's, or Total's end), not the attempt's own bound: nobody waits
+	// for an answer past the former, while an Attempt set below
+	// minSendTime is the policy's choice of a short wait, sent as chosen.
+	// Judged by left, such a policy would send nothing at all.
+	if end, ok := c.end(cd, hasCD); ok && end.Sub(now) < minSendTime {
 		closeBody(req)
 		a.rep.rejected(ctx, layerDeadline)
+		if a.tooShort != nil {
+			a.tooShort.Add(1)
+		}
 		return nil, ErrDeadlineTooShort
 	}
 

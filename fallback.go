@@ -217,11 +217,23 @@ type FallbackSnapshot struct {
 	// or func) since the host's policy was last set: an Update starts it
 	// again.
 	Served uint64
+	// StaleEntries and StaleBytes are what the stale cache holds now (see
+	// StaleCache.MaxEntries and MaxBytes), and StaleOldest when the
+	// oldest of it was received (zero when empty): all zero without a
+	// stale cache. An entry past MaxAge is counted until a request for
+	// its URL drops it.
+	StaleEntries int
+	StaleBytes   int64
+	StaleOldest  time.Time
 }
 
 // snapshot is the fallback's piece of Snapshot.
 func (f *fallbackStage) snapshot() *FallbackSnapshot {
-	return &FallbackSnapshot{Served: f.served.Load()}
+	s := &FallbackSnapshot{Served: f.served.Load()}
+	if c := f.stale; c != nil {
+		s.StaleEntries, s.StaleBytes, s.StaleOldest = c.size()
+	}
+	return s
 }
 
 func newFallback(next stage, p Fallback, e env) *fallbackStage {
@@ -590,6 +602,19 @@ func (c *staleCache) store(e *staleEntry) {
 	for len(c.entries) > c.cfg.MaxEntries || c.bytes > c.cfg.MaxBytes {
 		c.removeLocked(c.order.Back())
 	}
+}
+
+// size is what the cache holds: entries, bytes, and when the oldest was
+// received (zero when empty). Entries are stored at the front as they
+// arrive, so the oldest is at the back: one lock and no walk.
+func (c *staleCache) size() (entries int, bytes int64, oldest time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	entries, bytes = len(c.entries), c.bytes
+	if el := c.order.Back(); el != nil {
+		oldest = el.Value.(*staleEntry).received
+	}
+	return entries, bytes, oldest
 }
 
 func (c *staleCache) removeLocked(el *list.Element) {

@@ -89,6 +89,9 @@ func TestStaleFallbackWhileOpen(t *testing.T) {
 			t.Fatalf("healthy: %+v", r)
 		}
 		stored := clk.now() // the answer was received now: nothing waited
+		if f := tr.Snapshot().Hosts[0].Fallback; f.StaleEntries != 1 || f.StaleBytes < int64(len(url)+len("7.25%")) || !f.StaleOldest.Equal(stored) {
+			t.Errorf("Snapshot after one stored answer: %+v, want 1 entry of at least the URL and body, received %v", *f, stored)
+		}
 		base.sick.Store(503)
 		clk.advance(time.Minute)
 		// The 503 trips the breaker and is replaced by the stale answer.
@@ -124,6 +127,9 @@ func TestStaleFallbackWhileOpen(t *testing.T) {
 		}
 		if n := base.calls.Load(); n != calls {
 			t.Errorf("%d requests reached the host while open", n-calls)
+		}
+		if f := tr.Snapshot().Hosts[0].Fallback; f.StaleEntries != 0 || f.StaleBytes != 0 || !f.StaleOldest.IsZero() || f.Served != 4 {
+			t.Errorf("Snapshot after the entry was dropped: %+v, want it empty and 4 served", *f)
 		}
 		// A different URL has no entry.
 		if r := get(t, tr, "http://tax.test/other"); !errors.Is(r.err, ErrBreakerOpen) {

@@ -452,6 +452,35 @@ func (r *retryStage) record(k kind, start time.Time) {
 	r.lat.Record(now.Sub(start), now)
 }
 
+// LatencySnapshot is a host's recent latency, as the retry layer measures
+// it for the hedge delay and for the deadline a retry must fit: each
+// attempt the host answered or failed, from its sending to its response
+// headers or its error (a refusal of bulwark's or a cancellation is not
+// the host's time), over the last 5 to 10 seconds, one attempt in eight
+// once a period holds a thousand. Unlike LearnedSnapshot's healthy
+// latency, failures and timeouts are in it: it is how long callers wait
+// now.
+type LatencySnapshot struct {
+	// Samples is how many attempts the quantiles rest on.
+	Samples int64
+	// P50, P99 and P999 are the median, the 99th and the 99.9th
+	// percentiles, within 1 %; zero below 20 samples.
+	P50, P99, P999 time.Duration
+}
+
+// latency is the retry layer's piece of Snapshot for the host's recent
+// latency; nil while nothing was recorded in its window.
+func (r *retryStage) latency(now time.Time) *LatencySnapshot {
+	if r.lat == nil {
+		return nil
+	}
+	qs, n := r.lat.Quantiles(now, 0.5, 0.99, 0.999)
+	if n == 0 {
+		return nil
+	}
+	return &LatencySnapshot{Samples: n, P50: qs[0], P99: qs[1], P999: qs[2]}
+}
+
 func (h *hedger) snapshot(lat *latency.Tracker) *HedgeSnapshot {
 	s := &HedgeSnapshot{Sent: h.sent.Load(), Won: h.won.Load(), Skipped: HedgeSkips{
 		Budget:   h.skipped[skipBudget].Load(),

@@ -89,6 +89,12 @@ const minSendTime = 10 * time.Millisecond
 // request context's deadline and Total's.
 func (c call) deadline(req *http.Request) (time.Time, bool) {
 	d, ok := req.Context().Deadline()
+	return c.end(d, ok)
+}
+
+// end is deadline for a request whose context's deadline is d (if ok),
+// read already.
+func (c call) end(d time.Time, ok bool) (time.Time, bool) {
 	if !c.total.IsZero() && (!ok || c.total.Before(d)) {
 		return c.total, true
 	}
@@ -212,6 +218,9 @@ type env struct {
 	// learned is the host's healthy latency, which the attempt deadline
 	// and the breaker learn their bounds from; nil: nothing is learned.
 	learned *learned
+	// tooShort counts the host's attempts refused for too little time
+	// left (attemptStage); nil: not counted.
+	tooShort *atomic.Uint64
 }
 
 // baseStage adapts the base http.RoundTripper, and holds it to the

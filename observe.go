@@ -91,7 +91,7 @@ package bulwark
 //	bulwark.requests          counter    {bulwark.upstream, bulwark.outcome}   calls, by final outcome (see below)
 //	bulwark.retries           counter    {bulwark.upstream, bulwark.retry.reason}
 //	bulwark.hedges            counter    {bulwark.upstream, bulwark.hedge} (sent, won, or skipped_<reason>)
-//	bulwark.rejections        counter    {bulwark.upstream, bulwark.layer}
+//	bulwark.rejections        counter    {bulwark.upstream, bulwark.layer}     (breaker, bulkhead, pushback, throttle, budget, deadline)
 //	bulwark.shadow.rejections counter    {bulwark.upstream, bulwark.layer}     refusals a layer in shadow mode let through
 //	bulwark.fallbacks         counter    {bulwark.upstream, bulwark.fallback.kind}
 //	bulwark.breaker.transitions counter  {bulwark.upstream, bulwark.breaker.state} (the new state)
@@ -99,6 +99,12 @@ package bulwark
 //	bulwark.outlier.returns   counter    {bulwark.upstream, bulwark.instance}  ejected instances back in
 //	bulwark.attempt.duration  histogram  s {bulwark.upstream, bulwark.outcome}
 //	bulwark.retry.delay       histogram  s {bulwark.upstream}
+//
+// bulwark.rejections counts what each layer's refusal count in Snapshot
+// counts (BreakerSnapshot.Refused, BulkheadSnapshot.Refused,
+// PushbackSnapshot.Refused, ThrottleSnapshot.Refused, BudgetSnapshot.Refused,
+// HostSnapshot.DeadlineTooShort), and bulwark.fallbacks what
+// FallbackSnapshot.Served does, so a dashboard and the debug page agree.
 //
 // bulwark.outcome is "success" exactly when the call's Policy.Classify
 // judged the outcome OutcomeSuccess (with DefaultClassify, a status below

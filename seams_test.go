@@ -33,6 +33,7 @@ var seamRows = []struct {
 	{"route × Update", seamRouteUpdate},
 	{"route × fleet", seamRouteFleet},
 	{"shadow × hedge", seamShadowHedge},
+	{"shadow × fleet", seamShadowFleet},
 	{"throttle × hedge", seamThrottleHedge},
 	{"fault × breaker", seamFaultBreaker},
 	{"fallback × route", seamFallbackRoute},
@@ -344,6 +345,48 @@ func seamShadowHedge(t *testing.T) {
 	hs := seamHost(t, tr, "api.test:80")
 	if hs.Hedge.Sent != 1 || hs.Hedge.Skipped.Breaker != 0 || hs.Breaker.WouldReject == 0 {
 		t.Fatalf("hedge %+v, breaker would-reject %d; want 1 hedge sent and the shadow refusal counted", hs.Hedge, hs.Breaker.WouldReject)
+	}
+}
+
+// A breaker in shadow mode trips on its pod only: its trip is not
+// published, so a pod that enforces keeps calling (a canary watching a
+// threshold in shadow must not enforce it fleet-wide); once Update turns
+// shadow off, its next trip is the fleet's.
+func seamShadowFleet(t *testing.T) {
+	hub := &seamHub{sinks: map[*seamFleet]*bulwark.FleetSink{}}
+	fail := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) { return seamAnswer(req, 0, 500) }}
+	ok := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) { return seamAnswer(req, 0, 200) }}
+	br := seamBreaker
+	br.Shadow = true
+	shadowCfg := bulwark.Config{Base: fail, Fleet: &seamFleet{hub: hub}, Default: bulwark.Policy{Retry: bulwark.Retry{Disabled: true}, Breaker: br}}
+	a := seamNew(t, shadowCfg)
+	b := seamNew(t, bulwark.Config{Base: ok, Fleet: &seamFleet{hub: hub},
+		Default: bulwark.Policy{Retry: bulwark.Retry{Disabled: true}, Breaker: seamBreaker}})
+	synctest.Wait() // both pods receiving
+	for range 6 {
+		_, _ = seamSend(t, a, "GET", "http://api.test/x")
+	}
+	if hs := seamHost(t, a, "api.test:80"); hs.Breaker.State != bulwark.CircuitOpen || hs.Breaker.WouldReject == 0 {
+		t.Fatalf("pod A's shadow breaker %+v, want open with a refusal it would have made", hs.Breaker)
+	}
+	synctest.Wait()
+	if code, err := seamSend(t, b, "GET", "http://api.test/x"); code != 200 || ok.sent() != 1 {
+		t.Fatalf("pod B after A's shadow trip: %d, %v; want it sent (a shadow trip is its pod's)", code, err)
+	}
+	// Enforced: Update keeps the breaker (Shadow moves in place); its next
+	// trip reaches pod B.
+	br.Shadow = false
+	shadowCfg.Default.Breaker = br
+	if err := a.Update(shadowCfg); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Minute) // virtual: past the open time, to the probe
+	for range 6 {
+		_, _ = seamSend(t, a, "GET", "http://api.test/x")
+	}
+	synctest.Wait()
+	if _, err := seamSend(t, b, "GET", "http://api.test/x"); !errors.Is(err, bulwark.ErrBreakerOpen) || ok.sent() != 1 {
+		t.Fatalf("pod B after A's enforced trip: %v, %d sent; want a refusal, nothing more sent", err, ok.sent())
 	}
 }
 

@@ -59,6 +59,15 @@ type HostSnapshot struct {
 	// the attempt timeout and slow-call threshold in force with where each
 	// comes from (see Timeout.Attempt and Breaker.SlowCall).
 	Learned *LearnedSnapshot
+	// DeadlineTooShort is how many attempts the host's attempt deadlines
+	// refused to send, since its state was made, because less than the
+	// least time a request is sent with (10 ms) was left before the call's
+	// deadline: ErrDeadlineTooShort. Zero when Timeout is disabled.
+	DeadlineTooShort uint64
+	// Latency is the host's recent latency percentiles, failures
+	// included; nil without a retry layer (Retry and Hedge both off) or
+	// while its window holds no attempt.
+	Latency *LatencySnapshot
 	// Fault is what fault injection did on the host, its routes and
 	// instances included; nil until a policy that injects faults (see
 	// Fault) has a stack on the host.

@@ -3,6 +3,7 @@ package bulwark
 import (
 	"net/http"
 	"reflect"
+	"sync/atomic"
 	"time"
 )
 
@@ -52,13 +53,20 @@ func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 	if hs.learned == nil {
 		hs.learned = newLearned(hs.rep)
 	}
+	if prev != nil && prev.upstream == hs.upstream {
+		hs.tooShort = prev.tooShort // a count, like the faults'
+	}
+	if hs.tooShort == nil {
+		hs.tooShort = new(atomic.Uint64)
+	}
 	hs.learned.rep.Store(hs.rep)
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep, learned: hs.learned}
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep, learned: hs.learned, tooShort: hs.tooShort}
 	hs.shared.faults = hs.faults
 	hs.rt, hs.parts, hs.shows = t.compose(hs.policy, e, &hs.shared, reuseFrom(prev, hs))
-	faults := hs.faults
+	faults, tooShort := hs.faults, hs.tooShort
 	hs.shows = append(hs.shows,
 		func(h *HostSnapshot) { h.Fault = faults.snapshot() },
+		func(h *HostSnapshot) { h.DeadlineTooShort = tooShort.Load() },
 		showLearned(hs.learned, hs.policy))
 }
 
@@ -83,7 +91,7 @@ func showLearned(l *learned, p *Policy) func(*HostSnapshot) {
 // through the host's. old is what the route's previous stack keeps; l is
 // the route's own learned latency (routeState.learned).
 func (t *Transport) buildRoute(hs *hostState, rep *reporter, p *Policy, old kept, l *learned) (stage, []any, []func(*HostSnapshot)) {
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep, learned: l}
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep, learned: l, tooShort: hs.tooShort}
 	shared := hs.shared
 	rt, parts, shows := t.compose(p, e, &shared, old)
 	return rt, parts, append(shows, showLearned(l, p))
@@ -209,6 +217,7 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 		}
 		s, parts = r, append(parts, r)
 		shows = append(shows, func(h *HostSnapshot) { h.Budget, h.Hedge = r.snapshot() })
+		shows = append(shows, func(h *HostSnapshot) { h.Latency = r.latency(time.Now()) })
 	}
 	if !p.Timeout.Disabled {
 		s = &totalStage{next: s, total: p.Timeout.Total}
@@ -284,7 +293,9 @@ func (t *Transport) attemptStack(p *Policy, e env, base http.RoundTripper, fault
 	}
 	s = newObserveStage(s, e)
 	if !p.Timeout.Disabled {
-		s = newAttemptStage(s, p.Timeout, e.rep, e.learned)
+		a := newAttemptStage(s, p.Timeout, e.rep, e.learned)
+		a.tooShort = e.tooShort
+		s = a
 	}
 	return s
 }

@@ -270,6 +270,10 @@ type hostState struct {
 	// learned is the host's healthy latency (layer.go), kept across an
 	// Update like faults.
 	learned *learned
+	// tooShort counts the attempts the host's attempt deadlines (its
+	// instances' and routes' too) refused as ErrDeadlineTooShort, kept
+	// across an Update like faults.
+	tooShort *atomic.Uint64
 	// table is the route table the host was built under (nil: no
 	// routes), and routes[i] its i-th route's stack on this host, built on
 	// its first request (nil until then). A host keeps its table, so an

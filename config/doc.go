@@ -21,5 +21,6 @@
 // file; Marshal writes a Config back; Watch reloads a file into a running
 // Transport with Transport.Update, and a file it cannot apply leaves the
 // Transport as it was and shows in Snapshot.Config. Schema is the format's
-// JSON Schema, for editors.
+// JSON Schema, for editors. Package redisfleet's ConfigFollower applies a
+// configuration pushed to a whole fleet through Redis with Apply.
 package config

@@ -91,8 +91,11 @@ func TestAddsNoAllocations(t *testing.T) {
 }
 
 // BenchmarkPage1000Hosts renders the HTML page for 1,000 hosts, each with a
-// breaker, a bulkhead and a full history (five minutes, a sample a
-// second), one in ten failing and one in fifty open (the others calm, folded):
+// breaker, a bulkhead, latency percentiles, a fallback with a stale cache
+// and a full history (five minutes, a sample a second, with refusals and
+// fallback answers growing), one in ten failing and one in fifty open with
+// a full ring of eight state changes and its last trip (the others calm,
+// folded):
 // the ranking and the
 // template, from a Page already taken.
 func BenchmarkPage1000Hosts(b *testing.B) {
@@ -108,16 +111,30 @@ func BenchmarkPage1000Hosts(b *testing.B) {
 			failed = 90
 		}
 		host := fmt.Sprintf("host-%04d.example.internal:443", i)
+		br := &bulwark.BreakerSnapshot{State: st, Calls: calls, Failures: failed, OpenUntil: now.Add(3 * time.Second)}
+		if st == bulwark.CircuitOpen {
+			trip := bulwark.BreakerChange{At: now.Add(-2 * time.Second), From: bulwark.CircuitHalfOpen, To: bulwark.CircuitOpen,
+				Reason: "failure rate 90 % ≥ 50 %", Calls: 100, Failures: 90}
+			br.LastTrip = &trip
+			for k := range 8 { // a full ring of changes
+				br.Changes = append(br.Changes, trip)
+				br.Changes[k].At = now.Add(-time.Duration(8-k) * time.Minute)
+			}
+		}
 		page.Snapshot.Hosts = append(page.Snapshot.Hosts, bulwark.HostSnapshot{Host: host, Scheme: "https", Upstream: "default",
-			Breaker:  &bulwark.BreakerSnapshot{State: st, Calls: calls, Failures: failed, OpenUntil: now.Add(3 * time.Second)},
+			Breaker:  br,
 			Bulkhead: &bulwark.BulkheadSnapshot{InFlight: i % 30, Limit: 64, MaxConcurrent: 64},
 			Budget:   &bulwark.BudgetSnapshot{Remaining: 10},
 			Pushback: &bulwark.PushbackSnapshot{},
+			Latency:  &bulwark.LatencySnapshot{Samples: 900, P50: 4 * time.Millisecond, P99: 40 * time.Millisecond, P999: 90 * time.Millisecond},
+			Learned:  &bulwark.LearnedSnapshot{AttemptTimeout: time.Second, AttemptFrom: bulwark.FromLearned},
+			Fallback: &bulwark.FallbackSnapshot{Served: 12, StaleEntries: 3, StaleBytes: 900, StaleOldest: now.Add(-time.Minute)},
 		})
 		h := History{Host: host, Scheme: "https"}
 		for k := range sampleKeep {
 			s := st
-			h.Samples = append(h.Samples, Sample{Time: now.Add(time.Duration(k-sampleKeep+1) * sampleEvery), InFlight: (i + k) % 30, Calls: calls, Failures: failed, State: &s})
+			h.Samples = append(h.Samples, Sample{Time: now.Add(time.Duration(k-sampleKeep+1) * sampleEvery), InFlight: (i + k) % 30, Calls: calls, Failures: failed, State: &s,
+				Refused: uint64(3 * k), Served: uint64(k)})
 		}
 		page.History = append(page.History, h)
 	}

@@ -37,10 +37,16 @@ import (
 // hosts last, one line each, folded under a <details> (?calm=open unfolds
 // them across reloads). Per host in trouble: the breaker's state, the
 // failure and slow shares of its window, coloured, the countdown to its
-// next probe, its trips in a row; each route's breaker; the bulkhead's
-// slots and queue; the retry budget left; pushback pauses (the host's and
-// each priority tier's) with their countdowns; a balanced upstream's
-// instances with their ejections; the shadow-mode counts; and a chart of
+// next probe, its trips in a row and in all, its last state changes with
+// their reasons and how long ago, and the window as it was at its last
+// trip beside the live one; each route's breaker; the refusals of every
+// layer since start and their rate over the last 10 s; the fallback's
+// answers, their rate, and the stale cache; latency p50, p99 and p99.9;
+// the bulkhead's slots and queue; the retry budget left and the fleet's
+// quota and peers' counts; pushback pauses (the host's and each priority
+// tier's) with their countdowns; a balanced upstream's instances with
+// their ejections; the shadow-mode counts; the fleet's link, at the top;
+// and a chart of
 // the last five minutes with its axes (requests in flight, the breaker
 // window's failure share, the spans the breaker was open). The page is one
 // self-contained HTML document, with no script and nothing loaded from
@@ -58,7 +64,7 @@ import (
 // behind your own authentication, as you would net/http/pprof.
 //
 // The charts come from a bounded history the handler keeps: a sample of
-// every host each second, 300 per host (about 60 bytes each, so some 18 KB
+// every host each second, 300 per host (about 75 bytes each, so some 22 KB
 // a host), the first taken at the handler's first request and the rest by
 // a goroutine the handler starts then and that stops on its own once the
 // page has not been served for five minutes (a later request starts it again). The
@@ -118,6 +124,11 @@ type Sample struct {
 	Calls, Failures int64
 	// State is the breaker's state, nil without a breaker.
 	State *bulwark.CircuitState
+	// Refused is the requests the host's layers had refused since its
+	// state was made (every layer's count added up, its routes' and
+	// instances' included), and Served the final failures its fallback
+	// had answered: counts that only grow, so two samples give a rate.
+	Refused, Served uint64
 }
 
 // hostKey is a host's identity in a Snapshot: one host:port reached over
@@ -252,6 +263,12 @@ func sample(h bulwark.HostSnapshot, now time.Time) Sample {
 	if b := h.Breaker; b != nil {
 		st := b.State
 		sm.Calls, sm.Failures, sm.State = b.Calls, b.Failures, &st
+	}
+	for _, r := range refusals(h) {
+		sm.Refused += r.N
+	}
+	if f := h.Fallback; f != nil {
+		sm.Served = f.Served
 	}
 	return sm
 }

@@ -1,6 +1,7 @@
 package debug
 
 import (
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -157,22 +158,26 @@ var hostile = []string{
 }
 
 // TestPageEscapesHostile renders every string the page prints from the
-// Snapshot (host, scheme, upstream, route pattern, instance address) set
-// to hostile text, and checks that none of it reaches the page as markup.
+// Snapshot (host, scheme, upstream, route pattern, instance address, a
+// breaker change's reason, the fleet's last error) set to hostile text, and checks that none of it reaches the page as markup.
 func TestPageEscapesHostile(t *testing.T) {
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	var hosts []bulwark.HostSnapshot
 	var hist []History
 	for _, s := range hostile {
+		change := bulwark.BreakerChange{At: now, To: bulwark.CircuitOpen, Reason: s, Calls: 1}
 		hosts = append(hosts, bulwark.HostSnapshot{Host: s, Scheme: s, Upstream: s,
-			Breaker:   &bulwark.BreakerSnapshot{State: bulwark.CircuitOpen, OpenUntil: now.Add(time.Second)},
+			Breaker: &bulwark.BreakerSnapshot{State: bulwark.CircuitOpen, OpenUntil: now.Add(time.Second),
+				Changes: []bulwark.BreakerChange{change}, LastTrip: &change},
 			Routes:    []bulwark.RouteSnapshot{{Pattern: s, Breaker: &bulwark.BreakerSnapshot{State: bulwark.CircuitOpen}}},
 			Endpoints: []bulwark.EndpointState{{Addr: s, Ejected: true, EjectedUntil: now.Add(time.Second)}},
 		})
 		hist = append(hist, History{Host: s, Scheme: s, Samples: []Sample{{Time: now}}})
 	}
 	var b strings.Builder
-	if err := pageTemplate.Execute(&b, newView(Page{Time: now, SampleEvery: sampleEvery, Snapshot: bulwark.Snapshot{Hosts: hosts}, History: hist}, sampleEvery*sampleKeep)); err != nil {
+	// A fleet's error text is the store's, and could quote anything.
+	fleet := &bulwark.FleetSnapshot{LastError: hostile[0], LastErrorAt: now}
+	if err := pageTemplate.Execute(&b, newView(Page{Time: now, SampleEvery: sampleEvery, Snapshot: bulwark.Snapshot{Hosts: hosts, Fleet: fleet}, History: hist}, sampleEvery*sampleKeep)); err != nil {
 		t.Fatal(err)
 	}
 	html := b.String()
@@ -181,8 +186,8 @@ func TestPageEscapesHostile(t *testing.T) {
 			t.Errorf("the page carries %q as markup", bad)
 		}
 	}
-	if n := strings.Count(html, "&lt;script&gt;alert(1)&lt;/script&gt;:80"); n < 4 {
-		t.Errorf("the hostile host is shown escaped %d times, want it in the heading, the upstream, the route and the instance", n)
+	if n := strings.Count(html, "&lt;script&gt;alert(1)&lt;/script&gt;:80"); n < 7 {
+		t.Errorf("the hostile host is shown escaped %d times, want it in the heading, the upstream, the route, the instance, the last trip's and the state change's reasons, and the fleet's error", n)
 	}
 }
 
@@ -206,6 +211,65 @@ func TestPageConfig(t *testing.T) {
 	} {
 		if !strings.Contains(html, want) {
 			t.Errorf("the page does not show %q:\n%s", want, html)
+		}
+	}
+}
+
+// TestPageOnCallRows renders the rows an on-call engineer reads past the
+// ranking: the breaker's recent state changes, newest first, with their
+// reasons and how long ago; the window at its last trip beside the live
+// one; per-second rates of refusals and fallback answers from the
+// history; latency percentiles; the refusals for too little time left;
+// the stale cache; the fleet's link and the host's quota and peers.
+func TestPageOnCallRows(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	trip := bulwark.BreakerChange{At: now.Add(-12 * time.Second), From: bulwark.CircuitClosed, To: bulwark.CircuitOpen,
+		Reason: "failure rate 60 % ≥ 50 %", Calls: 100, Failures: 60, Slow: 3}
+	h := bulwark.HostSnapshot{Host: "a.test:80", Scheme: "http", Upstream: "default",
+		Breaker: &bulwark.BreakerSnapshot{State: bulwark.CircuitOpen, OpenUntil: now.Add(3 * time.Second), Calls: 0,
+			Refused: 40, LastTrip: &trip, Changes: []bulwark.BreakerChange{
+				{At: now.Add(-20 * time.Second), From: bulwark.CircuitHalfOpen, To: bulwark.CircuitClosed, Reason: "every probe succeeded"},
+				trip,
+			}},
+		Budget:           &bulwark.BudgetSnapshot{Remaining: 3, FleetCalls: 70, FleetRetries: 9},
+		Quota:            &bulwark.QuotaSnapshot{FleetRate: 500, Tokens: 65, LeaseUntil: now.Add(2 * time.Second), Pods: 4, Demand: 120.5, Refused: 2, Leases: 9},
+		Fallback:         &bulwark.FallbackSnapshot{Served: 30, StaleEntries: 2, StaleBytes: 512, StaleOldest: now.Add(-90 * time.Second)},
+		Latency:          &bulwark.LatencySnapshot{Samples: 812, P50: 4 * time.Millisecond, P99: 41500 * time.Microsecond, P999: 250 * time.Millisecond},
+		Learned:          &bulwark.LearnedSnapshot{AttemptTimeout: time.Second, AttemptFrom: bulwark.FromColdStart},
+		DeadlineTooShort: 5,
+	}
+	// Ten seconds of history: 40 refusals and 30 fallback answers more
+	// than ten seconds ago, so 4.0 and 3.0 a second.
+	var hist History
+	for i := range 12 {
+		s := Sample{Time: now.Add(time.Duration(i-11) * time.Second)}
+		if i >= 1 {
+			k := uint64(i - 1)
+			s.Refused, s.Served = 5+4*k, 3*k
+		}
+		hist.Samples = append(hist.Samples, s)
+	}
+	page := Page{Time: now, SampleEvery: time.Second, History: []History{hist},
+		Snapshot: bulwark.Snapshot{Hosts: []bulwark.HostSnapshot{h}, Fleet: &bulwark.FleetSnapshot{Published: 12, Received: 30, Applied: 7,
+			LastError: "redis: connection refused", LastErrorAt: now.Add(-5 * time.Second)}}}
+	var b strings.Builder
+	if err := pageTemplate.Execute(&b, newView(page, sampleEvery*sampleKeep)); err != nil {
+		t.Fatal(err)
+	}
+	html := b.String()
+	text := regexp.MustCompile(`<[^>]*>`).ReplaceAllString(html, "")
+	for _, want := range []string{
+		"window at last trip100 calls: 60 failed, 3 slow · failure rate 60 % ≥ 50 % · 12.0 s ago (11:59:48.000 UTC)",
+		"state changesclosed → open failure rate 60 % ≥ 50 % · 12.0 s agohalf-open → closed every probe succeeded · 20.0 s ago",
+		"40 breaker open · 0 retry budget spent · 5 deadline too short · now 4.0/s (last 10 s)",
+		"30 final failures answered from the fallback since the policy was set · now 3.0/s · stale cache 2 answers, 512 bytes, the oldest received 1 min 30 s ago",
+		"latency nowp50 4.0 ms · p99 41.5 ms · p99.9 250.0 ms (812 attempts in the last 5–10 s, failures included)",
+		"other pods: 70 calls, 9 retries",
+		"fleet quota65 tokens held for 2.0 s of 500/s for the fleet, shared by 4 pods · demand here 120.5/s · 2 refused · 9 leases, 0 failed",
+		"fleet not connected · 12 updates published (0 failed, 0 dropped) · 30 received, 7 applied, 0 ignored · last error 5.0 s ago: redis: connection refused",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the page does not show %q:\n%s", want, text)
 		}
 	}
 }

@@ -27,7 +27,17 @@ var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{
 	"ms":       func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) },
 	"priority": func(i int) string { return bulwark.Priority(i).String() },
 	"in":       func(t, now time.Time) string { return seconds(t.Sub(now)) },
+	"ago":      ago,
 }).Parse(pageHTML))
+
+// ago is how long before now t was, for a person: "12.3 s ago", "4 min 2 s
+// ago", "just now".
+func ago(t, now time.Time) string {
+	if d := now.Sub(t); d > 0 {
+		return seconds(d) + " ago"
+	}
+	return "just now"
+}
 
 // harm is how badly a host fares, as the page ranks and colours it.
 type harm int
@@ -97,6 +107,54 @@ type hostView struct {
 	// Spark is the chart of the host's history, drawn for hosts in
 	// trouble only: a calm host is one row of a folded table.
 	Spark template.HTML
+	// Rate is the refusals and fallback answers per second over the
+	// last rateSpan of its history; drawn for hosts in trouble only.
+	Rate rate
+}
+
+// rate is what a host's counts grew by per second, over Span.
+type rate struct {
+	Span            time.Duration // zero: fewer than two samples
+	Refused, Served float64       // per second
+}
+
+// rateSpan is how far back the page's per-second rates look: long enough
+// to smooth the second-by-second samples, short enough to show now.
+const rateSpan = 10 * time.Second
+
+// newRate is the growth per second of a history's counts over the last
+// rateSpan (or all of it, if shorter).
+func newRate(hist History) rate {
+	n := len(hist.Samples)
+	if n < 2 {
+		return rate{}
+	}
+	last := hist.Samples[n-1]
+	first := hist.Samples[n-2]
+	for i := n - 2; i >= 0 && last.Time.Sub(hist.Samples[i].Time) <= rateSpan; i-- {
+		first = hist.Samples[i]
+	}
+	span := last.Time.Sub(first.Time)
+	if span <= 0 {
+		return rate{}
+	}
+	per := func(a, b uint64) float64 {
+		if b < a {
+			return 0 // the host's state was made again (an eviction): no rate
+		}
+		return float64(b-a) / span.Seconds()
+	}
+	return rate{Span: span, Refused: per(first.Refused, last.Refused), Served: per(first.Served, last.Served)}
+}
+
+// Changes are the breaker's last state changes, newest first.
+func (h hostView) Changes() []bulwark.BreakerChange {
+	if h.Breaker == nil {
+		return nil
+	}
+	cs := slices.Clone(h.Breaker.Changes)
+	slices.Reverse(cs)
+	return cs
 }
 
 // Summary is a calm host's one line: scheme, upstream, breaker window,
@@ -124,9 +182,13 @@ type refusal struct {
 }
 
 // Refusals are the host's refusals since its state was made, by the layer
-// that refused, for each layer the host has: its routes' breakers added
-// to its own breaker's, its instances' bulkheads to its bulkhead's.
-func (h hostView) Refusals() []refusal {
+// that refused (see refusals).
+func (h hostView) Refusals() []refusal { return refusals(h.HostSnapshot) }
+
+// refusals are h's refusals since its state was made, by the layer that
+// refused, for each layer the host has: its routes' breakers added to its
+// own breaker's, its instances' bulkheads to its bulkhead's.
+func refusals(h bulwark.HostSnapshot) []refusal {
 	var out []refusal
 	if b := h.Breaker; b != nil || len(h.Routes) > 0 {
 		var n uint64
@@ -140,7 +202,7 @@ func (h hostView) Refusals() []refusal {
 		}
 		out = append(out, refusal{"breaker open", n})
 	}
-	if bhs := bulkheads(h.HostSnapshot); len(bhs) > 0 {
+	if bhs := bulkheads(h); len(bhs) > 0 {
 		var n uint64
 		for _, bh := range bhs {
 			n += bh.Refused
@@ -155,6 +217,11 @@ func (h hostView) Refusals() []refusal {
 	}
 	if t := h.Throttle; t != nil {
 		out = append(out, refusal{"throttle", t.Refused})
+	}
+	// The attempt deadline is on when a timeout is in force, or has
+	// refused before an Update turned it off.
+	if l := h.Learned; l != nil && l.AttemptFrom != "" || h.DeadlineTooShort > 0 {
+		out = append(out, refusal{"deadline too short", h.DeadlineTooShort})
 	}
 	return out
 }
@@ -180,6 +247,7 @@ func newView(p Page, span time.Duration) view {
 		hv := assess(h, p.Time)
 		if hv.Harm > calm && i < len(p.History) {
 			hv.Spark = spark(h, p.History[i], p.Time, p.SampleEvery, span).svg()
+			hv.Rate = newRate(p.History[i])
 		}
 		hosts[i] = hv
 	}

@@ -23,6 +23,16 @@
 // an unknown version or kind, or is too long is ignored and counted
 // (bulwark's FleetSnapshot.Ignored), and the Transport caps every hold by
 // its own policy.
+//
+// The fleet's configuration travels the same way (configpush.go): PushConfig
+// stores a file in config's format, for every process or a canary share of
+// them (InCanary), and publishes that it changed; a ConfigFollower in each
+// process reads it and applies it with config.Apply, so with
+// Transport.Update, and records in Redis the version it runs or the error
+// it refused it with (ConfigStatus; the command cmd/bulwarkctl shows it).
+// The module requires the config module, not the other way round: the
+// format knows nothing of Redis, and a program that reads its policies from
+// a file has no Redis client in its build.
 package redisfleet
 
 import (
@@ -403,8 +413,11 @@ func (f *Fleet) catchUp(ctx context.Context, sink *bulwark.FleetSink) error {
 			}
 			keys = keys[:min(len(keys), maxCatchUp-read)]
 			read += len(keys)
-			// A quota's keys (lease.go) are no update to catch up on.
-			keys = slices.DeleteFunc(keys, func(k string) bool { return strings.HasPrefix(k, f.prefix+"quota:") })
+			// A quota's keys (lease.go) and the configuration's
+			// (configpush.go) are no update to catch up on.
+			keys = slices.DeleteFunc(keys, func(k string) bool {
+				return strings.HasPrefix(k, f.prefix+"quota:") || f.isConfigKey(k)
+			})
 			if len(keys) > 0 {
 				cmds := make([]*redis.StringCmd, len(keys))
 				pipe := c.Pipeline()

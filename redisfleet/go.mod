@@ -4,15 +4,18 @@ go 1.26.0
 
 require (
 	github.com/bulwark-http/bulwark v0.0.0
+	github.com/bulwark-http/bulwark/config v0.0.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/sony/gobreaker/v2 v2.4.0
 	go.uber.org/goleak v1.3.0
+	go.yaml.in/yaml/v3 v3.0.6
 	golang.org/x/time v0.16.0
 )
 
 require (
 	github.com/DataDog/sketches-go v1.4.8 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/fsnotify/fsnotify v1.10.1 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
@@ -28,3 +31,5 @@ require (
 )
 
 replace github.com/bulwark-http/bulwark => ../
+
+replace github.com/bulwark-http/bulwark/config => ../config

@@ -150,3 +150,37 @@ func (t *Tracker) Median() (time.Duration, bool) {
 	v := t.median.Load()
 	return time.Duration(v), v > 0
 }
+
+// Quantiles reads the quantiles qs (each in [0, 1]) of the latency
+// recorded in the window that ends at now, in the order given, and how
+// many samples they rest on; all zero below MinSamples. A sketch that
+// Record would have rotated out by now is left out, so a host that went
+// quiet reads as having no recent latency rather than its old one. It
+// merges the sketches under the lock, a walk over their bins: for a
+// snapshot or a scrape, not for every call.
+func (t *Tracker) Quantiles(now time.Time, qs ...float64) ([]time.Duration, int64) {
+	out := make([]time.Duration, len(qs))
+	pos := now.UnixNano()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.scratch.Clear()
+	switch {
+	case t.rotateAt == 0 || pos >= t.rotateAt+t.period:
+		// Nothing recorded, or all of it older than the window.
+	case pos >= t.rotateAt:
+		_ = t.scratch.MergeWith(t.cur) // prev would have been cleared
+	default:
+		_ = t.scratch.MergeWith(t.prev)
+		_ = t.scratch.MergeWith(t.cur)
+	}
+	n := int64(t.scratch.GetCount())
+	if n < MinSamples {
+		return out, n
+	}
+	for i, q := range qs {
+		if v, err := t.scratch.GetValueAtQuantile(q); err == nil {
+			out[i] = max(time.Duration(v), 1)
+		}
+	}
+	return out, n
+}

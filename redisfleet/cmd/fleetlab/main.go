@@ -52,7 +52,7 @@ var (
 	quotaDur  = flag.Duration("quota-duration", 10*time.Second, "how long each mode of the quota scenario runs")
 	outage    = flag.Duration("outage", 5*time.Second, "how long Redis is down in the outage scenario")
 	loads     = flag.String("loads", "equal,skewed", "the sick-upstream scenario's loads, comma-separated")
-	scenarios = flag.String("scenarios", "breaker,quota,outage", "which scenarios to run, comma-separated")
+	scenarios = flag.String("scenarios", "breaker,quota,outage", "which scenarios to run, comma-separated: breaker, quota, outage, push")
 	markdown  = flag.Bool("markdown", false, "write a Markdown section for BENCHMARKS.md to stdout (progress goes to stderr)")
 	costFile  = flag.String("cost", "", "redisfleet's go test -bench output, rendered into the Markdown section")
 
@@ -63,14 +63,18 @@ var (
 	dur       = flag.Duration("dur", 0, "internal: how long a quota child offers its load")
 	localRate = flag.Float64("rate", 0, "internal: a quota child's Bulkhead.Rate")
 	fleetRate = flag.Float64("fleetrate", 0, "internal: a quota child's Bulkhead.FleetRate")
+	podID     = flag.String("id", "", "internal: a push child's process ID")
 )
 
 func main() {
 	flag.Parse()
 	if *child {
 		run := runChild
-		if *kind == "quota" {
+		switch *kind {
+		case "quota":
 			run = runQuotaChild
+		case "push":
+			run = runPushChild
 		}
 		if err := run(); err != nil {
 			fmt.Fprintln(os.Stderr, "fleetlab child:", err)
@@ -202,6 +206,13 @@ func runParent() error {
 			return err
 		}
 		rep.outage = &o
+	}
+	if want["push"] {
+		pr, err := runPush(rs, out)
+		if err != nil {
+			return err
+		}
+		rep.push = &pr
 	}
 	rep.load1 = loadAvg()
 	if *markdown {

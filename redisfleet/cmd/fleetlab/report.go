@@ -19,6 +19,7 @@ type labReport struct {
 	breaker      []breakerRow
 	quota        []quotaRun
 	outage       *quotaRun
+	push         *pushRun
 }
 
 // loadAvg is /proc/loadavg's first three fields, or "unknown".
@@ -128,8 +129,27 @@ func (r *labReport) write(w io.Writer) error {
 		}
 		p("\n")
 	}
+	if r.push != nil {
+		u := r.push
+		ms := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
+		p("### Configuration pushed through Redis (issue 31)\n\nEach process follows the fleet's configuration (redisfleet.ConfigFollower) and calls a healthy upstream once per %v; its breaker's window holds %d calls. "+
+			"*Slowest apply* is from the push's start (or redis-server's restart) to the last process's Update; *status shows all* is when ConfigStatus, what `bulwarkctl status` prints, first showed every process's ack.\n\n", pushInterval, pushWindow)
+		p("| push | slowest apply | status shows all |\n|---|---:|---:|\n")
+		p("| one threshold (failureRate 0.5 → 0.4) | %s | %s |\n", ms(u.applyChange), ms(u.showChange))
+		p("| an invalid value (failureRate 2), refused by every process | %s | %s |\n", ms(u.refuseBad), ms(u.showBad))
+		p("| during a %v Redis outage, from redis-server's restart | %s | |\n\n", *outage, ms(u.applyAfterOutage))
+		p("Breaker windows right after the threshold changed: at least %d calls of %d. Requests: %d sent, %d failed. The refusal as status shows it: `%s`.\n\n",
+			u.minWindow, pushWindow, u.sent, u.failed, u.badError)
+		targets = append(targets,
+			[3]string{"push: every process applies one threshold within 1 s", ms(u.applyChange), verdict(u.applyChange <= time.Second)},
+			[3]string{"push: every refusal shown within 1 s", ms(u.showBad), verdict(u.showBad <= time.Second)},
+			[3]string{"push: latest applied within 1 s of Redis's return", ms(u.applyAfterOutage), verdict(u.applyAfterOutage <= time.Second)},
+			[3]string{"push: 0 failed requests", strconv.FormatInt(u.failed, 10), verdict(u.failed == 0)},
+			// A breaker Update rebuilt would hold a call or two, not half its window.
+			[3]string{"push: breaker windows kept", fmt.Sprintf("≥ %d of %d calls", u.minWindow, pushWindow), verdict(u.minWindow >= pushWindow/2)})
+	}
 	if len(targets) > 0 {
-		p("### Targets (issue 19)\n\n| target | measured | verdict |\n|---|---|---|\n")
+		p("### Targets (issue 19; the push rows issue 31)\n\n| target | measured | verdict |\n|---|---|---|\n")
 		for _, t := range targets {
 			p("| %s | %s | %s |\n", t[0], t[1], t[2])
 		}

@@ -1,0 +1,306 @@
+package bulwark
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// TestBreakerHistory: the breaker's Snapshot keeps its last state changes
+// with their reasons and times, oldest first and at most eight, and the
+// window as it was at its last trip beside the live (emptied) one. Steps
+// on one timeline of the fake clock.
+func TestBreakerHistory(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var status atomic.Int32
+		status.Store(500)
+		base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
+			return response(req, int(status.Load())), nil
+		}}
+		tr := mustNew(t, Config{Base: base, Default: only(Policy{Breaker: Breaker{WindowCalls: 10, MinCalls: 4,
+			OpenFor: time.Second, MaxOpenFor: time.Second, HalfOpenCalls: 1, ConsecutiveFailures: -1}}, "breaker")})
+		get := func() {
+			t.Helper()
+			req := testRequest(t, t.Context(), "GET", "http://a.test/", noBody, "")
+			if resp, err := tr.RoundTrip(req); err == nil {
+				resp.Body.Close()
+			}
+		}
+		breaker := func() *BreakerSnapshot {
+			t.Helper()
+			return tr.Snapshot().Hosts[0].Breaker
+		}
+		start := time.Now()
+		get()
+		if b := breaker(); len(b.Changes) != 0 || b.LastTrip != nil {
+			t.Fatalf("before any trip: Changes %v, LastTrip %v; want none", b.Changes, b.LastTrip)
+		}
+		for range 3 {
+			get()
+		}
+		b := breaker()
+		if len(b.Changes) != 1 || b.LastTrip == nil {
+			t.Fatalf("after 4 failed calls: Changes %v, LastTrip %v; want one trip", b.Changes, b.LastTrip)
+		}
+		want := BreakerChange{At: start, From: CircuitClosed, To: CircuitOpen, Reason: "failure rate 100 % ≥ 50 %", Calls: 4, Failures: 4}
+		if b.Changes[0] != want || *b.LastTrip != want {
+			t.Errorf("the trip: Changes[0] %+v, LastTrip %+v; want %+v", b.Changes[0], *b.LastTrip, want)
+		}
+		if b.Calls != 0 {
+			t.Errorf("live window holds %d calls after the trip, want 0 (LastTrip keeps them)", b.Calls)
+		}
+
+		// A probe that fails, then one that succeeds.
+		time.Sleep(1100 * time.Millisecond)
+		get()
+		time.Sleep(1100 * time.Millisecond)
+		status.Store(200)
+		get()
+		b = breaker()
+		reasons := []string{"failure rate 100 % ≥ 50 %", "open time over", "a probe failed or was slow", "open time over", "every probe succeeded"}
+		if len(b.Changes) != len(reasons) {
+			t.Fatalf("got %d changes %+v, want %d", len(b.Changes), b.Changes, len(reasons))
+		}
+		for i, r := range reasons {
+			if b.Changes[i].Reason != r {
+				t.Errorf("Changes[%d].Reason = %q, want %q", i, b.Changes[i].Reason, r)
+			}
+		}
+		if c := b.Changes[4]; c.From != CircuitHalfOpen || c.To != CircuitClosed || c.At != start.Add(2200*time.Millisecond) {
+			t.Errorf("the close: %+v, want half-open → closed at +2.2 s", c)
+		}
+		if *b.LastTrip != want {
+			t.Errorf("LastTrip after a failed probe is %+v, want the trip on the window's counts %+v", *b.LastTrip, want)
+		}
+
+		// A manual control is a change too; the ring keeps the last eight.
+		for _, c := range []BreakerControl{BreakerForceOpen, BreakerAuto, BreakerForceClosed, BreakerAuto} {
+			if err := tr.ControlBreaker("a.test:80", c); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b = breaker()
+		if len(b.Changes) != 8 {
+			t.Fatalf("got %d changes, want the last 8", len(b.Changes))
+		}
+		if c := b.Changes[0]; c.Reason != "open time over" {
+			t.Errorf("oldest kept change %+v, want the first half-open", c)
+		}
+		if c := b.Changes[4]; c.Reason != "control force-open" || c.From != CircuitClosed || c.To != CircuitOpen {
+			t.Errorf("Changes[4] = %+v, want closed → open by control force-open", c)
+		}
+		if c := b.Changes[7]; c.Reason != "control auto" || c.From != CircuitClosed || c.To != CircuitClosed {
+			t.Errorf("Changes[7] = %+v, want closed → closed by control auto", c)
+		}
+	})
+}
+
+// TestSnapshotLatency: Snapshot's Latency is the host's recent attempts'
+// percentiles, failures included, and nil once its window has passed.
+func TestSnapshotLatency(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// The n-th attempt takes n × 100 µs (all 200 within the 5 s
+		// window); every tenth fails.
+		base := &scriptBase{step: func(n int, req *http.Request) (*http.Response, error) {
+			time.Sleep(time.Duration(n) * 100 * time.Microsecond)
+			if n%10 == 0 {
+				return response(req, 500), nil
+			}
+			return response(req, 200), nil
+		}}
+		tr := mustNew(t, Config{Base: base, Default: only(Policy{Retry: Retry{MaxAttempts: 1}}, "retry")})
+		if h := tr.Snapshot().Hosts; len(h) != 0 {
+			t.Fatalf("hosts before a call: %v", h)
+		}
+		for range 200 {
+			req := testRequest(t, t.Context(), "GET", "http://a.test/", noBody, "")
+			if resp, err := tr.RoundTrip(req); err == nil {
+				resp.Body.Close()
+			}
+		}
+		l := tr.Snapshot().Hosts[0].Latency
+		if l == nil {
+			t.Fatal("Latency is nil after 200 calls")
+		}
+		if l.Samples != 200 {
+			t.Errorf("Latency.Samples = %d, want 200", l.Samples)
+		}
+		for _, c := range []struct {
+			name      string
+			got, want time.Duration
+		}{{"P50", l.P50, 10 * time.Millisecond}, {"P99", l.P99, 19800 * time.Microsecond}, {"P999", l.P999, 20 * time.Millisecond}} {
+			if c.got < c.want*97/100 || c.got > c.want*103/100 {
+				t.Errorf("Latency.%s = %v, want %v ± 3 %%", c.name, c.got, c.want)
+			}
+		}
+		time.Sleep(time.Minute)
+		if l := tr.Snapshot().Hosts[0].Latency; l != nil {
+			t.Errorf("a minute later Latency = %+v, want nil", *l)
+		}
+	})
+}
+
+// TestDeadlineTooShortCount: an attempt refused for too little time left
+// is counted in the host's Snapshot, and the count outlives an Update.
+func TestDeadlineTooShortCount(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &scriptBase{step: always(200)}
+		cfg := Config{Base: base, Default: only(Policy{}, "timeout")}
+		tr := mustNew(t, cfg)
+		call := func(left time.Duration) error {
+			ctx, cancel := context.WithTimeout(t.Context(), left)
+			defer cancel()
+			resp, err := tr.RoundTrip(testRequest(t, ctx, "GET", "http://a.test/", noBody, ""))
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err
+		}
+		if err := call(time.Second); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if err := call(5 * time.Millisecond); !errors.Is(err, ErrDeadlineTooShort) {
+				t.Fatalf("a call with 5 ms left: %v, want ErrDeadlineTooShort", err)
+			}
+		}
+		if n := tr.Snapshot().Hosts[0].DeadlineTooShort; n != 2 {
+			t.Errorf("DeadlineTooShort = %d, want 2", n)
+		}
+		cfg.Default.Timeout.Attempt = 20 * time.Second
+		if err := tr.Update(cfg); err != nil {
+			t.Fatal(err)
+		}
+		if err := call(time.Millisecond); !errors.Is(err, ErrDeadlineTooShort) {
+			t.Fatalf("a call with 1 ms left: %v, want ErrDeadlineTooShort", err)
+		}
+		if n := tr.Snapshot().Hosts[0].DeadlineTooShort; n != 3 {
+			t.Errorf("DeadlineTooShort after an Update and one more refusal = %d, want 3", n)
+		}
+		if got := base.calls(); got != 1 {
+			t.Errorf("the host was sent %d requests, want 1", got)
+		}
+	})
+}
+
+// TestRefusalMetricsMatchSnapshot: every layer's refusals, and the
+// fallback's answers, are counted in OTel (bulwark.rejections by
+// bulwark.layer, bulwark.fallbacks by kind) exactly as the host's
+// Snapshot counts them, so the page and a dashboard agree. Read with the
+// SDK's ManualReader.
+func TestRefusalMetricsMatchSnapshot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		get := func(tr *Transport, ctx context.Context) {
+			t.Helper()
+			if resp, err := tr.RoundTrip(testRequest(t, ctx, "GET", "http://a.test/", noBody, "")); err == nil {
+				resp.Body.Close()
+			}
+		}
+		for _, c := range []struct {
+			layer  string // bulwark.layer, or "fallback"
+			base   func(int, *http.Request) (*http.Response, error)
+			policy Policy
+			calls  int
+			left   time.Duration // the caller's deadline; 0: none
+			snap   func(HostSnapshot) uint64
+		}{
+			{layerBreaker, always(500), only(Policy{Breaker: Breaker{MinCalls: 1, OpenFor: time.Hour}}, "breaker"), 5, 0,
+				func(h HostSnapshot) uint64 { return h.Breaker.Refused }},
+			{layerPushback, always(503, "Retry-After", "60"), only(Policy{Retry: Retry{MaxAttempts: 1}}, "pushback"), 5, 0,
+				func(h HostSnapshot) uint64 { return h.Pushback.Refused }},
+			{layerBudget, always(503), only(Policy{Retry: Retry{MaxAttempts: 2, NoPushback: true, Budget: Budget{Ratio: 0.001, MinPerSecond: -1}}}, "retry"), 5, 0,
+				func(h HostSnapshot) uint64 { return h.Budget.Refused }},
+			{layerThrottle, always(503), only(Policy{Throttle: Throttle{Enabled: true, K: 1}}), 200, 0,
+				func(h HostSnapshot) uint64 { return h.Throttle.Refused }},
+			{layerDeadline, always(200), only(Policy{}, "timeout"), 5, 5 * time.Millisecond,
+				func(h HostSnapshot) uint64 { return h.DeadlineTooShort }},
+			{"fallback", always(500), only(Policy{Fallback: Fallback{Constant: &ConstantResponse{Body: []byte("0")}}}), 5, 0,
+				func(h HostSnapshot) uint64 { return h.Fallback.Served }},
+		} {
+			k := newOtelKit(t)
+			tr := mustNew(t, Config{Base: &scriptBase{step: c.base}, MeterProvider: k.mp, Default: c.policy})
+			for range c.calls {
+				ctx, cancel := t.Context(), context.CancelFunc(func() {})
+				if c.left > 0 {
+					ctx, cancel = context.WithTimeout(ctx, c.left)
+				}
+				get(tr, ctx)
+				cancel()
+			}
+			want := c.snap(tr.Snapshot().Hosts[0])
+			var got int64
+			if c.layer == "fallback" {
+				got = counter(t, k.collect(t), "bulwark.fallbacks", upDefault, keyFallbackKind.String("constant"))
+			} else {
+				got = counter(t, k.collect(t), "bulwark.rejections", upDefault, keyLayer.String(c.layer))
+			}
+			if want == 0 || got != int64(want) {
+				t.Errorf("%s: the metric counts %d, the Snapshot %d; want them equal and above 0", c.layer, got, want)
+			}
+		}
+
+		// The bulkhead: one slot, held; the next call is refused.
+		k := newOtelKit(t)
+		release := make(chan struct{})
+		held := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
+			<-release
+			return response(req, 200), nil
+		}}
+		tr := mustNew(t, Config{Base: held, MeterProvider: k.mp, Default: only(Policy{Bulkhead: Bulkhead{MaxConcurrent: 1}}, "bulkhead")})
+		done := make(chan struct{})
+		go func() { get(tr, t.Context()); close(done) }()
+		synctest.Wait()
+		get(tr, t.Context())
+		get(tr, t.Context())
+		want := tr.Snapshot().Hosts[0].Bulkhead.Refused
+		if got := counter(t, k.collect(t), "bulwark.rejections", upDefault, keyLayer.String(layerBulkhead)); want != 2 || got != 2 {
+			t.Errorf("bulkhead: the metric counts %d, the Snapshot %d; want 2 and 2", got, want)
+		}
+		close(release)
+		<-done
+	})
+}
+
+// TestAttemptBelowMinSendTime: an Attempt set below the least time a
+// request is sent with (10 ms) is the policy's choice of a short wait: the
+// attempt is sent with it, and its deadline header is at least 1 ms. Only
+// the call's own deadline (the caller's, or Total's end) that close
+// refuses it. The lab's retry storm at -scale below 0.067 (an attempt
+// timeout of 150 ms × scale) sent nothing at all before.
+func TestAttemptBelowMinSendTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var header atomic.Value
+		base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
+			header.Store(req.Header.Get(DefaultDeadlineHeader))
+			return response(req, 200), nil
+		}}
+		for _, attempt := range []time.Duration{9 * time.Millisecond, 2 * time.Millisecond} {
+			tr := mustNew(t, Config{Base: base, Default: only(Policy{Timeout: Timeout{Attempt: attempt}}, "timeout")})
+			resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://a.test/", noBody, ""))
+			if err != nil {
+				t.Fatalf("Attempt %v, no caller deadline: %v, want it sent", attempt, err)
+			}
+			resp.Body.Close()
+			want := "4"
+			if attempt < 6*time.Millisecond {
+				want = "1"
+			}
+			if got := header.Load(); got != want {
+				t.Errorf("Attempt %v: %s = %v, want %s", attempt, DefaultDeadlineHeader, got, want)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 8*time.Millisecond)
+			_, err = tr.RoundTrip(testRequest(t, ctx, "GET", "http://a.test/", noBody, ""))
+			cancel()
+			if !errors.Is(err, ErrDeadlineTooShort) {
+				t.Errorf("Attempt %v, 8 ms left to the caller: %v, want ErrDeadlineTooShort", attempt, err)
+			}
+		}
+		if n := base.calls(); n != 2 {
+			t.Errorf("the host got %d requests, want 2", n)
+		}
+	})
+}

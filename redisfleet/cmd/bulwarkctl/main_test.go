@@ -1,0 +1,147 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bulwark-http/bulwark"
+	"github.com/bulwark-http/bulwark/config"
+	"github.com/bulwark-http/bulwark/redisfleet"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	redis.SetLogger(redisfleet.DebugLog{})
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
+}
+
+func ctl(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	code = run(t.Context(), args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+func writeFile(t *testing.T, name, text string) string {
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestValidate: a good file is valid with its version; a bad one is
+// refused with file, line, column and field; a name of the programs'
+// registry gets the hint to push it unchecked.
+func TestValidate(t *testing.T) {
+	good := writeFile(t, "good.yaml", "version: v1\ndefault:\n  breaker: {failureRate: 0.5}\n")
+	if code, out, errs := ctl(t, "validate", good); code != 0 || !strings.Contains(out, "valid, version v1") {
+		t.Fatalf("validate good: %d %q %q", code, out, errs)
+	}
+	bad := writeFile(t, "bad.yaml", "version: v2\ndefault:\n  breaker: {failureRate: 2}\n")
+	if code, _, errs := ctl(t, "validate", bad); code != 1 || !strings.Contains(errs, bad+":3:") || !strings.Contains(errs, "breaker.failureRate") {
+		t.Fatalf("validate bad: %d %q", code, errs)
+	}
+	named := writeFile(t, "named.yaml", "default:\n  fallback: {func: last-rate}\n")
+	if code, _, errs := ctl(t, "validate", named); code != 1 || !strings.Contains(errs, "push -unchecked") {
+		t.Fatalf("validate named: %d %q", code, errs)
+	}
+	if code, _, _ := ctl(t, "frobnicate"); code != 2 {
+		t.Fatalf("unknown command: %d, want 2", code)
+	}
+}
+
+// startRedis starts a redis-server of the test's own on 127.0.0.1, or
+// skips the test when the binary is absent.
+func startRedis(t *testing.T) string {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server not installed")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	l.Close()
+	cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", t.TempDir(), "--loglevel", "warning")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	addr := "127.0.0.1:" + port
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer c.Close()
+	for i := 0; c.Ping(t.Context()).Err() != nil; i++ {
+		if i > 500 {
+			t.Fatal("redis-server did not answer")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return addr
+}
+
+// TestPushStatusRollback: against a real redis-server and two following
+// processes, push -wait shows both running the version, a bad push
+// unchecked shows both refusals with the error and exits 1, and rollback
+// returns them to the version before.
+func TestPushStatusRollback(t *testing.T) {
+	addr := startRedis(t)
+	for _, id := range []string{"pod-a", "pod-b"} {
+		rc := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+		t.Cleanup(func() { _ = rc.Close() })
+		f, err := redisfleet.New(rc, redisfleet.Options{ID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, err := bulwark.New(bulwark.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tr.Close() })
+		fl := f.ConfigFollower(tr, redisfleet.FollowOptions{Registry: config.Registry{}, Logger: slog.New(slog.DiscardHandler)})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = fl.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+	}
+	// Both processes have written their first ack (of an empty store).
+	for i := 0; ; i++ {
+		_, out, _ := ctl(t, "-redis", addr, "status")
+		if strings.Contains(out, "2 processes") {
+			break
+		}
+		if i > 500 {
+			t.Fatalf("status never showed both processes: %q", out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	v1 := writeFile(t, "v1.yaml", "version: v1\ndefault:\n  breaker: {failureRate: 0.5}\n")
+	code, out, errs := ctl(t, "-redis", addr, "push", "-wait", "5s", v1)
+	if code != 0 || !strings.Contains(out, "2 run v1; 0 refused; 0 not yet at seq 1") {
+		t.Fatalf("push v1: %d\n%s%s", code, out, errs)
+	}
+	bad := writeFile(t, "bad.yaml", "version: bad\ndefault:\n  breaker: {failureRate: 2}\n")
+	if code, _, errs := ctl(t, "-redis", addr, "push", bad); code != 1 || !strings.Contains(errs, "breaker.failureRate") {
+		t.Fatalf("checked push of a bad file: %d %q", code, errs)
+	}
+	code, out, errs = ctl(t, "-redis", addr, "push", "-unchecked", "-wait", "5s", bad)
+	if code != 1 || strings.Count(out, "breaker.failureRate: value 2: must be in") != 2 || !strings.Contains(out, "2 run v1; 2 refused") {
+		t.Fatalf("unchecked push of a bad file: %d\n%s%s", code, out, errs)
+	}
+	code, out, errs = ctl(t, "-redis", addr, "rollback", "-wait", "5s")
+	if code != 0 || !strings.Contains(out, "version v1 for every process") || !strings.Contains(out, "2 run v1; 0 refused") {
+		t.Fatalf("rollback: %d\n%s%s", code, out, errs)
+	}
+	t.Log("\n" + out)
+}

@@ -1,0 +1,680 @@
+package redisfleet
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bulwark-http/bulwark"
+	"github.com/bulwark-http/bulwark/config"
+)
+
+// configPod is one process following the fleet's configuration: a
+// Transport with its own Redis client and a ConfigFollower running until
+// the test ends.
+type configPod struct {
+	id string
+	tr *bulwark.Transport
+	fl *ConfigFollower
+}
+
+func followingPod(t *testing.T, s *redisServer, prefix, id string, reg config.Registry) *configPod {
+	t.Helper()
+	f, err := New(s.client(t), Options{Prefix: prefix, ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := bulwark.Policy{}
+	p.Retry.Disabled = true
+	tr := newTransport(t, bulwark.Config{Default: p, Fleet: f})
+	// A Resync longer than any test: what reaches a pod here comes by the
+	// channel or by reading the store when (re)subscribing.
+	fl := f.ConfigFollower(tr, FollowOptions{Registry: reg, Logger: slog.New(slog.DiscardHandler), Resync: time.Minute})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := fl.Run(ctx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done }) // before the Transport closes
+	return &configPod{id: id, tr: tr, fl: fl}
+}
+
+func (p *configPod) version() string {
+	if c := p.tr.Snapshot().Config; c != nil {
+		return c.Version
+	}
+	return ""
+}
+
+// controller is a Fleet used only to push and read the status, as
+// bulwarkctl uses one.
+func controller(t *testing.T, s *redisServer, prefix string) *Fleet {
+	f, err := New(s.client(t), Options{Prefix: prefix, ID: "ctl"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func followingAll(t *testing.T, pods []*configPod) {
+	t.Helper()
+	eventually(t, "every pod following", func() bool {
+		for _, p := range pods {
+			if !p.fl.Stats().Connected {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// runWithin waits until every pod runs the version want says it should,
+// and fails after within (counted from since); it returns how long the
+// slowest took.
+func runWithin(t *testing.T, pods []*configPod, want func(*configPod) string, since time.Time, within time.Duration) time.Duration {
+	t.Helper()
+	for {
+		ok := true
+		for _, p := range pods {
+			ok = ok && p.version() == want(p)
+		}
+		took := time.Since(since)
+		if ok {
+			return took
+		}
+		if took > within {
+			var got []string
+			for _, p := range pods {
+				got = append(got, p.id+"="+p.version()+" (want "+want(p)+")")
+			}
+			t.Fatalf("after %v: %s", took, strings.Join(got, ", "))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func all(v string) func(*configPod) string { return func(*configPod) string { return v } }
+
+// acked waits until ConfigStatus shows every pod's ack of seq, and returns
+// the status.
+func acked(t *testing.T, ctl *Fleet, pods []*configPod, seq int64) ConfigStatus {
+	t.Helper()
+	var st ConfigStatus
+	eventually(t, "every pod's ack of push "+strconv.FormatInt(seq, 10), func() bool {
+		var err error
+		st, err = ctl.ConfigStatus(t.Context())
+		if err != nil || len(st.Processes) != len(pods) {
+			return false
+		}
+		for _, p := range st.Processes {
+			if p.Seq != seq {
+				return false
+			}
+		}
+		return true
+	})
+	return st
+}
+
+const pushV1 = `version: v1
+default:
+  retry: {disabled: true}
+  breaker: {failureRate: 0.5, minCalls: 20, windowCalls: 40}
+`
+
+// pushV2 moves one threshold: Update keeps the breakers' windows.
+const pushV2 = `version: v2
+default:
+  retry: {disabled: true}
+  breaker: {failureRate: 0.3, minCalls: 20, windowCalls: 40}
+`
+
+const pushV3 = `version: v3
+default:
+  retry: {disabled: true}
+  breaker: {failureRate: 0.3, minCalls: 10, windowCalls: 40}
+`
+
+// TestConfigPush: a push reaches every process within a second, each
+// records in Redis what it runs, and a breaker's window survives a change
+// of threshold; a canary reaches the processes InCanary names and no
+// other; promotion and rollback move the fleet as documented.
+func TestConfigPush(t *testing.T) {
+	s := startRedis(t)
+	const prefix = "c1:"
+	ids := []string{"pod-a", "pod-b", "pod-c", "pod-d"}
+	var pods []*configPod
+	in := map[string]bool{}
+	for _, id := range ids {
+		pods = append(pods, followingPod(t, s, prefix, id, config.Registry{}))
+		in[id] = InCanary(id, 0.5)
+	}
+	if n := len(slicesFilter(ids, func(id string) bool { return in[id] })); n == 0 || n == len(ids) {
+		t.Fatalf("the pods' IDs put %d of %d in a canary of 50%%: pick IDs that split", n, len(ids))
+	}
+	followingAll(t, pods)
+	ctl := controller(t, s, prefix)
+	ctx := t.Context()
+
+	start := time.Now()
+	r, err := ctl.PushConfig(ctx, []byte(pushV1), PushOptions{})
+	if err != nil || r.Version != "v1" || r.Canary {
+		t.Fatalf("push v1: %+v, %v", r, err)
+	}
+	t.Logf("v1 ran on %d pods %v after the push began", len(pods), runWithin(t, pods, all("v1"), start, time.Second))
+	st := acked(t, ctl, pods, r.Seq)
+	for _, p := range st.Processes {
+		if p.Running != "v1" || p.Refused != "" || p.Error != "" || p.Canary {
+			t.Fatalf("ack %+v, want v1 running", p)
+		}
+	}
+
+	// Two failures in each pod's window, eight in the fleet's, below
+	// MinCalls; v2 changes only FailureRate, so Update keeps the windows.
+	sick := newUpstream(t, 500, nil)
+	for _, p := range pods {
+		for range 2 {
+			if code, err := get(t, p.tr, sick.URL); err != nil || code != 500 {
+				t.Fatalf("%d, %v", code, err)
+			}
+		}
+	}
+	start = time.Now()
+	r, err = ctl.PushConfig(ctx, []byte(pushV2), PushOptions{})
+	if err != nil || r.Previous != "v1" {
+		t.Fatalf("push v2: %+v, %v", r, err)
+	}
+	t.Logf("v2 ran on %d pods %v after the push began", len(pods), runWithin(t, pods, all("v2"), start, time.Second))
+	for _, p := range pods {
+		if h := p.tr.Snapshot().Host(sick.host()); len(h) != 1 || h[0].Breaker.Failures != 2 {
+			t.Fatalf("%s after v2: %+v, want the breaker's window of 2 failures kept", p.id, h)
+		}
+	}
+
+	// The same bytes pushed again keep v1 to roll back to, and are not
+	// applied again.
+	if r, err = ctl.PushConfig(ctx, []byte(pushV2), PushOptions{}); err != nil || r.Previous != "v1" {
+		t.Fatalf("push v2 again: %+v, %v; want v1 kept as the previous", r, err)
+	}
+	acked(t, ctl, pods, r.Seq)
+	for _, p := range pods {
+		if n := p.fl.Stats().Applied; n != 2 {
+			t.Fatalf("%s applied %d versions after v1, v2, v2 again; want 2", p.id, n)
+		}
+	}
+
+	// A canary of 50 %: the pods InCanary names run v3, the others v2.
+	start = time.Now()
+	r, err = ctl.PushConfig(ctx, []byte(pushV3), PushOptions{Canary: 0.5})
+	if err != nil || !r.Canary || r.Version != "v3" {
+		t.Fatalf("canary v3: %+v, %v", r, err)
+	}
+	canary := func(p *configPod) string {
+		if in[p.id] {
+			return "v3"
+		}
+		return "v2"
+	}
+	runWithin(t, pods, canary, start, time.Second)
+	st = acked(t, ctl, pods, r.Seq)
+	if st.Stable != "v2" || st.Canary != "v3" || st.Share != 0.5 || st.Previous != "v1" {
+		t.Fatalf("status during the canary: %+v", st)
+	}
+	for _, p := range st.Processes {
+		if p.Canary != in[p.ID] || p.Running != map[bool]string{true: "v3", false: "v2"}[in[p.ID]] {
+			t.Fatalf("ack during the canary: %+v", p)
+		}
+	}
+	// Rolling back a canary returns its pods to the stable version.
+	start = time.Now()
+	if r, err = ctl.RollbackConfig(ctx); err != nil || r.Version != "v2" {
+		t.Fatalf("rollback of the canary: %+v, %v", r, err)
+	}
+	runWithin(t, pods, all("v2"), start, time.Second)
+
+	// A canary promoted reaches every pod; a rollback then returns all to
+	// the version before it, once.
+	if _, err = ctl.PushConfig(ctx, []byte(pushV3), PushOptions{Canary: 0.5}); err != nil {
+		t.Fatal(err)
+	}
+	runWithin(t, pods, canary, time.Now(), 10*time.Second)
+	start = time.Now()
+	if r, err = ctl.PromoteConfig(ctx); err != nil || r.Version != "v3" || r.Previous != "v2" {
+		t.Fatalf("promote: %+v, %v", r, err)
+	}
+	runWithin(t, pods, all("v3"), start, time.Second)
+	if _, err := ctl.PromoteConfig(ctx); !errors.Is(err, ErrNoConfig) {
+		t.Fatalf("promote with no canary: %v, want ErrNoConfig", err)
+	}
+	start = time.Now()
+	if r, err = ctl.RollbackConfig(ctx); err != nil || r.Version != "v2" || r.Previous != "" {
+		t.Fatalf("rollback: %+v, %v", r, err)
+	}
+	runWithin(t, pods, all("v2"), start, time.Second)
+	if _, err := ctl.RollbackConfig(ctx); !errors.Is(err, ErrNoConfig) {
+		t.Fatalf("second rollback: %v, want ErrNoConfig", err)
+	}
+	// A process that starts runs the latest version.
+	start = time.Now()
+	late := followingPod(t, s, prefix, "pod-e", config.Registry{})
+	t.Logf("a pod started after the pushes ran v2 %v after it was made", runWithin(t, []*configPod{late}, all("v2"), start, time.Second))
+	for _, p := range pods {
+		if st := p.fl.Stats(); st.Refused != 0 || st.Ignored != 0 || st.Applied < 4 {
+			t.Fatalf("%s: %+v", p.id, st)
+		}
+	}
+}
+
+func slicesFilter(s []string, keep func(string) bool) []string {
+	var out []string
+	for _, v := range s {
+		if keep(v) {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// TestConfigPushRefused: a push every process refuses (a bad value pushed
+// unchecked, a function the processes' registry lacks) leaves each running
+// its version, and the status shows each refusal with its error; a store
+// that does not decode (too large, of another type) is ignored and
+// counted, and the next good push applies.
+func TestConfigPushRefused(t *testing.T) {
+	s := startRedis(t)
+	const prefix = "c2:"
+	var pods []*configPod
+	for i := range 4 {
+		pods = append(pods, followingPod(t, s, prefix, "pod-"+strconv.Itoa(i), config.Registry{}))
+	}
+	followingAll(t, pods)
+	ctl := controller(t, s, prefix)
+	ctx := t.Context()
+	r, err := ctl.PushConfig(ctx, []byte(pushV1), PushOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWithin(t, pods, all("v1"), time.Now(), 10*time.Second)
+
+	bad := "version: bad-1\ndefault:\n  breaker: {failureRate: 2}\n"
+	if _, err := ctl.PushConfig(ctx, []byte(bad), PushOptions{}); err == nil || !strings.Contains(err.Error(), "breaker.failureRate") {
+		t.Fatalf("checked push of a bad value: %v, want it refused before Redis", err)
+	}
+	start := time.Now()
+	if r, err = ctl.PushConfig(ctx, []byte(bad), PushOptions{Unchecked: true}); err != nil {
+		t.Fatal(err)
+	}
+	refusals := func(seq int64, version, msg string) time.Duration {
+		t.Helper()
+		for {
+			st, err := ctl.ConfigStatus(ctx)
+			n := 0
+			for _, p := range st.Processes {
+				if p.Seq == seq && p.Refused == version && strings.Contains(p.Error, msg) && p.Running == "v1" {
+					n++
+				}
+			}
+			if err == nil && n == len(pods) {
+				return time.Since(start)
+			}
+			if time.Since(start) > time.Second {
+				t.Fatalf("after %v, %d of %d refusals of %s shown: %+v, %v", time.Since(start), n, len(pods), version, st, err)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	t.Logf("%d refusals of a bad value shown %v after the push began", len(pods), refusals(r.Seq, "bad-1", "breaker.failureRate"))
+	for _, p := range pods {
+		c := p.tr.Snapshot().Config
+		if c.Version != "v1" || c.Rejected == nil || c.Rejected.Version != "bad-1" || !strings.Contains(c.Rejected.Error, "failureRate") {
+			t.Fatalf("%s: %+v, want v1 running and bad-1 rejected", p.id, c)
+		}
+	}
+
+	// Valid for the pusher, whose registry has the fallback; not for the
+	// processes: a binary older than the file.
+	named := "version: named-1\ndefault:\n  fallback: {func: last-rate}\n"
+	reg := config.Registry{Fallbacks: map[string]func(*http.Request, error) (*http.Response, error){
+		"last-rate": func(*http.Request, error) (*http.Response, error) { return nil, errors.New("none") },
+	}}
+	start = time.Now()
+	if r, err = ctl.PushConfig(ctx, []byte(named), PushOptions{Registry: reg}); err != nil {
+		t.Fatal(err)
+	}
+	refusals(r.Seq, "named-1", `unknown name "last-rate"`)
+
+	// A store that does not decode: ignored, counted, shown; v1 stays.
+	c := s.client(t)
+	key := prefix + "config"
+	for i, corrupt := range []func() error{
+		func() error {
+			return c.HSet(ctx, key, "stable.data", strings.Repeat("#", config.MaxBytes+1), "seq", "50").Err()
+		},
+		func() error { return c.HSet(ctx, key, "stable.data", "x", "stable.version", "", "seq", "99").Err() },
+		func() error {
+			return c.HSet(ctx, key, "stable.version", "v9", "canary.share", "20000", "seq", "100").Err()
+		},
+		func() error { c.Del(ctx, key); return c.Set(ctx, key, "garbage", 0).Err() },
+	} {
+		before := pods[0].fl.Stats().Ignored
+		if err := corrupt(); err != nil {
+			t.Fatal(err)
+		}
+		c.Publish(ctx, prefix+"config:push", "1")
+		eventually(t, "the corrupt store to be counted", func() bool { return pods[0].fl.Stats().Ignored > before })
+		for _, p := range pods {
+			if v := p.version(); v != "v1" {
+				t.Fatalf("corrupt store %d: %s runs %q, want v1", i, p.id, v)
+			}
+		}
+	}
+	eventually(t, "the corrupt store shown in the acks", func() bool {
+		st, _ := ctl.ConfigStatus(ctx)
+		n := 0
+		for _, p := range st.Processes {
+			if strings.HasPrefix(p.Error, "store: ") {
+				n++
+			}
+		}
+		return n == len(pods)
+	})
+	// Garbage among the acks is counted, not shown, as is the store.
+	c.HSet(ctx, prefix+"config:{acks}", "ghost", "{not json", strings.Repeat("x", 100), "{}")
+	if st, err := ctl.ConfigStatus(ctx); err != nil || st.Ignored != 3 || len(st.Processes) != len(pods) {
+		t.Fatalf("status with garbage: %+v, %v; want the store and 2 acks ignored, the pods' acks shown", st, err)
+	}
+	c.Del(ctx, key)
+
+	// The next push replaces the garbage and applies.
+	start = time.Now()
+	if r, err = ctl.PushConfig(ctx, []byte(pushV2), PushOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	runWithin(t, pods, all("v2"), start, time.Second)
+	st := acked(t, ctl, pods, r.Seq)
+	if st.Ignored != 2 {
+		t.Fatalf("status: %d ignored, want the 2 garbage acks", st.Ignored)
+	}
+	for _, p := range st.Processes {
+		if p.Error != "" || p.Refused != "" || p.Running != "v2" {
+			t.Fatalf("ack after a good push: %+v", p)
+		}
+	}
+	for _, p := range pods {
+		if st := p.fl.Stats(); st.Refused != 2 || st.Ignored < 4 {
+			t.Fatalf("%s: %+v, want 2 refused and the 4 corrupt stores ignored", p.id, st)
+		}
+	}
+}
+
+// TestConfigPushRedisDown: Redis killed while a push is under way (the
+// pusher retrying); no request fails meanwhile; once Redis is back the
+// push lands and every process runs it within a second of the restart.
+func TestConfigPushRedisDown(t *testing.T) {
+	s := startRedis(t)
+	const prefix = "c3:"
+	var pods []*configPod
+	for i := range 3 {
+		pods = append(pods, followingPod(t, s, prefix, "pod-"+strconv.Itoa(i), config.Registry{}))
+	}
+	followingAll(t, pods)
+	ctl := controller(t, s, prefix)
+	if _, err := ctl.PushConfig(t.Context(), []byte(pushV1), PushOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	runWithin(t, pods, all("v1"), time.Now(), 10*time.Second)
+
+	// Steady traffic through every pod, each request counted.
+	ok := newUpstream(t, 200, nil)
+	var sent, failed atomic.Int64
+	var lastErr atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, p := range pods {
+		wg.Go(func() {
+			for range 5000 { // bounded: about 25 s at most
+				select {
+				case <-stop:
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+				sent.Add(1)
+				if code, err := get(t, p.tr, ok.URL); err != nil || code != 200 {
+					failed.Add(1)
+					lastErr.Store(strconv.Itoa(code) + " " + errString(err))
+				}
+			}
+		})
+	}
+	stopTraffic := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	defer stopTraffic()
+
+	s.kill()
+	eventually(t, "the pods to see Redis gone", func() bool {
+		for _, p := range pods {
+			if p.fl.Stats().Connected {
+				return false
+			}
+		}
+		return true
+	})
+	pushed := make(chan error, 1)
+	go func() {
+		var err error
+		for range 200 { // bounded: 10 s
+			if _, err = ctl.PushConfig(context.Background(), []byte(pushV2), PushOptions{}); err == nil {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		pushed <- err
+	}()
+	time.Sleep(2 * time.Second) // the outage, real: Redis is a process
+	back := time.Now()          // before the restart: the figure includes Redis's start
+	s.start()
+	took := runWithin(t, pods, all("v2"), back, time.Second)
+	t.Logf("every pod ran v2 %v after redis-server was restarted", took)
+	if err := <-pushed; err != nil {
+		t.Fatalf("push: %v", err)
+	}
+	stopTraffic()
+	if n, f := sent.Load(), failed.Load(); n < 100 || f != 0 {
+		t.Fatalf("%d requests, %d failed (%v); want many, none failed", n, f, lastErr.Load())
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "<nil>"
+	}
+	return err.Error()
+}
+
+// TestInCanary: the selection is deterministic, monotonic in the share,
+// and about proportional over many IDs.
+func TestInCanary(t *testing.T) {
+	n10, n50 := 0, 0
+	for i := range 10000 {
+		id := "pod-" + strconv.Itoa(i)
+		a, b := InCanary(id, 0.1), InCanary(id, 0.5)
+		if a && !b {
+			t.Fatalf("%s in the 10%% canary but not the 50%% one", id)
+		}
+		if a != InCanary(id, 0.1) {
+			t.Fatalf("%s: not deterministic", id)
+		}
+		if a {
+			n10++
+		}
+		if b {
+			n50++
+		}
+	}
+	if n10 < 900 || n10 > 1100 || n50 < 4800 || n50 > 5200 {
+		t.Fatalf("of 10000 IDs, %d in 10%% and %d in 50%%", n10, n50)
+	}
+	if InCanary("x", 0) || !InCanary("x", 1) || !InCanary("x", 2) {
+		t.Fatal("share 0 must take none, 1 and more all")
+	}
+}
+
+// TestParseStore: what a process accepts of the store.
+func TestParseStore(t *testing.T) {
+	for _, tc := range []struct {
+		res []string
+		ok  bool
+	}{
+		{[]string{}, true},
+		{[]string{"e:3"}, false}, // unmoved, but known is "e:2"
+		{[]string{"e:2"}, true},
+		{[]string{"e:3", "v1", "data", "", "", ""}, true},
+		{[]string{"e:3", "v1", "data", "v2", "d2", "2500"}, true},
+		{[]string{"e:3", "", "", "v2", "d2", "2500"}, true},
+		{[]string{":3", "v1", "data", "", "", ""}, false},
+		{[]string{"e:x", "v1", "data", "", "", ""}, false},
+		{[]string{"e:3", "v1", "", "", "", ""}, false},
+		{[]string{"e:3", "", "data", "", "", ""}, false},
+		{[]string{"e:3", "v\n1", "data", "", "", ""}, false},
+		{[]string{"e:3", "v1", "data", "v2", "d2", "10000"}, false},
+		{[]string{"e:3", "v1", "data", "v2", "d2", "0"}, false},
+		{[]string{"e:3", "v1", "data", "v2", "", "2500"}, false},
+		{[]string{"e:3", "v1", "data", "", "", "2500"}, false},
+		{[]string{"e:3", "v1", "data", "", ""}, false},
+	} {
+		_, err := parseStore(tc.res, "e:2")
+		if (err == nil) != tc.ok {
+			t.Errorf("parseStore(%q) = %v, want ok %v", tc.res, err, tc.ok)
+		}
+	}
+}
+
+// TestCanaryInShadow: the rollout the README describes. A canary pushes a
+// stricter threshold in shadow mode: the canary's breaker trips on a host
+// failing a third of its calls and reports the refusals it would make
+// (WouldReject) while sending every request, and its trip is not the
+// fleet's: the enforcing pod, on the old threshold, keeps calling. Pushed
+// again without shadow, the canary enforces it.
+func TestCanaryInShadow(t *testing.T) {
+	s := startRedis(t)
+	const prefix = "c4:"
+	var canaryPod, stablePod *configPod
+	for i := 0; canaryPod == nil || stablePod == nil; i++ {
+		if i > 100 {
+			t.Fatal("no ID in and none out of a 50% canary among 100")
+		}
+		id := "pod-" + strconv.Itoa(i)
+		switch in := InCanary(id, 0.5); {
+		case in && canaryPod == nil:
+			canaryPod = followingPod(t, s, prefix, id, config.Registry{})
+		case !in && stablePod == nil:
+			stablePod = followingPod(t, s, prefix, id, config.Registry{})
+		}
+	}
+	pods := []*configPod{canaryPod, stablePod}
+	followingAll(t, pods)
+	ctl := controller(t, s, prefix)
+	ctx := t.Context()
+	loose := "version: loose\ndefault:\n  retry: {disabled: true}\n  breaker: {failureRate: 0.9, minCalls: 6, windowCalls: 12}\n"
+	if _, err := ctl.PushConfig(ctx, []byte(loose), PushOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	runWithin(t, pods, all("loose"), time.Now(), 10*time.Second)
+	strict := "version: strict-shadow\ndefault:\n  retry: {disabled: true}\n  breaker: {failureRate: 0.3, minCalls: 6, windowCalls: 12, shadow: true}\n"
+	if _, err := ctl.PushConfig(ctx, []byte(strict), PushOptions{Canary: 0.5}); err != nil {
+		t.Fatal(err)
+	}
+	runWithin(t, pods, func(p *configPod) string {
+		return map[bool]string{true: "strict-shadow", false: "loose"}[p == canaryPod]
+	}, time.Now(), 10*time.Second)
+
+	// A host failing one call in three: over 0.3, under 0.9.
+	var n atomic.Int64
+	up := &upstream{Server: httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if n.Add(1)%3 == 0 {
+			w.WriteHeader(500)
+		}
+	}))}
+	t.Cleanup(up.Close)
+	for range 12 {
+		if _, err := get(t, canaryPod.tr, up.URL); err != nil {
+			t.Fatalf("canary in shadow refused: %v", err)
+		}
+	}
+	br := canaryPod.tr.Snapshot().Host(up.host())[0].Breaker
+	if br.State != bulwark.CircuitOpen || !br.Shadow || br.WouldReject == 0 {
+		t.Fatalf("canary's breaker %+v, want open in shadow, with refusals it would have made", br)
+	}
+	time.Sleep(200 * time.Millisecond) // what a published trip takes to arrive, many times over
+	for range 3 {
+		if _, err := get(t, stablePod.tr, up.URL); err != nil {
+			t.Fatalf("the enforcing pod adopted the shadow canary's trip: %v", err)
+		}
+	}
+
+	// Enforced on the canary: pushed again without shadow.
+	strict = strings.Replace(strings.Replace(strict, ", shadow: true", "", 1), "strict-shadow", "strict", 1)
+	if _, err := ctl.PushConfig(ctx, []byte(strict), PushOptions{Canary: 0.5}); err != nil {
+		t.Fatal(err)
+	}
+	runWithin(t, pods, func(p *configPod) string {
+		return map[bool]string{true: "strict", false: "loose"}[p == canaryPod]
+	}, time.Now(), 10*time.Second)
+	if _, err := get(t, canaryPod.tr, up.URL); !errors.Is(err, bulwark.ErrBreakerOpen) {
+		t.Fatalf("canary enforcing: %v, want its open breaker to refuse", err)
+	}
+}
+
+// TestConfigPushCluster: on a Redis Cluster the store is one key and the
+// acks two keys of one slot (a hash tag), so each script runs where its
+// keys live; a push, a canary and the status work as on one node.
+func TestConfigPushCluster(t *testing.T) {
+	nodes := startCluster(t, 5*time.Second)
+	const prefix = "c5:"
+	var pods []*configPod
+	in := map[string]bool{}
+	for _, id := range []string{"pod-a", "pod-b", "pod-c", "pod-d"} {
+		f, err := New(clusterClient(t, nodes), Options{Prefix: prefix, ID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := newTransport(t, bulwark.Config{Fleet: f})
+		fl := f.ConfigFollower(tr, FollowOptions{Logger: slog.New(slog.DiscardHandler), Resync: time.Minute})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = fl.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		pods = append(pods, &configPod{id: id, tr: tr, fl: fl})
+		in[id] = InCanary(id, 0.5)
+	}
+	followingAll(t, pods)
+	ctl, err := New(clusterClient(t, nodes), Options{Prefix: prefix, ID: "ctl"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := ctl.PushConfig(t.Context(), []byte(pushV1), PushOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	runWithin(t, pods, all("v1"), start, time.Second)
+	start = time.Now()
+	r, err := ctl.PushConfig(t.Context(), []byte(pushV2), PushOptions{Canary: 0.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWithin(t, pods, func(p *configPod) string { return map[bool]string{true: "v2", false: "v1"}[in[p.id]] }, start, time.Second)
+	st := acked(t, ctl, pods, r.Seq)
+	if st.Stable != "v1" || st.Canary != "v2" || st.Ignored != 0 {
+		t.Fatalf("status on a Cluster: %+v", st)
+	}
+}
