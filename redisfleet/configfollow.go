@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -62,7 +63,7 @@ type FollowerStats struct {
 	Connected bool   // subscribed, and the store read since
 	Applied   uint64 // versions applied
 	Refused   uint64 // versions refused: they did not parse or validate
-	Ignored   uint64 // reads of a store that did not decode (a hostile or corrupt value)
+	Ignored   uint64 // reads of a store that did not decode, and messages that were not a push's (hostile or corrupt values)
 }
 
 // ConfigFollower returns a follower of the fleet's configuration for tr:
@@ -180,8 +181,20 @@ func (c *ConfigFollower) session(ctx context.Context) (connected bool, err error
 			}
 		}
 		// A message's payload is only a hint that the store changed: what
-		// is applied is what the store holds, read again.
-		if _, ok := msg.(*redis.Message); ok || time.Until(next) <= 0 {
+		// is applied is what the store holds, read again. A payload that
+		// is not a state (epoch:seq) is not a push's (ignored, counted,
+		// and no read: a flood of garbage costs Redis nothing more), and
+		// one naming the state already read needs no read.
+		hint := false
+		if m, ok := msg.(*redis.Message); ok {
+			switch {
+			case !isState(m.Payload):
+				c.ignored.Add(1)
+			case m.Payload != c.known:
+				hint = true
+			}
+		}
+		if hint || time.Until(next) <= 0 {
 			next = time.Now().Add(c.o.Resync)
 			if err := c.sync(ctx); err != nil {
 				return true, err
@@ -270,4 +283,15 @@ func (c *ConfigFollower) record(ctx context.Context, seq int64, canary, force bo
 	}
 	c.ackAt = now
 	return nil
+}
+
+// isState reports whether s is a store's state as a push publishes it:
+// epoch (hex, as newEpoch makes it), ':', seq.
+func isState(s string) bool {
+	epoch, seq, ok := strings.Cut(s, ":")
+	if !ok || epoch == "" || len(epoch) > 32 || strings.Trim(epoch, "0123456789abcdef") != "" {
+		return false
+	}
+	_, err := smallUint(seq, 15)
+	return err == nil
 }

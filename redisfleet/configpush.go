@@ -31,7 +31,7 @@ import (
 //	canary.share                   the canary's share, in basis points (1-9999)
 //	previous.version, previous.data  the stable configuration a rollback returns to
 //
-// Each change publishes its seq on Prefix+"config:push"; a process that
+// Each change publishes epoch:seq on Prefix+"config:push"; a process that
 // hears it (or notices seq moved when it reads again, see
 // FollowOptions.Resync) reads the hash again. The epoch tells apart two
 // states with one seq: a Redis that restarted empty counts from 1 again.
@@ -248,7 +248,7 @@ local seq = (tonumber(get('seq')) or 0)
 if seq ~= seq or seq < 0 or seq >= 1e15 then seq = 0 end
 seq = math.floor(seq) + 1
 redis.call('HSET', k, 'seq', tostring(seq))
-redis.call('PUBLISH', ARGV[5], tostring(seq))
+redis.call('PUBLISH', ARGV[5], (get('epoch') or '') .. ':' .. tostring(seq))
 return {seq, version, canary, get('previous.version') or ''}
 `)
 

@@ -371,7 +371,8 @@ func TestConfigPushRefused(t *testing.T) {
 		if err := corrupt(); err != nil {
 			t.Fatal(err)
 		}
-		c.Publish(ctx, prefix+"config:push", "1")
+		// A hint that names no state read yet: the pods read the store.
+		c.Publish(ctx, prefix+"config:push", "ffff:"+strconv.Itoa(1000+i))
 		eventually(t, "the corrupt store to be counted", func() bool { return pods[0].fl.Stats().Ignored > before })
 		for _, p := range pods {
 			if v := p.version(); v != "v1" {
@@ -389,6 +390,12 @@ func TestConfigPushRefused(t *testing.T) {
 		}
 		return n == len(pods)
 	})
+	// Garbage on the channel is counted and read nothing.
+	before := pods[0].fl.Stats().Ignored
+	for _, msg := range []string{"", "garbage", "1", "ffff:-1", "XY:1", strings.Repeat("9", 40)} {
+		c.Publish(ctx, prefix+"config:push", msg)
+	}
+	eventually(t, "the garbage messages to be counted", func() bool { return pods[0].fl.Stats().Ignored == before+6 })
 	// Garbage among the acks is counted, not shown, as is the store.
 	c.HSet(ctx, prefix+"config:{acks}", "ghost", "{not json", strings.Repeat("x", 100), "{}")
 	if st, err := ctl.ConfigStatus(ctx); err != nil || st.Ignored != 3 || len(st.Processes) != len(pods) {
@@ -412,8 +419,8 @@ func TestConfigPushRefused(t *testing.T) {
 		}
 	}
 	for _, p := range pods {
-		if st := p.fl.Stats(); st.Refused != 2 || st.Ignored < 4 {
-			t.Fatalf("%s: %+v, want 2 refused and the 4 corrupt stores ignored", p.id, st)
+		if st := p.fl.Stats(); st.Refused != 2 || st.Ignored < 10 {
+			t.Fatalf("%s: %+v, want 2 refused, the 4 corrupt stores and 6 garbage messages ignored", p.id, st)
 		}
 	}
 }
