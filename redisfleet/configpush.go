@@ -198,7 +198,8 @@ func checkVersion(v string) error {
 // changeScript is one change of the store, atomically: ARGV[1] is the mode
 // (full, canary, promote, rollback), ARGV[2] and ARGV[3] the version and
 // bytes, ARGV[4] the canary share, ARGV[5] the channel, ARGV[6] an epoch
-// for a store that has none. A key of another type is replaced. It returns
+// for a store that has none (or one it did not make). A key of another
+// type is replaced. It returns
 // {seq, version, canary (0/1), previous version}, or an error reply
 // "NOCONFIG" when a promotion or rollback has nothing to act on.
 var changeScript = redis.NewScript(`
@@ -243,7 +244,11 @@ elseif mode == 'rollback' then
 else
 	return redis.error_reply('unknown mode')
 end
-redis.call('HSETNX', k, 'epoch', ARGV[6])
+local e = get('epoch')
+if not e or #e > 32 or not string.match(e, '^[0-9a-f]+$') then
+	-- None yet, or not one of ours: a hint naming it would be ignored.
+	redis.call('HSET', k, 'epoch', ARGV[6])
+end
 local seq = (tonumber(get('seq')) or 0)
 if seq ~= seq or seq < 0 or seq >= 1e15 then seq = 0 end
 seq = math.floor(seq) + 1

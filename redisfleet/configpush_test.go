@@ -402,8 +402,10 @@ func TestConfigPushRefused(t *testing.T) {
 		t.Fatalf("status with garbage: %+v, %v; want the store and 2 acks ignored, the pods' acks shown", st, err)
 	}
 	c.Del(ctx, key)
+	c.HSet(ctx, key, "epoch", "not:hex")
 
-	// The next push replaces the garbage and applies.
+	// The next push replaces the garbage (and an epoch that is not one of
+	// a push's, which would make its hint ignored) and applies.
 	start = time.Now()
 	if r, err = ctl.PushConfig(ctx, []byte(pushV2), PushOptions{}); err != nil {
 		t.Fatal(err)
