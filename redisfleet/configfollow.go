@@ -67,7 +67,9 @@ type FollowerStats struct {
 }
 
 // ConfigFollower returns a follower of the fleet's configuration for tr:
-// run it with Run. The process is named in the store by Options.ID.
+// run it with Run. The process is named in the store by Options.ID, and
+// its ack is that ID's: run one follower per ID, or their acks overwrite
+// each other's.
 func (f *Fleet) ConfigFollower(tr *bulwark.Transport, o FollowOptions) *ConfigFollower {
 	if o.Resync <= 0 {
 		o.Resync = 5 * time.Second
