@@ -93,6 +93,11 @@ func (c *ConfigFollower) Stats() FollowerStats {
 const (
 	followMinWait = 50 * time.Millisecond
 	followMaxWait = 400 * time.Millisecond
+	// readRetry and readTries: the first read of the store after
+	// subscribing is tried again every readRetry, readTries times (past
+	// go-redis's prober's second).
+	readRetry = 25 * time.Millisecond
+	readTries = 60
 )
 
 // Run subscribes to the fleet's configuration channel and applies, at once
@@ -163,8 +168,27 @@ func (c *ConfigFollower) session(ctx context.Context) (connected bool, err error
 		return false, err
 	}
 	c.known = "" // Redis may have restarted: read the store whole
-	if err := c.sync(ctx); err != nil {
-		return false, err
+	// The subscription's connection is dialled on its own, the read goes
+	// through the client's pool; after an outage go-redis's pool, once
+	// every dial failed, fails at once until a prober it runs once a
+	// second dials again. Redis answers (the subscription says so), so the
+	// read is tried again soon, while the subscription is held, rather
+	// than at the next reconnection.
+	for i := 0; ; i++ {
+		err := c.sync(ctx)
+		if err == nil {
+			break
+		}
+		if i >= readTries || ctx.Err() != nil {
+			return false, err
+		}
+		t := time.NewTimer(readRetry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false, ctx.Err()
+		case <-t.C:
+		}
 	}
 	if !c.connected.Swap(true) {
 		c.log.Info("bulwark config: following the fleet's configuration", "store", c.f.configKey(), "version", c.ack.Running)

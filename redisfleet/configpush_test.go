@@ -127,9 +127,14 @@ func acked(t *testing.T, ctl *Fleet, pods []*configPod, seq int64) ConfigStatus 
 	return st
 }
 
+// The pushed versions set Timeout.Attempt: a learned one may be as short
+// as 50 ms, which a request to a local upstream outlasts when the race
+// detector and a restarting redis-server stall a loaded machine, and the
+// outage test counts every failed request.
 const pushV1 = `version: v1
 default:
   retry: {disabled: true}
+  timeout: {attempt: 2s}
   breaker: {failureRate: 0.5, minCalls: 20, windowCalls: 40}
 `
 
@@ -137,12 +142,14 @@ default:
 const pushV2 = `version: v2
 default:
   retry: {disabled: true}
+  timeout: {attempt: 2s}
   breaker: {failureRate: 0.3, minCalls: 20, windowCalls: 40}
 `
 
 const pushV3 = `version: v3
 default:
   retry: {disabled: true}
+  timeout: {attempt: 2s}
   breaker: {failureRate: 0.3, minCalls: 10, windowCalls: 40}
 `
 
@@ -365,7 +372,9 @@ func TestConfigPushRefused(t *testing.T) {
 		func() error {
 			return c.HSet(ctx, key, "stable.version", "v9", "canary.share", "20000", "seq", "100").Err()
 		},
-		func() error { c.Del(ctx, key); return c.Set(ctx, key, "garbage", 0).Err() },
+		// SET replaces the hash in one command: every state a pod may read
+		// between the cases is corrupt, so each hint is counted once.
+		func() error { return c.Set(ctx, key, "garbage", 0).Err() },
 	} {
 		before := pods[0].fl.Stats().Ignored
 		if err := corrupt(); err != nil {
@@ -478,11 +487,18 @@ func TestConfigPushRedisDown(t *testing.T) {
 		}
 		return true
 	})
+	// The push is retried as an operator runs bulwarkctl again: each try
+	// a new client, so go-redis's pool of a client whose dials all failed
+	// (it dials again only once a second) does not delay the push.
 	pushed := make(chan error, 1)
 	go func() {
 		var err error
 		for range 200 { // bounded: 10 s
-			if _, err = ctl.PushConfig(context.Background(), []byte(pushV2), PushOptions{}); err == nil {
+			c := s.client(t)
+			pusher, _ := New(c, Options{Prefix: prefix, ID: "ctl"})
+			_, err = pusher.PushConfig(context.Background(), []byte(pushV2), PushOptions{})
+			_ = c.Close()
+			if err == nil {
 				break
 			}
 			time.Sleep(50 * time.Millisecond)
