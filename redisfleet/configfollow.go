@@ -112,7 +112,10 @@ const (
 //
 // While Redis is unreachable the Transport keeps what it runs; Run tries
 // again every few hundred milliseconds and, once connected, reads the
-// store whole and applies its latest version. A store that is empty (a
+// store whole and applies its latest version: within about a second of
+// Redis's return at worst, as go-redis's pool, once every dial failed,
+// dials again only once a second (a few hundred milliseconds in
+// TestConfigPushRedisDown and the fleet lab). A store that is empty (a
 // Redis restarted without persistence) changes nothing. Nothing here is on
 // the request path.
 //
