@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -62,11 +63,13 @@ type FollowerStats struct {
 	Connected bool   // subscribed, and the store read since
 	Applied   uint64 // versions applied
 	Refused   uint64 // versions refused: they did not parse or validate
-	Ignored   uint64 // reads of a store that did not decode (a hostile or corrupt value)
+	Ignored   uint64 // reads of a store that did not decode, and messages that were not a push's (hostile or corrupt values)
 }
 
 // ConfigFollower returns a follower of the fleet's configuration for tr:
-// run it with Run. The process is named in the store by Options.ID.
+// run it with Run. The process is named in the store by Options.ID, and
+// its ack is that ID's: run one follower per ID, or their acks overwrite
+// each other's.
 func (f *Fleet) ConfigFollower(tr *bulwark.Transport, o FollowOptions) *ConfigFollower {
 	if o.Resync <= 0 {
 		o.Resync = 5 * time.Second
@@ -90,6 +93,11 @@ func (c *ConfigFollower) Stats() FollowerStats {
 const (
 	followMinWait = 50 * time.Millisecond
 	followMaxWait = 400 * time.Millisecond
+	// readRetry and readTries: the first read of the store after
+	// subscribing is tried again every readRetry, readTries times (past
+	// go-redis's prober's second).
+	readRetry = 25 * time.Millisecond
+	readTries = 60
 )
 
 // Run subscribes to the fleet's configuration channel and applies, at once
@@ -104,7 +112,10 @@ const (
 //
 // While Redis is unreachable the Transport keeps what it runs; Run tries
 // again every few hundred milliseconds and, once connected, reads the
-// store whole and applies its latest version. A store that is empty (a
+// store whole and applies its latest version: within about a second of
+// Redis's return at worst, as go-redis's pool, once every dial failed,
+// dials again only once a second (a few hundred milliseconds in
+// TestConfigPushRedisDown and the fleet lab). A store that is empty (a
 // Redis restarted without persistence) changes nothing. Nothing here is on
 // the request path.
 //
@@ -160,8 +171,27 @@ func (c *ConfigFollower) session(ctx context.Context) (connected bool, err error
 		return false, err
 	}
 	c.known = "" // Redis may have restarted: read the store whole
-	if err := c.sync(ctx); err != nil {
-		return false, err
+	// The subscription's connection is dialled on its own, the read goes
+	// through the client's pool; after an outage go-redis's pool, once
+	// every dial failed, fails at once until a prober it runs once a
+	// second dials again. Redis answers (the subscription says so), so the
+	// read is tried again soon, while the subscription is held, rather
+	// than at the next reconnection.
+	for i := 0; ; i++ {
+		err := c.sync(ctx)
+		if err == nil {
+			break
+		}
+		if i >= readTries || ctx.Err() != nil {
+			return false, err
+		}
+		t := time.NewTimer(readRetry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false, ctx.Err()
+		case <-t.C:
+		}
 	}
 	if !c.connected.Swap(true) {
 		c.log.Info("bulwark config: following the fleet's configuration", "store", c.f.configKey(), "version", c.ack.Running)
@@ -180,8 +210,20 @@ func (c *ConfigFollower) session(ctx context.Context) (connected bool, err error
 			}
 		}
 		// A message's payload is only a hint that the store changed: what
-		// is applied is what the store holds, read again.
-		if _, ok := msg.(*redis.Message); ok || time.Until(next) <= 0 {
+		// is applied is what the store holds, read again. A payload that
+		// is not a state (epoch:seq) is not a push's (ignored, counted,
+		// and no read: a flood of garbage costs Redis nothing more), and
+		// one naming the state already read needs no read.
+		hint := false
+		if m, ok := msg.(*redis.Message); ok {
+			switch {
+			case !isState(m.Payload):
+				c.ignored.Add(1)
+			case m.Payload != c.known:
+				hint = true
+			}
+		}
+		if hint || time.Until(next) <= 0 {
 			next = time.Now().Add(c.o.Resync)
 			if err := c.sync(ctx); err != nil {
 				return true, err
@@ -270,4 +312,15 @@ func (c *ConfigFollower) record(ctx context.Context, seq int64, canary, force bo
 	}
 	c.ackAt = now
 	return nil
+}
+
+// isState reports whether s is a store's state as a push publishes it:
+// epoch (hex, as newEpoch makes it), ':', seq.
+func isState(s string) bool {
+	epoch, seq, ok := strings.Cut(s, ":")
+	if !ok || epoch == "" || len(epoch) > 32 || strings.Trim(epoch, "0123456789abcdef") != "" {
+		return false
+	}
+	_, err := smallUint(seq, 15)
+	return err == nil
 }

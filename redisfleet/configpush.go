@@ -31,7 +31,7 @@ import (
 //	canary.share                   the canary's share, in basis points (1-9999)
 //	previous.version, previous.data  the stable configuration a rollback returns to
 //
-// Each change publishes its seq on Prefix+"config:push"; a process that
+// Each change publishes epoch:seq on Prefix+"config:push"; a process that
 // hears it (or notices seq moved when it reads again, see
 // FollowOptions.Resync) reads the hash again. The epoch tells apart two
 // states with one seq: a Redis that restarted empty counts from 1 again.
@@ -198,7 +198,8 @@ func checkVersion(v string) error {
 // changeScript is one change of the store, atomically: ARGV[1] is the mode
 // (full, canary, promote, rollback), ARGV[2] and ARGV[3] the version and
 // bytes, ARGV[4] the canary share, ARGV[5] the channel, ARGV[6] an epoch
-// for a store that has none. A key of another type is replaced. It returns
+// for a store that has none (or one it did not make). A key of another
+// type is replaced. It returns
 // {seq, version, canary (0/1), previous version}, or an error reply
 // "NOCONFIG" when a promotion or rollback has nothing to act on.
 var changeScript = redis.NewScript(`
@@ -243,12 +244,16 @@ elseif mode == 'rollback' then
 else
 	return redis.error_reply('unknown mode')
 end
-redis.call('HSETNX', k, 'epoch', ARGV[6])
+local e = get('epoch')
+if not e or #e > 32 or not string.match(e, '^[0-9a-f]+$') then
+	-- None yet, or not one of ours: a hint naming it would be ignored.
+	redis.call('HSET', k, 'epoch', ARGV[6])
+end
 local seq = (tonumber(get('seq')) or 0)
 if seq ~= seq or seq < 0 or seq >= 1e15 then seq = 0 end
 seq = math.floor(seq) + 1
 redis.call('HSET', k, 'seq', tostring(seq))
-redis.call('PUBLISH', ARGV[5], tostring(seq))
+redis.call('PUBLISH', ARGV[5], (get('epoch') or '') .. ':' .. tostring(seq))
 return {seq, version, canary, get('previous.version') or ''}
 `)
 
