@@ -427,7 +427,7 @@ type callCounts struct{ n [numCallKinds]atomic.Uint64 }
 
 // The final outcomes callCounts tells apart.
 const (
-	callOther    = iota // a 4xx, the caller's own cancel or deadline, a bad request
+	callOther    = iota // a 4xx, the caller's own cancel or deadline, a body that failed to read
 	callOK              // Policy.Classify's success
 	callFailed          // its failure, other than bulwark's own timeout
 	callTimedOut        // ErrAttemptTimeout or ErrTotalTimeout
@@ -463,7 +463,9 @@ func (c *callCounts) count(j judged) {
 type CallCounts struct {
 	// Calls is every call, whatever its outcome: the others below and
 	// those that are none of them (a 4xx, the caller's own cancellation or
-	// deadline, a request that could not be written).
+	// deadline, a request body that failed to read). A request that could
+	// not be written at all (ErrInvalidRequest) is refused before it
+	// reaches a host, and is no host's call.
 	Calls uint64
 	// Succeeded is the calls whose outcome Policy.Classify called a
 	// success; an answer from the fallback is one (FallbackSnapshot.Served

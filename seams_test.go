@@ -43,6 +43,9 @@ var seamRows = []struct {
 	{"local error × breaker, budget", seamLocalErrorBreaker},
 	{"force open × route", seamForceOpenRoute},
 	{"prepare retry × hedge", seamPrepareRetryHedge},
+	{"call counts × retry, fallback, local error", seamCallCountsRetryFallback},
+	{"breaker history × Update", seamBreakerHistoryUpdate},
+	{"short attempt × retry", seamShortAttemptRetry},
 }
 
 func TestSeams(t *testing.T) {
