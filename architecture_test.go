@@ -225,8 +225,9 @@ const archMaxBothWays = 9
 // names of their features): a new one needs a reason a user would accept,
 // and this line says so in review. BreakerChange (issue 29): a breaker's
 // recent state changes and its last trip, for the on-call page;
-// LatencySnapshot (issue 29): a host's recent p50/p99/p99.9.
-const archMaxExported = 149
+// LatencySnapshot (issue 29): a host's recent p50/p99/p99.9; CallCounts
+// (issue 29): a host's calls by final outcome.
+const archMaxExported = 150
 
 // archNeverImported are the module's packages that import the root; the
 // root importing one would turn the direction around.

@@ -256,9 +256,11 @@ func classify(resp *http.Response, err error) kind {
 		return kindSuccess
 	}
 	// The order matters: bulwark's own errors wrap context.DeadlineExceeded.
-	var le *localError
+	// AsType rather than As: As's target escapes, an allocation on every
+	// refusal the router counts (callCounts), which refuses without one.
+	_, local := errors.AsType[*localError](err)
 	switch {
-	case errors.As(err, &le):
+	case local:
 		// First: a body that failed because its context ended is still
 		// the request's fault, not the host's.
 		return kindLocal

@@ -411,12 +411,95 @@ type reporter struct {
 	mu   sync.Mutex // serialises additions to opts
 	opts atomic.Pointer[[]*labelOpts]
 	bare atomic.Pointer[labelOpts] // {bulwark.upstream} alone
+
+	// calls counts the host's calls by final outcome, its routes' too
+	// (forRoute shares it); never nil.
+	calls *callCounts
+}
+
+// callCounts is a host's calls by final outcome, as CallCounts reports
+// them: one atomic add a call, on the request path whatever the
+// providers, so that the debug page has them with no metrics set up. Its
+// cost is BenchmarkCallCounts'. (Counts striped over cache lines by a
+// call's start time were no cheaper there: without a stripe per core,
+// every line still moves between the cores.)
+type callCounts struct{ n [numCallKinds]atomic.Uint64 }
+
+// The final outcomes callCounts tells apart.
+const (
+	callOther    = iota // a 4xx, the caller's own cancel or deadline, a body that failed to read
+	callOK              // Policy.Classify's success
+	callFailed          // its failure, other than bulwark's own timeout
+	callTimedOut        // ErrAttemptTimeout or ErrTotalTimeout
+	callRefused         // not sent by a layer of bulwark's
+	numCallKinds
+)
+
+// count adds a call whose final outcome was judged j. The order of the
+// cases is the labels' (judged.label): a classifier's verdict first. c
+// may be nil: nothing is counted (a reporter made bare, in a test).
+func (c *callCounts) count(j judged) {
+	if c == nil {
+		return
+	}
+	i := callOther
+	switch {
+	case j.v.Outcome == OutcomeSuccess:
+		i = callOK
+	case j.k == kindTimeout:
+		i = callTimedOut
+	case j.v.Outcome == OutcomeFailure:
+		i = callFailed
+	case !reached(j.k) && j.k != kindLocal:
+		i = callRefused
+	}
+	c.n[i].Add(1)
+}
+
+// CallCounts are a host's calls since its state was made (its routes'
+// included), by final outcome: what the caller got, after retries,
+// hedges and fallback, judged by Policy.Classify as the bulwark.requests
+// metric judges it.
+type CallCounts struct {
+	// Calls is every call, whatever its outcome: the others below and
+	// those that are none of them (a 4xx, the caller's own cancellation or
+	// deadline, a request body that failed to read). A request that could
+	// not be written at all (ErrInvalidRequest) is refused before it
+	// reaches a host, and is no host's call.
+	Calls uint64
+	// Succeeded is the calls whose outcome Policy.Classify called a
+	// success; an answer from the fallback is one (FallbackSnapshot.Served
+	// counts those).
+	Succeeded uint64
+	// Failed is the calls it called a failure (a 5xx or 429, a transport
+	// error), other than TimedOut.
+	Failed uint64
+	// TimedOut is the calls that ran past bulwark's own bound:
+	// ErrAttemptTimeout or ErrTotalTimeout.
+	TimedOut uint64
+	// Refused is the calls a layer of bulwark's did not send (breaker
+	// open, bulkhead full, pushback, throttle, retry budget, deadline too
+	// short; each layer's own count is in its piece of the Snapshot).
+	Refused uint64
+}
+
+// snapshot is the counts as CallCounts.
+func (c *callCounts) snapshot() CallCounts {
+	var n [numCallKinds]uint64
+	for i := range n {
+		n[i] = c.n[i].Load()
+	}
+	s := CallCounts{Succeeded: n[callOK], Failed: n[callFailed], TimedOut: n[callTimedOut], Refused: n[callRefused]}
+	for _, v := range n {
+		s.Calls += v
+	}
+	return s
 }
 
 // reporter makes the reporter of one host.
 func (o *observer) reporter(upstream, host, port string) *reporter {
 	p, _ := strconv.Atoi(port)
-	return &reporter{o: o, logger: o.logger, upstream: upstream, host: host, port: p}
+	return &reporter{o: o, logger: o.logger, upstream: upstream, host: host, port: p, calls: new(callCounts)}
 }
 
 // forRoute makes the reporter of one route on the host: the same, with a
@@ -424,7 +507,7 @@ func (o *observer) reporter(upstream, host, port string) *reporter {
 // configuration's, so the attribute's values are as few as Config.Routes
 // has keys, where a path (an ID in it) would be unbounded.
 func (hs *reporter) forRoute(pattern string) *reporter {
-	return &reporter{o: hs.o, logger: hs.logger, upstream: hs.upstream, host: hs.host, port: hs.port, route: pattern}
+	return &reporter{o: hs.o, logger: hs.logger, upstream: hs.upstream, host: hs.host, port: hs.port, route: pattern, calls: hs.calls}
 }
 
 // labels returns the options for {bulwark.upstream, key=val} (and

@@ -3,7 +3,9 @@ package bulwark
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
+	neturl "net/url"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -301,6 +303,140 @@ func TestAttemptBelowMinSendTime(t *testing.T) {
 		}
 		if n := base.calls(); n != 2 {
 			t.Errorf("the host got %d requests, want 2", n)
+		}
+	})
+}
+
+// TestCallCounts: a host counts its calls by final outcome, its routes'
+// included, whatever the providers (none here), as the bulwark.requests
+// metric labels them: ok (a fallback's answer too), failed, timed out by
+// bulwark, refused by a layer, and the rest only in Calls.
+func TestCallCounts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
+			switch req.URL.Path {
+			case "/fail":
+				return response(req, 503), nil
+			case "/bad":
+				return response(req, 404), nil
+			case "/hang":
+				<-req.Context().Done()
+				return nil, req.Context().Err()
+			}
+			return response(req, 200), nil
+		}}
+		p := only(Policy{Timeout: Timeout{Attempt: 100 * time.Millisecond}, Breaker: Breaker{MinCalls: 3, OpenFor: time.Hour}}, "timeout", "breaker")
+		routed := p
+		routed.Fallback.Constant = &ConstantResponse{Body: []byte("0")}
+		routed.Bulkhead, routed.Retry.NoPushback = Bulkhead{}, false // the host's to set
+		tr := mustNew(t, Config{Base: base, Default: p, Routes: map[string]Policy{"a.test/fb/": routed}})
+		get := func(path string) {
+			t.Helper()
+			if resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://a.test"+path, noBody, "")); err == nil {
+				resp.Body.Close()
+			}
+		}
+		for _, path := range []string{"/ok", "/ok", "/bad", "/fail", "/hang", "/fb/fail"} {
+			get(path)
+		}
+		want := CallCounts{Calls: 6, Succeeded: 3, Failed: 1, TimedOut: 1}
+		if got := tr.Snapshot().Hosts[0].Calls; got != want {
+			t.Errorf("Calls = %+v, want %+v", got, want)
+		}
+		// The timeout tripped the host's breaker (2 of its 4 counted
+		// calls failed, the 404 ignored; the route has its own): the next
+		// three calls are refused.
+		get("/fail")
+		get("/ok")
+		get("/ok")
+		want = CallCounts{Calls: 9, Succeeded: 3, Failed: 1, TimedOut: 1, Refused: 3}
+		if got := tr.Snapshot().Hosts[0].Calls; got != want {
+			t.Errorf("after the breaker opened: Calls = %+v, want %+v", got, want)
+		}
+	})
+}
+
+// BenchmarkCallCounts is what counting a call's final outcome costs a
+// call, paired as bench/'s interleave pairs stacks, so that the machine's
+// drift falls on both sides: one loop alternates blocks of 64 of each
+// side, which goes first alternating too. count-ns/op is the difference
+// per call, from every goroutine at once onto one host's counts.
+//
+//   - call: a call through two Transports alike (the router alone, every
+//     layer off, where the count's share of a call is largest, on the stub
+//     base that answers from memory), the second's host made not to count
+//     (its reporter's counts nil);
+//   - add: the judgement of an outcome, the same with the count added
+//     (the router judged the outcome already when metrics are on).
+func BenchmarkCallCounts(b *testing.B) {
+	paired := func(b *testing.B, counted, bare func()) {
+		const block = 64
+		var with, without, calls atomic.Int64 // ns, ns, of each side
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			first, second := bare, counted
+			firstCounts := false
+			for more := true; more; {
+				for k, f := range [2]func(){first, second} {
+					t0 := time.Now()
+					for range block {
+						f()
+					}
+					if d := int64(time.Since(t0)); (k == 0) == firstCounts {
+						with.Add(d)
+					} else {
+						without.Add(d)
+					}
+				}
+				first, second, firstCounts = second, first, !firstCounts
+				calls.Add(block)
+				for range block {
+					if more = pb.Next(); !more {
+						break
+					}
+				}
+			}
+		})
+		n := float64(calls.Load())
+		b.ReportMetric(float64(with.Load()-without.Load())/n, "count-ns/op")
+		b.ReportMetric(float64(without.Load())/n, "bare-ns/op")
+	}
+
+	b.Run("call", func(b *testing.B) {
+		const url = "http://stub.internal/x"
+		off := Policy{Timeout: Timeout{Disabled: true}, Retry: Retry{Disabled: true, NoPushback: true},
+			Breaker: Breaker{Disabled: true}, Bulkhead: Bulkhead{Disabled: true}}
+		counting, bare := mustNew(b, Config{Base: benchBase{}, Default: off}), mustNew(b, Config{Base: benchBase{}, Default: off})
+		u, _ := neturl.Parse(url)
+		bare.lookup(u).rep.calls = nil
+		req, _ := http.NewRequest("GET", url, nil)
+		send := func(tr *Transport) func() {
+			return func() {
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}
+		paired(b, send(counting), send(bare))
+		if counting.Snapshot().Hosts[0].Calls.Succeeded == 0 {
+			b.Fatal("the counting Transport counted nothing")
+		}
+	})
+	b.Run("add", func(b *testing.B) {
+		req, _ := http.NewRequest("GET", "http://a.test/", nil)
+		resp := &http.Response{StatusCode: 200, Request: req}
+		c, cc := call{}, new(callCounts)
+		var sink atomic.Int64
+		paired(b, func() { cc.count(c.judge(resp, nil)) }, func() {
+			if c.judge(resp, nil).v.Outcome != OutcomeSuccess {
+				sink.Add(1)
+			}
+		})
+		if cc.snapshot().Succeeded == 0 || sink.Load() != 0 {
+			b.Fatal("nothing counted, or a 200 judged no success")
 		}
 	})
 }

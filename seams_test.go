@@ -49,6 +49,9 @@ var seamRows = []struct {
 	{"learned bounds × hedge", seamLearnedHedge},
 	{"learned bounds × Update", seamLearnedUpdate},
 	{"consecutive failures × hedge", seamConsecutiveHedge},
+	{"call counts × retry, fallback, local error", seamCallCountsRetryFallback},
+	{"breaker history × Update", seamBreakerHistoryUpdate},
+	{"short attempt × retry", seamShortAttemptRetry},
 }
 
 func TestSeams(t *testing.T) {

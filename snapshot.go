@@ -59,6 +59,10 @@ type HostSnapshot struct {
 	// the attempt timeout and slow-call threshold in force with where each
 	// comes from (see Timeout.Attempt and Breaker.SlowCall).
 	Learned *LearnedSnapshot
+	// Calls are the host's calls by final outcome, since its state was
+	// made (an Update keeps them, unless it moves the host to another
+	// upstream).
+	Calls CallCounts
 	// DeadlineTooShort is how many attempts the host's attempt deadlines
 	// refused to send, since its state was made, because less than the
 	// least time a request is sent with (10 ms) was left before the call's

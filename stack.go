@@ -63,8 +63,9 @@ func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep, learned: hs.learned, tooShort: hs.tooShort}
 	hs.shared.faults = hs.faults
 	hs.rt, hs.parts, hs.shows = t.compose(hs.policy, e, &hs.shared, reuseFrom(prev, hs))
-	faults, tooShort := hs.faults, hs.tooShort
+	faults, tooShort, calls := hs.faults, hs.tooShort, hs.rep.calls
 	hs.shows = append(hs.shows,
+		func(h *HostSnapshot) { h.Calls = calls.snapshot() },
 		func(h *HostSnapshot) { h.Fault = faults.snapshot() },
 		func(h *HostSnapshot) { h.DeadlineTooShort = tooShort.Load() },
 		showLearned(hs.learned, hs.policy))

@@ -689,12 +689,14 @@ func (t *Transport) hostCount() int {
 
 // send is the router's hand-off to a host's stack (or its route's, rt,
 // with the route's reporter rep), with the call's state c: it counts the
-// call's final outcome and, when the caller's context has no span, wraps
+// call's final outcome (in rep.calls, and in the metrics if on) and, when the caller's context has no span, wraps
 // the call in a logical span so that its attempts share one trace.
 func (t *Transport) send(rep *reporter, rt stage, req *http.Request, c call) (*http.Response, error) {
 	o := rep.begin(req)
 	if o == nil {
-		return rt.roundTrip(req, c)
+		resp, err := rt.roundTrip(req, c)
+		rep.calls.count(c.judge(resp, err))
+		return resp, err
 	}
 	if o.ctx != nil {
 		req = req.WithContext(o.ctx)
@@ -708,6 +710,8 @@ func (t *Transport) send(rep *reporter, rt stage, req *http.Request, c call) (*h
 	}()
 	resp, err := rt.roundTrip(req, c)
 	returned = true
-	o.end(req, resp, err, c.judge(resp, err))
+	j := c.judge(resp, err)
+	rep.calls.count(j)
+	o.end(req, resp, err, j)
 	return resp, err
 }

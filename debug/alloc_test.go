@@ -91,9 +91,9 @@ func TestAddsNoAllocations(t *testing.T) {
 }
 
 // BenchmarkPage1000Hosts renders the HTML page for 1,000 hosts, each with a
-// breaker, a bulkhead, latency percentiles, a fallback with a stale cache
-// and a full history (five minutes, a sample a second, with refusals and
-// fallback answers growing), one in ten failing and one in fifty open with
+// breaker, a bulkhead, its calls by outcome, latency percentiles, a
+// fallback with a stale cache and a full history (five minutes, a sample a
+// second, with calls, refusals and fallback answers growing), one in ten failing and one in fifty open with
 // a full ring of eight state changes and its last trip (the others calm,
 // folded):
 // the ranking and the
@@ -129,12 +129,13 @@ func BenchmarkPage1000Hosts(b *testing.B) {
 			Latency:  &bulwark.LatencySnapshot{Samples: 900, P50: 4 * time.Millisecond, P99: 40 * time.Millisecond, P999: 90 * time.Millisecond},
 			Learned:  &bulwark.LearnedSnapshot{AttemptTimeout: time.Second, AttemptFrom: bulwark.FromLearned},
 			Fallback: &bulwark.FallbackSnapshot{Served: 12, StaleEntries: 3, StaleBytes: 900, StaleOldest: now.Add(-time.Minute)},
+			Calls:    bulwark.CallCounts{Calls: 30000, Succeeded: 29000, Failed: 900, TimedOut: 60, Refused: 40},
 		})
 		h := History{Host: host, Scheme: "https"}
 		for k := range sampleKeep {
 			s := st
 			h.Samples = append(h.Samples, Sample{Time: now.Add(time.Duration(k-sampleKeep+1) * sampleEvery), InFlight: (i + k) % 30, Calls: calls, Failures: failed, State: &s,
-				Refused: uint64(3 * k), Served: uint64(k)})
+				Refused: uint64(3 * k), Served: uint64(k), Requests: uint64(100 * k), Succeeded: uint64(90 * k)})
 		}
 		page.History = append(page.History, h)
 	}

@@ -64,7 +64,7 @@ import (
 // behind your own authentication, as you would net/http/pprof.
 //
 // The charts come from a bounded history the handler keeps: a sample of
-// every host each second, 300 per host (about 75 bytes each, so some 22 KB
+// every host each second, 300 per host (about 90 bytes each, so some 27 KB
 // a host), the first taken at the handler's first request and the rest by
 // a goroutine the handler starts then and that stops on its own once the
 // page has not been served for five minutes (a later request starts it again). The
@@ -129,6 +129,9 @@ type Sample struct {
 	// instances' included), and Served the final failures its fallback
 	// had answered: counts that only grow, so two samples give a rate.
 	Refused, Served uint64
+	// Requests and Succeeded are the host's calls since its state was
+	// made, all and those that succeeded (bulwark.CallCounts).
+	Requests, Succeeded uint64
 }
 
 // hostKey is a host's identity in a Snapshot: one host:port reached over
@@ -270,6 +273,7 @@ func sample(h bulwark.HostSnapshot, now time.Time) Sample {
 	if f := h.Fallback; f != nil {
 		sm.Served = f.Served
 	}
+	sm.Requests, sm.Succeeded = h.Calls.Calls, h.Calls.Succeeded
 	return sm
 }
 

@@ -353,7 +353,7 @@ func TestDebugPageInChromium(t *testing.T) {
 	for host, want := range map[string][]string{
 		"sick.test:80": {"sick.test:80", "breaker", "open", "next probe in ", "trips in a row 1, 1 in all", "refused since start",
 			"window at last trip5 calls: 5 failed, 0 slow · failure rate 100 % ≥ 50 %", "state changesclosed → open failure rate 100 % ≥ 50 %"},
-		"failing.test:80": {"failing.test:80", "3 calls: 100 % failed (3)", "3 of 3 calls failed"},
+		"failing.test:80": {"failing.test:80", "3 calls: 100 % failed (3)", "3 of 3 calls failed", "calls since start3: 0 succeeded · 3 failed · 0 timed out · 0 refused"},
 		"busy.test:80":    {"busy.test:80", "2 / 2 in flight", "full"},
 		"pool.test:80":    {"pool.test:80", "10.0.0.1:80", "10.0.0.2:80", "ejected for "},
 	} {

@@ -159,7 +159,8 @@ var hostile = []string{
 
 // TestPageEscapesHostile renders every string the page prints from the
 // Snapshot (host, scheme, upstream, route pattern, instance address, a
-// breaker change's reason, the fleet's last error) set to hostile text, and checks that none of it reaches the page as markup.
+// breaker change's reason, the fleet's last error, a calm host's row) set
+// to hostile text, and checks that none of it reaches the page as markup.
 func TestPageEscapesHostile(t *testing.T) {
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	var hosts []bulwark.HostSnapshot
@@ -175,6 +176,11 @@ func TestPageEscapesHostile(t *testing.T) {
 		hist = append(hist, History{Host: s, Scheme: s, Samples: []Sample{{Time: now}}})
 	}
 	var b strings.Builder
+	// Calm hosts, whose rows are built in Go (view.CalmRows).
+	for _, s := range hostile {
+		hosts = append(hosts, bulwark.HostSnapshot{Host: s, Scheme: s, Upstream: s, Breaker: &bulwark.BreakerSnapshot{}})
+		hist = append(hist, History{Host: s, Scheme: s})
+	}
 	// A fleet's error text is the store's, and could quote anything.
 	fleet := &bulwark.FleetSnapshot{LastError: hostile[0], LastErrorAt: now}
 	if err := pageTemplate.Execute(&b, newView(Page{Time: now, SampleEvery: sampleEvery, Snapshot: bulwark.Snapshot{Hosts: hosts, Fleet: fleet}, History: hist}, sampleEvery*sampleKeep)); err != nil {
@@ -186,8 +192,11 @@ func TestPageEscapesHostile(t *testing.T) {
 			t.Errorf("the page carries %q as markup", bad)
 		}
 	}
-	if n := strings.Count(html, "&lt;script&gt;alert(1)&lt;/script&gt;:80"); n < 7 {
-		t.Errorf("the hostile host is shown escaped %d times, want it in the heading, the upstream, the route, the instance, the last trip's and the state change's reasons, and the fleet's error", n)
+	if n := strings.Count(html, "&lt;script&gt;alert(1)&lt;/script&gt;:80"); n < 10 {
+		t.Errorf("the hostile host is shown escaped %d times, want it in the heading, the upstream, the route, the instance, the last trip's and the state change's reasons, the fleet's error, and the calm row (its name twice, its summary)", n)
+	}
+	if !strings.Contains(html, `data-host="&#34;&gt;&lt;img src=x onerror=alert(1)&gt;:80"><td>&#34;&gt;&lt;img`) {
+		t.Errorf("a calm host's name that ends its attribute is not escaped in its row:\n%s", html)
 	}
 }
 
@@ -218,8 +227,8 @@ func TestPageConfig(t *testing.T) {
 // TestPageOnCallRows renders the rows an on-call engineer reads past the
 // ranking: the breaker's recent state changes, newest first, with their
 // reasons and how long ago; the window at its last trip beside the live
-// one; per-second rates of refusals and fallback answers from the
-// history; latency percentiles; the refusals for too little time left;
+// one; the calls by outcome since start; per-second rates of calls (and
+// the share ok, coloured), refusals and fallback answers from the history; latency percentiles; the refusals for too little time left;
 // the stale cache; the fleet's link and the host's quota and peers.
 func TestPageOnCallRows(t *testing.T) {
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -237,6 +246,7 @@ func TestPageOnCallRows(t *testing.T) {
 		Latency:          &bulwark.LatencySnapshot{Samples: 812, P50: 4 * time.Millisecond, P99: 41500 * time.Microsecond, P999: 250 * time.Millisecond},
 		Learned:          &bulwark.LearnedSnapshot{AttemptTimeout: time.Second, AttemptFrom: bulwark.FromColdStart},
 		DeadlineTooShort: 5,
+		Calls:            bulwark.CallCounts{Calls: 1000, Succeeded: 900, Failed: 60, TimedOut: 10, Refused: 25},
 	}
 	// Ten seconds of history: 40 refusals and 30 fallback answers more
 	// than ten seconds ago, so 4.0 and 3.0 a second.
@@ -246,6 +256,7 @@ func TestPageOnCallRows(t *testing.T) {
 		if i >= 1 {
 			k := uint64(i - 1)
 			s.Refused, s.Served = 5+4*k, 3*k
+			s.Requests, s.Succeeded = 800+20*k, 750+15*k // 20 a second, 75 % ok
 		}
 		hist.Samples = append(hist.Samples, s)
 	}
@@ -258,9 +269,13 @@ func TestPageOnCallRows(t *testing.T) {
 	}
 	html := b.String()
 	text := regexp.MustCompile(`<[^>]*>`).ReplaceAllString(html, "")
+	if !strings.Contains(html, `<span class="share warn">75 % ok</span>`) {
+		t.Errorf("the calls ok over the last 10 s (75 %%) are not amber")
+	}
 	for _, want := range []string{
 		"window at last trip100 calls: 60 failed, 3 slow · failure rate 60 % ≥ 50 % · 12.0 s ago (11:59:48.000 UTC)",
 		"state changesclosed → open failure rate 60 % ≥ 50 % · 12.0 s agohalf-open → closed every probe succeeded · 20.0 s ago",
+		"calls since start1000: 900 succeeded · 60 failed · 10 timed out · 25 refused · now 20.0/s, 75 % ok (last 10 s)",
 		"40 breaker open · 0 retry budget spent · 5 deadline too short · now 4.0/s (last 10 s)",
 		"30 final failures answered from the fallback since the policy was set · now 3.0/s · stale cache 2 answers, 512 bytes, the oldest received 1 min 30 s ago",
 		"latency nowp50 4.0 ms · p99 41.5 ms · p99.9 250.0 ms (812 attempts in the last 5–10 s, failures included)",

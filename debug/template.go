@@ -22,9 +22,9 @@ var pageHTML string
 
 var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{
 	"sum":      sum,
-	"ts":       func(t time.Time) string { return t.UTC().Format("15:04:05.000") },
+	"ts":       stamp,
 	"pct":      func(p float64) float64 { return 100 * p },
-	"ms":       func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) },
+	"ms":       millis,
 	"priority": func(i int) string { return bulwark.Priority(i).String() },
 	"in":       func(t, now time.Time) string { return seconds(t.Sub(now)) },
 	"ago":      ago,
@@ -91,6 +91,28 @@ type view struct {
 	CalmOpen bool       // unfold the calm hosts (?calm=open)
 }
 
+// CalmRows is the folded table's rows, one a calm host: its name and its
+// Summary, escaped here. They are built in Go rather than in page.html
+// for the same reason as the charts (sparkline.svg): on a page of 1,000
+// hosts, most of them calm, the template's reflection over three actions
+// a row was most of the page's cost. template.HTMLEscapeString escapes
+// what could end the element or the double-quoted attribute (< > & ' "
+// and NUL), as page.html's escaping would.
+func (v view) CalmRows() template.HTML {
+	b := make([]byte, 0, 200*len(v.Calm))
+	for _, h := range v.Calm {
+		host := template.HTMLEscapeString(h.Host)
+		b = append(b, `<tr class="host calm" data-host="`...)
+		b = append(b, host...)
+		b = append(b, `"><td>`...)
+		b = append(b, host...)
+		b = append(b, `</td><td>`...)
+		b = append(b, template.HTMLEscapeString(h.Summary())...)
+		b = append(b, "</td></tr>\n"...)
+	}
+	return template.HTML(b)
+}
+
 // The thresholds, for the page's legend.
 func (view) FailWarn() float64 { return failWarn }
 func (view) FailBad() float64  { return failBad }
@@ -116,6 +138,8 @@ type hostView struct {
 type rate struct {
 	Span            time.Duration // zero: fewer than two samples
 	Refused, Served float64       // per second
+	Calls           float64       // per second
+	OK              share         // of the calls over Span that succeeded
 }
 
 // rateSpan is how far back the page's per-second rates look: long enough
@@ -144,18 +168,112 @@ func newRate(hist History) rate {
 		}
 		return float64(b-a) / span.Seconds()
 	}
-	return rate{Span: span, Refused: per(first.Refused, last.Refused), Served: per(first.Served, last.Served)}
+	r := rate{Span: span, Refused: per(first.Refused, last.Refused), Served: per(first.Served, last.Served), Calls: per(first.Requests, last.Requests)}
+	if last.Requests > first.Requests && last.Succeeded >= first.Succeeded {
+		calls, ok := int64(last.Requests-first.Requests), int64(last.Succeeded-first.Succeeded)
+		// The share that did not succeed, coloured as the breaker
+		// window's failures are; shown as the share that did.
+		r.OK = newShare(calls-ok, calls, failWarn, failBad)
+		r.OK.N, r.OK.Pct = ok, 100-r.OK.Pct
+	}
+	return r
 }
 
-// Changes are the breaker's last state changes, newest first.
-func (h hostView) Changes() []bulwark.BreakerChange {
+// The rows below are plain strings built here, each escaped by page.html
+// as one action: a row of a dozen actions costs the template a dozen
+// reflective calls, and on a page of many hosts in trouble those were
+// most of its cost (BenchmarkPage1000Hosts).
+
+// ChangeLines are the breaker's last state changes, newest first: "closed
+// → open failure rate 60 % ≥ 50 % · 12.0 s ago".
+func (h hostView) ChangeLines() []string {
 	if h.Breaker == nil {
 		return nil
 	}
-	cs := slices.Clone(h.Breaker.Changes)
-	slices.Reverse(cs)
-	return cs
+	cs := h.Breaker.Changes
+	out := make([]string, len(cs))
+	for i, c := range cs {
+		out[len(cs)-1-i] = c.From.String() + " → " + c.To.String() + " " + c.Reason + " · " + ago(c.At, h.Now)
+	}
+	return out
 }
+
+// LastTripLine is the breaker's window at its last trip, why it tripped
+// and when: "100 calls: 60 failed, 3 slow · failure rate 60 % ≥ 50 % ·
+// 12.0 s ago (11:59:48.000 UTC)"; empty before any.
+func (h hostView) LastTripLine() string {
+	if h.Breaker == nil || h.Breaker.LastTrip == nil {
+		return ""
+	}
+	t := h.Breaker.LastTrip
+	return fmt.Sprintf("%d calls: %d failed, %d slow · %s · %s (%s UTC)", t.Calls, t.Failures, t.Slow, t.Reason, ago(t.At, h.Now), stamp(t.At))
+}
+
+// CallsLine is the host's calls since start by outcome: "1000: 900
+// succeeded · 60 failed · 10 timed out · 25 refused"; empty before any.
+func (h hostView) CallsLine() string {
+	c := h.Calls
+	if c.Calls == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d: %d succeeded · %d failed · %d timed out · %d refused", c.Calls, c.Succeeded, c.Failed, c.TimedOut, c.Refused)
+}
+
+// FallbackLine is the fallback's answers since the policy was set, their
+// rate, and the stale cache; empty without a fallback.
+func (h hostView) FallbackLine() string {
+	f := h.Fallback
+	if f == nil {
+		return ""
+	}
+	b := fmt.Appendf(nil, "%d final failures answered from the fallback since the policy was set", f.Served)
+	if h.Rate.Span > 0 {
+		b = fmt.Appendf(b, " · now %.1f/s", h.Rate.Served)
+	}
+	if f.StaleEntries > 0 {
+		b = fmt.Appendf(b, " · stale cache %d answers, %d bytes, the oldest received %s", f.StaleEntries, f.StaleBytes, ago(f.StaleOldest, h.Now))
+	}
+	return string(b)
+}
+
+// LatencyLine is the host's recent latency percentiles: "p50 4.0 ms · p99
+// 41.5 ms · p99.9 250.0 ms"; empty without them.
+func (h hostView) LatencyLine() string {
+	l := h.Latency
+	if l == nil {
+		return ""
+	}
+	return fmt.Sprintf("p50 %.1f ms · p99 %.1f ms · p99.9 %.1f ms", millis(l.P50), millis(l.P99), millis(l.P999))
+}
+
+// QuotaLine is the host's share of its fleet quota; empty without one.
+func (h hostView) QuotaLine() string {
+	q := h.Quota
+	if q == nil {
+		return ""
+	}
+	b := fmt.Appendf(nil, "%d tokens held", q.Tokens)
+	if q.LeaseUntil.After(h.Now) {
+		b = fmt.Appendf(b, " for %s", seconds(q.LeaseUntil.Sub(h.Now)))
+	}
+	return string(fmt.Appendf(b, " of %.0f/s for the fleet, shared by %d pods · demand here %.1f/s · %d refused · %d leases, %d failed",
+		q.FleetRate, q.Pods, q.Demand, q.Refused, q.Leases, q.LeaseErrors))
+}
+
+// CallsLine is the calls a second, "20.0/s".
+func (r rate) CallsLine() string { return strconv.FormatFloat(r.Calls, 'f', 1, 64) + "/s" }
+
+// RefusedLine is the refusals a second, "4.0/s".
+func (r rate) RefusedLine() string { return strconv.FormatFloat(r.Refused, 'f', 1, 64) + "/s" }
+
+// SpanLine is the span the rates are over, "10 s".
+func (r rate) SpanLine() string { return strconv.FormatFloat(r.Span.Seconds(), 'f', 0, 64) + " s" }
+
+// millis is d in milliseconds.
+func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// stamp is t as the page shows a clock time, "15:04:05.000" (UTC).
+func stamp(t time.Time) string { return t.UTC().Format("15:04:05.000") }
 
 // Summary is a calm host's one line: scheme, upstream, breaker window,
 // the attempt timeout in force and where it comes from, requests in
