@@ -62,7 +62,12 @@ func (f *memLeaser) Lease(ctx context.Context, r LeaseRequest) (LeaseGrant, erro
 			delete(b.pods, p)
 		}
 	}
-	g := min(r.Want, int64(b.tokens))
+	// At most a fair share of the burst, as redisfleet's lease script
+	// grants: a plain first-come bucket lets whichever pod's renewal runs
+	// first take every token, and the pods' shares then depend on the
+	// order in which goroutines happen to run.
+	share := max(1, int64(math.Ceil(float64(r.Burst)/float64(len(b.pods)))))
+	g := min(r.Want, int64(b.tokens), share)
 	b.tokens -= float64(g)
 	return LeaseGrant{Tokens: g, Pods: len(b.pods)}, nil
 }
