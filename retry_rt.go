@@ -20,13 +20,6 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// NoRetryHeader is the response header by which a server says "do not retry
-// this": a load-shedding server sets it on the 503s it answers when
-// overloaded, so that only one layer of a deep stack retries instead of
-// every layer multiplying the load. Any value counts. bulwark's retry layer
-// never retries a response that carries it.
-const NoRetryHeader = "Bulwark-No-Retry"
-
 // Package defaults for Retry.
 const (
 	DefaultMaxAttempts   = 3
@@ -383,6 +376,7 @@ type retryStage struct {
 	e        env
 	pause    pauser         // the host's pushback; nil when off
 	ignored  *atomic.Uint64 // Retry-After values ignored, when pushback does not count them
+	hostile  *atomic.Uint64 // malformed grpc-retry-pushback-ms values: always counted
 	randN    func(int64) int64
 	balanced bool // the host is balanced: each call gets a tried set
 	max      int
@@ -418,6 +412,7 @@ func newRetry(next stage, p Retry, e env, pause pauser, ignored *atomic.Uint64, 
 		// ones; without it, this layer does.
 		r.ignored = ignored
 	}
+	r.hostile = ignored
 	if !p.Budget.Disabled {
 		r.budget = newRetryBudget(p.Budget)
 	}
@@ -477,6 +472,12 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 			r.budget.call(c.start)
 		}
 		d := r.decide(req, c, replayable, attempt, k, resp, err, &prevWait)
+		if d.v == giveUp && (attempt > 1 || d.late) && judgeKind(c.classify, k, resp, err).v.Outcome == OutcomeFailure {
+			// Retried here and still failed, or due for a retry the
+			// deadline left no room for: the layer above should not try
+			// again (CallRecord).
+			noteBelow(ctx, noteRetried)
+		}
 		if d.v != retryAgain && d.err != nil {
 			// The call ends after an attempt the user's CheckRetry
 			// returned an error for: that error is the call's, as in
@@ -488,6 +489,7 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 		case budgetSpent:
 			r.budget.refused.Add(1)
 			r.e.rep.rejected(ctx, layerBudget)
+			noteBelow(ctx, noteRefused)
 			return r.finish(attempt, resp, err, true)
 		case giveUp:
 			return r.finish(attempt, resp, err, false)
@@ -562,6 +564,8 @@ type decision struct {
 	wait   time.Duration
 	fromRA bool
 	err    error
+	// late is a retry that was due but did not fit before the deadline.
+	late bool
 }
 
 // decide is the retry decision after attempt number attempt, whose
@@ -596,12 +600,20 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 	case kindBreakerOpen, kindBulkheadFull, kindPushback:
 		return decision{}
 	}
-	// 4. The server said not to retry: it is shedding load and wants only
-	// one layer of the stack to try again.
+	// 4. The server said not to retry: it is shedding load, or passing up
+	// a failure below, and wants only one layer of the stack to try again
+	// (NoRetryHeader, or Envoy's and gRPC's signals: see noRetry). A
+	// gRPC pushback that asks for a delay is kept for step 7.
+	var pushback time.Duration
 	if resp != nil {
-		if _, ok := resp.Header[NoRetryHeader]; ok {
+		stop, wait, bad := noRetry(resp.Header)
+		if bad && r.hostile != nil {
+			r.hostile.Add(1)
+		}
+		if stop {
 			return decision{}
 		}
+		pushback = wait
 	}
 	// 5. Only outcomes another try may change: the user's CheckRetry, or
 	// the Verdict of the policy's Classify. CheckRetry has
@@ -635,6 +647,12 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 			d.wait, d.fromRA = min(ra, r.maxRA), true
 		}
 	}
+	if pushback > 0 {
+		// grpc-retry-pushback-ms: at least that long, within the cap a
+		// Retry-After has.
+		d.wait = max(d.wait, min(pushback, r.maxRA))
+		d.fromRA = true
+	}
 	if !d.fromRA {
 		d.wait = r.backoffWait(attempt-1, resp, prevWait)
 		if connRefused(err) {
@@ -655,7 +673,7 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 	// returning the last outcome now rather than sleeping into a timeout
 	// and losing the response we have.
 	if dl, ok := c.deadline(req); ok && now.Add(d.wait+r.sendTime()).After(dl) {
-		return decision{err: cerr}
+		return decision{err: cerr, late: true}
 	}
 	// 9. The budget, last, so that no token is spent on a retry another
 	// check would refuse.

@@ -69,6 +69,11 @@ type HostSnapshot struct {
 	// Routes are the Config.Routes used on this host so far, with the state
 	// of their own layers, sorted by pattern; nil when none was used.
 	Routes []RouteSnapshot
+	// PassedUp is how many calls the host answered with a failure passed
+	// up from a tier below it (NoRetryFromBelow), since its state was
+	// made: no retry, breaker, adaptive limit or instance's ejection counts
+	// them against the host, so they are counted here, apart.
+	PassedUp uint64
 }
 
 // Snapshot returns the state of every live host: breakers with their
@@ -80,7 +85,7 @@ type HostSnapshot struct {
 func (t *Transport) Snapshot() Snapshot {
 	var s Snapshot
 	t.eachHost(func(hs *hostState) {
-		h := HostSnapshot{Host: hs.name, Scheme: hs.key.scheme, Upstream: hs.upstream}
+		h := HostSnapshot{Host: hs.name, Scheme: hs.key.scheme, Upstream: hs.upstream, PassedUp: hs.passedUp.Load()}
 		for _, show := range hs.shows {
 			show(&h)
 		}

@@ -41,7 +41,16 @@ type DeadlineOptions struct {
 // takes the smallest valid one, and caps it at opts.Max. A header that does
 // not parse, or is zero or negative, is ignored (and reported to
 // opts.OnMalformed): a bad header never fails the request. With no valid
-// header the request is served with its context unchanged.
+// header the request is served with its context's deadline unchanged.
+//
+// It is also the server half of a chain of services as PassUp is: it
+// attaches a bulwark.CallRecord to the request's context, and marks a 5xx
+// or 429 answer bulwark.NoRetryFromBelow when a bulwark call the handler
+// made below failed in a way the tier below already dealt with, so that
+// the caller above neither retries it nor trips on it. A request that
+// already carries a record (PassUp above it) keeps that one. The record
+// and its writer are one allocation per request, and the request's copy
+// with the new context is the one a deadline needs anyway.
 func DeadlineHandler(next http.Handler, opts DeadlineOptions) http.Handler {
 	if opts.Max <= 0 {
 		opts.Max = DefaultMaxDeadline
@@ -66,11 +75,19 @@ const (
 
 func (h *deadlineHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	d, ok := h.incoming(r.Header)
+	ctx := r.Context()
+	if !recorded(ctx) {
+		pw := newPassUpWriter(w, ctx)
+		w, ctx = pw, &pw.ctx
+	}
 	if !ok {
+		if ctx != r.Context() {
+			r = r.WithContext(ctx)
+		}
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), d)
+	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	h.next.ServeHTTP(w, r.WithContext(ctx))
 }
