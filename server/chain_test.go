@@ -79,16 +79,10 @@ func runChain(t *testing.T, n int, p bulwark.Policy) chainFigures {
 		start := time.Now()
 		blipFrom, blipTo := start.Add(chainWarm), start.Add(chainWarm+chainBlip)
 		var bottomBlip atomic.Int64
-		var attemptsMu sync.Mutex
-		attempts := map[string]int{}
-		defer func() { t.Logf("attempts at the bottom: %v", attempts) }()
 		bottom := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			time.Sleep(chainWork)
 			if now := time.Now(); !now.Before(blipFrom) && now.Before(blipTo) {
 				bottomBlip.Add(1)
-				attemptsMu.Lock()
-				attempts[r.Header.Get(bulwark.AttemptHeader)+" "+r.Header.Get(bulwark.DefaultDeadlineHeader)[:1]]++
-				attemptsMu.Unlock()
 				w.WriteHeader(http.StatusServiceUnavailable)
 				return
 			}
@@ -126,9 +120,19 @@ func runChain(t *testing.T, n int, p bulwark.Policy) chainFigures {
 		top := newClient(next)
 		clients = append(clients, top)
 		defer func() {
+			// Which tier retried and which tripped, and the failures
+			// passed up, counted apart.
 			for _, c := range clients {
 				for _, h := range c.Snapshot().Hosts {
-					t.Logf("%s passedUp=%d budget=%+v breaker=%+v", h.Host, h.PassedUp, h.Budget, h.Breaker)
+					var retries int64
+					var trips uint64
+					if h.Budget != nil {
+						retries = h.Budget.Retries
+					}
+					if h.Breaker != nil {
+						trips = h.Breaker.TotalTrips
+					}
+					t.Logf("  calls to %s: retries in the last 10 s %d, breaker trips %d, answers passed up %d", h.Host, retries, trips, h.PassedUp)
 				}
 			}
 		}()
