@@ -212,6 +212,10 @@ type env struct {
 	// learned is the host's healthy latency, which the attempt deadline
 	// and the breaker learn their bounds from; nil: nothing is learned.
 	learned *learned
+	// passedUp counts the host's answers that pass a failure up from
+	// below (NoRetryFromBelow), which no layer counts against it: the
+	// attempt span's layer counts each attempt's; nil: not counted.
+	passedUp *atomic.Uint64
 }
 
 // baseStage adapts the base http.RoundTripper, and holds it to the

@@ -53,7 +53,7 @@ func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 		hs.learned = newLearned(hs.rep)
 	}
 	hs.learned.rep.Store(hs.rep)
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep, learned: hs.learned}
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep, learned: hs.learned, passedUp: &hs.passedUp}
 	hs.shared.faults = hs.faults
 	hs.rt, hs.parts, hs.shows = t.compose(hs.policy, e, &hs.shared, reuseFrom(prev, hs))
 	faults, learned, p := hs.faults, hs.learned, hs.policy
@@ -77,7 +77,7 @@ func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 // layers report through rep, the route's reporter; the shared ones
 // through the host's. old is what the route's previous stack keeps.
 func (t *Transport) buildRoute(hs *hostState, rep *reporter, p *Policy, old kept) (stage, []any, []func(*HostSnapshot)) {
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep, learned: hs.learned}
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep, learned: hs.learned, passedUp: &hs.passedUp}
 	shared := hs.shared
 	return t.compose(p, e, &shared, old)
 }

@@ -462,17 +462,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	resp, err := t.send(rep, rt, req, c)
 	if err != nil || resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
-		hs.noteFailure(req.Context(), resp, err)
+		noteFailure(req.Context(), resp, err)
 	}
 	return resp, err
 }
 
 // noteFailure notes a call that failed in the record of the incoming
 // request its context carries, if any (CallRecord): a local refusal, or an
-// answer that said don't retry; and counts a failure the host passed up
-// from below (HostSnapshot.PassedUp). A call that was retried and still
-// failed is noted by the retry layer, which knows.
-func (hs *hostState) noteFailure(ctx context.Context, resp *http.Response, err error) {
+// answer that said don't retry (a pass-up from further down included). A
+// call that was retried and still failed is noted by the retry layer,
+// which knows.
+func noteFailure(ctx context.Context, resp *http.Response, err error) {
 	switch {
 	case err != nil:
 		// Refused here on purpose (breaker, bulkhead, pushback, throttle,
@@ -483,9 +483,6 @@ func (hs *hostState) noteFailure(ctx context.Context, resp *http.Response, err e
 			errors.Is(err, ErrThrottled) || errors.Is(err, ErrRetryBudget) {
 			noteBelow(ctx, noteRefused)
 		}
-	case classify(resp, nil) == kindPassedUp:
-		hs.passedUp.Add(1)
-		noteBelow(ctx, noteNoRetry)
 	default:
 		if stop, _, _ := noRetry(resp.Header); stop {
 			noteBelow(ctx, noteNoRetry)
