@@ -22,8 +22,9 @@ type Snapshot struct {
 	// they were malformed, negative or asked for more than a day, and how
 	// many rate-limit policies (RateLimit-Policy, RateLimit-Limit,
 	// X-RateLimit-Limit) a bulkhead with a Rate could not follow (see
-	// Bulkhead.Rate). A growing count means an upstream sends headers
-	// bulwark cannot obey.
+	// Bulkhead.Rate), and how many grpc-retry-pushback-ms values did not
+	// parse (each stopped the retry of its response, as gRPC reads it). A
+	// growing count means an upstream sends headers bulwark cannot obey.
 	RetryAfterIgnored uint64
 	// Fleet is the health of the link to Config.Fleet; nil without one.
 	Fleet *FleetSnapshot
