@@ -202,7 +202,8 @@ type RetryEvent struct {
 	// first retry.
 	Attempt int
 	// Wait is how long bulwark waits before sending it; FromRetryAfter
-	// reports that the server's Retry-After set it.
+	// reports that the server set it: its Retry-After, or gRPC's
+	// grpc-retry-pushback-ms.
 	Wait           time.Duration
 	FromRetryAfter bool
 	// StatusCode is the failed attempt's status, zero after an error; Err
