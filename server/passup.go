@@ -19,11 +19,15 @@ import (
 // breaker or adaptive limit, so that of a chain of services exactly one
 // layer, the one nearest the failing dependency, retries and trips.
 //
-// DeadlineHandler does the same, so a service that uses it needs no
-// PassUp; PassUp is for one that does not, and on a request that already
+// DeadlineHandler does the same for a request from a bulwark client, so a
+// service that uses it needs no PassUp; PassUp is for one that does not,
+// or that wants every caller's answers marked, and on a request that already
 // carries a record (one PassUp or DeadlineHandler above attached it) it
 // adds nothing. A handler's own NoRetryHeader is never replaced, and
-// answers below 500 other than 429 are never marked.
+// answers below 500 other than 429 are never marked. A Shedder attaches no
+// record: its refusals make no call below (and carry its own "1"), and the
+// handler it admits is served inside the DeadlineHandler or PassUp around
+// it, whose record that handler's calls note in.
 //
 // It costs one allocation per request, holding the record, the context
 // that carries it and the writer that reads it, plus the request's copy
