@@ -339,3 +339,61 @@ func TestBreakerTimerProbes(t *testing.T) {
 		}
 	})
 }
+
+// TestRetryThrottle: a window's healthy past does not fund a burst of
+// retries into a sudden outage. After 10 s of healthy calls at 200 a
+// second (2,000 in the window: room for 400 retries by the ratio alone), a
+// 2 s outage draws few retries: five failed calls stop the ratio's, and
+// the floor (10 a second) funds the rest. Once the host answers again,
+// successes refill the throttle and a failure is retried again.
+func TestRetryThrottle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var failing atomic.Bool
+		var sent atomic.Int64
+		base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			closeBody(req)
+			sent.Add(1)
+			code := 200
+			if failing.Load() {
+				code = 503
+			}
+			return &http.Response{StatusCode: code, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
+		})
+		tr := mustNew(t, Config{Base: base, Default: Policy{Breaker: Breaker{Disabled: true}}})
+		offer := func(d time.Duration) (calls int64) {
+			end := time.Now().Add(d)
+			for time.Now().Before(end) {
+				go func() { _, _ = send(t, tr, context.Background(), "http://h.test/x", "") }()
+				calls++
+				time.Sleep(5 * time.Millisecond)
+			}
+			synctest.Wait()
+			return calls
+		}
+		offer(10 * time.Second)
+		failing.Store(true)
+		before := sent.Load()
+		calls := offer(2 * time.Second)
+		time.Sleep(time.Second) // the last retries' waits
+		load := float64(sent.Load()-before) / float64(calls)
+		t.Logf("a 2 s outage after 10 s healthy: %.3f requests per call", load)
+		// The floor's 10 a second and its burst of 10, and the ratio's
+		// retries of the first few failures: about 35 retries over 400
+		// calls (1.09); the ratio alone would have allowed 400 (2.0).
+		if load > 1.15 {
+			t.Errorf("%.3f requests per call during the outage, want ≤ 1.15", load)
+		}
+		// Recovered: 100 successes refill the throttle (each gives back
+		// 0.2 of a token), then a lone failure is retried.
+		failing.Store(false)
+		offer(500 * time.Millisecond)
+		failing.Store(true)
+		before = sent.Load()
+		if _, err := send(t, tr, t.Context(), "http://h.test/x", ""); err != nil {
+			t.Fatal(err)
+		}
+		if n := sent.Load() - before; n != DefaultMaxAttempts {
+			t.Errorf("a failure after the host recovered was sent %d times, want %d", n, DefaultMaxAttempts)
+		}
+	})
+}

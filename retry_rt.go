@@ -219,8 +219,16 @@ type RetryEvent struct {
 //
 // The algorithm: calls and retries are counted in ten buckets of Window/10
 // each, so the window slides in tenths. A retry is allowed if, counting it,
-// retries in the window stay within Ratio × calls in the window. Otherwise
-// it may come from the floor: a token bucket (golang.org/x/time/rate) of
+// retries in the window stay within Ratio × calls in the window, and the
+// retry throttle of gRPC (gRFC A6) has more than half its 10 tokens: a
+// call whose first attempt failed takes a token, one that succeeded gives
+// back Ratio of one. The throttle is why a window's healthy past does not
+// fund a burst of retries into a sudden outage (with 10 s of calls banked,
+// a 2 s blip could otherwise draw retries for half its calls): five failed
+// calls in a row stop the ratio's retries, and a host that fails more
+// than Ratio ÷ (1 + Ratio) of its calls (17 % at the default) for long
+// gets the floor's retries alone. Otherwise the retry may come from the
+// floor: a token bucket (golang.org/x/time/rate) of
 // MinPerSecond a second with a burst of one second's worth, used only while
 // retries in the window stay within MinPerSecond × Window. Retries funded
 // by the floor count against the ratio too, so the floor is a minimum, not
@@ -470,7 +478,7 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 		if c.attempt == 1 && r.budget != nil && reached(k) {
 			// The budget counts calls that reached the host: one refused
 			// here by an open breaker or a pause is no request of its.
-			r.budget.call(c.start)
+			r.budget.call(c.start, judgeKind(c.classify, k, resp, err).v.Outcome)
 		}
 		d := r.decide(req, c, replayable, attempt, k, resp, err, &prevWait)
 		if d.v == giveUp && (attempt > 1 || d.late) && judgeKind(c.classify, k, resp, err).v.Outcome == OutcomeFailure {
@@ -765,6 +773,11 @@ type retryBudget struct {
 
 	mu  sync.Mutex
 	win *window.Window // positions are unix nanoseconds
+	// tokens is gRFC A6's retry throttle: a call whose first attempt
+	// failed takes one, one that succeeded gives back ratio, up to
+	// throttleTokens; the ratio funds no retry while at most half are
+	// left (the floor still does).
+	tokens float64
 
 	// With a Fleet, the host's budget (not a route's) is the fleet's:
 	// the other pods' windows count with this one's.
@@ -779,7 +792,7 @@ type retryBudget struct {
 func newRetryBudget(b Budget) *retryBudget {
 	// Window ≥ 100 ms (validated), so New cannot fail.
 	w, _ := window.New(int64(b.Window), budgetBuckets)
-	rb := &retryBudget{ratio: b.Ratio, win: w, span: b.Window}
+	rb := &retryBudget{ratio: b.Ratio, win: w, span: b.Window, tokens: throttleTokens}
 	if b.MinPerSecond > 0 {
 		rb.floorMax = b.MinPerSecond * b.Window.Seconds()
 		rb.floor = rate.NewLimiter(rate.Limit(b.MinPerSecond), max(1, int(math.Ceil(b.MinPerSecond))))
@@ -787,12 +800,33 @@ func newRetryBudget(b Budget) *retryBudget {
 	return rb
 }
 
-// call records a call (its first attempt) made at now.
-func (b *retryBudget) call(now time.Time) {
+// call records a call (its first attempt) made at now, whose first
+// attempt's outcome was o.
+func (b *retryBudget) call(now time.Time, o Outcome) {
 	b.mu.Lock()
 	b.win.Add(now.UnixNano(), window.Counts{budgetCalls: 1})
+	switch o {
+	case OutcomeFailure:
+		b.tokens = max(0, b.tokens-1)
+	case OutcomeSuccess:
+		b.tokens = min(throttleTokens, b.tokens+b.ratio)
+	}
 	b.mu.Unlock()
 }
+
+// throttleTokens is the retry throttle's size, gRFC A6's example
+// maxTokens: ratio-funded retries stop after five more failed calls than
+// successes × ratio, and a host failing more than ratio ÷ (1 + ratio) of
+// its calls (17 % at the default 0.2) for long gets the floor's retries
+// alone. A window's ratio counts the healthy past: with 10 s of calls
+// banked, a 2 s outage could draw retries for half of its calls; the
+// throttle stops them within a few calls (issue 30's chain of services
+// measured 1.19–1.30 × at the one layer that retries, without it).
+const throttleTokens = 10
+
+// throttled reports whether the retry throttle holds the ratio's
+// retries back. Under b.mu.
+func (b *retryBudget) throttled() bool { return b.tokens <= throttleTokens/2 }
 
 // BudgetSnapshot is a retry budget's state, as Snapshot reports it.
 type BudgetSnapshot struct {
@@ -803,8 +837,8 @@ type BudgetSnapshot struct {
 	// fleet's, and spends from their sum.
 	FleetCalls, FleetRetries int64
 	// Remaining is how many retries the budget would allow now, the
-	// fleet's counted: the room under the ratio or, if larger, the
-	// floor's.
+	// fleet's counted: the room under the ratio (none while the retry
+	// throttle holds it back) or, if larger, the floor's.
 	Remaining int64
 	// Refused is how many retries it has refused since the host's state
 	// was made.
@@ -818,6 +852,9 @@ func (b *retryBudget) state(now time.Time) BudgetSnapshot {
 	sum := b.peers.Add(own, now)
 	calls, retries := sum[budgetCalls], sum[budgetRetries]
 	room := int64(b.ratio*float64(calls)) - retries
+	if b.throttled() {
+		room = 0
+	}
 	if b.floor != nil {
 		room = max(room, min(int64(b.floor.TokensAt(now)), int64(b.floorMax)-retries))
 	}
@@ -832,7 +869,7 @@ func (b *retryBudget) withdraw(now time.Time) bool {
 	pos := now.UnixNano()
 	sum := b.peers.Add(b.win.Sum(pos), now)
 	r := float64(sum[budgetRetries] + 1)
-	ok := r <= b.ratio*float64(sum[budgetCalls]) ||
+	ok := r <= b.ratio*float64(sum[budgetCalls]) && !b.throttled() ||
 		(b.floor != nil && r <= b.floorMax && b.floor.AllowN(now, 1))
 	if ok {
 		b.win.Add(pos, window.Counts{budgetRetries: 1})
