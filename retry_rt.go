@@ -240,7 +240,8 @@ type RetryEvent struct {
 // pods that call the host answer with theirs while that goes on, and
 // every pod counts the others' latest windows with its own, so the ratio
 // and the floor bound the retries of the whole fleet: MinPerSecond is then
-// the fleet's floor, not each pod's. A route's budget stays local.
+// the fleet's floor, not each pod's. The retry throttle stays each pod's
+// own, judged on the calls it made. A route's budget stays local.
 type Budget struct {
 	// Ratio is the most retries per call over the window, in (0, 1]. Zero
 	// inherits from Default, then DefaultBudgetRatio.
