@@ -49,8 +49,8 @@ type DeadlineOptions struct {
 // request's context, and marks a 5xx or 429 answer
 // bulwark.NoRetryFromBelow when a bulwark call the handler made below
 // failed in a way the tier below already dealt with, so that the caller
-// above neither retries it nor trips on it. A request that already
-// carries a record (PassUp above it) keeps that one. The record and its
+// above neither retries it nor trips on it. Under a PassUp its record
+// shadows PassUp's (a call notes in the nearest). The record and its
 // writer are one allocation per request, and the request's copy with the
 // new context is the one a deadline needs anyway; any other request is
 // served exactly as before. Wrap the handler in PassUp to mark the
@@ -88,7 +88,10 @@ func (h *deadlineHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// other request is served as it was, without the copy of the request
 	// a record needs.
 	_, attempt := r.Header[bulwark.AttemptHeader]
-	if !h.noRecord && (ok || attempt) && !recorded(ctx) {
+	// A record of PassUp's above is not looked for (a lookup that walks
+	// the whole context on every request): this one shadows it, and the
+	// client notes in the nearest.
+	if !h.noRecord && (ok || attempt) {
 		pw := newPassUpWriter(w, ctx)
 		w, ctx = pw, &pw.ctx
 	}
