@@ -204,7 +204,7 @@ var archFloors = []archFloor{
 		{"fault", []string{"fault.go"}},
 		{"bulkhead", []string{"bulkhead_rt.go", "fleetquota.go"}},
 		{"balancer", []string{"balancer_rt.go", "outlier.go", "resolver.go"}},
-		{"breaker", []string{"breaker_rt.go"}},
+		{"breaker", []string{"breaker_rt.go", "breakerprobe.go"}},
 		{"throttle", []string{"throttle.go"}},
 		{"pushback", []string{"retryafter.go"}},
 		{"retry", []string{"retry_rt.go", "hedge.go", "idempotency.go"}},
@@ -226,8 +226,10 @@ const archMaxBothWays = 9
 // and this line says so in review. BreakerChange (issue 29): a breaker's
 // recent state changes and its last trip, for the on-call page;
 // LatencySnapshot (issue 29): a host's recent p50/p99/p99.9; CallCounts
-// (issue 29): a host's calls by final outcome.
-const archMaxExported = 150
+// (issue 29): a host's calls by final outcome. CallRecord and
+// NoRetryFromBelow (issue 30): the record of what happened below that the
+// server half attaches, and the don't-retry value that passes a failure up.
+const archMaxExported = 152
 
 // archNeverImported are the module's packages that import the root; the
 // root importing one would turn the direction around.

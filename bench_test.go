@@ -1,12 +1,14 @@
 package bulwark
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 )
 
 // benchBase is the cheapest honest base: a fixed response, body included,
@@ -231,5 +233,73 @@ func BenchmarkLearned(b *testing.B) {
 	})
 	b.Run("learned", func(b *testing.B) {
 		benchRoundTrips(b, mustNew(b, Config{Base: benchBase{}}), "http://stub.internal/x")
+	})
+}
+
+// BenchmarkCallRecord is the outgoing cost of the server half's record
+// (CallRecord), paired in one run: the same call with the package
+// defaults over the stub base, its context without a record and with
+// one, for a call that succeeds (nothing is noted: the record only makes
+// the context one level deeper) and for one an open breaker refuses (the
+// refusal is noted: one context lookup and an atomic or).
+func BenchmarkCallRecord(b *testing.B) {
+	run := func(b *testing.B, tr http.RoundTripper, record bool) {
+		ctx := b.Context()
+		if record {
+			var rec CallRecord
+			ctx = rec.Attach(ctx)
+		}
+		req, err := http.NewRequestWithContext(ctx, "GET", "http://stub.internal/x", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			resp, err := tr.RoundTrip(req)
+			if err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}
+	}
+	ok := mustNew(b, Config{Base: benchBase{}})
+	b.Run("success/no-record", func(b *testing.B) { run(b, ok, false) })
+	b.Run("success/record", func(b *testing.B) { run(b, ok, true) })
+	// Open for an hour: every call is refused, no timer probe comes due.
+	open := mustNew(b, Config{Base: &staticBase{&http.Response{StatusCode: 503, Body: http.NoBody}},
+		Default: Policy{Breaker: Breaker{MinCalls: 1, OpenFor: time.Hour}, Retry: Retry{Disabled: true}}})
+	req, _ := http.NewRequest("GET", "http://stub.internal/x", nil)
+	if resp, err := open.RoundTrip(req); err == nil {
+		resp.Body.Close()
+	}
+	b.Run("refused/no-record", func(b *testing.B) { run(b, open, false) })
+	b.Run("refused/record", func(b *testing.B) { run(b, open, true) })
+}
+
+// BenchmarkNoteBelow is the record's own work on a call that failed, apart
+// from the call, whose noise (BenchmarkCallRecord) hides it: finding the
+// record in a context three levels below it (a deadline and a value
+// between, as a handler's outgoing call has) and noting in it, against
+// the same lookup in a context without one.
+func BenchmarkNoteBelow(b *testing.B) {
+	type key struct{}
+	derive := func(ctx context.Context) context.Context {
+		ctx, cancel := context.WithTimeout(ctx, time.Hour)
+		b.Cleanup(cancel)
+		return context.WithValue(ctx, key{}, 1)
+	}
+	var rec CallRecord
+	with, without := derive(rec.Attach(context.Background())), derive(context.Background())
+	b.Run("no-record", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			noteBelow(without, noteRefused)
+		}
+	})
+	b.Run("record", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			noteBelow(with, noteRefused)
+		}
 	})
 }

@@ -22,15 +22,20 @@ import (
 // 100 calls and the 100-call minimum are resilience4j's defaults; its
 // default slow-call rate is 100 % (a host trips on slowness only when every
 // call is slow), where bulwark's is 50 %: slowness drains a caller's
-// workers long before every call is slow. The open time
-// starts at Polly's 5 s and doubles on each trip in a row, as Envoy grows
-// an outlier's ejection, up to a minute.
+// workers long before every call is slow. The open time starts at 1 s,
+// the first wait of gRPC's connection backoff, and doubles on each trip in
+// a row, as Envoy grows an outlier's ejection, up to a minute. It was
+// Polly's 5 s: in a chain of services, where the breaker nearest a failing
+// dependency is the one that trips (NoRetryFromBelow), a 2 s blip at the
+// bottom then kept the top down for 3–5 s after it; with 1 s and the
+// probe on a timer (breakerProbes) it answers again within a few hundred
+// milliseconds (server's TestChainFailsAndRecoversAsOne).
 const (
 	DefaultFailureRate   = 0.5
 	DefaultSlowCallRate  = 0.5
 	DefaultWindowCalls   = 100
 	DefaultMinCalls      = 100
-	DefaultOpenFor       = 5 * time.Second
+	DefaultOpenFor       = time.Second
 	DefaultMaxOpenFor    = 60 * time.Second
 	DefaultHalfOpenCalls = 10
 	// DefaultBreakerConsecutive is Breaker.ConsecutiveFailures' default:
@@ -65,7 +70,8 @@ const maxWindowCalls = window.MaxCalls
 // Nygard's Release It!. The breaker watches every attempt (retries
 // included) and, once the failure rate or the slow-call rate over its
 // window reaches its threshold, opens: for OpenFor every request fails at
-// once with a *BreakerOpenError, without touching the network. Then it lets
+// once with a *BreakerOpenError, without touching the network, except for
+// a probe every OpenFor ÷ HalfOpenCalls (see OpenFor). Then it lets
 // HalfOpenCalls probes through; if all succeed it closes, if one fails (or
 // is slow) it opens again, for twice as long, up to MaxOpenFor.
 //
@@ -144,10 +150,15 @@ type Breaker struct {
 	MinCalls int
 
 	// OpenFor is how long the breaker stays open after its first trip
-	// before it probes. Each trip in a row (a probe that failed) doubles
-	// it, up to MaxOpenFor; each open time is then shortened by up to 20 %
-	// at random, so that the hosts of a fleet do not probe in step. Zero
-	// inherits from Default, then DefaultOpenFor (5 s).
+	// before its half-open round. Each trip in a row (a probe that failed)
+	// doubles it, up to MaxOpenFor; each open time is then shortened by up
+	// to 20 % at random, so that the hosts of a fleet do not probe in
+	// step. While open, one request every open time ÷ HalfOpenCalls goes
+	// as a probe, and one that succeeds ends the open time at once: a
+	// recovered host is found within that spacing, not at the open time's
+	// end, and a host still sick sees at most HalfOpenCalls probes per
+	// open period, these and the half-open round's together. Zero inherits
+	// from Default, then DefaultOpenFor (1 s).
 	OpenFor time.Duration
 
 	// MaxOpenFor caps the open time's growth. It may not be below OpenFor.
@@ -498,6 +509,9 @@ type breakerCore struct {
 	wouldReject atomic.Uint64
 	// refused and opened count refusals and trips since the state was made.
 	refused, opened atomic.Uint64
+	// probes rations and spaces the requests a trip lets through
+	// (breakerprobe.go).
+	probes breakerProbes
 
 	// Guarded by winMu; the hooks that write them run under gobreaker's
 	// mutex too (lock order: gobreaker's, then winMu). The thresholds
@@ -563,6 +577,7 @@ type breakerEvent struct {
 
 func newBreaker(next stage, p Breaker, e env, randN func(int64) int64) *breakerStage {
 	c := &breakerCore{e: e, randN: randN, shape: shapeOf(p), heldErr: &BreakerOpenError{Host: e.host}}
+	c.probes.calls = int32(max(p.HalfOpenCalls, 1))
 	c.retune(p)
 	if p.Window > 0 {
 		c.win, _ = window.New(int64(p.Window), breakerBuckets)
@@ -610,12 +625,19 @@ func (b *breakerStage) roundTrip(req *http.Request, c call) (*http.Response, err
 		return b.next.roundTrip(req, c)
 	}
 	if b.holdUntil.Load() != 0 || b.fleetTrip() {
+		if resp, err, ok := b.spacedProbe(req, c); ok {
+			return resp, err
+		}
+		return b.refuse(req, c, false)
+	}
+	if !b.probes.take() {
 		return b.refuse(req, c, false)
 	}
 	var (
-		resp *http.Response
-		err  error
-		ran  bool
+		resp    *http.Response
+		err     error
+		ran     bool
+		ignored bool
 	)
 	// Execute reports a panic in next as a failure before letting it go
 	// on, so a half-open probe slot is never left taken.
@@ -630,14 +652,25 @@ func (b *breakerStage) roundTrip(req *http.Request, c call) (*http.Response, err
 		}
 		took := time.Since(start)
 		sendClocks.Put(sc)
-		return struct{}{}, b.verdict(c.judge(resp, err), took)
+		v := b.verdict(c.judge(resp, err), took)
+		switch v {
+		case nil:
+			b.probes.answered()
+		case errVerdictIgnored:
+			ignored = true
+		}
+		return struct{}{}, v
 	})
 	if b.pending.Load() {
 		b.flush()
 	}
 	if !ran {
 		// Open, or half-open with every probe slot taken.
+		b.probes.giveBack()
 		return b.refuse(req, c, false)
+	}
+	if ignored {
+		b.probes.giveBack()
 	}
 	return resp, err
 }
@@ -810,11 +843,13 @@ func (b *breakerCore) onStateChange(_ string, from, to gobreaker.State) {
 		until := now.Add(d).UnixNano()
 		b.openErr.Store(&BreakerOpenError{Host: b.e.host, ProbeAt: now.Add(d)})
 		b.holdUntil.Store(until)
+		b.probes.trip(d, now)
 		// A later trip's hold is not this timer's to clear.
 		time.AfterFunc(d, func() { b.holdUntil.CompareAndSwap(until, 0) })
 		b.publishOpen(now.Add(d), b.trips)
 	case gobreaker.StateClosed:
 		b.trips = 0
+		b.probes.closed()
 	}
 	b.winMu.Unlock()
 	b.evMu.Lock()
@@ -1210,4 +1245,24 @@ func (b *breakerCore) heldState() CircuitState {
 	b.winMu.Lock()
 	defer b.winMu.Unlock()
 	return circuitState(b.cbState)
+}
+
+// spacedProbe sends req as a spaced probe of an open breaker, when one is
+// due (see breakerProbes): ok reports that it was sent, and then resp and
+// err are its outcome. A success ends the open time at once; the
+// half-open round that follows decides whether the breaker closes. A
+// failure changes nothing: the open time runs on.
+func (b *breakerStage) spacedProbe(req *http.Request, c call) (resp *http.Response, err error, ok bool) {
+	now := time.Now()
+	hold := b.holdUntil.Load()
+	// In shadow mode too, so that it behaves as an enforcing breaker would.
+	if hold == 0 || !b.probes.spaced(now.UnixNano()) {
+		return nil, nil, false
+	}
+	resp, err = b.next.roundTrip(req, c)
+	if b.verdict(c.judge(resp, err), time.Since(now)) == nil {
+		b.probes.answered()
+		b.holdUntil.CompareAndSwap(hold, 0)
+	}
+	return resp, err, true
 }

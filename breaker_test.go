@@ -330,8 +330,8 @@ func TestBreakerDefaults(t *testing.T) {
 	if d := (Policy{}).withDefaults().Breaker.SlowCall; d != DefaultAttemptTimeout/2 {
 		t.Errorf("SlowCall with package defaults = %v, want %v", d, DefaultAttemptTimeout/2)
 	}
-	if DefaultOpenFor != 5*time.Second || DefaultWindowCalls != 100 || DefaultMinCalls != 100 {
-		t.Errorf("DefaultOpenFor %v, DefaultWindowCalls %d, DefaultMinCalls %d; want 5s, 100, 100",
+	if DefaultOpenFor != time.Second || DefaultWindowCalls != 100 || DefaultMinCalls != 100 {
+		t.Errorf("DefaultOpenFor %v, DefaultWindowCalls %d, DefaultMinCalls %d; want 1s, 100, 100",
 			DefaultOpenFor, DefaultWindowCalls, DefaultMinCalls)
 	}
 	// MinCalls is capped at a count window's size, not at a time window's.
@@ -456,7 +456,9 @@ func trip(t *testing.T, tr *Transport) {
 
 func TestBreakerOpenRejects(t *testing.T) {
 	base := &opBase{}
-	tr := testBreaker(t, Breaker{MinCalls: 1}, base)
+	// Open for an hour: no timer probe (one per OpenFor ÷ HalfOpenCalls)
+	// comes due while it checks, on the real clock, that nothing is sent.
+	tr := testBreaker(t, Breaker{MinCalls: 1, OpenFor: time.Hour}, base)
 	trip(t, tr)
 	calls := base.calls.Load()
 	for _, cr := range contractRequests {
@@ -1021,7 +1023,8 @@ func BenchmarkBreaker(b *testing.B) {
 		}
 	})
 	b.Run("open", func(b *testing.B) {
-		rt := testBreaker(b, Breaker{MinCalls: 1}, &staticBase{&http.Response{StatusCode: 503, Body: http.NoBody}})
+		// Open for an hour: no timer probe comes due while it measures.
+		rt := testBreaker(b, Breaker{MinCalls: 1, OpenFor: time.Hour}, &staticBase{&http.Response{StatusCode: 503, Body: http.NoBody}})
 		rt.RoundTrip(req)
 		if s, _ := breakerState(rt, breakerHost); s != CircuitOpen {
 			b.Fatal("breaker not open")

@@ -87,6 +87,9 @@ type Verdict struct {
 // host did not end it): those keep DefaultClassify's Verdict, OutcomeIgnored
 // and not retryable, so that no classifier can make a layer count its own
 // refusals against the host, and a fallback still answers for a refusal.
+// Nor is it asked about a 429 or 5xx marked NoRetryFromBelow, a failure
+// the host passed up from a tier below: that is OutcomeIgnored and not
+// retryable whatever the classifier, and a fallback still answers for it.
 //
 // The adaptive limit (Bulkhead.Adaptive) counts as a drop, a sign the host
 // has too much to do, an OutcomeFailure that is bulwark's own timeout, a
@@ -142,7 +145,10 @@ func judge(fn Classifier, resp *http.Response, err error) judged {
 
 // judgeKind is judge for an outcome already classified as k.
 func judgeKind(fn Classifier, k kind, resp *http.Response, err error) judged {
-	if fn == nil || !k.fromHost() {
+	// A failure passed up from below is not the classifier's to judge: no
+	// classifier can make the breaker or the adaptive limit count it
+	// (NoRetryFromBelow).
+	if fn == nil || !k.fromHost() || k == kindPassedUp {
 		return judged{k: k, v: k.verdict(resp)}
 	}
 	return judged{k: k, v: fn(resp, err)}
@@ -167,7 +173,7 @@ func (k kind) fromHost() bool {
 // that could not be written (kindLocal), which is a bug to see, not an
 // outage to hide.
 func (j judged) failed() bool {
-	return j.v.Outcome == OutcomeFailure || (!reached(j.k) && j.k != kindLocal)
+	return j.v.Outcome == OutcomeFailure || (!reached(j.k) && j.k != kindLocal) || j.k == kindPassedUp
 }
 
 // failed is judged.failed under DefaultClassify.
@@ -235,6 +241,7 @@ const (
 	kindTransient                  // a transport error another try may cure
 	kindPermanent                  // a transport error another try will not cure
 	kindLocal                      // the request's own fault (ErrInvalidRequest, ErrRequestBody): says nothing of the host
+	kindPassedUp                   // a 429 or 5xx (not 501) marked NoRetryFromBelow: a failure below, passed up
 )
 
 // classify is the one classification of an outcome; exactly one of resp
@@ -242,6 +249,8 @@ const (
 func classify(resp *http.Response, err error) kind {
 	if err == nil {
 		switch c := resp.StatusCode; {
+		case (c == http.StatusTooManyRequests || c >= 500 && c != http.StatusNotImplemented) && passedUp(resp.Header):
+			return kindPassedUp
 		case c == http.StatusTooManyRequests:
 			return kindTooMany
 		case c == http.StatusRequestTimeout:
@@ -394,6 +403,8 @@ func (k kind) label() string {
 		return outcomeThrottled
 	case kindBudget:
 		return outcomeBudget
+	case kindPassedUp:
+		return outcomePassedUp
 	}
 	return outcomeError
 }
@@ -417,7 +428,8 @@ const (
 	outcomeThrottled   = "throttled"
 	outcomeBudget      = "retry_budget"
 	outcomeTooShort    = "deadline_too_short"
-	outcomeError       = "error" // any other transport error
+	outcomePassedUp    = "passed_up" // a failure passed up from below (NoRetryFromBelow)
+	outcomeError       = "error"     // any other transport error
 )
 
 // invalidRequest is the local fault of req that net/http's Transport would

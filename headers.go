@@ -1,8 +1,12 @@
 package bulwark
 
 import (
+	"context"
 	"maps"
 	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/bulwark-http/bulwark/internal/wire"
 )
@@ -10,8 +14,189 @@ import (
 // The headers by which bulwark's client and its server half (package
 // server) speak to each other. Both halves import this package, so the
 // names live here, with the root's helpers for reading and copying
-// headers. The retry layer's NoRetryHeader is with the layer that reads it,
-// in retry_rt.go.
+// headers, and CallRecord, by which the server half learns what a
+// request's outgoing calls met below.
+
+// NoRetryHeader is the response header by which a server says "do not retry
+// this", so that only one layer of a deep stack retries instead of every
+// layer multiplying the load. Any value counts, however malformed: it can
+// only stop a retry, never cause one, a pause or an error. bulwark's retry
+// layer never retries a response that carries it.
+//
+// Two writers set it. A load-shedding server (server.Shedder) sets it to
+// "1" on the 503s it answers when overloaded: that is the host's own
+// overload, and bulwark's breaker and adaptive limit count it as the
+// host's failure. The server half (server.DeadlineHandler, server.PassUp)
+// sets it to NoRetryFromBelow on a failure it passes up from below: see
+// CallRecord.
+const NoRetryHeader = "Bulwark-No-Retry"
+
+// NoRetryFromBelow is NoRetryHeader's value on a failure passed up: a 5xx
+// or 429 a service answered after a bulwark call it made below failed in a
+// way the tier below already dealt with (see CallRecord for which). The
+// client reading it neither retries the answer nor counts it as the
+// host's failure in its breaker or adaptive limit (or an instance's
+// ejection): the tier below has already judged the dependency, and
+// tripping again above only delays the chain's recovery. It is counted
+// apart, as HostSnapshot.PassedUp and the outcome label "passed_up", and a
+// fallback still answers for it. The value is matched without regard to
+// case or surrounding spaces; any other value is the shed "1".
+//
+// The rules of the chain, for a request that reaches a service with the
+// server half and makes bulwark calls with its context:
+//   - Which outcomes below mark the answer: a call that was retried and
+//     still failed; one refused locally (breaker open, bulkhead full,
+//     pushback pause, client-side throttle, retry budget spent); one whose
+//     last answer carried NoRetryHeader (a shed, a pass-up from further
+//     down) or an interop don't-retry signal (x-envoy-overloaded, a
+//     negative grpc-retry-pushback-ms). Not a call that failed once
+//     without being retried because its request may not be sent twice, or
+//     retries are off, or its deadline left no room: no layer below tried
+//     again, so the layer above may. The mark goes only on the service's
+//     own 5xx or 429 answer, and never replaces a NoRetryHeader the
+//     handler set.
+//   - A request that is itself a retry (Bulwark-Attempt ≥ 2) is served as
+//     any other: its calls below may retry. Marks make that rare: the layer
+//     above retries only answers that were not passed up (this service's
+//     own failure, a timeout above), and the deadline header bounds what
+//     both layers can spend together.
+//   - A non-idempotent request is sent once at every tier, as always; its
+//     failure below is not marked unless it was refused locally or answered
+//     don't-retry, so the one layer that may safely resend it (with an
+//     Idempotency-Key) still can.
+//   - Hedging: a hedge is an attempt; a call whose hedges all failed was
+//     retried and still failed. A marked answer is not retryable, so it
+//     ends a hedged round as any final answer does.
+//   - Fleet: a pass-up never reaches a breaker's window, so it is not
+//     published to the fleet's counts either; a trip shared by the fleet
+//     is still a local refusal, which marks.
+const NoRetryFromBelow = "below"
+
+// passedUp reports whether a response's NoRetryHeader says the failure was
+// passed up from below (NoRetryFromBelow). Only the first value counts.
+func passedUp(h http.Header) bool {
+	v, ok := h[NoRetryHeader]
+	return ok && len(v) > 0 && strings.EqualFold(trimOWS(v[0]), NoRetryFromBelow)
+}
+
+// The don't-retry signals of other stacks, which bulwark reads as its own
+// NoRetryHeader: Envoy's x-envoy-overloaded (any value: the answer is
+// Envoy's own refusal, "do not retry"), and gRPC's grpc-retry-pushback-ms
+// (gRFC A6; read from the response header, since the retry is decided when
+// the headers arrive: a gRPC server that sends it only as a trailer is not
+// heard). bulwark does not emit them: its own header says the same to its
+// own clients, x-envoy-overloaded says the answer is an overloaded proxy's
+// (which a pass-up is not), and a proxy in front can be told to honour
+// NoRetryHeader by its own retry policy (Envoy's retriable headers).
+const (
+	envoyOverloadedHeader = "X-Envoy-Overloaded"
+	grpcPushbackHeader    = "Grpc-Retry-Pushback-Ms"
+)
+
+// maxPushbackDigits bounds grpc-retry-pushback-ms: 10 digits is over 100
+// days, beyond any Retry.MaxRetryAfter cap.
+const maxPushbackDigits = 10
+
+// noRetry reads a response's don't-retry signals: stop when the response
+// must not be retried (NoRetryHeader or x-envoy-overloaded, any value; a
+// negative grpc-retry-pushback-ms, or one that does not parse, as gRFC A6
+// reads it); otherwise wait, the least wait before a retry that a valid
+// grpc-retry-pushback-ms asks for (zero without one). bad reports a
+// grpc-retry-pushback-ms that did not parse, which the caller counts. A
+// malformed or hostile value can only stop a retry: never cause one, nor
+// a pause of other requests, nor an error.
+func noRetry(h http.Header) (stop bool, wait time.Duration, bad bool) {
+	if _, ok := h[NoRetryHeader]; ok {
+		return true, 0, false
+	}
+	if _, ok := h[envoyOverloadedHeader]; ok {
+		return true, 0, false
+	}
+	vs, ok := h[grpcPushbackHeader]
+	if !ok {
+		return false, 0, false
+	}
+	if len(vs) != 1 {
+		return true, 0, true // two pushbacks contradict each other
+	}
+	v := trimOWS(vs[0])
+	neg := strings.HasPrefix(v, "-")
+	digits := strings.TrimPrefix(v, "-")
+	if digits == "" || len(digits) > maxPushbackDigits || !allDigits(digits) {
+		return true, 0, true
+	}
+	if neg {
+		return true, 0, false
+	}
+	var ms int64
+	for i := 0; i < len(digits); i++ {
+		ms = ms*10 + int64(digits[i]-'0')
+	}
+	return false, time.Duration(ms) * time.Millisecond, false
+}
+
+// A CallRecord is the server half's note, in an incoming request's
+// context, of what the bulwark calls made with that context met below.
+// The server half (server.DeadlineHandler, server.PassUp) attaches one to
+// each request; a Transport's call made with that context, or a context
+// derived from it, notes in it a failure the tier below already dealt
+// with (see NoRetryFromBelow for which), and the server half reads it when
+// the handler answers. It is a fixed-size value with no goroutine: the
+// server half embeds it in the one allocation it makes per request. A call
+// whose context carries none behaves as it always did.
+//
+// The zero CallRecord is ready to use. Attach it once, before the request
+// is served; FailedBelow and the notes are safe for concurrent use.
+type CallRecord struct {
+	parent context.Context
+	notes  atomic.Uint32
+}
+
+// Attach returns parent carrying r, for the request r records. It keeps
+// parent's deadline, cancellation and values; a context derived from it
+// (context.WithTimeout, say) carries r too, and no goroutine is started.
+func (r *CallRecord) Attach(parent context.Context) context.Context {
+	r.parent = parent
+	return (*recordCtx)(r)
+}
+
+// FailedBelow reports whether a bulwark call made with the request's
+// context noted a failure the tier below already dealt with: the server
+// half then marks a 5xx or 429 answer with NoRetryFromBelow.
+func (r *CallRecord) FailedBelow() bool { return r.notes.Load() != 0 }
+
+// What a CallRecord notes.
+const (
+	noteRetried uint32 = 1 << iota // retried, or hedged, and still failed
+	noteRefused                    // refused locally: breaker, bulkhead, pushback, throttle, budget
+	noteNoRetry                    // the last answer said don't retry
+)
+
+// recordKey is the context key a CallRecord answers to.
+type recordKey struct{}
+
+// recordCtx is a CallRecord as the context it is attached to.
+type recordCtx CallRecord
+
+func (c *recordCtx) Deadline() (time.Time, bool) { return c.parent.Deadline() }
+func (c *recordCtx) Done() <-chan struct{}       { return c.parent.Done() }
+func (c *recordCtx) Err() error                  { return c.parent.Err() }
+func (c *recordCtx) Value(key any) any {
+	if _, ok := key.(recordKey); ok {
+		return (*CallRecord)(c)
+	}
+	return c.parent.Value(key)
+}
+
+// String names the context, as the context package's own do.
+func (c *recordCtx) String() string { return "bulwark.CallRecord" }
+
+// noteBelow notes what in the record ctx carries, if any.
+func noteBelow(ctx context.Context, what uint32) {
+	if r, ok := ctx.Value(recordKey{}).(*CallRecord); ok {
+		r.notes.Or(what)
+	}
+}
 
 // PriorityHeader is the request header that carries a request's Priority
 // from client to server: "critical", "high", "normal", "low" or "test" (any

@@ -221,6 +221,10 @@ type env struct {
 	// tooShort counts the host's attempts refused for too little time
 	// left (attemptStage); nil: not counted.
 	tooShort *atomic.Uint64
+	// passedUp counts the host's answers that pass a failure up from
+	// below (NoRetryFromBelow), which no layer counts against it: the
+	// attempt span's layer counts each attempt's; nil: not counted.
+	passedUp *atomic.Uint64
 }
 
 // baseStage adapts the base http.RoundTripper, and holds it to the

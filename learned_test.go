@@ -672,7 +672,7 @@ func TestLearnedBreakerSettles(t *testing.T) {
 				}
 				c := &http.Client{Transport: tr}
 				drive(t, c, 1000, 20*time.Second)
-				trips := func() int { return tr.Snapshot().Host("sim.test:80")[0].Breaker.Trips }
+				trips := func() uint64 { return tr.Snapshot().Host("sim.test:80")[0].Breaker.TotalTrips }
 				if n := trips(); n != 0 {
 					t.Fatalf("%d trips while healthy", n)
 				}

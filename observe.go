@@ -112,8 +112,10 @@ package bulwark
 // other outcome keeps its finer label from a fixed set: client_error,
 // server_error, timeout, deadline, canceled, error, or the refusing
 // layer's (breaker_open, bulkhead_full, pushback, throttled, retry_budget,
-// deadline_too_short); a status below 400 that the classifier calls a
-// failure is "failure", one it ignores "ignored". A span's status follows
+// deadline_too_short), or passed_up for a 429 or 5xx that passes a failure
+// up from below (NoRetryFromBelow), which no layer counts against the
+// host; a status below 400 that the classifier calls a failure is
+// "failure", one it ignores "ignored". A span's status follows
 // the HTTP semantic conventions (an error from 400 up) whatever the
 // classifier says.
 //

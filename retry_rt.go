@@ -20,13 +20,6 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// NoRetryHeader is the response header by which a server says "do not retry
-// this": a load-shedding server sets it on the 503s it answers when
-// overloaded, so that only one layer of a deep stack retries instead of
-// every layer multiplying the load. Any value counts. bulwark's retry layer
-// never retries a response that carries it.
-const NoRetryHeader = "Bulwark-No-Retry"
-
 // Package defaults for Retry.
 const (
 	DefaultMaxAttempts   = 3
@@ -209,7 +202,8 @@ type RetryEvent struct {
 	// first retry.
 	Attempt int
 	// Wait is how long bulwark waits before sending it; FromRetryAfter
-	// reports that the server's Retry-After set it.
+	// reports that the server set it: its Retry-After, or gRPC's
+	// grpc-retry-pushback-ms.
 	Wait           time.Duration
 	FromRetryAfter bool
 	// StatusCode is the failed attempt's status, zero after an error; Err
@@ -225,8 +219,16 @@ type RetryEvent struct {
 //
 // The algorithm: calls and retries are counted in ten buckets of Window/10
 // each, so the window slides in tenths. A retry is allowed if, counting it,
-// retries in the window stay within Ratio × calls in the window. Otherwise
-// it may come from the floor: a token bucket (golang.org/x/time/rate) of
+// retries in the window stay within Ratio × calls in the window, and the
+// retry throttle of gRPC (gRFC A6) has more than half its 10 tokens: a
+// call whose first attempt failed takes a token, one that succeeded gives
+// back Ratio of one. The throttle is why a window's healthy past does not
+// fund a burst of retries into a sudden outage (with 10 s of calls banked,
+// a 2 s blip could otherwise draw retries for half its calls): five failed
+// calls in a row stop the ratio's retries, and a host that fails more
+// than Ratio ÷ (1 + Ratio) of its calls (17 % at the default) for long
+// gets the floor's retries alone. Otherwise the retry may come from the
+// floor: a token bucket (golang.org/x/time/rate) of
 // MinPerSecond a second with a burst of one second's worth, used only while
 // retries in the window stay within MinPerSecond × Window. Retries funded
 // by the floor count against the ratio too, so the floor is a minimum, not
@@ -238,7 +240,8 @@ type RetryEvent struct {
 // pods that call the host answer with theirs while that goes on, and
 // every pod counts the others' latest windows with its own, so the ratio
 // and the floor bound the retries of the whole fleet: MinPerSecond is then
-// the fleet's floor, not each pod's. A route's budget stays local.
+// the fleet's floor, not each pod's. The retry throttle stays each pod's
+// own, judged on the calls it made. A route's budget stays local.
 type Budget struct {
 	// Ratio is the most retries per call over the window, in (0, 1]. Zero
 	// inherits from Default, then DefaultBudgetRatio.
@@ -383,6 +386,7 @@ type retryStage struct {
 	e        env
 	pause    pauser         // the host's pushback; nil when off
 	ignored  *atomic.Uint64 // Retry-After values ignored, when pushback does not count them
+	hostile  *atomic.Uint64 // malformed grpc-retry-pushback-ms values: always counted
 	randN    func(int64) int64
 	balanced bool // the host is balanced: each call gets a tried set
 	max      int
@@ -418,6 +422,7 @@ func newRetry(next stage, p Retry, e env, pause pauser, ignored *atomic.Uint64, 
 		// ones; without it, this layer does.
 		r.ignored = ignored
 	}
+	r.hostile = ignored
 	if !p.Budget.Disabled {
 		r.budget = newRetryBudget(p.Budget)
 	}
@@ -474,9 +479,15 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 		if c.attempt == 1 && r.budget != nil && reached(k) {
 			// The budget counts calls that reached the host: one refused
 			// here by an open breaker or a pause is no request of its.
-			r.budget.call(c.start)
+			r.budget.call(c.start, judgeKind(c.classify, k, resp, err).v.Outcome)
 		}
 		d := r.decide(req, c, replayable, attempt, k, resp, err, &prevWait)
+		if d.v == giveUp && (attempt > 1 || d.late) && judgeKind(c.classify, k, resp, err).v.Outcome == OutcomeFailure {
+			// Retried here and still failed, or due for a retry the
+			// deadline left no room for: the layer above should not try
+			// again (CallRecord).
+			noteBelow(ctx, noteRetried)
+		}
 		if d.v != retryAgain && d.err != nil {
 			// The call ends after an attempt the user's CheckRetry
 			// returned an error for: that error is the call's, as in
@@ -488,6 +499,7 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 		case budgetSpent:
 			r.budget.refused.Add(1)
 			r.e.rep.rejected(ctx, layerBudget)
+			noteBelow(ctx, noteRefused)
 			return r.finish(attempt, resp, err, true)
 		case giveUp:
 			return r.finish(attempt, resp, err, false)
@@ -562,6 +574,8 @@ type decision struct {
 	wait   time.Duration
 	fromRA bool
 	err    error
+	// late is a retry that was due but did not fit before the deadline.
+	late bool
 }
 
 // decide is the retry decision after attempt number attempt, whose
@@ -596,12 +610,20 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 	case kindBreakerOpen, kindBulkheadFull, kindPushback:
 		return decision{}
 	}
-	// 4. The server said not to retry: it is shedding load and wants only
-	// one layer of the stack to try again.
+	// 4. The server said not to retry: it is shedding load, or passing up
+	// a failure below, and wants only one layer of the stack to try again
+	// (NoRetryHeader, or Envoy's and gRPC's signals: see noRetry). A
+	// gRPC pushback that asks for a delay is kept for step 7.
+	var pushback time.Duration
 	if resp != nil {
-		if _, ok := resp.Header[NoRetryHeader]; ok {
+		stop, wait, bad := noRetry(resp.Header)
+		if bad && r.hostile != nil {
+			r.hostile.Add(1)
+		}
+		if stop {
 			return decision{}
 		}
+		pushback = wait
 	}
 	// 5. Only outcomes another try may change: the user's CheckRetry, or
 	// the Verdict of the policy's Classify. CheckRetry has
@@ -635,6 +657,12 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 			d.wait, d.fromRA = min(ra, r.maxRA), true
 		}
 	}
+	if pushback > 0 {
+		// grpc-retry-pushback-ms: at least that long, within the cap a
+		// Retry-After has.
+		d.wait = max(d.wait, min(pushback, r.maxRA))
+		d.fromRA = true
+	}
 	if !d.fromRA {
 		d.wait = r.backoffWait(attempt-1, resp, prevWait)
 		if connRefused(err) {
@@ -655,7 +683,7 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 	// returning the last outcome now rather than sleeping into a timeout
 	// and losing the response we have.
 	if dl, ok := c.deadline(req); ok && now.Add(d.wait+r.sendTime()).After(dl) {
-		return decision{err: cerr}
+		return decision{err: cerr, late: true}
 	}
 	// 9. The budget, last, so that no token is spent on a retry another
 	// check would refuse.
@@ -746,6 +774,11 @@ type retryBudget struct {
 
 	mu  sync.Mutex
 	win *window.Window // positions are unix nanoseconds
+	// tokens is gRFC A6's retry throttle: a call whose first attempt
+	// failed takes one, one that succeeded gives back ratio, up to
+	// throttleTokens; the ratio funds no retry while at most half are
+	// left (the floor still does).
+	tokens float64
 
 	// With a Fleet, the host's budget (not a route's) is the fleet's:
 	// the other pods' windows count with this one's.
@@ -760,7 +793,7 @@ type retryBudget struct {
 func newRetryBudget(b Budget) *retryBudget {
 	// Window ≥ 100 ms (validated), so New cannot fail.
 	w, _ := window.New(int64(b.Window), budgetBuckets)
-	rb := &retryBudget{ratio: b.Ratio, win: w, span: b.Window}
+	rb := &retryBudget{ratio: b.Ratio, win: w, span: b.Window, tokens: throttleTokens}
 	if b.MinPerSecond > 0 {
 		rb.floorMax = b.MinPerSecond * b.Window.Seconds()
 		rb.floor = rate.NewLimiter(rate.Limit(b.MinPerSecond), max(1, int(math.Ceil(b.MinPerSecond))))
@@ -768,12 +801,33 @@ func newRetryBudget(b Budget) *retryBudget {
 	return rb
 }
 
-// call records a call (its first attempt) made at now.
-func (b *retryBudget) call(now time.Time) {
+// call records a call (its first attempt) made at now, whose first
+// attempt's outcome was o.
+func (b *retryBudget) call(now time.Time, o Outcome) {
 	b.mu.Lock()
 	b.win.Add(now.UnixNano(), window.Counts{budgetCalls: 1})
+	switch o {
+	case OutcomeFailure:
+		b.tokens = max(0, b.tokens-1)
+	case OutcomeSuccess:
+		b.tokens = min(throttleTokens, b.tokens+b.ratio)
+	}
 	b.mu.Unlock()
 }
+
+// throttleTokens is the retry throttle's size, gRFC A6's example
+// maxTokens: ratio-funded retries stop after five more failed calls than
+// successes × ratio, and a host failing more than ratio ÷ (1 + ratio) of
+// its calls (17 % at the default 0.2) for long gets the floor's retries
+// alone. A window's ratio counts the healthy past: with 10 s of calls
+// banked, a 2 s outage could draw retries for half of its calls; the
+// throttle stops them within a few calls (issue 30's chain of services
+// measured 1.19–1.30 × at the one layer that retries, without it).
+const throttleTokens = 10
+
+// throttled reports whether the retry throttle holds the ratio's
+// retries back. Under b.mu.
+func (b *retryBudget) throttled() bool { return b.tokens <= throttleTokens/2 }
 
 // BudgetSnapshot is a retry budget's state, as Snapshot reports it.
 type BudgetSnapshot struct {
@@ -784,8 +838,8 @@ type BudgetSnapshot struct {
 	// fleet's, and spends from their sum.
 	FleetCalls, FleetRetries int64
 	// Remaining is how many retries the budget would allow now, the
-	// fleet's counted: the room under the ratio or, if larger, the
-	// floor's.
+	// fleet's counted: the room under the ratio (none while the retry
+	// throttle holds it back) or, if larger, the floor's.
 	Remaining int64
 	// Refused is how many retries it has refused since the host's state
 	// was made.
@@ -799,6 +853,9 @@ func (b *retryBudget) state(now time.Time) BudgetSnapshot {
 	sum := b.peers.Add(own, now)
 	calls, retries := sum[budgetCalls], sum[budgetRetries]
 	room := int64(b.ratio*float64(calls)) - retries
+	if b.throttled() {
+		room = 0
+	}
 	if b.floor != nil {
 		room = max(room, min(int64(b.floor.TokensAt(now)), int64(b.floorMax)-retries))
 	}
@@ -813,7 +870,7 @@ func (b *retryBudget) withdraw(now time.Time) bool {
 	pos := now.UnixNano()
 	sum := b.peers.Add(b.win.Sum(pos), now)
 	r := float64(sum[budgetRetries] + 1)
-	ok := r <= b.ratio*float64(sum[budgetCalls]) ||
+	ok := r <= b.ratio*float64(sum[budgetCalls]) && !b.throttled() ||
 		(b.floor != nil && r <= b.floorMax && b.floor.AllowN(now, 1))
 	if ok {
 		b.win.Add(pos, window.Counts{budgetRetries: 1})

@@ -139,8 +139,10 @@ func TestRoutesScripted(t *testing.T) {
 		})
 		var rec bulwarktest.Recorder
 		tr, err := bulwark.New(bulwark.Config{
-			Base:    u.Transport(),
-			Default: rec.Hook(bulwark.Policy{Breaker: bulwark.Breaker{MinCalls: 3, FailureRate: 0.5}}),
+			Base: u.Transport(),
+			// Open for longer than the rates route's one-second
+			// Retry-After wait, so the snapshot after it finds it open.
+			Default: rec.Hook(bulwark.Policy{Breaker: bulwark.Breaker{MinCalls: 3, FailureRate: 0.5, OpenFor: 5 * time.Second}}),
 			Routes: map[string]bulwark.Policy{
 				"POST api.example.com/v1/charges": {Retry: bulwark.Retry{Disabled: true}, Timeout: bulwark.Timeout{Attempt: 30 * time.Second}},
 				"GET /v1/rates/{id}":              {Timeout: bulwark.Timeout{Attempt: 2 * time.Second}},

@@ -52,6 +52,10 @@ var seamRows = []struct {
 	{"call counts × retry, fallback, local error", seamCallCountsRetryFallback},
 	{"breaker history × Update", seamBreakerHistoryUpdate},
 	{"short attempt × retry", seamShortAttemptRetry},
+	{"pass-up × fallback", seamPassUpFallback},
+	{"pass-up × hedge", seamPassUpHedge},
+	{"pass-up × route classifier", seamPassUpRoute},
+	{"timer probe × force open", seamTimerProbeForceOpen},
 }
 
 func TestSeams(t *testing.T) {
@@ -842,4 +846,88 @@ func seamConsecutiveHedge(t *testing.T) {
 		}
 	}
 	t.Fatalf("breaker %+v after 20 calls whose every attempt hung; want it open", seamHost(t, tr, "api.test:80").Breaker)
+}
+
+// A failure passed up from below (bulwark.NoRetryFromBelow) is no failure
+// of the host's, but the call still failed: a fallback answers for it,
+// and it is neither retried nor counted by the breaker.
+func seamPassUpFallback(t *testing.T) {
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) {
+		return seamAnswer(req, 0, 503, bulwark.NoRetryHeader, bulwark.NoRetryFromBelow)
+	}}
+	tr := seamNew(t, bulwark.Config{Base: base, Default: bulwark.Policy{Breaker: seamBreaker,
+		Fallback: bulwark.Fallback{Constant: &bulwark.ConstantResponse{StatusCode: 200, Body: []byte("[]")}}}})
+	for range 10 {
+		if code, err := seamSend(t, tr, "GET", "http://api.test/menu"); code != 200 {
+			t.Fatalf("a failure passed up: %d, %v; want the fallback's 200", code, err)
+		}
+	}
+	h := seamHost(t, tr, "api.test:80")
+	if base.sent() != 10 || h.Breaker.State != bulwark.CircuitClosed || h.Breaker.Failures != 0 || h.PassedUp != 10 {
+		t.Fatalf("sent %d, breaker %+v, passed up %d; want 10 sent once each, the breaker closed and empty, 10 passed up", base.sent(), h.Breaker, h.PassedUp)
+	}
+}
+
+// A hedged call whose first attempt answers a failure passed up from
+// below ends with it: it is not retryable, so no hedge or retry follows.
+func seamPassUpHedge(t *testing.T) {
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) {
+		return seamAnswer(req, 5*time.Millisecond, 503, bulwark.NoRetryHeader, bulwark.NoRetryFromBelow)
+	}}
+	tr := seamNew(t, bulwark.Config{Base: base, Default: bulwark.Policy{Hedge: bulwark.Hedge{Delay: 50 * time.Millisecond}}})
+	if code, err := seamSend(t, tr, "GET", "http://api.test/x"); code != 503 || err != nil {
+		t.Fatalf("got %d, %v; want the 503 passed up", code, err)
+	}
+	time.Sleep(time.Second)
+	if n := base.sent(); n != 1 {
+		t.Fatalf("%d attempts, want 1: a pass-up is final", n)
+	}
+}
+
+// A route's classifier that calls every 503 a failure still cannot make
+// its breaker count a failure passed up from below.
+func seamPassUpRoute(t *testing.T) {
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) {
+		return seamAnswer(req, 0, 503, bulwark.NoRetryHeader, "Below")
+	}}
+	strict := func(resp *http.Response, err error) bulwark.Verdict {
+		return bulwark.Verdict{Outcome: bulwark.OutcomeFailure, Retryable: true}
+	}
+	tr := seamNew(t, bulwark.Config{Base: base, Default: bulwark.Policy{Breaker: seamBreaker},
+		Routes: map[string]bulwark.Policy{"GET /pay/": {Classify: strict}}})
+	for range 20 {
+		_, _ = seamSend(t, tr, "GET", "http://api.test/pay/1")
+	}
+	h := seamHost(t, tr, "api.test:80")
+	if len(h.Routes) != 1 || h.Routes[0].Breaker.State != bulwark.CircuitClosed || h.Routes[0].Breaker.Failures != 0 {
+		t.Fatalf("route %+v; want its breaker closed with no failures", h.Routes)
+	}
+	if base.sent() != 20 || h.PassedUp != 20 {
+		t.Fatalf("sent %d, passed up %d; want 20 each (no retries)", base.sent(), h.PassedUp)
+	}
+}
+
+// A breaker forced open sends nothing, not even the timer probes of an
+// open period that a trip before it started.
+func seamTimerProbeForceOpen(t *testing.T) {
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) { return seamAnswer(req, 0, 503) }}
+	tr := seamNew(t, bulwark.Config{Base: base, Default: bulwark.Policy{Retry: bulwark.Retry{Disabled: true},
+		Breaker: bulwark.Breaker{MinCalls: 5, WindowCalls: 10, OpenFor: time.Second}}})
+	for range 5 {
+		_, _ = seamSend(t, tr, "GET", "http://api.test/x")
+	}
+	if b := seamHost(t, tr, "api.test:80").Breaker; b.State != bulwark.CircuitOpen {
+		t.Fatalf("breaker %v after 5 failures, want open", b.State)
+	}
+	if err := tr.ControlBreaker("api.test:80", bulwark.BreakerForceOpen); err != nil {
+		t.Fatal(err)
+	}
+	sent := base.sent()
+	for range 400 {
+		time.Sleep(10 * time.Millisecond)
+		_, _ = seamSend(t, tr, "GET", "http://api.test/x")
+	}
+	if n := base.sent() - sent; n != 0 {
+		t.Fatalf("%d requests sent while forced open, want none", n)
+	}
 }

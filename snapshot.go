@@ -22,8 +22,9 @@ type Snapshot struct {
 	// they were malformed, negative or asked for more than a day, and how
 	// many rate-limit policies (RateLimit-Policy, RateLimit-Limit,
 	// X-RateLimit-Limit) a bulkhead with a Rate could not follow (see
-	// Bulkhead.Rate). A growing count means an upstream sends headers
-	// bulwark cannot obey.
+	// Bulkhead.Rate), and how many grpc-retry-pushback-ms values did not
+	// parse (each stopped the retry of its response, as gRPC reads it). A
+	// growing count means an upstream sends headers bulwark cannot obey.
 	RetryAfterIgnored uint64
 	// Fleet is the health of the link to Config.Fleet; nil without one.
 	Fleet *FleetSnapshot
@@ -82,6 +83,11 @@ type HostSnapshot struct {
 	// Routes are the Config.Routes used on this host so far, with the state
 	// of their own layers, sorted by pattern; nil when none was used.
 	Routes []RouteSnapshot
+	// PassedUp is how many calls the host answered with a failure passed
+	// up from a tier below it (NoRetryFromBelow), since its state was
+	// made: no retry, breaker, adaptive limit or instance's ejection counts
+	// them against the host, so they are counted here, apart.
+	PassedUp uint64
 }
 
 // Snapshot returns the state of every live host: breakers with their
@@ -93,7 +99,7 @@ type HostSnapshot struct {
 func (t *Transport) Snapshot() Snapshot {
 	var s Snapshot
 	t.eachHost(func(hs *hostState) {
-		h := HostSnapshot{Host: hs.name, Scheme: hs.key.scheme, Upstream: hs.upstream}
+		h := HostSnapshot{Host: hs.name, Scheme: hs.key.scheme, Upstream: hs.upstream, PassedUp: hs.passedUp.Load()}
 		for _, show := range hs.shows {
 			show(&h)
 		}

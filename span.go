@@ -40,7 +40,9 @@ func (r *observeStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	o := r.e.rep.o
 	state := o.state.Load()
 	if state == 0 {
-		return r.next.roundTrip(req, c)
+		resp, err := r.next.roundTrip(req, c)
+		r.countPassedUp(resp)
+		return resp, err
 	}
 	tracing, metering := state&obsTracing != 0, state&obsMetering != 0
 	var prop propagation.TextMapPropagator
@@ -88,6 +90,7 @@ func (r *observeStage) roundTrip(req *http.Request, c call) (*http.Response, err
 		a.bodyEnd()
 		return nil, err
 	}
+	r.countPassedUp(resp)
 	a.outcome = attemptOutcome(c.judge(resp, nil))
 	if a.span != nil {
 		a.span.SetAttributes(semconv.HTTPResponseStatusCodeKey.Int(resp.StatusCode))
@@ -98,6 +101,16 @@ func (r *observeStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	}
 	onBodyEnd(resp, a)
 	return resp, nil
+}
+
+// countPassedUp counts an attempt answered with a failure passed up from
+// below: here, where every attempt passes, whatever a fallback or a hedge
+// above makes of it.
+func (r *observeStage) countPassedUp(resp *http.Response) {
+	if resp != nil && r.e.passedUp != nil && (resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests) &&
+		classify(resp, nil) == kindPassedUp {
+		r.e.passedUp.Add(1)
+	}
 }
 
 // bodyEnd finishes the attempt: its span and its duration.

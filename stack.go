@@ -60,7 +60,7 @@ func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 		hs.tooShort = new(atomic.Uint64)
 	}
 	hs.learned.rep.Store(hs.rep)
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep, learned: hs.learned, tooShort: hs.tooShort}
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep, learned: hs.learned, tooShort: hs.tooShort, passedUp: &hs.passedUp}
 	hs.shared.faults = hs.faults
 	hs.rt, hs.parts, hs.shows = t.compose(hs.policy, e, &hs.shared, reuseFrom(prev, hs))
 	faults, tooShort, calls := hs.faults, hs.tooShort, hs.rep.calls
@@ -92,7 +92,7 @@ func showLearned(l *learned, p *Policy) func(*HostSnapshot) {
 // through the host's. old is what the route's previous stack keeps; l is
 // the route's own learned latency (routeState.learned).
 func (t *Transport) buildRoute(hs *hostState, rep *reporter, p *Policy, old kept, l *learned) (stage, []any, []func(*HostSnapshot)) {
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep, learned: l, tooShort: hs.tooShort}
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep, learned: l, tooShort: hs.tooShort, passedUp: &hs.passedUp}
 	shared := hs.shared
 	rt, parts, shows := t.compose(p, e, &shared, old)
 	return rt, parts, append(shows, showLearned(l, p))

@@ -1,6 +1,8 @@
 package bulwark
 
 import (
+	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"net/http"
@@ -294,6 +296,9 @@ type hostState struct {
 	rawScheme, rawHost string
 	gone               atomic.Bool  // evicted (dropLocked)
 	lastUsed           atomic.Int64 // unix nanoseconds, updated at most every touchEvery
+	// passedUp counts the calls answered with a failure passed up from
+	// below (NoRetryFromBelow), which no layer counts against the host.
+	passedUp atomic.Uint64
 }
 
 // touchEvery is the resolution of a host's last-used time: fine enough for
@@ -462,7 +467,34 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			rt, rep, c.classify = r.rt, r.rep, r.classify
 		}
 	}
-	return t.send(rep, rt, req, c)
+	resp, err := t.send(rep, rt, req, c)
+	if err != nil || resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
+		noteFailure(req.Context(), resp, err)
+	}
+	return resp, err
+}
+
+// noteFailure notes a call that failed in the record of the incoming
+// request its context carries, if any (CallRecord): a local refusal, or an
+// answer that said don't retry (a pass-up from further down included). A
+// call that was retried and still failed is noted by the retry layer,
+// which knows.
+func noteFailure(ctx context.Context, resp *http.Response, err error) {
+	switch {
+	case err != nil:
+		// Refused here on purpose (breaker, bulkhead, pushback, throttle,
+		// budget): the layer above retrying would meet the same refusal.
+		// errors.Is, not classify, whose errors.As would allocate on a
+		// refusal, which allocates nothing.
+		if errors.Is(err, ErrBreakerOpen) || errors.Is(err, ErrBulkheadFull) || errors.Is(err, ErrPushback) ||
+			errors.Is(err, ErrThrottled) || errors.Is(err, ErrRetryBudget) {
+			noteBelow(ctx, noteRefused)
+		}
+	default:
+		if stop, _, _ := noRetry(resp.Header); stop {
+			noteBelow(ctx, noteNoRetry)
+		}
+	}
 }
 
 // CloseIdleConnections closes the base's idle connections, when the base

@@ -41,7 +41,20 @@ type DeadlineOptions struct {
 // takes the smallest valid one, and caps it at opts.Max. A header that does
 // not parse, or is zero or negative, is ignored (and reported to
 // opts.OnMalformed): a bad header never fails the request. With no valid
-// header the request is served with its context unchanged.
+// header the request is served with its context's deadline unchanged.
+//
+// It is also the server half of a chain of services as PassUp is, for a
+// request from a bulwark client (one with a valid deadline header, or
+// bulwark.AttemptHeader): it attaches a bulwark.CallRecord to the
+// request's context, and marks a 5xx or 429 answer
+// bulwark.NoRetryFromBelow when a bulwark call the handler made below
+// failed in a way the tier below already dealt with, so that the caller
+// above neither retries it nor trips on it. Under a PassUp its record
+// shadows PassUp's (a call notes in the nearest). The record and its
+// writer are one allocation per request, and the request's copy with the
+// new context is the one a deadline needs anyway; any other request is
+// served exactly as before. Wrap the handler in PassUp to mark the
+// answers to every caller.
 func DeadlineHandler(next http.Handler, opts DeadlineOptions) http.Handler {
 	if opts.Max <= 0 {
 		opts.Max = DefaultMaxDeadline
@@ -56,6 +69,9 @@ func DeadlineHandler(next http.Handler, opts DeadlineOptions) http.Handler {
 type deadlineHandler struct {
 	next http.Handler
 	opts DeadlineOptions
+	// noRecord leaves the CallRecord out: for the benchmark that pairs
+	// the handler with and without it, never set otherwise.
+	noRecord bool
 }
 
 // The header names DeadlineHandler reads besides its own.
@@ -66,11 +82,27 @@ const (
 
 func (h *deadlineHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	d, ok := h.incoming(r.Header)
+	ctx := r.Context()
+	// The record only for a caller that can read the mark (bulwark's
+	// client sends a deadline, or numbers its attempts), so that any
+	// other request is served as it was, without the copy of the request
+	// a record needs.
+	_, attempt := r.Header[bulwark.AttemptHeader]
+	// A record of PassUp's above is not looked for (a lookup that walks
+	// the whole context on every request): this one shadows it, and the
+	// client notes in the nearest.
+	if !h.noRecord && (ok || attempt) {
+		pw := newPassUpWriter(w, ctx)
+		w, ctx = pw, &pw.ctx
+	}
 	if !ok {
+		if ctx != r.Context() {
+			r = r.WithContext(ctx)
+		}
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), d)
+	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	h.next.ServeHTTP(w, r.WithContext(ctx))
 }

@@ -13,6 +13,15 @@
 // bulwark.ShedPriorityHeader: a bulwark client then neither retries the
 // refusal nor holds back requests more important than the one refused.
 //
+// DeadlineHandler is also the server half of a chain of services, as
+// PassUp is for a service without it: it gives each request from a
+// bulwark client a bulwark.CallRecord, and when the handler answers a 5xx
+// or 429 after a bulwark call below failed in a way the tier below dealt
+// with (retried, refused locally, answered don't-retry), it marks the
+// answer bulwark.NoRetryFromBelow, so that of a chain of services one
+// layer retries and one layer trips (see bulwark.NoRetryFromBelow for the
+// rules).
+//
 // The two compose with the deadline outermost, so that the patience a
 // queued request is allowed is the deadline its caller sent:
 //

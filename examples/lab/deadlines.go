@@ -215,9 +215,9 @@ func (l *lab) deadlineRun(ctx context.Context, r *deadlineRun, start time.Time, 
 		// on a loaded machine: its slow-call threshold is half of Attempt
 		// (15 ms for a 30 ms deadline) and its window the last 100 calls,
 		// so one stall of the machine, in which every call in flight runs
-		// past its deadline, trips it; and its first open time (5 s, less up
-		// to 20 %) outlasts a 4–5 s run, so every later call fails at once
-		// and the run measures the breaker, not the deadline. A retry seldom
+		// past its deadline, trips it; and while it is open (1 s, doubling
+		// on each trip in a row) every call but a probe fails at once, so
+		// the run would measure the breaker, not the deadline. A retry seldom
 		// fits in Total = Attempt, and the plain client has no retries and
 		// no bulkhead either.
 		c, err = bulwark.NewClient(bulwark.Config{Base: tr, Upstreams: map[string]bulwark.Policy{

@@ -114,9 +114,13 @@ func testTuesdayProtectsOrders(t *testing.T) {
 		}
 		// The plain client's own drained pool throttles what it sends
 		// (one call per stuck worker per sick call); bulwark's open
-		// breaker sends only probes.
-		if pt, bt := plain.metrics["tax_sick"], r.metrics["tax_sick"]; bt > 0.6*pt {
-			t.Errorf("tax requests received while sick: %s %.0f, plain %.0f; want %s well under plain (the breaker open)", r.short, bt, pt, r.short)
+		// breaker sends only probes, up to HalfOpenCalls per open period
+		// (spaced through it, so that a recovery is seen within a tenth
+		// of the open time), which at this scale's short sickness comes
+		// near the plain client's count: it may not pass it. The
+		// absolute bound is issue 28's, below.
+		if pt, bt := plain.metrics["tax_sick"], r.metrics["tax_sick"]; bt > pt {
+			t.Errorf("tax requests received while sick: %s %.0f, plain %.0f; want %s no more than plain (the breaker open)", r.short, bt, pt, r.short)
 		}
 		if open := r.metrics["breaker_open_sick"]; open < 0.2 {
 			t.Errorf("%s's breaker open for %.1f%% of the sick period; want it open most of it (at least 20%%)", r.short, 100*open)
@@ -703,5 +707,36 @@ func TestReportInChromium(t *testing.T) {
 		if i := strings.Index(strings.ToLower(text), strings.ToLower(c)); i >= 0 {
 			t.Errorf("the page cites a document absent from the repository (%q): …%s…", c, text[max(0, i-60):min(len(text), i+60)])
 		}
+	}
+}
+
+func TestChainRetriesAtOneLayer(t *testing.T) { inBubble(t, testChainRetriesAtOneLayer) }
+
+// testChainRetriesAtOneLayer is issue 30's lab scenario, three services in
+// a chain at 200 req/s, the figures of the issue asserted: with bulwark
+// at every tier tax receives at most 1.3 requests per call offered during
+// the blip, and the gateway answers ≥ 99 % of calls from 1.5 s after it and
+// ≥ 90 % over the 4 s after it. The mechanism first: the plain clients'
+// retries multiply at every tier (up to 27 at tax per call), and bulwark's
+// checkout passes its failures up marked, so the gateway's client sees
+// them as such.
+func testChainRetriesAtOneLayer(t *testing.T) {
+	l := testLab(settings{scale: 0.25, load: 200})
+	sc := runScenario(t, l, (*lab).chain)
+	plain, bw := byShort(t, sc, "plain").metrics, byShort(t, sc, "bulwark").metrics
+	if plain["load_blip"] < 9 {
+		t.Errorf("plain clients: tax received %.1f requests per call offered during the blip, want ≥ 9 (retries multiplied at every tier)", plain["load_blip"])
+	}
+	if bw["passed_up"] == 0 {
+		t.Error("bulwark: no failure came up to the gateway's client marked as passed up")
+	}
+	if bw["load_blip"] > 1.3 {
+		t.Errorf("bulwark: tax received %.2f requests per call offered during the blip, want ≤ 1.3", bw["load_blip"])
+	}
+	if bw["ok_late"] < 0.99 {
+		t.Errorf("bulwark: %.1f %% answered from 1.5 s after the blip, want ≥ 99 %%", 100*bw["ok_late"])
+	}
+	if bw["ok_after"] < 0.90 {
+		t.Errorf("bulwark: %.1f %% answered over the 4 s after the blip, want ≥ 90 %%", 100*bw["ok_after"])
 	}
 }

@@ -45,7 +45,7 @@ func mainErr(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	var (
 		which    = fs.String("scenario", "all", "which scenario to run: all, "+keys())
-		duration = fs.Duration("duration", 0, "length of each run (0: each scenario's default: tuesday 9s, storm 4.4s (grows with -scale), deadlines 5s, outlier 5s, tail 6s, capacity 10s, throttle 4s)")
+		duration = fs.Duration("duration", 0, "length of each run (0: each scenario's default: tuesday 9s, storm 4.4s (grows with -scale), deadlines 5s, outlier 5s, tail 6s, capacity 10s, throttle 4s, chain 9s)")
 		load     = fs.Float64("load", 400, "requests per second offered in each run (10..5000)")
 		scale    = fs.Float64("scale", 0.25, "time scale: every duration of the scenarios (40 ms, 10 s, a 2 s blip, 100 s) is multiplied by it (0.05..2)")
 		report   = fs.String("out", "", "where to write the HTML report (default: bulwark-lab-<date>-<time>.html in the working directory, named on the output; \"-\": none)")

@@ -28,6 +28,7 @@ var scenarios = []spec{
 	tailSpec,
 	capacitySpec,
 	throttleSpec,
+	chainSpec,
 }
 
 // keys lists the registry's names, for flags and errors.

@@ -1,0 +1,103 @@
+package bulwark
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// breakerProbes rations the requests a tripped breaker lets through, and
+// spaces some of them through its open time: the probe on a timer.
+//
+// Why a timer: a breaker that probes only when its open time ends stays
+// open, after its dependency recovers, for up to the whole open time in
+// force, which doubles on each trip in a row; in a chain of services a
+// 2 s blip at the bottom then kept the top down for seconds after it. A
+// probe every open time ÷ HalfOpenCalls finds the recovery within that
+// spacing (200 ms in the second open time of the package defaults), while
+// the open time still grows on repeated trips, so a dependency that stays
+// sick sees probes ever more rarely.
+//
+// Why a ration: a dependency that is still sick sees at most HalfOpenCalls
+// probes per open period, as with probes at its end alone. From a trip
+// until the breaker closes or trips again, at most HalfOpenCalls requests
+// pass: up to HalfOpenCalls − 1 spaced through the open time, one request
+// each, and the rest at its end as the half-open round (at least one is
+// kept for it). A probe that succeeds shows the dependency answering:
+// the ration is refilled (the half-open round needs HalfOpenCalls
+// successes to close), and a spaced one ends the open time at once. With
+// HalfOpenCalls 1 there is no timer probe.
+//
+// All of it is atomics: a refusal still costs a few loads, and nothing
+// runs while the breaker is closed but one load of gate.
+type breakerProbes struct {
+	calls   int32        // HalfOpenCalls, at least 1: the ration
+	gate    atomic.Bool  // set at a trip, cleared when the breaker closes
+	left    atomic.Int32 // requests the ration still allows
+	next    atomic.Int64 // unix ns from which the next spaced probe may go
+	spacing atomic.Int64 // ns between spaced probes
+}
+
+// trip starts an open period of d at now.
+func (p *breakerProbes) trip(d time.Duration, now time.Time) {
+	sp := int64(d) / int64(p.calls)
+	p.spacing.Store(sp)
+	p.next.Store(now.UnixNano() + sp)
+	p.left.Store(p.calls)
+	p.gate.Store(true)
+}
+
+// closed ends the ration: the breaker closed.
+func (p *breakerProbes) closed() { p.gate.Store(false) }
+
+// spaced reports whether a request the open time would refuse at now goes
+// as a spaced probe: one per spacing, while the ration keeps one for the
+// half-open round.
+func (p *breakerProbes) spaced(now int64) bool {
+	if !p.gate.Load() {
+		return false // held by the fleet or a control, not by a local trip
+	}
+	next := p.next.Load()
+	if now < next || p.left.Load() <= 1 {
+		return false
+	}
+	if !p.next.CompareAndSwap(next, now+p.spacing.Load()) {
+		return false // another request took this slot
+	}
+	if p.left.Add(-1) < 1 {
+		p.left.Add(1)
+		return false
+	}
+	return true
+}
+
+// take reports whether a request past the open time may go to the
+// half-open round: always once the breaker closed.
+func (p *breakerProbes) take() bool {
+	if !p.gate.Load() {
+		return true
+	}
+	if p.left.Add(-1) >= 0 {
+		return true
+	}
+	p.left.Add(1)
+	return false
+}
+
+// giveBack returns what take took for a request gobreaker refused, or a
+// probe that ended without a verdict (the caller's cancel), whose slot
+// gobreaker frees too.
+func (p *breakerProbes) giveBack() {
+	for p.gate.Load() {
+		n := p.left.Load()
+		if n >= p.calls || p.left.CompareAndSwap(n, n+1) {
+			return
+		}
+	}
+}
+
+// answered refills the ration after a probe that succeeded.
+func (p *breakerProbes) answered() {
+	if p.gate.Load() {
+		p.left.Store(p.calls)
+	}
+}

@@ -1,0 +1,399 @@
+package bulwark
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// headerBase answers every request with status and header, counting the
+// requests and when each arrived.
+type headerBase struct {
+	status int
+	header http.Header
+	calls  atomic.Int64
+	mu     chan struct{} // nil: times not kept
+	times  []time.Time
+}
+
+func (b *headerBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	closeBody(req)
+	b.calls.Add(1)
+	if b.mu != nil {
+		b.mu <- struct{}{}
+		b.times = append(b.times, time.Now())
+		<-b.mu
+	}
+	return &http.Response{StatusCode: b.status, Header: b.header.Clone(), Body: io.NopCloser(strings.NewReader("x")), Request: req}, nil
+}
+
+// recordedCall makes one call of method through tr with a context carrying
+// a fresh CallRecord, and reports whether the call noted a failure in it.
+func recordedCall(t *testing.T, tr http.RoundTripper, method string) bool {
+	t.Helper()
+	var rec CallRecord
+	req, err := http.NewRequestWithContext(rec.Attach(t.Context()), method, "http://h.test/x", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := tr.RoundTrip(req); err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	return rec.FailedBelow()
+}
+
+// TestCallRecordNotes: which outcomes of a call made with a CallRecord's
+// context note a failure the tier below dealt with, and which do not (see
+// NoRetryFromBelow's rules).
+func TestCallRecordNotes(t *testing.T) {
+	noRetries := Policy{Retry: Retry{Disabled: true}}
+	for _, tc := range []struct {
+		name   string
+		p      Policy
+		status int
+		header http.Header
+		method string
+		want   bool
+	}{
+		{"success", Policy{}, 200, nil, "GET", false},
+		{"a wrong request", Policy{}, 404, nil, "GET", false},
+		{"retried and still failed", Policy{}, 503, nil, "GET", true},
+		{"a 500 retried and still failed", Policy{}, 500, nil, "GET", true},
+		{"a POST sent once", Policy{}, 503, nil, "POST", false},
+		{"retries off, sent once", noRetries, 503, nil, "GET", false},
+		{"a 505, not retryable", Policy{}, 505, nil, "GET", false},
+		{"a shed answer", noRetries, 503, http.Header{NoRetryHeader: {"1"}}, "GET", true},
+		{"a pass-up from further down", noRetries, 503, http.Header{NoRetryHeader: {NoRetryFromBelow}}, "GET", true},
+		{"x-envoy-overloaded", noRetries, 503, http.Header{"X-Envoy-Overloaded": {"true"}}, "GET", true},
+		{"a negative gRPC pushback", noRetries, 503, http.Header{"Grpc-Retry-Pushback-Ms": {"-1"}}, "GET", true},
+		{"a don't-retry header on a success", Policy{}, 200, http.Header{NoRetryHeader: {"1"}}, "GET", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &headerBase{status: tc.status, header: tc.header}
+				tr := mustNew(t, Config{Base: base, Default: tc.p})
+				if got := recordedCall(t, tr, tc.method); got != tc.want {
+					t.Errorf("noted = %v, want %v (%d requests sent)", got, tc.want, base.calls.Load())
+				}
+			})
+		})
+	}
+	t.Run("refused by an open breaker", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			tr := testBreaker(t, Breaker{MinCalls: 1, OpenFor: time.Hour}, &headerBase{status: 503})
+			if recordedCall(t, tr, "GET") {
+				t.Error("the call that tripped the breaker, sent once, noted a failure")
+			}
+			if !recordedCall(t, tr, "GET") {
+				t.Error("a call the open breaker refused noted nothing")
+			}
+		})
+	})
+	t.Run("no record", func(t *testing.T) {
+		// Without the server half a call behaves as it always did: the
+		// same 503s, retried as before.
+		synctest.Test(t, func(t *testing.T) {
+			base := &headerBase{status: 503}
+			tr := mustNew(t, Config{Base: base})
+			if _, err := send(t, tr, t.Context(), "http://h.test/x", ""); err != nil {
+				t.Fatal(err)
+			}
+			if n := base.calls.Load(); n != DefaultMaxAttempts {
+				t.Errorf("%d requests sent, want %d", n, DefaultMaxAttempts)
+			}
+		})
+	})
+}
+
+// TestCallRecordContext: a record's context keeps its parent's deadline,
+// cancellation and values, a context derived from it finds the record,
+// and deriving one starts no goroutine (checked by goleak in TestMain and
+// by the bubble, which would not end with one running).
+func TestCallRecordContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		type key struct{}
+		parent, cancel := context.WithTimeout(context.WithValue(context.Background(), key{}, "v"), time.Second)
+		defer cancel()
+		var rec CallRecord
+		ctx := rec.Attach(parent)
+		if d, ok := ctx.Deadline(); !ok || !d.Equal(time.Now().Add(time.Second)) {
+			t.Errorf("Deadline = %v, %v; want the parent's", d, ok)
+		}
+		if ctx.Value(key{}) != "v" {
+			t.Error("the parent's value is lost")
+		}
+		child, cc := context.WithCancel(ctx)
+		defer cc()
+		noteBelow(child, noteRefused)
+		if !rec.FailedBelow() {
+			t.Error("a note through a derived context did not reach the record")
+		}
+		cancel()
+		if child.Err() == nil || ctx.Err() == nil {
+			t.Error("the parent's cancellation did not reach the record's context and its child")
+		}
+	})
+}
+
+// TestPassedUpNotCounted: an answer marked NoRetryFromBelow is neither
+// retried nor counted against the host by the breaker, however many
+// arrive; it is counted apart. The Shedder's "1", and any other value, is
+// the host's own failure: not retried, but counted, so the breaker trips.
+// A marked answer is matched in any case and spacing, and only on a 429 or
+// 5xx other than 501.
+func TestPassedUpNotCounted(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		value     []string
+		status    int
+		passedUp  bool
+		wantTrips bool
+	}{
+		{"below", []string{"below"}, 503, true, false},
+		{"BELOW, spaced", []string{" BELOW\t"}, 503, true, false},
+		{"a 429 below", []string{"below"}, 429, true, false},
+		{"the first of two values", []string{"below", "1"}, 502, true, false},
+		{"the shed's 1", []string{"1"}, 503, false, true},
+		{"garbage", []string{"\x00\xffbelowish"}, 503, false, true},
+		{"empty", []string{""}, 503, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &headerBase{status: tc.status, header: http.Header{NoRetryHeader: tc.value}}
+				tr := mustNew(t, Config{Base: base, Default: Policy{Breaker: Breaker{MinCalls: 10, WindowCalls: 10}}})
+				for range 30 {
+					if _, err := send(t, tr, t.Context(), "http://h.test/x", ""); err != nil && !errors.Is(err, ErrBreakerOpen) {
+						t.Fatal(err)
+					}
+				}
+				h := tr.Snapshot().Host("h.test:80")[0]
+				if tripped := h.Breaker.TotalTrips > 0; tripped != tc.wantTrips {
+					t.Errorf("breaker trips %d, want tripped %v", h.Breaker.TotalTrips, tc.wantTrips)
+				}
+				if h.Budget.Retries != 0 {
+					t.Errorf("%d retries of a don't-retry answer", h.Budget.Retries)
+				}
+				want := uint64(0)
+				if tc.passedUp {
+					want = 30
+				}
+				if h.PassedUp != want {
+					t.Errorf("PassedUp = %d, want %d", h.PassedUp, want)
+				}
+			})
+		})
+	}
+	t.Run("a classifier cannot count it", func(t *testing.T) {
+		strict := func(resp *http.Response, err error) Verdict {
+			return Verdict{Outcome: OutcomeFailure, Retryable: true}
+		}
+		j := judge(strict, &http.Response{StatusCode: 503, Header: http.Header{NoRetryHeader: {"below"}}}, nil)
+		if j.v != (Verdict{Outcome: OutcomeIgnored}) || !j.failed() || j.label() != "passed_up" {
+			t.Errorf("judged %+v (failed %v, label %q), want ignored, not retryable, failed for a fallback, labelled passed_up", j.v, j.failed(), j.label())
+		}
+	})
+}
+
+// TestInteropDontRetry: Envoy's x-envoy-overloaded and gRPC's
+// grpc-retry-pushback-ms read as bulwark's own signals. A negative or
+// malformed pushback stops the retry (gRFC A6) and a malformed one is
+// counted; a valid one makes the retry wait at least that long, within
+// Retry.MaxRetryAfter; none of them is an error or a pause of the host.
+func TestInteropDontRetry(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		header   http.Header
+		attempts int64
+		minWait  time.Duration
+		maxWait  time.Duration
+		bad      uint64
+	}{
+		{"envoy overloaded", http.Header{"X-Envoy-Overloaded": {"true"}}, 1, 0, 0, 0},
+		{"envoy overloaded, empty", http.Header{"X-Envoy-Overloaded": {""}}, 1, 0, 0, 0},
+		{"pushback -1", http.Header{"Grpc-Retry-Pushback-Ms": {"-1"}}, 1, 0, 0, 0},
+		{"pushback 250", http.Header{"Grpc-Retry-Pushback-Ms": {"250"}}, 2, 250 * time.Millisecond, 250 * time.Millisecond, 0},
+		{"pushback past the cap", http.Header{"Grpc-Retry-Pushback-Ms": {"9999999999"}}, 2, time.Second, time.Second, 0},
+		{"pushback 0", http.Header{"Grpc-Retry-Pushback-Ms": {"0"}}, 2, 0, 100 * time.Millisecond, 0},
+		{"pushback malformed", http.Header{"Grpc-Retry-Pushback-Ms": {"1e3"}}, 1, 0, 0, 1},
+		{"pushback too long", http.Header{"Grpc-Retry-Pushback-Ms": {"12345678901"}}, 1, 0, 0, 1},
+		{"pushback empty", http.Header{"Grpc-Retry-Pushback-Ms": {""}}, 1, 0, 0, 1},
+		{"pushback a lone minus", http.Header{"Grpc-Retry-Pushback-Ms": {"-"}}, 1, 0, 0, 1},
+		{"two pushbacks", http.Header{"Grpc-Retry-Pushback-Ms": {"1", "2"}}, 1, 0, 0, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &headerBase{status: 503, header: tc.header, mu: make(chan struct{}, 1)}
+				tr := mustNew(t, Config{Base: base, Default: Policy{
+					Retry:   Retry{MaxAttempts: 2, MaxRetryAfter: time.Second},
+					Breaker: Breaker{Disabled: true},
+				}})
+				code, err := send(t, tr, t.Context(), "http://h.test/x", "")
+				if err != nil || code != 503 {
+					t.Fatalf("got %d, %v; want the 503, no error of its own", code, err)
+				}
+				if n := base.calls.Load(); n != tc.attempts {
+					t.Fatalf("%d attempts, want %d", n, tc.attempts)
+				}
+				if tc.attempts == 2 {
+					if w := base.times[1].Sub(base.times[0]); w < tc.minWait || w > tc.maxWait {
+						t.Errorf("retry waited %v, want in [%v, %v]", w, tc.minWait, tc.maxWait)
+					}
+				}
+				if n := tr.Snapshot().RetryAfterIgnored; n != tc.bad {
+					t.Errorf("RetryAfterIgnored = %d, want %d", n, tc.bad)
+				}
+				// No pause of the host: the next call goes at once.
+				before := base.calls.Load()
+				if _, err := send(t, tr, t.Context(), "http://h.test/x", ""); err != nil {
+					t.Fatalf("the next call: %v", err)
+				}
+				if base.calls.Load() == before {
+					t.Error("the next call was not sent")
+				}
+			})
+		})
+	}
+}
+
+// TestBreakerTimerProbes: a tripped breaker over a host that stays sick
+// lets at most HalfOpenCalls requests through per open period, spaced
+// through it; once the host recovers, the breaker answers again within
+// one spacing (OpenFor ÷ HalfOpenCalls, the open time in force being
+// doubled on each trip in a row), not at the end of the open time.
+func TestBreakerTimerProbes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const halfOpen = 10
+		var healthy atomic.Bool
+		base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			closeBody(req)
+			code := 503
+			if healthy.Load() {
+				code = 200
+			}
+			return &http.Response{StatusCode: code, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
+		})
+		var sent atomic.Int64
+		counted := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			sent.Add(1)
+			return base(req)
+		})
+		tr := testBreaker(t, Breaker{MinCalls: 1, OpenFor: time.Second, HalfOpenCalls: halfOpen}, counted)
+		call := func() bool {
+			code, err := send(t, tr, t.Context(), breakerURL, "")
+			return err == nil && code == 200
+		}
+		call() // trips it
+		if s := hostBreaker(t, tr); s.State != CircuitOpen {
+			t.Fatalf("state %v after a failure with MinCalls 1, want open", s.State)
+		}
+		// Sick for 6 s, called every 5 ms: 1,200 calls over trips of 0.8–1
+		// s, 1.6–2 s and 3.2–4 s. Count what reached the host in each open
+		// period, from one trip to the next.
+		var perPeriod []int64
+		trips := hostBreaker(t, tr).TotalTrips
+		last := sent.Load()
+		for range 1200 {
+			time.Sleep(5 * time.Millisecond)
+			call()
+			if n := hostBreaker(t, tr).TotalTrips; n != trips {
+				perPeriod = append(perPeriod, sent.Load()-last)
+				trips, last = n, sent.Load()
+			}
+		}
+		if len(perPeriod) < 2 {
+			t.Fatalf("open periods seen: %v, want at least 2", perPeriod)
+		}
+		for i, n := range perPeriod {
+			if n > halfOpen {
+				t.Errorf("open period %d: %d requests reached the sick host, want ≤ %d", i+1, n, halfOpen)
+			}
+			if n < 2 {
+				t.Errorf("open period %d: %d requests reached the sick host, want timer probes besides the half-open round", i+1, n)
+			}
+		}
+		// Recovered: answered again within one spacing of the open time in
+		// force, OpenFor doubled for each trip in a row before it, ÷
+		// HalfOpenCalls (the last spaced probe goes at nine tenths of it,
+		// the half-open round at its end), and a 5 ms call interval.
+		s := hostBreaker(t, tr)
+		spacing := (time.Second << (s.Trips - 1)) / halfOpen
+		healthy.Store(true)
+		recovered := time.Now()
+		for !call() {
+			time.Sleep(5 * time.Millisecond)
+			if time.Since(recovered) > 10*time.Second {
+				t.Fatal("not answered 10 s after the host recovered")
+			}
+		}
+		took := time.Since(recovered)
+		t.Logf("requests to the sick host per open period: %v; answered %v after it recovered (a spacing %v; open until %v)", perPeriod, took, spacing, s.OpenUntil.Sub(recovered))
+		if took > spacing+10*time.Millisecond {
+			t.Errorf("answered %v after the host recovered, want within one spacing (%v)", took, spacing)
+		}
+	})
+}
+
+// TestRetryThrottle: a window's healthy past does not fund a burst of
+// retries into a sudden outage. After 10 s of healthy calls at 200 a
+// second (2,000 in the window: room for 400 retries by the ratio alone), a
+// 2 s outage draws few retries: five failed calls stop the ratio's, and
+// the floor (10 a second) funds the rest. Once the host answers again,
+// successes refill the throttle and a failure is retried again.
+func TestRetryThrottle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var failing atomic.Bool
+		var sent atomic.Int64
+		base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			closeBody(req)
+			sent.Add(1)
+			code := 200
+			if failing.Load() {
+				code = 503
+			}
+			return &http.Response{StatusCode: code, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
+		})
+		tr := mustNew(t, Config{Base: base, Default: Policy{Breaker: Breaker{Disabled: true}}})
+		offer := func(d time.Duration) (calls int64) {
+			end := time.Now().Add(d)
+			for time.Now().Before(end) {
+				go func() { _, _ = send(t, tr, context.Background(), "http://h.test/x", "") }()
+				calls++
+				time.Sleep(5 * time.Millisecond)
+			}
+			synctest.Wait()
+			return calls
+		}
+		offer(10 * time.Second)
+		failing.Store(true)
+		before := sent.Load()
+		calls := offer(2 * time.Second)
+		time.Sleep(time.Second) // the last retries' waits
+		load := float64(sent.Load()-before) / float64(calls)
+		t.Logf("a 2 s outage after 10 s healthy: %.3f requests per call", load)
+		// The floor's 10 a second and its burst of 10, and the ratio's
+		// retries of the first few failures: about 35 retries over 400
+		// calls (1.09); the ratio alone would have allowed 400 (2.0).
+		if load > 1.15 {
+			t.Errorf("%.3f requests per call during the outage, want ≤ 1.15", load)
+		}
+		// Recovered: 100 successes refill the throttle (each gives back
+		// 0.2 of a token), then a lone failure is retried.
+		failing.Store(false)
+		offer(500 * time.Millisecond)
+		failing.Store(true)
+		before = sent.Load()
+		if _, err := send(t, tr, t.Context(), "http://h.test/x", ""); err != nil {
+			t.Fatal(err)
+		}
+		if n := sent.Load() - before; n != DefaultMaxAttempts {
+			t.Errorf("a failure after the host recovered was sent %d times, want %d", n, DefaultMaxAttempts)
+		}
+	})
+}
