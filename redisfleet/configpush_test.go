@@ -615,7 +615,9 @@ func TestCanaryInShadow(t *testing.T) {
 		t.Fatal(err)
 	}
 	runWithin(t, pods, all("loose"), time.Now(), 10*time.Second)
-	strict := "version: strict-shadow\ndefault:\n  retry: {disabled: true}\n  breaker: {failureRate: 0.3, minCalls: 6, windowCalls: 12, shadow: true}\n"
+	// Open for an hour: its spaced probes (one per open time ÷ 10) then
+	// stay far off, so the enforcing canary's refusal below is its own.
+	strict := "version: strict-shadow\ndefault:\n  retry: {disabled: true}\n  breaker: {failureRate: 0.3, minCalls: 6, windowCalls: 12, openFor: 1h, shadow: true}\n"
 	if _, err := ctl.PushConfig(ctx, []byte(strict), PushOptions{Canary: 0.5}); err != nil {
 		t.Fatal(err)
 	}
