@@ -608,9 +608,10 @@ func (p *pool) feed(rate int, dur time.Duration) {
 // attempt while throttled gives the same and keeps those, but fewer
 // attempts per call make the hung host's first refusal come at call 15
 // (TestLearnedHungHost wants 10: ConsecutiveFailures counts attempts);
-// half the run's length (the second attempt's timeout) trips at 0.49 s
-// on the count instead and holds 11 at 20, 16 at 40, while the lab's
-// capacity drop makes runs of about 7.5 × the p99.9 that must not trip.
+// half the run's length (the second attempt's timeout) trips at 0.49 s,
+// on the count now, and holds 11 at 20, 16 at 40, while it would let the
+// runs of about 150 ms the lab's capacity drop makes (see failingFor)
+// trip a host at 20 ms, whose shorter run would be 120 ms.
 func TestLearnedSlowdownWorkerPool(t *testing.T) {
 	const rate = 10
 	for _, tc := range []struct {
