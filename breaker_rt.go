@@ -588,9 +588,18 @@ func newBreaker(next stage, p Breaker, e env, randN func(int64) int64) *breakerS
 	c.cb = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        e.host,
 		MaxRequests: uint32(max(p.HalfOpenCalls, 1)),
-		// The shortest open time there can be (see openTime): a longer
-		// one is held by this layer.
-		Timeout:       max(p.OpenFor-p.OpenFor/5, 1),
+		// This layer holds every open time (holdUntil), so gobreaker's
+		// own is the least that serves: the shortest open time there can
+		// be (see openTime) ÷ HalfOpenCalls, the soonest the first spaced
+		// probe can go (with HalfOpenCalls 1, none goes, and it is that
+		// shortest open time). A spaced probe that
+		// succeeds ends the hold; gobreaker must then be ready to go
+		// half-open on the next request, as it is only once its own open
+		// time has passed. It is not zero: a request that found the
+		// breaker closed and reaches gobreaker just after another trips
+		// it is still refused. While the hold lasts gobreaker is not
+		// asked (see state), so it cannot go half-open early.
+		Timeout:       max((p.OpenFor-p.OpenFor/5)/time.Duration(max(p.HalfOpenCalls, 1)), 1),
 		ReadyToTrip:   c.readyToTrip,
 		OnStateChange: c.noteStateChange,
 		IsSuccessful:  c.isSuccessful,
@@ -795,10 +804,17 @@ func (b *breakerCore) readyToTrip(gobreaker.Counts) bool {
 	now := time.Now().UnixNano()
 	due := b.due(s)
 	switch {
-	case !due:
-		b.dueAt = 0
-	case b.dueAt == 0:
+	case due && b.dueAt == 0:
 		b.dueAt = now
+	case !due && (s[winCalls] >= b.minCalls || s[winCalls] == 0):
+		// Only a window that holds enough calls and is under the rates
+		// ends the hold. A count window dips below MinCalls each time
+		// its oldest bucket rolls out (a 100-call window holds 91 to 100,
+		// so the default MinCalls of 100 is met one call in ten): that
+		// says nothing of the rates, and ending the hold there kept a
+		// learned breaker from ever holding long enough to trip. An
+		// empty window (a time window after a quiet spell) ends it too.
+		b.dueAt = 0
 	}
 	switch {
 	case due && (!b.settle || now-b.dueAt >= int64(b.e.learned.failingFor())):
@@ -958,9 +974,19 @@ func (b *breakerStage) snapshot() *BreakerSnapshot {
 // state reads the breaker. Asking gobreaker may move an open breaker whose
 // open time has passed to half-open, as the next request would.
 func (b *breakerStage) state() BreakerSnapshot {
-	gs := b.cb.State()
+	// While this layer holds the breaker open, gobreaker is not asked: its
+	// own open time is shorter than the hold, and asking would move it to
+	// half-open (and record the change) while every request is refused.
+	held := b.holdUntil.Load() != 0
+	var gs gobreaker.State
+	if !held {
+		gs = b.cb.State()
+	}
 	var s BreakerSnapshot
 	b.winMu.Lock()
+	if held {
+		gs = b.cbState
+	}
 	w := b.win.Sum(b.pos())
 	s.Calls, s.Failures, s.Slow, s.Trips = w[winCalls], w[winFailures], w[winSlow], b.trips
 	b.winMu.Unlock()

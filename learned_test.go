@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -728,6 +729,64 @@ func TestLearnedBreakerSettles(t *testing.T) {
 				if first < 0 || first > 1000 {
 					t.Errorf("%s: a host slow for good was first refused at once at call %d (1 ms apart), want within 1 s", tc.name, first)
 				}
+			})
+		})
+	}
+}
+
+// TestLearnedBreakerTripsOnErrors: a host that turns to answering only
+// fast 503s is refused by its breaker with package defaults, whether its
+// slow-call threshold was learned first or not. With a learned threshold
+// the failure rate must hold for failingFor before it trips (see
+// TestLearnedBreakerSettles); a count window that dips below MinCalls as
+// its oldest bucket rolls out once ended that hold every time, and the
+// breaker of a learned host never tripped at all (100 of 100 calls in its
+// window failed, 2,000 calls in a row).
+func TestLearnedBreakerTripsOnErrors(t *testing.T) {
+	for _, warm := range []int{0, 300} {
+		t.Run("warm"+strconv.Itoa(warm), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var sick atomic.Bool
+				base := rtFunc(func(req *http.Request) (*http.Response, error) {
+					time.Sleep(2 * time.Millisecond)
+					code := 200
+					if sick.Load() {
+						code = 503
+					}
+					return &http.Response{StatusCode: code, Body: http.NoBody, Header: http.Header{}, Request: req}, nil
+				})
+				tr, err := bulwark.New(bulwark.Config{Base: base})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tr.Close()
+				c := &http.Client{Transport: tr}
+				get := func() error {
+					resp, err := c.Get("http://sim.test/")
+					if err == nil {
+						resp.Body.Close()
+					}
+					return err
+				}
+				for range warm {
+					if err := get(); err != nil {
+						t.Fatal(err)
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+				sick.Store(true)
+				start := time.Now()
+				for i := range 2000 {
+					if errors.Is(get(), bulwark.ErrBreakerOpen) {
+						t.Logf("warm %d: refused after %d failed calls, %v after the host turned", warm, i, time.Since(start))
+						if i > 100 {
+							t.Errorf("refused after %d failed calls; want at most 100 (MinCalls)", i)
+						}
+						return
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+				t.Fatalf("warm %d: never refused in 2,000 calls to a host answering only 503s; breaker %+v", warm, tr.Snapshot().Host("sim.test:80")[0].Breaker)
 			})
 		})
 	}

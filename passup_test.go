@@ -397,3 +397,58 @@ func TestRetryThrottle(t *testing.T) {
 		}
 	})
 }
+
+// TestSpacedProbeEndsFirstOpenTime: a host that recovers right after the
+// breaker's first trip is answered again within one spacing (open time ÷
+// HalfOpenCalls), not at the end of the open time. gobreaker's own open
+// time once held the breaker open after a spaced probe succeeded, for
+// four fifths of OpenFor (8 s here), whatever the probe found.
+func TestSpacedProbeEndsFirstOpenTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var healthy atomic.Bool
+		base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			closeBody(req)
+			code := 503
+			if healthy.Load() {
+				code = 200
+			}
+			return &http.Response{StatusCode: code, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
+		})
+		const openFor, halfOpen = 10 * time.Second, 10
+		tr := testBreaker(t, Breaker{MinCalls: 1, OpenFor: openFor, HalfOpenCalls: halfOpen}, base)
+		call := func() bool {
+			code, err := send(t, tr, t.Context(), breakerURL, "")
+			return err == nil && code == 200
+		}
+		call() // trips it
+		if s := hostBreaker(t, tr); s.State != CircuitOpen {
+			t.Fatalf("state %v after a failure with MinCalls 1, want open", s.State)
+		}
+		healthy.Store(true)
+		recovered := time.Now()
+		for !call() {
+			time.Sleep(5 * time.Millisecond)
+			if time.Since(recovered) > 2*openFor {
+				t.Fatal("not answered after twice the open time")
+			}
+		}
+		took := time.Since(recovered)
+		s := hostBreaker(t, tr)
+		t.Logf("answered %v after the host recovered (spacing %v, open time %v); breaker %v", took, openFor/halfOpen, openFor, s.State)
+		if took > openFor/halfOpen+10*time.Millisecond {
+			t.Errorf("answered %v after the host recovered, want within one spacing (%v)", took, openFor/halfOpen)
+		}
+		// The half-open round follows at once and closes it.
+		for range halfOpen {
+			if !call() {
+				t.Fatalf("a call after the spaced probe failed; breaker %+v", hostBreaker(t, tr))
+			}
+		}
+		if s := hostBreaker(t, tr); s.State != CircuitClosed {
+			t.Errorf("state %v after %d successes past the spaced probe, want closed", s.State, halfOpen)
+		}
+		for _, c := range hostBreaker(t, tr).Changes {
+			t.Logf("change %v → %v: %s", c.From, c.To, c.Reason)
+		}
+	})
+}
