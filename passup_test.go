@@ -340,6 +340,63 @@ func TestBreakerTimerProbes(t *testing.T) {
 	})
 }
 
+// TestBreakerSpacedProbeReason: the breaker's history explains an open →
+// half-open change that a spaced probe's success brought about as such,
+// and one the open time brought about (its spaced probes failed) as "open
+// time over": the note of the first open period does not reach the next.
+func TestBreakerSpacedProbeReason(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var healthy atomic.Bool
+		base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			closeBody(req)
+			code := 503
+			if healthy.Load() {
+				code = 200
+			}
+			return &http.Response{StatusCode: code, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
+		})
+		tr := testBreaker(t, Breaker{MinCalls: 1, WindowCalls: 1, OpenFor: time.Second, HalfOpenCalls: 10}, base)
+		// until calls every 10 ms, for at most 10 s, until done holds.
+		until := func(what string, done func(BreakerSnapshot) bool) {
+			t.Helper()
+			for range 1000 {
+				_, _ = send(t, tr, t.Context(), breakerURL, "")
+				if done(hostBreaker(t, tr)) {
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			t.Fatalf("not %s after 10 s: %+v", what, hostBreaker(t, tr))
+		}
+		state := func(st CircuitState) func(BreakerSnapshot) bool {
+			return func(s BreakerSnapshot) bool { return s.State == st }
+		}
+		// lastHalfOpen is the reason of the last open → half-open change.
+		lastHalfOpen := func() string {
+			why := ""
+			for _, c := range hostBreaker(t, tr).Changes {
+				if c.From == CircuitOpen && c.To == CircuitHalfOpen {
+					why = c.Reason
+				}
+			}
+			return why
+		}
+		until("open", state(CircuitOpen))
+		healthy.Store(true) // the first spaced probe, a tenth of the way in, succeeds
+		until("closed", state(CircuitClosed))
+		if got := lastHalfOpen(); got != "a spaced probe succeeded" {
+			t.Errorf("open → half-open after a spaced probe succeeded: reason %q, want \"a spaced probe succeeded\"", got)
+		}
+		healthy.Store(false) // trips again; every probe fails
+		until("open", state(CircuitOpen))
+		trips := hostBreaker(t, tr).TotalTrips
+		until("tripped again by its half-open round", func(s BreakerSnapshot) bool { return s.TotalTrips > trips })
+		if got := lastHalfOpen(); got != "open time over" {
+			t.Errorf("open → half-open with every spaced probe failing: reason %q, want \"open time over\"", got)
+		}
+	})
+}
+
 // TestRetryThrottle: a window's healthy past does not fund a burst of
 // retries into a sudden outage. After 10 s of healthy calls at 200 a
 // second (2,000 in the window: room for 400 retries by the ratio alone), a
