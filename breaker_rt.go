@@ -512,6 +512,10 @@ type breakerCore struct {
 	// probes rations and spaces the requests a trip lets through
 	// (breakerprobe.go).
 	probes breakerProbes
+	// probeEnded is set when a spaced probe's success ends the open time,
+	// so that the half-open change that follows is explained by it
+	// (probeEndedWhy); a trip clears it.
+	probeEnded atomic.Bool
 
 	// Guarded by winMu; the hooks that write them run under gobreaker's
 	// mutex too (lock order: gobreaker's, then winMu). The thresholds
@@ -860,6 +864,7 @@ func (b *breakerCore) onStateChange(_ string, from, to gobreaker.State) {
 		b.openErr.Store(&BreakerOpenError{Host: b.e.host, ProbeAt: now.Add(d)})
 		b.holdUntil.Store(until)
 		b.probes.trip(d, now)
+		b.probeEnded.Store(false)
 		// A later trip's hold is not this timer's to clear.
 		time.AfterFunc(d, func() { b.holdUntil.CompareAndSwap(until, 0) })
 		b.publishOpen(now.Add(d), b.trips)
@@ -1159,7 +1164,8 @@ type BreakerChange struct {
 	// Reason is why, in a few words: the rule that tripped it ("failure
 	// rate 60 % ≥ 50 %", "slow-call rate …", "the fleet's counts", "10
 	// unanswered attempts in a row", "ReadyToTrip"), "open time over", "a
-	// probe failed or was slow", "every probe succeeded", "another pod
+	// spaced probe succeeded" (one sent while open, which ended the open
+	// time early), "a probe failed or was slow", "every probe succeeded", "another pod
 	// tripped", or the control set ("control force-open", "control auto").
 	Reason string
 	// Calls, Failures and Slow are what the breaker's own window held just
@@ -1225,7 +1231,7 @@ func (b *breakerCore) noteStateChange(name string, from, to gobreaker.State) {
 func (b *breakerCore) whyLocked(from, to gobreaker.State, s window.Counts, now time.Time) string {
 	switch {
 	case to == gobreaker.StateHalfOpen:
-		return "open time over"
+		return b.probeEndedWhy()
 	case to == gobreaker.StateClosed:
 		return "every probe succeeded"
 	case from == gobreaker.StateHalfOpen:
@@ -1288,7 +1294,28 @@ func (b *breakerStage) spacedProbe(req *http.Request, c call) (resp *http.Respon
 	resp, err = b.next.roundTrip(req, c)
 	if b.verdict(c.judge(resp, err), time.Since(now)) == nil {
 		b.probes.answered()
-		b.holdUntil.CompareAndSwap(hold, 0)
+		b.endedByProbe(hold)
 	}
 	return resp, err, true
+}
+
+// endedByProbe ends the open time hold, which a spaced probe's success
+// cut short, and notes it for the breaker's history: on the page, an
+// open breaker that moves to half-open early reads as the dependency
+// answering a probe, not as an open time that ran out. A timer or a
+// fleet's hold that replaced hold first wins, and nothing is noted.
+func (b *breakerCore) endedByProbe(hold int64) {
+	if b.holdUntil.CompareAndSwap(hold, 0) {
+		b.probeEnded.Store(true)
+	}
+}
+
+// probeEndedWhy is the reason of an open → half-open change: a spaced
+// probe's success noted by endedByProbe since the trip, or the open time
+// run out. It takes the note, so the next open period starts without one.
+func (b *breakerCore) probeEndedWhy() string {
+	if b.probeEnded.Swap(false) {
+		return "a spaced probe succeeded"
+	}
+	return "open time over"
 }

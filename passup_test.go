@@ -201,6 +201,49 @@ func TestPassedUpNotCounted(t *testing.T) {
 	})
 }
 
+// TestPassedUpMetricMatchesSnapshot: the calls answered with a failure
+// passed up from below are counted in OTel as bulwark.requests with
+// bulwark.outcome "passed_up" (and their attempts in
+// bulwark.attempt.duration), exactly as HostSnapshot.PassedUp counts
+// them, apart from the host's own server errors, so a dashboard and the
+// debug page agree. Read with the SDK's ManualReader.
+func TestPassedUpMetricMatchesSnapshot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		k := newOtelKit(t)
+		below := &headerBase{status: 503, header: http.Header{NoRetryHeader: {NoRetryFromBelow}}}
+		own := &headerBase{status: 503, header: http.Header{NoRetryHeader: {"1"}}} // a Shedder's: the host's own
+		tr := mustNew(t, Config{MeterProvider: k.mp, Base: roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			if req.URL.Host == "own.test" {
+				return own.RoundTrip(req)
+			}
+			return below.RoundTrip(req)
+		})})
+		for range 7 {
+			if _, err := send(t, tr, t.Context(), "http://h.test/x", ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range 3 {
+			if _, err := send(t, tr, t.Context(), "http://own.test/x", ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rm := k.collect(t)
+		snap := tr.Snapshot().Host("h.test:80")[0].PassedUp
+		requests := counter(t, rm, "bulwark.requests", upDefault, keyOutcome.String(outcomePassedUp))
+		attempts := histCount(t, rm, "bulwark.attempt.duration", upDefault, keyOutcome.String(outcomePassedUp))
+		if snap != 7 || requests != 7 || attempts != 7 {
+			t.Errorf("passed up: Snapshot %d, bulwark.requests %d, bulwark.attempt.duration %d; want 7 each (sent once each)", snap, requests, attempts)
+		}
+		if own := counter(t, rm, "bulwark.requests", upDefault, keyOutcome.String(outcomeServerError)); own != 3 {
+			t.Errorf("the host's own don't-retry 503s: bulwark.requests{server_error} = %d, want 3", own)
+		}
+		if n := tr.Snapshot().Host("own.test:80")[0].PassedUp; n != 0 {
+			t.Errorf("the host's own 503s counted %d as passed up, want 0", n)
+		}
+	})
+}
+
 // TestInteropDontRetry: Envoy's x-envoy-overloaded and gRPC's
 // grpc-retry-pushback-ms read as bulwark's own signals. A negative or
 // malformed pushback stops the retry (gRFC A6) and a malformed one is
@@ -336,6 +379,63 @@ func TestBreakerTimerProbes(t *testing.T) {
 		t.Logf("requests to the sick host per open period: %v; answered %v after it recovered (a spacing %v; open until %v)", perPeriod, took, spacing, s.OpenUntil.Sub(recovered))
 		if took > spacing+10*time.Millisecond {
 			t.Errorf("answered %v after the host recovered, want within one spacing (%v)", took, spacing)
+		}
+	})
+}
+
+// TestBreakerSpacedProbeReason: the breaker's history explains an open →
+// half-open change that a spaced probe's success brought about as such,
+// and one the open time brought about (its spaced probes failed) as "open
+// time over": the note of the first open period does not reach the next.
+func TestBreakerSpacedProbeReason(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var healthy atomic.Bool
+		base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			closeBody(req)
+			code := 503
+			if healthy.Load() {
+				code = 200
+			}
+			return &http.Response{StatusCode: code, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
+		})
+		tr := testBreaker(t, Breaker{MinCalls: 1, WindowCalls: 1, OpenFor: time.Second, HalfOpenCalls: 10}, base)
+		// until calls every 10 ms, for at most 10 s, until done holds.
+		until := func(what string, done func(BreakerSnapshot) bool) {
+			t.Helper()
+			for range 1000 {
+				_, _ = send(t, tr, t.Context(), breakerURL, "")
+				if done(hostBreaker(t, tr)) {
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			t.Fatalf("not %s after 10 s: %+v", what, hostBreaker(t, tr))
+		}
+		state := func(st CircuitState) func(BreakerSnapshot) bool {
+			return func(s BreakerSnapshot) bool { return s.State == st }
+		}
+		// lastHalfOpen is the reason of the last open → half-open change.
+		lastHalfOpen := func() string {
+			why := ""
+			for _, c := range hostBreaker(t, tr).Changes {
+				if c.From == CircuitOpen && c.To == CircuitHalfOpen {
+					why = c.Reason
+				}
+			}
+			return why
+		}
+		until("open", state(CircuitOpen))
+		healthy.Store(true) // the first spaced probe, a tenth of the way in, succeeds
+		until("closed", state(CircuitClosed))
+		if got := lastHalfOpen(); got != "a spaced probe succeeded" {
+			t.Errorf("open → half-open after a spaced probe succeeded: reason %q, want \"a spaced probe succeeded\"", got)
+		}
+		healthy.Store(false) // trips again; every probe fails
+		until("open", state(CircuitOpen))
+		trips := hostBreaker(t, tr).TotalTrips
+		until("tripped again by its half-open round", func(s BreakerSnapshot) bool { return s.TotalTrips > trips })
+		if got := lastHalfOpen(); got != "open time over" {
+			t.Errorf("open → half-open with every spaced probe failing: reason %q, want \"open time over\"", got)
 		}
 	})
 }

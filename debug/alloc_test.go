@@ -93,9 +93,10 @@ func TestAddsNoAllocations(t *testing.T) {
 // BenchmarkPage1000Hosts renders the HTML page for 1,000 hosts, each with a
 // breaker, a bulkhead, its calls by outcome, latency percentiles, a
 // fallback with a stale cache and a full history (five minutes, a sample a
-// second, with calls, refusals and fallback answers growing), one in ten failing and one in fifty open with
-// a full ring of eight state changes and its last trip (the others calm,
-// folded):
+// second, with calls, refusals by the breaker and the bulkhead, and
+// fallback answers growing), one in ten failing, one in fifty open with
+// a full ring of eight state changes and its last trip, and one in fifty
+// passing failures up from below (the others calm, folded):
 // the ranking and the
 // template, from a Page already taken.
 func BenchmarkPage1000Hosts(b *testing.B) {
@@ -121,7 +122,12 @@ func BenchmarkPage1000Hosts(b *testing.B) {
 				br.Changes[k].At = now.Add(-time.Duration(8-k) * time.Minute)
 			}
 		}
+		var passedUp uint64 // a sample's pass-ups per second
+		if i%50 == 25 {
+			passedUp = 2
+		}
 		page.Snapshot.Hosts = append(page.Snapshot.Hosts, bulwark.HostSnapshot{Host: host, Scheme: "https", Upstream: "default",
+			PassedUp: passedUp * sampleKeep,
 			Breaker:  br,
 			Bulkhead: &bulwark.BulkheadSnapshot{InFlight: i % 30, Limit: 64, MaxConcurrent: 64},
 			Budget:   &bulwark.BudgetSnapshot{Remaining: 10},
@@ -135,7 +141,8 @@ func BenchmarkPage1000Hosts(b *testing.B) {
 		for k := range sampleKeep {
 			s := st
 			h.Samples = append(h.Samples, Sample{Time: now.Add(time.Duration(k-sampleKeep+1) * sampleEvery), InFlight: (i + k) % 30, Calls: calls, Failures: failed, State: &s,
-				Refused: uint64(3 * k), Served: uint64(k), Requests: uint64(100 * k), Succeeded: uint64(90 * k)})
+				Refused: uint64(3 * k), RefusedBy: Refusals{Breaker: uint64(2 * k), Bulkhead: uint64(k)}, PassedUp: passedUp * uint64(k),
+				Served: uint64(k), Requests: uint64(100 * k), Succeeded: uint64(90 * k)})
 		}
 		page.History = append(page.History, h)
 	}

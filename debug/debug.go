@@ -33,14 +33,19 @@ import (
 // (an open breaker, then by failure share: at least half the breaker
 // window failed or slow, whatever MinCalls says; a full bulkhead; a pause
 // the upstream asked for) before amber (half-open, 5 % failed or 10 %
-// slow, requests queued, throttled, an instance ejected), and the calm
+// slow, requests queued, throttled, an instance ejected, failures passed
+// up from a tier below in the last 10 s: the callers fail, but the fault
+// is further down), and the calm
 // hosts last, one line each, folded under a <details> (?calm=open unfolds
 // them across reloads). Per host in trouble: the breaker's state, the
 // failure and slow shares of its window, coloured, the countdown to its
 // next probe, its trips in a row and in all, its last state changes with
 // their reasons and how long ago, and the window as it was at its last
 // trip beside the live one; each route's breaker; the refusals of every
-// layer since start and their rate over the last 10 s; the fallback's
+// layer since start, each layer's rate and all layers' over the last
+// 10 s; the failures passed up from below since start and their rate
+// (not the host's fault, not retried, not counted by its breaker); the
+// fallback's
 // answers, their rate, and the stale cache; latency p50, p99 and p99.9;
 // the bulkhead's slots and queue; the retry budget left and the fleet's
 // quota and peers' counts; pushback pauses (the host's and each priority
@@ -64,8 +69,8 @@ import (
 // behind your own authentication, as you would net/http/pprof.
 //
 // The charts come from a bounded history the handler keeps: a sample of
-// every host each second, 300 per host (about 90 bytes each, so some 27 KB
-// a host), the first taken at the handler's first request and the rest by
+// every host each second, 300 per host (144 bytes each, so some 43 KB a
+// host), the first taken at the handler's first request and the rest by
 // a goroutine the handler starts then and that stops on its own once the
 // page has not been served for five minutes (a later request starts it again). The
 // returned handler is also an io.Closer: Close stops that goroutine now,
@@ -132,6 +137,27 @@ type Sample struct {
 	// Requests and Succeeded are the host's calls since its state was
 	// made, all and those that succeeded (bulwark.CallCounts).
 	Requests, Succeeded uint64
+	// RefusedBy is Refused by the layer that refused, for each layer's
+	// rate.
+	RefusedBy Refusals
+	// PassedUp is the host's answers that passed a failure up from a
+	// tier below it (bulwark.HostSnapshot.PassedUp).
+	PassedUp uint64
+}
+
+// Refusals are a host's refusals since its state was made, by the layer
+// that refused: counts that only grow. A layer the host does not have
+// counts 0.
+type Refusals struct {
+	// Breaker is the host's breaker's (BreakerSnapshot.Refused) and its
+	// routes' breakers' added up.
+	Breaker uint64
+	// Bulkhead is the host's bulkhead's, or its instances' added up.
+	Bulkhead uint64
+	// Budget, Pushback and Throttle are those layers' Refused.
+	Budget, Pushback, Throttle uint64
+	// DeadlineTooShort is HostSnapshot.DeadlineTooShort.
+	DeadlineTooShort uint64
 }
 
 // hostKey is a host's identity in a Snapshot: one host:port reached over
@@ -269,7 +295,9 @@ func sample(h bulwark.HostSnapshot, now time.Time) Sample {
 	}
 	for _, r := range refusals(h) {
 		sm.Refused += r.N
+		*sm.RefusedBy.of(r.id) = r.N
 	}
+	sm.PassedUp = h.PassedUp
 	if f := h.Fallback; f != nil {
 		sm.Served = f.Served
 	}

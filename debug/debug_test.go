@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"html"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -80,7 +81,9 @@ func (s statusBase) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // debugBase is the in-memory upstreams of the debug page's tests:
 // sick.test and failing.test fail, busy.test holds every request until release is closed,
-// and instance 10.0.0.2:80 of the balanced pool.test fails.
+// instance 10.0.0.2:80 of the balanced pool.test fails, and mid.test
+// passes up a failure from a tier below it (a 503 marked
+// bulwark.NoRetryFromBelow), as a service in a chain does.
 type debugBase struct {
 	entered chan struct{}
 	release chan struct{}
@@ -90,6 +93,10 @@ func (b *debugBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	switch req.URL.Host {
 	case "sick.test", "failing.test", "10.0.0.2:80":
 		return response(req, http.StatusInternalServerError), nil
+	case "mid.test":
+		resp := response(req, http.StatusServiceUnavailable)
+		resp.Header.Set(bulwark.NoRetryHeader, bulwark.NoRetryFromBelow)
+		return resp, nil
 	case "busy.test":
 		if req.URL.Path == "/ok" {
 			break
@@ -103,9 +110,11 @@ func (b *debugBase) RoundTrip(req *http.Request) (*http.Response, error) {
 // debugFixture is a live Transport with a tripped breaker (sick.test), a
 // host failing every call but too few for its breaker's MinCalls
 // (failing.test: 3 of 3 failed, breaker closed), a calm host (calm.test),
-// a full bulkhead (which has refused one request) (busy.test, two of two slots held until the test ends) and
-// an ejected instance (10.0.0.2:80 of pool.test). sample, if not nil, is
-// called between the steps, so a history sees the state build up.
+// a full bulkhead (which has refused one request) (busy.test, two of two slots held until the test ends),
+// an ejected instance (10.0.0.2:80 of pool.test) and a host whose every
+// answer passes up a failure from below (mid.test: 9 of them, one after
+// the last step). sample, if not nil, is called between the steps, so a
+// history sees the state build up.
 func debugFixture(t *testing.T, sample func(*bulwark.Transport)) *bulwark.Transport {
 	t.Helper()
 	base := &debugBase{entered: make(chan struct{}), release: make(chan struct{})}
@@ -132,6 +141,7 @@ func debugFixture(t *testing.T, sample func(*bulwark.Transport)) *bulwark.Transp
 			url = "http://pool.test/"
 		}
 		sendOnce(t, tr, "GET", url)
+		sendOnce(t, tr, "GET", "http://mid.test/")
 		step()
 	}
 	for range 40 {
@@ -144,6 +154,9 @@ func debugFixture(t *testing.T, sample func(*bulwark.Transport)) *bulwark.Transp
 		step()
 	}
 	sendOnce(t, tr, "GET", "http://busy.test/") // refused: the bulkhead is full
+	// One more after the last step: the page's own sample, taken when it
+	// is served, sees the pass-ups still growing however late that is.
+	sendOnce(t, tr, "GET", "http://mid.test/")
 	t.Cleanup(func() {
 		close(base.release)
 		wg.Wait()
@@ -152,9 +165,11 @@ func debugFixture(t *testing.T, sample func(*bulwark.Transport)) *bulwark.Transp
 }
 
 // sampler returns a func that gives d a sample of tr's state each time it
-// is called, a second apart (time as the sampler would have taken them).
+// is called, a second apart (time as the sampler would have taken them),
+// the first 11 s ago: the fixture's ten samples end before the page's own
+// one, taken when it is served, and within the 10 s its rates look back.
 func sampler(d *handler) func(*bulwark.Transport) {
-	at := time.Now().Add(-time.Minute)
+	at := time.Now().Add(-12 * time.Second)
 	return func(tr *bulwark.Transport) {
 		at = at.Add(time.Second)
 		d.mu.Lock()
@@ -356,9 +371,11 @@ func TestDebugPageInChromium(t *testing.T) {
 		"failing.test:80": {"failing.test:80", "3 calls: 100 % failed (3)", "3 of 3 calls failed", "calls since start3: 0 succeeded · 3 failed · 0 timed out · 0 refused"},
 		"busy.test:80":    {"busy.test:80", "2 / 2 in flight", "full"},
 		"pool.test:80":    {"pool.test:80", "10.0.0.1:80", "10.0.0.2:80", "ejected for "},
+		"mid.test:80": {"mid.test:80", "failures passed up from below", "passed up from below9 failures passed up from below since start · now ",
+			"not this host's fault", "not retried here, not counted by this host's breaker"},
 	} {
 		s := section(host)
-		visible := text.ReplaceAllString(s, "")
+		visible := html.UnescapeString(text.ReplaceAllString(s, ""))
 		for _, w := range want {
 			if !strings.Contains(visible, w) {
 				t.Errorf("%s: the page does not show %q:\n%s", host, w, visible)
@@ -380,7 +397,10 @@ func TestDebugPageInChromium(t *testing.T) {
 	for _, m := range regexp.MustCompile(`class="host (\w+)" data-host="([^"]+)"`).FindAllStringSubmatch(dom, -1) {
 		order = append(order, m[2]+" "+m[1])
 	}
-	want := []string{"sick.test:80 bad", "failing.test:80 bad", "busy.test:80 bad", "pool.test:80 warn", "calm.test:80 calm"}
+	// The host passing failures up is amber, among the hosts in trouble
+	// rather than folded with the calm ones, and never red: the fault is
+	// below it.
+	want := []string{"sick.test:80 bad", "failing.test:80 bad", "busy.test:80 bad", "mid.test:80 warn", "pool.test:80 warn", "calm.test:80 calm"}
 	if !slices.Equal(order, want) {
 		t.Errorf("hosts in the order %q, want %q", order, want)
 	}
@@ -391,13 +411,20 @@ func TestDebugPageInChromium(t *testing.T) {
 		t.Errorf("sick.test shows no countdown to its next probe:\n%s", section("sick.test:80"))
 	}
 	// The refusals are counted, per layer that refused.
-	for host, re := range map[string]string{"sick.test:80": `[1-9][0-9]* breaker open`, "busy.test:80": `1 bulkhead full · 0 pushback`} {
+	for host, re := range map[string]string{"sick.test:80": `[1-9][0-9]* breaker open \([0-9]+\.[0-9]/s\)`, "busy.test:80": `1 bulkhead full \([0-9]+\.[0-9]/s\) · 0 pushback · now [0-9]+\.[0-9]/s in all`} {
 		if !regexp.MustCompile(re).MatchString(text.ReplaceAllString(section(host), "")) {
 			t.Errorf("%s does not show its refusals (%s):\n%s", host, re, text.ReplaceAllString(section(host), ""))
 		}
 	}
 	if d := strings.Index(dom, `<details class="calm"`); d < 0 || d > strings.Index(dom, `data-host="calm.test:80"`) {
 		t.Errorf("calm.test is not folded under <details>")
+	}
+	if d, m := strings.Index(dom, `<details class="calm"`), strings.Index(dom, `data-host="mid.test:80"`); m < 0 || m > d {
+		t.Errorf("mid.test's pass-ups are folded with the calm hosts, out of sight")
+	}
+	// Its rate is read from the history: the failures passed up go on.
+	if !regexp.MustCompile(`since start · now [0-9.]*[1-9][0-9.]*/s \(last [0-9]+ s\)`).MatchString(text.ReplaceAllString(section("mid.test:80"), "")) {
+		t.Errorf("mid.test shows no rate of pass-ups above 0:\n%s", text.ReplaceAllString(section("mid.test:80"), ""))
 	}
 
 	for name, u := range map[string]string{"debug.png": url, "debug-calm-open.png": url + "?calm=open"} {

@@ -228,8 +228,10 @@ func TestPageConfig(t *testing.T) {
 // ranking: the breaker's recent state changes, newest first, with their
 // reasons and how long ago; the window at its last trip beside the live
 // one; the calls by outcome since start; per-second rates of calls (and
-// the share ok, coloured), refusals and fallback answers from the history; latency percentiles; the refusals for too little time left;
-// the stale cache; the fleet's link and the host's quota and peers.
+// the share ok, coloured), refusals (each layer's and all of them),
+// failures passed up from below and fallback answers from the history;
+// latency percentiles; the refusals for too little time left; the stale
+// cache; the fleet's link and the host's quota and peers.
 func TestPageOnCallRows(t *testing.T) {
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	trip := bulwark.BreakerChange{At: now.Add(-12 * time.Second), From: bulwark.CircuitClosed, To: bulwark.CircuitOpen,
@@ -247,16 +249,20 @@ func TestPageOnCallRows(t *testing.T) {
 		Learned:          &bulwark.LearnedSnapshot{AttemptTimeout: time.Second, AttemptFrom: bulwark.FromColdStart},
 		DeadlineTooShort: 5,
 		Calls:            bulwark.CallCounts{Calls: 1000, Succeeded: 900, Failed: 60, TimedOut: 10, Refused: 25},
+		PassedUp:         12,
 	}
-	// Ten seconds of history: 40 refusals and 30 fallback answers more
-	// than ten seconds ago, so 4.0 and 3.0 a second.
+	// Ten seconds of history, over which: 40 refusals by the breaker and 5
+	// for too little time left, so 4.0, 0.5 and 4.5 a second in all; 30
+	// fallback answers, 3.0 a second; 10 failures passed up, 1.0 a second.
 	var hist History
 	for i := range 12 {
 		s := Sample{Time: now.Add(time.Duration(i-11) * time.Second)}
 		if i >= 1 {
 			k := uint64(i - 1)
-			s.Refused, s.Served = 5+4*k, 3*k
+			s.RefusedBy = Refusals{Breaker: 4 * k, DeadlineTooShort: k / 2}
+			s.Refused, s.Served = s.RefusedBy.Breaker+s.RefusedBy.DeadlineTooShort, 3*k
 			s.Requests, s.Succeeded = 800+20*k, 750+15*k // 20 a second, 75 % ok
+			s.PassedUp = 2 + k
 		}
 		hist.Samples = append(hist.Samples, s)
 	}
@@ -268,20 +274,73 @@ func TestPageOnCallRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	html := b.String()
-	text := regexp.MustCompile(`<[^>]*>`).ReplaceAllString(html, "")
+	text := strings.ReplaceAll(regexp.MustCompile(`<[^>]*>`).ReplaceAllString(html, ""), "&#39;", "'")
 	if !strings.Contains(html, `<span class="share warn">75 % ok</span>`) {
 		t.Errorf("the calls ok over the last 10 s (75 %%) are not amber")
+	}
+	if !strings.Contains(html, `<span class="full">40 breaker open (4.0/s)</span> · <span>0 retry budget spent</span>`) {
+		t.Errorf("the breaker's refusals are not red beside the budget's none")
 	}
 	for _, want := range []string{
 		"window at last trip100 calls: 60 failed, 3 slow · failure rate 60 % ≥ 50 % · 12.0 s ago (11:59:48.000 UTC)",
 		"state changesclosed → open failure rate 60 % ≥ 50 % · 12.0 s agohalf-open → closed every probe succeeded · 20.0 s ago",
 		"calls since start1000: 900 succeeded · 60 failed · 10 timed out · 25 refused · now 20.0/s, 75 % ok (last 10 s)",
-		"40 breaker open · 0 retry budget spent · 5 deadline too short · now 4.0/s (last 10 s)",
+		"refused since start40 breaker open (4.0/s) · 0 retry budget spent · 5 deadline too short (0.5/s) · now 4.5/s in all (last 10 s)",
+		"passed up from below12 failures passed up from below since start · now 1.0/s (last 10 s) · not this host's fault: a service below it failed and was retried there if it could be; not retried here, not counted by this host's breaker or concurrency limit",
 		"30 final failures answered from the fallback since the policy was set · now 3.0/s · stale cache 2 answers, 512 bytes, the oldest received 1 min 30 s ago",
 		"latency nowp50 4.0 ms · p99 41.5 ms · p99.9 250.0 ms (812 attempts in the last 5–10 s, failures included)",
 		"other pods: 70 calls, 9 retries",
 		"fleet quota65 tokens held for 2.0 s of 500/s for the fleet, shared by 4 pods · demand here 120.5/s · 2 refused · 9 leases, 0 failed",
 		"fleet not connected · 12 updates published (0 failed, 0 dropped) · 30 received, 7 applied, 0 ignored · last error 5.0 s ago: redis: connection refused",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the page does not show %q:\n%s", want, text)
+		}
+	}
+}
+
+// TestPagePassedUp: a host whose answers pass failures up from below is
+// amber while they go on (read from the history), ranked after a red
+// host, with its count, rate and what they mean; one whose pass-ups have
+// stopped is calm again, its folded row still giving the count.
+func TestPagePassedUp(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	hist := func(host string, passedUp ...uint64) History {
+		h := History{Host: host, Scheme: "http"}
+		for i, n := range passedUp {
+			h.Samples = append(h.Samples, Sample{Time: now.Add(time.Duration(i-len(passedUp)+1) * time.Second), PassedUp: n})
+		}
+		return h
+	}
+	closed := func() *bulwark.BreakerSnapshot { return &bulwark.BreakerSnapshot{State: bulwark.CircuitClosed} }
+	page := Page{Time: now, SampleEvery: sampleEvery,
+		Snapshot: bulwark.Snapshot{Hosts: []bulwark.HostSnapshot{
+			{Host: "a-mid.test:80", Scheme: "http", Breaker: closed(), PassedUp: 30},
+			{Host: "b-bottom.test:80", Scheme: "http", Breaker: &bulwark.BreakerSnapshot{State: bulwark.CircuitOpen}},
+			{Host: "c-over.test:80", Scheme: "http", Breaker: closed(), PassedUp: 5},
+		}},
+		History: []History{hist("a-mid.test:80", 10, 20, 30), hist("b-bottom.test:80", 0, 0), hist("c-over.test:80", 5, 5, 5)},
+	}
+	v := newView(page, sampleEvery*sampleKeep)
+	var got []string
+	for _, h := range v.Hot {
+		got = append(got, h.Host+" "+h.Harm.String())
+	}
+	if want := []string{"b-bottom.test:80 bad", "a-mid.test:80 warn"}; !slices.Equal(got, want) {
+		t.Errorf("hosts in trouble = %q, want %q", got, want)
+	}
+	if len(v.Calm) != 1 || v.Calm[0].Host != "c-over.test:80" {
+		t.Errorf("calm hosts = %v, want c-over.test, whose pass-ups stopped", v.Calm)
+	}
+	var b strings.Builder
+	if err := pageTemplate.Execute(&b, v); err != nil {
+		t.Fatal(err)
+	}
+	text := strings.ReplaceAll(regexp.MustCompile(`<[^>]*>`).ReplaceAllString(b.String(), ""), "&#39;", "'")
+	for _, want := range []string{
+		"a-mid.test:80 http · upstream failures passed up from below",
+		"passed up from below30 failures passed up from below since start · now 10.0/s (last 2 s) · not this host's fault",
+		"c-over.test:80http · upstream  · breaker closed, 0 calls, 0 % failed, 0 % slow · 0 in flight · 5 failures passed up from below",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the page does not show %q:\n%s", want, text)

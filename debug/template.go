@@ -140,6 +140,9 @@ type rate struct {
 	Refused, Served float64       // per second
 	Calls           float64       // per second
 	OK              share         // of the calls over Span that succeeded
+	// RefusedBy is Refused by the layer that refused, indexed by layer.
+	RefusedBy [numLayers]float64
+	PassedUp  float64 // failures passed up from below, per second
 }
 
 // rateSpan is how far back the page's per-second rates look: long enough
@@ -168,7 +171,11 @@ func newRate(hist History) rate {
 		}
 		return float64(b-a) / span.Seconds()
 	}
-	r := rate{Span: span, Refused: per(first.Refused, last.Refused), Served: per(first.Served, last.Served), Calls: per(first.Requests, last.Requests)}
+	r := rate{Span: span, Refused: per(first.Refused, last.Refused), Served: per(first.Served, last.Served), Calls: per(first.Requests, last.Requests),
+		PassedUp: per(first.PassedUp, last.PassedUp)}
+	for l := range numLayers {
+		r.RefusedBy[l] = per(*first.RefusedBy.of(l), *last.RefusedBy.of(l))
+	}
 	if last.Requests > first.Requests && last.Succeeded >= first.Succeeded {
 		calls, ok := int64(last.Requests-first.Requests), int64(last.Succeeded-first.Succeeded)
 		// The share that did not succeed, coloured as the breaker
@@ -217,6 +224,21 @@ func (h hostView) CallsLine() string {
 		return ""
 	}
 	return fmt.Sprintf("%d: %d succeeded · %d failed · %d timed out · %d refused", c.Calls, c.Succeeded, c.Failed, c.TimedOut, c.Refused)
+}
+
+// PassedUpLine is the host's answers that passed up a failure from a
+// tier below it, their rate, and what that means for whoever is on call;
+// empty before any. Such a host is amber, not red (newView): its callers
+// fail, but the fault, and the retrying, are further down.
+func (h hostView) PassedUpLine() string {
+	if h.PassedUp == 0 {
+		return ""
+	}
+	b := fmt.Appendf(nil, "%d failures passed up from below since start", h.PassedUp)
+	if h.Rate.Span > 0 {
+		b = fmt.Appendf(b, " · now %.1f/s (last %s)", h.Rate.PassedUp, h.Rate.SpanLine())
+	}
+	return string(append(b, " · not this host's fault: a service below it failed and was retried there if it could be; not retried here, not counted by this host's breaker or concurrency limit"...))
 }
 
 // FallbackLine is the fallback's answers since the policy was set, their
@@ -290,18 +312,98 @@ func (h hostView) Summary() string {
 	if l := h.Learned; l != nil && l.AttemptFrom != "" {
 		b = fmt.Appendf(b, " · attempt timeout %.1f ms, %s", float64(l.AttemptTimeout)/float64(time.Millisecond), l.AttemptFrom)
 	}
-	return string(fmt.Appendf(b, " · %d in flight", h.InFlight()))
+	b = fmt.Appendf(b, " · %d in flight", h.InFlight())
+	if h.PassedUp > 0 {
+		b = fmt.Appendf(b, " · %d failures passed up from below", h.PassedUp)
+	}
+	return string(b)
+}
+
+// layer is a layer that refuses requests, as the page counts refusals.
+type layer int
+
+const (
+	layerBreaker layer = iota
+	layerBulkhead
+	layerBudget
+	layerPushback
+	layerThrottle
+	layerTooShort
+	numLayers
+)
+
+// layerNames are the layers as the page names their refusals.
+var layerNames = [numLayers]string{"breaker open", "bulkhead full", "retry budget spent", "pushback", "throttle", "deadline too short"}
+
+// of is the count of layer l.
+func (r *Refusals) of(l layer) *uint64 {
+	switch l {
+	case layerBreaker:
+		return &r.Breaker
+	case layerBulkhead:
+		return &r.Bulkhead
+	case layerBudget:
+		return &r.Budget
+	case layerPushback:
+		return &r.Pushback
+	case layerThrottle:
+		return &r.Throttle
+	}
+	return &r.DeadlineTooShort
 }
 
 // refusal is one layer's count of requests it refused.
 type refusal struct {
 	Layer string
 	N     uint64
+	id    layer
 }
 
 // Refusals are the host's refusals since its state was made, by the layer
 // that refused (see refusals).
 func (h hostView) Refusals() []refusal { return refusals(h.HostSnapshot) }
+
+// RefusalsLine is the refused row: each layer's refusals since start, red
+// when any, with its rate over the last rateSpan when the host has had
+// any, then all layers' rate: "<span class="full">40 breaker open
+// (4.0/s)</span> · <span>0 pushback</span> · <span class="rate">now
+// 4.0/s in all</span> …". It is built here, unescaped, as the chart is:
+// everything in it is a number this file formats or a fixed layer name,
+// nothing from a request or a Snapshot's strings.
+func (h hostView) RefusalsLine() template.HTML {
+	rs := h.Refusals()
+	if len(rs) == 0 {
+		return ""
+	}
+	b := make([]byte, 0, 64*len(rs)+96)
+	for i, r := range rs {
+		if i > 0 {
+			b = append(b, " · "...)
+		}
+		b = append(b, "<span"...)
+		if r.N > 0 {
+			b = append(b, ` class="full"`...)
+		}
+		b = append(b, '>')
+		b = strconv.AppendUint(b, r.N, 10)
+		b = append(b, ' ')
+		b = append(b, layerNames[r.id]...)
+		if r.N > 0 && h.Rate.Span > 0 {
+			b = append(b, " ("...)
+			b = strconv.AppendFloat(b, h.Rate.RefusedBy[r.id], 'f', 1, 64)
+			b = append(b, "/s)"...)
+		}
+		b = append(b, "</span>"...)
+	}
+	if h.Rate.Span > 0 {
+		b = append(b, ` · <span class="rate">now `...)
+		b = append(b, h.Rate.RefusedLine()...)
+		b = append(b, ` in all</span> <span class="muted">(last `...)
+		b = append(b, h.Rate.SpanLine()...)
+		b = append(b, ")</span>"...)
+	}
+	return template.HTML(b)
+}
 
 // refusals are h's refusals since its state was made, by the layer that
 // refused, for each layer the host has: its routes' breakers added to its
@@ -318,28 +420,28 @@ func refusals(h bulwark.HostSnapshot) []refusal {
 				n += r.Breaker.Refused
 			}
 		}
-		out = append(out, refusal{"breaker open", n})
+		out = append(out, refusal{layerNames[layerBreaker], n, layerBreaker})
 	}
 	if bhs := bulkheads(h); len(bhs) > 0 {
 		var n uint64
 		for _, bh := range bhs {
 			n += bh.Refused
 		}
-		out = append(out, refusal{"bulkhead full", n})
+		out = append(out, refusal{layerNames[layerBulkhead], n, layerBulkhead})
 	}
 	if b := h.Budget; b != nil {
-		out = append(out, refusal{"retry budget spent", b.Refused})
+		out = append(out, refusal{layerNames[layerBudget], b.Refused, layerBudget})
 	}
 	if p := h.Pushback; p != nil {
-		out = append(out, refusal{"pushback", p.Refused})
+		out = append(out, refusal{layerNames[layerPushback], p.Refused, layerPushback})
 	}
 	if t := h.Throttle; t != nil {
-		out = append(out, refusal{"throttle", t.Refused})
+		out = append(out, refusal{layerNames[layerThrottle], t.Refused, layerThrottle})
 	}
 	// The attempt deadline is on when a timeout is in force, or has
 	// refused before an Update turned it off.
 	if l := h.Learned; l != nil && l.AttemptFrom != "" || h.DeadlineTooShort > 0 {
-		out = append(out, refusal{"deadline too short", h.DeadlineTooShort})
+		out = append(out, refusal{layerNames[layerTooShort], h.DeadlineTooShort, layerTooShort})
 	}
 	return out
 }
@@ -363,9 +465,20 @@ func newView(p Page, span time.Duration) view {
 	hosts := make([]hostView, len(p.Snapshot.Hosts))
 	for i, h := range p.Snapshot.Hosts {
 		hv := assess(h, p.Time)
-		if hv.Harm > calm && i < len(p.History) {
-			hv.Spark = spark(h, p.History[i], p.Time, p.SampleEvery, span).svg()
-			hv.Rate = newRate(p.History[i])
+		if i < len(p.History) {
+			if h.PassedUp > 0 || hv.Harm > calm {
+				hv.Rate = newRate(p.History[i])
+			}
+			// A host that passes failures up from below fails its callers
+			// but is not at fault: amber, so that it is seen, and never
+			// red, so that the host at fault, further down, ranks first.
+			if hv.Rate.PassedUp > 0 {
+				hv.Harm = max(hv.Harm, warn)
+				hv.Why = append(hv.Why, "failures passed up from below")
+			}
+			if hv.Harm > calm {
+				hv.Spark = spark(h, p.History[i], p.Time, p.SampleEvery, span).svg()
+			}
 		}
 		hosts[i] = hv
 	}
