@@ -20,13 +20,15 @@ func Example() {
 			"last-rate": func(*http.Request, error) (*http.Response, error) { return nil, nil },
 		},
 	}
+	// The README's "Policies in a file" YAML as written.
 	file := []byte(`
 version: "2026-12-03.1"
 upstreams:
   tax.internal:
     timeout: {total: 1s, attempt: 150ms}
+    breaker: {slowCall: 100ms, slowCallRate: 0.5, minCalls: 20}
     retry: {maxAttempts: 2, base: 10ms, jitter: equal}
-    fallback: {func: last-rate}
+    fallback: {func: last-rate}   # config.Registry{Fallbacks: {"last-rate": fn}}
 `)
 	cfg, err := config.Parse(file, "policies.yaml", reg)
 	if err != nil {
@@ -40,7 +42,7 @@ upstreams:
 	}
 	defer tr.Close()
 	tax := cfg.Upstreams["tax.internal"]
-	fmt.Println("attempt timeout:", tax.Timeout.Attempt, "retry jitter:", tax.Retry.Jitter)
+	fmt.Println("attempt timeout:", tax.Timeout.Attempt, "slow call:", tax.Breaker.SlowCall, "retry jitter:", tax.Retry.Jitter)
 	c := tr.Snapshot().Config
 	fmt.Println("in force:", c.Version, "from", c.Source)
 
@@ -49,7 +51,7 @@ upstreams:
 	_, err = config.Parse([]byte("upstreams:\n  tax.internal:\n    retry: {maxAttempts: 0.5}\n"), "policies.yaml", reg)
 	fmt.Println(err)
 	// Output:
-	// attempt timeout: 150ms retry jitter: Equal
+	// attempt timeout: 150ms slow call: 100ms retry jitter: Equal
 	// in force: 2026-12-03.1 from policies.yaml
 	// policies.yaml:3:26: upstream "tax.internal": retry.maxAttempts: want an integer, got the number 0.5
 }
