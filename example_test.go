@@ -42,6 +42,11 @@ func ExampleNewClient() {
 	b, _ := io.ReadAll(resp.Body)
 	fmt.Println(resp.StatusCode, string(b))
 
+	// The client's Transport is the *bulwark.Transport to watch and steer.
+	tr := client.Transport.(*bulwark.Transport)
+	hosts := tr.Snapshot().Host(upstream.Listener.Addr().String())
+	fmt.Println("entries:", len(hosts), "calls:", hosts[0].Calls.Calls)
+
 	// A bad value is an error from New, naming the upstream and the field.
 	_, err = bulwark.NewClient(bulwark.Config{Upstreams: map[string]bulwark.Policy{
 		"tax.internal": {Timeout: bulwark.Timeout{Total: time.Second, Attempt: 2 * time.Second}},
@@ -49,6 +54,7 @@ func ExampleNewClient() {
 	fmt.Println(err)
 	// Output:
 	// 200 rate=0.0725
+	// entries: 1 calls: 1
 	// bulwark: upstream "tax.internal": Timeout.Attempt = 2s: must not exceed Timeout.Total (1s)
 }
 
