@@ -32,10 +32,12 @@ func ExampleHandler() {
 		resp.Body.Close()
 	}
 
+	// README "Seeing and steering it": begin
 	h := debug.Handler(tr)
 	defer h.(io.Closer).Close() // stops its sampler
 	mux := http.NewServeMux()
 	mux.Handle("/debug/bulwark/", h) // behind your own authentication, if any
+	// README "Seeing and steering it": end
 	admin := httptest.NewServer(mux)
 	defer admin.Close()
 
