@@ -434,6 +434,7 @@ const (
 	callFailed          // its failure, other than bulwark's own timeout
 	callTimedOut        // ErrAttemptTimeout or ErrTotalTimeout
 	callRefused         // not sent by a layer of bulwark's
+	callPassedUp        // a failure passed up from below (NoRetryFromBelow)
 	numCallKinds
 )
 
@@ -448,6 +449,8 @@ func (c *callCounts) count(j judged) {
 	switch {
 	case j.v.Outcome == OutcomeSuccess:
 		i = callOK
+	case j.k == kindPassedUp:
+		i = callPassedUp
 	case j.k == kindTimeout:
 		i = callTimedOut
 	case j.v.Outcome == OutcomeFailure:
@@ -483,6 +486,9 @@ type CallCounts struct {
 	// open, bulkhead full, pushback, throttle, retry budget, deadline too
 	// short; each layer's own count is in its piece of the Snapshot).
 	Refused uint64
+	// PassedUp is the calls whose final answer passed a failure up from
+	// below (NoRetryFromBelow): failed, but not the host's own failure.
+	PassedUp uint64
 }
 
 // snapshot is the counts as CallCounts.
@@ -491,7 +497,7 @@ func (c *callCounts) snapshot() CallCounts {
 	for i := range n {
 		n[i] = c.n[i].Load()
 	}
-	s := CallCounts{Succeeded: n[callOK], Failed: n[callFailed], TimedOut: n[callTimedOut], Refused: n[callRefused]}
+	s := CallCounts{Succeeded: n[callOK], Failed: n[callFailed], TimedOut: n[callTimedOut], Refused: n[callRefused], PassedUp: n[callPassedUp]}
 	for _, v := range n {
 		s.Calls += v
 	}

@@ -241,6 +241,14 @@ func TestPassedUpMetricMatchesSnapshot(t *testing.T) {
 		if n := tr.Snapshot().Host("own.test:80")[0].PassedUp; n != 0 {
 			t.Errorf("the host's own 503s counted %d as passed up, want 0", n)
 		}
+		// The calls by final outcome put the pass-ups in a bucket of
+		// their own, and the host's own 503s among its failures.
+		if c := tr.Snapshot().Host("h.test:80")[0].Calls; c.Calls != 7 || c.PassedUp != 7 || c.Failed != 0 {
+			t.Errorf("h.test's calls %+v; want 7, all 7 passed up, none failed", c)
+		}
+		if c := tr.Snapshot().Host("own.test:80")[0].Calls; c.Calls != 3 || c.PassedUp != 0 || c.Failed != 3 {
+			t.Errorf("own.test's calls %+v; want 3, all failed, none passed up", c)
+		}
 	})
 }
 

@@ -372,6 +372,7 @@ func TestDebugPageInChromium(t *testing.T) {
 		"busy.test:80":    {"busy.test:80", "2 / 2 in flight", "full"},
 		"pool.test:80":    {"pool.test:80", "10.0.0.1:80", "10.0.0.2:80", "ejected for "},
 		"mid.test:80": {"mid.test:80", "failures passed up from below", "passed up from below9 failures passed up from below since start · now ",
+			"calls since start9: 0 succeeded · 0 failed · 0 timed out · 0 refused · 9 passed up from below",
 			"not this host's fault", "not retried here, not counted by this host's breaker"},
 	} {
 		s := section(host)

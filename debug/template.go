@@ -223,7 +223,11 @@ func (h hostView) CallsLine() string {
 	if c.Calls == 0 {
 		return ""
 	}
-	return fmt.Sprintf("%d: %d succeeded · %d failed · %d timed out · %d refused", c.Calls, c.Succeeded, c.Failed, c.TimedOut, c.Refused)
+	line := fmt.Sprintf("%d: %d succeeded · %d failed · %d timed out · %d refused", c.Calls, c.Succeeded, c.Failed, c.TimedOut, c.Refused)
+	if c.PassedUp > 0 {
+		line += fmt.Sprintf(" · %d passed up from below", c.PassedUp)
+	}
+	return line
 }
 
 // PassedUpLine is the host's answers that passed up a failure from a
