@@ -322,14 +322,7 @@ func TestBreakerTimerProbes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const halfOpen = 10
 		var healthy atomic.Bool
-		base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
-			closeBody(req)
-			code := 503
-			if healthy.Load() {
-				code = 200
-			}
-			return &http.Response{StatusCode: code, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
-		})
+		base := recoveringBase(&healthy)
 		var sent atomic.Int64
 		counted := roundTripFunc(func(req *http.Request) (*http.Response, error) {
 			sent.Add(1)
@@ -398,14 +391,7 @@ func TestBreakerTimerProbes(t *testing.T) {
 func TestBreakerSpacedProbeReason(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var healthy atomic.Bool
-		base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
-			closeBody(req)
-			code := 503
-			if healthy.Load() {
-				code = 200
-			}
-			return &http.Response{StatusCode: code, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
-		})
+		base := recoveringBase(&healthy)
 		tr := testBreaker(t, Breaker{MinCalls: 1, WindowCalls: 1, OpenFor: time.Second, HalfOpenCalls: 10}, base)
 		// until calls every 10 ms, for at most 10 s, until done holds.
 		until := func(what string, done func(BreakerSnapshot) bool) {
@@ -514,14 +500,7 @@ func TestRetryThrottle(t *testing.T) {
 func TestSpacedProbeEndsFirstOpenTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var healthy atomic.Bool
-		base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
-			closeBody(req)
-			code := 503
-			if healthy.Load() {
-				code = 200
-			}
-			return &http.Response{StatusCode: code, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
-		})
+		base := recoveringBase(&healthy)
 		const openFor, halfOpen = 10 * time.Second, 10
 		tr := testBreaker(t, Breaker{MinCalls: 1, OpenFor: openFor, HalfOpenCalls: halfOpen}, base)
 		call := func() bool {
@@ -559,4 +538,16 @@ func TestSpacedProbeEndsFirstOpenTime(t *testing.T) {
 			t.Logf("change %v → %v: %s", c.From, c.To, c.Reason)
 		}
 	})
+}
+
+// recoveringBase answers 503 until healthy holds, then 200.
+func recoveringBase(healthy *atomic.Bool) roundTripFunc {
+	return func(req *http.Request) (*http.Response, error) {
+		closeBody(req)
+		code := 503
+		if healthy.Load() {
+			code = 200
+		}
+		return &http.Response{StatusCode: code, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
+	}
 }
