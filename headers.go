@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -128,10 +129,7 @@ func noRetry(h http.Header) (stop bool, wait time.Duration, bad bool) {
 	if neg {
 		return true, 0, false
 	}
-	var ms int64
-	for i := 0; i < len(digits); i++ {
-		ms = ms*10 + int64(digits[i]-'0')
-	}
+	ms, _ := strconv.ParseInt(digits, 10, 64) // at most 10 digits: cannot fail
 	return false, time.Duration(ms) * time.Millisecond, false
 }
 

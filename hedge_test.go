@@ -362,10 +362,10 @@ func TestHedgeDeadlineAware(t *testing.T) {
 		prev := time.Duration(0)
 		resp := &http.Response{StatusCode: 503, Header: http.Header{}}
 		now := time.Now()
-		if d := r.decide(req, call{total: now.Add(30 * time.Millisecond)}, true, 1, kindServerError, resp, nil, &prev); d.v != retryAgain {
+		if d := r.decide(req, call{total: now.Add(30 * time.Millisecond)}, true, 1, judgeKind(nil, kindServerError, resp, nil), resp, nil, &prev); d.v != retryAgain {
 			t.Errorf("30 ms left: verdict %v, want a retry", d.v)
 		}
-		if d := r.decide(req, call{total: now.Add(15 * time.Millisecond)}, true, 1, kindServerError, resp, nil, &prev); d.v != giveUp {
+		if d := r.decide(req, call{total: now.Add(15 * time.Millisecond)}, true, 1, judgeKind(nil, kindServerError, resp, nil), resp, nil, &prev); d.v != giveUp {
 			t.Errorf("15 ms left: verdict %v, want none (median 20 ms)", d.v)
 		}
 	})

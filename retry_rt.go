@@ -475,14 +475,16 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 			resp, err = r.next.roundTrip(cur, c)
 			r.record(classify(resp, err), start)
 		}
-		k := classify(resp, err)
-		if c.attempt == 1 && r.budget != nil && reached(k) {
+		// Judged once: the budget, decide and the record read the same
+		// verdict, and a user's classifier is called once per attempt.
+		j := judge(c.classify, resp, err)
+		if c.attempt == 1 && r.budget != nil && reached(j.k) {
 			// The budget counts calls that reached the host: one refused
 			// here by an open breaker or a pause is no request of its.
-			r.budget.call(c.start, judgeKind(c.classify, k, resp, err).v.Outcome)
+			r.budget.call(c.start, j.v.Outcome)
 		}
-		d := r.decide(req, c, replayable, attempt, k, resp, err, &prevWait)
-		if d.v == giveUp && (attempt > 1 || d.late) && judgeKind(c.classify, k, resp, err).v.Outcome == OutcomeFailure {
+		d := r.decide(req, c, replayable, attempt, j, resp, err, &prevWait)
+		if d.v == giveUp && (attempt > 1 || d.late) && j.v.Outcome == OutcomeFailure {
 			// Retried here and still failed, or due for a retry the
 			// deadline left no room for: the layer above should not try
 			// again (CallRecord).
@@ -579,16 +581,15 @@ type decision struct {
 }
 
 // decide is the retry decision after attempt number attempt, whose
-// outcome was of kind k: a list of checks in a fixed order, the first that
+// outcome was judged j: a list of checks in a fixed order, the first that
 // applies settling it.
-func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt int, k kind, resp *http.Response, err error, prevWait *time.Duration) decision {
+func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt int, j judged, resp *http.Response, err error, prevWait *time.Duration) decision {
 	// Retries off: the layer is here for the first round's hedges, and
 	// that round was the call.
 	if r.noRetry {
 		return decision{}
 	}
 	ctx := req.Context()
-	j := judgeKind(c.classify, k, resp, err)
 	// 0. A success that no other try would change is final (unless the
 	// user's CheckRetry judges it).
 	if j.v.Outcome == OutcomeSuccess && !j.v.Retryable && r.check == nil {

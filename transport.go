@@ -480,6 +480,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // call that was retried and still failed is noted by the retry layer,
 // which knows.
 func noteFailure(ctx context.Context, resp *http.Response, err error) {
+	// A call with no record (no server half above it) reads nothing more.
+	r, ok := ctx.Value(recordKey{}).(*CallRecord)
+	if !ok {
+		return
+	}
 	switch {
 	case err != nil:
 		// Refused here on purpose (breaker, bulkhead, pushback, throttle,
@@ -488,11 +493,11 @@ func noteFailure(ctx context.Context, resp *http.Response, err error) {
 		// refusal, which allocates nothing.
 		if errors.Is(err, ErrBreakerOpen) || errors.Is(err, ErrBulkheadFull) || errors.Is(err, ErrPushback) ||
 			errors.Is(err, ErrThrottled) || errors.Is(err, ErrRetryBudget) {
-			noteBelow(ctx, noteRefused)
+			r.notes.Or(noteRefused)
 		}
 	default:
 		if stop, _, _ := noRetry(resp.Header); stop {
-			noteBelow(ctx, noteNoRetry)
+			r.notes.Or(noteNoRetry)
 		}
 	}
 }
