@@ -56,6 +56,7 @@ var seamRows = []struct {
 	{"pass-up × hedge", seamPassUpHedge},
 	{"pass-up × route classifier", seamPassUpRoute},
 	{"timer probe × force open", seamTimerProbeForceOpen},
+	{"timer probe × fleet", seamTimerProbeFleet},
 }
 
 func TestSeams(t *testing.T) {
@@ -930,4 +931,66 @@ func seamTimerProbeForceOpen(t *testing.T) {
 	if n := base.sent() - sent; n != 0 {
 		t.Fatalf("%d requests sent while forced open, want none", n)
 	}
+}
+
+// A trip adopted from the fleet sends no spaced probes: the pod that
+// tripped on its own counts probes the sick host, so a fleet of N pods
+// does not send it N times HalfOpenCalls probes per open period. Once the
+// host recovers, that pod answers within a spacing, and the adopting pod
+// by the end of the open time it adopted.
+func seamTimerProbeFleet(t *testing.T) {
+	hub := &seamHub{sinks: map[*seamFleet]*bulwark.FleetSink{}}
+	var healthy atomic.Bool
+	var sentA, sentB atomic.Int64
+	base := func(sent *atomic.Int64) *seamBase {
+		return &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) {
+			sent.Add(1)
+			if healthy.Load() {
+				return seamAnswer(req, 0, 200)
+			}
+			return seamAnswer(req, 0, 503)
+		}}
+	}
+	br := bulwark.Breaker{MinCalls: 5, WindowCalls: 10, OpenFor: 10 * time.Second, HalfOpenCalls: 10}
+	policy := bulwark.Policy{Retry: bulwark.Retry{Disabled: true}, Breaker: br}
+	a := seamNew(t, bulwark.Config{Base: base(&sentA), Fleet: &seamFleet{hub: hub}, Default: policy})
+	b := seamNew(t, bulwark.Config{Base: base(&sentB), Fleet: &seamFleet{hub: hub}, Default: policy})
+	synctest.Wait() // both pods receiving
+	for range 5 {
+		_, _ = seamSend(t, a, "GET", "http://api.test/x")
+	}
+	synctest.Wait()
+	if _, err := seamSend(t, b, "GET", "http://api.test/x"); !errors.Is(err, bulwark.ErrBreakerOpen) || sentB.Load() != 0 {
+		t.Fatalf("pod B after A's trip: %v, %d sent; want the fleet's trip adopted", err, sentB.Load())
+	}
+	// Sick for 5 s, both pods called every 50 ms: A probes, B does not.
+	before := sentA.Load()
+	for range 100 {
+		time.Sleep(50 * time.Millisecond)
+		_, _ = seamSend(t, a, "GET", "http://api.test/x")
+		_, _ = seamSend(t, b, "GET", "http://api.test/x")
+	}
+	probes := sentA.Load() - before
+	if n := probes; n < 2 || n > 10 {
+		t.Errorf("pod A sent %d spaced probes in 5 s of a 10 s open time, want 2 to 10", n)
+	}
+	if n := sentB.Load(); n != 0 {
+		t.Errorf("pod B, holding an adopted trip, sent %d requests, want none", n)
+	}
+	healthy.Store(true)
+	recovered := time.Now()
+	for code, _ := seamSend(t, a, "GET", "http://api.test/x"); code != 200; code, _ = seamSend(t, a, "GET", "http://api.test/x") {
+		if time.Since(recovered) > 2*time.Second {
+			t.Fatal("pod A not answered within 2 s of the host's recovery (a spacing is at most 1 s)")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	tookA := time.Since(recovered)
+	for code, _ := seamSend(t, b, "GET", "http://api.test/x"); code != 200; code, _ = seamSend(t, b, "GET", "http://api.test/x") {
+		if time.Since(recovered) > 15*time.Second {
+			t.Fatal("pod B not answered 15 s after the host's recovery, past the open time it adopted")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("pod A sent %d spaced probes while the host was sick; after it recovered pod A answered in %v, pod B in %v", probes, tookA, time.Since(recovered))
 }
