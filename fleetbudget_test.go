@@ -1,6 +1,7 @@
 package bulwark
 
 import (
+	"net/http"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -17,18 +18,29 @@ func budgetPolicy() Policy {
 	return p
 }
 
-// TestFleetRetryBudget: four pods calling a failing host, each with a
-// budget floor of 10 retries a window, retry about 10 times in all when
-// they share the budget through a Fleet, against about 40 each alone. A
-// fifth pod that calls without retrying answers with its calls.
+// TestFleetRetryBudget: four pods calling a host, each with a budget
+// floor of 10 retries a window, retry about 10 times in all when they
+// share the budget through a Fleet, against about 40 each alone. Each
+// pod's fourth of its 36 calls fail at every attempt (7 retries each, 28
+// wanted): few enough that the retry throttle, which holds every retry
+// once five calls in a row failed, never holds, so the floor is what
+// bounds them. A fifth pod that calls without retrying answers with its
+// calls.
 func TestFleetRetryBudget(t *testing.T) {
 	for _, shared := range []bool{false, true} {
 		synctest.Test(t, func(t *testing.T) {
 			hub := &memHub{}
-			base := &statusBase{codes: []int{500}}
+			base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
+				if req.URL.RawQuery == "fail" {
+					return response(req, 500), nil
+				}
+				return response(req, 200), nil
+			}}
 			var pods []*Transport
 			for range 4 {
-				cfg := Config{Base: base, Default: budgetPolicy()}
+				p := budgetPolicy()
+				p.Retry.MaxAttempts = 8
+				cfg := Config{Base: base, Default: p}
 				if shared {
 					cfg.Fleet = &memFleet{hub: hub}
 				}
@@ -47,8 +59,12 @@ func TestFleetRetryBudget(t *testing.T) {
 			var mu sync.Mutex
 			for _, tr := range pods {
 				wg.Go(func() {
-					for range 36 { // one every 50 ms: under the 2 s window
-						_, _ = sendOnce(t, tr, "GET", "http://api.test/")
+					for i := range 36 { // one every 50 ms: under the 2 s window
+						url := "http://api.test/"
+						if i%9 == 0 {
+							url += "?fail"
+						}
+						_, _ = sendOnce(t, tr, "GET", url)
 						mu.Lock()
 						calls++
 						mu.Unlock()
@@ -65,7 +81,7 @@ func TestFleetRetryBudget(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			retries := base.sent() - calls
+			retries := base.calls() - calls
 			t.Logf("shared %v: %d calls, %d retries", shared, calls, retries)
 			if shared {
 				// The fleet's floor is 10 a window (plus the ratio's 1 or

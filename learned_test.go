@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -586,40 +587,31 @@ func (p *pool) feed(rate int, dur time.Duration) {
 }
 
 // TestLearnedSlowdownWorkerPool: a pool of 40 workers whose jobs each call
-// a host at 40 ms, 10 jobs a second (the hung host's traffic), and the
-// host turns to 3 s. Through a plain client the slow calls hold most of
-// the pool (31 in flight); with package defaults no more than 10 workers
-// are ever stuck on the slow host (8, 9 in 15 runs of 100): the learned
-// timeout cuts each attempt at 3 × the healthy p99.9 (138 ms), and ten
-// unanswered attempts in a row open the breaker once the run has lasted
-// the third attempt's timeout (553 ms).
+// a host at 40 ms, at 10, 20 and 40 jobs a second, and the host turns to
+// 3 s. Through a plain client the slow calls hold most of the pool (31 in
+// flight at 10 jobs a second); with package defaults no more than 10
+// workers are ever stuck on the slow host: 6, 7 and 10 at the three rates
+// (the simulation is seeded, so every run gives these). The learned
+// timeout cuts each attempt at 3 × the healthy p99.9 (138 ms); the fifth
+// failed call takes the retry throttle to half, and from then on no
+// attempt that timed out is retried; ten unanswered attempts in a row open
+// the breaker once the run has lasted the third attempt's timeout
+// (553 ms). At a given rate the stuck workers are about rate × 138 ms
+// plus the first five calls in their retries, so the bound holds up to
+// about 40 jobs a second; past that the attempt timeout itself keeps more
+// than 10 in flight.
 //
-// The figure holds at 10 jobs a second only. At 20 the peak is
-// 12–15 (30 runs), at 40 it is 15–16: the breaker first trips 0.70–0.74 s
-// after the change at every rate (the first timeout, then the run's
-// 553 ms; by then 10, 17–19 and 26–28 attempts in a row went
-// unanswered), and every call started before then is still in its
-// retries, so the peak is about rate × 0.7 s, held to 16 at 40 by the
-// budget's floor of 10 retries a second. The retry throttle stops only
-// the ratio's retries; the floor still funds these. Tried and not
-// kept, since each trades a figure away: the floor funding no retry while
-// the throttle holds (gRPC's own rule) gives 6, 7 and 10 but breaks the
-// floor Budget promises (TestRetryBudget at 2 and 20 calls a second,
-// TestFleetRetryBudget); the floor funding no retry of a timed-out
-// attempt while throttled gives the same and keeps those, but fewer
-// attempts per call make the hung host's first refusal come at call 15
-// (TestLearnedHungHost wants 10: ConsecutiveFailures counts attempts);
-// half the run's length (the second attempt's timeout) trips at 0.49 s,
-// on the count now, and holds 11 at 20, 16 at 40, while it would let the
-// runs of about 150 ms the lab's capacity drop makes (see failingFor)
-// trip a host at 20 ms, whose shorter run would be 120 ms.
+// Before the throttle held the floor's retries too, the peak was 12–15 at
+// 20 jobs a second and 15–16 at 40: the floor funded retries of attempts
+// that timed out until the breaker tripped, 0.70–0.74 s after the change.
 func TestLearnedSlowdownWorkerPool(t *testing.T) {
-	const rate = 10
 	for _, tc := range []struct {
 		name  string
 		plain bool
-	}{{"plain", true}, {"defaults", false}} {
-		t.Run(tc.name, func(t *testing.T) {
+		rate  int
+	}{{"plain", true, 10}, {"defaults", false, 10}, {"defaults", false, 20}, {"defaults", false, 40}} {
+		rate := tc.rate
+		t.Run(fmt.Sprintf("%s/%d", tc.name, rate), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				var slowAt atomic.Int64
 				h := newSimHost(func(now time.Time, rng *rand.Rand) time.Duration {

@@ -30,7 +30,8 @@ const (
 
 	// The retry budget's defaults are Finagle's and Linkerd's: retries may
 	// add 20 % to the requests of the last 10 s, and at least 10 retries a
-	// second are allowed however light the traffic.
+	// second are allowed however light the traffic, unless gRPC's retry
+	// throttle holds (see Budget).
 	DefaultBudgetRatio        = 0.2
 	DefaultBudgetWindow       = 10 * time.Second
 	DefaultBudgetMinPerSecond = 10
@@ -217,23 +218,26 @@ type RetryEvent struct {
 // second are always allowed (a floor for hosts with too little traffic for
 // the ratio to mean anything).
 //
-// The algorithm: calls and retries are counted in ten buckets of Window/10
-// each, so the window slides in tenths. A retry is allowed if, counting it,
-// retries in the window stay within Ratio × calls in the window, and the
-// retry throttle of gRPC (gRFC A6) has more than half its 10 tokens: a
-// call whose first attempt failed takes a token, one that succeeded gives
-// back Ratio of one. The throttle is why a window's healthy past does not
-// fund a burst of retries into a sudden outage (with 10 s of calls banked,
-// a 2 s blip could otherwise draw retries for half its calls): five failed
-// calls in a row stop the ratio's retries, and a host that fails more
-// than Ratio ÷ (1 + Ratio) of its calls (17 % at the default) for long
-// gets the floor's retries alone. Otherwise the retry may come from the
-// floor: a token bucket (golang.org/x/time/rate) of
-// MinPerSecond a second with a burst of one second's worth, used only while
-// retries in the window stay within MinPerSecond × Window. Retries funded
-// by the floor count against the ratio too, so the floor is a minimum, not
-// an addition: under a sustained outage with heavy traffic, retries
-// approach Ratio × calls and no more.
+// The algorithm: first the retry throttle of gRPC (gRFC A6) must have
+// more than half its 10 tokens: a call whose first attempt failed takes a
+// token, one that succeeded gives back Ratio of one. Five failed calls in
+// a row stop all retries and hedges, the floor's too, until successes
+// earn the tokens back, so a host that fails more than Ratio ÷ (1 + Ratio)
+// of its calls (17 % at the default) for long is sent each call once. The
+// throttle is why a window's healthy past does not fund a burst of
+// retries into a sudden outage (with 10 s of calls banked, a 2 s blip
+// could otherwise draw retries for half its calls), and why a worker pool
+// in front of a host that turns slow is not held by retries of attempts
+// that time out. Then calls and retries are counted in ten buckets of
+// Window/10 each, so the window slides in tenths. A retry is allowed if,
+// counting it, retries in the window stay within Ratio × calls in the
+// window; otherwise it may come from the floor: a token bucket
+// (golang.org/x/time/rate) of MinPerSecond a second with a burst of one
+// second's worth, used only while retries in the window stay within
+// MinPerSecond × Window. The floor is for a host with too little traffic
+// for the ratio to fund the retries of its occasional failures. Retries
+// funded by the floor count against the ratio too, so the floor is a
+// minimum, not an addition.
 //
 // With Config.Fleet, a host's budget is the fleet's: each pod that retries
 // (or is refused a retry) publishes its window's calls and retries, the
@@ -777,8 +781,8 @@ type retryBudget struct {
 	win *window.Window // positions are unix nanoseconds
 	// tokens is gRFC A6's retry throttle: a call whose first attempt
 	// failed takes one, one that succeeded gives back ratio, up to
-	// throttleTokens; the ratio funds no retry while at most half are
-	// left (the floor still does).
+	// throttleTokens; no retry or hedge is funded while at most half are
+	// left, the floor's included.
 	tokens float64
 
 	// With a Fleet, the host's budget (not a route's) is the fleet's:
@@ -817,17 +821,20 @@ func (b *retryBudget) call(now time.Time, o Outcome) {
 }
 
 // throttleTokens is the retry throttle's size, gRFC A6's example
-// maxTokens: ratio-funded retries stop after five more failed calls than
-// successes × ratio, and a host failing more than ratio ÷ (1 + ratio) of
-// its calls (17 % at the default 0.2) for long gets the floor's retries
-// alone. A window's ratio counts the healthy past: with 10 s of calls
-// banked, a 2 s outage could draw retries for half of its calls; the
-// throttle stops them within a few calls (issue 30's chain of services
-// measured 1.19–1.30 × at the one layer that retries, without it).
+// maxTokens: retries stop after five more failed calls than successes ×
+// ratio, and a host failing more than ratio ÷ (1 + ratio) of its calls
+// (17 % at the default 0.2) for long gets none. A window's ratio counts
+// the healthy past: with 10 s of calls banked, a 2 s outage could draw
+// retries for half of its calls; the throttle stops them within a few
+// calls (a chain of services measured 1.19–1.30 × at the one layer that
+// retries, without it). It holds the floor too, as gRPC's does: a host
+// turned from 40 ms to 3 s, 40 calls a second, would otherwise keep up to
+// 16 of a pool's workers in retries of timed-out attempts until its
+// breaker opens, against 10 with it (TestLearnedSlowdownWorkerPool).
 const throttleTokens = 10
 
-// throttled reports whether the retry throttle holds the ratio's
-// retries back. Under b.mu.
+// throttled reports whether the retry throttle holds every retry and
+// hedge back. Under b.mu.
 func (b *retryBudget) throttled() bool { return b.tokens <= throttleTokens/2 }
 
 // BudgetSnapshot is a retry budget's state, as Snapshot reports it.
@@ -839,8 +846,8 @@ type BudgetSnapshot struct {
 	// fleet's, and spends from their sum.
 	FleetCalls, FleetRetries int64
 	// Remaining is how many retries the budget would allow now, the
-	// fleet's counted: the room under the ratio (none while the retry
-	// throttle holds it back) or, if larger, the floor's.
+	// fleet's counted: the room under the ratio or, if larger, the
+	// floor's; none while the retry throttle holds.
 	Remaining int64
 	// Refused is how many retries it has refused since the host's state
 	// was made.
@@ -854,11 +861,11 @@ func (b *retryBudget) state(now time.Time) BudgetSnapshot {
 	sum := b.peers.Add(own, now)
 	calls, retries := sum[budgetCalls], sum[budgetRetries]
 	room := int64(b.ratio*float64(calls)) - retries
-	if b.throttled() {
-		room = 0
-	}
 	if b.floor != nil {
 		room = max(room, min(int64(b.floor.TokensAt(now)), int64(b.floorMax)-retries))
+	}
+	if b.throttled() {
+		room = 0
 	}
 	return BudgetSnapshot{Calls: own[budgetCalls], Retries: own[budgetRetries], Remaining: max(room, 0),
 		FleetCalls: calls - own[budgetCalls], FleetRetries: retries - own[budgetRetries]}
@@ -871,8 +878,8 @@ func (b *retryBudget) withdraw(now time.Time) bool {
 	pos := now.UnixNano()
 	sum := b.peers.Add(b.win.Sum(pos), now)
 	r := float64(sum[budgetRetries] + 1)
-	ok := r <= b.ratio*float64(sum[budgetCalls]) && !b.throttled() ||
-		(b.floor != nil && r <= b.floorMax && b.floor.AllowN(now, 1))
+	ok := !b.throttled() && (r <= b.ratio*float64(sum[budgetCalls]) ||
+		b.floor != nil && r <= b.floorMax && b.floor.AllowN(now, 1))
 	if ok {
 		b.win.Add(pos, window.Counts{budgetRetries: 1})
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	mrand "math/rand/v2"
 	"net"
 	"net/http"
@@ -697,22 +698,37 @@ func TestRetryBudget(t *testing.T) {
 			}
 		})
 	}
-	// At light traffic the floor lets every call be retried: 2 calls a
-	// second need 4 retries a second, under the 10/s floor.
+	// A host that fails every call is sent each call once after the first
+	// five: the fifth failed call takes the retry throttle to half its
+	// tokens, and from then on no retry is funded, the floor's neither
+	// (gRFC A6). At 2 calls a second for 30 s: 60 calls, and calls 1–4
+	// retried twice each.
 	ratio, _ := amplification(t, always(503), 2, 30*time.Second)
-	if ratio != 3 {
-		t.Errorf("at 2 rps upstream/offered = %.3f, want 3 (the floor covers every retry)", ratio)
+	if want := 68.0 / 60; math.Abs(ratio-want) > 1e-9 {
+		t.Errorf("at 2 rps, every call failing: upstream/offered = %.3f, want %.3f (retries stop after five failed calls)", ratio, want)
 	}
-	// And the floor is a floor: at 20 rps (40 retries/s wanted, ratio 4/s)
-	// retries are held to about 10/s.
-	ratio, _ = amplification(t, always(503), 20, 30*time.Second)
-	if ratio < 1.4 || ratio > 1.55 {
-		t.Errorf("at 20 rps upstream/offered = %.3f, want about 1.5 (10 retries/s over 20 calls/s)", ratio)
+	// At light traffic the floor funds what the ratio cannot: one call a
+	// second, every fifth failing at every attempt (too few to hold the
+	// throttle). The window holds 10 calls, so the ratio funds 2 retries
+	// in 10 s, where two failed calls want 4; with the floor each of the
+	// six failed calls is retried twice.
+	var firsts atomic.Int64
+	fifth := func(_ int, req *http.Request) (*http.Response, error) {
+		if a := req.Header.Get(AttemptHeader); a != "" && a != "1" || firsts.Add(1)%5 == 0 {
+			return response(req, 503), nil
+		}
+		return response(req, 200), nil
 	}
-	// Without the floor, light traffic gets the ratio alone.
-	ratio, _ = amplification(t, always(503), 2, 30*time.Second, Policy{Retry: Retry{Budget: Budget{MinPerSecond: -1}}})
-	if ratio > 1.2 {
-		t.Errorf("no floor, at 2 rps: upstream/offered = %.3f, want ≤ 1.2", ratio)
+	ratio, _ = amplification(t, fifth, 1, 30*time.Second)
+	if want := 42.0 / 30; math.Abs(ratio-want) > 1e-9 {
+		t.Errorf("floor, one call in five failing: upstream/offered = %.3f, want %.3f (every failed call retried twice)", ratio, want)
+	}
+	// Without the floor, the same traffic gets the ratio alone.
+	firsts.Store(0)
+	ratio, _ = amplification(t, fifth, 1, 30*time.Second, Policy{Retry: Retry{Budget: Budget{MinPerSecond: -1}}})
+	t.Logf("no floor, one call in five failing: upstream/offered = %.3f", ratio)
+	if ratio >= 42.0/30 || ratio <= 1 {
+		t.Errorf("no floor, one call in five failing: upstream/offered = %.3f, want some retries refused (above 1, under %.3f)", ratio, 42.0/30)
 	}
 	// A disabled budget leaves MaxAttempts as the only bound.
 	ratio, _ = amplification(t, always(503), 100, 5*time.Second, Policy{Retry: Retry{Budget: Budget{Disabled: true}}})

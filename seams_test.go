@@ -39,6 +39,7 @@ var seamRows = []struct {
 	{"fallback × route", seamFallbackRoute},
 	{"classifier × route", seamClassifierRoute},
 	{"budget × hedge", seamBudgetHedge},
+	{"retry throttle × floor, hedge, fleet", seamThrottleFloor},
 	{"pushback × hedge", seamPushbackHedge},
 	{"bulkhead × balancer", seamBulkheadBalancer},
 	{"deadline × retry", seamDeadlineRetry},
@@ -332,11 +333,17 @@ func seamRouteFleet(t *testing.T) {
 }
 
 // A breaker in shadow mode changes nothing that is sent: open, it does
-// not stop a hedge.
+// not stop a hedge. One fast success after the five failures gives the
+// retry throttle back the token the fifth took (five failed calls in a
+// row hold every hedge, as gRFC A6 says), and leaves the shadow breaker's
+// window well over its rate.
 func seamShadowHedge(t *testing.T) {
 	base := &seamBase{answer: func(n int, req *http.Request) (*http.Response, error) {
-		if req.URL.Path == "/fail" {
+		switch req.URL.Path {
+		case "/fail":
 			return seamAnswer(req, 0, 500)
+		case "/ok":
+			return seamAnswer(req, 0, 200)
 		}
 		return slowFirstAttempt(n, req)
 	}}
@@ -346,6 +353,9 @@ func seamShadowHedge(t *testing.T) {
 		Breaker: br, Hedge: bulwark.Hedge{Delay: 50 * time.Millisecond}}})
 	for range 5 {
 		_, _ = seamSend(t, tr, "GET", "http://api.test/fail")
+	}
+	if code, err := seamSend(t, tr, "GET", "http://api.test/ok"); code != 200 {
+		t.Fatalf("fast call under a shadow breaker: %d, %v", code, err)
 	}
 	if code, err := seamSend(t, tr, "GET", "http://api.test/slow"); code != 200 {
 		t.Fatalf("slow call under a shadow breaker: %d, %v", code, err)
@@ -509,6 +519,64 @@ func seamBudgetHedge(t *testing.T) {
 	_, _ = seamSend(t, tr, "GET", "http://api.test/slow")
 	if h := seamHost(t, tr, "api.test:80").Hedge; h.Sent != 1 {
 		t.Fatalf("after 20 calls: hedge %+v; want one sent", h)
+	}
+}
+
+// Five failed calls in a row hold every retry and hedge of the pod that
+// made them, the floor's too (gRFC A6's throttle), while the floor has
+// tokens to spare; another pod of the same fleet, whose own calls did not
+// fail, still retries; successes (a fifth of a token each) give the first
+// pod its retries back.
+func seamThrottleFloor(t *testing.T) {
+	answer := func(n int, req *http.Request) (*http.Response, error) {
+		switch req.URL.Path {
+		case "/fail":
+			return seamAnswer(req, 0, 500)
+		case "/ok":
+			return seamAnswer(req, 0, 200)
+		case "/flaky":
+			if req.Header.Get(bulwark.AttemptHeader) == "1" {
+				return seamAnswer(req, 0, 503)
+			}
+			return seamAnswer(req, 0, 200)
+		}
+		return slowFirstAttempt(n, req)
+	}
+	hub := &seamHub{sinks: map[*seamFleet]*bulwark.FleetSink{}}
+	baseA, baseB := &seamBase{answer: answer}, &seamBase{answer: answer}
+	p := bulwark.Policy{Hedge: bulwark.Hedge{Delay: 50 * time.Millisecond}}
+	a := seamNew(t, bulwark.Config{Base: baseA, Default: p, Fleet: &seamFleet{hub: hub}})
+	b := seamNew(t, bulwark.Config{Base: baseB, Default: p, Fleet: &seamFleet{hub: hub}})
+	synctest.Wait()
+	for range 5 {
+		_, _ = seamSend(t, a, "GET", "http://api.test/fail")
+	}
+	if n := baseA.sent(); n != 5+4*2 {
+		t.Fatalf("five failing calls sent %d attempts, want 13 (calls 1-4 retried twice, call 5 once: the throttle holds)", n)
+	}
+	time.Sleep(time.Second) // the floor's bucket refills
+	before := baseA.sent()
+	if code, _ := seamSend(t, a, "GET", "http://api.test/flaky"); code != 503 || baseA.sent()-before != 1 {
+		t.Fatalf("throttled pod: a call that a retry would save answered %d after %d attempts; want its 503, sent once", code, baseA.sent()-before)
+	}
+	_, _ = seamSend(t, a, "GET", "http://api.test/slow")
+	hs := seamHost(t, a, "api.test:80")
+	if hs.Hedge.Sent != 0 || hs.Hedge.Skipped.Budget != 1 || hs.Budget.Remaining != 0 {
+		t.Fatalf("throttled pod: hedge %+v, budget %+v; want the hedge skipped for the budget and no retry remaining", hs.Hedge, hs.Budget)
+	}
+	if code, _ := seamSend(t, b, "GET", "http://api.test/flaky"); code != 200 {
+		t.Fatalf("the other pod of the fleet: %d, want 200 (its throttle is its own)", code)
+	}
+	// The throttle is at 4.2 tokens (5, less the flaky call, plus the slow
+	// call's success); the next flaky call's failed first attempt takes
+	// one before its retry is judged, so ten successes are needed (6.2).
+	for range 10 {
+		if code, _ := seamSend(t, a, "GET", "http://api.test/ok"); code != 200 {
+			t.Fatalf("/ok: %d", code)
+		}
+	}
+	if code, _ := seamSend(t, a, "GET", "http://api.test/flaky"); code != 200 {
+		t.Fatalf("after successes the first pod answered %d, want its retry's 200", code)
 	}
 }
 

@@ -1,6 +1,8 @@
 package redisfleet
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -16,7 +18,7 @@ func budgetPod(t *testing.T, s *redisServer, prefix string) *bulwark.Transport {
 	p := bulwark.Policy{}
 	p.Breaker.Disabled = true
 	p.Bulkhead.Disabled = true
-	p.Retry.MaxAttempts = 3
+	p.Retry.MaxAttempts = 8
 	p.Retry.Base, p.Retry.Cap = time.Millisecond, 2*time.Millisecond
 	p.Retry.Budget = bulwark.Budget{Ratio: 0.01, Window: 2 * time.Second, MinPerSecond: 5}
 	cfg := bulwark.Config{Default: p}
@@ -30,14 +32,25 @@ func budgetPod(t *testing.T, s *redisServer, prefix string) *bulwark.Transport {
 	return newTransport(t, cfg)
 }
 
-// TestRetryBudgetShared: three pods calling a failing host retry about
-// the fleet's floor in all when they share the budget, and about three
-// floors when each keeps its own.
+// TestRetryBudgetShared: three pods calling a host retry about the
+// fleet's floor in all when they share the budget, and about three floors
+// when each keeps its own. Each pod's 36 calls come 50 ms apart, inside
+// one window, and a ninth of them fail at every attempt (7 retries each,
+// 28 wanted a pod): few enough that the retry throttle, which holds every
+// retry once five calls in a row failed, never holds, so the floor is
+// what bounds them.
 func TestRetryBudgetShared(t *testing.T) {
 	s := startRedis(t)
 	retries := map[bool]int64{}
 	for _, shared := range []bool{false, true} {
-		sick := newUpstream(t, 500, nil)
+		sick := &upstream{}
+		sick.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			sick.hits.Add(1)
+			if r.URL.RawQuery == "fail" {
+				w.WriteHeader(500)
+			}
+		}))
+		t.Cleanup(sick.Close)
 		var pods []*bulwark.Transport
 		for range 3 {
 			if shared {
@@ -54,8 +67,12 @@ func TestRetryBudgetShared(t *testing.T) {
 		var mu sync.Mutex
 		for _, tr := range pods {
 			wg.Go(func() {
-				for range 20 {
-					_, _ = get(t, tr, sick.URL)
+				for i := range 36 {
+					url := sick.URL
+					if i%9 == 0 {
+						url += "/?fail"
+					}
+					_, _ = get(t, tr, url)
 					mu.Lock()
 					calls++
 					mu.Unlock()

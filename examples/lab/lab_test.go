@@ -168,9 +168,11 @@ func TestStormBudgetCapsLoad(t *testing.T) { inBubble(t, testStormBudgetCapsLoad
 
 func testStormBudgetCapsLoad(t *testing.T) {
 	l := testLab(settings{scale: 0.2, load: 200, duration: 3 * time.Second})
-	var imm, bud stormStrategy
+	var none, imm, bud stormStrategy
 	for _, st := range stormStrategies() {
 		switch st.short {
+		case "none":
+			none = st
 		case "imm×3":
 			imm = st
 		case "bulwark":
@@ -182,7 +184,7 @@ func testStormBudgetCapsLoad(t *testing.T) {
 	from := length * 20 / 100
 	workers := stormWorkers(l.set)
 	sc := &scenario{key: "storm", length: length, marks: []mark{{from, from + blip, "blip"}}}
-	for _, st := range []stormStrategy{imm, bud} {
+	for _, st := range []stormStrategy{imm, bud, none} {
 		r, err := l.stormRun(t.Context(), st, length, 2*time.Second, from, from+blip, workers)
 		if err != nil {
 			t.Fatal(err)
@@ -196,8 +198,17 @@ func testStormBudgetCapsLoad(t *testing.T) {
 	if bp >= ip {
 		t.Errorf("peak load during and after the blip: jitter+budget %.0f req/s, immediate retries %.0f req/s; want jitter+budget lower", bp, ip)
 	}
-	if io, bo := sc.runs[0].metrics["ok"], sc.runs[1].metrics["ok"]; bo <= io {
-		t.Errorf("calls ok: jitter+budget %.1f%%, immediate retries %.1f%%; want jitter+budget higher", 100*bo, 100*io)
+	// Immediate retries keep the service past its capacity after the blip
+	// in most runs (18–24 % ok, never recovered), but in about one run in
+	// fifteen the backlog drains and they end at 87–89 %, above bulwark's
+	// 75–88 %: comparing calls ok with theirs failed in those runs. What
+	// the budget promises is that retrying costs no recovery: bulwark's
+	// calls are back at ≥ 90 % ok as soon as without retries (0.1–0.2 s
+	// after the blip, in steps of 0.1 s, over 25 runs), where immediate
+	// retries mostly never are.
+	br, nr := sc.runs[1].metrics["recovered"], sc.runs[2].metrics["recovered"]
+	if br < 0 || nr >= 0 && br > nr+0.15 {
+		t.Errorf("recovered after the blip: jitter+budget %.1fs, no retries %.1fs (-1: never); want jitter+budget within 0.1 s of no retries", br, nr)
 	}
 }
 

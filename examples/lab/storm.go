@@ -371,9 +371,10 @@ func (l *lab) stormRun(ctx context.Context, st stormStrategy, length, drain, bli
 		peak = max(peak, v)
 	}
 	after, _ := recv.value(toB, toB+tl.at(time.Second), tl.width)
-	rec := fmt.Sprintf("none in %.1fs", (length - blipTo).Seconds())
+	rec, recS := fmt.Sprintf("none in %.1fs", (length-blipTo).Seconds()), -1.0
 	if b := tl.recoveredAt("ok", toB, endB, 0.9); b >= 0 {
-		rec = fmt.Sprintf("%.1fs", (time.Duration(b-toB) * tl.width).Seconds())
+		recS = (time.Duration(b-toB) * tl.width).Seconds()
+		rec = fmt.Sprintf("%.1fs", recS)
 	}
 	okAll, _ := tl.get("ok").value(0, endB, tl.width)
 	r.headline = []stat{
@@ -395,6 +396,6 @@ func (l *lab) stormRun(ctx context.Context, st stormStrategy, length, drain, bli
 	}
 	r.headline = append(r.headline, stat{"calls whose retry the budget refused", refusedS})
 	r.metrics = map[string]float64{"peak": peak, "ok": okAll, "received": float64(received.Load()),
-		"refused": float64(refused), "refused_blip": float64(refusedBlip)}
+		"refused": float64(refused), "refused_blip": float64(refusedBlip), "recovered": recS}
 	return r, nil
 }
