@@ -154,10 +154,11 @@ type Breaker struct {
 	// doubles it, up to MaxOpenFor; each open time is then shortened by up
 	// to 20 % at random, so that the hosts of a fleet do not probe in
 	// step. While open, one request every open time ÷ HalfOpenCalls goes
-	// as a probe, and one that succeeds ends the open time at once: a
-	// recovered host is found within that spacing, not at the open time's
-	// end, and a host still sick sees at most HalfOpenCalls probes per
-	// open period, these and the half-open round's together. Zero inherits
+	// as a probe, once a request was refused since the last, and one that
+	// succeeds ends the open time at once: a recovered host is found
+	// within that spacing (or the next request after), not at the open
+	// time's end, and a host still sick sees at most HalfOpenCalls probes
+	// per open period, these and the half-open round's together. Zero inherits
 	// from Default, then DefaultOpenFor (1 s).
 	OpenFor time.Duration
 

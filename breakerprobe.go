@@ -12,8 +12,9 @@ import (
 // open, after its dependency recovers, for up to the whole open time in
 // force, which doubles on each trip in a row; in a chain of services a
 // 2 s blip at the bottom then kept the top down for seconds after it. A
-// probe every open time ÷ HalfOpenCalls finds the recovery within that
-// spacing (200 ms in the second open time of the package defaults), while
+// probe every open time ÷ HalfOpenCalls (once a request was refused since
+// the last) finds the recovery within that spacing (200 ms in the second
+// open time of the package defaults) or the next request after, while
 // the open time still grows on repeated trips, so a dependency that stays
 // sick sees probes ever more rarely.
 //
@@ -35,6 +36,9 @@ type breakerProbes struct {
 	left    atomic.Int32 // requests the ration still allows
 	next    atomic.Int64 // unix ns from which the next spaced probe may go
 	spacing atomic.Int64 // ns between spaced probes
+	// refused is set once a request was refused since the trip or the
+	// last spaced probe: the next probe waits for it (see spaced).
+	refused atomic.Bool
 }
 
 // trip starts an open period of d at now.
@@ -43,6 +47,7 @@ func (p *breakerProbes) trip(d time.Duration, now time.Time) {
 	p.spacing.Store(sp)
 	p.next.Store(now.UnixNano() + sp)
 	p.left.Store(p.calls)
+	p.refused.Store(false)
 	p.gate.Store(true)
 }
 
@@ -50,11 +55,22 @@ func (p *breakerProbes) trip(d time.Duration, now time.Time) {
 func (p *breakerProbes) closed() { p.gate.Store(false) }
 
 // spaced reports whether a request the open time would refuse at now goes
-// as a spaced probe: one per spacing, while the ration keeps one for the
-// half-open round.
+// as a spaced probe: one per spacing, once a request was refused since the
+// last, while the ration keeps one for the half-open round.
+//
+// Why a refusal between: a caller whose requests come about as far apart
+// as the spacing (10 a second against the 80–100 ms of a first 1 s open
+// time) would otherwise have nearly every request sent as a probe: none
+// refused at once, and the sick host sent all it was before the trip. So
+// at most every other request is a probe; a busier caller, with many
+// refusals per spacing, probes as often as before.
 func (p *breakerProbes) spaced(now int64) bool {
 	if !p.gate.Load() {
 		return false // held by the fleet or a control, not by a local trip
+	}
+	if !p.refused.Load() {
+		p.refused.Store(true) // this request is refused: the next may probe
+		return false
 	}
 	next := p.next.Load()
 	if now < next || p.left.Load() <= 1 {
@@ -63,6 +79,7 @@ func (p *breakerProbes) spaced(now int64) bool {
 	if !p.next.CompareAndSwap(next, now+p.spacing.Load()) {
 		return false // another request took this slot
 	}
+	p.refused.Store(false)
 	if p.left.Add(-1) < 1 {
 		p.left.Add(1)
 		return false

@@ -540,6 +540,42 @@ func TestSpacedProbeEndsFirstOpenTime(t *testing.T) {
 	})
 }
 
+// TestSpacedProbesLeaveRefusals: a spaced probe goes only once a request
+// was refused since the last. A breaker open for 1 s (spacing 100 ms, or
+// down to 80 ms as the open time's jitter takes up to a fifth) whose host
+// stays sick, called every 100 ms: of its first 7 requests, 3 or 4 are
+// probes and the others are refused at once, where each of the 7 was a
+// probe before (the spacing had always passed).
+func TestSpacedProbesLeaveRefusals(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var healthy atomic.Bool
+		var sent atomic.Int64
+		sick := recoveringBase(&healthy)
+		base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			sent.Add(1)
+			return sick(req)
+		})
+		tr := testBreaker(t, Breaker{MinCalls: 1, OpenFor: time.Second, HalfOpenCalls: 10}, base)
+		_, _ = send(t, tr, t.Context(), breakerURL, "") // trips it
+		if s := hostBreaker(t, tr); s.State != CircuitOpen {
+			t.Fatalf("state %v after a failure with MinCalls 1, want open", s.State)
+		}
+		start := sent.Load()
+		refused := 0
+		for range 7 {
+			time.Sleep(100 * time.Millisecond)
+			if _, err := send(t, tr, t.Context(), breakerURL, ""); errors.Is(err, ErrBreakerOpen) {
+				refused++
+			}
+		}
+		probes := sent.Load() - start
+		t.Logf("%d spaced probes and %d refusals of 7 requests in a 1 s open time", probes, refused)
+		if probes < 3 || probes > 4 || int(probes)+refused != 7 {
+			t.Errorf("%d spaced probes reached the sick host and %d requests were refused, of 7 100 ms apart; want 3 or 4 probes, the rest refused", probes, refused)
+		}
+	})
+}
+
 // recoveringBase answers 503 until healthy holds, then 200.
 func recoveringBase(healthy *atomic.Bool) roundTripFunc {
 	return func(req *http.Request) (*http.Response, error) {
