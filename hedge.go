@@ -34,7 +34,8 @@ const (
 //
 // Hedges are attempts like retries: only a request safe to send twice is
 // hedged (see Retry); each hedge counts toward Retry.MaxAttempts (raised
-// to 1 + MaxHedges when lower), takes a token from the retry budget, and
+// to 1 + MaxHedges when lower), takes a token from the retry budget (none
+// is given while its retry throttle holds: see Budget), and
 // carries its own deadline header and Bulwark-Attempt. No hedge is sent
 // while the host's breaker is open, its pushback pause runs, its bulkhead
 // is (nine tenths) full, its client-side throttle (Throttle) is refusing
@@ -137,7 +138,7 @@ type HedgeSnapshot struct {
 
 // HedgeSkips counts hedges not sent, by what stopped them.
 type HedgeSkips struct {
-	Budget   uint64 // the retry budget was spent
+	Budget   uint64 // the retry budget was spent, or its retry throttle held
 	Deadline uint64 // the host's median latency no longer fitted
 	Breaker  uint64 // the breaker was open
 	Pushback uint64 // the host had asked for a pause
