@@ -852,6 +852,12 @@ type BudgetSnapshot struct {
 	// Refused is how many retries it has refused since the host's state
 	// was made.
 	Refused uint64
+	// ThrottleTokens is this pod's retry throttle (see Budget), out of
+	// 10; Throttled reports that it holds (5 or fewer): no retry or hedge
+	// is sent until successes earn tokens back, whatever Remaining the
+	// window would allow.
+	ThrottleTokens float64
+	Throttled      bool
 }
 
 func (b *retryBudget) state(now time.Time) BudgetSnapshot {
@@ -868,7 +874,8 @@ func (b *retryBudget) state(now time.Time) BudgetSnapshot {
 		room = 0
 	}
 	return BudgetSnapshot{Calls: own[budgetCalls], Retries: own[budgetRetries], Remaining: max(room, 0),
-		FleetCalls: calls - own[budgetCalls], FleetRetries: retries - own[budgetRetries]}
+		FleetCalls: calls - own[budgetCalls], FleetRetries: retries - own[budgetRetries],
+		ThrottleTokens: b.tokens, Throttled: b.throttled()}
 }
 
 // withdraw takes one retry from the budget, reporting whether there was room.

@@ -561,8 +561,8 @@ func seamThrottleFloor(t *testing.T) {
 	}
 	_, _ = seamSend(t, a, "GET", "http://api.test/slow")
 	hs := seamHost(t, a, "api.test:80")
-	if hs.Hedge.Sent != 0 || hs.Hedge.Skipped.Budget != 1 || hs.Budget.Remaining != 0 {
-		t.Fatalf("throttled pod: hedge %+v, budget %+v; want the hedge skipped for the budget and no retry remaining", hs.Hedge, hs.Budget)
+	if hs.Hedge.Sent != 0 || hs.Hedge.Skipped.Budget != 1 || hs.Budget.Remaining != 0 || !hs.Budget.Throttled {
+		t.Fatalf("throttled pod: hedge %+v, budget %+v; want the hedge skipped for the budget, no retry remaining, the throttle shown holding", hs.Hedge, hs.Budget)
 	}
 	if code, _ := seamSend(t, b, "GET", "http://api.test/flaky"); code != 200 {
 		t.Fatalf("the other pod of the fleet: %d, want 200 (its throttle is its own)", code)
@@ -577,6 +577,9 @@ func seamThrottleFloor(t *testing.T) {
 	}
 	if code, _ := seamSend(t, a, "GET", "http://api.test/flaky"); code != 200 {
 		t.Fatalf("after successes the first pod answered %d, want its retry's 200", code)
+	}
+	if bs := seamHost(t, a, "api.test:80").Budget; bs.Throttled || bs.ThrottleTokens <= 5 {
+		t.Fatalf("budget %+v after the throttle let a retry through, want it shown not holding", bs)
 	}
 }
 

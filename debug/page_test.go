@@ -242,7 +242,7 @@ func TestPageOnCallRows(t *testing.T) {
 				{At: now.Add(-20 * time.Second), From: bulwark.CircuitHalfOpen, To: bulwark.CircuitClosed, Reason: "every probe succeeded"},
 				trip,
 			}},
-		Budget:           &bulwark.BudgetSnapshot{Remaining: 3, FleetCalls: 70, FleetRetries: 9},
+		Budget:           &bulwark.BudgetSnapshot{Remaining: 0, FleetCalls: 70, FleetRetries: 9, ThrottleTokens: 4.2, Throttled: true},
 		Quota:            &bulwark.QuotaSnapshot{FleetRate: 500, Tokens: 65, LeaseUntil: now.Add(2 * time.Second), Pods: 4, Demand: 120.5, Refused: 2, Leases: 9},
 		Fallback:         &bulwark.FallbackSnapshot{Served: 30, StaleEntries: 2, StaleBytes: 512, StaleOldest: now.Add(-90 * time.Second)},
 		Latency:          &bulwark.LatencySnapshot{Samples: 812, P50: 4 * time.Millisecond, P99: 41500 * time.Microsecond, P999: 250 * time.Millisecond},
@@ -289,7 +289,7 @@ func TestPageOnCallRows(t *testing.T) {
 		"passed up from below12 failures passed up from below since start · now 1.0/s (last 10 s) · not this host's fault: a service below it failed and was retried there if it could be; not retried here, not counted by this host's breaker or concurrency limit",
 		"30 final failures answered from the fallback since the policy was set · now 3.0/s · stale cache 2 answers, 512 bytes, the oldest received 1 min 30 s ago",
 		"latency nowp50 4.0 ms · p99 41.5 ms · p99.9 250.0 ms (812 attempts in the last 5–10 s, failures included)",
-		"other pods: 70 calls, 9 retries",
+		"retry budgetheld by the retry throttle (4.2 of 10 tokens): no retry or hedge until successes earn tokens back · 0 retries left · window 0 calls, 0 retries · other pods: 70 calls, 9 retries",
 		"fleet quota65 tokens held for 2.0 s of 500/s for the fleet, shared by 4 pods · demand here 120.5/s · 2 refused · 9 leases, 0 failed",
 		"fleet not connected · 12 updates published (0 failed, 0 dropped) · 30 received, 7 applied, 0 ignored · last error 5.0 s ago: redis: connection refused",
 	} {
