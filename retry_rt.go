@@ -215,8 +215,9 @@ type RetryEvent struct {
 
 // Budget is the per-host retry budget: over a sliding Window, retries may
 // not exceed Ratio × the calls made, except that MinPerSecond retries a
-// second are always allowed (a floor for hosts with too little traffic for
-// the ratio to mean anything).
+// second are allowed (a floor for hosts with too little traffic for the
+// ratio to mean anything), and none at all while gRPC's retry throttle
+// holds.
 //
 // The algorithm: first the retry throttle of gRPC (gRFC A6) must have
 // more than half its 10 tokens: a call whose first attempt failed takes a
