@@ -1007,8 +1007,9 @@ func seamTimerProbeForceOpen(t *testing.T) {
 // does not send it N times HalfOpenCalls probes per open period. Once the
 // host recovers, that pod answers within a spacing, and the adopting pod as
 // soon as that pod's half-open round closes its breaker (its
-// FleetBreakerClosed ends the hold adopted from its trip): 0.6-1.2 s after
-// the recovery here, over 20 runs, where it answered only by the end of
+// FleetBreakerClosed ends the hold adopted from its trip): 0.6-1.5 s after
+// the recovery here, in 20 runs (go test -count=20 -v -run
+// 'TestSeams/timer_probe_×_fleet'), where it answered only by the end of
 // the open time it adopted (4.75-5.8 s after) before the close was shared.
 func seamTimerProbeFleet(t *testing.T) {
 	hub := &seamHub{sinks: map[*seamFleet]*bulwark.FleetSink{}}
