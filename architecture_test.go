@@ -229,7 +229,9 @@ const archMaxBothWays = 9
 // (issue 29): a host's calls by final outcome. CallRecord and
 // NoRetryFromBelow (issue 30): the record of what happened below that the
 // server half attaches, and the don't-retry value that passes a failure up.
-const archMaxExported = 152
+// FleetBreakerClosed: the pod that tripped tells the fleet its breaker
+// closed, so the pods holding by its trip resume.
+const archMaxExported = 153
 
 // archNeverImported are the module's packages that import the root; the
 // root importing one would turn the direction around.

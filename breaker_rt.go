@@ -517,6 +517,11 @@ type breakerCore struct {
 	// so that the half-open change that follows is explained by it
 	// (probeEndedWhy); a trip clears it.
 	probeEnded atomic.Bool
+	// adopted is the hold adopted from another pod's trip (adoptOpen),
+	// which that pod's FleetBreakerClosed may end; zero when the hold is
+	// not one.
+	adoptMu sync.Mutex
+	adopted adoptedHold
 
 	// Guarded by winMu; the hooks that write them run under gobreaker's
 	// mutex too (lock order: gobreaker's, then winMu). The thresholds
@@ -535,6 +540,9 @@ type breakerCore struct {
 	userTrip  func(BreakerCounts) bool
 	cbState   gobreaker.State
 	trips     int // trips in a row, reset when the breaker closes
+	// published is the generation of the last trip shared with the fleet
+	// (publishOpen), 0 once its close is (publishClosed) or none was.
+	published uint64
 	openFor   time.Duration
 	maxOpen   time.Duration
 
@@ -870,6 +878,7 @@ func (b *breakerCore) onStateChange(_ string, from, to gobreaker.State) {
 		time.AfterFunc(d, func() { b.holdUntil.CompareAndSwap(until, 0) })
 		b.publishOpen(now.Add(d), b.trips)
 	case gobreaker.StateClosed:
+		b.publishClosed(now)
 		b.trips = 0
 		b.probes.closed()
 	}
@@ -1043,20 +1052,23 @@ func (b *breakerStage) open() bool {
 func (b *breakerCore) applyFleet(u FleetUpdate, now time.Time) bool {
 	switch u.Kind {
 	case FleetBreakerOpen:
-		return b.adoptOpen(u.Until, now)
+		return b.adoptOpen(u, now)
+	case FleetBreakerClosed:
+		return b.endAdopted(u, now)
 	case FleetBreakerCounts:
 		return b.peers.Set(u.From, breakerCounts(u), u.Until, now)
 	}
 	return false
 }
 
-// adoptOpen holds the breaker open until until and a grace, capped at
+// adoptOpen holds the breaker open until u.Until and a grace, capped at
 // MaxOpenFor from now, as a local trip would, unless it already holds as
 // long: a refusal still costs one atomic load. The local state machine is
 // left as it is, so when the hold ends the pod's own breaker decides again
 // (the tripping pod has probed by then, and published a longer hold if the
-// host is still sick).
-func (b *breakerCore) adoptOpen(until, now time.Time) bool {
+// host is still sick, or its close: endAdopted).
+func (b *breakerCore) adoptOpen(u FleetUpdate, now time.Time) bool {
+	until := u.Until
 	until = until.Add(min(fleetProbeGrace, until.Sub(now)/4))
 	b.winMu.Lock()
 	maxOpen := b.maxOpen // Update may retune it
@@ -1071,15 +1083,21 @@ func (b *breakerCore) adoptOpen(until, now time.Time) bool {
 	from := b.heldState()
 	// The error first, so that a refusal that sees the hold names its end.
 	b.openErr.Store(&BreakerOpenError{Host: b.e.host, ProbeAt: until})
+	// Under adoptMu, so that a close (endAdopted) sees the hold and its
+	// source together.
+	b.adoptMu.Lock()
 	for {
 		cur := b.holdUntil.Load()
 		if cur >= un {
+			b.adoptMu.Unlock()
 			return false
 		}
 		if b.holdUntil.CompareAndSwap(cur, un) {
 			break
 		}
 	}
+	b.adopted = adoptedHold{until: un, from: u.From, gen: u.Generation}
+	b.adoptMu.Unlock()
 	time.AfterFunc(until.Sub(now), func() { b.holdUntil.CompareAndSwap(un, 0) })
 	// The counts that led to this verdict are spent.
 	b.peers.Reset()
@@ -1088,13 +1106,61 @@ func (b *breakerCore) adoptOpen(until, now time.Time) bool {
 	return true
 }
 
-// publishOpen shares a local trip. Under gobreaker's mutex: the hand-off
-// does not block.
+// adoptedHold is a hold adopted from another pod: its end (unix ns, as
+// holdUntil) and the verdict's source.
+type adoptedHold struct {
+	until int64
+	from  string
+	gen   uint64
+}
+
+// endAdopted ends the hold adopted from c's pod and generation when that
+// pod's breaker closed (FleetBreakerClosed): its half-open round found the
+// host answering, so the hold would only refuse calls the host can take.
+// Any other hold stands: one adopted since from another pod (a later trip,
+// a longer hold), one of this pod's own trip (its probes decide), and a
+// forced control's. The pod's own breaker then decides, as at the end of
+// the hold's time.
+func (b *breakerCore) endAdopted(c FleetUpdate, now time.Time) bool {
+	if BreakerControl(b.control.Load()) != BreakerAuto || b.probes.gate.Load() {
+		return false
+	}
+	b.adoptMu.Lock()
+	a := b.adopted
+	// The swap fails when the hold is no longer this one (a local trip
+	// replaced it, or its time ran out).
+	if a.until == 0 || a.from != c.From || a.gen != c.Generation || !b.holdUntil.CompareAndSwap(a.until, 0) {
+		b.adoptMu.Unlock()
+		return false
+	}
+	b.adopted = adoptedHold{}
+	b.adoptMu.Unlock()
+	b.e.rep.logger.Info("bulwark: circuit breaker hold by the fleet ended: the pod that tripped closed again", "host", b.e.host, "pod", c.From)
+	b.hist.add(BreakerChange{At: now, From: CircuitOpen, To: b.heldState(), Reason: "the pod that tripped closed again"})
+	return true
+}
+
+// publishOpen shares a local trip, and remembers it was shared so that its
+// close is (publishClosed). Under gobreaker's mutex and winMu: the
+// hand-off does not block.
 func (b *breakerCore) publishOpen(until time.Time, trips int) {
 	if b.fleet == nil || b.shadow.Load() {
 		return
 	}
-	b.fleet.publish(FleetUpdate{Kind: FleetBreakerOpen, Host: b.e.host, Until: until, Generation: uint64(trips)})
+	b.published = uint64(trips)
+	b.fleet.publish(FleetUpdate{Kind: FleetBreakerOpen, Host: b.e.host, Until: until, Generation: b.published})
+}
+
+// publishClosed shares that the breaker closed after a trip it shared: the
+// pods holding the host open by that trip resume (endAdopted) instead of
+// waiting out an open time the host no longer needs. Under gobreaker's
+// mutex and winMu.
+func (b *breakerCore) publishClosed(now time.Time) {
+	if b.fleet == nil || b.published == 0 {
+		return
+	}
+	b.fleet.publish(FleetUpdate{Kind: FleetBreakerClosed, Host: b.e.host, Until: now.Add(fleetClosedFor), Generation: b.published})
+	b.published = 0
 }
 
 // shareCounts queues the window's counts for the fleet. Under winMu: the
@@ -1167,7 +1233,8 @@ type BreakerChange struct {
 	// unanswered attempts in a row", "ReadyToTrip"), "open time over", "a
 	// spaced probe succeeded" (one sent while open, which ended the open
 	// time early), "a probe failed or was slow", "every probe succeeded", "another pod
-	// tripped", or the control set ("control force-open", "control auto").
+	// tripped", "the pod that tripped closed again" (the fleet's hold
+	// ended), or the control set ("control force-open", "control auto").
 	Reason string
 	// Calls, Failures and Slow are what the breaker's own window held just
 	// before the change (a trip empties it); zero for a change that the

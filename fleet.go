@@ -55,13 +55,21 @@ import (
 // at T, capped, and each pod's own breaker decides again from there. A
 // fleet verdict is trusted no further than a local one.
 //
-// Half-open probes come from one pod: the pods that adopt a verdict hold a
-// little longer than the pod that tripped (fleetProbeGrace, at most a
-// quarter of the hold), so that when its hold ends that pod alone is
-// half-open and probes. A probe that fails trips it again, and its longer
-// hold reaches the others before their grace runs out; if its probes
-// succeed, the others resume at the end of their grace. If the probes take
-// longer than the grace (a slow host), the others' own breakers decide.
+// Half-open probes come from one pod: the pods that adopt a verdict send
+// no probes of their own, and hold a little longer than the pod that
+// tripped (fleetProbeGrace, at most a quarter of the hold), so that when
+// its hold ends that pod alone is half-open and probes. It also probes
+// through its open time (a spaced probe, see Breaker.HalfOpenCalls), so it
+// finds a recovery early. A probe that fails trips it again, and its
+// longer hold reaches the others before their grace runs out. When its
+// half-open round succeeds and its breaker closes, it publishes
+// FleetBreakerClosed, and each pod whose hold is the one it adopted from
+// that trip ends it at once: the fleet resumes within about a spacing and
+// a half-open round of the host's recovery, not at the end of an open
+// time that doubles on each trip in a row. A pod whose hold is another
+// pod's (a later, longer one) or its own trip's keeps it. If the close is
+// lost, the others resume at the end of their grace, as before, or their
+// own breakers decide.
 //
 // Retry budgets are shared the same way, as counts: a pod that retries
 // (or is refused a retry) publishes its budget window's calls and
@@ -108,10 +116,16 @@ const (
 	// FleetBudgetCounts is a pod's retry-budget window for Host: Calls
 	// and Retries.
 	FleetBudgetCounts
+	// FleetBreakerClosed says the pod From, whose own trip of Generation
+	// held Host open (its FleetBreakerOpen), closed its breaker again: its
+	// half-open round succeeded. A pod that holds the host open by that
+	// very verdict ends the hold; any other hold stands. Until is only how
+	// long the news is worth passing on (a few seconds).
+	FleetBreakerClosed
 )
 
-// String returns "breaker-open", "pushback", "breaker-counts" or
-// "budget-counts".
+// String returns "breaker-open", "pushback", "breaker-counts",
+// "budget-counts" or "breaker-closed".
 func (k FleetKind) String() string {
 	switch k {
 	case FleetBreakerOpen:
@@ -122,6 +136,8 @@ func (k FleetKind) String() string {
 		return "breaker-counts"
 	case FleetBudgetCounts:
 		return "budget-counts"
+	case FleetBreakerClosed:
+		return "breaker-closed"
 	}
 	return "fleet-kind(" + strconv.Itoa(int(k)) + ")"
 }
@@ -138,7 +154,8 @@ type FleetUpdate struct {
 	// Retry.MaxRetryAfter) either way.
 	Until time.Time
 	// Generation is, for a breaker verdict, the publisher's trips in a row
-	// (1 for a first trip): what its open time doubled from.
+	// (1 for a first trip): what its open time doubled from; for
+	// FleetBreakerClosed, that of the trip it closed after.
 	Generation uint64
 	// Shed, for a pushback, says the pause is a Shedder's refusal of
 	// Priority (and less important priorities); otherwise it pauses every
@@ -158,6 +175,13 @@ type FleetUpdate struct {
 // hold a verdict: time for its probes to fail and its next verdict to
 // arrive.
 const fleetProbeGrace = time.Second
+
+// fleetClosedFor is how long a FleetBreakerClosed is worth delivering: the
+// hold it ends is adopted from a verdict published the same way, so a
+// close that takes longer than this to arrive was lost with the store, and
+// the hold ends by its own time. A store may drop an update whose Until
+// has passed before it publishes it.
+const fleetClosedFor = 5 * time.Second
 
 // maxFleetHold is the longest hold a fleet update may ask for: past it the
 // update is ignored as hostile or broken, not capped (as for Retry-After).
@@ -494,6 +518,15 @@ func (s *FleetSink) Apply(u FleetUpdate) {
 		}
 		return
 	}
+	if u.Kind == FleetBreakerClosed {
+		// Nothing kept: it ends what is kept. A host first called later
+		// must not adopt the hold it ended (attach replays pending).
+		dropped := l.dropPendingOpen(u)
+		if l.hosts.applyFleet(u, now) || dropped {
+			l.applied.Add(1)
+		}
+		return
+	}
 	k := fleetKey{kind: u.Kind, host: u.Host, shed: u.Shed, priority: u.Priority}
 	// Kept before the hosts are looked at, so that a host created
 	// meanwhile finds it (attach runs under the Transport's lock, after
@@ -520,9 +553,26 @@ func (s *FleetSink) Apply(u FleetUpdate) {
 	}
 }
 
+// dropPendingOpen forgets the hold kept for a host not called yet when it
+// is the verdict the close c ends: the same pod's trip of the same
+// generation. A longer hold kept from another pod stays.
+func (l *fleetLink) dropPendingOpen(c FleetUpdate) bool {
+	k := fleetKey{kind: FleetBreakerOpen, host: c.Host}
+	l.pendMu.Lock()
+	defer l.pendMu.Unlock()
+	if u, ok := l.pending[k]; ok && u.From == c.From && u.Generation == c.Generation {
+		delete(l.pending, k)
+		return true
+	}
+	return false
+}
+
 func validFleetUpdate(u FleetUpdate, now time.Time) bool {
 	switch {
-	case u.Kind != FleetBreakerOpen && u.Kind != FleetPushback && u.Kind != FleetBreakerCounts && u.Kind != FleetBudgetCounts:
+	case u.Kind != FleetBreakerOpen && u.Kind != FleetPushback && u.Kind != FleetBreakerCounts &&
+		u.Kind != FleetBudgetCounts && u.Kind != FleetBreakerClosed:
+		return false
+	case u.Kind == FleetBreakerClosed && (u.From == "" || len(u.From) > 64 || u.Generation == 0):
 		return false
 	case u.Kind == FleetBreakerCounts && (u.From == "" || len(u.From) > 64 ||
 		u.Calls < 0 || u.Calls > window.MaxCalls || u.Failures < 0 || u.Failures > u.Calls || u.Slow < 0 || u.Slow > u.Calls):

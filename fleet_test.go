@@ -296,13 +296,15 @@ func TestFleetHostileUpdates(t *testing.T) {
 			{Kind: FleetBudgetCounts, Host: "api.test:80", Until: now.Add(time.Second), From: "x", Calls: 1, Retries: maxBudgetCount + 1},
 			{Kind: FleetBudgetCounts, Host: "api.test:80", Until: now.Add(time.Second), From: "x", Calls: -1},
 			{Kind: FleetBudgetCounts, Host: "api.test:80", Until: now.Add(time.Second), Calls: 1},
+			{Kind: FleetBreakerClosed, Host: "api.test:80", Until: now.Add(time.Second), Generation: 1},
+			{Kind: FleetBreakerClosed, Host: "api.test:80", Until: now.Add(time.Second), From: "x"},
 		} {
 			sink.Apply(u)
 		}
 		sink.Invalid(errors.New("corrupt"))
 		fs := b.Snapshot().Fleet
-		if fs.Ignored != 11 || fs.Applied != 0 {
-			t.Fatalf("fleet snapshot %+v, want 11 ignored, none applied", fs)
+		if fs.Ignored != 13 || fs.Applied != 0 {
+			t.Fatalf("fleet snapshot %+v, want 13 ignored, none applied", fs)
 		}
 		if s, _ := breakerState(b, "api.test:80"); s != CircuitClosed {
 			t.Fatalf("breaker %v after junk, want closed", s)
@@ -443,6 +445,69 @@ func TestFleetTripBeforeSending(t *testing.T) {
 		synctest.Wait()
 		if fs := b.Snapshot().Fleet; fs.Published == 0 {
 			t.Fatalf("fleet %+v: the trip was not published", fs)
+		}
+	})
+}
+
+// TestFleetClosedPending: a pod that has not called a host yet keeps the
+// fleet's hold for it (attach applies it on the first call) until the pod
+// that tripped publishes that it closed again; after that, the first call
+// goes, on a pod that was receiving all along and on one started later.
+func TestFleetClosedPending(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hub := &memHub{}
+		baseA, baseB := &statusBase{codes: []int{500}}, &statusBase{codes: []int{200}}
+		a, b := newPod(t, &memFleet{hub: hub}, baseA), newPod(t, &memFleet{hub: hub}, baseB)
+		synctest.Wait()
+		for range 5 {
+			_, _ = sendOnce(t, a, "GET", "http://api.test/")
+		}
+		synctest.Wait()
+		pendingOpen := func(tr *Transport) (FleetUpdate, bool) {
+			tr.fleet.pendMu.Lock()
+			defer tr.fleet.pendMu.Unlock()
+			u, ok := tr.fleet.pending[fleetKey{kind: FleetBreakerOpen, host: "api.test:80"}]
+			return u, ok
+		}
+		held, ok := pendingOpen(b)
+		if !ok {
+			t.Fatal("pod B keeps no hold for the host it has not called, after A's trip")
+		}
+		baseA.mu.Lock()
+		baseA.codes = []int{200}
+		baseA.mu.Unlock()
+		// A's spaced probe finds the host answering within a spacing (at
+		// most 1 s), and its half-open round of 10 closes it.
+		for i := 0; ; i++ {
+			if s, _ := breakerState(a, "api.test:80"); s == CircuitClosed {
+				break
+			}
+			if i == 100 {
+				t.Fatal("pod A not closed 5 s after the host recovered")
+			}
+			time.Sleep(50 * time.Millisecond)
+			_, _ = sendOnce(t, a, "GET", "http://api.test/")
+		}
+		synctest.Wait() // A's close delivered
+		if !held.Until.After(time.Now()) {
+			t.Fatalf("A closed after the hold it published ended (%v): the hold would not apply anyway", held.Until)
+		}
+		if _, ok := pendingOpen(b); ok {
+			t.Fatal("pod B still keeps the hold after A closed")
+		}
+		if code, err := sendOnce(t, b, "GET", "http://api.test/"); err != nil || code != 200 || baseB.sent() != 1 {
+			t.Fatalf("pod B's first call after A closed: %d, %v, %d sent; want it sent", code, err, baseB.sent())
+		}
+		// A pod started now catches up with the store (open, then closed)
+		// and adopts nothing either.
+		baseC := &statusBase{codes: []int{200}}
+		c := newPod(t, &memFleet{hub: hub}, baseC)
+		synctest.Wait()
+		if code, err := sendOnce(t, c, "GET", "http://api.test/"); err != nil || code != 200 || baseC.sent() != 1 {
+			t.Fatalf("pod C, started after A closed: %d, %v, %d sent; want it sent", code, err, baseC.sent())
+		}
+		if fs := b.Snapshot().Fleet; fs.Ignored != 0 {
+			t.Fatalf("pod B's fleet snapshot %+v, want nothing ignored", fs)
 		}
 	})
 }

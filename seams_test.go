@@ -58,6 +58,7 @@ var seamRows = []struct {
 	{"pass-up × route classifier", seamPassUpRoute},
 	{"timer probe × force open", seamTimerProbeForceOpen},
 	{"timer probe × fleet", seamTimerProbeFleet},
+	{"fleet close × other pod, generation, longer hold", seamFleetCloseOther},
 }
 
 func TestSeams(t *testing.T) {
@@ -1007,8 +1008,12 @@ func seamTimerProbeForceOpen(t *testing.T) {
 // A trip adopted from the fleet sends no spaced probes: the pod that
 // tripped on its own counts probes the sick host, so a fleet of N pods
 // does not send it N times HalfOpenCalls probes per open period. Once the
-// host recovers, that pod answers within a spacing, and the adopting pod
-// by the end of the open time it adopted.
+// host recovers, that pod answers within a spacing, and the adopting pod as
+// soon as that pod's half-open round closes its breaker (its
+// FleetBreakerClosed ends the hold adopted from its trip): 0.6-1.5 s after
+// the recovery here, in 20 runs (go test -count=20 -v -run
+// 'TestSeams/timer_probe_×_fleet'), where it answered only by the end of
+// the open time it adopted (4.75-5.8 s after) before the close was shared.
 func seamTimerProbeFleet(t *testing.T) {
 	hub := &seamHub{sinks: map[*seamFleet]*bulwark.FleetSink{}}
 	var healthy atomic.Bool
@@ -1057,11 +1062,96 @@ func seamTimerProbeFleet(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	tookA := time.Since(recovered)
-	for code, _ := seamSend(t, b, "GET", "http://api.test/x"); code != 200; code, _ = seamSend(t, b, "GET", "http://api.test/x") {
-		if time.Since(recovered) > 15*time.Second {
-			t.Fatal("pod B not answered 15 s after the host's recovery, past the open time it adopted")
-		}
+	// Both pods called every 50 ms: A's half-open round (10 probes) closes
+	// its breaker, and its close ends the hold B adopted from its trip.
+	for {
 		time.Sleep(50 * time.Millisecond)
+		_, _ = seamSend(t, a, "GET", "http://api.test/x")
+		synctest.Wait() // A's close, if any, delivered
+		if code, _ := seamSend(t, b, "GET", "http://api.test/x"); code == 200 {
+			break
+		}
+		if time.Since(recovered) > 3*time.Second {
+			t.Fatalf("pod B not answered 3 s after the host's recovery (A's spacing is at most 1 s, its half-open round 0.5 s); pod A %v",
+				seamHost(t, a, "api.test:80").Breaker.State)
+		}
 	}
-	t.Logf("pod A sent %d spaced probes while the host was sick; after it recovered pod A answered in %v, pod B in %v", probes, tookA, time.Since(recovered))
+	tookB := time.Since(recovered)
+	if s := seamHost(t, a, "api.test:80").Breaker.State; s != bulwark.CircuitClosed {
+		t.Errorf("pod A %v when pod B answered, want closed (B resumes on A's close)", s)
+	}
+	h := seamHost(t, b, "api.test:80").Breaker
+	if n := len(h.Changes); n == 0 || h.Changes[n-1].Reason != "the pod that tripped closed again" {
+		t.Errorf("pod B's breaker changes %+v, want the last to be the end of the adopted hold", h.Changes)
+	}
+	t.Logf("pod A sent %d spaced probes while the host was sick; after it recovered pod A answered in %v, pod B in %v", probes, tookA, tookB)
+}
+
+// A pod's close ends only the hold adopted from that pod's trip of that
+// generation: a close from another pod, or of the same pod's earlier
+// trip, ends nothing, and neither does the tripping pod's own close once a
+// later, longer hold from another pod replaced the one adopted from it.
+// The source of the hold in force still ends it.
+func seamFleetCloseOther(t *testing.T) {
+	hub := &seamHub{sinks: map[*seamFleet]*bulwark.FleetSink{}}
+	var healthy atomic.Bool
+	sick := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) {
+		if healthy.Load() {
+			return seamAnswer(req, 0, 200)
+		}
+		return seamAnswer(req, 0, 503)
+	}}
+	ok := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) { return seamAnswer(req, 0, 200) }}
+	// HalfOpenCalls 1: no spaced probes, one probe closes or trips again.
+	br := bulwark.Breaker{MinCalls: 5, WindowCalls: 10, OpenFor: 10 * time.Second, MaxOpenFor: time.Minute, HalfOpenCalls: 1}
+	policy := bulwark.Policy{Retry: bulwark.Retry{Disabled: true}, Breaker: br}
+	fa, fb := &seamFleet{hub: hub}, &seamFleet{hub: hub}
+	a := seamNew(t, bulwark.Config{Base: sick, Fleet: fa, Default: policy})
+	b := seamNew(t, bulwark.Config{Base: ok, Fleet: fb, Default: policy})
+	synctest.Wait() // both pods receiving
+	hub.mu.Lock()
+	sinkB := hub.sinks[fb]
+	hub.mu.Unlock()
+	idA := fmt.Sprintf("%p", fa) // what seamFleet names pod A
+	refused := func(when string) {
+		t.Helper()
+		if _, err := seamSend(t, b, "GET", "http://api.test/x"); !errors.Is(err, bulwark.ErrBreakerOpen) || ok.sent() != 0 {
+			t.Fatalf("pod B %s: %v, %d sent; want the adopted hold to stand", when, err, ok.sent())
+		}
+	}
+	for range 5 {
+		_, _ = seamSend(t, a, "GET", "http://api.test/x")
+	}
+	synctest.Wait()
+	refused("after A's first trip")
+	// A's hold ends (at most 10 s), its half-open probe fails: its second
+	// trip, which B adopts before its grace runs out.
+	time.Sleep(10*time.Second + time.Millisecond)
+	_, _ = seamSend(t, a, "GET", "http://api.test/x")
+	synctest.Wait()
+	if h := seamHost(t, a, "api.test:80").Breaker; h.State != bulwark.CircuitOpen || h.Trips != 2 {
+		t.Fatalf("pod A %v after %d trips, want open after 2", h.State, h.Trips)
+	}
+	time.Sleep(2 * time.Second) // past the grace of B's first hold
+	refused("after A's second trip")
+	now := time.Now()
+	sinkB.Apply(bulwark.FleetUpdate{Kind: bulwark.FleetBreakerClosed, Host: "api.test:80", From: idA, Generation: 1, Until: now.Add(5 * time.Second)})
+	sinkB.Apply(bulwark.FleetUpdate{Kind: bulwark.FleetBreakerClosed, Host: "api.test:80", From: "pod-c", Generation: 2, Until: now.Add(5 * time.Second)})
+	refused("after a close of A's older trip and one from pod C")
+	// Pod C's trip holds longer than A's second one (at most 20 s).
+	sinkB.Apply(bulwark.FleetUpdate{Kind: bulwark.FleetBreakerOpen, Host: "api.test:80", From: "pod-c", Generation: 1, Until: now.Add(40 * time.Second)})
+	healthy.Store(true)
+	time.Sleep(20 * time.Second) // A's second hold is over
+	if code, err := seamSend(t, a, "GET", "http://api.test/x"); code != 200 {
+		t.Fatalf("pod A's probe: %d, %v", code, err)
+	}
+	synctest.Wait() // A's close delivered
+	if s := seamHost(t, a, "api.test:80").Breaker.State; s != bulwark.CircuitClosed {
+		t.Fatalf("pod A %v after its probe succeeded, want closed", s)
+	}
+	refused("after A closed, holding pod C's longer trip")
+	sinkB.Apply(bulwark.FleetUpdate{Kind: bulwark.FleetBreakerClosed, Host: "api.test:80", From: "pod-c", Generation: 1, Until: time.Now().Add(5 * time.Second)})
+	if code, err := seamSend(t, b, "GET", "http://api.test/x"); code != 200 || ok.sent() != 1 {
+		t.Fatalf("pod B after pod C's close: %d, %v, %d sent; want its hold ended and the call sent", code, err, ok.sent())
+	}
 }

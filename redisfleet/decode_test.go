@@ -22,6 +22,7 @@ func TestEncodeDecode(t *testing.T) {
 	for _, u := range []bulwark.FleetUpdate{
 		{Kind: bulwark.FleetBreakerOpen, Host: "api.test:443", Until: now.Add(time.Minute).Truncate(time.Millisecond), Generation: 3},
 		{Kind: bulwark.FleetPushback, Host: "[::1]:8080", Until: now.Add(time.Second).Truncate(time.Millisecond), Shed: true, Priority: bulwark.PriorityLow},
+		{Kind: bulwark.FleetBreakerClosed, Host: "api.test:443", Until: now.Add(5 * time.Second).Truncate(time.Millisecond), Generation: 2},
 	} {
 		got, id, err := decode(f.encode(u), now)
 		if err != nil || id != "pod-1" || !got.Until.Equal(u.Until) {
@@ -48,7 +49,7 @@ func TestEncodeDecode(t *testing.T) {
 	pre := "1|1|" + ms + "|1|0|0|0,0,0|"
 	for _, v := range []string{
 		"", "1", "garbage", "1|1|" + ms + "|1|0|0|0,0,0|id",
-		"0|1|" + ms + "|1|0|0|0,0,0|id|h:80", "1|5|" + ms + "|1|0|0|0,0,0|id|h:80", "1|1|-1|1|0|0|0,0,0|id|h:80",
+		"0|1|" + ms + "|1|0|0|0,0,0|id|h:80", "1|6|" + ms + "|1|0|0|0,0,0|id|h:80", "1|0|" + ms + "|1|0|0|0,0,0|id|h:80", "1|1|-1|1|0|0|0,0,0|id|h:80",
 		"1|1|" + ms + "|x|0|0|0,0,0|id|h:80", "1|1|" + ms + "|1|2|0|0,0,0|id|h:80", "1|1|" + ms + "|1|0|5|0,0,0|id|h:80",
 		pre + "|h:80", pre + "id|h", pre + "id|:80", pre + "id|h:", pre + "id|h|x:80", pre + "id|h x:80",
 		"1|1|" + strconv.FormatInt(now.Add(25*time.Hour).UnixMilli(), 10) + "|1|0|0|0,0,0|id|h:80",

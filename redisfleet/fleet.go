@@ -10,7 +10,9 @@
 // key of its state (the longest hold wins, as the decoder reads what is
 // there; the key expires when the hold ends, so keys never accumulate)
 // and a PUBLISH on one channel. A breaker's counts, stale in
-// seconds, are only published. Other processes get it by pub/sub rather than polling: a
+// seconds, are only published; so is a breaker's close, with a script that
+// deletes the key of the hold it ends when that is still the closing
+// process's own. Other processes get it by pub/sub rather than polling: a
 // trip reaches them in about a round trip, where polling would trade that
 // delay against a read per process per interval whether or not anything
 // happened. A process that was disconnected reads the keys again when it
@@ -121,7 +123,7 @@ const (
 // key is where the state an update describes lives.
 func (f *Fleet) key(u bulwark.FleetUpdate) string {
 	switch {
-	case u.Kind == bulwark.FleetBreakerOpen:
+	case u.Kind == bulwark.FleetBreakerOpen || u.Kind == bulwark.FleetBreakerClosed:
 		return f.prefix + "breaker:" + u.Host
 	case u.Shed:
 		return f.prefix + "pause:" + u.Priority.String() + ":" + u.Host
@@ -190,7 +192,7 @@ func decode(s string, now time.Time) (bulwark.FleetUpdate, string, error) {
 	u.Until = time.UnixMilli(int64(until))
 	switch {
 	case u.Kind != bulwark.FleetBreakerOpen && u.Kind != bulwark.FleetPushback && u.Kind != bulwark.FleetBreakerCounts &&
-		u.Kind != bulwark.FleetBudgetCounts:
+		u.Kind != bulwark.FleetBudgetCounts && u.Kind != bulwark.FleetBreakerClosed:
 		return u, "", errCorrupt
 	case p[4] != "0" && p[4] != "1":
 		return u, "", errCorrupt
@@ -253,7 +255,11 @@ const publishTries = 3
 // script run, bounded by Timeout. The longest hold wins: a hold the key
 // already holds until later is kept, and anything else there (nothing,
 // a shorter hold, a value that does not decode, a key of another type) is
-// overwritten.
+// overwritten. A breaker's close (bulwark.FleetBreakerClosed) is a read
+// and a script run too: it deletes the host's breaker key only when that
+// holds this process's own hold of the closed generation, and is
+// published whatever the key holds (see publishClosed). Counts are only
+// published.
 func (f *Fleet) Publish(ctx context.Context, u bulwark.FleetUpdate) (err error) {
 	ttl := time.Until(u.Until).Milliseconds()
 	if ttl <= 0 {
@@ -267,6 +273,9 @@ func (f *Fleet) Publish(ctx context.Context, u bulwark.FleetUpdate) (err error) 
 		// Counts go stale within seconds: published, not kept.
 		return f.c.Publish(ctx, f.channel, v).Err()
 	}
+	if u.Kind == bulwark.FleetBreakerClosed {
+		return f.publishClosed(ctx, u, v)
+	}
 	key := f.key(u)
 	for range publishTries {
 		// At most maxValue+1 bytes: a longer value is corrupt whatever
@@ -279,7 +288,7 @@ func (f *Fleet) Publish(ctx context.Context, u bulwark.FleetUpdate) (err error) 
 		case err != nil:
 			return err
 		default:
-			if old, _, derr := decode(cur, time.Now()); derr == nil && f.key(old) == key &&
+			if old, _, derr := decode(cur, time.Now()); derr == nil && old.Kind == u.Kind && f.key(old) == key &&
 				old.Until.UnixMilli() >= u.Until.UnixMilli() {
 				return nil // a hold at least as long is in force
 			}
@@ -290,6 +299,45 @@ func (f *Fleet) Publish(ctx context.Context, u bulwark.FleetUpdate) (err error) 
 		}
 	}
 	return errors.New("redisfleet: hold changed by others during each of " + strconv.Itoa(publishTries) + " tries")
+}
+
+// closeScript publishes ARGV[1] on ARGV[2], and first deletes KEYS[1]
+// when it is the string ARGV[3] (not empty): the hold Publish read there
+// and found to be this process's own, of the generation that closed. A
+// key changed meanwhile (another process's longer hold) is left alone.
+var closeScript = redis.NewScript(`
+if ARGV[3] ~= '' and redis.call('TYPE', KEYS[1]).ok == 'string' and
+	redis.call('STRLEN', KEYS[1]) == #ARGV[3] and redis.call('GET', KEYS[1]) == ARGV[3] then
+	redis.call('DEL', KEYS[1])
+end
+redis.call('PUBLISH', ARGV[2], ARGV[1])
+return 1
+`)
+
+// publishClosed is Publish of a FleetBreakerClosed (encoded as v): a read
+// of the host's breaker key and one script run. The key goes when it
+// still holds this process's hold of the generation that closed, so a
+// process that starts later does not adopt a hold that ended; another
+// process's hold there (a later trip, a longer hold), a value the decoder
+// rejects, or a key of another type, stays, as the sink would keep a hold
+// from another process, and the readers of the garbage go on ignoring and
+// counting it. The close is published either way: the receivers end only
+// a hold adopted from this process's trip of that generation.
+func (f *Fleet) publishClosed(ctx context.Context, u bulwark.FleetUpdate, v string) error {
+	key := f.key(u)
+	mine := ""
+	cur, err := f.c.GetRange(ctx, key, 0, maxValue).Result()
+	switch {
+	case isWrongType(err):
+	case err != nil:
+		return err
+	default:
+		if old, id, derr := decode(cur, time.Now()); derr == nil && id == f.id && old.Kind == bulwark.FleetBreakerOpen &&
+			f.key(old) == key && old.Generation == u.Generation {
+			mine = cur
+		}
+	}
+	return closeScript.Run(ctx, f.c, []string{key}, v, f.channel, mine).Err()
 }
 
 // reloadOnError has a Cluster client reload its map of the slots after a
@@ -439,7 +487,8 @@ func (f *Fleet) catchUp(ctx context.Context, sink *bulwark.FleetSink) error {
 						continue
 					}
 					u, id, derr := decode(v, now)
-					if derr != nil || f.key(u) != keys[i] {
+					// A close is published, never kept under a key.
+					if derr != nil || u.Kind == bulwark.FleetBreakerClosed || f.key(u) != keys[i] {
 						sink.Invalid(errCorrupt)
 						continue
 					}
