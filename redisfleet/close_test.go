@@ -20,19 +20,8 @@ func TestBreakerCloseShared(t *testing.T) {
 	s := startRedis(t)
 	c := s.client(t)
 	const prefix = "t9:"
-	newPod := func() *bulwark.Transport {
-		f, err := New(s.client(t), Options{Prefix: prefix})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := bulwark.Policy{}
-		p.Retry.Disabled = true
-		p.Bulkhead.Disabled = true
-		p.Breaker.MinCalls, p.Breaker.WindowCalls = 5, 10
-		// Spaced probes every 1.6-2 s; a half-open round of 10.
-		p.Breaker.OpenFor, p.Breaker.MaxOpenFor = 20*time.Second, 40*time.Second
-		return newTransport(t, bulwark.Config{Default: p, Fleet: f})
-	}
+	// Spaced probes every 1.6-2 s; a half-open round of 10.
+	newPod := func() *bulwark.Transport { return podOver(t, s.client(t), prefix, 20*time.Second) }
 	up := newUpstream(t, 500, nil)
 	a, b := newPod(), newPod()
 	eventually(t, "both pods subscribed", func() bool { return connected(a) && connected(b) })

@@ -67,16 +67,7 @@ func TestClusterFailover(t *testing.T) {
 	ok := newUpstream(t, 200, nil)
 	pods := make([]*bulwark.Transport, 2)
 	for i := range pods {
-		f, err := New(clusterClient(t, nodes), Options{Prefix: "c1:"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := bulwark.Policy{}
-		p.Retry.Disabled = true
-		p.Bulkhead.Disabled = true
-		p.Breaker.MinCalls, p.Breaker.WindowCalls = 5, 10
-		p.Breaker.OpenFor, p.Breaker.MaxOpenFor = 10*time.Second, 20*time.Second
-		pods[i] = newTransport(t, bulwark.Config{Default: p, Fleet: f})
+		pods[i] = podOver(t, clusterClient(t, nodes), "c1:", 10*time.Second)
 	}
 	a, b := pods[0], pods[1]
 	// A third pod leases a fleet quota (fail-open) for host quotaUp.

@@ -124,7 +124,14 @@ func (s *redisServer) client(t testing.TB) *redis.Client {
 // pod is one process of the fleet: a Transport with its own Redis client.
 func pod(t *testing.T, s *redisServer, prefix string) *bulwark.Transport {
 	t.Helper()
-	f, err := New(s.client(t), Options{Prefix: prefix})
+	return podOver(t, s.client(t), prefix, 10*time.Second)
+}
+
+// podOver is a pod over the Redis client c whose only layer is a breaker
+// (5 calls of 10 trip it) that opens for openFor, up to twice that.
+func podOver(t *testing.T, c redis.UniversalClient, prefix string, openFor time.Duration) *bulwark.Transport {
+	t.Helper()
+	f, err := New(c, Options{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +139,7 @@ func pod(t *testing.T, s *redisServer, prefix string) *bulwark.Transport {
 	p.Retry.Disabled = true
 	p.Bulkhead.Disabled = true
 	p.Breaker.MinCalls, p.Breaker.WindowCalls = 5, 10
-	p.Breaker.OpenFor, p.Breaker.MaxOpenFor = 10*time.Second, 20*time.Second
+	p.Breaker.OpenFor, p.Breaker.MaxOpenFor = openFor, 2*openFor
 	return newTransport(t, bulwark.Config{Default: p, Fleet: f})
 }
 

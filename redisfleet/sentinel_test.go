@@ -75,16 +75,7 @@ func TestSentinelFailover(t *testing.T) {
 	ok := newUpstream(t, 200, nil)
 	pods := make([]*bulwark.Transport, 2)
 	for i := range pods {
-		f, err := New(g.client(t), Options{Prefix: "s1:"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := bulwark.Policy{}
-		p.Retry.Disabled = true
-		p.Bulkhead.Disabled = true
-		p.Breaker.MinCalls, p.Breaker.WindowCalls = 5, 10
-		p.Breaker.OpenFor, p.Breaker.MaxOpenFor = 10*time.Second, 20*time.Second
-		pods[i] = newTransport(t, bulwark.Config{Default: p, Fleet: f})
+		pods[i] = podOver(t, g.client(t), "s1:", 10*time.Second)
 	}
 	a, b := pods[0], pods[1]
 	eventually(t, "both pods subscribed", func() bool { return connected(a) && connected(b) })
@@ -139,16 +130,7 @@ func TestSubscriptionSplit(t *testing.T) {
 	}
 	pods := make([]*bulwark.Transport, 2)
 	for i := range pods {
-		f, err := New(client(), Options{Prefix: "s2:"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := bulwark.Policy{}
-		p.Retry.Disabled = true
-		p.Bulkhead.Disabled = true
-		p.Breaker.MinCalls, p.Breaker.WindowCalls = 5, 10
-		p.Breaker.OpenFor, p.Breaker.MaxOpenFor = 10*time.Second, 20*time.Second
-		pods[i] = newTransport(t, bulwark.Config{Default: p, Fleet: f})
+		pods[i] = podOver(t, client(), "s2:", 10*time.Second)
 	}
 	a, b := pods[0], pods[1]
 	eventually(t, "both pods subscribed", func() bool { return connected(a) && connected(b) })
