@@ -62,9 +62,8 @@ func (p *breakerProbes) closed() { p.gate.Store(false) }
 // as the spacing (10 a second against the 80–100 ms of a first 1 s open
 // time) would otherwise have nearly every request sent as a probe: none
 // refused at once, and the sick host got as many requests as before the
-// trip. So
-// at most every other request is a probe; a busier caller, with many
-// refusals per spacing, probes as often as before.
+// trip. So at most every other request is a probe; a busier caller, with
+// many refusals per spacing, probes as often as before.
 func (p *breakerProbes) spaced(now int64) bool {
 	if !p.gate.Load() {
 		return false // held by the fleet or a control, not by a local trip
