@@ -64,6 +64,12 @@ const shareScale = 10000
 // and by RollbackConfig when there is nothing to roll back to.
 var ErrNoConfig = errors.New("redisfleet: no configuration to promote or roll back to")
 
+// ErrCanaryShare is returned by PushConfig for a PushOptions.Canary that
+// is not a share of the fleet: outside (0, 1), not a number, or so small
+// or so close to 1 that, in basis points, it reaches no process or every
+// one. Nothing is stored.
+var ErrCanaryShare = errors.New("redisfleet: canary share out of range")
+
 func (f *Fleet) configKey() string         { return f.prefix + "config" }
 func (f *Fleet) configChannel() string     { return f.prefix + "config:push" }
 func (f *Fleet) ackKeys() []string         { k := f.prefix + "config:{acks}"; return []string{k, k + ":seen"} }
@@ -74,7 +80,8 @@ func (f *Fleet) isConfigKey(k string) bool { return strings.HasPrefix(k, f.prefi
 // can tell beforehand which processes a canary reaches, and monotonic: a
 // process in a canary of 10 % is in every larger one. A process is in when
 // the first 8 bytes of SHA-256(id), read as a big-endian number, modulo
-// 10000, are below share × 10000 (rounded down). Processes whose Options.ID
+// 10000, are below share × 10000 (rounded down, once float error is
+// rounded away: 0.29 is 2900 basis points). Processes whose Options.ID
 // is random change places at each start: name them (a pod's name) for a
 // canary that reaches the same processes every time.
 func InCanary(id string, share float64) bool {
@@ -87,7 +94,10 @@ func inCanary(id string, bp int) bool {
 }
 
 // shareBP is a share in basis points; a share of 1 or more (or not a
-// number) is the whole fleet.
+// number) is the whole fleet. The product is rounded down after adding a
+// millionth of a basis point: a share written in decimal, as 0.29, is a
+// binary float a hair below it (0.29 × 10000 is 2899.9999999999995), and
+// is meant as 2900.
 func shareBP(share float64) int {
 	if !(share < 1) {
 		return shareScale
@@ -95,18 +105,21 @@ func shareBP(share float64) int {
 	if !(share > 0) {
 		return 0
 	}
-	return int(math.Floor(share * shareScale))
+	return min(int(math.Floor(share*shareScale+1e-6)), shareScale)
 }
 
 // PushOptions configures PushConfig. The zero value pushes to every
 // process, after validating the bytes with an empty Registry.
 type PushOptions struct {
-	// Canary, when between 0 and 1 exclusive, is the share of the
-	// processes that get the configuration first (see InCanary); the others
-	// keep the stable one until PromoteConfig. Zero (or 1) pushes to every
-	// process, making it the stable configuration and the one it replaces
-	// the previous, for RollbackConfig. A share under one basis point
-	// (0.0001) is refused: it would reach no process.
+	// Canary, when set, is the share of the processes that get the
+	// configuration first, a fraction in (0, 1): 0.1 is a tenth (see
+	// InCanary); the others keep the stable one until PromoteConfig. Zero
+	// pushes to every process, making it the stable configuration and the
+	// one it replaces the previous, for RollbackConfig. Any other value is
+	// refused with ErrCanaryShare and nothing stored: 1 and more (10 meant
+	// as 10 %, or a whole fleet asked for as a canary), a negative share,
+	// NaN, an infinity, and a share that rounds to no basis point (under
+	// 0.0001) or to all of them.
 	Canary float64
 	// Registry validates the bytes as config.Parse does; the processes
 	// validate them again with their own.
@@ -137,6 +150,13 @@ type Pushed struct {
 //
 // A push to the whole fleet (o.Canary zero) replaces a canary in progress.
 func (f *Fleet) PushConfig(ctx context.Context, data []byte, o PushOptions) (Pushed, error) {
+	mode, bp := "full", shareScale
+	if o.Canary != 0 {
+		mode, bp = "canary", shareBP(o.Canary)
+		if !(o.Canary > 0 && o.Canary < 1) || bp < 1 || bp >= shareScale {
+			return Pushed{}, fmt.Errorf("%w: %v; want a fraction in (0, 1), from 0.0001 (one basis point) to 0.9999, as 0.1 for a tenth of the processes; 0 pushes to all of them", ErrCanaryShare, o.Canary)
+		}
+	}
 	if len(data) > config.MaxBytes {
 		return Pushed{}, fmt.Errorf("redisfleet: configuration of %d bytes, more than config.MaxBytes (%d)", len(data), config.MaxBytes)
 	}
@@ -162,13 +182,6 @@ func (f *Fleet) PushConfig(ctx context.Context, data []byte, o PushOptions) (Pus
 	}
 	if err := checkVersion(version); err != nil {
 		return Pushed{}, err
-	}
-	mode, bp := "full", shareBP(o.Canary)
-	if o.Canary != 0 && bp < shareScale {
-		if bp < 1 {
-			return Pushed{}, fmt.Errorf("redisfleet: canary share %v reaches no process (at least 0.0001)", o.Canary)
-		}
-		mode = "canary"
 	}
 	return f.changeConfig(ctx, mode, version, data, bp)
 }

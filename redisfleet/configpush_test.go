@@ -3,9 +3,12 @@ package redisfleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -703,5 +706,90 @@ func TestConfigPushCluster(t *testing.T) {
 	st := acked(t, ctl, pods, r.Seq)
 	if st.Stable != "v1" || st.Canary != "v2" || st.Ignored != 0 {
 		t.Fatalf("status on a Cluster: %+v", st)
+	}
+}
+
+// redisContents reads every key of the server, each by its type, as one
+// comparable text: what a refused change must leave as it was.
+func redisContents(t *testing.T, s *redisServer) string {
+	t.Helper()
+	c := s.client(t)
+	ctx := t.Context()
+	keys, err := c.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		typ, err := c.Type(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v any
+		switch typ {
+		case "hash":
+			v, err = c.HGetAll(ctx, k).Result()
+		case "zset":
+			v, err = c.ZRangeWithScores(ctx, k, 0, -1).Result()
+		case "string":
+			v, err = c.Get(ctx, k).Result()
+		default:
+			t.Fatalf("key %s of type %s: read it here too", k, typ)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "%s (%s) = %v\n", k, typ, v)
+	}
+	return b.String()
+}
+
+// TestPushCanaryShareRefused: a canary share that is not a fraction in
+// (0, 1), reaching at least one basis point and not all of them, is
+// refused with ErrCanaryShare before anything is stored: every key in
+// Redis reads the same after, and the following process runs what it ran.
+func TestPushCanaryShareRefused(t *testing.T) {
+	s := startRedis(t)
+	const prefix = "c5:"
+	pod := followingPod(t, s, prefix, "pod-a", config.Registry{})
+	followingAll(t, []*configPod{pod})
+	ctl := controller(t, s, prefix)
+	ctx := t.Context()
+	for _, v := range []string{pushV1, pushV2} {
+		if _, err := ctl.PushConfig(ctx, []byte(v), PushOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := ctl.PushConfig(ctx, []byte(pushV3), PushOptions{Canary: 0.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	acked(t, ctl, []*configPod{pod}, r.Seq)
+	before, running := redisContents(t, s), pod.version()
+	for _, share := range []float64{10, 25, 1, 1.5, math.NaN(), math.Inf(1), math.Inf(-1), -0.1, 0.00005, 0.99999999999} {
+		_, err := ctl.PushConfig(ctx, []byte(pushV1), PushOptions{Canary: share})
+		if !errors.Is(err, ErrCanaryShare) || !strings.Contains(err.Error(), "fraction in (0, 1)") {
+			t.Errorf("PushConfig(Canary: %v) = %v, want ErrCanaryShare saying what a share is", share, err)
+		}
+		if after := redisContents(t, s); after != before {
+			t.Fatalf("PushConfig(Canary: %v) changed Redis:\nbefore:\n%s\nafter:\n%s", share, before, after)
+		}
+	}
+	if v := pod.version(); v != running {
+		t.Fatalf("the pod runs %s after the refusals, want %s", v, running)
+	}
+	// The edges of the range: one basis point, and a share written in
+	// decimal counted as written.
+	for _, tc := range []struct {
+		share float64
+		want  float64
+	}{{0.0001, 0.0001}, {0.29, 0.29}, {0.9999, 0.9999}} {
+		if _, err := ctl.PushConfig(ctx, []byte(pushV3), PushOptions{Canary: tc.share}); err != nil {
+			t.Fatalf("PushConfig(Canary: %v): %v", tc.share, err)
+		}
+		if st, err := ctl.ConfigStatus(ctx); err != nil || st.Share != tc.want {
+			t.Fatalf("status after a canary of %v: share %v, %v; want %v", tc.share, st.Share, err, tc.want)
+		}
 	}
 }
