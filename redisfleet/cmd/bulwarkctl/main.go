@@ -4,7 +4,7 @@
 //
 //	bulwarkctl validate policies.yaml                 # as the processes will, with an empty Registry
 //	bulwarkctl push policies.yaml                     # to every process
-//	bulwarkctl push -canary 0.1 -wait 2s policies.yaml  # to 10 % of them first, and wait for their acks
+//	bulwarkctl push -canary 10% -wait 2s policies.yaml  # to 10 % of them first, and wait for their acks
 //	bulwarkctl promote                                # the canary to every process
 //	bulwarkctl rollback                               # end the canary, or return to the previous version
 //	bulwarkctl status                                 # who runs what, who refused what and why
@@ -17,6 +17,10 @@
 // names the programs' functions (a fallback, a classifier) cannot be
 // checked here; validate says so, and push -unchecked sends it for the
 // processes to check with their own Registry (status shows their refusals).
+//
+// push -canary takes a percentage with its sign, 10% for a tenth of the
+// processes, from 0.01% to 99.99%: a bare number is refused, so neither
+// 0.1 (a tenth? a tenth of a percent?) nor 10 is read as the other.
 package main
 
 import (
@@ -45,8 +49,9 @@ const usage = `usage: bulwarkctl [-redis host:port[,host:port...]] [-master name
 
 commands:
   validate FILE                          check FILE as a process would (empty Registry)
-  push [-canary share] [-unchecked] [-wait d] FILE
-                                         push FILE to the fleet, or to a share of it first
+  push [-canary N%] [-unchecked] [-wait d] FILE
+                                         push FILE to the fleet, or first to N% of it
+                                         (a percentage with its sign: 10% is a tenth)
   promote [-wait d]                      push the canary to every process
   rollback [-wait d]                     end the canary, or return to the previous version
   status                                 which process runs which version, or refused what
@@ -72,7 +77,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cmd, rest := global.Arg(0), global.Args()[1:]
 	sub := flag.NewFlagSet("bulwarkctl "+cmd, flag.ContinueOnError)
 	sub.SetOutput(stderr)
-	canary := sub.Float64("canary", 0, "push: the share of processes (0 to 1) that get it first; 0 means all")
+	var canary percent
+	sub.Var(&canary, "canary", "push: the percentage of the processes that get it first, with its sign: 10% for a tenth (not 0.1, nor 10); without it, every process")
 	unchecked := sub.Bool("unchecked", false, "push: skip the local check (a file naming the programs' functions)")
 	wait := sub.Duration("wait", 0, "push, promote, rollback: wait this long for every process's ack, then show the status")
 	if err := sub.Parse(rest); err != nil {
@@ -116,7 +122,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, err)
 			return 1
 		}
-		r, err = f.PushConfig(ctx, data, redisfleet.PushOptions{Canary: *canary, Unchecked: *unchecked})
+		r, err = f.PushConfig(ctx, data, redisfleet.PushOptions{Canary: canary.share, Unchecked: *unchecked})
 		if err != nil {
 			fmt.Fprintln(stderr, strings.Replace(err.Error(), "push:", sub.Arg(0)+":", 1))
 			hintNames(stderr, err)
@@ -144,7 +150,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	what := "every process"
 	if r.Canary {
-		what = "the canary (" + strconv.FormatFloat(*canary*100, 'g', 4, 64) + "% of the processes, by ID)"
+		what = "the canary (" + canary.String() + " of the processes, by ID)"
 	}
 	fmt.Fprintf(stdout, "%s: version %s for %s, seq %d", cmd, r.Version, what, r.Seq)
 	if r.Previous != "" {
@@ -254,4 +260,33 @@ func printStatus(w io.Writer, st redisfleet.ConfigStatus, now time.Time) {
 		fmt.Fprintf(w, "; %d entries in Redis ignored (did not decode)", st.Ignored)
 	}
 	fmt.Fprintln(w)
+}
+
+// percent is -canary's value: a percentage written with its sign, from
+// 0.01% (one basis point, the finest share the store keeps) to 99.99%,
+// held as the fraction PushOptions.Canary takes. Only digits and one
+// decimal point are read, so NaN%, Inf% and 1e1% are refused as
+// strconv.ParseFloat alone would not refuse them.
+type percent struct {
+	text  string
+	share float64
+}
+
+func (p *percent) String() string { return p.text }
+
+func (p *percent) Set(s string) error {
+	num, ok := strings.CutSuffix(s, "%")
+	if !ok {
+		return fmt.Errorf("want a percentage with its %% sign, as 10%% for a tenth of the processes; %q has none, and a bare number (0.1 or 10) is not read as either", s)
+	}
+	digits := strings.Count(num, ".") <= 1 && strings.Trim(num, "0123456789.") == "" && strings.Trim(num, ".") != ""
+	v, err := strconv.ParseFloat(num, 64)
+	if !digits || err != nil {
+		return fmt.Errorf("want a percentage in digits, as 10%% or 0.5%%; got %q", s)
+	}
+	if v < 0.01 || v > 99.99 {
+		return fmt.Errorf("want from 0.01%% to 99.99%% of the processes, got %s (without -canary the push goes to every process)", s)
+	}
+	p.text, p.share = s, v/100
+	return nil
 }

@@ -3,11 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -144,4 +146,75 @@ func TestPushStatusRollback(t *testing.T) {
 		t.Fatalf("rollback: %d\n%s%s", code, out, errs)
 	}
 	t.Log("\n" + out)
+}
+
+// contents reads every key of the Redis at addr as one comparable text,
+// each value by its type.
+func contents(t *testing.T, addr string) string {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer c.Close()
+	ctx := t.Context()
+	keys, err := c.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		var v any
+		switch typ := c.Type(ctx, k).Val(); typ {
+		case "hash":
+			v, err = c.HGetAll(ctx, k).Result()
+		case "zset":
+			v, err = c.ZRangeWithScores(ctx, k, 0, -1).Result()
+		default:
+			t.Fatalf("key %s of type %s: read it here too", k, typ)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "%s = %v\n", k, v)
+	}
+	return b.String()
+}
+
+// TestPushCanaryShare: -canary takes a percentage with its sign. Each other
+// form (a bare 10 or 0.1, NaN, an infinity, 0% or 100% and beyond, under
+// one basis point, an exponent) is refused as a misuse (exit 2) with a
+// message saying what it takes, and every key in Redis reads the same
+// after; 10% pushes a canary of a tenth.
+func TestPushCanaryShare(t *testing.T) {
+	addr := startRedis(t)
+	v1 := writeFile(t, "v1.yaml", "version: v1\ndefault:\n  breaker: {failureRate: 0.5}\n")
+	v2 := writeFile(t, "v2.yaml", "version: v2\ndefault:\n  breaker: {failureRate: 0.4}\n")
+	if code, out, errs := ctl(t, "-redis", addr, "push", v1); code != 0 {
+		t.Fatalf("push v1: %d %s%s", code, out, errs)
+	}
+	if code, out, errs := ctl(t, "-redis", addr, "push", "-canary", "50%", v2); code != 0 || !strings.Contains(out, "version v2 for the canary (50% of the processes") {
+		t.Fatalf("push -canary 50%%: %d %s%s", code, out, errs)
+	}
+	before := contents(t, addr)
+	for _, share := range []string{"10", "0.1", "25", "1", "NaN", "NaN%", "Inf", "+Inf%", "-Inf%", "-5%", "0%", "100%", "150%",
+		"0.001%", "1e1%", "0x10%", "10 %", "%", ".%", "ten%", "10%%", ""} {
+		code, out, errs := ctl(t, "-redis", addr, "push", "-canary", share, v1)
+		if code != 2 || out != "" || !strings.Contains(errs, "invalid value") || !strings.Contains(errs, "%") {
+			t.Errorf("push -canary %q: %d %q %q, want a misuse (2) saying the form", share, code, out, errs)
+		}
+		first, _, _ := strings.Cut(errs, "\n")
+		t.Logf("push -canary %-8q exit %d: %s", share, code, first)
+		if after := contents(t, addr); after != before {
+			t.Fatalf("push -canary %q changed Redis:\nbefore:\n%s\nafter:\n%s", share, before, after)
+		}
+	}
+	code, out, errs := ctl(t, "-redis", addr, "push", "-canary", "10%", v1)
+	if code != 0 || !strings.Contains(out, "version v1 for the canary (10% of the processes") {
+		t.Fatalf("push -canary 10%%: %d %s%s", code, out, errs)
+	}
+	if _, out, _ = ctl(t, "-redis", addr, "status"); !strings.Contains(out, "canary v1 (10%)") {
+		t.Fatalf("status after push -canary 10%%: %s", out)
+	}
+	if _, _, errs = ctl(t, "-redis", addr, "push", "-h"); !strings.Contains(errs, "10% for a tenth") {
+		t.Fatalf("push -h does not say the form -canary takes: %s", errs)
+	}
 }
