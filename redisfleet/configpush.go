@@ -196,7 +196,11 @@ func (f *Fleet) PromoteConfig(ctx context.Context) (Pushed, error) {
 // RollbackConfig ends a canary in progress, its processes returning to the
 // stable configuration; with no canary, it makes the previous
 // configuration the stable one again, once (the one rolled back from is
-// dropped). It returns ErrNoConfig when there is nothing to roll back to.
+// dropped). It returns ErrNoConfig when there is nothing to roll back to,
+// changing nothing: also for a canary that is the fleet's first
+// configuration, whose processes have no pushed version to return to (a
+// process never returns to the configuration it was built with: the store
+// does not hold it). Push a version to every process to replace it.
 func (f *Fleet) RollbackConfig(ctx context.Context) (Pushed, error) {
 	return f.changeConfig(ctx, "rollback", "", nil, 0)
 }
@@ -214,7 +218,9 @@ func checkVersion(v string) error {
 // for a store that has none (or one it did not make). A key of another
 // type is replaced. It returns
 // {seq, version, canary (0/1), previous version}, or an error reply
-// "NOCONFIG" when a promotion or rollback has nothing to act on.
+// "NOCONFIG" when a promotion or rollback has nothing to act on, or
+// "NOSTABLE <canary's version>" when a rollback would end a canary with
+// no stable configuration for its processes to return to.
 var changeScript = redis.NewScript(`
 local k = KEYS[1]
 local t = redis.call('TYPE', k).ok
@@ -246,6 +252,9 @@ elseif mode == 'promote' then
 	version = get('stable.version')
 elseif mode == 'rollback' then
 	if get('canary.version') or get('canary.data') then
+		if not (get('stable.version') and get('stable.data')) then
+			return redis.error_reply('NOSTABLE ' .. (get('canary.version') or ''))
+		end
 		drop('canary')
 	elseif get('previous.version') and get('previous.data') then
 		move('previous', 'stable')
@@ -275,8 +284,16 @@ func (f *Fleet) changeConfig(ctx context.Context, mode, version string, data []b
 	defer cancel()
 	res, err := changeScript.Run(ctx, f.c, []string{f.configKey()}, mode, version, data, bp, f.configChannel(), newEpoch()).Slice()
 	if err != nil {
-		if strings.Contains(err.Error(), "NOCONFIG") {
-			return Pushed{}, ErrNoConfig
+		// Redis puts its own code (ERR) before a script's error reply.
+		var re redis.Error
+		if errors.As(err, &re) {
+			if strings.Contains(re.Error(), "NOCONFIG") {
+				return Pushed{}, ErrNoConfig
+			}
+			if _, canary, ok := strings.Cut(re.Error(), "NOSTABLE "); ok {
+				return Pushed{}, fmt.Errorf("%w: the canary %.40q is the fleet's first configuration, with no stable one for its processes to return to; push a version to every process to replace it",
+					ErrNoConfig, canary)
+			}
 		}
 		f.reloadOnError(err)
 		return Pushed{}, err

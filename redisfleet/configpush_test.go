@@ -793,3 +793,61 @@ func TestPushCanaryShareRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestRollbackFirstCanary: when a fleet's first push is a canary, a
+// rollback has no stable version for the canary's processes to return to:
+// it is refused with ErrNoConfig, saying so, Redis is unchanged, and the
+// status and the processes agree (the canary goes on). A push to every
+// process then replaces it.
+func TestRollbackFirstCanary(t *testing.T) {
+	s := startRedis(t)
+	const prefix = "c6:"
+	ids := []string{"pod-a", "pod-b", "pod-c", "pod-d"}
+	var pods []*configPod
+	in := map[string]bool{}
+	for _, id := range ids {
+		pods = append(pods, followingPod(t, s, prefix, id, config.Registry{}))
+		in[id] = InCanary(id, 0.5)
+	}
+	followingAll(t, pods)
+	ctl := controller(t, s, prefix)
+	ctx := t.Context()
+	r, err := ctl.PushConfig(ctx, []byte(pushV3), PushOptions{Canary: 0.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	canary := func(p *configPod) string {
+		if in[p.id] {
+			return "v3"
+		}
+		return ""
+	}
+	runWithin(t, pods, canary, time.Now(), 10*time.Second)
+	acked(t, ctl, pods, r.Seq)
+	before := redisContents(t, s)
+	_, err = ctl.RollbackConfig(ctx)
+	if !errors.Is(err, ErrNoConfig) || !strings.Contains(err.Error(), `canary "v3" is the fleet's first configuration`) {
+		t.Fatalf("rollback of a first canary: %v, want ErrNoConfig saying there is no stable version", err)
+	}
+	if after := redisContents(t, s); after != before {
+		t.Fatalf("a refused rollback changed Redis:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	st, err := ctl.ConfigStatus(ctx)
+	if err != nil || st.Canary != "v3" || st.Stable != "" || st.Seq != r.Seq {
+		t.Fatalf("status after the refused rollback: %+v, %v; want the canary v3 still", st, err)
+	}
+	for _, p := range st.Processes {
+		if p.Canary != in[p.ID] || p.Running != canary(&configPod{id: p.ID}) {
+			t.Fatalf("ack after the refused rollback: %+v", p)
+		}
+	}
+	runWithin(t, pods, canary, time.Now(), time.Second)
+	start := time.Now()
+	if r, err = ctl.PushConfig(ctx, []byte(pushV1), PushOptions{}); err != nil || r.Canary || r.Previous != "" {
+		t.Fatalf("push v1 over the first canary: %+v, %v", r, err)
+	}
+	runWithin(t, pods, all("v1"), start, time.Second)
+	if st, err = ctl.ConfigStatus(ctx); err != nil || st.Canary != "" || st.Stable != "v1" {
+		t.Fatalf("status after the push: %+v, %v", st, err)
+	}
+}
