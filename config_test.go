@@ -40,6 +40,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 			`bulwark: upstream "tax.internal": Timeout.Enabled = true: conflicts with Timeout.Disabled`},
 		{"negative MaxHosts", Config{MaxHosts: -1}, `MaxHosts = -1: must be ≥ 0`},
 		{"negative HostIdle", Config{HostIdle: -time.Minute}, `HostIdle = -1m0s: must be ≥ 0`},
+		{"fleet rate without a fleet", Config{Upstreams: map[string]Policy{"pay": {Bulkhead: Bulkhead{FleetRate: 10}}}},
+			`upstream "pay": Bulkhead.FleetRate = 10: needs a Config.Fleet that implements FleetLeaser`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -60,6 +62,9 @@ func TestNewRejectsBadConfig(t *testing.T) {
 			if _, cerr := NewClient(tt.cfg); cerr == nil {
 				t.Errorf("NewClient accepted what New refused")
 			}
+			if verr := tt.cfg.Validate(); verr == nil || verr.Error() != err.Error() {
+				t.Errorf("Validate = %v, want New's error %v", verr, err)
+			}
 		})
 	}
 }
@@ -73,6 +78,9 @@ func TestNewAcceptsGoodConfig(t *testing.T) {
 	} {
 		if _, err := New(cfg); err != nil {
 			t.Errorf("New(%+v) = %v, want nil error", cfg, err)
+		}
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("Validate(%+v) = %v, want nil error", cfg, err)
 		}
 	}
 }

@@ -309,12 +309,9 @@ const touchEvery = 10 * time.Millisecond
 // New validates cfg and builds a Transport. Every invalid value is a
 // *ConfigError (matching ErrInvalidConfig) naming the upstream and field.
 func New(cfg Config) (*Transport, error) {
-	rs, err := compile(cfg)
-	if err != nil {
-		return nil, err
-	}
 	_, leases := cfg.Fleet.(FleetLeaser)
-	if err := rs.checkLeases(leases); err != nil {
+	rs, err := compileFor(cfg, leases)
+	if err != nil {
 		return nil, err
 	}
 	t := &Transport{
@@ -340,6 +337,31 @@ func New(cfg Config) (*Transport, error) {
 	// Last, so that a refused configuration starts no goroutine.
 	t.fleet = newFleetLink(cfg.Fleet, t.logger, t)
 	return t, nil
+}
+
+// Validate reports whether New would accept c: nil, or the *ConfigError
+// New would return, naming the upstream and field. It builds nothing and
+// starts nothing, so a loader can check a Config it read before anything
+// uses it. A Bulkhead.FleetRate is checked against c.Fleet, as New checks
+// it; Update checks it against the Transport's own Fleet instead.
+func (c Config) Validate() error {
+	_, leases := c.Fleet.(FleetLeaser)
+	_, err := compileFor(c, leases)
+	return err
+}
+
+// compileFor is compile, and a Bulkhead.FleetRate refused unless leases
+// (the Fleet that would run the policies is a FleetLeaser): the whole of
+// New's, Update's and Validate's validation.
+func compileFor(cfg Config, leases bool) (*policies, error) {
+	rs, err := compile(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := rs.checkLeases(leases); err != nil {
+		return nil, err
+	}
+	return rs, nil
 }
 
 // Close stops the Transport's background work: the goroutines that publish

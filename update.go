@@ -3,7 +3,10 @@ package bulwark
 import "time"
 
 // Update replaces the Transport's policies with cfg's while it runs. cfg is
-// validated as New validates it; on error (a *ConfigError) nothing changes.
+// validated as New validates it, a Bulkhead.FleetRate against the
+// Transport's own Fleet (cfg.Fleet is New's); on error (a *ConfigError)
+// nothing changes, so Update is also the check of a Config against a
+// running Transport.
 //
 // Update applies Default, Upstreams, MaxHosts and HostIdle. Base, the
 // providers, Propagator and Logger are New's and Update ignores them, so
@@ -45,10 +48,7 @@ import "time"
 // version in force when it applies cfg, as the last rejected one, with the
 // error, when it refuses a cfg that carries either.
 func (t *Transport) Update(cfg Config) error {
-	rs, err := compile(cfg)
-	if err == nil {
-		err = rs.checkLeases(t.fleet.leasing() != nil)
-	}
+	rs, err := compileFor(cfg, t.fleet.leasing() != nil)
 	if err != nil {
 		if cfg.Version != "" || cfg.Source != "" {
 			t.config.rejected(cfg.Version, cfg.Source, err, time.Now())

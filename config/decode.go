@@ -81,28 +81,20 @@ func (e *Error) Unwrap() error { return e.Err }
 // than one document, nesting deeper than MaxDepth, YAML aliases, duplicate
 // keys, unknown fields, a value of the wrong type, a name reg does not hold,
 // and any value bulwark.New would refuse: it validates the Config as New
-// does, by building (and closing) a Transport from its policies, with no
-// provider, Base, Logger or Fleet of reg's, so validation has no effect
-// outside the Config.
+// does (bulwark.Config.Validate, which builds nothing). A
+// Bulkhead.FleetRate needs a Fleet that leases quota: it is checked
+// against the Fleet the file names, and, in a file that names none, left
+// to New, against the Fleet the program sets, or to Update, against the
+// Transport's.
 func Parse(data []byte, source string, reg Registry) (bulwark.Config, error) {
-	cfg, _, err := parse(data, source, reg)
+	cfg, d, err := decode(data, source, reg)
 	if err != nil {
 		return bulwark.Config{}, err
 	}
-	return cfg, nil
-}
-
-// parse is Parse that also returns the version of bytes that decode but
-// do not validate: the file's version field, which a refusal should name.
-func parse(data []byte, source string, reg Registry) (_ bulwark.Config, version string, _ error) {
-	cfg, d, err := decode(data, source, reg)
-	if err != nil {
-		return bulwark.Config{}, Version(data), err
-	}
 	if err := validate(cfg); err != nil {
-		return bulwark.Config{}, cfg.Version, d.place(err)
+		return bulwark.Config{}, d.place(err)
 	}
-	return cfg, cfg.Version, nil
+	return cfg, nil
 }
 
 // Version is the version Parse gives bytes with no version field.

@@ -133,4 +133,19 @@ func TestParseFleetRate(t *testing.T) {
 	if want := `p.yaml:4:27: upstream "pay": bulkhead.fleetRate: value 100: needs a Config.Fleet that implements FleetLeaser`; err == nil || err.Error() != want {
 		t.Fatalf("Parse with a Fleet that does not lease:\n got %v\nwant %s", err, want)
 	}
+	// A file that names no Fleet leaves it to the program: New checks
+	// the Fleet set in code.
+	cfg, err = Parse([]byte("upstreams:\n  pay:\n    bulkhead: {fleetRate: 100}\n"), "p.yaml", reg)
+	if err != nil {
+		t.Fatalf("Parse with no Fleet named = %v, want the check left to New", err)
+	}
+	if _, err := bulwark.New(cfg); !errors.Is(err, bulwark.ErrInvalidConfig) {
+		t.Fatalf("New with no Fleet = %v, want it to refuse the FleetRate", err)
+	}
+	cfg.Fleet = &leaserFleet{}
+	tr, err := bulwark.New(cfg)
+	if err != nil {
+		t.Fatalf("New with a leasing Fleet set in code = %v", err)
+	}
+	_ = tr.Close()
 }

@@ -4,37 +4,24 @@ import (
 	"context"
 
 	"github.com/bulwark-http/bulwark"
-	metricnoop "go.opentelemetry.io/otel/metric/noop"
-	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
 
-// validate runs bulwark.New's validation on cfg's policies: bulwark has no
-// Validate of its own, and New is the one place that holds every rule, so
-// a Transport is built from the policies alone, with no-op providers (no
-// instrument is registered anywhere) and no Base, Logger or Fleet of the
-// program's, and closed at once. A Fleet that leases quota is stood in for
-// by leaseStub, so Bulkhead.FleetRate is accepted as New would accept it.
+// validate is bulwark.New's validation of cfg: Config.Validate, which
+// builds and starts nothing. The one check that depends on more than the
+// file is Bulkhead.FleetRate's, which needs a Fleet that leases quota: a
+// file that names a Fleet is checked against it, as New would check it;
+// one that names none leaves Config.Fleet to the program, which sets it
+// before New, or to the Transport an Update applies the file to, so the
+// check is theirs, against the Fleet that will run the policies (leaseStub
+// stands in meanwhile).
 func validate(cfg bulwark.Config) error {
-	check := bulwark.Config{
-		Default:        cfg.Default,
-		Upstreams:      cfg.Upstreams,
-		Routes:         cfg.Routes,
-		MaxHosts:       cfg.MaxHosts,
-		HostIdle:       cfg.HostIdle,
-		TracerProvider: tracenoop.NewTracerProvider(),
-		MeterProvider:  metricnoop.NewMeterProvider(),
+	if cfg.Fleet == nil {
+		cfg.Fleet = leaseStub{}
 	}
-	if _, ok := cfg.Fleet.(bulwark.FleetLeaser); ok {
-		check.Fleet = leaseStub{}
-	}
-	tr, err := bulwark.New(check)
-	if err != nil {
-		return err
-	}
-	return tr.Close()
+	return cfg.Validate()
 }
 
-// leaseStub is a FleetLeaser that does nothing, for validate.
+// leaseStub is a FleetLeaser for validate; Validate never calls it.
 type leaseStub struct{}
 
 func (leaseStub) Publish(context.Context, bulwark.FleetUpdate) error { return nil }
@@ -44,6 +31,6 @@ func (leaseStub) Receive(ctx context.Context, _ *bulwark.FleetSink) error {
 	return ctx.Err()
 }
 
-func (leaseStub) Lease(ctx context.Context, _ bulwark.LeaseRequest) (bulwark.LeaseGrant, error) {
+func (leaseStub) Lease(context.Context, bulwark.LeaseRequest) (bulwark.LeaseGrant, error) {
 	return bulwark.LeaseGrant{}, context.Canceled
 }

@@ -36,20 +36,30 @@ func readCapped(path string) ([]byte, error) {
 	return data, nil
 }
 
-// Apply parses data as Parse does and applies it to tr with Update. Either
-// way Snapshot.Config shows the outcome: the version in force, or this one
-// as the last rejected, with the error (RejectConfig for a refusal by
-// Parse, Update's own record for one by Update). version is the file's
-// version field, or Version(data) when it has none or does not decode. Watch applies each
-// change of its file so; a configuration received from elsewhere (a
-// fleet's store) can be applied the same way, with its own source.
+// Apply decodes data as Parse does and applies it to tr with Update, which
+// validates it against tr as it runs: a Bulkhead.FleetRate is accepted
+// when tr's own Fleet leases quota. Either way Snapshot.Config shows the
+// outcome: the version in force, or this one as the last rejected, with
+// the error as Parse words it, at its line in the file. version is the
+// file's version field, or Version(data) when it has none or does not
+// decode. Watch applies each change of its file so; a configuration
+// received from elsewhere (a fleet's store) can be applied the same way,
+// with its own source.
 func Apply(tr *bulwark.Transport, data []byte, source string, reg Registry) (version string, err error) {
-	cfg, version, err := parse(data, source, reg)
+	cfg, d, err := decode(data, source, reg)
 	if err != nil {
+		version = Version(data)
 		tr.RejectConfig(version, source, err)
 		return version, err
 	}
-	return version, tr.Update(cfg)
+	// Update is all or nothing, and checks what depends on the running
+	// Transport: no Transport is built to check cfg beforehand.
+	if err := tr.Update(cfg); err != nil {
+		err = d.place(err)
+		tr.RejectConfig(cfg.Version, source, err) // Update's record, placed in the file
+		return cfg.Version, err
+	}
+	return cfg.Version, nil
 }
 
 // WatchOptions tunes Watch. The zero value is ready to use.

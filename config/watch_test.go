@@ -301,3 +301,52 @@ func TestApply(t *testing.T) {
 		t.Fatalf("Snapshot().Config = %+v, rejected %+v", c, c.Rejected)
 	}
 }
+
+// TestApplyFleetRate: Bulkhead.FleetRate is checked against the running
+// Transport's Fleet, the one that would lease its quota: applied, by Apply
+// and by Watch, where that Fleet leases; refused, at its place in the
+// file, in Snapshot.Config too, where the Transport has no Fleet.
+func TestApplyFleetRate(t *testing.T) {
+	rated := []byte("version: rated\nupstreams:\n  pay:\n    bulkhead: {fleetRate: 100}\n")
+	dir := t.TempDir()
+	path := filepath.Join(dir, "policies.yaml")
+	writeFile(t, path, policyFile(2))
+	cfg, err := Load(path, Registry{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Fleet = &leaserFleet{}
+	leasing, err := bulwark.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = leasing.Close() })
+	if v, err := Apply(leasing, rated, "store", Registry{}); err != nil || v != "rated" {
+		t.Fatalf("Apply(fleetRate) to a leasing Transport = %q, %v", v, err)
+	}
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	ready := make(chan struct{})
+	go func() {
+		done <- Watch(ctx, path, leasing, Registry{}, WatchOptions{Logger: slog.New(&logCount{}), ready: ready})
+	}()
+	defer func() { cancel(); <-done }()
+	<-ready
+	waitFor(t, leasing, "the file in force as Watch starts", inForce(Version(policyFile(2))))
+	writeFile(t, path, rated)
+	waitFor(t, leasing, "the file with a fleetRate in force under Watch", inForce("rated"))
+
+	plain, err := bulwark.New(bulwark.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Apply(plain, rated, "store", Registry{})
+	want := `store:4:27: upstream "pay": bulkhead.fleetRate: value 100: needs a Config.Fleet that implements FleetLeaser`
+	if err == nil || err.Error() != want {
+		t.Fatalf("Apply(fleetRate) to a Transport with no Fleet:\n got %v\nwant %s", err, want)
+	}
+	if c := plain.Snapshot().Config; c == nil || c.Rejected == nil || c.Rejected.Version != "rated" || c.Rejected.Error != want {
+		t.Fatalf("Snapshot().Config = %+v, want the refusal of rated as Apply words it", c)
+	}
+}

@@ -851,3 +851,29 @@ func TestRollbackFirstCanary(t *testing.T) {
 		t.Fatalf("status after the push: %+v, %v", st, err)
 	}
 }
+
+// TestPushFleetRate: a file with a Bulkhead.FleetRate passes the pusher's
+// check (a file names no Fleet: the processes' own is what leases) and is
+// applied by every process, whose Transport has this Redis fleet.
+func TestPushFleetRate(t *testing.T) {
+	s := startRedis(t)
+	const prefix = "c7:"
+	pods := []*configPod{followingPod(t, s, prefix, "pod-a", config.Registry{}), followingPod(t, s, prefix, "pod-b", config.Registry{})}
+	followingAll(t, pods)
+	ctl := controller(t, s, prefix)
+	// Unchecked first, so that the processes' check is the only one.
+	for i, o := range []PushOptions{{Unchecked: true}, {}} {
+		v := "rated-" + strconv.Itoa(i)
+		start := time.Now()
+		r, err := ctl.PushConfig(t.Context(), fmt.Appendf(nil, "version: %s\nupstreams:\n  pay.internal:\n    bulkhead: {fleetRate: 10%d}\n", v, i), o)
+		if err != nil {
+			t.Fatalf("push of a fleetRate (%+v): %v", o, err)
+		}
+		for _, p := range acked(t, ctl, pods, r.Seq).Processes {
+			if p.Running != v || p.Refused != "" || p.Error != "" {
+				t.Fatalf("ack %+v, want %s running", p, v)
+			}
+		}
+		runWithin(t, pods, all(v), start, 10*time.Second)
+	}
+}
