@@ -103,6 +103,48 @@ func Version(data []byte) string {
 	return "sha256:" + hex.EncodeToString(sum[:8])
 }
 
+// VersionOf is the version Parse gives data, whether or not it accepts
+// the rest: the file's version field, read as Parse reads it, when the
+// bytes are YAML whose top mapping has one that is a string, even if
+// another field is unknown, of the wrong type or refused by validation;
+// else Version(data). A refusal is named by it, so a file that declares
+// v7 is refused as v7 wherever the refusal shows.
+func VersionOf(data []byte) string {
+	if v := declaredVersion(data); v != "" {
+		return v
+	}
+	return Version(data)
+}
+
+// declaredVersion is the version field of data's top mapping, decoded as
+// decode decodes it; "" when there is none or it does not decode.
+func declaredVersion(data []byte) string {
+	if len(data) > MaxBytes {
+		return ""
+	}
+	var doc yaml.Node
+	if yaml.Unmarshal(data, &doc) != nil || doc.Kind != yaml.DocumentNode || len(doc.Content) != 1 || doc.Content[0].Kind != yaml.MappingNode {
+		return ""
+	}
+	root, key := doc.Content[0], keyName("Version")
+	var version string
+	found := false
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		if root.Content[i].Value != key {
+			continue
+		}
+		if found {
+			return "" // a duplicate key: which one the file meant is not known
+		}
+		found = true
+		d := &decoder{pos: map[string]*yaml.Node{}}
+		if d.value(root.Content[i+1], reflect.ValueOf(&version).Elem(), at{}) != nil {
+			return ""
+		}
+	}
+	return version
+}
+
 // decoder maps a YAML node tree onto a Config, keeping where each value
 // was, so that a refusal by bulwark's validation can be placed.
 type decoder struct {

@@ -149,3 +149,39 @@ func TestParseFleetRate(t *testing.T) {
 	}
 	_ = tr.Close()
 }
+
+// TestVersionOf: a file is named by its version field, read as Parse reads
+// it, also when the rest is refused; by Version(data) when it has none
+// that reads as a string.
+func TestVersionOf(t *testing.T) {
+	for _, tc := range []struct {
+		file string
+		want string // "" for Version(data)
+	}{
+		{"version: v7\ndefault: {retry: {maxAttempts: 2}}\n", "v7"},
+		{"version: v7\nbogus: 1\n", "v7"},
+		{"version: v7\ndefault: {retry: {maxAttempts: two}}\n", "v7"},
+		{"version: v7\ndefault: {retry: {maxAttempts: -2}}\n", "v7"},
+		{`{"version": "v7", "bogus": 1}`, "v7"},
+		{"bogus: 1\nversion: 'v 7'\n", "v 7"},
+		{"version: 7\n", ""},
+		{"version: [v7]\n", ""},
+		{"version: ''\n", ""},
+		{"version: v7\nversion: v8\n", ""},
+		{"version: v7\ndefault: [\n", ""},
+		{"- version: v7\n", ""},
+		{"default: {}\n", ""},
+		{"", ""},
+	} {
+		want := tc.want
+		if want == "" {
+			want = Version([]byte(tc.file))
+		}
+		if got := VersionOf([]byte(tc.file)); got != want {
+			t.Errorf("VersionOf(%q) = %q, want %q", tc.file, got, want)
+		}
+		if cfg, err := Parse([]byte(tc.file), "p.yaml", Registry{}); err == nil && cfg.Version != want {
+			t.Errorf("Parse(%q).Version = %q, VersionOf says %q", tc.file, cfg.Version, want)
+		}
+	}
+}

@@ -40,15 +40,15 @@ func readCapped(path string) ([]byte, error) {
 // validates it against tr as it runs: a Bulkhead.FleetRate is accepted
 // when tr's own Fleet leases quota. Either way Snapshot.Config shows the
 // outcome: the version in force, or this one as the last rejected, with
-// the error as Parse words it, at its line in the file. version is the
-// file's version field, or Version(data) when it has none or does not
-// decode. Watch applies each change of its file so; a configuration
+// the error as Parse words it, at its line in the file. version is
+// VersionOf(data): the file's version field, also when the rest does not
+// decode, or Version(data) when it has none. Watch applies each change of its file so; a configuration
 // received from elsewhere (a fleet's store) can be applied the same way,
 // with its own source.
 func Apply(tr *bulwark.Transport, data []byte, source string, reg Registry) (version string, err error) {
 	cfg, d, err := decode(data, source, reg)
 	if err != nil {
-		version = Version(data)
+		version = VersionOf(data)
 		tr.RejectConfig(version, source, err)
 		return version, err
 	}

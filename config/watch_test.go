@@ -350,3 +350,26 @@ func TestApplyFleetRate(t *testing.T) {
 		t.Fatalf("Snapshot().Config = %+v, want the refusal of rated as Apply words it", c)
 	}
 }
+
+// TestApplyNamesRefusalByVersion: a file that declares its version is
+// refused under it in Snapshot.Config, whatever refused it: an unknown
+// field, a wrong type, a bad value.
+func TestApplyNamesRefusalByVersion(t *testing.T) {
+	tr, err := bulwark.New(bulwark.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range []string{
+		"version: v7\nbogus: 1\n",
+		"version: v7\ndefault: {retry: {maxAttempts: two}}\n",
+		"version: v7\ndefault: {retry: {maxAttempts: -2}}\n",
+	} {
+		v, err := Apply(tr, []byte(file), "store", Registry{})
+		if err == nil || v != "v7" {
+			t.Errorf("Apply(%q) = %q, %v; want v7 refused", file, v, err)
+		}
+		if c := tr.Snapshot().Config; c == nil || c.Rejected == nil || c.Rejected.Version != "v7" || c.Rejected.Error != err.Error() {
+			t.Errorf("Apply(%q): Snapshot().Config.Rejected = %+v, want v7 with %v", file, c.Rejected, err)
+		}
+	}
+}

@@ -17,7 +17,6 @@ import (
 
 	"github.com/bulwark-http/bulwark/config"
 	"github.com/redis/go-redis/v9"
-	"go.yaml.in/yaml/v3"
 )
 
 // A fleet's configuration lives in one Redis hash, Prefix+"config", so
@@ -145,8 +144,8 @@ type Pushed struct {
 // FollowConfig); each applies it with Transport.Update, or refuses it, and
 // records which in Redis (ConfigStatus). It is validated first, with
 // o.Registry, unless o.Unchecked; a refusal there stores nothing. Its
-// version is the file's version field, or a hash of the bytes
-// (config.Version).
+// version is config.VersionOf's: the file's version field, also when the
+// rest does not decode, or a hash of the bytes.
 //
 // A push to the whole fleet (o.Canary zero) replaces a canary in progress.
 func (f *Fleet) PushConfig(ctx context.Context, data []byte, o PushOptions) (Pushed, error) {
@@ -163,23 +162,11 @@ func (f *Fleet) PushConfig(ctx context.Context, data []byte, o PushOptions) (Pus
 	if len(data) == 0 {
 		return Pushed{}, errors.New("redisfleet: empty configuration")
 	}
-	version := config.Version(data)
-	cfg, err := config.Parse(data, "push", o.Registry)
-	switch {
-	case err == nil:
-		version = cfg.Version
-	case !o.Unchecked:
+	if _, err := config.Parse(data, "push", o.Registry); err != nil && !o.Unchecked {
 		return Pushed{}, err
-	default:
-		// The version field as config reads it, so that the status names
-		// an unchecked push as the file does.
-		var v struct {
-			Version string `yaml:"version"`
-		}
-		if yaml.Unmarshal(data, &v) == nil && v.Version != "" {
-			version = v.Version
-		}
 	}
+	// As the processes name it, also when they refuse it.
+	version := config.VersionOf(data)
 	if err := checkVersion(version); err != nil {
 		return Pushed{}, err
 	}

@@ -877,3 +877,30 @@ func TestPushFleetRate(t *testing.T) {
 		runWithin(t, pods, all(v), start, 10*time.Second)
 	}
 }
+
+// TestRefusalNamedByVersion: a pushed file that declares v7 but does not
+// decode (an unknown field, a value of the wrong type) is refused as v7 in
+// the status and in each process's Snapshot.Config alike.
+func TestRefusalNamedByVersion(t *testing.T) {
+	s := startRedis(t)
+	const prefix = "c8:"
+	pods := []*configPod{followingPod(t, s, prefix, "pod-a", config.Registry{}), followingPod(t, s, prefix, "pod-b", config.Registry{})}
+	followingAll(t, pods)
+	ctl := controller(t, s, prefix)
+	for i, file := range []string{"version: v7\nbogus: 1\n", "version: v7\ndefault: {retry: {maxAttempts: two}}\n"} {
+		r, err := ctl.PushConfig(t.Context(), []byte(file), PushOptions{Unchecked: true})
+		if err != nil || r.Version != "v7" {
+			t.Fatalf("push %d: %+v, %v", i, r, err)
+		}
+		for _, p := range acked(t, ctl, pods, r.Seq).Processes {
+			if p.Refused != "v7" || p.Error == "" {
+				t.Fatalf("push %d: ack %+v, want v7 refused", i, p)
+			}
+		}
+		for _, p := range pods {
+			if c := p.tr.Snapshot().Config; c == nil || c.Rejected == nil || c.Rejected.Version != "v7" {
+				t.Fatalf("push %d: %s's Snapshot().Config = %+v, want v7 refused as the status names it", i, p.id, c)
+			}
+		}
+	}
+}
