@@ -21,9 +21,26 @@ import (
 // code-only values by the name reg holds them under. It fails on a
 // function or interface reg does not name, or names twice for funcs made
 // by one literal, which cannot be told apart. Config.Source is not
-// written. Parse(Marshal(cfg)) is cfg, and Marshal of that is the same
-// bytes.
+// written. Parse(Marshal(cfg)) is cfg, Source aside, and Marshal of that
+// is the same bytes: a Config without a Version comes back with the one
+// Parse gives a file that has none, Version(Marshal(cfg)), and a Version
+// that is the hash of the file written without it is not written, as
+// Parse gives it back from those bytes.
 func Marshal(cfg bulwark.Config, reg Registry) ([]byte, error) {
+	if !strings.HasPrefix(cfg.Version, "sha256:") {
+		return marshal(cfg, reg) // not a hash: written, if set
+	}
+	version := cfg.Version
+	cfg.Version = ""
+	out, err := marshal(cfg, reg)
+	if err != nil || version == Version(out) {
+		return out, err
+	}
+	cfg.Version = version
+	return marshal(cfg, reg)
+}
+
+func marshal(cfg bulwark.Config, reg Registry) ([]byte, error) {
 	e := encoder{reg: reg}
 	n, err := e.node(reflect.ValueOf(cfg), "Config")
 	if err != nil {

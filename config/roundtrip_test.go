@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -218,13 +219,27 @@ func sameConfig(a, b reflect.Value, reg Registry, path string) string {
 // TestRoundTripEveryField is the round-trip property: a Config with every
 // field set, to values drawn at random, is the same after Marshal and
 // decode (Parse without bulwark's validation, which random values fail),
-// and Marshal of that is the same bytes.
+// and Marshal of that is the same bytes. Its Version is drawn too, or
+// none (it comes back as the hash of the file, Version(file)), or that
+// hash of the file written without one (not written, and read back the
+// same).
 func TestRoundTripEveryField(t *testing.T) {
 	reg := fullRegistry()
 	rapid.Check(t, func(rt *rapid.T) {
 		var cfg bulwark.Config
 		draw(rt, reflect.ValueOf(&cfg).Elem(), reg, "Config")
 		cfg.Source = "" // the loader's, not the file's
+		switch rapid.IntRange(0, 2).Draw(rt, "version") {
+		case 1:
+			cfg.Version = ""
+		case 2:
+			cfg.Version = ""
+			plain, err := Marshal(cfg, reg)
+			if err != nil {
+				rt.Fatal(err)
+			}
+			cfg.Version = Version(plain)
+		}
 		file, err := Marshal(cfg, reg)
 		if err != nil {
 			rt.Fatal(err)
@@ -234,7 +249,11 @@ func TestRoundTripEveryField(t *testing.T) {
 			rt.Fatalf("decode(Marshal(cfg)): %v\n%s", err, file)
 		}
 		back.Source = ""
-		if d := sameConfig(reflect.ValueOf(cfg), reflect.ValueOf(back), reg, "Config"); d != "" {
+		want := cfg
+		if want.Version == "" {
+			want.Version = Version(file)
+		}
+		if d := sameConfig(reflect.ValueOf(want), reflect.ValueOf(back), reg, "Config"); d != "" {
 			rt.Fatalf("file → Config differs at %s\n%s", d, file)
 		}
 		again, err := Marshal(back, reg)
@@ -245,6 +264,30 @@ func TestRoundTripEveryField(t *testing.T) {
 			rt.Fatalf("Marshal(decode(file)) is not file:\n%s\n---\n%s", file, again)
 		}
 	})
+}
+
+// TestMarshalVersion: Parse(Marshal(cfg)) is cfg, and Marshal of that the
+// same bytes, whatever cfg's Version: none (Parse gives the file's hash),
+// one of the operator's, and one that looks like a hash but is not this
+// file's.
+func TestMarshalVersion(t *testing.T) {
+	for _, version := range []string{"", "v7", "sha256:0123456789abcdef"} {
+		cfg := bulwark.Config{Version: version, MaxHosts: 3}
+		file, err := Marshal(cfg, Registry{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := Parse(file, "p.yaml", Registry{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := cmp.Or(version, Version(file)); back.Version != want || back.MaxHosts != 3 {
+			t.Errorf("Parse(Marshal(Version %q)) = Version %q, MaxHosts %d; want %q, 3", version, back.Version, back.MaxHosts, want)
+		}
+		if again, err := Marshal(back, Registry{}); err != nil || !bytes.Equal(again, file) {
+			t.Errorf("Marshal(Parse(Marshal(Version %q))) = %q, %v; want %q", version, again, err, file)
+		}
+	}
 }
 
 // TestRoundTripExamples: every example file of the repository parses,
