@@ -59,6 +59,7 @@ var seamRows = []struct {
 	{"timer probe × force open", seamTimerProbeForceOpen},
 	{"timer probe × fleet", seamTimerProbeFleet},
 	{"fleet close × other pod, generation, longer hold", seamFleetCloseOther},
+	{"fleet quota × Update, Validate", seamFleetRateUpdate},
 }
 
 func TestSeams(t *testing.T) {
@@ -1153,5 +1154,52 @@ func seamFleetCloseOther(t *testing.T) {
 	sinkB.Apply(bulwark.FleetUpdate{Kind: bulwark.FleetBreakerClosed, Host: "api.test:80", From: "pod-c", Generation: 1, Until: time.Now().Add(5 * time.Second)})
 	if code, err := seamSend(t, b, "GET", "http://api.test/x"); code != 200 || ok.sent() != 1 {
 		t.Fatalf("pod B after pod C's close: %d, %v, %d sent; want its hold ended and the call sent", code, err, ok.sent())
+	}
+}
+
+// seamLeaser is a seamFleet that leases quota, granting what is asked.
+type seamLeaser struct{ seamFleet }
+
+func (*seamLeaser) Lease(_ context.Context, r bulwark.LeaseRequest) (bulwark.LeaseGrant, error) {
+	return bulwark.LeaseGrant{Tokens: r.Want, Pods: 1}, nil
+}
+
+// Bulkhead.FleetRate needs a Fleet that leases quota, and which one is
+// the running Transport's: Update accepts it on a Transport whose Fleet
+// leases, though the Config passed names no Fleet (New's, which Update
+// ignores), and refuses it, changing nothing, on one without. Validate
+// checks a Config as New would, against the Config's own Fleet.
+func seamFleetRateUpdate(t *testing.T) {
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) { return seamAnswer(req, 0, 200) }}
+	rated := bulwark.Config{Base: base, Upstreams: map[string]bulwark.Policy{"api.test": {Bulkhead: bulwark.Bulkhead{FleetRate: 100}}}}
+	if err := rated.Validate(); !errors.Is(err, bulwark.ErrInvalidConfig) || !strings.Contains(err.Error(), "FleetLeaser") {
+		t.Fatalf("Validate of a FleetRate with no Fleet = %v, want New's refusal", err)
+	}
+	hub := &seamHub{sinks: map[*seamFleet]*bulwark.FleetSink{}}
+	withFleet := rated
+	withFleet.Fleet = &seamLeaser{seamFleet{hub: hub}}
+	if err := withFleet.Validate(); err != nil {
+		t.Fatalf("Validate of a FleetRate with a leasing Fleet = %v", err)
+	}
+
+	leasing := seamNew(t, bulwark.Config{Base: base, Fleet: &seamLeaser{seamFleet{hub: hub}}})
+	plain := seamNew(t, bulwark.Config{Base: base, Version: "v1"})
+	synctest.Wait()
+	rated.Version = "rated"
+	if err := leasing.Update(rated); err != nil {
+		t.Fatalf("Update(FleetRate) on a Transport whose Fleet leases = %v", err)
+	}
+	if code, err := seamSend(t, leasing, "GET", "http://api.test/"); code != 200 {
+		t.Fatalf("a call under the leased quota: %d, %v", code, err)
+	}
+	err := plain.Update(rated)
+	if !errors.Is(err, bulwark.ErrInvalidConfig) || !strings.Contains(err.Error(), "FleetLeaser") {
+		t.Fatalf("Update(FleetRate) on a Transport with no Fleet = %v, want a ConfigError", err)
+	}
+	if c := plain.Snapshot().Config; c.Version != "v1" || c.Rejected == nil || c.Rejected.Version != "rated" {
+		t.Fatalf("Snapshot().Config after the refused Update = %+v, want v1 in force and rated refused", c)
+	}
+	if code, err := seamSend(t, plain, "GET", "http://api.test/"); code != 200 {
+		t.Fatalf("a call after the refused Update: %d, %v", code, err)
 	}
 }
