@@ -156,13 +156,10 @@ default:
   breaker: {failureRate: 0.3, minCalls: 10, windowCalls: 40}
 `
 
-// TestConfigPush: a push reaches every process within a second, each
-// records in Redis what it runs, and a breaker's window survives a change
-// of threshold; a canary reaches the processes InCanary names and no
-// other; promotion and rollback move the fleet as documented.
-func TestConfigPush(t *testing.T) {
-	s := startRedis(t)
-	const prefix = "c1:"
+// halfInCanary starts four following pods, and says which are in a canary
+// of 50 % (by their IDs, some and not all).
+func halfInCanary(t *testing.T, s *redisServer, prefix string) ([]*configPod, map[string]bool) {
+	t.Helper()
 	ids := []string{"pod-a", "pod-b", "pod-c", "pod-d"}
 	var pods []*configPod
 	in := map[string]bool{}
@@ -173,6 +170,17 @@ func TestConfigPush(t *testing.T) {
 	if n := len(slicesFilter(ids, func(id string) bool { return in[id] })); n == 0 || n == len(ids) {
 		t.Fatalf("the pods' IDs put %d of %d in a canary of 50%%: pick IDs that split", n, len(ids))
 	}
+	return pods, in
+}
+
+// TestConfigPush: a push reaches every process within a second, each
+// records in Redis what it runs, and a breaker's window survives a change
+// of threshold; a canary reaches the processes InCanary names and no
+// other; promotion and rollback move the fleet as documented.
+func TestConfigPush(t *testing.T) {
+	s := startRedis(t)
+	const prefix = "c1:"
+	pods, in := halfInCanary(t, s, prefix)
 	followingAll(t, pods)
 	ctl := controller(t, s, prefix)
 	ctx := t.Context()
@@ -802,13 +810,7 @@ func seamCanaryShareStore(t *testing.T) {
 func seamRollbackFirstCanary(t *testing.T) {
 	s := startRedis(t)
 	const prefix = "c6:"
-	ids := []string{"pod-a", "pod-b", "pod-c", "pod-d"}
-	var pods []*configPod
-	in := map[string]bool{}
-	for _, id := range ids {
-		pods = append(pods, followingPod(t, s, prefix, id, config.Registry{}))
-		in[id] = InCanary(id, 0.5)
-	}
+	pods, in := halfInCanary(t, s, prefix)
 	followingAll(t, pods)
 	ctl := controller(t, s, prefix)
 	ctx := t.Context()
