@@ -78,7 +78,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	sub := flag.NewFlagSet("bulwarkctl "+cmd, flag.ContinueOnError)
 	sub.SetOutput(stderr)
 	var canary percent
-	sub.Var(&canary, "canary", "push: the percentage of the processes that get it first, with its sign: 10% for a tenth (not 0.1, nor 10); without it, every process")
+	sub.Var(&canary, "canary", "push: the share of the processes that get it first, a percentage `N%` with its sign: 10% for a tenth (not 0.1, nor 10); without it, every process")
 	unchecked := sub.Bool("unchecked", false, "push: skip the local check (a file naming the programs' functions)")
 	wait := sub.Duration("wait", 0, "push, promote, rollback: wait this long for every process's ack, then show the status")
 	if err := sub.Parse(rest); err != nil {
