@@ -417,7 +417,7 @@ func TestRetryBackoffJitter(t *testing.T) {
 			r := layerOf[*retryStage](t, tr, "http://api.test/")
 			prev := base
 			for n, want := range tt.want {
-				if got := r.backoffWait(n, nil, &prev); got != want {
+				if got := r.backoffWait(n, nil, &prev, math.MaxInt64); got != want {
 					t.Errorf("backoffWait(%d) = %v, want %v", n, got, want)
 				}
 			}
@@ -427,8 +427,38 @@ func TestRetryBackoffJitter(t *testing.T) {
 	tr := mustNew(t, Config{Base: &stubBase{}, Default: only(Policy{Retry: Retry{Base: time.Hour, Cap: 2 * time.Hour, Jitter: JitterNone}}, "retry")})
 	r := layerOf[*retryStage](t, tr, "http://api.test/")
 	prev := r.base
-	if got := r.backoffWait(9, nil, &prev); got != 2*time.Hour {
+	if got := r.backoffWait(9, nil, &prev, math.MaxInt64); got != 2*time.Hour {
 		t.Errorf("backoffWait with a huge base = %v, want the cap", got)
+	}
+}
+
+// TestRetryBackoffRoom: the jitter draws the first retry's wait (Base 100
+// ms) from the part of its range that fits the room before the deadline;
+// a range wholly above the room is drawn as ever (decide finds it late).
+func TestRetryBackoffRoom(t *testing.T) {
+	const base, cap = 100 * time.Millisecond, time.Second
+	for _, tc := range []struct {
+		jitter Jitter
+		room   time.Duration
+		want   time.Duration // at the top of the range drawn from
+	}{
+		{JitterFull, 30 * time.Millisecond, 30 * time.Millisecond},
+		{JitterFull, 0, 0},
+		{JitterFull, -time.Millisecond, 100 * time.Millisecond}, // nothing fits: drawn as ever, late
+		{JitterFull, time.Second, 100 * time.Millisecond},
+		{JitterEqual, 70 * time.Millisecond, 70 * time.Millisecond},
+		{JitterEqual, 30 * time.Millisecond, 100 * time.Millisecond}, // below its half: late
+		{JitterDecorrelated, 150 * time.Millisecond, 150 * time.Millisecond},
+		{JitterDecorrelated, 50 * time.Millisecond, 300 * time.Millisecond}, // below Base: late
+		{JitterNone, 30 * time.Millisecond, 100 * time.Millisecond},
+	} {
+		tr := mustNew(t, Config{Base: &stubBase{}, Default: only(Policy{Retry: Retry{Base: base, Cap: cap, Jitter: tc.jitter}}, "retry")})
+		tr.randN = func(n int64) int64 { return n - 1 }
+		r := layerOf[*retryStage](t, tr, "http://api.test/")
+		prev := base
+		if got := r.backoffWait(0, nil, &prev, tc.room); got != tc.want {
+			t.Errorf("%v: backoffWait(0) with %v of room = %v, want %v", tc.jitter, tc.room, got, tc.want)
+		}
 	}
 }
 
