@@ -501,7 +501,7 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 			// Retried here and still failed, or due for a retry the
 			// deadline left no room for: the layer above should not try
 			// again (CallRecord).
-			noteBelow(ctx, noteRetried)
+			c.noteBelow(ctx, noteRetried)
 		}
 		if d.v != retryAgain && d.err != nil {
 			// The call ends after an attempt the user's CheckRetry
@@ -514,7 +514,7 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 		case budgetSpent:
 			r.budget.refused.Add(1)
 			r.e.rep.rejected(ctx, layerBudget)
-			noteBelow(ctx, noteRefused)
+			c.noteBelow(ctx, noteRefused)
 			return r.finish(attempt, resp, err, true)
 		case giveUp:
 			return r.finish(attempt, resp, err, false)

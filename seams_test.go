@@ -54,6 +54,7 @@ var seamRows = []struct {
 	{"breaker history × Update", seamBreakerHistoryUpdate},
 	{"short attempt × retry", seamShortAttemptRetry},
 	{"pass-up × fallback", seamPassUpFallback},
+	{"fallback × call record", seamFallbackRecord},
 	{"pass-up × hedge", seamPassUpHedge},
 	{"pass-up × route classifier", seamPassUpRoute},
 	{"timer probe × force open", seamTimerProbeForceOpen},
@@ -938,6 +939,58 @@ func seamPassUpFallback(t *testing.T) {
 	h := seamHost(t, tr, "api.test:80")
 	if base.sent() != 10 || h.Breaker.State != bulwark.CircuitClosed || h.Breaker.Failures != 0 || h.PassedUp != 10 {
 		t.Fatalf("sent %d, breaker %+v, passed up %d; want 10 sent once each, the breaker closed and empty, 10 passed up", base.sent(), h.Breaker, h.PassedUp)
+	}
+}
+
+// A failure a fallback answered is not the service's failure from below:
+// a call made with a CallRecord's context (as a service's handler makes
+// it under the server half), retried and still failed, then answered by
+// the fallback (a constant, or the stale copy of an earlier success),
+// notes nothing in the record, so the service's own failure after it is
+// not passed up; with no fallback, one that has nothing (an empty stale
+// cache), or one that answers a failure, the call notes it. Every call
+// is sent 3 times: the fallback sees only the final outcome.
+func seamFallbackRecord(t *testing.T) {
+	const get = "http://tax.test/rate"
+	for _, tc := range []struct {
+		name   string
+		fb     bulwark.Fallback
+		warmed bool // an earlier success, which a stale cache keeps
+		want   bool
+	}{
+		{"constant 200", bulwark.Fallback{Constant: &bulwark.ConstantResponse{StatusCode: 200}}, false, false},
+		{"stale copy", bulwark.Fallback{Stale: bulwark.StaleCache{MaxAge: time.Minute}}, true, false},
+		{"empty stale cache", bulwark.Fallback{Stale: bulwark.StaleCache{MaxAge: time.Minute}}, false, true},
+		{"constant 503", bulwark.Fallback{Constant: &bulwark.ConstantResponse{StatusCode: 503}}, false, true},
+		{"none", bulwark.Fallback{}, false, true},
+	} {
+		var warmed atomic.Bool
+		base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) {
+			if !warmed.Load() {
+				return seamAnswer(req, 0, 200)
+			}
+			return seamAnswer(req, 0, 503)
+		}}
+		tr := seamNew(t, bulwark.Config{Base: base, Default: bulwark.Policy{Fallback: tc.fb}})
+		if tc.warmed {
+			if code, err := seamSend(t, tr, "GET", get); code != 200 {
+				t.Fatalf("%s: the warming call got %d, %v", tc.name, code, err)
+			}
+		}
+		warmed.Store(true)
+		before := base.sent()
+		var rec bulwark.CallRecord
+		req, err := http.NewRequestWithContext(rec.Attach(t.Context()), "GET", get, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp, err := tr.RoundTrip(req); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		if got, sent := rec.FailedBelow(), base.sent()-before; got != tc.want || sent != bulwark.DefaultMaxAttempts {
+			t.Errorf("%s: noted %v after %d attempts; want %v after %d", tc.name, got, sent, tc.want, bulwark.DefaultMaxAttempts)
+		}
 	}
 }
 

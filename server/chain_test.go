@@ -74,7 +74,8 @@ const (
 // call below returned resp (the service's own failure, say), reporting
 // whether it did. Every service is wrapped in DeadlineHandler. policy(i)
 // is the policy of the client that calls service i (1: the top's). It
-// returns the top's client, and every client, the top's last.
+// returns the top's client, and every client by the service it calls:
+// clients[i-1] calls service i.
 func buildChain(t *testing.T, n int, policy func(i int) bulwark.Policy, bottom http.Handler,
 	own func(tier int, w http.ResponseWriter, resp *http.Response) bool) (*bulwark.Transport, []*bulwark.Transport) {
 	t.Helper()
@@ -86,10 +87,10 @@ func buildChain(t *testing.T, n int, policy func(i int) bulwark.Policy, bottom h
 		return tr
 	}
 	next := bottom
-	var clients []*bulwark.Transport
+	clients := make([]*bulwark.Transport, n)
 	for i := n - 1; i >= 1; i-- {
 		tr, url := newClient(i+1, next), fmt.Sprintf("http://tier%d.test/", i+1)
-		clients = append(clients, tr)
+		clients[i] = tr
 		next = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			time.Sleep(chainHop)
 			req, _ := http.NewRequestWithContext(r.Context(), http.MethodGet, url, nil)
@@ -110,8 +111,8 @@ func buildChain(t *testing.T, n int, policy func(i int) bulwark.Policy, bottom h
 			io.WriteString(w, "ok")
 		})
 	}
-	top := newClient(1, next)
-	return top, append(clients, top)
+	clients[0] = newClient(1, next)
+	return clients[0], clients
 }
 
 // runChain runs a chain of n tiers in a synctest bubble: a caller at the
@@ -342,6 +343,88 @@ func TestChainAbsorbsTransient(t *testing.T) {
 				if absorbed < trials*99/100 {
 					t.Errorf("absorbed %d of %d transient failures, want ≥ 99 %%", absorbed, trials)
 				}
+			})
+		}
+	}
+}
+
+// TestChainFallbackBelow: a failure a fallback answered is not the
+// service's failure from below. In chains of 2, 3 and 5 services whose
+// bottom fails every request, the client that calls service k+1 has a
+// fallback, which answers for it; then service k fails on its own, once,
+// with a 500. That 500 is not marked as passed up: the client above
+// retries it (the retry gets the fallback's answer and the top gets 200)
+// and counts it against service k in its breaker (no answer from k is
+// passed up). Ten
+// calls that the fallback serves separate two trials, so the retry
+// throttle has its tokens back.
+func TestChainFallbackBelow(t *testing.T) {
+	const trials, between = 20, 10
+	for _, n := range []int{2, 3, 5} {
+		for k := 1; k < n; k++ {
+			t.Run(fmt.Sprintf("N=%d/fallback below service %d", n, k), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					bottom := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+						time.Sleep(chainWork)
+						w.WriteHeader(http.StatusServiceUnavailable)
+					})
+					policy := func(i int) bulwark.Policy {
+						switch i {
+						case k + 1:
+							return bulwark.Policy{Fallback: bulwark.Fallback{Constant: &bulwark.ConstantResponse{StatusCode: 200, Body: []byte("stale")}}}
+						case k:
+							// A window that holds the whole test, so that
+							// its failures are service k's 500s, each one.
+							return bulwark.Policy{Breaker: bulwark.Breaker{Window: time.Minute}}
+						}
+						return bulwark.Policy{}
+					}
+					var fail atomic.Bool
+					var failed atomic.Int64
+					own := func(tier int, w http.ResponseWriter, resp *http.Response) bool {
+						if tier == k && resp.Header.Get(bulwark.FallbackHeader) != "" && fail.CompareAndSwap(true, false) {
+							failed.Add(1)
+							w.WriteHeader(http.StatusInternalServerError)
+							return true
+						}
+						return false
+					}
+					top, clients := buildChain(t, n, policy, bottom, own)
+					call := func() int {
+						req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://tier1.test/", nil)
+						resp, err := top.RoundTrip(req)
+						if err != nil {
+							return 0
+						}
+						io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+						return resp.StatusCode
+					}
+					ok := 0
+					for trial := range trials {
+						for range between {
+							if code := call(); code != 200 {
+								t.Fatalf("trial %d: a call the fallback serves got %d", trial, code)
+							}
+						}
+						fail.Store(true)
+						if code := call(); code == 200 {
+							ok++
+						}
+						if fail.Load() {
+							t.Fatalf("trial %d: service %d's own failure was not met", trial, k)
+						}
+					}
+					h := clients[k-1].Snapshot().Hosts[0]
+					t.Logf("N=%d, fallback below service %d: %d of %d trials answered 200; the client calling it saw %d answers passed up, its breaker %d failures, its budget %d retries",
+						n, k, ok, trials, h.PassedUp, h.Breaker.Failures, h.Budget.Retries)
+					if ok != trials || failed.Load() != trials {
+						t.Errorf("%d of %d trials answered 200 (%d own failures); want every one retried above and answered", ok, trials, failed.Load())
+					}
+					if h.PassedUp != 0 || h.Breaker.Failures != trials {
+						t.Errorf("service %d's own 500s: %d passed up from below, %d failures in its caller's breaker; want 0 and %d", k, h.PassedUp, h.Breaker.Failures, trials)
+					}
+				})
 			})
 		}
 	}
