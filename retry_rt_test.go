@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"pgregory.net/rapid"
 	"reflect"
 	"strings"
 	"sync"
@@ -460,6 +461,56 @@ func TestRetryBackoffRoom(t *testing.T) {
 			t.Errorf("%v: backoffWait(0) with %v of room = %v, want %v", tc.jitter, tc.room, got, tc.want)
 		}
 	}
+}
+
+// TestRetryBackoffRoomProperty: over random policies, retry numbers,
+// rooms and random draws, a retry's wait (1) stays within its jitter's
+// range; (2) fits the room whenever some of the range does; (3) is what
+// it would have been without a deadline whenever the whole range fits,
+// the same draws given.
+func TestRetryBackoffRoomProperty(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		jitter := Jitter(rapid.IntRange(1, 4).Draw(rt, "jitter"))
+		base := time.Duration(rapid.Int64Range(1, int64(time.Second)).Draw(rt, "base"))
+		cap := base + time.Duration(rapid.Int64Range(0, int64(10*time.Second)).Draw(rt, "capOver"))
+		n := rapid.IntRange(0, 12).Draw(rt, "retry")
+		prev := base + time.Duration(rapid.Int64Range(0, int64(cap-base)).Draw(rt, "prevOver"))
+		room := time.Duration(rapid.Int64Range(-int64(time.Second), int64(20*time.Second)).Draw(rt, "room"))
+		picks := rapid.SliceOfN(rapid.Float64Range(0, 1), 1, 1).Draw(rt, "pick")
+		tr, err := New(Config{Base: &stubBase{}, Default: only(Policy{Retry: Retry{Base: base, Cap: cap, Jitter: jitter}}, "retry")})
+		if err != nil {
+			rt.Fatal(err)
+		}
+		tr.randN = func(k int64) int64 { return min(int64(picks[0]*float64(k)), k-1) }
+		r := layerOf[*retryStage](t, tr, "http://api.test/")
+		// The jitter's range, as its documentation gives it.
+		exp := min(cap, base<<min(n, 40))
+		if n > 40 || base > cap>>min(n, 62) {
+			exp = cap
+		}
+		lo, hi := time.Duration(0), exp
+		switch jitter {
+		case JitterEqual:
+			lo = exp / 2
+			hi = 2 * lo
+		case JitterDecorrelated:
+			lo, hi = base, min(cap, 3*prev)
+		case JitterNone:
+			lo = exp
+		}
+		p1, p2 := prev, prev
+		got := r.backoffWait(n, nil, &p1, room)
+		free := r.backoffWait(n, nil, &p2, math.MaxInt64)
+		if got < lo || got > hi {
+			rt.Fatalf("%v retry %d: wait %v outside [%v, %v]", jitter, n, got, lo, hi)
+		}
+		if room >= lo && got > room {
+			rt.Fatalf("%v retry %d: wait %v past the room %v, though [%v, %v] reaches into it", jitter, n, got, room, lo, hi)
+		}
+		if (room >= hi || room < lo) && got != free {
+			rt.Fatalf("%v retry %d: wait %v with a room of %v, %v without; want the same", jitter, n, got, room, free)
+		}
+	})
 }
 
 func TestRetryConfig(t *testing.T) {
