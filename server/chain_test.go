@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -249,12 +250,14 @@ func TestChainFailsAndRecoversAsOne(t *testing.T) {
 }
 
 // chainTransients runs trials of a single transient failure at the bottom
-// of a chain of n services (buildChain, package defaults at every client):
+// of a chain of n services (buildChain, package defaults at every client),
+// whose bottom takes 2.5 to 7.5 ms to answer:
 // the bottom answers one request 503, then the next top call goes down
 // the chain, and the trial counts as absorbed when the top gets 200. Warm,
 // the chain first serves 300 calls, so every client has learned its host's
 // latency (and the top sends down the learned bound, not the static 10 s),
-// and 10 healthy calls separate two trials; cold, every trial gets a new
+// and 5 healthy calls separate two trials (giving back the retry
+// throttle's token the failure took); cold, every trial gets a new
 // chain that has served 5 calls. It returns the trials absorbed and the
 // time the bottom had left, by its context, on the failed request.
 func chainTransients(t *testing.T, n, trials int, warm bool) (absorbed int, left []time.Duration) {
@@ -262,7 +265,7 @@ func chainTransients(t *testing.T, n, trials int, warm bool) (absorbed int, left
 		var fail atomic.Bool
 		var mu sync.Mutex
 		bottom := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			time.Sleep(chainWork)
+			time.Sleep(chainWork/2 + rand.N(chainWork)) // 2.5 to 7.5 ms
 			if fail.CompareAndSwap(true, false) {
 				if dl, ok := r.Context().Deadline(); ok {
 					mu.Lock()
@@ -289,11 +292,10 @@ func chainTransients(t *testing.T, n, trials int, warm bool) (absorbed int, left
 		defaults := func(int) bulwark.Policy { return bulwark.Policy{} }
 		var top *bulwark.Transport
 		for trial := range trials {
-			between := 10
+			between := 5 // the retry throttle's token back
 			switch {
 			case !warm:
 				top, _ = buildChain(t, n, defaults, bottom, nil)
-				between = 5
 			case trial == 0:
 				top, _ = buildChain(t, n, defaults, bottom, nil)
 				between = 300
@@ -339,7 +341,7 @@ func TestChainAbsorbsTransient(t *testing.T) {
 					}
 					most = max(most, l)
 				}
-				t.Logf("%s: absorbed %d of %d; the bottom had %v to %v left on the failed request", name, absorbed, trials, least, most)
+				t.Logf("%s: absorbed %d of %d; the bottom had %v to %v left on the failed request", name, absorbed, trials, least.Round(time.Millisecond), most.Round(time.Millisecond))
 				if absorbed < trials*99/100 {
 					t.Errorf("absorbed %d of %d transient failures, want ≥ 99 %%", absorbed, trials)
 				}
