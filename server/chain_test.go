@@ -212,7 +212,12 @@ func runChain(t *testing.T, n int, p bulwark.Policy, warm time.Duration) chainFi
 // follow it) and cold (after 0.5 s, 100 calls, before anything is
 // learned): the bottom's load during the blip at most 1.3 × what the top
 // offered; at least 99 % of top calls answered from 1.5 s after the blip
-// ends, and 95 % over the 4 s after it.
+// ends, and 93 % over the 4 s after it. The calls lost after the blip are
+// the ones the bottom's caller refuses until its breaker's next probe
+// finds the bottom answering again: at most a spacing of the open time in
+// force ÷ HalfOpenCalls, 100 to 200 ms of calls (20 to 40, 2.5 to 5 %)
+// after a blip that tripped it once or twice. Measured, 95.2 to 100 %
+// (20 runs of each); the bound leaves the spacing's tail its margin.
 func TestChainFailsAndRecoversAsOne(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -240,13 +245,28 @@ func TestChainFailsAndRecoversAsOne(t *testing.T) {
 					if s := f.lateShare(); s < 0.99 {
 						t.Errorf("answered from 1.5 s after the blip %.1f %%, want ≥ 99 %%", 100*s)
 					}
-					if s := f.afterShare(); s < 0.95 {
-						t.Errorf("answered over the 4 s after the blip %.1f %%, want ≥ 95 %%", 100*s)
+					if s := f.afterShare(); s < 0.93 {
+						t.Errorf("answered over the 4 s after the blip %.1f %%, want ≥ 93 %%", 100*s)
 					}
 				})
 			}
 		}
 	}
+}
+
+// chainCall is one call of the top's caller, with its patience: the
+// status, or 0 after an error.
+func chainCall(top *bulwark.Transport) int {
+	ctx, cancel := context.WithTimeout(context.Background(), chainPatient)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://tier1.test/", nil)
+	resp, err := top.RoundTrip(req)
+	if err != nil {
+		return 0
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
 }
 
 // chainTransients runs trials of a single transient failure at the bottom
@@ -277,18 +297,7 @@ func chainTransients(t *testing.T, n, trials int, warm bool) (absorbed int, left
 			}
 			io.WriteString(w, "ok")
 		})
-		call := func(top *bulwark.Transport) bool {
-			ctx, cancel := context.WithTimeout(context.Background(), chainPatient)
-			defer cancel()
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://tier1.test/", nil)
-			resp, err := top.RoundTrip(req)
-			if err != nil {
-				return false
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK
-		}
+		call := func(top *bulwark.Transport) bool { return chainCall(top) == http.StatusOK }
 		defaults := func(int) bulwark.Policy { return bulwark.Policy{} }
 		var top *bulwark.Transport
 		for trial := range trials {
@@ -392,16 +401,7 @@ func TestChainFallbackBelow(t *testing.T) {
 						return false
 					}
 					top, clients := buildChain(t, n, policy, bottom, own)
-					call := func() int {
-						req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://tier1.test/", nil)
-						resp, err := top.RoundTrip(req)
-						if err != nil {
-							return 0
-						}
-						io.Copy(io.Discard, resp.Body)
-						resp.Body.Close()
-						return resp.StatusCode
-					}
+					call := func() int { return chainCall(top) }
 					ok := 0
 					for trial := range trials {
 						for range between {
