@@ -47,9 +47,10 @@ const (
 //	Decorrelated:  min(Cap, random(Base, 3 × previous wait)), the first previous wait being Base
 //	None:          exp
 //
-// A retry must leave the host's recent median latency to answer in before
-// the call's deadline. When the deadline leaves room for only part of the
-// range, the wait is drawn from that part (Full: random(0, room)), so a
+// A retry must leave the host's recent median latency (at least 10 ms) to
+// answer in before the call's deadline. When the deadline leaves room for
+// only part of the range, the wait is drawn from that part, less 5 ms kept
+// for a timer that fires late (Full: random(0, room)), so a
 // deadline handed down from a caller that learned its host's latency
 // shortens a retry's wait instead of skipping it; a range wholly beyond
 // the room (None's, Equal's above its half, Decorrelated's above Base) is
@@ -689,6 +690,13 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 		room := time.Duration(math.MaxInt64)
 		if hasDL {
 			room = dl.Sub(now) - r.sendTime()
+			if room >= 0 {
+				// A timer that fires a little late, as on a loaded
+				// machine, must not leave the retry less than it needs
+				// (ErrDeadlineTooShort refuses it below minSendTime):
+				// the draw keeps a margin, down to a wait of none.
+				room = max(room-retryFitMargin, 0)
+			}
 		}
 		d.wait = r.backoffWait(attempt-1, resp, prevWait, room)
 		if connRefused(err) {
@@ -792,6 +800,14 @@ func (r *retryStage) backoffWait(n int, resp *http.Response, prevWait *time.Dura
 		return draw(0, max(exp, 0))
 	}
 }
+
+// retryFitMargin is kept between a retry's wait, drawn to fit before the
+// deadline, and the latest wait that would fit: a wait that ends on the
+// edge leaves the retry no room for a timer that fires late. Measured on
+// sockets with a loaded machine (two cores shared by several test runs),
+// a draw with no margin left 1 to 5 retries in 100 under minSendTime when
+// sent (ErrDeadlineTooShort).
+const retryFitMargin = 5 * time.Millisecond
 
 // refusedWait is the most a retry waits after a refused connection.
 const refusedWait = 10 * time.Millisecond
