@@ -43,6 +43,7 @@ var seamRows = []struct {
 	{"pushback × hedge", seamPushbackHedge},
 	{"bulkhead × balancer", seamBulkheadBalancer},
 	{"deadline × retry", seamDeadlineRetry},
+	{"deadline handed down × retry backoff", seamHandedDownBackoff},
 	{"local error × breaker, budget", seamLocalErrorBreaker},
 	{"force open × route", seamForceOpenRoute},
 	{"prepare retry × hedge", seamPrepareRetryHedge},
@@ -671,6 +672,53 @@ func seamDeadlineRetry(t *testing.T) {
 	}
 	if d := time.Since(start); d != 900*time.Millisecond {
 		t.Errorf("returned after %v, want 900ms (two attempts and one wait)", d)
+	}
+}
+
+// A deadline handed down from a caller that learned its own host (45 ms,
+// as server.DeadlineHandler makes it of Bulwark-Timeout-Ms: 45) leaves a
+// fast host's caller less than the 100 ms Base: the retry's wait is drawn
+// within the room, so each of 50 calls whose first attempt fails is
+// retried and answered (a draw over the whole range skipped about two in
+// three as late), and every retry leaves the host its median to answer.
+func seamHandedDownBackoff(t *testing.T) {
+	var failNext atomic.Bool
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) {
+		if failNext.CompareAndSwap(true, false) {
+			return seamAnswer(req, 5*time.Millisecond, 503)
+		}
+		return seamAnswer(req, 5*time.Millisecond, 200)
+	}}
+	tr := seamNew(t, bulwark.Config{Base: base})
+	call := func(d time.Duration) (int, error) {
+		ctx, cancel := context.WithTimeout(t.Context(), d)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://tax.test/rate", nil)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			return 0, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	for range 250 { // learned: the host's median is 5 ms
+		call(time.Second)
+	}
+	for i := range 50 {
+		for range 5 { // the retry throttle's token back
+			call(time.Second)
+		}
+		failNext.Store(true)
+		before := base.sent()
+		start := time.Now()
+		code, err := call(45 * time.Millisecond)
+		if code != 200 || base.sent()-before != 2 {
+			t.Fatalf("call %d: %d, %v after %d attempts; want the retry's 200", i, code, err, base.sent()-before)
+		}
+		if d := time.Since(start); d > 45*time.Millisecond-5*time.Millisecond {
+			t.Fatalf("call %d answered after %v: the retry left the host less than its median", i, d)
+		}
 	}
 }
 
