@@ -35,7 +35,10 @@ const (
 //
 // The fallbacks are tried in order, Stale, Func, Constant; the first that
 // has an answer gives it, and when none has, the caller gets the original
-// outcome untouched. Every answer carries the FallbackHeader.
+// outcome untouched. Every answer carries the FallbackHeader. In a service
+// under the server half, a failure it answered (with a status other than
+// a 5xx or 429) is not noted in the request's CallRecord: the service's
+// own failure after it is not passed up as one from below.
 //
 // A fallback never makes a network call of its own. A fallback must be
 // cheaper and more reliable than what it replaces: a second network call is a second dependency, untested, with
@@ -256,7 +259,27 @@ func newFallback(next stage, p Fallback, e env) *fallbackStage {
 }
 
 func (f *fallbackStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+	// The notes for the incoming request's CallRecord (retried and still
+	// failed, refused by the budget) wait for the outcome: a failure this
+	// layer answers for is not passed up as one from below.
+	held := heldNotesPool.Get().(*heldNotes)
+	c.below = held
 	resp, err := f.next.roundTrip(req, c)
+	notes := held.what
+	held.what = 0
+	heldNotesPool.Put(held)
+	fb, ferr := f.final(req, c, resp, err)
+	if notes != 0 && (ferr != nil || fb.StatusCode >= 500 || fb.StatusCode == http.StatusTooManyRequests) {
+		// The call failed all the same, as the record counts a failure
+		// (Transport.RoundTrip notes by the same statuses).
+		noteBelow(req.Context(), notes)
+	}
+	return fb, ferr
+}
+
+// final is the call's outcome: the host's, or the fallbacks' answer for a
+// failure.
+func (f *fallbackStage) final(req *http.Request, c call, resp *http.Response, err error) (*http.Response, error) {
 	j := c.judge(resp, err)
 	if !j.failed() || req.Context().Err() != nil {
 		// Served, what the classifier ignores (by default a wrong

@@ -46,16 +46,20 @@ const NoRetryHeader = "Bulwark-No-Retry"
 // The rules of the chain, for a request that reaches a service with the
 // server half and makes bulwark calls with its context:
 //   - Which outcomes below mark the answer: a call that was retried and
-//     still failed; one refused locally (breaker open, bulkhead full,
-//     pushback pause, client-side throttle, retry budget spent); one whose
-//     last answer carried NoRetryHeader (a shed, a pass-up from further
-//     down) or an interop don't-retry signal (x-envoy-overloaded, a
-//     negative grpc-retry-pushback-ms). Not a call that failed once
+//     still failed, or was due for a retry that no wait its backoff allows
+//     fit before its deadline; one refused locally (breaker open, bulkhead
+//     full, pushback pause, client-side throttle, retry budget spent); one
+//     whose last answer carried NoRetryHeader (a shed, a pass-up from
+//     further down) or an interop don't-retry signal (x-envoy-overloaded,
+//     a negative grpc-retry-pushback-ms). Not a call that failed once
 //     without being retried because its request may not be sent twice, or
-//     retries are off, or its deadline left no room: no layer below tried
-//     again, so the layer above may. The mark goes only on the service's
-//     own 5xx or 429 answer, and never replaces a NoRetryHeader the
-//     handler set.
+//     retries are off: no layer below tried again, so the layer above may.
+//     The mark goes only on the service's own 5xx or 429 answer, and never
+//     replaces a NoRetryHeader the handler set.
+//   - Fallbacks: a call whose failure its Fallback answered (with a status
+//     other than a 5xx or 429) notes nothing: the service went on with
+//     that answer, and a failure of its own after it is its own, which the
+//     layer above retries and counts.
 //   - A request that is itself a retry (Bulwark-Attempt ≥ 2) is served as
 //     any other: its calls below may retry. Marks make that rare: the layer
 //     above retries only answers that were not passed up (this service's

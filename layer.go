@@ -64,6 +64,30 @@ type call struct {
 	// call from there, since a wait in bulwark's own queue says nothing of
 	// the host.
 	sendAt *sendClock
+	// below, when not nil, holds the notes the retry layer makes for the
+	// incoming request's CallRecord until the fallback layer above knows
+	// whether it answered for the call: a failure a fallback answered is
+	// not the service's failure from below (see noteBelow).
+	below *heldNotes
+}
+
+// heldNotes is one call's notes for a CallRecord, held by the fallback
+// layer; it takes one from heldNotesPool for each call and puts it back
+// when the call returns. Only the call's own goroutine writes it (the
+// retry loop), so it needs no atomic.
+type heldNotes struct{ what uint32 }
+
+var heldNotesPool = sync.Pool{New: func() any { return new(heldNotes) }}
+
+// noteBelow notes what, a failure the tier below dealt with, for the
+// incoming request's CallRecord that ctx carries: held for the fallback
+// layer when the call has one, at once otherwise.
+func (c call) noteBelow(ctx context.Context, what uint32) {
+	if c.below != nil {
+		c.below.what |= what
+		return
+	}
+	noteBelow(ctx, what)
 }
 
 // sendClock is one attempt's send time, as call.sendAt carries it. The

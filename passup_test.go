@@ -74,6 +74,13 @@ func TestCallRecordNotes(t *testing.T) {
 		{"x-envoy-overloaded", noRetries, 503, http.Header{"X-Envoy-Overloaded": {"true"}}, "GET", true},
 		{"a negative gRPC pushback", noRetries, 503, http.Header{"Grpc-Retry-Pushback-Ms": {"-1"}}, "GET", true},
 		{"a don't-retry header on a success", Policy{}, 200, http.Header{NoRetryHeader: {"1"}}, "GET", false},
+		// A failure a fallback answered is not the service's failure from
+		// below; one it answered with a failure, or had no answer for, is.
+		{"retried and still failed, a fallback answered", withFallback(200), 503, nil, "GET", false},
+		{"retried, a fallback answered 503", withFallback(503), 503, nil, "GET", true},
+		{"retried, a fallback answered 429", withFallback(429), 503, nil, "GET", true},
+		{"retried, an empty stale cache", Policy{Fallback: Fallback{Stale: StaleCache{MaxAge: time.Minute}}}, 503, nil, "GET", true},
+		{"a shed answer, a fallback answered", withFallback(200), 503, http.Header{NoRetryHeader: {"1"}}, "GET", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -85,6 +92,23 @@ func TestCallRecordNotes(t *testing.T) {
 			})
 		})
 	}
+	t.Run("budget spent, a fallback answered", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			// No floor, a ratio of a tenth: the first few calls' retries
+			// find no room.
+			p := withFallback(200)
+			p.Retry.Budget = Budget{Ratio: 0.1, MinPerSecond: -1}
+			tr := mustNew(t, Config{Base: &headerBase{status: 503}, Default: p})
+			if recordedCall(t, tr, "GET") {
+				t.Error("a call the budget refused a retry, answered by the fallback, noted a failure")
+			}
+			p.Fallback = Fallback{}
+			tr = mustNew(t, Config{Base: &headerBase{status: 503}, Default: p})
+			if !recordedCall(t, tr, "GET") {
+				t.Error("a call the budget refused a retry, with no fallback, noted nothing")
+			}
+		})
+	})
 	t.Run("refused by an open breaker", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			tr := testBreaker(t, Breaker{MinCalls: 1, OpenFor: time.Hour}, &headerBase{status: 503})
@@ -110,6 +134,11 @@ func TestCallRecordNotes(t *testing.T) {
 			}
 		})
 	})
+}
+
+// withFallback is the package defaults with a constant fallback of status.
+func withFallback(status int) Policy {
+	return Policy{Fallback: Fallback{Constant: &ConstantResponse{StatusCode: status}}}
 }
 
 // TestCallRecordContext: a record's context keeps its parent's deadline,

@@ -47,6 +47,15 @@ const (
 //	Decorrelated:  min(Cap, random(Base, 3 × previous wait)), the first previous wait being Base
 //	None:          exp
 //
+// A retry must leave the host's recent median latency (at least 10 ms) to
+// answer in before the call's deadline. When the deadline leaves room for
+// only part of the range, the wait is drawn from that part, less 5 ms kept
+// for a timer that fires late (Full: random(0, room)), so a
+// deadline handed down from a caller that learned its host's latency
+// shortens a retry's wait instead of skipping it; a range wholly beyond
+// the room (None's, Equal's above its half, Decorrelated's above Base) is
+// drawn as ever, and the retry is not made.
+//
 // The zero value inherits, then means Full.
 type Jitter uint8
 
@@ -83,9 +92,9 @@ func (j Jitter) String() string {
 // KeyPOST and BufferBody), its outcome is worth another try (a transport
 // error that is not permanent, bulwark's own attempt timeout, or the
 // statuses 408, 429, 500, 502, 503 and 504: see DefaultClassify for where
-// that differs from Polly and go-retryablehttp), attempts are left, the
-// wait fits before
-// the call's deadline, and the host's retry budget has room.
+// that differs from Polly and go-retryablehttp), attempts are left, a
+// wait the backoff allows fits before the call's deadline (see Jitter),
+// and the host's retry budget has room.
 type Retry struct {
 	// MaxAttempts is the most times one call is sent, the first included:
 	// 1 means never retry. It may not exceed 10 (New refuses a
@@ -493,7 +502,7 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 			// Retried here and still failed, or due for a retry the
 			// deadline left no room for: the layer above should not try
 			// again (CallRecord).
-			noteBelow(ctx, noteRetried)
+			c.noteBelow(ctx, noteRetried)
 		}
 		if d.v != retryAgain && d.err != nil {
 			// The call ends after an attempt the user's CheckRetry
@@ -506,7 +515,7 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 		case budgetSpent:
 			r.budget.refused.Add(1)
 			r.e.rep.rejected(ctx, layerBudget)
-			noteBelow(ctx, noteRefused)
+			c.noteBelow(ctx, noteRefused)
 			return r.finish(attempt, resp, err, true)
 		case giveUp:
 			return r.finish(attempt, resp, err, false)
@@ -669,8 +678,27 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 		d.wait = max(d.wait, min(pushback, r.maxRA))
 		d.fromRA = true
 	}
+	dl, hasDL := c.deadline(req)
 	if !d.fromRA {
-		d.wait = r.backoffWait(attempt-1, resp, prevWait)
+		// The jitter draws the wait among those that leave the host's
+		// median to answer in before the deadline, when some of its range
+		// does: a deadline handed down from a caller that learned its
+		// host's latency (45 ms, say) leaves a fast host's caller room for
+		// a retry that a draw from the whole range (up to Base, 100 ms)
+		// would mostly skip as late, passing a transient failure up the
+		// chain that no layer retries.
+		room := time.Duration(math.MaxInt64)
+		if hasDL {
+			room = dl.Sub(now) - r.sendTime()
+			if room >= 0 {
+				// A timer that fires a little late, as on a loaded
+				// machine, must not leave the retry less than it needs
+				// (ErrDeadlineTooShort refuses it below minSendTime):
+				// the draw keeps a margin, down to a wait of none.
+				room = max(room-retryFitMargin, 0)
+			}
+		}
+		d.wait = r.backoffWait(attempt-1, resp, prevWait, room)
 		if connRefused(err) {
 			// A refused connection cost the host nothing: backing off
 			// spares it no work and only makes a dead host slow to judge
@@ -687,8 +715,11 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 	// 8. The deadline: a wait that would end past it, or leave less than
 	// the host's median latency (at least minSendTime) to answer in, means
 	// returning the last outcome now rather than sleeping into a timeout
-	// and losing the response we have.
-	if dl, ok := c.deadline(req); ok && now.Add(d.wait+r.sendTime()).After(dl) {
+	// and losing the response we have. The backoff's draw fitted the
+	// room where its range allows, so this is a retry no wait the policy
+	// allows would fit: a Retry-After or a pause too long, or a room
+	// shorter than the least wait of the jitter (Equal's half, say).
+	if hasDL && now.Add(d.wait+r.sendTime()).After(dl) {
 		return decision{err: cerr, late: true}
 	}
 	// 9. The budget, last, so that no token is spent on a retry another
@@ -729,8 +760,14 @@ func (r *retryStage) rand(n int64) int64 {
 	return rand.Int64N(n)
 }
 
-// backoffWait is the wait before retry n (from 0) when the server named none.
-func (r *retryStage) backoffWait(n int, resp *http.Response, prevWait *time.Duration) time.Duration {
+// backoffWait is the wait before retry n (from 0) when the server named
+// none. room is the longest wait that fits before the call's deadline: a
+// jitter whose range reaches below it draws from the part of its range
+// that fits (the jitter's distribution given that the retry is made), so
+// that a tight deadline shortens the wait rather than skipping the retry;
+// a range wholly above it (None's fixed wait, Equal's half, Decorrelated's
+// Base) and the user's Backoff are drawn as ever, and decide finds them late.
+func (r *retryStage) backoffWait(n int, resp *http.Response, prevWait *time.Duration, room time.Duration) time.Duration {
 	if r.backoff != nil {
 		return max(r.backoff(r.base, r.cap, n, resp), 0)
 	}
@@ -738,24 +775,39 @@ func (r *retryStage) backoffWait(n int, resp *http.Response, prevWait *time.Dura
 	if n < 62 && r.base <= r.cap>>n {
 		exp = r.base << n
 	}
+	// draw is uniform in [lo, hi], or in [lo, room] when room falls within.
+	draw := func(lo, hi time.Duration) time.Duration {
+		if room >= lo && room < hi {
+			hi = room
+		}
+		return lo + time.Duration(r.rand(int64(hi-lo)+1))
+	}
 	switch r.jitter {
 	case JitterNone:
 		return exp
 	case JitterEqual:
 		half := exp / 2
-		return half + time.Duration(r.rand(int64(half)+1))
+		return draw(half, half+half)
 	case JitterDecorrelated:
 		hi := r.cap
 		if p := max(*prevWait, r.base); p <= r.cap/3 {
 			hi = 3 * p
 		}
-		d := min(r.cap, r.base+time.Duration(r.rand(int64(hi-r.base)+1)))
+		d := min(r.cap, draw(r.base, hi))
 		*prevWait = d
 		return d
 	default: // JitterFull
-		return time.Duration(r.rand(int64(exp) + 1))
+		return draw(0, max(exp, 0))
 	}
 }
+
+// retryFitMargin is kept between a retry's wait, drawn to fit before the
+// deadline, and the latest wait that would fit: a wait that ends on the
+// edge leaves the retry no room for a timer that fires late. Measured on
+// sockets with a loaded machine (two cores shared by several test runs),
+// a draw with no margin left 1 to 5 retries in 100 under minSendTime when
+// sent (ErrDeadlineTooShort).
+const retryFitMargin = 5 * time.Millisecond
 
 // refusedWait is the most a retry waits after a refused connection.
 const refusedWait = 10 * time.Millisecond

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"pgregory.net/rapid"
 	"reflect"
 	"strings"
 	"sync"
@@ -417,7 +418,7 @@ func TestRetryBackoffJitter(t *testing.T) {
 			r := layerOf[*retryStage](t, tr, "http://api.test/")
 			prev := base
 			for n, want := range tt.want {
-				if got := r.backoffWait(n, nil, &prev); got != want {
+				if got := r.backoffWait(n, nil, &prev, math.MaxInt64); got != want {
 					t.Errorf("backoffWait(%d) = %v, want %v", n, got, want)
 				}
 			}
@@ -427,9 +428,89 @@ func TestRetryBackoffJitter(t *testing.T) {
 	tr := mustNew(t, Config{Base: &stubBase{}, Default: only(Policy{Retry: Retry{Base: time.Hour, Cap: 2 * time.Hour, Jitter: JitterNone}}, "retry")})
 	r := layerOf[*retryStage](t, tr, "http://api.test/")
 	prev := r.base
-	if got := r.backoffWait(9, nil, &prev); got != 2*time.Hour {
+	if got := r.backoffWait(9, nil, &prev, math.MaxInt64); got != 2*time.Hour {
 		t.Errorf("backoffWait with a huge base = %v, want the cap", got)
 	}
+}
+
+// TestRetryBackoffRoom: the jitter draws the first retry's wait (Base 100
+// ms) from the part of its range that fits the room before the deadline;
+// a range wholly above the room is drawn as ever (decide finds it late).
+func TestRetryBackoffRoom(t *testing.T) {
+	const base, cap = 100 * time.Millisecond, time.Second
+	for _, tc := range []struct {
+		jitter Jitter
+		room   time.Duration
+		want   time.Duration // at the top of the range drawn from
+	}{
+		{JitterFull, 30 * time.Millisecond, 30 * time.Millisecond},
+		{JitterFull, 0, 0},
+		{JitterFull, -time.Millisecond, 100 * time.Millisecond}, // nothing fits: drawn as ever, late
+		{JitterFull, time.Second, 100 * time.Millisecond},
+		{JitterEqual, 70 * time.Millisecond, 70 * time.Millisecond},
+		{JitterEqual, 30 * time.Millisecond, 100 * time.Millisecond}, // below its half: late
+		{JitterDecorrelated, 150 * time.Millisecond, 150 * time.Millisecond},
+		{JitterDecorrelated, 50 * time.Millisecond, 300 * time.Millisecond}, // below Base: late
+		{JitterNone, 30 * time.Millisecond, 100 * time.Millisecond},
+	} {
+		tr := mustNew(t, Config{Base: &stubBase{}, Default: only(Policy{Retry: Retry{Base: base, Cap: cap, Jitter: tc.jitter}}, "retry")})
+		tr.randN = func(n int64) int64 { return n - 1 }
+		r := layerOf[*retryStage](t, tr, "http://api.test/")
+		prev := base
+		if got := r.backoffWait(0, nil, &prev, tc.room); got != tc.want {
+			t.Errorf("%v: backoffWait(0) with %v of room = %v, want %v", tc.jitter, tc.room, got, tc.want)
+		}
+	}
+}
+
+// TestRetryBackoffRoomProperty: over random policies, retry numbers,
+// rooms and random draws, a retry's wait (1) stays within its jitter's
+// range; (2) fits the room whenever some of the range does; (3) is what
+// it would have been without a deadline whenever the whole range fits,
+// the same draws given.
+func TestRetryBackoffRoomProperty(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		jitter := Jitter(rapid.IntRange(1, 4).Draw(rt, "jitter"))
+		base := time.Duration(rapid.Int64Range(1, int64(time.Second)).Draw(rt, "base"))
+		cap := base + time.Duration(rapid.Int64Range(0, int64(10*time.Second)).Draw(rt, "capOver"))
+		n := rapid.IntRange(0, 12).Draw(rt, "retry")
+		prev := base + time.Duration(rapid.Int64Range(0, int64(cap-base)).Draw(rt, "prevOver"))
+		room := time.Duration(rapid.Int64Range(-int64(time.Second), int64(20*time.Second)).Draw(rt, "room"))
+		picks := rapid.SliceOfN(rapid.Float64Range(0, 1), 1, 1).Draw(rt, "pick")
+		tr, err := New(Config{Base: &stubBase{}, Default: only(Policy{Retry: Retry{Base: base, Cap: cap, Jitter: jitter}}, "retry")})
+		if err != nil {
+			rt.Fatal(err)
+		}
+		tr.randN = func(k int64) int64 { return min(int64(picks[0]*float64(k)), k-1) }
+		r := layerOf[*retryStage](t, tr, "http://api.test/")
+		// The jitter's range, as its documentation gives it.
+		exp := min(cap, base<<min(n, 40))
+		if n > 40 || base > cap>>min(n, 62) {
+			exp = cap
+		}
+		lo, hi := time.Duration(0), exp
+		switch jitter {
+		case JitterEqual:
+			lo = exp / 2
+			hi = 2 * lo
+		case JitterDecorrelated:
+			lo, hi = base, min(cap, 3*prev)
+		case JitterNone:
+			lo = exp
+		}
+		p1, p2 := prev, prev
+		got := r.backoffWait(n, nil, &p1, room)
+		free := r.backoffWait(n, nil, &p2, math.MaxInt64)
+		if got < lo || got > hi {
+			rt.Fatalf("%v retry %d: wait %v outside [%v, %v]", jitter, n, got, lo, hi)
+		}
+		if room >= lo && got > room {
+			rt.Fatalf("%v retry %d: wait %v past the room %v, though [%v, %v] reaches into it", jitter, n, got, room, lo, hi)
+		}
+		if (room >= hi || room < lo) && got != free {
+			rt.Fatalf("%v retry %d: wait %v with a room of %v, %v without; want the same", jitter, n, got, room, free)
+		}
+	})
 }
 
 func TestRetryConfig(t *testing.T) {

@@ -43,6 +43,7 @@ var seamRows = []struct {
 	{"pushback × hedge", seamPushbackHedge},
 	{"bulkhead × balancer", seamBulkheadBalancer},
 	{"deadline × retry", seamDeadlineRetry},
+	{"deadline handed down × retry backoff", seamHandedDownBackoff},
 	{"local error × breaker, budget", seamLocalErrorBreaker},
 	{"force open × route", seamForceOpenRoute},
 	{"prepare retry × hedge", seamPrepareRetryHedge},
@@ -54,6 +55,7 @@ var seamRows = []struct {
 	{"breaker history × Update", seamBreakerHistoryUpdate},
 	{"short attempt × retry", seamShortAttemptRetry},
 	{"pass-up × fallback", seamPassUpFallback},
+	{"fallback × call record", seamFallbackRecord},
 	{"pass-up × hedge", seamPassUpHedge},
 	{"pass-up × route classifier", seamPassUpRoute},
 	{"timer probe × force open", seamTimerProbeForceOpen},
@@ -674,6 +676,53 @@ func seamDeadlineRetry(t *testing.T) {
 	}
 }
 
+// A deadline handed down from a caller that learned its own host (45 ms,
+// as server.DeadlineHandler makes it of Bulwark-Timeout-Ms: 45) leaves a
+// fast host's caller less than the 100 ms Base: the retry's wait is drawn
+// within the room, so each of 50 calls whose first attempt fails is
+// retried and answered (a draw over the whole range skipped about two in
+// three as late), and every retry leaves the host its median to answer.
+func seamHandedDownBackoff(t *testing.T) {
+	var failNext atomic.Bool
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) {
+		if failNext.CompareAndSwap(true, false) {
+			return seamAnswer(req, 5*time.Millisecond, 503)
+		}
+		return seamAnswer(req, 5*time.Millisecond, 200)
+	}}
+	tr := seamNew(t, bulwark.Config{Base: base})
+	call := func(d time.Duration) (int, error) {
+		ctx, cancel := context.WithTimeout(t.Context(), d)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://tax.test/rate", nil)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			return 0, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	for range 250 { // learned: the host's median is 5 ms
+		call(time.Second)
+	}
+	for i := range 50 {
+		for range 5 { // the retry throttle's token back
+			call(time.Second)
+		}
+		failNext.Store(true)
+		before := base.sent()
+		start := time.Now()
+		code, err := call(45 * time.Millisecond)
+		if code != 200 || base.sent()-before != 2 {
+			t.Fatalf("call %d: %d, %v after %d attempts; want the retry's 200", i, code, err, base.sent()-before)
+		}
+		if d := time.Since(start); d > 45*time.Millisecond-5*time.Millisecond {
+			t.Fatalf("call %d answered after %v: the retry left the host less than its median", i, d)
+		}
+	}
+}
+
 // A request net/http would refuse to write, and one whose body fails to
 // read, are the caller's faults: never retried, never counted for the
 // host, so they cannot open its breaker for everyone.
@@ -939,6 +988,58 @@ func seamPassUpFallback(t *testing.T) {
 	h := seamHost(t, tr, "api.test:80")
 	if base.sent() != 10 || h.Breaker.State != bulwark.CircuitClosed || h.Breaker.Failures != 0 || h.PassedUp != 10 {
 		t.Fatalf("sent %d, breaker %+v, passed up %d; want 10 sent once each, the breaker closed and empty, 10 passed up", base.sent(), h.Breaker, h.PassedUp)
+	}
+}
+
+// A failure a fallback answered is not the service's failure from below:
+// a call made with a CallRecord's context (as a service's handler makes
+// it under the server half), retried and still failed, then answered by
+// the fallback (a constant, or the stale copy of an earlier success),
+// notes nothing in the record, so the service's own failure after it is
+// not passed up; with no fallback, one that has nothing (an empty stale
+// cache), or one that answers a failure, the call notes it. Every call
+// is sent 3 times: the fallback sees only the final outcome.
+func seamFallbackRecord(t *testing.T) {
+	const get = "http://tax.test/rate"
+	for _, tc := range []struct {
+		name   string
+		fb     bulwark.Fallback
+		warmed bool // an earlier success, which a stale cache keeps
+		want   bool
+	}{
+		{"constant 200", bulwark.Fallback{Constant: &bulwark.ConstantResponse{StatusCode: 200}}, false, false},
+		{"stale copy", bulwark.Fallback{Stale: bulwark.StaleCache{MaxAge: time.Minute}}, true, false},
+		{"empty stale cache", bulwark.Fallback{Stale: bulwark.StaleCache{MaxAge: time.Minute}}, false, true},
+		{"constant 503", bulwark.Fallback{Constant: &bulwark.ConstantResponse{StatusCode: 503}}, false, true},
+		{"none", bulwark.Fallback{}, false, true},
+	} {
+		var warmed atomic.Bool
+		base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) {
+			if !warmed.Load() {
+				return seamAnswer(req, 0, 200)
+			}
+			return seamAnswer(req, 0, 503)
+		}}
+		tr := seamNew(t, bulwark.Config{Base: base, Default: bulwark.Policy{Fallback: tc.fb}})
+		if tc.warmed {
+			if code, err := seamSend(t, tr, "GET", get); code != 200 {
+				t.Fatalf("%s: the warming call got %d, %v", tc.name, code, err)
+			}
+		}
+		warmed.Store(true)
+		before := base.sent()
+		var rec bulwark.CallRecord
+		req, err := http.NewRequestWithContext(rec.Attach(t.Context()), "GET", get, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp, err := tr.RoundTrip(req); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		if got, sent := rec.FailedBelow(), base.sent()-before; got != tc.want || sent != bulwark.DefaultMaxAttempts {
+			t.Errorf("%s: noted %v after %d attempts; want %v after %d", tc.name, got, sent, tc.want, bulwark.DefaultMaxAttempts)
+		}
 	}
 }
 
