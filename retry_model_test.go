@@ -62,7 +62,8 @@ const slowLatency = 40 * time.Millisecond
 
 // scriptHost is an in-memory host: each call names its script in the
 // X-Call header (registered with add), and attempt n of it does script[n]
-// (the last repeats), answering after the call's latency.
+// (the last repeats), answering (or failing) after the call's latency; a
+// timeout never answers.
 type scriptHost struct {
 	mu       sync.Mutex
 	scripts  map[string]hostScript
@@ -106,16 +107,9 @@ func (h *scriptHost) RoundTrip(req *http.Request) (*http.Response, error) {
 	if o == oSlow {
 		lat = slowLatency
 	}
-	switch o {
-	case oTimeout:
+	if o == oTimeout {
 		<-req.Context().Done()
 		return nil, context.Cause(req.Context())
-	case oReset:
-		return nil, &net.OpError{Op: "read", Net: "tcp", Err: &os.SyscallError{Syscall: "read", Err: syscall.ECONNRESET}}
-	case oRefused:
-		return nil, refusedErr()
-	case oNoHost:
-		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: req.URL.Hostname(), IsNotFound: true}}
 	}
 	if lat > 0 {
 		tm := time.NewTimer(lat)
@@ -125,6 +119,14 @@ func (h *scriptHost) RoundTrip(req *http.Request) (*http.Response, error) {
 		case <-req.Context().Done():
 			return nil, context.Cause(req.Context())
 		}
+	}
+	switch o {
+	case oReset:
+		return nil, &net.OpError{Op: "read", Net: "tcp", Err: &os.SyscallError{Syscall: "read", Err: syscall.ECONNRESET}}
+	case oRefused:
+		return nil, refusedErr()
+	case oNoHost:
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: req.URL.Hostname(), IsNotFound: true}}
 	}
 	return &http.Response{StatusCode: o.status(), Header: http.Header{}, Body: http.NoBody, Request: req}, nil
 }
