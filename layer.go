@@ -351,9 +351,10 @@ func (l *learned) timeout(attempt int, ceiling time.Duration) (time.Duration, bo
 // failingFor is how long a run of failed attempts must last before
 // Breaker.ConsecutiveFailures counts it, and how long a rate rule must
 // hold before a learned breaker trips on it: the third attempt's learned
-// timeout (the first's doubled twice, as the default retries wait), so
-// that the host has answered nothing in time for as long as a call's
-// longest attempt waits; zero without a baseline. A shorter run, on a
+// timeout (the first's doubled twice, as the default retries wait; at
+// most DefaultAttemptTimeout, as that timeout is), so that the host has
+// answered nothing in time for as long as a call's longest attempt
+// waits; zero without a baseline. A shorter run, on a
 // host that still answers between runs, is a batch of attempts that
 // queued together behind a host serving at capacity, and the queue its
 // server works through after they were cut (the adaptive limit's work:
@@ -367,7 +368,7 @@ func (l *learned) failingFor() time.Duration {
 	if !ok {
 		return 0
 	}
-	return 4 * max(attemptFactor*b, learnedFloor)
+	return min(4*max(attemptFactor*b, learnedFloor), DefaultAttemptTimeout)
 }
 
 // slowCall is the learned slow-call threshold, within [learnedFloor,
