@@ -52,6 +52,9 @@ func TestLearnedBounds(t *testing.T) {
 	for i := range 1000 {
 		s.est.Record(7*time.Second, now.Add(time.Duration(i)*time.Millisecond))
 	}
+	if learnedCeiling != DefaultAttemptTimeout {
+		t.Errorf("learnedCeiling %v, DefaultAttemptTimeout %v: want them equal", learnedCeiling, DefaultAttemptTimeout)
+	}
 	if got := s.failingFor(); got != DefaultAttemptTimeout {
 		t.Errorf("slow host: failingFor = %v, want %v", got, DefaultAttemptTimeout)
 	}
