@@ -83,7 +83,7 @@ var ErrRateLimited = errors.New("bulwark: client-side rate limit reached")
 //     while no window of the last second has shown the host queueing, a
 //     request past the limit is admitted all the same and the limit rises
 //     to what is in flight. So a host answering at a steady latency is
-//     never refused, whatever the burst, up to DefaultAdaptiveMax in
+//     not refused, whatever the burst, up to DefaultAdaptiveMax in
 //     flight.
 //
 // A slot is held from the moment a request is admitted until its response
