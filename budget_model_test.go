@@ -3,8 +3,8 @@ package bulwark_test
 // The retry budget's contract (see Budget) against a reference model:
 // gRPC's retry throttle, the ratio over a window of ten buckets, and the
 // floor's token bucket, computed from the calls' outcomes and the clock.
-// rapid draws calls, bursts of concurrent calls, rates from 0.1 to 1,000
-// a second, clock jumps and Updates (of MaxAttempts alone, which keeps the
+// rapid draws calls, bursts of concurrent calls, failing runs, periodic
+// patterns, rates from 0.1 to 1,000 a second, clock jumps and Updates (of MaxAttempts alone, which keeps the
 // budget, or of the budget, which starts a new full one); the Transport
 // and the model must agree on every retry sent or refused, and on the
 // throttle's tokens and the window's counts after every step.
@@ -300,6 +300,22 @@ func TestBudgetModel(t *testing.T) {
 						time.Sleep(gap)
 						n++
 						bc := &budgetCall{id: strconv.Itoa(n), start: time.Now(), script: []outcome{o503}}
+						h.add(bc.id, hostScript{out: bc.script})
+						send(bc)
+						check([]*budgetCall{bc})
+					}
+				},
+				"pattern": func(rt *rapid.T) {
+					// A periodic pattern of first-attempt outcomes (a
+					// round robin over instances some of which are sick),
+					// repeated at a steady rate.
+					period := rapid.SliceOfN(rapid.SampledFrom([]outcome{oOK, o503, oTimeout, o429}), 2, 5).Draw(rt, "period")
+					k := rapid.IntRange(len(period), 40).Draw(rt, "k")
+					gap := drawGap(rt, "gap").Truncate(time.Millisecond)
+					for i := range k {
+						time.Sleep(gap)
+						n++
+						bc := &budgetCall{id: strconv.Itoa(n), start: time.Now(), script: []outcome{period[i%len(period)], oOK}}
 						h.add(bc.id, hostScript{out: bc.script})
 						send(bc)
 						check([]*budgetCall{bc})

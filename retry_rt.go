@@ -233,8 +233,8 @@ type RetryEvent struct {
 // hedge) that Retry's other rules allow is sent only if
 //  1. gRPC's retry throttle (gRFC A6) holds more than 5 of its 10 tokens:
 //     a call whose first attempt failed takes one, one that succeeded
-//     gives back Ratio of one, and one whose outcome is ignored (a 4xx,
-//     a 501) neither; and
+//     gives back Ratio of one, and one whose outcome is ignored (a 4xx
+//     other than 429, a 501) neither; and
 //  2. counting it, the retries in the window stay within Ratio × the
 //     calls in the window, or else the floor has a token for it: a token
 //     bucket (golang.org/x/time/rate) of MinPerSecond a second with a
