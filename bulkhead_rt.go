@@ -74,8 +74,9 @@ var ErrRateLimited = errors.New("bulwark: client-side rate limit reached")
 //  2. Otherwise it waits in arrival order if fewer than MaxQueue wait, for
 //     at most MaxWait (and never past the call's deadline less the
 //     minimum worth sending), and takes the slot of the first request to
-//     end; past MaxQueue, or when its wait runs out, it is refused with
-//     ErrBulkheadFull.
+//     end (requests arriving at the same instant queue in an order of
+//     their own); past MaxQueue, or when its wait runs out, it is refused
+//     with ErrBulkheadFull.
 //  3. The limit is MaxConcurrent, or with Adaptive a value that moves
 //     within [MinConcurrent, MaxConcurrent] as latency says the host
 //     queues or not.

@@ -243,7 +243,8 @@ type RetryEvent struct {
 //
 // The window is ten buckets of Window/10 on the clock, the current one
 // and the nine before it; a call counts when its first attempt ends, in
-// the bucket of its start (or the newest one, if that is later). Retries
+// the bucket of its start (or the newest one, if that is later); calls
+// decided at the same instant are judged in an order of their own. Retries
 // the floor funds count against the ratio too: the floor is a minimum,
 // not an addition. So five failed calls in a row stop every retry and
 // hedge until successes earn the tokens back, and a host that fails more
