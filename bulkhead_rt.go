@@ -31,10 +31,8 @@ const DefaultMaxConcurrent = 100
 // DefaultAdaptiveMax is the ceiling of an adaptive limit when
 // Bulkhead.MaxConcurrent is zero. It is generous on purpose: the adaptive
 // limit starts there and comes down when latency says the host is
-// queueing (a host that slows down under load gets fewer requests at
-// once), and otherwise decays only toward twice the peak in flight: a
-// host at a steady load is not refused, though a burst of more than twice
-// the recent peak may be until the limit grows back (Bulkhead.Adaptive).
+// queueing, so a host that slows down under load gets fewer requests at
+// once (see Bulkhead).
 const DefaultAdaptiveMax = 1000
 
 // DefaultMinConcurrent is the floor of an adaptive limit (the package
@@ -65,17 +63,35 @@ const softFor = time.Second
 // request was not sent. A *RateLimitError matches it and ErrBulkheadFull.
 var ErrRateLimited = errors.New("bulwark: client-side rate limit reached")
 
-// Bulkhead bounds how much of the caller one upstream host may hold: at most
-// MaxConcurrent requests in flight, at most MaxQueue more waiting in FIFO
-// order, and optionally at most Rate requests a second. Every host has its
-// own bulkhead, keyed like http.Transport's connection pools by scheme, host
-// and port; hosts never share slots. A policy set for a "host" key gives
-// each of that host's ports a bulkhead of its own, each of this size.
+// Bulkhead bounds how much of the caller one upstream host may hold. Every
+// host has its own bulkhead, keyed like http.Transport's connection pools
+// by scheme, host and port; hosts never share slots. A policy set for a
+// "host" key gives each of that host's ports a bulkhead of its own.
+//
+// The contract, with the limit in force (BulkheadSnapshot.Limit):
+//  1. A request is admitted at once while fewer than the limit are in
+//     flight and nobody waits.
+//  2. Otherwise it waits in arrival order if fewer than MaxQueue wait, for
+//     at most MaxWait (and never past the call's deadline less the
+//     minimum worth sending), and takes the slot of the first request to
+//     end (requests arriving at the same instant queue in an order of
+//     their own); past MaxQueue, or when its wait runs out, it is refused
+//     with ErrBulkheadFull.
+//  3. The limit is MaxConcurrent, or with Adaptive a value that moves
+//     within [MinConcurrent, MaxConcurrent] as latency says the host
+//     queues or not.
+//  4. The package default (MaxConcurrent zero) is adaptive and soft:
+//     while no window of the last second has shown the host queueing, a
+//     request past the limit is admitted all the same and the limit rises
+//     to what is in flight. So a host answering at a steady latency is
+//     not refused, whatever the burst, up to DefaultAdaptiveMax in
+//     flight.
 //
 // A slot is held from the moment a request is admitted until its response
 // body is read to EOF, fails while reading, or is closed (the connection is
 // busy until then), or until the attempt fails with an error. A caller that
 // never closes a body keeps its slot, as it would keep the connection.
+// Rate, when set, is checked before a slot is taken.
 type Bulkhead struct {
 	// MaxConcurrent is how many requests to one host may be in flight at
 	// once: a fixed limit, or an adaptive limit's ceiling when Adaptive is
@@ -97,18 +113,14 @@ type Bulkhead struct {
 	// Adaptive for a fixed limit.
 	//
 	// Adaptive is on whenever MaxConcurrent is zero after inheritance, and
-	// that package default limit is soft: while no window of the last
-	// second has shown the host queueing, a request past the limit is
-	// admitted and the limit rises to what is in flight, so a healthy
-	// host's bursts at its baseline latency are not refused; idle, it
-	// decays toward twice the peak in flight. A window shows queueing when its mean latency is
-	// past the tolerance (or a request was dropped) while the callers
-	// press on the limit or their requests in flight pile up faster than
-	// the host answers, or when callers pressing on the limit see a queue
-	// at all; the limit then comes down to the Little's-law level whole,
-	// not by at most half, and stays enforced until a second passes
-	// without such a window. MinConcurrent and MaxConcurrent stay hard
-	// bounds.
+	// that package default limit is soft (rule 4 above); idle, it decays
+	// toward twice the peak in flight. A window shows queueing when its
+	// mean latency is past the tolerance (or a request was dropped) while
+	// the callers press on the limit or their requests in flight pile up
+	// faster than the host answers, or when callers pressing on the limit
+	// see a queue at all; the limit then comes down to the Little's-law
+	// level whole, not by at most half, and stays enforced until a second
+	// passes without such a window.
 	Adaptive bool
 
 	// MinConcurrent is an adaptive limit's floor. Zero inherits from

@@ -55,20 +55,28 @@ type Timeout struct {
 	// arrive. It may not exceed Total. Zero inherits from Default, then
 	// means learned: each host's timeout follows its own healthy latency,
 	// as TCP's retransmission timer follows the round trip (RFC 6298) and
-	// LogDevice's adaptive timeouts follow a high quantile. A first
-	// attempt's is 3 × the host's healthy p99.9 (the p99.9 of the attempts
-	// Policy.Classify called a success, over the last five to ten
-	// minutes), at least 50 ms, at most DefaultAttemptTimeout and Total;
-	// each retry doubles it, as TCP doubles its timer, up to the same
-	// ceiling. Until a host has answered 200 attempts, and on a host that
-	// never answers, it is the ceiling. The p99.9 it follows may move by
-	// at most ×2 per five minutes, so that a host slowed by an incident,
-	// whose answers come slower for minutes, does not teach it that slow
-	// is normal, while a host that stays slower for an hour is followed.
+	// LogDevice's adaptive timeouts follow a high quantile.
+	//
+	// The contract of the learned bounds: a host's baseline is the p99.9
+	// of the latencies of the attempts Policy.Classify called a success,
+	// over the current and the previous period of five minutes (a period
+	// begins with the first success at least five minutes after the last
+	// began; the one before it is dropped if it was due to end more than
+	// five minutes earlier). It is taken at the 200th success and
+	// every 32nd after, and moves by at most ×2 per five minutes since it
+	// was last taken, so that a host slowed by an incident does not teach
+	// it that slow is normal, while one slower for an hour is followed.
+	// A first attempt's timeout is 3 × the baseline, at least 50 ms, at
+	// most DefaultAttemptTimeout and Total; each retry doubles it, as TCP
+	// doubles its timer, up to the same ceiling. Before the 200th success
+	// it is the ceiling. The breaker's learned slow-call threshold is 2 ×
+	// the same baseline (Breaker.SlowCall). Tolerance: the p99.9 is read
+	// from a histogram of 16 buckets per doubling, up to 1/16 long; past
+	// 2,000 successes in a period one in eight is sampled.
 	// Transport.Snapshot shows what was learned (HostSnapshot.Learned).
-	// A set Attempt is obeyed as set: nothing is learned for it, and one
-	// below 10 ms is still sent (ErrDeadlineTooShort judges the time left
-	// before the call's deadline, not this bound).
+	// A set Attempt is obeyed as set (the baseline is still learned, for
+	// the breaker), and one below 10 ms is still sent (ErrDeadlineTooShort
+	// judges the time left before the call's deadline, not this bound).
 	Attempt time.Duration
 
 	// BodyIdle bounds how long one read of a response body may wait for a

@@ -308,6 +308,12 @@ const (
 	// 6298 5.5) and their default backoffs (at most 100 and 200 ms) under
 	// 650 ms.
 	learnedFloor = 50 * time.Millisecond
+	// learnedCeiling is the package default attempt timeout,
+	// DefaultAttemptTimeout (TestLearnedBounds holds them equal; this
+	// file may not name the layers' constants): the most a learned timeout
+	// is with the package defaults, and the most the breaker's learned
+	// hold (failingFor) is.
+	learnedCeiling = 10 * time.Second
 )
 
 // learned is a host's healthy latency, shared by the layers that derive a
@@ -375,9 +381,10 @@ func (l *learned) timeout(attempt int, ceiling time.Duration) (time.Duration, bo
 // failingFor is how long a run of failed attempts must last before
 // Breaker.ConsecutiveFailures counts it, and how long a rate rule must
 // hold before a learned breaker trips on it: the third attempt's learned
-// timeout (the first's doubled twice, as the default retries wait), so
-// that the host has answered nothing in time for as long as a call's
-// longest attempt waits; zero without a baseline. A shorter run, on a
+// timeout (the first's doubled twice, as the default retries wait; at
+// most learnedCeiling, as that timeout is), so that the host has
+// answered nothing in time for as long as a call's longest attempt
+// waits; zero without a baseline. A shorter run, on a
 // host that still answers between runs, is a batch of attempts that
 // queued together behind a host serving at capacity, and the queue its
 // server works through after they were cut (the adaptive limit's work:
@@ -391,7 +398,7 @@ func (l *learned) failingFor() time.Duration {
 	if !ok {
 		return 0
 	}
-	return 4 * max(attemptFactor*b, learnedFloor)
+	return min(4*max(attemptFactor*b, learnedFloor), learnedCeiling)
 }
 
 // slowCall is the learned slow-call threshold, within [learnedFloor,

@@ -43,6 +43,21 @@ func TestLearnedBounds(t *testing.T) {
 	if got, _ := l.slowCall(5 * time.Second); got != 2*b {
 		t.Errorf("slowCall = %v, want %v", got, 2*b)
 	}
+	if got := l.failingFor(); got != 12*b {
+		t.Errorf("failingFor = %v, want the third attempt's timeout %v", got, 12*b)
+	}
+	// A slow host: the hold is the third attempt's timeout, at most
+	// DefaultAttemptTimeout as that timeout is (it was 4 × 3 × 7 s).
+	s := newLearned(nil)
+	for i := range 1000 {
+		s.est.Record(7*time.Second, now.Add(time.Duration(i)*time.Millisecond))
+	}
+	if learnedCeiling != DefaultAttemptTimeout {
+		t.Errorf("learnedCeiling %v, DefaultAttemptTimeout %v: want them equal", learnedCeiling, DefaultAttemptTimeout)
+	}
+	if got := s.failingFor(); got != DefaultAttemptTimeout {
+		t.Errorf("slow host: failingFor = %v, want %v", got, DefaultAttemptTimeout)
+	}
 	// A fast host: the floor.
 	f := newLearned(nil)
 	for i := range 1000 {

@@ -87,14 +87,31 @@ func (j Jitter) String() string {
 // the pushback layer, which obeys a host's Retry-After for every request to
 // it.
 //
-// A request is sent again only if it is safe to send twice (an idempotent
-// method or an Idempotency-Key, and a body that can be replayed: see
-// KeyPOST and BufferBody), its outcome is worth another try (a transport
-// error that is not permanent, bulwark's own attempt timeout, or the
-// statuses 408, 429, 500, 502, 503 and 504: see DefaultClassify for where
-// that differs from Polly and go-retryablehttp), attempts are left, a
-// wait the backoff allows fits before the call's deadline (see Jitter),
-// and the host's retry budget has room.
+// The contract: after an attempt, the call is sent again only if all of
+// these hold, and then after the wait of rule 5.
+//  1. The outcome may change with another try: a transport error that is
+//     not permanent, bulwark's own attempt timeout, or the statuses 408,
+//     429, 500, 502, 503 and 504 (see DefaultClassify for where that
+//     differs from Polly and go-retryablehttp); CheckRetry, when set,
+//     decides instead.
+//  2. The request is safe to send twice: an idempotent method or an
+//     Idempotency-Key, and a body that can be replayed (see KeyPOST and
+//     BufferBody).
+//  3. Nobody said stop: the caller has not given up, no layer below
+//     refused on purpose (an open breaker, a full bulkhead, a pushback
+//     pause), and the server did not ask for no retry (NoRetryHeader, or
+//     Envoy's and gRPC's signals).
+//  4. Fewer than MaxAttempts attempts were sent.
+//  5. The wait, and the host's median latency after it, fit before the
+//     call's deadline. The wait is the response's Retry-After (up to
+//     MaxRetryAfter) if it has a valid one, else the backoff (at most
+//     10 ms after a refused connection, drawn from the part of the
+//     jitter's range that fits: see Jitter), and at least the host's
+//     pushback pause.
+//  6. The host's Budget has room: checked last, so that a retry another
+//     rule refuses spends nothing from it.
+//
+// Otherwise the caller gets the last attempt's outcome as it came.
 type Retry struct {
 	// MaxAttempts is the most times one call is sent, the first included:
 	// 1 means never retry. It may not exceed 10 (New refuses a
@@ -222,32 +239,31 @@ type RetryEvent struct {
 	Err        error
 }
 
-// Budget is the per-host retry budget: over a sliding Window, retries may
-// not exceed Ratio × the calls made, except that MinPerSecond retries a
-// second are allowed (a floor for hosts with too little traffic for the
-// ratio to mean anything), and none at all while gRPC's retry throttle
-// holds.
+// Budget is the per-host retry budget. The contract: a retry (or a
+// hedge) that Retry's other rules allow is sent only if
+//  1. gRPC's retry throttle (gRFC A6) holds more than 5 of its 10 tokens:
+//     a call whose first attempt failed takes one, one that succeeded
+//     gives back Ratio of one, and one whose outcome is ignored (a 4xx
+//     other than 429, a 501) neither; and
+//  2. counting it, the retries in the window stay within Ratio × the
+//     calls in the window, or else the floor has a token for it: a token
+//     bucket (golang.org/x/time/rate) of MinPerSecond a second with a
+//     burst of ⌈MinPerSecond⌉, used while the retries in the window stay
+//     within MinPerSecond × Window.
 //
-// The algorithm: first the retry throttle of gRPC (gRFC A6) must have
-// more than half its 10 tokens: a call whose first attempt failed takes a
-// token, one that succeeded gives back Ratio of one. Five failed calls in
-// a row stop all retries and hedges, the floor's too, until successes
-// earn the tokens back, so a host that fails more than Ratio ÷ (1 + Ratio)
-// of its calls (17 % at the default) for long is sent each call once. The
-// throttle is why a window's healthy past does not fund a burst of
-// retries into a sudden outage (with 10 s of calls banked, a 2 s blip
-// could otherwise draw retries for half its calls), and why a worker pool
-// in front of a host that turns slow is not held by retries of attempts
-// that time out. Then calls and retries are counted in ten buckets of
-// Window/10 each, so the window slides in tenths. A retry is allowed if,
-// counting it, retries in the window stay within Ratio × calls in the
-// window; otherwise it may come from the floor: a token bucket
-// (golang.org/x/time/rate) of MinPerSecond a second with a burst of one
-// second's worth, used only while retries in the window stay within
-// MinPerSecond × Window. The floor is for a host with too little traffic
-// for the ratio to fund the retries of its occasional failures. Retries
-// funded by the floor count against the ratio too, so the floor is a
-// minimum, not an addition.
+// The window is ten buckets of Window/10 on the clock, the current one
+// and the nine before it; a call counts when its first attempt ends, in
+// the bucket of its start (or the newest one, if that is later); calls
+// decided at the same instant are judged in an order of their own. Retries
+// the floor funds count against the ratio too: the floor is a minimum,
+// not an addition. So five failed calls in a row stop every retry and
+// hedge until successes earn the tokens back, and a host that fails more
+// than Ratio ÷ (1 + Ratio) of its calls (17 % at the default) for long is
+// sent each call once. The throttle is why a window's healthy past does
+// not fund a burst of retries into a sudden outage (with 10 s of calls
+// banked, a 2 s blip could otherwise draw retries for half its calls);
+// the floor is for a host with too little traffic for the ratio to fund
+// the retries of its occasional failures.
 //
 // With Config.Fleet, a host's budget is the fleet's: each pod that retries
 // (or is refused a retry) publishes its window's calls and retries, the

@@ -50,6 +50,7 @@ var seamRows = []struct {
 	{"learned bounds × route", seamLearnedRoute},
 	{"learned bounds × hedge", seamLearnedHedge},
 	{"learned bounds × Update", seamLearnedUpdate},
+	{"learned hold × breaker, slow host", seamLearnedHoldSlowHost},
 	{"consecutive failures × hedge", seamConsecutiveHedge},
 	{"call counts × retry, fallback, local error", seamCallCountsRetryFallback},
 	{"breaker history × Update", seamBreakerHistoryUpdate},
@@ -935,6 +936,50 @@ func seamLearnedUpdate(t *testing.T) {
 	if h := *seamHost(t, tr, "api.test:80").Learned; h.AttemptFrom != bulwark.FromColdStart || h.Baseline != 0 {
 		t.Fatalf("after moving to upstream api.test: host %+v, want a cold start", h)
 	}
+}
+
+// The breaker's learned hold (a rate rule must hold for the third
+// attempt's learned timeout before it trips) is at most 10 s, as that
+// timeout is: a host whose healthy answers take 3.5 s (a learned hold of
+// 45 s, uncapped) that turns to fast 503s, called 20 times a second, is
+// refused within 20 s of the change.
+func seamLearnedHoldSlowHost(t *testing.T) {
+	var failing atomic.Bool
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) {
+		if failing.Load() {
+			return seamAnswer(req, 0, 503)
+		}
+		return seamAnswer(req, 3500*time.Millisecond, 200)
+	}}
+	tr := seamNew(t, bulwark.Config{Base: base})
+	// 220 healthy calls, 20 at a time: 200 must fall within the
+	// learning window (five to ten minutes).
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for range 20 {
+		wg.Go(func() { failed.Add(int64(seamLearn(t, tr, "http://slow.test/x", 11))) })
+	}
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		t.Fatalf("%d of 220 healthy calls failed", n)
+	}
+	if l := seamHost(t, tr, "slow.test:80").Learned; l.AttemptFrom != bulwark.FromLearned || l.AttemptTimeout != 10*time.Second {
+		t.Fatalf("learned %+v, want the attempt timeout learned at its 10 s ceiling", l)
+	}
+	failing.Store(true)
+	start := time.Now()
+	for time.Since(start) < time.Minute {
+		if _, err := seamSend(t, tr, "GET", "http://slow.test/x"); errors.Is(err, bulwark.ErrBreakerOpen) {
+			took := time.Since(start)
+			t.Logf("first refusal %v after the host turned to 503s", took)
+			if took > 20*time.Second {
+				t.Fatalf("first refusal %v after the host turned to 503s, want within 20 s", took)
+			}
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("no refusal in a minute of 503s: %+v", seamHost(t, tr, "slow.test:80").Breaker)
 }
 
 // ConsecutiveFailures counts attempts the host never answered; a hedge's

@@ -22,10 +22,11 @@ const (
 	// Quantile is the quantile of healthy latency the baseline is: the
 	// p99.9 the field's advice names as where a timeout belongs.
 	Quantile = 0.999
-	// MinSamples is how many healthy samples the window must have held
-	// before there is a baseline. A p99.9 over fewer is the largest sample
-	// seen (a p99.5 at 200), which errs long; fewer than that says too
-	// little. At 10 calls a second it takes 20 s.
+	// MinSamples is how many healthy samples the window must hold for
+	// there to be a baseline: the first comes with the MinSamples-th. A
+	// p99.9 over fewer is the largest sample seen (a p99.5 at 200), which
+	// errs long; fewer than that says too little. At 10 calls a second it
+	// takes 20 s.
 	MinSamples = 200
 	// Period is how long each of the two histograms gathers samples: the
 	// window covers the last one to two periods, so the quantiles forget a
@@ -129,7 +130,13 @@ func (e *Estimator) Record(d time.Duration, now time.Time) bool {
 	if e.count[g].Add(1) == plentyCount {
 		e.plenty.Store(true)
 	}
-	if e.since.Add(1)%refreshEvery != 0 || !e.busy.CompareAndSwap(false, true) {
+	// Every refreshEvery samples, and on every sample from the
+	// MinSamples-th until the first baseline, so that a host has one
+	// after exactly MinSamples healthy samples, not at the next multiple
+	// of refreshEvery (224).
+	due := e.since.Add(1)%refreshEvery == 0 ||
+		e.base.Load() == 0 && e.count[0].Load()+e.count[1].Load() >= MinSamples
+	if !due || !e.busy.CompareAndSwap(false, true) {
 		return false
 	}
 	e.refresh(pos)

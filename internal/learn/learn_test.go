@@ -35,11 +35,16 @@ func TestBaselineNeedsSamplesAndIsNeverZero(t *testing.T) {
 	}
 	// Zero and negative latencies count as the least; quantiles are read
 	// every refreshEvery samples.
-	record(e, &now, MinSamples+refreshEvery-1, 0, time.Millisecond)
+	record(e, &now, MinSamples-2, 0, time.Millisecond)
 	e.Record(-time.Second, now)
+	if b, ok := e.Baseline(); ok {
+		t.Fatalf("Baseline() = %v, %v after %d samples, want none before %d", b, ok, MinSamples-1, MinSamples)
+	}
+	// The MinSamples-th gives the first baseline, whatever refreshEvery is.
+	e.Record(0, now)
 	b, ok := e.Baseline()
 	if !ok || b <= 0 {
-		t.Fatalf("Baseline() = %v, %v after %d samples of ≤ 0, want a positive one", b, ok, MinSamples+refreshEvery)
+		t.Fatalf("Baseline() = %v, %v after %d samples of ≤ 0, want a positive one", b, ok, MinSamples)
 	}
 	// An idle hour: the window empties, the baseline stays.
 	now = now.Add(time.Hour)
