@@ -224,6 +224,9 @@ type Breaker struct {
 	// learn records that SlowCall was not given: then SlowCall is the
 	// ceiling of the learned threshold.
 	learn bool
+	// holdMax is the attempt timeout's ceiling, which caps the learned
+	// hold as it caps the learned third attempt's timeout.
+	holdMax time.Duration
 
 	// Disabled turns the breaker off for this upstream: every request goes
 	// through. An upstream inherits Disabled from Default unless it sets
@@ -257,15 +260,16 @@ func (b Breaker) inherit(parent Breaker) Breaker {
 	return b
 }
 
-// withDefaults fills zero fields; the slow-call threshold depends on the
-// attempt timeout, so the policy works it out (see SlowCall) and hands it
-// in as slowCall.
-func (b Breaker) withDefaults(slowCall time.Duration) Breaker {
+// withDefaults fills zero fields; the slow-call threshold and the hold
+// depend on the attempt timeout's ceiling, which the policy works out and
+// hands in as attempt.
+func (b Breaker) withDefaults(attempt time.Duration) Breaker {
 	b.FailureRate = cmp.Or(b.FailureRate, DefaultFailureRate)
 	b.SlowCallRate = cmp.Or(b.SlowCallRate, DefaultSlowCallRate)
 	if b.SlowCall == 0 {
-		b.SlowCall, b.learn = slowCall, true
+		b.SlowCall, b.learn = attempt/2, true
 	}
+	b.holdMax = attempt
 	b.WindowCalls = cmp.Or(b.WindowCalls, DefaultWindowCalls)
 	if b.MinCalls == 0 {
 		b.MinCalls = DefaultMinCalls
@@ -527,9 +531,8 @@ type breakerCore struct {
 	// mutex too (lock order: gobreaker's, then winMu). The thresholds
 	// (minCalls to maxOpen) may be changed by Update (retune).
 	winMu     sync.Mutex
-	win       *window.Window
+	win       breakerWindow
 	byCount   bool
-	seq       int64 // a count window's position: the calls counted
 	minCalls  int64
 	failRate  float64
 	slowRate  float64
@@ -551,6 +554,12 @@ type breakerCore struct {
 	// when it has held (unix ns; 0: not due). Under winMu.
 	settle bool
 	dueAt  int64
+	// holdMax caps the hold: the attempt timeout's ceiling (Timeout.Attempt,
+	// DefaultAttemptTimeout when the Timeout policy is off). Under winMu.
+	holdMax time.Duration
+	// tripping is judge's verdict on the last outcome, for readyToTrip.
+	// Under winMu.
+	tripping bool
 
 	// State changes queue here under gobreaker's mutex and are reported by
 	// whichever request finds them there after leaving it.
@@ -563,6 +572,21 @@ type breakerCore struct {
 	// hist is the last state changes, for Snapshot (breakerHistory).
 	hist breakerHistory
 }
+
+// breakerWindow is what a breaker's rates are over: the last WindowCalls
+// calls exactly (lastCalls), or the calls of the last Window in ten
+// buckets (window.Window), where pos is the time.
+type breakerWindow interface {
+	Add(pos int64, c window.Counts)
+	Sum(pos int64) window.Counts
+	Reset()
+}
+
+// lastCalls is a count window: the last calls, whatever pos says.
+type lastCalls struct{ *window.Recent }
+
+func (l lastCalls) Add(_ int64, c window.Counts) { l.Recent.Add(c) }
+func (l lastCalls) Sum(int64) window.Counts      { return l.Recent.Sum() }
 
 // breakerShape is what a breaker's state is built on: a change in any of
 // these makes Update build a new breaker (an empty window, closed), since
@@ -595,8 +619,8 @@ func newBreaker(next stage, p Breaker, e env, randN func(int64) int64) *breakerS
 	if p.Window > 0 {
 		c.win, _ = window.New(int64(p.Window), breakerBuckets)
 	} else {
-		c.byCount = true
-		c.win, _ = window.New(int64(p.WindowCalls), min(breakerBuckets, p.WindowCalls))
+		r, _ := window.NewRecent(p.WindowCalls)
+		c.win, c.byCount = lastCalls{r}, true
 	}
 	c.cb = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        e.host,
@@ -635,7 +659,7 @@ func (c *breakerCore) retune(p Breaker) {
 	c.minCalls, c.failRate, c.slowRate = int64(p.MinCalls), p.FailureRate, p.SlowCallRate
 	c.maxConsec, c.userTrip = int64(p.ConsecutiveFailures), p.ReadyToTrip
 	c.openFor, c.maxOpen = p.OpenFor, p.MaxOpenFor
-	c.settle = p.learn
+	c.settle, c.holdMax = p.learn, p.holdMax
 	c.winMu.Unlock()
 }
 
@@ -746,93 +770,93 @@ func (b *breakerStage) verdict(j judged, took time.Duration) error {
 }
 
 // isSuccessful is gobreaker's IsSuccessful hook, under its mutex, for each
-// counted outcome of the current state: closed, it records the outcome in
-// the window. A slow success is reported to gobreaker as a failure: that is
-// how ReadyToTrip gets asked, and, half-open, a slow probe reopens the
-// breaker since the host is evidently not well yet. Any other error is a
-// panic below, which Execute reports as a failure.
+// counted outcome of the current state. Closed, it records the outcome in
+// the window and judges the breaker's rules on what the window now holds
+// (judge): after every call, a success too, since a success can complete a
+// rule (the hold's time run out while the rate is still met). gobreaker
+// asks ReadyToTrip only on a failure, so an outcome whose judgement trips
+// is reported to it as one; readyToTrip then returns what judge found. A
+// slow success is a failure to gobreaker too: half-open, a slow probe
+// reopens the breaker, since the host is evidently not well yet. Any other
+// error is a panic below, which Execute reports as a failure.
 func (b *breakerCore) isSuccessful(verdict error) bool {
 	b.winMu.Lock()
 	defer b.winMu.Unlock()
-	if b.cbState == gobreaker.StateClosed && verdict != errVerdictFleet {
-		var c window.Counts
-		c[winCalls] = 1
-		if verdict != nil && verdict != errVerdictSlow {
-			c[winFailures] = 1
-		}
-		if verdict == errVerdictSlow || verdict == errVerdictSlowFailure || verdict == errVerdictSlowUnanswered {
-			c[winSlow] = 1
-		}
-		// The run ConsecutiveFailures counts is of attempts the host never
-		// answered: a host that answers, even with a 503, is alive, and
-		// its failure rate is the rate rules' to judge (a Shedder refusing
-		// the less important requests with 503s must not cut its callers
-		// off from the critical ones).
-		if c[winFailures] > 0 {
-			b.consec++
-		} else {
-			b.consec = 0
-		}
-		if verdict == errVerdictUnanswered || verdict == errVerdictSlowUnanswered {
-			if b.unans == 0 {
-				b.unansAt = time.Now().UnixNano()
-			}
-			b.unans++
-		} else {
-			b.unans = 0
-		}
-		b.seq++
-		b.win.Add(b.pos(), c)
-		if b.dueAt != 0 && verdict == nil && !b.due(b.win.Sum(b.pos())) {
-			b.dueAt = 0 // the rates fell back: a later breach starts afresh
-		}
-		if c[winFailures]+c[winSlow] > 0 {
-			b.shareCounts()
-		}
+	if b.cbState != gobreaker.StateClosed {
+		return verdict == nil
 	}
-	return verdict == nil
+	now := time.Now().UnixNano()
+	if verdict != errVerdictFleet {
+		b.record(verdict, now)
+	}
+	b.tripping = b.judge(now)
+	return verdict == nil && !b.tripping
 }
 
-// pos is the window's position now: the last call counted, or the time.
-// Under winMu. A count window's calls are at 0, 1, 2, … so that its
-// buckets hold a full tenth each: from 1, the first would hold one call
-// less, and the window would hold 91 calls at the 100th, which MinCalls
-// 100 needs.
+// record adds a closed breaker's counted outcome to the window and to the
+// runs of failures. Under winMu.
+func (b *breakerCore) record(verdict error, now int64) {
+	var c window.Counts
+	c[winCalls] = 1
+	if verdict != nil && verdict != errVerdictSlow {
+		c[winFailures] = 1
+	}
+	if verdict == errVerdictSlow || verdict == errVerdictSlowFailure || verdict == errVerdictSlowUnanswered {
+		c[winSlow] = 1
+	}
+	// The run ConsecutiveFailures counts is of attempts the host never
+	// answered: a host that answers, even with a 503, is alive, and
+	// its failure rate is the rate rules' to judge (a Shedder refusing
+	// the less important requests with 503s must not cut its callers
+	// off from the critical ones).
+	if c[winFailures] > 0 {
+		b.consec++
+	} else {
+		b.consec = 0
+	}
+	if verdict == errVerdictUnanswered || verdict == errVerdictSlowUnanswered {
+		if b.unans == 0 {
+			b.unansAt = now
+		}
+		b.unans++
+	} else {
+		b.unans = 0
+	}
+	b.win.Add(b.pos(), c)
+	if c[winFailures]+c[winSlow] > 0 {
+		b.shareCounts()
+	}
+}
+
+// pos is the window's position now: the time for a time window; a count
+// window (lastCalls) holds the last calls whatever the time. Under winMu.
 func (b *breakerCore) pos() int64 {
 	if b.byCount {
-		return b.seq - 1
+		return 0
 	}
 	return time.Now().UnixNano()
 }
 
-// readyToTrip is gobreaker's ReadyToTrip hook, under its mutex: our window
-// and counts decide, not gobreaker's: the rate rules, then the failures in
-// a row, then the user's rule.
-func (b *breakerCore) readyToTrip(gobreaker.Counts) bool {
-	b.winMu.Lock()
-	defer b.winMu.Unlock()
+// judge decides, after a counted outcome at now, whether a closed breaker
+// trips, by the rules of the Breaker doc in their order: the rates (with
+// the other pods' counts), held for the hold while SlowCall is learned;
+// the unanswered attempts in a row; the user's ReadyToTrip. Under winMu.
+func (b *breakerCore) judge(now int64) bool {
 	s := b.win.Sum(b.pos())
 	// The other pods' windows count as if they were this one's (fleet.go).
-	s = b.peers.Add(s, time.Now())
-	now := time.Now().UnixNano()
+	s = b.peers.Add(s, time.Unix(0, now))
+	hold := int64(b.hold())
 	due := b.due(s)
 	switch {
-	case due && b.dueAt == 0:
+	case !due:
+		b.dueAt = 0 // a later breach starts afresh
+	case b.dueAt == 0:
 		b.dueAt = now
-	case !due && (s[winCalls] >= b.minCalls || s[winCalls] == 0):
-		// Only a window that holds enough calls and is under the rates
-		// ends the hold. A count window dips below MinCalls each time
-		// its oldest bucket rolls out (a 100-call window holds 91 to 100,
-		// so the default MinCalls of 100 is met one call in ten): that
-		// says nothing of the rates, and ending the hold there kept a
-		// learned breaker from ever holding long enough to trip. An
-		// empty window (a time window after a quiet spell) ends it too.
-		b.dueAt = 0
 	}
 	switch {
-	case due && (!b.settle || now-b.dueAt >= int64(b.e.learned.failingFor())):
+	case due && (!b.settle || now-b.dueAt >= hold):
 		return true
-	case b.maxConsec > 0 && b.unans >= b.maxConsec && time.Now().UnixNano()-b.unansAt >= int64(b.e.learned.failingFor()):
+	case b.maxConsec > 0 && b.unans >= b.maxConsec && now-b.unansAt >= hold:
 		return true
 	case b.userTrip != nil:
 		return b.userTrip(BreakerCounts{Calls: s[winCalls], Failures: s[winFailures], Slow: s[winSlow], ConsecutiveFailures: b.consec})
@@ -840,7 +864,26 @@ func (b *breakerCore) readyToTrip(gobreaker.Counts) bool {
 	return false
 }
 
-// due is the trip condition on a window's sums. Under winMu.
+// hold is how long a rate must be met, while SlowCall is learned, and how
+// long a run of unanswered attempts must last, before either trips: the
+// host's learned third-attempt timeout, capped as that timeout is, at the
+// attempt timeout's ceiling (holdMax); zero before anything is learned.
+// Under winMu.
+func (b *breakerCore) hold() time.Duration {
+	return min(b.e.learned.failingFor(), b.holdMax)
+}
+
+// readyToTrip is gobreaker's ReadyToTrip hook, under its mutex, right after
+// isSuccessful reported a failure: what judge found there decides, not
+// gobreaker's counts.
+func (b *breakerCore) readyToTrip(gobreaker.Counts) bool {
+	b.winMu.Lock()
+	defer b.winMu.Unlock()
+	return b.tripping
+}
+
+// due is the rate rules on a window's sums: MinCalls calls or more, and
+// the failure rate or the slow-call rate at its threshold. Under winMu.
 func (b *breakerCore) due(s window.Counts) bool {
 	calls := s[winCalls]
 	if calls == 0 || calls < b.minCalls {
@@ -862,7 +905,7 @@ func (b *breakerCore) onStateChange(_ string, from, to gobreaker.State) {
 	ev := breakerEvent{from: from, to: to, at: now, calls: s[winCalls], failures: s[winFailures], slow: s[winSlow]}
 	b.cbState = to
 	b.win.Reset()
-	b.seq, b.consec, b.unans, b.dueAt = 0, 0, 0, 0
+	b.consec, b.unans, b.dueAt, b.tripping = 0, 0, 0, false
 	switch to {
 	case gobreaker.StateOpen:
 		b.peers.Reset()

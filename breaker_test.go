@@ -158,10 +158,8 @@ func runScript(t *testing.T, tr *Transport, script string) int {
 	return 0
 }
 
-// The trip is evaluated when a failed or slow call arrives (gobreaker asks
-// ReadyToTrip on failures only, and bulwark reports a slow call as one): a
-// success that brings the window to the threshold does not trip it, the
-// next failure does.
+// The trip is judged after every counted call, a success too: a success
+// that brings the window to MinCalls at the rate trips it.
 func TestBreakerTrips(t *testing.T) {
 	const slow = time.Second
 	tests := []struct {
@@ -174,8 +172,7 @@ func TestBreakerTrips(t *testing.T) {
 		{"below MinCalls all failing", Breaker{MinCalls: 10}, "FFFFFFFFF", 0},
 		{"just under the rate", Breaker{MinCalls: 10}, "SSSSSSFFFFF", 0},
 		{"threshold reached after MinCalls", Breaker{MinCalls: 10}, "SSSSSSFFFFFF", 12},
-		{"a success reaching MinCalls at the rate", Breaker{MinCalls: 10}, "FFFFFSSSSS", 0},
-		{"the failure after it", Breaker{MinCalls: 10}, "FFFFFSSSSSF", 11},
+		{"a success reaching MinCalls at the rate", Breaker{MinCalls: 10}, "FFFFFSSSSS", 10},
 		{"rate 0.3 exact", Breaker{MinCalls: 10, FailureRate: 0.3}, "SSSSSSSFFF", 10},
 		{"rate 0.7 exact", Breaker{MinCalls: 10, FailureRate: 0.7}, "SSSFFFFFFF", 10},
 		{"rate 0.7 under", Breaker{MinCalls: 10, FailureRate: 0.7}, "SSSSFFFFFF", 0},
@@ -203,7 +200,7 @@ func TestBreakerTrips(t *testing.T) {
 		{"the run rule off", Breaker{ConsecutiveFailures: -1}, strings.Repeat("E", 50), 0},
 		{"ReadyToTrip on failures in a row", Breaker{ReadyToTrip: func(c BreakerCounts) bool { return c.ConsecutiveFailures >= 3 }}, "FFSFFF", 6},
 		{"ReadyToTrip on slow calls", Breaker{SlowCall: slow, ReadyToTrip: func(c BreakerCounts) bool { return c.Slow >= 2 && c.Calls >= 3 }}, "LSL", 3},
-		{"ReadyToTrip is asked on failures only", Breaker{ReadyToTrip: func(c BreakerCounts) bool { return c.Calls >= 3 }}, "SSSSF", 5},
+		{"ReadyToTrip is asked after every call", Breaker{ReadyToTrip: func(c BreakerCounts) bool { return c.Calls >= 3 }}, "SSSSF", 3},
 		{"ReadyToTrip sees the window's failures", Breaker{ReadyToTrip: func(c BreakerCounts) bool { return c.Failures == 2 && c.Calls == 4 }}, "SFSF", 4},
 		{"ReadyToTrip false leaves the rate rules", Breaker{MinCalls: 10, ReadyToTrip: func(BreakerCounts) bool { return false }}, "SSSSSFFFFF", 10},
 		{"count window of 20", Breaker{WindowCalls: 20}, strings.Repeat("S", 100) + strings.Repeat("F", 10), 110},
@@ -318,6 +315,7 @@ func TestBreakerDefaults(t *testing.T) {
 		MaxOpenFor: DefaultMaxOpenFor, HalfOpenCalls: DefaultHalfOpenCalls,
 		ConsecutiveFailures: DefaultBreakerConsecutive,
 		learn:               true, // SlowCall is learned, under half the attempt timeout
+		holdMax:             2 * time.Second,
 	}
 	got := p.Breaker
 	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
