@@ -54,44 +54,56 @@ type BreakerCounts struct {
 	ConsecutiveFailures int64
 }
 
-// breakerBuckets is how many buckets a window is cut into: it rolls forward
-// a tenth at a time, so an old burst fades out in steps rather than all at
-// once.
+// breakerBuckets is how many buckets a time window is cut into: it rolls
+// forward a tenth at a time, so an old burst fades out in steps rather
+// than all at once.
 const breakerBuckets = 10
 
 // minBreakerWindow keeps a time window's buckets long enough to hold a
 // meaningful sample.
 const minBreakerWindow = 100 * time.Millisecond
 
-// maxWindowCalls bounds a count window (its buckets hold a tenth each).
+// maxWindowCalls bounds a count window (a byte per attempt: 1 MiB).
 const maxWindowCalls = window.MaxCalls
 
 // Breaker configures the circuit breaker of each host of an upstream, after
-// Nygard's Release It!. The breaker watches every attempt (retries
-// included) and, once the failure rate or the slow-call rate over its
-// window reaches its threshold, opens: for OpenFor every request fails at
-// once with a *BreakerOpenError, without touching the network, except for
-// a probe every OpenFor ÷ HalfOpenCalls (see OpenFor). Then it lets
-// HalfOpenCalls probes through; if all succeed it closes, if one fails (or
-// is slow) it opens again, for twice as long, up to MaxOpenFor.
+// Nygard's Release It!. It watches every attempt, retries included, and
+// does exactly this (package defaults in brackets):
 //
-// The window is the last WindowCalls calls, so a host's healthy past
-// cannot dilute a failure that starts now: with the rate rules alone a host
-// that turns sick after 50 healthy calls or more trips after 50 to 59
-// failed calls (where the window's buckets of ten fall), however much
-// traffic came before; from a cold start, or just after closing (the
-// window starts empty), it takes 100. Rates are computed only once
-// MinCalls calls are in the window, so a quiet endpoint's occasional
-// failure never trips them; a run of ConsecutiveFailures failed attempts
-// (10) trips it whatever the traffic, so a dead or hung host is cut off
-// after three or four calls, and ReadyToTrip adds a rule of the user's.
-// Each attempt's
-// verdict is Policy.Classify's, taken when its response headers arrive (or
-// its error does): an error while the caller reads the body is not
-// counted.
+//   - Counts. Policy.Classify judges each attempt when its response
+//     headers or its error arrive: a failure, a success, or ignored (the
+//     caller's cancel, a 4xx but 429), which counts for nothing; one
+//     that took SlowCall or longer is slow too. The window holds exactly
+//     the last WindowCalls [100] counted attempts or, with Window set,
+//     those of the last Window, in ten buckets (up to a tenth more of the
+//     past). Every state change empties it.
+//   - Trips, judged after every counted attempt, a success too: when the
+//     window holds MinCalls [100] attempts or more and failures ÷
+//     attempts ≥ FailureRate [50 %] or slow ÷ attempts ≥ SlowCallRate
+//     [50 %]; while SlowCall is learned, only once that has held at every
+//     attempt for the hold (below). Or when the last ConsecutiveFailures
+//     [10] attempts went unanswered (timeouts, transport errors) over at
+//     least the hold. Or when ReadyToTrip says so. So a host that fails
+//     every attempt trips at its 100th from a cold start and at its 50th
+//     failure after a healthy past; one failing every other attempt, or
+//     three in a round robin of five, at its 100th (each plus the hold).
+//   - The hold is the host's learned third-attempt timeout: 12 × its
+//     healthy p99.9, at least 200 ms, at most the attempt timeout's
+//     ceiling (Timeout.Attempt [10 s]); zero before anything is learned.
+//   - Refuses. Open, it fails every request at once with a
+//     *BreakerOpenError, for OpenFor [1 s], doubled on each trip in a row
+//     up to MaxOpenFor [60 s], less up to 20 % at random.
+//   - Probes. While open, one request per open time ÷ HalfOpenCalls [10]
+//     goes as a probe, once a request was refused since the last, keeping
+//     one of the HalfOpenCalls for the half-open round; one that succeeds
+//     ends the open time. Then, half-open, HalfOpenCalls probes go, at
+//     most that many at once.
+//   - Closes when all of them succeed, none slow; one failed or slow probe
+//     opens it again.
 //
-// The state machine is gobreaker's; bulwark feeds it the rates of its own
-// window, since gobreaker counts no slow calls.
+// The state machine is gobreaker's; bulwark feeds it the judgement of its
+// own window, since gobreaker counts no slow calls and judges only on a
+// failure.
 type Breaker struct {
 	// FailureRate is the share of counted calls (0 < FailureRate ≤ 1) that
 	// were failures at which the breaker opens: it trips when failures ÷
@@ -108,31 +120,29 @@ type Breaker struct {
 
 	// SlowCall is how long an attempt may take, from sending to its
 	// response headers, before it counts as slow (a wait in the bulkhead's
-	// queue before sending is not the host's and does not count). Zero inherits from
-	// Default, then means learned from the host: 2 × its healthy p99.9
-	// (the baseline Timeout.Attempt learns from, which moves by at most ×2
-	// per five minutes), at least 50 ms, at most half of the policy's
-	// Timeout.Attempt (5 s with the package defaults), and that half while
-	// fewer than 200 attempts have succeeded. Twice the slowest healthy
-	// answers is slow by the host's own measure, and stays below the
-	// learned timeout (3 × the p99.9), so a host that slows down trips the
-	// slow-call rate before its attempts time out. While SlowCall is
-	// learned, a rate rule (FailureRate, SlowCallRate) trips only once it
-	// has held for the time ConsecutiveFailures' run must last (12 × the
-	// p99.9, at least 200 ms): bounds that tight make a queue of three
-	// service times slow or timed out, and on a busy host the last 100
-	// calls are a few tens of milliseconds, so the burst of slow calls
-	// that a capacity drop queues before the adaptive limit comes down
-	// would otherwise open the breaker for seconds on a host still serving
-	// a quarter of its load; a host slow or failing for longer trips as
-	// before. A set SlowCall is obeyed as set: nothing is learned for it,
-	// and its rate rules trip at once.
+	// queue before sending is not the host's and does not count). Zero
+	// inherits from Default, then means learned from the host: 2 × its
+	// healthy p99.9 (the baseline Timeout.Attempt learns from, which moves
+	// by at most ×2 per five minutes), at least 50 ms, at most half of the
+	// policy's Timeout.Attempt (5 s with the package defaults), and that
+	// half while fewer than 200 attempts have succeeded. Twice the slowest
+	// healthy answers is slow by the host's own measure, and stays below
+	// the learned timeout (3 × the p99.9), so a host that slows down trips
+	// the slow-call rate before its attempts time out. While SlowCall is
+	// learned, the rate rules trip only once they have held for the hold
+	// (see Breaker): bounds that tight make a queue of three service times
+	// slow or timed out, and on a busy host the last 100 calls are a few
+	// tens of milliseconds, so the burst of slow calls a capacity drop
+	// queues before the adaptive limit comes down would otherwise open the
+	// breaker for seconds on a host still serving a quarter of its load. A
+	// set SlowCall is obeyed as set: nothing is learned for it, and its
+	// rate rules trip at once.
 	SlowCall time.Duration
 
-	// WindowCalls is how many of the most recent calls the rates are
-	// computed over, kept in ten buckets so the oldest tenth expires at
-	// once. Zero inherits from Default, then DefaultWindowCalls (100). It is
-	// ignored when Window is set.
+	// WindowCalls is how many of the most recent counted attempts the
+	// rates are computed over, exactly: the window is a ring of one byte
+	// per attempt. Zero inherits from Default, then DefaultWindowCalls
+	// (100). It is ignored when Window is set.
 	WindowCalls int
 
 	// Window, when set, makes the window time-based: the calls of the last
@@ -174,9 +184,10 @@ type Breaker struct {
 
 	// ReadyToTrip, if not nil, is a trip rule of the user's, beside the
 	// rate rules and ConsecutiveFailures, as gobreaker's
-	// Settings.ReadyToTrip is: after each attempt that failed or was slow
-	// while the breaker is closed, it gets the breaker's counts and trips
-	// it by returning true. It is asked whatever MinCalls says, so it can
+	// Settings.ReadyToTrip is: after every counted attempt while the
+	// breaker is closed (a success too, where gobreaker asks only after a
+	// failure), it gets the breaker's counts and trips it by returning
+	// true. It is asked whatever MinCalls says, so it can
 	// trip a quiet host; the rate rules still apply. It runs under the
 	// breaker's lock, on the request path: it must be fast, and must not
 	// call the Transport. Nil inherits from Default, then means no rule of
@@ -196,8 +207,8 @@ type Breaker struct {
 	// the field warns must not trip it), fewer than gobreaker's default
 	// would need in calls, since it counts only the calls. Once the host
 	// has a learned latency (see SlowCall), the run must also last at
-	// least the third attempt's learned timeout (the first's doubled
-	// twice: 12 × the healthy p99.9, at least 200 ms): a shorter run,
+	// least the hold (see Breaker: the third attempt's learned timeout,
+	// the first's doubled twice): a shorter run,
 	// between answers, is a batch of attempts that timed out together in
 	// the queue of a host serving at its capacity (the queue its own
 	// server still works through after bulwark gave up on them), which the

@@ -279,10 +279,10 @@ func TestBreakerDefaultsTripWithinAHundredCalls(t *testing.T) {
 		}
 		n := failingUntilOpen(t, tr, base, "F")
 		t.Logf("after 10,000 healthy calls, %d failing calls reached the upstream before the breaker opened", n)
-		// At a failure rate of 50 % over at most 100 calls, fewer than 50
-		// failures cannot trip it.
-		if n < 50 || n > 100 {
-			t.Errorf("%d failing calls reached the upstream before the breaker opened, want 50 to 100", n)
+		// The window is the last 100 calls exactly: the 50th failure
+		// makes half of them.
+		if n != DefaultMinCalls/2 {
+			t.Errorf("%d failing calls reached the upstream before the breaker opened, want %d", n, DefaultMinCalls/2)
 		}
 	})
 	t.Run("cold", func(t *testing.T) {
