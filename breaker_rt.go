@@ -541,9 +541,12 @@ type breakerCore struct {
 	// Guarded by winMu; the hooks that write them run under gobreaker's
 	// mutex too (lock order: gobreaker's, then winMu). The thresholds
 	// (minCalls to maxOpen) may be changed by Update (retune).
-	winMu     sync.Mutex
-	win       breakerWindow
-	byCount   bool
+	winMu   sync.Mutex
+	win     breakerWindow
+	byCount bool
+	// last is win when it is a count window: record and judge, on every
+	// call, use it directly rather than through the interface.
+	last      *window.Recent
 	minCalls  int64
 	failRate  float64
 	slowRate  float64
@@ -631,7 +634,7 @@ func newBreaker(next stage, p Breaker, e env, randN func(int64) int64) *breakerS
 		c.win, _ = window.New(int64(p.Window), breakerBuckets)
 	} else {
 		r, _ := window.NewRecent(p.WindowCalls)
-		c.win, c.byCount = lastCalls{r}, true
+		c.win, c.last, c.byCount = lastCalls{r}, r, true
 	}
 	c.cb = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        e.host,
@@ -796,17 +799,28 @@ func (b *breakerCore) isSuccessful(verdict error) bool {
 	if b.cbState != gobreaker.StateClosed {
 		return verdict == nil
 	}
-	now := time.Now().UnixNano()
+	var clk breakerClock
 	if verdict != errVerdictFleet {
-		b.record(verdict, now)
+		b.record(verdict, &clk)
 	}
-	b.tripping = b.judge(now)
+	b.tripping = b.judge(&clk)
 	return verdict == nil && !b.tripping
+}
+
+// breakerClock reads the clock once, and only for a rule that needs it, so
+// that judging a healthy host's call in a count window reads no clock.
+type breakerClock struct{ ns int64 }
+
+func (c *breakerClock) now() int64 {
+	if c.ns == 0 {
+		c.ns = time.Now().UnixNano()
+	}
+	return c.ns
 }
 
 // record adds a closed breaker's counted outcome to the window and to the
 // runs of failures. Under winMu.
-func (b *breakerCore) record(verdict error, now int64) {
+func (b *breakerCore) record(verdict error, clk *breakerClock) {
 	var c window.Counts
 	c[winCalls] = 1
 	if verdict != nil && verdict != errVerdictSlow {
@@ -827,13 +841,17 @@ func (b *breakerCore) record(verdict error, now int64) {
 	}
 	if verdict == errVerdictUnanswered || verdict == errVerdictSlowUnanswered {
 		if b.unans == 0 {
-			b.unansAt = now
+			b.unansAt = clk.now()
 		}
 		b.unans++
 	} else {
 		b.unans = 0
 	}
-	b.win.Add(b.pos(), c)
+	if b.last != nil {
+		b.last.Add(c)
+	} else {
+		b.win.Add(b.pos(), c)
+	}
 	if c[winFailures]+c[winSlow] > 0 {
 		b.shareCounts()
 	}
@@ -848,29 +866,46 @@ func (b *breakerCore) pos() int64 {
 	return time.Now().UnixNano()
 }
 
-// judge decides, after a counted outcome at now, whether a closed breaker
-// trips, by the rules of the Breaker doc in their order: the rates (with
-// the other pods' counts), held for the hold while SlowCall is learned;
-// the unanswered attempts in a row; the user's ReadyToTrip. Under winMu.
-func (b *breakerCore) judge(now int64) bool {
-	s := b.win.Sum(b.pos())
-	// The other pods' windows count as if they were this one's (fleet.go).
-	s = b.peers.Add(s, time.Unix(0, now))
-	hold := int64(b.hold())
-	due := b.due(s)
+// judge decides, after a counted outcome, whether a closed breaker trips,
+// by the rules of the Breaker doc in their order: the rates (with the
+// other pods' counts), held for the hold while SlowCall is learned; the
+// unanswered attempts in a row; the user's ReadyToTrip. Under winMu.
+func (b *breakerCore) judge(clk *breakerClock) bool {
+	var s window.Counts
+	switch {
+	case b.last != nil && !b.peers.Any():
+		// The count window of a host no other pod reports on: the sums
+		// read in place, as this runs after every call.
+		t := b.last.Total()
+		return b.judged(t[winCalls], t[winFailures], t[winSlow], clk)
+	case b.last != nil:
+		s = *b.last.Total()
+	default:
+		s = b.win.Sum(b.pos())
+	}
+	if b.peers.Any() {
+		// The other pods' windows count as if they were this one's (fleet.go).
+		s = b.peers.Add(s, time.Unix(0, clk.now()))
+	}
+	return b.judged(s[winCalls], s[winFailures], s[winSlow], clk)
+}
+
+// judged is judge on the window's sums (the fleet's included).
+func (b *breakerCore) judged(calls, failures, slow int64, clk *breakerClock) bool {
+	due := b.dueOf(calls, failures, slow)
 	switch {
 	case !due:
 		b.dueAt = 0 // a later breach starts afresh
 	case b.dueAt == 0:
-		b.dueAt = now
+		b.dueAt = clk.now()
 	}
 	switch {
-	case due && (!b.settle || now-b.dueAt >= hold):
+	case due && (!b.settle || clk.now()-b.dueAt >= int64(b.hold())):
 		return true
-	case b.maxConsec > 0 && b.unans >= b.maxConsec && now-b.unansAt >= hold:
+	case b.maxConsec > 0 && b.unans >= b.maxConsec && clk.now()-b.unansAt >= int64(b.hold()):
 		return true
 	case b.userTrip != nil:
-		return b.userTrip(BreakerCounts{Calls: s[winCalls], Failures: s[winFailures], Slow: s[winSlow], ConsecutiveFailures: b.consec})
+		return b.userTrip(BreakerCounts{Calls: calls, Failures: failures, Slow: slow, ConsecutiveFailures: b.consec})
 	}
 	return false
 }
@@ -896,15 +931,20 @@ func (b *breakerCore) readyToTrip(gobreaker.Counts) bool {
 // due is the rate rules on a window's sums: MinCalls calls or more, and
 // the failure rate or the slow-call rate at its threshold. Under winMu.
 func (b *breakerCore) due(s window.Counts) bool {
-	calls := s[winCalls]
-	if calls == 0 || calls < b.minCalls {
-		return false
+	return b.dueOf(s[winCalls], s[winFailures], s[winSlow])
+}
+
+// dueOf is due on the sums apart, which judge, on every call, passes
+// without copying the window's Counts.
+func (b *breakerCore) dueOf(calls, failures, slow int64) bool {
+	if calls == 0 || calls < b.minCalls || failures == 0 && slow == 0 {
+		return false // the rates are > 0 (validate)
 	}
 	// Divide rather than multiply the threshold: a quotient is correctly
 	// rounded, so 7 of 25 is exactly the float 0.28 and trips at 0.28,
 	// where 0.28*25 rounds to just above 7 and would not.
 	n := float64(calls)
-	return float64(s[winFailures])/n >= b.failRate || float64(s[winSlow])/n >= b.slowRate
+	return float64(failures)/n >= b.failRate || float64(slow)/n >= b.slowRate
 }
 
 // onStateChange is gobreaker's OnStateChange hook, under its mutex: it

@@ -1111,3 +1111,68 @@ func (s *switchRT) set(rt http.RoundTripper) { s.rt.Store(&rt) }
 func (s *switchRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	return (*s.rt.Load()).RoundTrip(req)
 }
+
+// BenchmarkBreakerJudge is what judging after every call costs: the
+// closed breaker's bookkeeping of one outcome (record, under the lock, as
+// isSuccessful does) without and with the judgement of the rules that
+// follows it (judge), in one run, for a healthy host and for one whose
+// every third attempt fails, with the package defaults (a count window of
+// 100, SlowCall learned).
+func BenchmarkBreakerJudge(b *testing.B) {
+	for _, mix := range []struct {
+		name  string
+		every int // every every-th outcome is a failure; 0: none
+	}{{"healthy", 0}, {"a third failing", 3}} {
+		for _, judged := range []bool{false, true} {
+			name := mix.name + "/record"
+			if judged {
+				name = mix.name + "/record+judge"
+			}
+			b.Run(name, func(b *testing.B) {
+				tr := mustNew(b, Config{Base: &staticBase{}, Default: only(Policy{Breaker: Breaker{ConsecutiveFailures: -1, FailureRate: 1}}, "breaker")})
+				c := layerOf[*breakerStage](b, tr, breakerURL).breakerCore
+				b.ReportAllocs()
+				n := 0
+				for b.Loop() {
+					var v error
+					if n++; mix.every > 0 && n%mix.every == 0 {
+						v = errVerdictFailure
+					}
+					var clk breakerClock
+					c.winMu.Lock()
+					c.record(v, &clk)
+					if judged && c.judge(&clk) {
+						b.Fatal("tripped")
+					}
+					c.winMu.Unlock()
+				}
+			})
+		}
+	}
+}
+// BenchmarkBreakerHooks is gobreaker's view of one outcome in a closed
+// breaker, as its afterRequest makes it: IsSuccessful, then ReadyToTrip
+// when that says failure. The same code runs on an older tree, for a
+// paired comparison of what judging costs per call.
+func BenchmarkBreakerHooks(b *testing.B) {
+	for _, mix := range []struct {
+		name  string
+		every int
+	}{{"healthy", 0}, {"a third failing", 3}} {
+		b.Run(mix.name, func(b *testing.B) {
+			tr := mustNew(b, Config{Base: &staticBase{}, Default: only(Policy{Breaker: Breaker{ConsecutiveFailures: -1, FailureRate: 1}}, "breaker")})
+			c := layerOf[*breakerStage](b, tr, breakerURL).breakerCore
+			b.ReportAllocs()
+			n := 0
+			for b.Loop() {
+				var v error
+				if n++; mix.every > 0 && n%mix.every == 0 {
+					v = errVerdictFailure
+				}
+				if !c.isSuccessful(v) && c.readyToTrip(gobreaker.Counts{}) {
+					b.Fatal("tripped")
+				}
+			}
+		})
+	}
+}

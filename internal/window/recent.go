@@ -62,6 +62,10 @@ func (r *Recent) Add(c Counts) {
 // Sum returns, per kind, how many of the events held were of it.
 func (r *Recent) Sum() Counts { return r.total }
 
+// Total is Sum in place, for a caller on a hot path: read it, and do not
+// keep or change it; the next Add or Reset changes it.
+func (r *Recent) Total() *Counts { return &r.total }
+
 // Len returns how many events it holds: min(n, events added since
 // NewRecent or Reset).
 func (r *Recent) Len() int { return r.n }
