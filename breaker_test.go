@@ -1150,6 +1150,7 @@ func BenchmarkBreakerJudge(b *testing.B) {
 		}
 	}
 }
+
 // BenchmarkBreakerHooks is gobreaker's view of one outcome in a closed
 // breaker, as its afterRequest makes it: IsSuccessful, then ReadyToTrip
 // when that says failure. The same code runs on an older tree, for a
