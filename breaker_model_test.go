@@ -21,11 +21,16 @@ import (
 // same histories and fails where they disagree on any call's fate (sent or
 // refused) or on any trip or close.
 //
+// A time window (Breaker.Window) holds the calls of the last Window and up
+// to a tenth more (its buckets): the model judges the last nine tenths and
+// the last whole Window apart, and where they disagree either verdict is
+// within the contract, and the model follows the breaker's.
+//
 // What it leaves out, and why: the open time's random cut (the test sets
-// it to none, so open times are exact), a time window (Breaker.Window;
-// its tolerance of one bucket is TestBreakerWindowRolls'), the fleet, and
-// concurrent calls while the breaker is not closed (whose order is a
-// race by nature; the half-open round's bound on them is
+// it to none, so open times are exact), the fleet, the learned hold with
+// a time window (whose start is within the same tolerance), and
+// concurrent calls while the breaker is not closed (whose order is a race
+// by nature; the half-open round's bound on them is
 // TestBreakerHalfOpenConcurrency's).
 
 // modelOp is one call's outcome, as opBase's letters: S 200, L 200 slow,
@@ -53,12 +58,14 @@ type breakerModel struct {
 	failureRate, slowRate                             float64
 	openFor, maxOpenFor                               time.Duration
 	learned                                           bool // SlowCall learned: the rates are held for the hold
+	window                                            time.Duration
 
 	state modelState
 	// Closed: the last windowCalls counted calls (true: failed / slow),
 	// the run of unanswered attempts and when it began, since when the
 	// rate rules have been met.
 	fails, slows []bool
+	at           []time.Time // with a time window, when each call was judged
 	run          int
 	runSince     time.Time
 	dueSince     time.Time
@@ -96,7 +103,7 @@ func (m *breakerModel) trip(now time.Time) {
 
 // forget empties what a closed breaker counts: every state change does.
 func (m *breakerModel) forget() {
-	m.fails, m.slows, m.run, m.dueSince, m.succeeded = nil, nil, 0, time.Time{}, 0
+	m.fails, m.slows, m.at, m.run, m.dueSince, m.succeeded = nil, nil, nil, 0, time.Time{}, 0
 }
 
 // admits says whether a request at now is sent: closed, always; open, a
@@ -124,10 +131,12 @@ func (m *breakerModel) admits(now time.Time) bool {
 }
 
 // outcome takes a sent call's outcome, judged at now; hold is the learned
-// hold then in force.
-func (m *breakerModel) outcome(op modelOp, now time.Time, hold time.Duration) {
+// hold then in force. ambiguous reports a time window's judgement that the
+// contract's tolerance leaves open: the caller then trips the model if the
+// breaker tripped.
+func (m *breakerModel) outcome(op modelOp, now time.Time, hold time.Duration) (ambiguous bool) {
 	if op.ignored() {
-		return
+		return false
 	}
 	switch m.state {
 	case modelOpen: // a spaced probe: a success ends the open time
@@ -135,40 +144,69 @@ func (m *breakerModel) outcome(op modelOp, now time.Time, hold time.Duration) {
 			m.state, m.left = modelHalfOpen, m.halfOpenCalls
 			m.forget()
 		}
-		return
+		return false
 	case modelHalfOpen: // every probe must succeed, and not slowly
 		if !op.ok() {
 			m.trip(now)
-			return
+			return false
 		}
 		if m.succeeded++; m.succeeded >= m.halfOpenCalls {
 			m.state, m.trips = modelClosed, 0
 			m.forget()
 		}
-		return
+		return false
 	}
-	m.fails, m.slows = append(m.fails, op.failed()), append(m.slows, op.slow())
-	if len(m.fails) > m.windowCalls {
-		m.fails, m.slows = m.fails[1:], m.slows[1:]
+	m.fails, m.slows, m.at = append(m.fails, op.failed()), append(m.slows, op.slow()), append(m.at, now)
+	if m.window == 0 && len(m.fails) > m.windowCalls {
+		m.fails, m.slows, m.at = m.fails[1:], m.slows[1:], m.at[1:]
 	}
 	if !op.unanswered() {
 		m.run = 0
 	} else if m.run++; m.run == 1 {
 		m.runSince = now
 	}
-	calls, fails, slows := len(m.fails), count(m.fails), count(m.slows)
-	due := calls > 0 && calls >= m.minCalls &&
-		(float64(fails)/float64(calls) >= m.failureRate || float64(slows)/float64(calls) >= m.slowRate)
+	runs := m.consecutive > 0 && m.run >= m.consecutive && now.Sub(m.runSince) >= hold
+	if m.window > 0 {
+		tenth := (m.window-1)/10 + 1
+		short, long := m.dueFrom(now.Add(-9*tenth)), m.dueFrom(now.Add(-m.window).Add(1))
+		switch {
+		case runs || short && long:
+			m.trip(now)
+		case short != long:
+			return true
+		}
+		return false
+	}
+	due := m.dueFrom(time.Time{})
 	switch {
 	case !due:
 		m.dueSince = time.Time{}
 	case m.dueSince.IsZero():
 		m.dueSince = now
 	}
-	if due && (!m.learned || now.Sub(m.dueSince) >= hold) ||
-		m.consecutive > 0 && m.run >= m.consecutive && now.Sub(m.runSince) >= hold {
+	if due && (!m.learned || now.Sub(m.dueSince) >= hold) || runs {
 		m.trip(now)
 	}
+	return false
+}
+
+// dueFrom is the rate rules over the calls judged at from or later.
+func (m *breakerModel) dueFrom(from time.Time) bool {
+	var calls, fails, slows int
+	for i, at := range m.at {
+		if at.Before(from) {
+			continue
+		}
+		calls++
+		if m.fails[i] {
+			fails++
+		}
+		if m.slows[i] {
+			slows++
+		}
+	}
+	return calls > 0 && calls >= m.minCalls &&
+		(float64(fails)/float64(calls) >= m.failureRate || float64(slows)/float64(calls) >= m.slowRate)
 }
 
 func count(bs []bool) int {
@@ -230,6 +268,10 @@ func drawModelHistory(t *rapid.T) (Breaker, time.Duration, []modelStep) {
 	}
 	b.MaxOpenFor = b.OpenFor * time.Duration(rapid.IntRange(1, 8).Draw(t, "maxOpenFactor"))
 	if !rapid.Bool().Draw(t, "learned") {
+		b.SlowCall = 2 * time.Second
+	}
+	if rapid.IntRange(0, 3).Draw(t, "timeWindow") == 0 {
+		b.Window = rapid.SampledFrom([]time.Duration{100 * time.Millisecond, time.Second, 10 * time.Second, time.Minute}).Draw(t, "window")
 		b.SlowCall = 2 * time.Second
 	}
 	var steps []modelStep
@@ -368,7 +410,7 @@ func runBreakerModel(f *propFailure, t *testing.T, b Breaker, latency time.Durat
 	defer tr.Close()
 	m := &breakerModel{windowCalls: b.WindowCalls, minCalls: b.MinCalls, halfOpenCalls: b.HalfOpenCalls,
 		consecutive: b.ConsecutiveFailures, failureRate: b.FailureRate, slowRate: b.SlowCallRate,
-		openFor: b.OpenFor, maxOpenFor: b.MaxOpenFor, learned: b.SlowCall == 0}
+		openFor: b.OpenFor, maxOpenFor: b.MaxOpenFor, learned: b.SlowCall == 0, window: b.Window}
 	stage := layerOf[*breakerStage](t, tr, breakerURL)
 	// The hold in force: the learned third attempt's timeout, which the
 	// learned bounds give (read when the call is judged), capped at the
@@ -407,7 +449,7 @@ func runBreakerModel(f *propFailure, t *testing.T, b Breaker, latency time.Durat
 		if s.op == 0 {
 			continue
 		}
-		if s.batch > 1 && m.state == modelClosed {
+		if s.batch > 1 && m.state == modelClosed && m.window == 0 {
 			if !runModelBatch(base, s, call) {
 				fail("step %d: a batch sent while closed had a call refused", i)
 				return
@@ -435,8 +477,8 @@ func runBreakerModel(f *propFailure, t *testing.T, b Breaker, latency time.Durat
 					fail("step %d (%c at %v): sent %v, error %v; the model refuses it", i, s.op, start, sent, err)
 					return
 				}
-				if sent {
-					m.outcome(s.op, time.Now(), hold())
+				if sent && m.outcome(s.op, time.Now(), hold()) && hostBreaker(t, tr).TotalTrips > uint64(m.total) {
+					m.trip(time.Now()) // within the time window's tolerance
 				}
 			}
 		}
