@@ -209,16 +209,6 @@ func (m *breakerModel) dueFrom(from time.Time) bool {
 		(float64(fails)/float64(calls) >= m.failureRate || float64(slows)/float64(calls) >= m.slowRate)
 }
 
-func count(bs []bool) int {
-	n := 0
-	for _, b := range bs {
-		if b {
-			n++
-		}
-	}
-	return n
-}
-
 // modelStep is one step of a history: a call (or a batch of concurrent
 // calls of one outcome) after a pause, a clock jump, or an Update of the
 // thresholds.
