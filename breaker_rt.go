@@ -71,9 +71,9 @@ const maxWindowCalls = window.MaxCalls
 // does exactly this (package defaults in brackets):
 //
 //   - Counts. Policy.Classify judges each attempt when its response
-//     headers or its error arrive: a failure, a success, or ignored (the
-//     caller's cancel, a 4xx but 429), which counts for nothing; one
-//     that took SlowCall or longer is slow too. The window holds exactly
+//     headers or its error arrive: a failure, a success, or ignored (by
+//     DefaultClassify: the caller's cancel, a 501, a 4xx but 429), which
+//     counts for nothing; one that took SlowCall or longer is slow too. The window holds exactly
 //     the last WindowCalls [100] counted attempts or, with Window set,
 //     those of the last Window, in ten buckets (up to a tenth more of the
 //     past). Every state change empties it.
