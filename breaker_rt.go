@@ -54,44 +54,56 @@ type BreakerCounts struct {
 	ConsecutiveFailures int64
 }
 
-// breakerBuckets is how many buckets a window is cut into: it rolls forward
-// a tenth at a time, so an old burst fades out in steps rather than all at
-// once.
+// breakerBuckets is how many buckets a time window is cut into: it rolls
+// forward a tenth at a time, so an old burst fades out in steps rather
+// than all at once.
 const breakerBuckets = 10
 
 // minBreakerWindow keeps a time window's buckets long enough to hold a
 // meaningful sample.
 const minBreakerWindow = 100 * time.Millisecond
 
-// maxWindowCalls bounds a count window (its buckets hold a tenth each).
+// maxWindowCalls bounds a count window (a byte per attempt: 1 MiB).
 const maxWindowCalls = window.MaxCalls
 
 // Breaker configures the circuit breaker of each host of an upstream, after
-// Nygard's Release It!. The breaker watches every attempt (retries
-// included) and, once the failure rate or the slow-call rate over its
-// window reaches its threshold, opens: for OpenFor every request fails at
-// once with a *BreakerOpenError, without touching the network, except for
-// a probe every OpenFor ÷ HalfOpenCalls (see OpenFor). Then it lets
-// HalfOpenCalls probes through; if all succeed it closes, if one fails (or
-// is slow) it opens again, for twice as long, up to MaxOpenFor.
+// Nygard's Release It!. It watches every attempt, retries included, and
+// does exactly this (package defaults in brackets):
 //
-// The window is the last WindowCalls calls, so a host's healthy past
-// cannot dilute a failure that starts now: with the rate rules alone a host
-// that turns sick after 50 healthy calls or more trips after 50 to 59
-// failed calls (where the window's buckets of ten fall), however much
-// traffic came before; from a cold start, or just after closing (the
-// window starts empty), it takes 100. Rates are computed only once
-// MinCalls calls are in the window, so a quiet endpoint's occasional
-// failure never trips them; a run of ConsecutiveFailures failed attempts
-// (10) trips it whatever the traffic, so a dead or hung host is cut off
-// after three or four calls, and ReadyToTrip adds a rule of the user's.
-// Each attempt's
-// verdict is Policy.Classify's, taken when its response headers arrive (or
-// its error does): an error while the caller reads the body is not
-// counted.
+//   - Counts. Policy.Classify judges each attempt when its response
+//     headers or its error arrive: a failure, a success, or ignored (by
+//     DefaultClassify: the caller's cancel, a 501, a 4xx but 429), which
+//     counts for nothing; one that took SlowCall or longer is slow too. The window holds exactly
+//     the last WindowCalls [100] counted attempts or, with Window set,
+//     those of the last Window, in ten buckets (up to a tenth more of the
+//     past). Every state change empties it.
+//   - Trips, judged after every counted attempt, a success too: when the
+//     window holds MinCalls [100] attempts or more and failures ÷
+//     attempts ≥ FailureRate [50 %] or slow ÷ attempts ≥ SlowCallRate
+//     [50 %]; while SlowCall is learned, only once that has held at every
+//     attempt for the hold (below). Or when the last ConsecutiveFailures
+//     [10] attempts went unanswered (timeouts, transport errors) over at
+//     least the hold. Or when ReadyToTrip says so. So a host that fails
+//     every attempt trips at its 100th from a cold start and at its 50th
+//     failure after a healthy past; one failing every other attempt, or
+//     three in a round robin of five, at its 100th (each plus the hold).
+//   - The hold is the host's learned third-attempt timeout: 12 × its
+//     healthy p99.9, at least 200 ms, at most the attempt timeout's
+//     ceiling (Timeout.Attempt [10 s]); zero before anything is learned.
+//   - Refuses. Open, it fails every request at once with a
+//     *BreakerOpenError, for OpenFor [1 s], doubled on each trip in a row
+//     up to MaxOpenFor [60 s], less up to 20 % at random.
+//   - Probes. While open, one request per open time ÷ HalfOpenCalls [10]
+//     goes as a probe, once a request was refused since the last, keeping
+//     one of the HalfOpenCalls for the half-open round; one that succeeds
+//     ends the open time. Then, half-open, HalfOpenCalls probes go, at
+//     most that many at once.
+//   - Closes when all of them succeed, none slow; one failed or slow probe
+//     opens it again.
 //
-// The state machine is gobreaker's; bulwark feeds it the rates of its own
-// window, since gobreaker counts no slow calls.
+// The state machine is gobreaker's; bulwark feeds it the judgement of its
+// own window, since gobreaker counts no slow calls and judges only on a
+// failure.
 type Breaker struct {
 	// FailureRate is the share of counted calls (0 < FailureRate ≤ 1) that
 	// were failures at which the breaker opens: it trips when failures ÷
@@ -108,31 +120,29 @@ type Breaker struct {
 
 	// SlowCall is how long an attempt may take, from sending to its
 	// response headers, before it counts as slow (a wait in the bulkhead's
-	// queue before sending is not the host's and does not count). Zero inherits from
-	// Default, then means learned from the host: 2 × its healthy p99.9
-	// (the baseline Timeout.Attempt learns from, which moves by at most ×2
-	// per five minutes), at least 50 ms, at most half of the policy's
-	// Timeout.Attempt (5 s with the package defaults), and that half while
-	// fewer than 200 attempts have succeeded. Twice the slowest healthy
-	// answers is slow by the host's own measure, and stays below the
-	// learned timeout (3 × the p99.9), so a host that slows down trips the
-	// slow-call rate before its attempts time out. While SlowCall is
-	// learned, a rate rule (FailureRate, SlowCallRate) trips only once it
-	// has held for the time ConsecutiveFailures' run must last (12 × the
-	// p99.9, at least 200 ms): bounds that tight make a queue of three
-	// service times slow or timed out, and on a busy host the last 100
-	// calls are a few tens of milliseconds, so the burst of slow calls
-	// that a capacity drop queues before the adaptive limit comes down
-	// would otherwise open the breaker for seconds on a host still serving
-	// a quarter of its load; a host slow or failing for longer trips as
-	// before. A set SlowCall is obeyed as set: nothing is learned for it,
-	// and its rate rules trip at once.
+	// queue before sending is not the host's and does not count). Zero
+	// inherits from Default, then means learned from the host: 2 × its
+	// healthy p99.9 (the baseline Timeout.Attempt learns from, which moves
+	// by at most ×2 per five minutes), at least 50 ms, at most half of the
+	// policy's Timeout.Attempt (5 s with the package defaults), and that
+	// half while fewer than 200 attempts have succeeded. Twice the slowest
+	// healthy answers is slow by the host's own measure, and stays below
+	// the learned timeout (3 × the p99.9), so a host that slows down trips
+	// the slow-call rate before its attempts time out. While SlowCall is
+	// learned, the rate rules trip only once they have held for the hold
+	// (see Breaker): bounds that tight make a queue of three service times
+	// slow or timed out, and on a busy host the last 100 calls are a few
+	// tens of milliseconds, so the burst of slow calls a capacity drop
+	// queues before the adaptive limit comes down would otherwise open the
+	// breaker for seconds on a host still serving a quarter of its load. A
+	// set SlowCall is obeyed as set: nothing is learned for it, and its
+	// rate rules trip at once.
 	SlowCall time.Duration
 
-	// WindowCalls is how many of the most recent calls the rates are
-	// computed over, kept in ten buckets so the oldest tenth expires at
-	// once. Zero inherits from Default, then DefaultWindowCalls (100). It is
-	// ignored when Window is set.
+	// WindowCalls is how many of the most recent counted attempts the
+	// rates are computed over, exactly: the window is a ring of one byte
+	// per attempt. Zero inherits from Default, then DefaultWindowCalls
+	// (100). It is ignored when Window is set.
 	WindowCalls int
 
 	// Window, when set, makes the window time-based: the calls of the last
@@ -174,9 +184,10 @@ type Breaker struct {
 
 	// ReadyToTrip, if not nil, is a trip rule of the user's, beside the
 	// rate rules and ConsecutiveFailures, as gobreaker's
-	// Settings.ReadyToTrip is: after each attempt that failed or was slow
-	// while the breaker is closed, it gets the breaker's counts and trips
-	// it by returning true. It is asked whatever MinCalls says, so it can
+	// Settings.ReadyToTrip is: after every counted attempt while the
+	// breaker is closed (a success too, where gobreaker asks only after a
+	// failure), it gets the breaker's counts and trips it by returning
+	// true. It is asked whatever MinCalls says, so it can
 	// trip a quiet host; the rate rules still apply. It runs under the
 	// breaker's lock, on the request path: it must be fast, and must not
 	// call the Transport. Nil inherits from Default, then means no rule of
@@ -196,8 +207,8 @@ type Breaker struct {
 	// the field warns must not trip it), fewer than gobreaker's default
 	// would need in calls, since it counts only the calls. Once the host
 	// has a learned latency (see SlowCall), the run must also last at
-	// least the third attempt's learned timeout (the first's doubled
-	// twice: 12 × the healthy p99.9, at least 200 ms): a shorter run,
+	// least the hold (see Breaker: the third attempt's learned timeout,
+	// the first's doubled twice): a shorter run,
 	// between answers, is a batch of attempts that timed out together in
 	// the queue of a host serving at its capacity (the queue its own
 	// server still works through after bulwark gave up on them), which the
@@ -224,6 +235,9 @@ type Breaker struct {
 	// learn records that SlowCall was not given: then SlowCall is the
 	// ceiling of the learned threshold.
 	learn bool
+	// holdMax is the attempt timeout's ceiling, which caps the learned
+	// hold as it caps the learned third attempt's timeout.
+	holdMax time.Duration
 
 	// Disabled turns the breaker off for this upstream: every request goes
 	// through. An upstream inherits Disabled from Default unless it sets
@@ -257,15 +271,16 @@ func (b Breaker) inherit(parent Breaker) Breaker {
 	return b
 }
 
-// withDefaults fills zero fields; the slow-call threshold depends on the
-// attempt timeout, so the policy works it out (see SlowCall) and hands it
-// in as slowCall.
-func (b Breaker) withDefaults(slowCall time.Duration) Breaker {
+// withDefaults fills zero fields; the slow-call threshold and the hold
+// depend on the attempt timeout's ceiling, which the policy works out and
+// hands in as attempt.
+func (b Breaker) withDefaults(attempt time.Duration) Breaker {
 	b.FailureRate = cmp.Or(b.FailureRate, DefaultFailureRate)
 	b.SlowCallRate = cmp.Or(b.SlowCallRate, DefaultSlowCallRate)
 	if b.SlowCall == 0 {
-		b.SlowCall, b.learn = slowCall, true
+		b.SlowCall, b.learn = attempt/2, true
 	}
+	b.holdMax = attempt
 	b.WindowCalls = cmp.Or(b.WindowCalls, DefaultWindowCalls)
 	if b.MinCalls == 0 {
 		b.MinCalls = DefaultMinCalls
@@ -526,10 +541,12 @@ type breakerCore struct {
 	// Guarded by winMu; the hooks that write them run under gobreaker's
 	// mutex too (lock order: gobreaker's, then winMu). The thresholds
 	// (minCalls to maxOpen) may be changed by Update (retune).
-	winMu     sync.Mutex
-	win       *window.Window
-	byCount   bool
-	seq       int64 // a count window's position: the calls counted
+	winMu   sync.Mutex
+	win     breakerWindow
+	byCount bool
+	// last is win when it is a count window: record and judge, on every
+	// call, use it directly rather than through the interface.
+	last      *window.Recent
 	minCalls  int64
 	failRate  float64
 	slowRate  float64
@@ -551,6 +568,12 @@ type breakerCore struct {
 	// when it has held (unix ns; 0: not due). Under winMu.
 	settle bool
 	dueAt  int64
+	// holdMax caps the hold: the attempt timeout's ceiling (Timeout.Attempt,
+	// DefaultAttemptTimeout when the Timeout policy is off). Under winMu.
+	holdMax time.Duration
+	// tripping is judge's verdict on the last outcome, for readyToTrip.
+	// Under winMu.
+	tripping bool
 
 	// State changes queue here under gobreaker's mutex and are reported by
 	// whichever request finds them there after leaving it.
@@ -563,6 +586,21 @@ type breakerCore struct {
 	// hist is the last state changes, for Snapshot (breakerHistory).
 	hist breakerHistory
 }
+
+// breakerWindow is what a breaker's rates are over: the last WindowCalls
+// calls exactly (lastCalls), or the calls of the last Window in ten
+// buckets (window.Window), where pos is the time.
+type breakerWindow interface {
+	Add(pos int64, c window.Counts)
+	Sum(pos int64) window.Counts
+	Reset()
+}
+
+// lastCalls is a count window: the last calls, whatever pos says.
+type lastCalls struct{ *window.Recent }
+
+func (l lastCalls) Add(_ int64, c window.Counts) { l.Recent.Add(c) }
+func (l lastCalls) Sum(int64) window.Counts      { return l.Recent.Sum() }
 
 // breakerShape is what a breaker's state is built on: a change in any of
 // these makes Update build a new breaker (an empty window, closed), since
@@ -595,8 +633,8 @@ func newBreaker(next stage, p Breaker, e env, randN func(int64) int64) *breakerS
 	if p.Window > 0 {
 		c.win, _ = window.New(int64(p.Window), breakerBuckets)
 	} else {
-		c.byCount = true
-		c.win, _ = window.New(int64(p.WindowCalls), min(breakerBuckets, p.WindowCalls))
+		r, _ := window.NewRecent(p.WindowCalls)
+		c.win, c.last, c.byCount = lastCalls{r}, r, true
 	}
 	c.cb = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        e.host,
@@ -635,7 +673,7 @@ func (c *breakerCore) retune(p Breaker) {
 	c.minCalls, c.failRate, c.slowRate = int64(p.MinCalls), p.FailureRate, p.SlowCallRate
 	c.maxConsec, c.userTrip = int64(p.ConsecutiveFailures), p.ReadyToTrip
 	c.openFor, c.maxOpen = p.OpenFor, p.MaxOpenFor
-	c.settle = p.learn
+	c.settle, c.holdMax = p.learn, p.holdMax
 	c.winMu.Unlock()
 }
 
@@ -746,111 +784,167 @@ func (b *breakerStage) verdict(j judged, took time.Duration) error {
 }
 
 // isSuccessful is gobreaker's IsSuccessful hook, under its mutex, for each
-// counted outcome of the current state: closed, it records the outcome in
-// the window. A slow success is reported to gobreaker as a failure: that is
-// how ReadyToTrip gets asked, and, half-open, a slow probe reopens the
-// breaker since the host is evidently not well yet. Any other error is a
-// panic below, which Execute reports as a failure.
+// counted outcome of the current state. Closed, it records the outcome in
+// the window and judges the breaker's rules on what the window now holds
+// (judge): after every call, a success too, since a success can complete a
+// rule (the hold's time run out while the rate is still met). gobreaker
+// asks ReadyToTrip only on a failure, so an outcome whose judgement trips
+// is reported to it as one; readyToTrip then returns what judge found. A
+// slow success is a failure to gobreaker too: half-open, a slow probe
+// reopens the breaker, since the host is evidently not well yet. Any other
+// error is a panic below, which Execute reports as a failure.
 func (b *breakerCore) isSuccessful(verdict error) bool {
 	b.winMu.Lock()
 	defer b.winMu.Unlock()
-	if b.cbState == gobreaker.StateClosed && verdict != errVerdictFleet {
-		var c window.Counts
-		c[winCalls] = 1
-		if verdict != nil && verdict != errVerdictSlow {
-			c[winFailures] = 1
-		}
-		if verdict == errVerdictSlow || verdict == errVerdictSlowFailure || verdict == errVerdictSlowUnanswered {
-			c[winSlow] = 1
-		}
-		// The run ConsecutiveFailures counts is of attempts the host never
-		// answered: a host that answers, even with a 503, is alive, and
-		// its failure rate is the rate rules' to judge (a Shedder refusing
-		// the less important requests with 503s must not cut its callers
-		// off from the critical ones).
-		if c[winFailures] > 0 {
-			b.consec++
-		} else {
-			b.consec = 0
-		}
-		if verdict == errVerdictUnanswered || verdict == errVerdictSlowUnanswered {
-			if b.unans == 0 {
-				b.unansAt = time.Now().UnixNano()
-			}
-			b.unans++
-		} else {
-			b.unans = 0
-		}
-		b.seq++
-		b.win.Add(b.pos(), c)
-		if b.dueAt != 0 && verdict == nil && !b.due(b.win.Sum(b.pos())) {
-			b.dueAt = 0 // the rates fell back: a later breach starts afresh
-		}
-		if c[winFailures]+c[winSlow] > 0 {
-			b.shareCounts()
-		}
+	if b.cbState != gobreaker.StateClosed {
+		return verdict == nil
 	}
-	return verdict == nil
+	var clk breakerClock
+	if verdict != errVerdictFleet {
+		b.record(verdict, &clk)
+	}
+	b.tripping = b.judge(&clk)
+	return verdict == nil && !b.tripping
 }
 
-// pos is the window's position now: the last call counted, or the time.
-// Under winMu. A count window's calls are at 0, 1, 2, … so that its
-// buckets hold a full tenth each: from 1, the first would hold one call
-// less, and the window would hold 91 calls at the 100th, which MinCalls
-// 100 needs.
+// breakerClock reads the clock once, and only for a rule that needs it, so
+// that judging a healthy host's call in a count window reads no clock.
+type breakerClock struct{ ns int64 }
+
+func (c *breakerClock) now() int64 {
+	if c.ns == 0 {
+		c.ns = time.Now().UnixNano()
+	}
+	return c.ns
+}
+
+// record adds a closed breaker's counted outcome to the window and to the
+// runs of failures. Under winMu.
+func (b *breakerCore) record(verdict error, clk *breakerClock) {
+	var c window.Counts
+	c[winCalls] = 1
+	if verdict != nil && verdict != errVerdictSlow {
+		c[winFailures] = 1
+	}
+	if verdict == errVerdictSlow || verdict == errVerdictSlowFailure || verdict == errVerdictSlowUnanswered {
+		c[winSlow] = 1
+	}
+	// The run ConsecutiveFailures counts is of attempts the host never
+	// answered: a host that answers, even with a 503, is alive, and
+	// its failure rate is the rate rules' to judge (a Shedder refusing
+	// the less important requests with 503s must not cut its callers
+	// off from the critical ones).
+	if c[winFailures] > 0 {
+		b.consec++
+	} else {
+		b.consec = 0
+	}
+	if verdict == errVerdictUnanswered || verdict == errVerdictSlowUnanswered {
+		if b.unans == 0 {
+			b.unansAt = clk.now()
+		}
+		b.unans++
+	} else {
+		b.unans = 0
+	}
+	if b.last != nil {
+		b.last.Add(c)
+	} else {
+		b.win.Add(b.pos(), c)
+	}
+	if c[winFailures]+c[winSlow] > 0 {
+		b.shareCounts()
+	}
+}
+
+// pos is the window's position now: the time for a time window; a count
+// window (lastCalls) holds the last calls whatever the time. Under winMu.
 func (b *breakerCore) pos() int64 {
 	if b.byCount {
-		return b.seq - 1
+		return 0
 	}
 	return time.Now().UnixNano()
 }
 
-// readyToTrip is gobreaker's ReadyToTrip hook, under its mutex: our window
-// and counts decide, not gobreaker's: the rate rules, then the failures in
-// a row, then the user's rule.
-func (b *breakerCore) readyToTrip(gobreaker.Counts) bool {
-	b.winMu.Lock()
-	defer b.winMu.Unlock()
-	s := b.win.Sum(b.pos())
-	// The other pods' windows count as if they were this one's (fleet.go).
-	s = b.peers.Add(s, time.Now())
-	now := time.Now().UnixNano()
-	due := b.due(s)
+// judge decides, after a counted outcome, whether a closed breaker trips,
+// by the rules of the Breaker doc in their order: the rates (with the
+// other pods' counts), held for the hold while SlowCall is learned; the
+// unanswered attempts in a row; the user's ReadyToTrip. Under winMu.
+func (b *breakerCore) judge(clk *breakerClock) bool {
+	var s window.Counts
 	switch {
-	case due && b.dueAt == 0:
-		b.dueAt = now
-	case !due && (s[winCalls] >= b.minCalls || s[winCalls] == 0):
-		// Only a window that holds enough calls and is under the rates
-		// ends the hold. A count window dips below MinCalls each time
-		// its oldest bucket rolls out (a 100-call window holds 91 to 100,
-		// so the default MinCalls of 100 is met one call in ten): that
-		// says nothing of the rates, and ending the hold there kept a
-		// learned breaker from ever holding long enough to trip. An
-		// empty window (a time window after a quiet spell) ends it too.
-		b.dueAt = 0
+	case b.last != nil && !b.peers.Any():
+		// The count window of a host no other pod reports on: the sums
+		// read in place, as this runs after every call.
+		t := b.last.Total()
+		return b.judged(t[winCalls], t[winFailures], t[winSlow], clk)
+	case b.last != nil:
+		s = *b.last.Total()
+	default:
+		s = b.win.Sum(b.pos())
+	}
+	if b.peers.Any() {
+		// The other pods' windows count as if they were this one's (fleet.go).
+		s = b.peers.Add(s, time.Unix(0, clk.now()))
+	}
+	return b.judged(s[winCalls], s[winFailures], s[winSlow], clk)
+}
+
+// judged is judge on the window's sums (the fleet's included).
+func (b *breakerCore) judged(calls, failures, slow int64, clk *breakerClock) bool {
+	due := b.dueOf(calls, failures, slow)
+	switch {
+	case !due:
+		b.dueAt = 0 // a later breach starts afresh
+	case b.dueAt == 0:
+		b.dueAt = clk.now()
 	}
 	switch {
-	case due && (!b.settle || now-b.dueAt >= int64(b.e.learned.failingFor())):
+	case due && (!b.settle || clk.now()-b.dueAt >= int64(b.hold())):
 		return true
-	case b.maxConsec > 0 && b.unans >= b.maxConsec && time.Now().UnixNano()-b.unansAt >= int64(b.e.learned.failingFor()):
+	case b.maxConsec > 0 && b.unans >= b.maxConsec && clk.now()-b.unansAt >= int64(b.hold()):
 		return true
 	case b.userTrip != nil:
-		return b.userTrip(BreakerCounts{Calls: s[winCalls], Failures: s[winFailures], Slow: s[winSlow], ConsecutiveFailures: b.consec})
+		return b.userTrip(BreakerCounts{Calls: calls, Failures: failures, Slow: slow, ConsecutiveFailures: b.consec})
 	}
 	return false
 }
 
-// due is the trip condition on a window's sums. Under winMu.
+// hold is how long a rate must be met, while SlowCall is learned, and how
+// long a run of unanswered attempts must last, before either trips: the
+// host's learned third-attempt timeout, capped as that timeout is, at the
+// attempt timeout's ceiling (holdMax); zero before anything is learned.
+// Under winMu.
+func (b *breakerCore) hold() time.Duration {
+	return min(b.e.learned.failingFor(), b.holdMax)
+}
+
+// readyToTrip is gobreaker's ReadyToTrip hook, under its mutex, right after
+// isSuccessful reported a failure: what judge found there decides, not
+// gobreaker's counts.
+func (b *breakerCore) readyToTrip(gobreaker.Counts) bool {
+	b.winMu.Lock()
+	defer b.winMu.Unlock()
+	return b.tripping
+}
+
+// due is the rate rules on a window's sums: MinCalls calls or more, and
+// the failure rate or the slow-call rate at its threshold. Under winMu.
 func (b *breakerCore) due(s window.Counts) bool {
-	calls := s[winCalls]
-	if calls == 0 || calls < b.minCalls {
-		return false
+	return b.dueOf(s[winCalls], s[winFailures], s[winSlow])
+}
+
+// dueOf is due on the sums apart, which judge, on every call, passes
+// without copying the window's Counts.
+func (b *breakerCore) dueOf(calls, failures, slow int64) bool {
+	if calls == 0 || calls < b.minCalls || failures == 0 && slow == 0 {
+		return false // the rates are > 0 (validate)
 	}
 	// Divide rather than multiply the threshold: a quotient is correctly
 	// rounded, so 7 of 25 is exactly the float 0.28 and trips at 0.28,
 	// where 0.28*25 rounds to just above 7 and would not.
 	n := float64(calls)
-	return float64(s[winFailures])/n >= b.failRate || float64(s[winSlow])/n >= b.slowRate
+	return float64(failures)/n >= b.failRate || float64(slow)/n >= b.slowRate
 }
 
 // onStateChange is gobreaker's OnStateChange hook, under its mutex: it
@@ -862,7 +956,7 @@ func (b *breakerCore) onStateChange(_ string, from, to gobreaker.State) {
 	ev := breakerEvent{from: from, to: to, at: now, calls: s[winCalls], failures: s[winFailures], slow: s[winSlow]}
 	b.cbState = to
 	b.win.Reset()
-	b.seq, b.consec, b.unans, b.dueAt = 0, 0, 0, 0
+	b.consec, b.unans, b.dueAt, b.tripping = 0, 0, 0, false
 	switch to {
 	case gobreaker.StateOpen:
 		b.peers.Reset()

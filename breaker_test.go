@@ -158,10 +158,8 @@ func runScript(t *testing.T, tr *Transport, script string) int {
 	return 0
 }
 
-// The trip is evaluated when a failed or slow call arrives (gobreaker asks
-// ReadyToTrip on failures only, and bulwark reports a slow call as one): a
-// success that brings the window to the threshold does not trip it, the
-// next failure does.
+// The trip is judged after every counted call, a success too: a success
+// that brings the window to MinCalls at the rate trips it.
 func TestBreakerTrips(t *testing.T) {
 	const slow = time.Second
 	tests := []struct {
@@ -174,8 +172,7 @@ func TestBreakerTrips(t *testing.T) {
 		{"below MinCalls all failing", Breaker{MinCalls: 10}, "FFFFFFFFF", 0},
 		{"just under the rate", Breaker{MinCalls: 10}, "SSSSSSFFFFF", 0},
 		{"threshold reached after MinCalls", Breaker{MinCalls: 10}, "SSSSSSFFFFFF", 12},
-		{"a success reaching MinCalls at the rate", Breaker{MinCalls: 10}, "FFFFFSSSSS", 0},
-		{"the failure after it", Breaker{MinCalls: 10}, "FFFFFSSSSSF", 11},
+		{"a success reaching MinCalls at the rate", Breaker{MinCalls: 10}, "FFFFFSSSSS", 10},
 		{"rate 0.3 exact", Breaker{MinCalls: 10, FailureRate: 0.3}, "SSSSSSSFFF", 10},
 		{"rate 0.7 exact", Breaker{MinCalls: 10, FailureRate: 0.7}, "SSSFFFFFFF", 10},
 		{"rate 0.7 under", Breaker{MinCalls: 10, FailureRate: 0.7}, "SSSSFFFFFF", 0},
@@ -203,7 +200,7 @@ func TestBreakerTrips(t *testing.T) {
 		{"the run rule off", Breaker{ConsecutiveFailures: -1}, strings.Repeat("E", 50), 0},
 		{"ReadyToTrip on failures in a row", Breaker{ReadyToTrip: func(c BreakerCounts) bool { return c.ConsecutiveFailures >= 3 }}, "FFSFFF", 6},
 		{"ReadyToTrip on slow calls", Breaker{SlowCall: slow, ReadyToTrip: func(c BreakerCounts) bool { return c.Slow >= 2 && c.Calls >= 3 }}, "LSL", 3},
-		{"ReadyToTrip is asked on failures only", Breaker{ReadyToTrip: func(c BreakerCounts) bool { return c.Calls >= 3 }}, "SSSSF", 5},
+		{"ReadyToTrip is asked after every call", Breaker{ReadyToTrip: func(c BreakerCounts) bool { return c.Calls >= 3 }}, "SSSSF", 3},
 		{"ReadyToTrip sees the window's failures", Breaker{ReadyToTrip: func(c BreakerCounts) bool { return c.Failures == 2 && c.Calls == 4 }}, "SFSF", 4},
 		{"ReadyToTrip false leaves the rate rules", Breaker{MinCalls: 10, ReadyToTrip: func(BreakerCounts) bool { return false }}, "SSSSSFFFFF", 10},
 		{"count window of 20", Breaker{WindowCalls: 20}, strings.Repeat("S", 100) + strings.Repeat("F", 10), 110},
@@ -282,10 +279,10 @@ func TestBreakerDefaultsTripWithinAHundredCalls(t *testing.T) {
 		}
 		n := failingUntilOpen(t, tr, base, "F")
 		t.Logf("after 10,000 healthy calls, %d failing calls reached the upstream before the breaker opened", n)
-		// At a failure rate of 50 % over at most 100 calls, fewer than 50
-		// failures cannot trip it.
-		if n < 50 || n > 100 {
-			t.Errorf("%d failing calls reached the upstream before the breaker opened, want 50 to 100", n)
+		// The window is the last 100 calls exactly: the 50th failure
+		// makes half of them.
+		if n != DefaultMinCalls/2 {
+			t.Errorf("%d failing calls reached the upstream before the breaker opened, want %d", n, DefaultMinCalls/2)
 		}
 	})
 	t.Run("cold", func(t *testing.T) {
@@ -318,6 +315,7 @@ func TestBreakerDefaults(t *testing.T) {
 		MaxOpenFor: DefaultMaxOpenFor, HalfOpenCalls: DefaultHalfOpenCalls,
 		ConsecutiveFailures: DefaultBreakerConsecutive,
 		learn:               true, // SlowCall is learned, under half the attempt timeout
+		holdMax:             2 * time.Second,
 	}
 	got := p.Breaker
 	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
@@ -1112,4 +1110,70 @@ func (s *switchRT) set(rt http.RoundTripper) { s.rt.Store(&rt) }
 
 func (s *switchRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	return (*s.rt.Load()).RoundTrip(req)
+}
+
+// BenchmarkBreakerJudge is what judging after every call costs: the
+// closed breaker's bookkeeping of one outcome (record, under the lock, as
+// isSuccessful does) without and with the judgement of the rules that
+// follows it (judge), in one run, for a healthy host and for one whose
+// every third attempt fails, with the package defaults (a count window of
+// 100, SlowCall learned).
+func BenchmarkBreakerJudge(b *testing.B) {
+	for _, mix := range []struct {
+		name  string
+		every int // every every-th outcome is a failure; 0: none
+	}{{"healthy", 0}, {"a third failing", 3}} {
+		for _, judged := range []bool{false, true} {
+			name := mix.name + "/record"
+			if judged {
+				name = mix.name + "/record+judge"
+			}
+			b.Run(name, func(b *testing.B) {
+				tr := mustNew(b, Config{Base: &staticBase{}, Default: only(Policy{Breaker: Breaker{ConsecutiveFailures: -1, FailureRate: 1}}, "breaker")})
+				c := layerOf[*breakerStage](b, tr, breakerURL).breakerCore
+				b.ReportAllocs()
+				n := 0
+				for b.Loop() {
+					var v error
+					if n++; mix.every > 0 && n%mix.every == 0 {
+						v = errVerdictFailure
+					}
+					var clk breakerClock
+					c.winMu.Lock()
+					c.record(v, &clk)
+					if judged && c.judge(&clk) {
+						b.Fatal("tripped")
+					}
+					c.winMu.Unlock()
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkBreakerHooks is gobreaker's view of one outcome in a closed
+// breaker, as its afterRequest makes it: IsSuccessful, then ReadyToTrip
+// when that says failure. The same code runs on an older tree, for a
+// paired comparison of what judging costs per call.
+func BenchmarkBreakerHooks(b *testing.B) {
+	for _, mix := range []struct {
+		name  string
+		every int
+	}{{"healthy", 0}, {"a third failing", 3}} {
+		b.Run(mix.name, func(b *testing.B) {
+			tr := mustNew(b, Config{Base: &staticBase{}, Default: only(Policy{Breaker: Breaker{ConsecutiveFailures: -1, FailureRate: 1}}, "breaker")})
+			c := layerOf[*breakerStage](b, tr, breakerURL).breakerCore
+			b.ReportAllocs()
+			n := 0
+			for b.Loop() {
+				var v error
+				if n++; mix.every > 0 && n%mix.every == 0 {
+					v = errVerdictFailure
+				}
+				if !c.isSuccessful(v) && c.readyToTrip(gobreaker.Counts{}) {
+					b.Fatal("tripped")
+				}
+			}
+		})
+	}
 }

@@ -736,15 +736,15 @@ func TestLearnedBreakerSettles(t *testing.T) {
 // TestLearnedBreakerTripsOnErrors: a host that turns to answering only
 // fast 503s is refused by its breaker with package defaults, whether its
 // slow-call threshold was learned first or not. With a learned threshold
-// the failure rate must hold for failingFor before it trips (see
-// TestLearnedBreakerSettles); a count window that dips below MinCalls as
-// its oldest bucket rolls out once ended that hold every time, and the
+// the failure rate must hold for the hold before it trips (see
+// TestLearnedBreakerSettles); a count window that dipped below MinCalls as
+// its oldest bucket rolled out once ended that hold every time, and the
 // breaker of a learned host never tripped at all (100 of 100 calls in its
 // window failed, 2,000 calls in a row). Now it is refused after 92 failed
 // calls from a cold start (the window's 100 attempts: the retry throttle
-// lets only the first four calls retry) and after 72 following 300
-// healthy ones, when the rate has held for failingFor; every run gives
-// these (synctest).
+// lets only the first four calls retry) and after 71 following 300
+// healthy ones (the 50th failed attempt, then the hold of 200 ms); every
+// run gives these (synctest).
 func TestLearnedBreakerTripsOnErrors(t *testing.T) {
 	for _, warm := range []int{0, 300} {
 		t.Run("warm"+strconv.Itoa(warm), func(t *testing.T) {

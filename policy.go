@@ -87,11 +87,11 @@ func (p Policy) inherit(parent Policy) Policy {
 func (p Policy) withDefaults() Policy {
 	p.Timeout = p.Timeout.withDefaults()
 	p.Bulkhead = p.Bulkhead.withDefaults()
-	slow := p.Timeout.Attempt / 2 // the ceiling of Breaker.SlowCall's learned default
-	if slow <= 0 {
-		slow = DefaultAttemptTimeout / 2
+	attempt := p.Timeout.Attempt // the ceiling of the breaker's learned bounds
+	if attempt <= 0 {
+		attempt = DefaultAttemptTimeout
 	}
-	p.Breaker = p.Breaker.withDefaults(slow)
+	p.Breaker = p.Breaker.withDefaults(attempt)
 	p.Fallback = p.Fallback.withDefaults()
 	p.Retry = p.Retry.withDefaults()
 	p.Hedge = p.Hedge.withDefaults()

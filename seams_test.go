@@ -63,6 +63,7 @@ var seamRows = []struct {
 	{"timer probe × fleet", seamTimerProbeFleet},
 	{"fleet close × other pod, generation, longer hold", seamFleetCloseOther},
 	{"fleet quota × Update, Validate", seamFleetRateUpdate},
+	{"breaker judge × learned hold × Update", seamBreakerHoldUpdate},
 }
 
 func TestSeams(t *testing.T) {
@@ -1347,5 +1348,65 @@ func seamFleetRateUpdate(t *testing.T) {
 	}
 	if code, err := seamSend(t, plain, "GET", "http://api.test/"); code != 200 {
 		t.Fatalf("a call after the refused Update: %d, %v", code, err)
+	}
+}
+
+// A breaker whose slow-call threshold is learned trips on a rate only once
+// it has held for the hold, the learned third-attempt timeout capped at
+// the attempt timeout's ceiling; the rate is judged after every call, the
+// successes too. A host answering in 1 s has a learned hold of 12 s,
+// capped at 10 s: failing every other call (at once; its successes still
+// take 1 s), it is refused within a call of 10 s after its window first
+// held half failures. An Update that sets Timeout.Attempt to 4 s while the
+// rate holds caps the hold at 4 s and keeps the time it has held: refused
+// within a call of 4 s after the breach began, not 4 s after the Update.
+func seamBreakerHoldUpdate(t *testing.T) {
+	for _, update := range []bool{false, true} {
+		var sick atomic.Bool
+		base := &seamBase{answer: func(n int, req *http.Request) (*http.Response, error) {
+			if sick.Load() && n%2 == 0 {
+				return seamAnswer(req, 0, 503)
+			}
+			return seamAnswer(req, time.Second, 200)
+		}}
+		cfg := bulwark.Config{Base: base, Default: bulwark.Policy{Retry: bulwark.Retry{Disabled: true}}}
+		tr := seamNew(t, cfg)
+		seamLearn(t, tr, "http://api.test/x", 300)
+		if l := seamHost(t, tr, "api.test:80").Learned; l.SlowCallFrom != bulwark.FromLearned {
+			t.Fatalf("after 300 healthy calls: %+v, want the slow-call threshold learned", l)
+		}
+		sick.Store(true)
+		var dueAt, updatedAt time.Time
+		want := 10 * time.Second
+		for i := range 1000 {
+			_, err := seamSend(t, tr, "GET", "http://api.test/x")
+			if errors.Is(err, bulwark.ErrBreakerOpen) {
+				if dueAt.IsZero() {
+					t.Fatalf("update %v: refused at call %d before the window held half failures", update, i+1)
+				}
+				held := time.Since(dueAt)
+				t.Logf("update %v: refused %v after the rate was first met", update, held)
+				if held < want || held > want+1100*time.Millisecond {
+					t.Errorf("update %v: refused %v after the rate was first met, want %v to %v", update, held, want, want+1100*time.Millisecond)
+				}
+				break
+			}
+			b := seamHost(t, tr, "api.test:80").Breaker
+			if dueAt.IsZero() && b.Calls >= 100 && 2*b.Failures >= b.Calls {
+				dueAt = time.Now()
+			}
+			if update && updatedAt.IsZero() && !dueAt.IsZero() && time.Since(dueAt) >= 2*time.Second {
+				set := cfg
+				set.Default.Timeout.Attempt = 4 * time.Second
+				if err := tr.Update(set); err != nil {
+					t.Fatal(err)
+				}
+				updatedAt, want = time.Now(), 4*time.Second
+			}
+			time.Sleep(50 * time.Millisecond)
+			if i == 999 {
+				t.Fatalf("update %v: never refused in 1,000 calls", update)
+			}
+		}
 	}
 }
