@@ -2,6 +2,7 @@ package bulwark
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -301,5 +302,46 @@ func BenchmarkNoteBelow(b *testing.B) {
 		for b.Loop() {
 			noteBelow(with, noteRefused)
 		}
+	})
+}
+
+// BenchmarkOpenRefusal is what a call costs that an open breaker refuses,
+// through the whole default stack (New(Config{}) over the stub), one
+// caller at a time: the breaker held open by ControlBreaker, and one
+// tripped by its host's failures (held open for an hour, so no probe comes
+// due). A refusal is what a service pays most of in an outage.
+func BenchmarkOpenRefusal(b *testing.B) {
+	run := func(b *testing.B, tr http.RoundTripper) {
+		req, err := http.NewRequest("GET", "http://stub.internal/x", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		req.Header.Set("Accept", "application/json")
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := tr.RoundTrip(req); !errors.Is(err, ErrBreakerOpen) {
+				b.Fatalf("RoundTrip: %v, want ErrBreakerOpen", err)
+			}
+		}
+	}
+	b.Run("forced", func(b *testing.B) {
+		tr := mustNew(b, Config{Base: benchBase{}})
+		if err := tr.ControlBreaker("stub.internal:80", BreakerForceOpen); err != nil {
+			b.Fatal(err)
+		}
+		run(b, tr)
+	})
+	b.Run("tripped", func(b *testing.B) {
+		tr := mustNew(b, Config{Base: &staticBase{&http.Response{StatusCode: 503, Body: http.NoBody}},
+			Default: Policy{Breaker: Breaker{MinCalls: 1, OpenFor: time.Hour}}})
+		req, _ := http.NewRequest("GET", "http://stub.internal/x", nil)
+		for range 10 {
+			if resp, err := tr.RoundTrip(req); err == nil {
+				resp.Body.Close()
+			} else if errors.Is(err, ErrBreakerOpen) {
+				break
+			}
+		}
+		run(b, tr)
 	})
 }

@@ -466,23 +466,26 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 		c.sent = firstSent
 		var resp *http.Response
 		var err error
+		var k kind
 		if attempt == 1 && r.hedge != nil && replayable {
 			// The first round may send hedges: attempt becomes the
 			// number of the last attempt it sent.
 			var n int
 			resp, n, err = r.hedged(cur, req, c)
 			attempt = n
+			k = classify(resp, err)
 		} else {
 			if attempt > 1 {
 				c.sent = time.Now()
 			}
 			start := c.sent
 			resp, err = r.next.roundTrip(cur, c)
-			r.record(classify(resp, err), start)
+			k = classify(resp, err)
+			r.record(k, start)
 		}
 		// Judged once: the budget, decide and the record read the same
 		// verdict, and a user's classifier is called once per attempt.
-		j := judge(c.classify, resp, err)
+		j := judgeKind(c.classify, k, resp, err)
 		if c.attempt == 1 && r.budget != nil && reached(j.k) {
 			// The budget counts calls that reached the host: one refused
 			// here by an open breaker or a pause is no request of its.
