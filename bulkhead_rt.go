@@ -442,7 +442,10 @@ func (b *bulkheadStage) pass(next stage, req *http.Request, c call) (*http.Respo
 		b.followPolicy(resp.Header)
 	}
 	if err != nil {
-		b.release()
+		// An attempt abandoned at its deadline keeps its slot until its
+		// base returns: a host that ignores the deadline still has no
+		// more than its share.
+		afterReturn(err, b)
 		return nil, err
 	}
 	// The bulkhead itself is the bodyEnder: registering a pointer we hold

@@ -5,9 +5,10 @@ import "time"
 // Update replaces the Transport's policies with cfg's while it runs. cfg is
 // validated as New validates it; on error (a *ConfigError) nothing changes.
 //
-// Update applies Default, Upstreams, MaxHosts and HostIdle. Base, the
-// providers, Propagator and Logger are New's and Update ignores them, so
-// the Config given to New can be edited and passed again.
+// Update applies Default, Upstreams, MaxHosts and HostIdle. Base,
+// BaseIgnoresContext, the providers, Propagator and Logger are New's and
+// Update ignores them, so the Config given to New can be edited and passed
+// again.
 //
 // Each host's stack is built anew under its new policy and swapped in
 // atomically; a request already past the router finishes through the stack
