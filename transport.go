@@ -52,10 +52,10 @@ type Config struct {
 	// response headers is guarded; a body's reads are the caller's.
 	// Needs the deadline layers (Timeout not Disabled).
 	//
-	// It is off by default because a base that honours its context, as
-	// net/http's Transport does, never needs it, and the goroutine and
-	// the hand-over to it cost every attempt about a microsecond and a
-	// few allocations (bench/BenchmarkAbandonCost).
+	// It is off by default: a base that honours its context, as net/http's
+	// Transport does, never needs it, and it costs every attempt a
+	// goroutine, a hand-over between goroutines and five allocations
+	// (bench's BenchmarkAbandonCost).
 	BaseIgnoresContext bool
 
 	// Default is the policy for every host that no Upstreams key names, and
