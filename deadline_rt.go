@@ -586,7 +586,7 @@ type abandonedError struct {
 }
 
 func (e *abandonedError) Error() string {
-	return e.err.Error() + " (bulwark: attempt abandoned, its base still running)"
+	return e.err.Error() + " (attempt abandoned: its base still runs)"
 }
 
 func (e *abandonedError) Unwrap() error { return e.err }

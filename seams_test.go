@@ -1166,6 +1166,17 @@ func stubbornAnswer(req *http.Request, d time.Duration) (*http.Response, error) 
 	return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("late")), Request: req}, nil
 }
 
+// stubbornFirst is a base whose first attempt ignores its context for 2 s
+// before its 200; every other attempt is answered 200 at once.
+func stubbornFirst() *seamBase {
+	return &seamBase{answer: func(n int, req *http.Request) (*http.Response, error) {
+		if n == 1 {
+			return stubbornAnswer(req, 2*time.Second)
+		}
+		return seamAnswer(req, 0, 200)
+	}}
+}
+
 // seamInFlight is the slots host's bulkhead holds.
 func seamInFlight(t *testing.T, tr *bulwark.Transport, host string) int {
 	t.Helper()
@@ -1177,12 +1188,7 @@ func seamInFlight(t *testing.T, tr *bulwark.Transport, host string) int {
 // deadlines holds no more than MaxConcurrent requests however many calls
 // come back at their deadline, and the slot is free once it answers.
 func seamAbandonBulkhead(t *testing.T) {
-	base := &seamBase{answer: func(n int, req *http.Request) (*http.Response, error) {
-		if n == 1 {
-			return stubbornAnswer(req, 2*time.Second)
-		}
-		return seamAnswer(req, 0, 200)
-	}}
+	base := stubbornFirst()
 	tr := seamNew(t, bulwark.Config{Base: base, BaseIgnoresContext: true, Default: bulwark.Policy{
 		Timeout:  bulwark.Timeout{Attempt: 100 * time.Millisecond},
 		Bulkhead: bulwark.Bulkhead{MaxConcurrent: 1},
@@ -1209,12 +1215,7 @@ func seamAbandonBulkhead(t *testing.T) {
 // the call succeeds at 100 ms of attempt and 100 ms of wait, and each
 // body is read once and closed once.
 func seamAbandonRetry(t *testing.T) {
-	base := &seamBase{answer: func(n int, req *http.Request) (*http.Response, error) {
-		if n == 1 {
-			return stubbornAnswer(req, 2*time.Second)
-		}
-		return seamAnswer(req, 0, 200)
-	}}
+	base := stubbornFirst()
 	tr := seamNew(t, bulwark.Config{Base: base, BaseIgnoresContext: true, Default: bulwark.Policy{
 		Timeout: bulwark.Timeout{Total: time.Second, Attempt: 100 * time.Millisecond},
 		Retry:   bulwark.Retry{Base: 100 * time.Millisecond, Jitter: bulwark.JitterNone}}})
