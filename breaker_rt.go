@@ -331,6 +331,8 @@ func (e *BreakerOpenError) Error() string {
 // Unwrap returns ErrBreakerOpen.
 func (e *BreakerOpenError) Unwrap() error { return ErrBreakerOpen }
 
+func (e *BreakerOpenError) refusalKind() kind { return kindBreakerOpen }
+
 // CircuitState is a breaker's state, as BreakerState reports it.
 type CircuitState uint8
 

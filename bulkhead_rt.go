@@ -272,6 +272,8 @@ func (e *BulkheadFullError) Error() string { return "bulwark: bulkhead full for 
 // Unwrap returns ErrBulkheadFull.
 func (e *BulkheadFullError) Unwrap() error { return ErrBulkheadFull }
 
+func (e *BulkheadFullError) refusalKind() kind { return kindBulkheadFull }
+
 // RateLimitError reports a request the host's client-side rate limit
 // refused because its turn would come too late for its deadline. It matches
 // ErrRateLimited and also ErrBulkheadFull: like a full bulkhead it is a local

@@ -483,6 +483,13 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 			k = classify(resp, err)
 			r.record(k, start)
 		}
+		if attempt == 1 && refusedBelow(k) {
+			// A first attempt refused on purpose is the call's outcome
+			// as it stands (decide's step 3): the host saw nothing for
+			// the budget to count, and nothing is left to decide. The
+			// commonest call of an outage takes this path.
+			return nil, err
+		}
 		// Judged once: the budget, decide and the record read the same
 		// verdict, and a user's classifier is called once per attempt.
 		j := judgeKind(c.classify, k, resp, err)
@@ -547,6 +554,17 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 		}
 		cur = next
 	}
+}
+
+// refusedBelow reports an outcome of kind k that a layer below chose on
+// purpose: an open breaker, a full bulkhead, a host's pushback pause. It
+// is the answer, not a failure to try again: retrying it would only spin.
+func refusedBelow(k kind) bool {
+	switch k {
+	case kindBreakerOpen, kindBulkheadFull, kindPushback:
+		return true
+	}
+	return false
 }
 
 // wait waits d or until ctx ends, returning ctx's error then.
@@ -615,8 +633,7 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 	// 3. A layer below refused on purpose: an open breaker, a full bulkhead
 	// or a host's pushback pause is the answer, not a failure to try again,
 	// and retrying it would only spin.
-	switch j.k {
-	case kindBreakerOpen, kindBulkheadFull, kindPushback:
+	if refusedBelow(j.k) {
 		return decision{}
 	}
 	// 4. The server said not to retry: it is shedding load, or passing up

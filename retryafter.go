@@ -24,6 +24,8 @@ func (e *PushbackError) Error() string {
 // Unwrap returns ErrPushback.
 func (e *PushbackError) Unwrap() error { return ErrPushback }
 
+func (e *PushbackError) refusalKind() kind { return kindPushback }
+
 // pushbackStage pauses a host: a 429 or 503 with a valid Retry-After
 // pauses every request to the host (not only the one that got it) until the
 // time the server named, capped at Retry.MaxRetryAfter. During the pause
