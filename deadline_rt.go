@@ -518,6 +518,10 @@ func (r *attemptRun) guarded(next stage, req *http.Request, c call) (*http.Respo
 	return l.resp, l.err
 }
 
+// errBaseGoexit is an attempt whose goroutine the layers below ended
+// with runtime.Goexit.
+var errBaseGoexit = errors.New("bulwark: the base ended its goroutine (runtime.Goexit) without an answer")
+
 // run is the attempt's goroutine.
 func (l *lateRun) run(next stage, req *http.Request, c call) {
 	returned := false
@@ -530,6 +534,11 @@ func (l *lateRun) run(next stage, req *http.Request, c call) {
 		p := recover()
 		if l.state.CompareAndSwap(lateRunning, lateReturned) {
 			l.panicked = p
+			if p == nil {
+				// runtime.Goexit below (a test's t.FailNow in its base):
+				// no panic to hand over, and never (nil, nil).
+				l.err = errBaseGoexit
+			}
 			close(l.done)
 			return
 		}

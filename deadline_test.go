@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -827,4 +828,19 @@ func TestAbandonContract(t *testing.T) {
 	runContract(t, func(base http.RoundTripper) http.RoundTripper {
 		return mustNew(t, Config{Base: base, BaseIgnoresContext: true})
 	})
+}
+
+// A base that ends its goroutine (runtime.Goexit, as t.FailNow does)
+// leaves an attempt run in a goroutine without an answer: the caller
+// gets an error, never (nil, nil).
+func TestAbandonBaseGoexit(t *testing.T) {
+	tr := mustNew(t, Config{BaseIgnoresContext: true, Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
+		runtime.Goexit()
+		return nil, nil
+	}), Default: Policy{Retry: Retry{Disabled: true}}})
+	req, _ := http.NewRequest("GET", "http://x.internal/", nil)
+	resp, err := tr.RoundTrip(req)
+	if resp != nil || !errors.Is(err, errBaseGoexit) {
+		t.Fatalf("RoundTrip = %v, %v; want errBaseGoexit", resp, err)
+	}
 }
