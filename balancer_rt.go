@@ -150,7 +150,9 @@ func (b *balancerStage) roundTrip(req *http.Request, c call) (*http.Response, er
 		b.record(req.Context(), in, c.judge(resp, err))
 	}
 	if err != nil {
-		in.inflight.Add(-1)
+		// An attempt abandoned at its deadline is in flight until its
+		// base returns, as its bulkhead slot is held.
+		afterReturn(err, in)
 		return nil, err
 	}
 	// The caller sees its own request, with the logical URL.

@@ -2,6 +2,7 @@ package bulwark
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sony/gobreaker/v2"
 )
 
 // benchBase is the cheapest honest base: a fixed response, body included,
@@ -301,5 +304,58 @@ func BenchmarkNoteBelow(b *testing.B) {
 		for b.Loop() {
 			noteBelow(with, noteRefused)
 		}
+	})
+}
+
+// BenchmarkOpenRefusal is what a call costs that an open breaker refuses,
+// through the whole default stack (New(Config{}) over the stub), one
+// caller at a time: the breaker held open by ControlBreaker, and one
+// tripped by its host's failures (held open for an hour, so no probe comes
+// due). A refusal is what a service pays most of in an outage. gobreaker
+// is the reference, paired in the same run: its open breaker in a
+// RoundTripper of a few lines, nothing else.
+func BenchmarkOpenRefusal(b *testing.B) {
+	run := func(b *testing.B, tr http.RoundTripper) {
+		req, err := http.NewRequest("GET", "http://stub.internal/x", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		req.Header.Set("Accept", "application/json")
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := tr.RoundTrip(req); !errors.Is(err, ErrBreakerOpen) && !errors.Is(err, gobreaker.ErrOpenState) {
+				b.Fatalf("RoundTrip: %v, want an open breaker's refusal", err)
+			}
+		}
+	}
+	b.Run("gobreaker", func(b *testing.B) {
+		cb := gobreaker.NewCircuitBreaker[*http.Response](gobreaker.Settings{Timeout: time.Hour,
+			ReadyToTrip: func(gobreaker.Counts) bool { return true }})
+		rt := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			return cb.Execute(func() (*http.Response, error) { return nil, errors.New("down") })
+		})
+		req, _ := http.NewRequest("GET", "http://stub.internal/x", nil)
+		_, _ = rt.RoundTrip(req) // trips it
+		run(b, rt)
+	})
+	b.Run("forced", func(b *testing.B) {
+		tr := mustNew(b, Config{Base: benchBase{}})
+		if err := tr.ControlBreaker("stub.internal:80", BreakerForceOpen); err != nil {
+			b.Fatal(err)
+		}
+		run(b, tr)
+	})
+	b.Run("tripped", func(b *testing.B) {
+		tr := mustNew(b, Config{Base: &staticBase{&http.Response{StatusCode: 503, Body: http.NoBody}},
+			Default: Policy{Breaker: Breaker{MinCalls: 1, OpenFor: time.Hour}}})
+		req, _ := http.NewRequest("GET", "http://stub.internal/x", nil)
+		for range 10 {
+			if resp, err := tr.RoundTrip(req); err == nil {
+				resp.Body.Close()
+			} else if errors.Is(err, ErrBreakerOpen) {
+				break
+			}
+		}
+		run(b, tr)
 	})
 }

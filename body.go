@@ -1,6 +1,7 @@
 package bulwark
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"sync/atomic"
@@ -142,4 +143,23 @@ func closeBody(req *http.Request) {
 	if req.Body != nil && req.Body != http.NoBody {
 		_ = req.Body.Close()
 	}
+}
+
+// lateAttempt is the error of an attempt its caller stopped waiting for
+// while the layers below still run it (the attempt layer's, with
+// Config.BaseIgnoresContext): work a layer above holds for the attempt
+// (a bulkhead slot, an instance's count in flight) waits for its return.
+type lateAttempt interface {
+	error
+	afterReturn(e bodyEnder)
+}
+
+// afterReturn runs e once the attempt that failed with err has returned:
+// at once, unless err is a lateAttempt.
+func afterReturn(err error, e bodyEnder) {
+	if l, ok := errors.AsType[lateAttempt](err); ok {
+		l.afterReturn(e)
+		return
+	}
+	e.bodyEnd()
 }

@@ -346,6 +346,8 @@ func (e *BreakerOpenError) Error() string {
 // Unwrap returns ErrBreakerOpen.
 func (e *BreakerOpenError) Unwrap() error { return ErrBreakerOpen }
 
+func (e *BreakerOpenError) refusalKind() kind { return kindBreakerOpen }
+
 // CircuitState is a breaker's state, as BreakerState reports it.
 type CircuitState uint8
 
@@ -1447,7 +1449,13 @@ func (b *breakerCore) heldState() CircuitState {
 // half-open round that follows decides whether the breaker closes. A
 // failure changes nothing: the open time runs on.
 func (b *breakerStage) spacedProbe(req *http.Request, c call) (resp *http.Response, err error, ok bool) {
-	now := time.Now()
+	// The retry layer's reading of the clock, when it just took one: no
+	// layer between waits, and a refusal, what an open breaker mostly
+	// does, then reads no clock of its own.
+	now := c.sent
+	if now.IsZero() {
+		now = time.Now()
+	}
 	hold := b.holdUntil.Load()
 	// In shadow mode too, so that it behaves as an enforcing breaker would.
 	if hold == 0 || !b.probes.spaced(now.UnixNano()) {

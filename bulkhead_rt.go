@@ -284,6 +284,8 @@ func (e *BulkheadFullError) Error() string { return "bulwark: bulkhead full for 
 // Unwrap returns ErrBulkheadFull.
 func (e *BulkheadFullError) Unwrap() error { return ErrBulkheadFull }
 
+func (e *BulkheadFullError) refusalKind() kind { return kindBulkheadFull }
+
 // RateLimitError reports a request the host's client-side rate limit
 // refused because its turn would come too late for its deadline. It matches
 // ErrRateLimited and also ErrBulkheadFull: like a full bulkhead it is a local
@@ -454,7 +456,10 @@ func (b *bulkheadStage) pass(next stage, req *http.Request, c call) (*http.Respo
 		b.followPolicy(resp.Header)
 	}
 	if err != nil {
-		b.release()
+		// An attempt abandoned at its deadline keeps its slot until its
+		// base returns: a host that ignores the deadline still has no
+		// more than its share.
+		afterReturn(err, b)
 		return nil, err
 	}
 	// The bulkhead itself is the bodyEnder: registering a pointer we hold

@@ -264,6 +264,11 @@ func classify(resp *http.Response, err error) kind {
 		}
 		return kindSuccess
 	}
+	// A layer's refusal as the layer returns it names its kind: no walk
+	// down its chain for the commonest errors of an outage.
+	if r, ok := err.(refusal); ok {
+		return r.refusalKind()
+	}
 	// The order matters: bulwark's own errors wrap context.DeadlineExceeded.
 	// AsType rather than As: As's target escapes, an allocation on every
 	// refusal the router counts (callCounts), which refuses without one.
@@ -295,6 +300,14 @@ func classify(resp *http.Response, err error) kind {
 		return kindPermanent
 	}
 	return kindTransient
+}
+
+// refusal is a layer's own refusal error (an open breaker's, a full
+// bulkhead's, a pause's, the throttle's), which knows its kind: the one
+// the walk in classify finds for it wrapped (TestRefusalKinds).
+type refusal interface {
+	error
+	refusalKind() kind
 }
 
 // connRefused reports a connection the host refused: nothing was sent, so

@@ -91,3 +91,20 @@ func TestClassifyNeverReadsText(t *testing.T) {
 		t.Errorf("classify(%q) = %v, want kindTransient", err, k)
 	}
 }
+
+// TestRefusalKinds holds each layer's refusal to the kind it names for
+// itself (the shortcut classify takes for it as returned) being the kind
+// classify's walk finds for it wrapped, where no shortcut applies.
+func TestRefusalKinds(t *testing.T) {
+	for _, r := range []refusal{
+		&BreakerOpenError{Host: "h:80"},
+		&BulkheadFullError{Host: "h:80"},
+		&PushbackError{Host: "h:80"},
+		&ThrottledError{Host: "h:80"},
+	} {
+		walked := classify(nil, fmt.Errorf("wrapped: %w", r))
+		if got := classify(nil, r); got != r.refusalKind() || got != walked {
+			t.Errorf("%T: classify = %v, its own kind %v, wrapped %v; want all three equal", r, got, r.refusalKind(), walked)
+		}
+	}
+}

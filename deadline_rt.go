@@ -198,9 +198,12 @@ type attemptStage struct {
 	// learnedMs caches the deadline header's value for the learned first
 	// attempt's timeout, which changes far less often than calls come.
 	learnedMs atomic.Pointer[headerValue]
-	// tooShort counts the refusals for too little time left, the host's
-	// (env.tooShort); nil: not counted.
-	tooShort *atomic.Uint64
+	// counts are the host's (env.deadlines): refusals for too little time
+	// left, attempts abandoned; nil: not counted.
+	counts *deadlineCounts
+	// abandon runs each attempt in a goroutine of its own, which the
+	// caller leaves behind at the attempt's deadline (Config.BaseIgnoresContext).
+	abandon bool
 }
 
 // headerValue is a deadline header's value for a time left of left.
@@ -266,8 +269,8 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	if end, ok := c.end(cd, hasCD); ok && end.Sub(now) < minSendTime {
 		closeBody(req)
 		a.rep.rejected(ctx, layerDeadline)
-		if a.tooShort != nil {
-			a.tooShort.Add(1)
+		if a.counts != nil {
+			a.counts.tooShort.Add(1)
 		}
 		return nil, ErrDeadlineTooShort
 	}
@@ -297,9 +300,20 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	} else {
 		r.timer = time.AfterFunc(wait, r.expire)
 	}
-	out := req.WithContext(r.ctx)
-	if a.header != "" {
+	var out *http.Request
+	switch {
+	case a.abandon:
+		// An abandoned attempt's base may read its request after the
+		// caller has it back and changes it: a copy of its own, URL and
+		// header included (the body is the base's to close, as ever).
+		out = req.Clone(r.ctx)
+	case a.header != "":
+		out = req.WithContext(r.ctx)
 		out.Header = cloneHeader(req.Header)
+	default:
+		out = req.WithContext(r.ctx)
+	}
+	if a.header != "" {
 		vals := r.vals[:]
 		if left == a.attempt {
 			vals[0] = a.attemptMs
@@ -327,7 +341,16 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 			r.bodyEnd()
 		}
 	}()
-	resp, err := a.next.roundTrip(out, c)
+	var resp *http.Response
+	var err error
+	if a.abandon {
+		resp, err = r.guarded(a.next, out, c)
+		if _, ok := err.(*abandonedError); ok && a.counts != nil {
+			a.counts.abandoned.Add(1)
+		}
+	} else {
+		resp, err = a.next.roundTrip(out, c)
+	}
 	returned = true
 	r.stopTimer()
 	a.learned.record(c, now, resp, err)
@@ -444,3 +467,145 @@ func (r *attemptRun) bodyEnd() {
 	r.timer.Stop()
 	r.cancel(context.Canceled)
 }
+
+// An attempt whose base ignores its context cannot be made to return; it
+// can only be left behind, as Hystrix's thread isolation leaves a command
+// that ignores its timeout to its thread. With Config.BaseIgnoresContext
+// the attempt layer runs the layers below it in a goroutine of their own
+// (guarded) and returns when the attempt's context ends, deadline, the
+// caller's cancel or a hedge's win alike; the goroutine then finishes on
+// its own: it drains and closes the late response, and hands back what
+// the layers above hold for the attempt (its bulkhead slot), so a host
+// that holds its attempts past their deadline still holds no more slots
+// than its bulkhead has.
+
+// The states of lateRun.state.
+const (
+	lateRunning   uint32 = iota
+	lateReturned         // the base returned while the caller waited
+	lateAbandoned        // the caller left; the goroutine finishes alone
+)
+
+// lateRun is an attempt run in a goroutine of its own (attemptRun.guarded).
+type lateRun struct {
+	done  chan struct{} // closed when the base returned to a waiting caller
+	state atomic.Uint32
+	resp  *http.Response
+	err   error
+	// panicked is a panic of the layers below, handed to the caller.
+	panicked any
+	// The work to run when an abandoned attempt's base returns at last,
+	// as a body's: the layers above add to it (afterReturn).
+	mu     sync.Mutex
+	over   bool
+	enders [maxEnders]bodyEnder
+	n      int
+}
+
+// guarded sends req through next in a goroutine and waits for its answer
+// or for the end of the attempt's context, whichever comes first. In the
+// second case the attempt is abandoned: its error is an *abandonedError
+// over the context's cause, which the attempt layer names as usual
+// (ErrAttemptTimeout, ErrTotalTimeout, the caller's own).
+func (r *attemptRun) guarded(next stage, req *http.Request, c call) (*http.Response, error) {
+	// Its own allocation rather than a field of attemptRun: the attempts
+	// of a base that honours its context should not carry it.
+	l := &lateRun{done: make(chan struct{})}
+	go l.run(next, req, c)
+	select {
+	case <-l.done:
+	case <-r.ctx.Done():
+		if l.state.CompareAndSwap(lateRunning, lateAbandoned) {
+			return nil, &abandonedError{err: context.Cause(r.ctx), late: l}
+		}
+		<-l.done // it returned meanwhile: its answer stands
+	}
+	if l.panicked != nil {
+		panic(l.panicked)
+	}
+	return l.resp, l.err
+}
+
+// errBaseGoexit is an attempt whose goroutine the layers below ended
+// with runtime.Goexit.
+var errBaseGoexit = errors.New("bulwark: the base ended its goroutine (runtime.Goexit) without an answer")
+
+// run is the attempt's goroutine.
+func (l *lateRun) run(next stage, req *http.Request, c call) {
+	returned := false
+	defer func() {
+		if returned {
+			return
+		}
+		// The layers below panicked: a waiting caller gets the panic; an
+		// abandoned attempt's goes on here, as any goroutine's would.
+		p := recover()
+		if l.state.CompareAndSwap(lateRunning, lateReturned) {
+			l.panicked = p
+			if p == nil {
+				// runtime.Goexit below (a test's t.FailNow in its base):
+				// no panic to hand over, and never (nil, nil).
+				l.err = errBaseGoexit
+			}
+			close(l.done)
+			return
+		}
+		l.finish()
+		panic(p)
+	}()
+	resp, err := next.roundTrip(req, c)
+	returned = true
+	l.resp, l.err = resp, err
+	if l.state.CompareAndSwap(lateRunning, lateReturned) {
+		close(l.done)
+		return
+	}
+	// Nobody will read it: drained and closed, as a discarded response
+	// is, so its connection goes back to the pool.
+	discard(resp)
+	l.finish()
+}
+
+// finish runs the work the layers above left for the attempt's return.
+func (l *lateRun) finish() {
+	l.mu.Lock()
+	l.over = true
+	n := l.n
+	l.mu.Unlock()
+	for i := range n {
+		l.enders[i].bodyEnd()
+		l.enders[i] = nil
+	}
+}
+
+// afterReturn arranges for e to run once the abandoned attempt's base has
+// returned: now, if it has.
+func (l *lateRun) afterReturn(e bodyEnder) {
+	l.mu.Lock()
+	if !l.over && l.n < maxEnders {
+		l.enders[l.n] = e
+		l.n++
+		l.mu.Unlock()
+		return
+	}
+	l.mu.Unlock()
+	e.bodyEnd()
+}
+
+// abandonedError is an attempt the caller stopped waiting for while its
+// base still ran (Config.BaseIgnoresContext). It wraps the cause that
+// ended the attempt's context, so errors.Is sees the attempt's timeout;
+// a layer above that holds something for the attempt lets it go by
+// afterReturn, when the base really returns.
+type abandonedError struct {
+	err  error
+	late *lateRun
+}
+
+func (e *abandonedError) Error() string {
+	return e.err.Error() + " (attempt abandoned: its base still runs)"
+}
+
+func (e *abandonedError) Unwrap() error { return e.err }
+
+func (e *abandonedError) afterReturn(w bodyEnder) { e.late.afterReturn(w) }

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -646,11 +648,13 @@ func TestDeadlineHeaderOptOut(t *testing.T) {
 // span and its bulkhead slot.
 func TestBasePanicEndsTheAttempt(t *testing.T) {
 	for _, c := range []struct {
-		name string
-		p    Policy
+		name    string
+		p       Policy
+		abandon bool
 	}{
-		{"defaults", Policy{}},
-		{"deadline layers alone", only(Policy{}, "timeout")},
+		{"defaults", Policy{}, false},
+		{"deadline layers alone", only(Policy{}, "timeout"), false},
+		{"attempts in a goroutine", Policy{}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			k := newOtelKit(t)
@@ -660,6 +664,7 @@ func TestBasePanicEndsTheAttempt(t *testing.T) {
 				panic("base exploded")
 			})
 			cfg := k.realConfig(base, c.p)
+			cfg.BaseIgnoresContext = c.abandon
 			tr := mustTransport(t, cfg)
 			req, _ := http.NewRequest("GET", "http://tax.internal/", nil)
 			got := func() (v any) {
@@ -689,5 +694,153 @@ func TestBasePanicEndsTheAttempt(t *testing.T) {
 				t.Errorf("%d bulkhead slots held after the panic, want 0", inFlight)
 			}
 		})
+	}
+}
+
+// stubbornBase ignores its request's context: it holds every attempt for
+// hold, then reads and closes the request body, and answers 200 with a
+// body whose closes it counts.
+type stubbornBase struct {
+	hold     time.Duration
+	sent     atomic.Int32
+	returned atomic.Int32
+	closed   atomic.Int32 // response bodies closed
+	read     atomic.Int64 // request body bytes read
+}
+
+func (b *stubbornBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	b.sent.Add(1)
+	time.Sleep(b.hold)
+	if req.Body != nil {
+		n, _ := io.Copy(io.Discard, req.Body)
+		b.read.Add(n)
+		req.Body.Close()
+	}
+	defer b.returned.Add(1)
+	return &http.Response{StatusCode: 200, Header: http.Header{}, Request: req,
+		Body: &closeCounter{Reader: strings.NewReader("late"), n: &b.closed}}, nil
+}
+
+type closeCounter struct {
+	io.Reader
+	n *atomic.Int32
+}
+
+func (c *closeCounter) Close() error { c.n.Add(1); return nil }
+
+// A base that ignores its context holds the call past its deadline,
+// unless Config.BaseIgnoresContext: then the call returns at its
+// deadline, the attempt keeps its bulkhead slot until the base returns,
+// and the late response is closed and counted.
+func TestBaseIgnoresContextAbandonsAtDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := Policy{Timeout: Timeout{Total: 300 * time.Millisecond}}
+		send := func(rt http.RoundTripper, ctx context.Context) (time.Duration, *http.Response, error) {
+			req, _ := http.NewRequestWithContext(ctx, "GET", "http://slow.internal/", nil)
+			start := time.Now()
+			resp, err := rt.RoundTrip(req)
+			return time.Since(start), resp, err
+		}
+		base := &stubbornBase{hold: 2 * time.Second}
+		el, resp, err := send(mustNew(t, Config{Base: base, Default: p}), t.Context())
+		if el != 2*time.Second || err != nil {
+			t.Fatalf("without BaseIgnoresContext: %v, %v after %v; want the base's answer after 2s", resp, err, el)
+		}
+		resp.Body.Close()
+
+		base = &stubbornBase{hold: 2 * time.Second}
+		tr := mustNew(t, Config{Base: base, Default: p, BaseIgnoresContext: true})
+		el, resp, err = send(tr, t.Context())
+		if el != 300*time.Millisecond || resp != nil || !errors.Is(err, ErrTotalTimeout) && !errors.Is(err, ErrAttemptTimeout) {
+			t.Fatalf("BaseIgnoresContext: %v, %v after %v; want Total's timeout after 300ms", resp, err, el)
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("err = %v, want one wrapping context.DeadlineExceeded", err)
+		}
+		hs := tr.Snapshot().Host("slow.internal:80")[0]
+		if hs.AbandonedAttempts != 1 || hs.Bulkhead.InFlight != 1 || base.returned.Load() != 0 {
+			t.Fatalf("after the call: %d abandoned, %d slots held, base returned %d times; want 1, 1 (held until the base returns), 0",
+				hs.AbandonedAttempts, hs.Bulkhead.InFlight, base.returned.Load())
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		hs = tr.Snapshot().Host("slow.internal:80")[0]
+		if base.returned.Load() != 1 || base.closed.Load() != 1 || hs.Bulkhead.InFlight != 0 {
+			t.Fatalf("once the base returned: returned %d, late body closed %d times, %d slots held; want 1, 1, 0",
+				base.returned.Load(), base.closed.Load(), hs.Bulkhead.InFlight)
+		}
+
+		// The caller's own deadline and cancel are kept alike, and name
+		// themselves, not bulwark's bounds.
+		ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+		defer cancel()
+		el, _, err = send(tr, ctx)
+		if el != 50*time.Millisecond || !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrTotalTimeout) || errors.Is(err, ErrAttemptTimeout) {
+			t.Errorf("caller's deadline: %v after %v; want context.DeadlineExceeded after 50ms", err, el)
+		}
+		ctx, cancel = context.WithCancel(t.Context())
+		time.AfterFunc(20*time.Millisecond, cancel)
+		el, _, err = send(tr, ctx)
+		if el != 20*time.Millisecond || !errors.Is(err, context.Canceled) {
+			t.Errorf("caller's cancel: %v after %v; want context.Canceled after 20ms", err, el)
+		}
+		if n := tr.Snapshot().Host("slow.internal:80")[0].AbandonedAttempts; n != 3 {
+			t.Errorf("%d attempts abandoned, want 3", n)
+		}
+		time.Sleep(2 * time.Second) // the abandoned goroutines end with their base
+	})
+}
+
+// An abandoned attempt's base may still read the request after the
+// caller has it back: it reads a copy of its own (the caller may change
+// its request at once), and the body, which bulwark neither reads nor
+// closes, is the base's to close, once. Under -race this also shows
+// that nothing of the caller's request is shared unguarded.
+func TestAbandonedAttemptOwnsItsRequest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &stubbornBase{hold: time.Second}
+		tr := mustNew(t, Config{Base: base, BaseIgnoresContext: true, Default: Policy{
+			Timeout: Timeout{Attempt: 100 * time.Millisecond}, Retry: Retry{Disabled: true}}})
+		var closes atomic.Int32
+		req, _ := http.NewRequestWithContext(t.Context(), "PUT", "http://slow.internal/a", nil)
+		req.Body = &closeCounter{Reader: strings.NewReader("payload"), n: &closes}
+		req.Header.Set("X-Mine", "1")
+		_, err := tr.RoundTrip(req)
+		if !errors.Is(err, ErrAttemptTimeout) {
+			t.Fatalf("err = %v, want ErrAttemptTimeout", err)
+		}
+		if closes.Load() != 0 {
+			t.Fatalf("request body closed %d times before the base returned, want 0 (it is the base's)", closes.Load())
+		}
+		// The caller reuses its request while the base still holds its copy.
+		req.Header.Set("X-Mine", "2")
+		req.URL.Path = "/b"
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if closes.Load() != 1 || base.read.Load() != int64(len("payload")) {
+			t.Fatalf("request body closed %d times, %d bytes read; want 1 and the whole body", closes.Load(), base.read.Load())
+		}
+	})
+}
+
+// Every layer's contract holds with attempts run in a goroutine.
+func TestAbandonContract(t *testing.T) {
+	runContract(t, func(base http.RoundTripper) http.RoundTripper {
+		return mustNew(t, Config{Base: base, BaseIgnoresContext: true})
+	})
+}
+
+// A base that ends its goroutine (runtime.Goexit, as t.FailNow does)
+// leaves an attempt run in a goroutine without an answer: the caller
+// gets an error, never (nil, nil).
+func TestAbandonBaseGoexit(t *testing.T) {
+	tr := mustNew(t, Config{BaseIgnoresContext: true, Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
+		runtime.Goexit()
+		return nil, nil
+	}), Default: Policy{Retry: Retry{Disabled: true}}})
+	req, _ := http.NewRequest("GET", "http://x.internal/", nil)
+	resp, err := tr.RoundTrip(req)
+	if resp != nil || !errors.Is(err, errBaseGoexit) {
+		t.Fatalf("RoundTrip = %v, %v; want errBaseGoexit", resp, err)
 	}
 }

@@ -43,7 +43,9 @@ const (
 // call's deadline. A cancelled loser counts neither as a
 // failure nor as a slow call in the breaker, and the call returns once its
 // cancelled losers have (at once, from a base that honours the context), so
-// no request body or bulkhead slot outlives the call. Hedges are sent in a call's
+// no request body or bulkhead slot outlives the call; with
+// Config.BaseIgnoresContext a loser whose base ignores the cancel is
+// abandoned instead, and holds its slot until its base returns. Hedges are sent in a call's
 // first round only: if every attempt of it fails, retries follow one at a
 // time (none with Retry.Disabled).
 //

@@ -242,13 +242,20 @@ type env struct {
 	// learned is the host's healthy latency, which the attempt deadline
 	// and the breaker learn their bounds from; nil: nothing is learned.
 	learned *learned
-	// tooShort counts the host's attempts refused for too little time
-	// left (attemptStage); nil: not counted.
-	tooShort *atomic.Uint64
+	// deadlines counts the host's attempts refused for too little time
+	// left and abandoned (attemptStage); nil: not counted.
+	deadlines *deadlineCounts
 	// passedUp counts the host's answers that pass a failure up from
 	// below (NoRetryFromBelow), which no layer counts against it: the
 	// attempt span's layer counts each attempt's; nil: not counted.
 	passedUp *atomic.Uint64
+}
+
+// deadlineCounts is what a host's attempt deadlines did (attemptStage),
+// for its snapshot.
+type deadlineCounts struct {
+	tooShort  atomic.Uint64 // refused: too little time left (ErrDeadlineTooShort)
+	abandoned atomic.Uint64 // left behind at their deadline, the base still running
 }
 
 // baseStage adapts the base http.RoundTripper, and holds it to the

@@ -491,23 +491,33 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 		c.sent = firstSent
 		var resp *http.Response
 		var err error
+		var k kind
 		if attempt == 1 && r.hedge != nil && replayable {
 			// The first round may send hedges: attempt becomes the
 			// number of the last attempt it sent.
 			var n int
 			resp, n, err = r.hedged(cur, req, c)
 			attempt = n
+			k = classify(resp, err)
 		} else {
 			if attempt > 1 {
 				c.sent = time.Now()
 			}
 			start := c.sent
 			resp, err = r.next.roundTrip(cur, c)
-			r.record(classify(resp, err), start)
+			k = classify(resp, err)
+			r.record(k, start)
+		}
+		if attempt == 1 && refusedBelow(k) {
+			// A first attempt refused on purpose is the call's outcome
+			// as it stands (decide's step 3): the host saw nothing for
+			// the budget to count, and nothing is left to decide. The
+			// commonest call of an outage takes this path.
+			return nil, err
 		}
 		// Judged once: the budget, decide and the record read the same
 		// verdict, and a user's classifier is called once per attempt.
-		j := judge(c.classify, resp, err)
+		j := judgeKind(c.classify, k, resp, err)
 		if c.attempt == 1 && r.budget != nil && reached(j.k) {
 			// The budget counts calls that reached the host: one refused
 			// here by an open breaker or a pause is no request of its.
@@ -569,6 +579,17 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 		}
 		cur = next
 	}
+}
+
+// refusedBelow reports an outcome of kind k that a layer below chose on
+// purpose: an open breaker, a full bulkhead, a host's pushback pause. It
+// is the answer, not a failure to try again: retrying it would only spin.
+func refusedBelow(k kind) bool {
+	switch k {
+	case kindBreakerOpen, kindBulkheadFull, kindPushback:
+		return true
+	}
+	return false
 }
 
 // wait waits d or until ctx ends, returning ctx's error then.
@@ -637,8 +658,7 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 	// 3. A layer below refused on purpose: an open breaker, a full bulkhead
 	// or a host's pushback pause is the answer, not a failure to try again,
 	// and retrying it would only spin.
-	switch j.k {
-	case kindBreakerOpen, kindBulkheadFull, kindPushback:
+	if refusedBelow(j.k) {
 		return decision{}
 	}
 	// 4. The server said not to retry: it is shedding load, or passing up

@@ -24,6 +24,8 @@ func (e *PushbackError) Error() string {
 // Unwrap returns ErrPushback.
 func (e *PushbackError) Unwrap() error { return ErrPushback }
 
+func (e *PushbackError) refusalKind() kind { return kindPushback }
+
 // pushbackStage pauses a host: a 429 or 503 with a valid Retry-After
 // pauses every request to the host (not only the one that got it) until the
 // time the server named, capped at Retry.MaxRetryAfter. During the pause
@@ -88,11 +90,15 @@ func (p *pushbackStage) pass(next stage, req *http.Request, c call) (*http.Respo
 		closeBody(req)
 		return nil, e
 	}
-	if _, set := req.Header[PriorityHeader]; fromContext && !set {
-		// A copy: a RoundTripper must not change its caller's request. The
-		// value is the copy's own, since a layer below may write to it.
-		req = req.Clone(req.Context())
-		req.Header[PriorityHeader] = []string{priorityNames[prio]}
+	if fromContext {
+		// Unless the header is there, unreadable (it would have won):
+		// then it is sent as the caller wrote it.
+		if _, set := req.Header[PriorityHeader]; !set {
+			// A copy: a RoundTripper must not change its caller's request. The
+			// value is the copy's own, since a layer below may write to it.
+			req = req.Clone(req.Context())
+			req.Header[PriorityHeader] = []string{priorityNames[prio]}
+		}
 	}
 	resp, err := next.roundTrip(req, c)
 	if err != nil {

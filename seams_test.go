@@ -64,6 +64,9 @@ var seamRows = []struct {
 	{"fleet close × other pod, generation, longer hold", seamFleetCloseOther},
 	{"fleet quota × Update, Validate", seamFleetRateUpdate},
 	{"breaker judge × learned hold × Update", seamBreakerHoldUpdate},
+	{"abandoned attempt × bulkhead", seamAbandonBulkhead},
+	{"abandoned attempt × retry", seamAbandonRetry},
+	{"abandoned attempt × hedge", seamAbandonHedge},
 }
 
 func TestSeams(t *testing.T) {
@@ -1408,5 +1411,125 @@ func seamBreakerHoldUpdate(t *testing.T) {
 				t.Fatalf("update %v: never refused in 1,000 calls", update)
 			}
 		}
+	}
+}
+
+// stubbornAnswer is a 200 after d, whatever req's context does: a base
+// that ignores its context.
+func stubbornAnswer(req *http.Request, d time.Duration) (*http.Response, error) {
+	time.Sleep(d)
+	return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("late")), Request: req}, nil
+}
+
+// stubbornFirst is a base whose first attempt ignores its context for 2 s
+// before its 200; every other attempt is answered 200 at once.
+func stubbornFirst() *seamBase {
+	return &seamBase{answer: func(n int, req *http.Request) (*http.Response, error) {
+		if n == 1 {
+			return stubbornAnswer(req, 2*time.Second)
+		}
+		return seamAnswer(req, 0, 200)
+	}}
+}
+
+// seamInFlight is the slots host's bulkhead holds.
+func seamInFlight(t *testing.T, tr *bulwark.Transport, host string) int {
+	t.Helper()
+	return seamHost(t, tr, host).Bulkhead.InFlight
+}
+
+// An attempt abandoned at its deadline (Config.BaseIgnoresContext) keeps
+// its bulkhead slot until its base returns: a host that ignores its
+// deadlines holds no more than MaxConcurrent requests however many calls
+// come back at their deadline, and the slot is free once it answers.
+func seamAbandonBulkhead(t *testing.T) {
+	base := stubbornFirst()
+	tr := seamNew(t, bulwark.Config{Base: base, BaseIgnoresContext: true, Default: bulwark.Policy{
+		Timeout:  bulwark.Timeout{Attempt: 100 * time.Millisecond},
+		Bulkhead: bulwark.Bulkhead{MaxConcurrent: 1},
+		Retry:    bulwark.Retry{Disabled: true}}})
+	start := time.Now()
+	if _, err := seamSend(t, tr, "GET", "http://api.test/"); !errors.Is(err, bulwark.ErrAttemptTimeout) || time.Since(start) != 100*time.Millisecond {
+		t.Fatalf("stubborn attempt: %v after %v; want ErrAttemptTimeout after 100ms", err, time.Since(start))
+	}
+	if _, err := seamSend(t, tr, "GET", "http://api.test/"); !errors.Is(err, bulwark.ErrBulkheadFull) || base.sent() != 1 {
+		t.Fatalf("a call while the abandoned attempt runs: %v after %d sends; want ErrBulkheadFull after 1", err, base.sent())
+	}
+	time.Sleep(2 * time.Second)
+	synctest.Wait()
+	if code, err := seamSend(t, tr, "GET", "http://api.test/"); code != 200 || base.sent() != 2 {
+		t.Fatalf("once the base returned: %d, %v after %d sends; want 200 after 2", code, err, base.sent())
+	}
+	if hs := seamHost(t, tr, "api.test:80"); hs.AbandonedAttempts != 1 || hs.Bulkhead.InFlight != 0 {
+		t.Fatalf("%d abandoned, %d slots held; want 1, 0", hs.AbandonedAttempts, hs.Bulkhead.InFlight)
+	}
+}
+
+// The retry after an abandoned attempt leaves at once after its backoff,
+// with a body of its own (GetBody), while the abandoned one still runs:
+// the call succeeds at 100 ms of attempt and 100 ms of wait, and each
+// body is read once and closed once.
+func seamAbandonRetry(t *testing.T) {
+	base := stubbornFirst()
+	tr := seamNew(t, bulwark.Config{Base: base, BaseIgnoresContext: true, Default: bulwark.Policy{
+		Timeout: bulwark.Timeout{Total: time.Second, Attempt: 100 * time.Millisecond},
+		Retry:   bulwark.Retry{Base: 100 * time.Millisecond, Jitter: bulwark.JitterNone}}})
+	var closes [2]atomic.Int32
+	var made atomic.Int32
+	body := func() io.ReadCloser {
+		i := made.Add(1) - 1
+		return &seamCountedBody{Reader: strings.NewReader("order"), n: &closes[min(i, 1)]}
+	}
+	req, _ := http.NewRequestWithContext(t.Context(), "PUT", "http://api.test/", nil)
+	req.Body = body()
+	req.GetBody = func() (io.ReadCloser, error) { return body(), nil }
+	start := time.Now()
+	resp, err := tr.RoundTrip(req)
+	if err != nil || resp.StatusCode != 200 || base.sent() != 2 || time.Since(start) != 200*time.Millisecond {
+		t.Fatalf("%v, %v after %d sends and %v; want the retry's 200 after 2 sends and 200ms", resp, err, base.sent(), time.Since(start))
+	}
+	resp.Body.Close()
+	if hs := seamHost(t, tr, "api.test:80"); hs.AbandonedAttempts != 1 || hs.Bulkhead.InFlight != 1 {
+		t.Fatalf("%d abandoned, %d slots held; want 1, 1 (the abandoned attempt's)", hs.AbandonedAttempts, hs.Bulkhead.InFlight)
+	}
+	time.Sleep(2 * time.Second)
+	synctest.Wait()
+	if made.Load() != 2 || closes[0].Load() != 1 || closes[1].Load() != 1 || seamInFlight(t, tr, "api.test:80") != 0 {
+		t.Fatalf("%d bodies, closed %d and %d times, %d slots held; want 2 bodies closed once each, 0 slots",
+			made.Load(), closes[0].Load(), closes[1].Load(), seamInFlight(t, tr, "api.test:80"))
+	}
+}
+
+type seamCountedBody struct {
+	io.Reader
+	n *atomic.Int32
+}
+
+func (b *seamCountedBody) Close() error { b.n.Add(1); return nil }
+
+// A hedge that wins over a stubborn first attempt answers the call at
+// once; the loser, cancelled, is abandoned (its base ignores the cancel)
+// and holds its slot until its base returns.
+func seamAbandonHedge(t *testing.T) {
+	base := &seamBase{answer: func(n int, req *http.Request) (*http.Response, error) {
+		if req.Header.Get(bulwark.AttemptHeader) == "1" {
+			return stubbornAnswer(req, 2*time.Second)
+		}
+		return seamAnswer(req, 5*time.Millisecond, 200)
+	}}
+	tr := seamNew(t, bulwark.Config{Base: base, BaseIgnoresContext: true, Default: bulwark.Policy{
+		Hedge: bulwark.Hedge{Delay: 50 * time.Millisecond}}})
+	start := time.Now()
+	if code, err := seamSend(t, tr, "GET", "http://api.test/"); code != 200 || base.sent() != 2 || time.Since(start) != 55*time.Millisecond {
+		t.Fatalf("%d, %v after %d sends and %v; want the hedge's 200 after 2 sends and 55ms", code, err, base.sent(), time.Since(start))
+	}
+	synctest.Wait()
+	if hs := seamHost(t, tr, "api.test:80"); hs.AbandonedAttempts != 1 || hs.Bulkhead.InFlight != 1 {
+		t.Fatalf("%d abandoned, %d slots held; want the loser abandoned, its slot held", hs.AbandonedAttempts, hs.Bulkhead.InFlight)
+	}
+	time.Sleep(2 * time.Second)
+	synctest.Wait()
+	if n := seamInFlight(t, tr, "api.test:80"); n != 0 {
+		t.Fatalf("%d slots held once the loser's base returned, want 0", n)
 	}
 }

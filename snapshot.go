@@ -69,6 +69,13 @@ type HostSnapshot struct {
 	// least time a request is sent with (10 ms) was left before the call's
 	// deadline: ErrDeadlineTooShort. Zero when Timeout is disabled.
 	DeadlineTooShort uint64
+	// AbandonedAttempts is how many attempts the host's attempt deadlines
+	// stopped waiting for while the base still ran, since its state was
+	// made: with Config.BaseIgnoresContext, an attempt whose base did not
+	// return by its deadline (or the caller's cancel). Each kept its
+	// bulkhead slot until the base returned, and its late response was
+	// closed unread. A count that grows says the base ignores its context.
+	AbandonedAttempts uint64
 	// Latency is the host's recent latency percentiles, failures
 	// included; nil without a retry layer (Retry and Hedge both off) or
 	// while its window holds no attempt.

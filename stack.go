@@ -3,7 +3,6 @@ package bulwark
 import (
 	"net/http"
 	"reflect"
-	"sync/atomic"
 	"time"
 )
 
@@ -54,20 +53,22 @@ func (t *Transport) buildStack(hs *hostState, prev *hostState) {
 		hs.learned = newLearned(hs.rep)
 	}
 	if prev != nil && prev.upstream == hs.upstream {
-		hs.tooShort = prev.tooShort // a count, like the faults'
+		hs.deadlines = prev.deadlines // counts, like the faults'
 	}
-	if hs.tooShort == nil {
-		hs.tooShort = new(atomic.Uint64)
+	if hs.deadlines == nil {
+		hs.deadlines = new(deadlineCounts)
 	}
 	hs.learned.rep.Store(hs.rep)
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep, learned: hs.learned, tooShort: hs.tooShort, passedUp: &hs.passedUp}
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep, learned: hs.learned, deadlines: hs.deadlines, passedUp: &hs.passedUp}
 	hs.shared.faults = hs.faults
 	hs.rt, hs.parts, hs.shows = t.compose(hs.policy, e, &hs.shared, reuseFrom(prev, hs))
-	faults, tooShort, calls := hs.faults, hs.tooShort, hs.rep.calls
+	faults, deadlines, calls := hs.faults, hs.deadlines, hs.rep.calls
 	hs.shows = append(hs.shows,
 		func(h *HostSnapshot) { h.Calls = calls.snapshot() },
 		func(h *HostSnapshot) { h.Fault = faults.snapshot() },
-		func(h *HostSnapshot) { h.DeadlineTooShort = tooShort.Load() },
+		func(h *HostSnapshot) {
+			h.DeadlineTooShort, h.AbandonedAttempts = deadlines.tooShort.Load(), deadlines.abandoned.Load()
+		},
 		showLearned(hs.learned, hs.policy))
 }
 
@@ -92,7 +93,7 @@ func showLearned(l *learned, p *Policy) func(*HostSnapshot) {
 // through the host's. old is what the route's previous stack keeps; l is
 // the route's own learned latency (routeState.learned).
 func (t *Transport) buildRoute(hs *hostState, rep *reporter, p *Policy, old kept, l *learned) (stage, []any, []func(*HostSnapshot)) {
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep, learned: l, tooShort: hs.tooShort, passedUp: &hs.passedUp}
+	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep, learned: l, deadlines: hs.deadlines, passedUp: &hs.passedUp}
 	shared := hs.shared
 	rt, parts, shows := t.compose(p, e, &shared, old)
 	return rt, parts, append(shows, showLearned(l, p))
@@ -295,7 +296,7 @@ func (t *Transport) attemptStack(p *Policy, e env, base http.RoundTripper, fault
 	s = newObserveStage(s, e)
 	if !p.Timeout.Disabled {
 		a := newAttemptStage(s, p.Timeout, e.rep, e.learned)
-		a.tooShort = e.tooShort
+		a.counts, a.abandon = e.deadlines, t.abandon
 		s = a
 	}
 	return s

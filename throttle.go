@@ -36,6 +36,8 @@ func (e *ThrottledError) Error() string { return ErrThrottled.Error() + " for " 
 // Unwrap returns ErrThrottled.
 func (e *ThrottledError) Unwrap() error { return ErrThrottled }
 
+func (e *ThrottledError) refusalKind() kind { return kindThrottled }
+
 // Throttle is client-side adaptive throttling, as Google's SRE book
 // (chapter 21, "Handling Overload") describes it: over the last Window,
 // each host's attempts (requests) and the ones it accepted (accepts) are

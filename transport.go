@@ -38,6 +38,26 @@ type Config struct {
 	// something other than an *http.Transport).
 	Base http.RoundTripper
 
+	// BaseIgnoresContext says that Base may not return when a request's
+	// context ends, and keeps the deadlines whatever it does: each attempt
+	// then runs in a goroutine of its own, which the caller leaves behind
+	// when the attempt's context ends (Timeout.Attempt, Timeout.Total, the
+	// caller's deadline or cancel), as Hystrix's thread isolation leaves a
+	// command that ignores its timeout to its thread. The call goes on at
+	// once with the attempt's timeout error; the abandoned attempt keeps
+	// its bulkhead slot until Base really returns, so a host that holds
+	// requests past their deadline still holds no more than its share, and
+	// the response it returns late is drained (up to 4 KiB) and closed
+	// (HostSnapshot.AbandonedAttempts counts them). Only the wait for the
+	// response headers is guarded; a body's reads are the caller's.
+	// Needs the deadline layers (Timeout not Disabled).
+	//
+	// It is off by default: a base that honours its context, as net/http's
+	// Transport does, never needs it, and it costs every attempt a
+	// goroutine, a hand-over between goroutines and five allocations
+	// (bench's BenchmarkAbandonCost).
+	BaseIgnoresContext bool
+
 	// Default is the policy for every host that no Upstreams key names, and
 	// the parent an upstream's zero fields inherit from.
 	Default Policy
@@ -168,6 +188,8 @@ type Config struct {
 // route's on a host when the route is first used there, never per call.
 type Transport struct {
 	base http.RoundTripper
+	// abandon is Config.BaseIgnoresContext.
+	abandon bool
 	// ownBase is whether base is bulwark's own clone of
 	// http.DefaultTransport (Config.Base nil), which serves http and
 	// https only (invalidRequest).
@@ -272,10 +294,10 @@ type hostState struct {
 	// learned is the host's healthy latency (layer.go), kept across an
 	// Update like faults.
 	learned *learned
-	// tooShort counts the attempts the host's attempt deadlines (its
-	// instances' and routes' too) refused as ErrDeadlineTooShort, kept
-	// across an Update like faults.
-	tooShort *atomic.Uint64
+	// deadlines counts what the host's attempt deadlines (its instances'
+	// and routes' too) refused and abandoned, kept across an Update like
+	// faults.
+	deadlines *deadlineCounts
 	// table is the route table the host was built under (nil: no
 	// routes), and routes[i] its i-th route's stack on this host, built on
 	// its first request (nil until then). A host keeps its table, so an
@@ -316,6 +338,7 @@ func New(cfg Config) (*Transport, error) {
 	}
 	t := &Transport{
 		base:     cfg.Base,
+		abandon:  cfg.BaseIgnoresContext,
 		logger:   cfg.Logger,
 		policies: *rs,
 		hosts:    make(map[hostKey]*hostState),

@@ -8,9 +8,10 @@ import "time"
 // nothing changes, so Update is also the check of a Config against a
 // running Transport.
 //
-// Update applies Default, Upstreams, MaxHosts and HostIdle. Base, the
-// providers, Propagator and Logger are New's and Update ignores them, so
-// the Config given to New can be edited and passed again.
+// Update applies Default, Upstreams, MaxHosts and HostIdle. Base,
+// BaseIgnoresContext, the providers, Propagator and Logger are New's and
+// Update ignores them, so the Config given to New can be edited and passed
+// again.
 //
 // Each host's stack is built anew under its new policy and swapped in
 // atomically; a request already past the router finishes through the stack

@@ -328,6 +328,15 @@ func BenchmarkOpenBreaker(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	// Zero config, held open by ControlBreaker: what NewClient(Config{})
+	// pays for a refusal.
+	bwZero, err := bulwark.New(bulwark.Config{Base: base})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := bwZero.ControlBreaker("stub.internal:80", bulwark.BreakerForceOpen); err != nil {
+		b.Fatal(err)
+	}
 	fsAlone, _ := FailsafeBreaker(openParams, base)
 	fsFull := Failsafe(noRetry, base)
 	gb := GoBreaker(openParams, base)
@@ -342,6 +351,7 @@ func BenchmarkOpenBreaker(b *testing.B) {
 		{"failsafe-go", fsFull, errOpenFailsafe},
 		{"bulwark-breaker", bwAlone, bulwark.ErrBreakerOpen},
 		{"bulwark", bwFull, bulwark.ErrBreakerOpen},
+		{"bulwark-zero-config", bwZero, bulwark.ErrBreakerOpen},
 	}
 	for _, c := range cases {
 		trip(b, c.rt, c.err)
