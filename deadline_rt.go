@@ -158,9 +158,16 @@ func validHeaderName(s string) bool {
 type totalStage struct {
 	next  stage
 	total time.Duration
+	set   bool // Total was given, not the default
 }
 
 func (d *totalStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+	if c.above != aboveNone && !d.set {
+		// The default Total bounds bulwark's own retries; a call that a
+		// retrying client above sends again is that client's to bound
+		// (sdk.go).
+		return d.next.roundTrip(req, c)
+	}
 	end := c.start.Add(d.total)
 	if cd, ok := req.Context().Deadline(); !ok || end.Before(cd) {
 		// Else the caller's deadline comes first: nothing to add.
@@ -219,6 +226,10 @@ func deadlineValue(left time.Duration) string {
 	return strconv.FormatInt(max(int64((left-deadlineMargin)/time.Millisecond), 1), 10)
 }
 
+// unboundedAttempt is an attempt's bound when bulwark sets none of its
+// own: longer than any context a caller can mean.
+const unboundedAttempt = 100 * 365 * 24 * time.Hour
+
 // The bounds an attempt's timer enforces, as *wrapError so that they fit an
 // atomic.Pointer.
 var (
@@ -237,8 +248,19 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 		c.sendAt.at = now
 	}
 	bound := a.attempt
+	unbounded := false
 	if a.learn {
-		bound, _ = a.learned.timeout(c.attempt, a.attempt)
+		if c.above != aboveNone {
+			// The learned timeout is the timer of bulwark's own retries,
+			// as TCP's is of its retransmissions: a call that a client
+			// above will send again is bounded by that client (its
+			// context) and by what the policy sets, so that a long
+			// computation on a host of quick calls is not cut at their
+			// p99.9 on each of that client's tries (sdk.go).
+			bound, unbounded = unboundedAttempt, true
+		} else {
+			bound, _ = a.learned.timeout(c.attempt, a.attempt)
+		}
 	}
 	// Our bound on the wait for headers: Attempt, or Total's end if sooner.
 	ours, limit := now.Add(bound), errAttemptTimeout
@@ -290,7 +312,7 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 		r.timer = time.AfterFunc(wait, r.expire)
 	}
 	out := req.WithContext(r.ctx)
-	if a.header != "" {
+	if a.header != "" && !(unbounded && left == bound) {
 		out.Header = cloneHeader(req.Header)
 		vals := r.vals[:]
 		if left == a.attempt {
@@ -305,7 +327,9 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 			vals[0] = deadlineValue(left)
 		}
 		out.Header[a.header] = vals[0:1:1]
-		if c.attempt > 0 {
+		if c.attempt > 0 && c.above == aboveNone {
+			// A client above numbers its own tries (another bulwark's
+			// Bulwark-Attempt is kept as it sent it).
 			vals[1] = strconv.Itoa(c.attempt)
 			out.Header[AttemptHeader] = vals[1:2:2]
 		}

@@ -102,14 +102,30 @@ const maxPushbackDigits = 10
 // must not be retried (NoRetryHeader or x-envoy-overloaded, any value; a
 // negative grpc-retry-pushback-ms, or one that does not parse, as gRFC A6
 // reads it); otherwise wait, the least wait before a retry that a valid
-// grpc-retry-pushback-ms asks for (zero without one). bad reports a
-// grpc-retry-pushback-ms that did not parse, which the caller counts. A
+// grpc-retry-pushback-ms asks for (zero without one); x-should-retry and
+// Stripe-Should-Retry "false" stop too (sdk.go). bad reports a
+// grpc-retry-pushback-ms, x-should-retry or Stripe-Should-Retry that did
+// not parse, which the caller counts. A
 // malformed or hostile value can only stop a retry: never cause one, nor
 // a pause of other requests, nor an error.
 func noRetry(h http.Header) (stop bool, wait time.Duration, bad bool) {
 	if _, ok := h[NoRetryHeader]; ok {
 		return true, 0, false
 	}
+	// The SDKs' servers' own answers (x-should-retry, Stripe-Should-Retry):
+	// "false" stops as NoRetryHeader does; a malformed one is counted and
+	// stops nothing, since it is no don't-retry of bulwark's or of a stack
+	// that shares its rules.
+	sdkStop, sdkBad := shouldNotRetry(h)
+	if sdkStop {
+		return true, 0, sdkBad
+	}
+	stop, wait, bad = noRetryInterop(h)
+	return stop, wait, bad || sdkBad
+}
+
+// noRetryInterop is noRetry's reading of Envoy's and gRPC's signals.
+func noRetryInterop(h http.Header) (stop bool, wait time.Duration, bad bool) {
 	if _, ok := h[envoyOverloadedHeader]; ok {
 		return true, 0, false
 	}
@@ -222,7 +238,7 @@ const DefaultDeadlineHeader = "Bulwark-Timeout-Ms"
 // x-envoy-attempt-count, so a server can tell a retry from a new call (a
 // Shedder refuses retries first). It is written only when the retry layer
 // is on and the deadline header is sent.
-const AttemptHeader = "Bulwark-Attempt"
+const AttemptHeader = hdrBulwarkAttempt
 
 // cloneHeader copies h's map so that keys can be added or replaced without
 // touching h. The value slices are shared with h, not copied: no layer

@@ -446,7 +446,7 @@ const (
 
 func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	ctx := req.Context()
-	first, replayable, err := r.prepare(req)
+	first, replayable, err := r.prepare(req, c)
 	if err != nil {
 		return nil, err
 	}
@@ -489,10 +489,11 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 			r.budget.call(c.start, j.v.Outcome)
 		}
 		d := r.decide(req, c, replayable, attempt, j, resp, err, &prevWait)
-		if d.v == giveUp && (attempt > 1 || d.late) && j.v.Outcome == OutcomeFailure {
-			// Retried here and still failed, or due for a retry the
-			// deadline left no room for: the layer above should not try
-			// again (CallRecord).
+		if d.v == giveUp && (attempt > 1 || d.late || c.above == aboveResend) && j.v.Outcome == OutcomeFailure {
+			// Retried here and still failed, due for a retry the
+			// deadline left no room for, or a client above's resend that
+			// failed (that client retried, sdk.go): the layer above
+			// should not try again (CallRecord).
 			noteBelow(ctx, noteRetried)
 		}
 		if d.v != retryAgain && d.err != nil {
