@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -244,8 +245,11 @@ func TestSDKShouldRetryFalse(t *testing.T) {
 // without being sent.
 func TestSDKRetryAfterMs(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
 		var sentAt []time.Time
 		sb := &scriptBase{step: func(n int, req *http.Request) (*http.Response, error) {
+			mu.Lock()
+			defer mu.Unlock()
 			sentAt = append(sentAt, time.Now())
 			if n == 1 {
 				return response(req, 429, "retry-after-ms", "300"), nil
@@ -272,9 +276,31 @@ func TestSDKRetryAfterMs(t *testing.T) {
 		if _, err := tr.RoundTrip(req); !errors.Is(err, ErrPushback) {
 			t.Errorf("a call 100 ms into a 300 ms retry-after-ms: %v, want ErrPushback", err)
 		}
+		// A request a retrying client above marks waits the pause out
+		// instead of spending one of that client's tries, and is sent
+		// when it ends.
+		sdkDone := make(chan time.Time, 1)
+		go func() {
+			req, _ := http.NewRequestWithContext(context.Background(), http.MethodGet, "http://ms.test/sdk", nil)
+			req.Header.Set("X-Stainless-Retry-Count", "0")
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Errorf("an SDK's request during the pause: %v, want it sent when the pause ends", err)
+			} else {
+				resp.Body.Close()
+			}
+			sdkDone <- time.Now()
+		}()
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
+		at := <-sdkDone
+		mu.Lock()
+		defer mu.Unlock()
+		if len(sentAt) != 3 || sentAt[2].Before(sentAt[0].Add(300*time.Millisecond)) || at.Before(sentAt[2]) {
+			t.Errorf("the SDK's request was sent at %v, want one sent no sooner than 300ms after the 429 at %v", sentAt[len(sentAt)-1], sentAt[0])
+		}
+		sentAt = sentAt[:2]
 		if len(sentAt) != 2 {
 			t.Fatalf("sent %d times, want 2", len(sentAt))
 		}
