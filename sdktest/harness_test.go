@@ -165,7 +165,7 @@ func through(t *testing.T, base http.RoundTripper, withBulwark bool) (*http.Clie
 const (
 	blipAt  = 2 * time.Second
 	blipFor = 2 * time.Second
-	runFor = 8 * time.Second
+	runFor  = 8 * time.Second
 )
 
 // inBlip is the injector's plan during the blip: 503.
