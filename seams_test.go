@@ -59,6 +59,11 @@ var seamRows = []struct {
 	{"timer probe × force open", seamTimerProbeForceOpen},
 	{"timer probe × fleet", seamTimerProbeFleet},
 	{"fleet close × other pod, generation, longer hold", seamFleetCloseOther},
+	{"SDK attempt header × retry, call record", seamSDKRetry},
+	{"SDK attempt header × hedge", seamSDKHedge},
+	{"SDK attempt header × budget", seamSDKBudget},
+	{"SDK attempt header × breaker", seamSDKBreaker},
+	{"retry-after-ms × pushback", seamRetryAfterMsPushback},
 }
 
 func TestSeams(t *testing.T) {

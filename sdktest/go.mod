@@ -12,6 +12,7 @@ require (
 	github.com/bulwark-http/bulwark v0.0.0
 	github.com/johannesboyne/gofakes3 v1.2.0
 	github.com/openai/openai-go/v3 v3.105.0
+	github.com/stripe/stripe-go/v82 v82.5.1
 	go.uber.org/goleak v1.3.0
 )
 

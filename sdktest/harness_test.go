@@ -66,8 +66,11 @@ func (m memServer) RoundTrip(req *http.Request) (*http.Response, error) {
 type fault struct {
 	status int      // answer this status instead of serving (0: serve)
 	header []string // name, value pairs on that answer
-	delay  time.Duration
-	hang   bool // never answer: wait for the request's context
+	// text, when set, is that answer's body, plain text (a proxy's);
+	// otherwise a JSON error as an API server writes one.
+	text  string
+	delay time.Duration
+	hang  bool // never answer: wait for the request's context
 }
 
 // hit is one request the server received.
@@ -121,6 +124,12 @@ func (j *injector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if f.status != 0 {
 		for i := 0; i+1 < len(f.header); i += 2 {
 			w.Header().Set(f.header[i], f.header[i+1])
+		}
+		if f.text != "" {
+			w.Header().Set("Content-Type", "text/plain")
+			w.WriteHeader(f.status)
+			_, _ = io.WriteString(w, f.text)
+			return
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(f.status)

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -173,6 +174,17 @@ func TestS3Blip(t *testing.T) {
 			}
 			var written syncSet
 			run := runBlip(f.j, 8, 50*time.Millisecond, func(ctx context.Context, id string) error { return f.s3Call(ctx, id, &written) })
+			attempts := map[string]map[string]bool{}
+			for _, h := range f.j.all() {
+				n := h.header.Get("Amz-Sdk-Request")
+				if attempts[h.call] == nil {
+					attempts[h.call] = map[string]bool{}
+				}
+				if attempts[h.call][n] {
+					t.Errorf("call %s sent %q twice: the server counts one attempt twice", h.call, n)
+				}
+				attempts[h.call][n] = true
+			}
 			bad := 0
 			for _, h := range f.j.all() {
 				if h.sigErr != nil {
@@ -207,5 +219,91 @@ func TestS3Blip(t *testing.T) {
 	}
 	if with.okAfter < 0.99 {
 		t.Errorf("with bulwark, from 1 s after the blip: %s; want ≥ 99 %% succeeding", with)
+	}
+}
+
+// TestCheckSigV4Catches: the signature check passes the SDK's requests
+// and fails one whose signed header changed after signing, or whose body
+// is not the one signed.
+func TestCheckSigV4Catches(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var seen []*http.Request
+		var bodies [][]byte
+		f := newS3(t, false, nil)
+		f.j.check = func(r *http.Request, body []byte) error {
+			seen, bodies = append(seen, r), append(bodies, body)
+			return checkSigV4(r, body)
+		}
+		_, err := f.s3.PutObject(context.Background(), &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String("k"), Body: bytes.NewReader(object("k"))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, body := seen[0], bodies[0]
+		if err := checkSigV4(r, body); err != nil {
+			t.Fatalf("the SDK's own request: %v", err)
+		}
+		r.Header.Set("Amz-Sdk-Request", "attempt=2; max=3")
+		if err := checkSigV4(r, body); err == nil {
+			t.Error("a signed header changed after signing passed the check")
+		}
+		r.Header.Set("Amz-Sdk-Request", seen[0].Header.Get("Amz-Sdk-Request"))
+		if err := checkSigV4(r, append([]byte("x"), body...)); err == nil {
+			t.Error("a body that is not the one signed passed the check")
+		}
+	})
+}
+
+// TestS3RetryAfter: every call's first request is answered 503 SlowDown
+// with X-Amz-Retry-After: 300 (milliseconds), from three callers at once.
+// Through bulwark, no request reaches the server sooner than 300 ms after
+// such an answer, and every call succeeds as it does alone.
+func TestS3RetryAfter(t *testing.T) {
+	for _, withBulwark := range []bool{false, true} {
+		synctest.Test(t, func(t *testing.T) {
+			var mu sync.Mutex
+			seen := map[string]bool{}
+			var slowed []time.Time
+			f := newS3(t, withBulwark, func(_ time.Duration, r *http.Request) fault {
+				mu.Lock()
+				defer mu.Unlock()
+				call := r.Header.Get(callHeader)
+				if seen[call] {
+					return fault{}
+				}
+				seen[call] = true
+				slowed = append(slowed, time.Now())
+				return fault{status: http.StatusServiceUnavailable, header: []string{"X-Amz-Retry-After", "300"},
+					text: "<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"}
+			})
+			var written syncSet
+			var wg sync.WaitGroup
+			failed := 0
+			for w := range 3 {
+				wg.Go(func() {
+					for i := range 4 {
+						if err := f.s3Call(context.Background(), fmt.Sprintf("w%d-%d", w, 2*i), &written); err != nil {
+							mu.Lock()
+							failed++
+							mu.Unlock()
+						}
+						time.Sleep(10 * time.Millisecond)
+					}
+				})
+			}
+			wg.Wait()
+			early := 0
+			for _, h := range f.j.all() {
+				for _, at := range slowed {
+					if d := h.at.Sub(at); d > 0 && d < 300*time.Millisecond {
+						early++
+						break
+					}
+				}
+			}
+			t.Logf("bulwark %v: %d requests, %d sooner than 300 ms after an X-Amz-Retry-After: 300; %d of 12 calls failed", withBulwark, len(f.j.all()), early, failed)
+			if withBulwark && (early > 0 || failed > 0) {
+				t.Errorf("through bulwark: %d requests sooner than asked, %d calls failed; want none", early, failed)
+			}
+		})
 	}
 }
