@@ -48,7 +48,8 @@ type Timeout struct {
 	// bounds the call until its final response headers; a Total set here
 	// or in Default bounds the reading of the final body too, like
 	// http.Client.Timeout. A caller's context deadline that comes sooner
-	// wins.
+	// wins. The default does not bound a request that a retrying client
+	// above marks (see Attempt); a Total set does.
 	Total time.Duration
 
 	// Attempt bounds one attempt, from sending until its response headers
@@ -66,7 +67,13 @@ type Timeout struct {
 	// whose answers come slower for minutes, does not teach it that slow
 	// is normal, while a host that stays slower for an hour is followed.
 	// Transport.Snapshot shows what was learned (HostSnapshot.Learned).
-	// A set Attempt is obeyed as set: nothing is learned for it, and one
+	// The learned timeout is the timer of bulwark's own retries, so it
+	// does not bound a request that a retrying client above marks (an
+	// SDK's attempt header, another bulwark's Bulwark-Attempt: see
+	// AttemptHeader): that client, which sends it again, bounds it with
+	// its own context, and a completion that takes 30 s on a host whose
+	// quick calls learned a 6 s timeout is answered as through a plain
+	// client. A set Attempt is obeyed as set: nothing is learned for it, and one
 	// below 10 ms is still sent (ErrDeadlineTooShort judges the time left
 	// before the call's deadline, not this bound).
 	Attempt time.Duration

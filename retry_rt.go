@@ -85,7 +85,12 @@ func (j Jitter) String() string {
 // statuses 408, 429, 500, 502, 503 and 504: see DefaultClassify for where
 // that differs from Polly and go-retryablehttp), attempts are left, the
 // wait fits before
-// the call's deadline, and the host's retry budget has room.
+// the call's deadline, and the host's retry budget has room. A request
+// that a retrying client above marks (an SDK's attempt header, another
+// bulwark Transport's AttemptHeader) is sent once, without hedges: that
+// client retries it, and retries happen at one layer; the breaker,
+// bulkhead, budget and pushback still see it. See AttemptHeader for the
+// headers read.
 type Retry struct {
 	// MaxAttempts is the most times one call is sent, the first included:
 	// 1 means never retry. It may not exceed 10 (New refuses a
