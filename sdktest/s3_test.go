@@ -20,6 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
+	"github.com/bulwark-http/bulwark"
 	"github.com/johannesboyne/gofakes3"
 	"github.com/johannesboyne/gofakes3/backend/s3mem"
 )
@@ -96,6 +97,7 @@ func checkSigV4(r *http.Request, body []byte) error {
 // through bulwark or not.
 type s3Fixture struct {
 	j   *injector
+	tr  *bulwark.Transport // nil without bulwark
 	s3  *s3.Client
 	raw *s3.Client // the same server, no faults, no bulwark: for reading back
 }
@@ -108,7 +110,7 @@ func newS3(t *testing.T, withBulwark bool, plan func(time.Duration, *http.Reques
 	}
 	fake := gofakes3.New(backend).Server()
 	j := &injector{next: fake, start: time.Now(), callOf: headerOf(callHeader), check: checkSigV4, plan: plan}
-	client, _ := through(t, memServer{j}, withBulwark)
+	client, tr := through(t, memServer{j}, withBulwark)
 	opts := func(hc s3.HTTPClient) s3.Options {
 		return s3.Options{
 			Region:                     s3Region,
@@ -120,7 +122,7 @@ func newS3(t *testing.T, withBulwark bool, plan func(time.Duration, *http.Reques
 			ResponseChecksumValidation: aws.ResponseChecksumValidationWhenRequired,
 		}
 	}
-	return &s3Fixture{j: j, s3: s3.New(opts(client)), raw: s3.New(opts(&http.Client{Transport: memServer{fake}}))}
+	return &s3Fixture{j: j, tr: tr, s3: s3.New(opts(client)), raw: s3.New(opts(&http.Client{Transport: memServer{fake}}))}
 }
 
 // object is the body written under key: distinct per key, so that a
@@ -207,6 +209,10 @@ func TestS3Blip(t *testing.T) {
 				}
 			}
 			t.Logf("bulwark %v: %s; %d requests, %d bad signatures, %d objects written and read back", withBulwark, run, len(f.j.all()), bad, len(written.list()))
+			if f.tr != nil {
+				h := f.tr.Snapshot().Hosts[0]
+				t.Logf("bulwark's host: calls %+v, breaker changes %v", h.Calls, h.Breaker.Changes)
+			}
 			if withBulwark {
 				with = run
 			} else {
