@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/bulwark-http/bulwark"
@@ -272,4 +273,84 @@ const callHeader = "X-Test-Call"
 // headerOf returns a function that names a request's call by header k.
 func headerOf(k string) func(*http.Request) string {
 	return func(r *http.Request) string { return strings.TrimSpace(r.Header.Get(k)) }
+}
+
+// firstTry answers each call's first request (among those match accepts,
+// all when it is nil) with first, and every other request with rest,
+// noting when it answered first.
+type firstTry struct {
+	first, rest fault
+	match       func(*http.Request) bool
+
+	mu   sync.Mutex
+	seen map[string]bool
+	at   []time.Time
+}
+
+func (f *firstTry) plan(_ time.Duration, r *http.Request) fault {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	call := r.Header.Get(callHeader)
+	if f.seen[call] || f.match != nil && !f.match(r) {
+		return f.rest
+	}
+	if f.seen == nil {
+		f.seen = map[string]bool{}
+	}
+	f.seen[call] = true
+	f.at = append(f.at, time.Now())
+	return f.first
+}
+
+// sooner counts the requests that reached the server less than d after
+// one of f's first answers.
+func (f *firstTry) sooner(hits []hit, d time.Duration) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, h := range hits {
+		for _, at := range f.at {
+			if gap := h.at.Sub(at); gap > 0 && gap < d {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
+// compareBlip runs a blip with the SDK alone and through bulwark (run
+// says what it measured, in a bubble of its own), and checks the figures
+// against the SDK's alone: at most 0.05 more requests per call begun in
+// the blip, and at least 99 % of the calls from 1 s after it succeeding.
+func compareBlip(t *testing.T, run func(t *testing.T, withBulwark bool) blipRun) {
+	var alone, with blipRun
+	for _, withBulwark := range []bool{false, true} {
+		synctest.Test(t, func(t *testing.T) {
+			r := run(t, withBulwark)
+			t.Logf("bulwark %v: %s", withBulwark, r)
+			if withBulwark {
+				with = r
+			} else {
+				alone = r
+			}
+		})
+	}
+	if with.attemptsInBlip > alone.attemptsInBlip+0.05 {
+		t.Errorf("during the blip: %.3f requests per call with bulwark, %.3f with the SDK alone: want at most +0.05", with.attemptsInBlip, alone.attemptsInBlip)
+	}
+	if with.okAfter < 0.99 {
+		t.Errorf("with bulwark, from 1 s after the blip: %s; want ≥ 99 %% succeeding", with)
+	}
+}
+
+// blip503 is the plan of every blip test: 503, with body text when it is
+// set (a proxy's), during the blip.
+func blip503(text string) func(time.Duration, *http.Request) fault {
+	return func(since time.Duration, _ *http.Request) fault {
+		if inBlip(since) {
+			return fault{status: http.StatusServiceUnavailable, text: text}
+		}
+		return fault{}
+	}
 }

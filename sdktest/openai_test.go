@@ -79,32 +79,12 @@ func llmCall(c openai.Client) func(context.Context, string) error {
 // TestOpenAIBlip: OpenAI's SDK during a 2 s blip of 503s, with and
 // without bulwark below it.
 func TestOpenAIBlip(t *testing.T) {
-	var alone, with blipRun
-	for _, withBulwark := range []bool{false, true} {
-		synctest.Test(t, func(t *testing.T) {
-			c, j, _ := newOpenAI(t, withBulwark, func(since time.Duration, _ *http.Request) fault {
-				if inBlip(since) {
-					return fault{status: http.StatusServiceUnavailable}
-				}
-				return fault{}
-			})
-			// The SDK's backoff (0.5 s, then 1 s) makes a call in the
-			// blip last over a second: many callers, for enough calls.
-			run := runBlip(j, 100, 200*time.Millisecond, llmCall(c))
-			t.Logf("bulwark %v: %s; %d requests", withBulwark, run, len(j.all()))
-			if withBulwark {
-				with = run
-			} else {
-				alone = run
-			}
-		})
-	}
-	if with.attemptsInBlip > alone.attemptsInBlip+0.05 {
-		t.Errorf("during the blip: %.3f requests per call with bulwark, %.3f with the SDK alone: want at most +0.05", with.attemptsInBlip, alone.attemptsInBlip)
-	}
-	if with.okAfter < 0.99 {
-		t.Errorf("with bulwark, from 1 s after the blip: %s; want ≥ 99 %% succeeding", with)
-	}
+	compareBlip(t, func(t *testing.T, withBulwark bool) blipRun {
+		c, j, _ := newOpenAI(t, withBulwark, blip503(""))
+		// The SDK's backoff (0.5 s, then 1 s) makes a call in the blip
+		// last over a second: many callers, for enough calls.
+		return runBlip(j, 100, 200*time.Millisecond, llmCall(c))
+	})
 }
 
 // TestOpenAIShouldRetryFalse: a 500 with x-should-retry: false reaches the
@@ -146,21 +126,8 @@ func TestOpenAIShouldRetryFalse(t *testing.T) {
 func TestOpenAIRetryAfterMs(t *testing.T) {
 	for _, withBulwark := range []bool{false, true} {
 		synctest.Test(t, func(t *testing.T) {
-			var mu sync.Mutex
-			seen := map[string]bool{}
-			var limited []time.Time
-			c, j, _ := newOpenAI(t, withBulwark, func(time.Duration, *http.Request) fault { return fault{} })
-			j.plan = func(_ time.Duration, r *http.Request) fault {
-				mu.Lock()
-				defer mu.Unlock()
-				call := r.Header.Get(callHeader)
-				if seen[call] {
-					return fault{}
-				}
-				seen[call] = true
-				limited = append(limited, time.Now())
-				return fault{status: http.StatusTooManyRequests, header: []string{"retry-after-ms", "300"}}
-			}
+			limited := &firstTry{first: fault{status: http.StatusTooManyRequests, header: []string{"retry-after-ms", "300"}}}
+			c, j, _ := newOpenAI(t, withBulwark, limited.plan)
 			var wg sync.WaitGroup
 			for w := range 3 {
 				wg.Go(func() {
@@ -173,17 +140,8 @@ func TestOpenAIRetryAfterMs(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			early, soonest := 0, time.Hour
-			for _, h := range j.all() {
-				for _, at := range limited {
-					if d := h.at.Sub(at); d > 0 && d < 300*time.Millisecond {
-						early++
-						soonest = min(soonest, d)
-						break
-					}
-				}
-			}
-			t.Logf("bulwark %v: %d requests, %d of them sooner than 300 ms after a 429 with retry-after-ms: 300 (soonest %v)", withBulwark, len(j.all()), early, soonest)
+			early := limited.sooner(j.all(), 300*time.Millisecond)
+			t.Logf("bulwark %v: %d requests, %d of them sooner than 300 ms after a 429 with retry-after-ms: 300", withBulwark, len(j.all()), early)
 			if withBulwark && early > 0 {
 				t.Errorf("through bulwark %d requests reached the server sooner than asked", early)
 			}
@@ -206,16 +164,9 @@ func TestOpenAIHungConnection(t *testing.T) {
 	outcome := map[bool]string{}
 	for _, withBulwark := range []bool{false, true} {
 		synctest.Test(t, func(t *testing.T) {
-			var mu sync.Mutex
-			seen := map[string]bool{}
-			c, j, _ := newOpenAI(t, withBulwark, func(_ time.Duration, r *http.Request) fault {
-				mu.Lock()
-				defer mu.Unlock()
-				call := r.Header.Get(callHeader)
-				first := !seen[call]
-				seen[call] = true
-				return fault{hang: first && r.Method == http.MethodPost, delay: 20 * time.Millisecond}
-			}, option.WithRequestTimeout(2*time.Second))
+			hung := &firstTry{first: fault{hang: true}, rest: fault{delay: 20 * time.Millisecond},
+				match: func(r *http.Request) bool { return r.Method == http.MethodPost }}
+			c, j, _ := newOpenAI(t, withBulwark, hung.plan, option.WithRequestTimeout(2*time.Second))
 			for i := range 300 {
 				if err := model(t.Context(), c, fmt.Sprintf("q%d", i)); err != nil {
 					t.Fatal(err)
