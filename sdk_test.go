@@ -389,3 +389,24 @@ func TestSDKLearnedBoundLongCompletion(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkRetriedAbove is what reading the signals of a client above
+// costs each call: a request of a few headers, none of them an SDK's, and
+// one of an SDK's first try.
+func BenchmarkRetriedAbove(b *testing.B) {
+	plain := http.Header{"Accept": {"*/*"}, "User-Agent": {"Go-http-client/1.1"}, "Authorization": {"Bearer x"}, "Content-Type": {"application/json"}}
+	sdk := plain.Clone()
+	sdk["Amz-Sdk-Request"] = []string{"attempt=1; max=3"}
+	for _, bc := range []struct {
+		name string
+		h    http.Header
+	}{{"plain", plain}, {"aws", sdk}} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			var n atomic.Uint64
+			for b.Loop() {
+				retriedAbove(bc.h, &n)
+			}
+		})
+	}
+}
