@@ -108,7 +108,7 @@ func retriedAbove(h http.Header, ignored *atomic.Uint64) above {
 		a, found = count(aboveFirst, len(v) == 1 && wire.TrimOWS(v[0]) != "")
 	}
 	if v, ok := h[hdrStripeClientUA]; ok && !found {
-		a, found = count(aboveFirst, len(v) == 1 && wire.TrimOWS(v[0]) != "")
+		a, _ = count(aboveFirst, len(v) == 1 && wire.TrimOWS(v[0]) != "")
 	}
 	if bad && ignored != nil {
 		ignored.Add(1)
