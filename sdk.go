@@ -69,9 +69,13 @@ const maxAttemptNumber = 1000
 type above uint8
 
 const (
-	aboveNone   above = iota // no client above retries it, as far as bulwark can tell
-	aboveFirst               // a client above will retry it; it is that client's first try, or the client does not say
-	aboveResend              // a client above will retry it, and it is itself that client's resend
+	aboveNone  above = iota // no client above retries it, as far as bulwark can tell
+	aboveFirst              // a client above will retry it: its first try, a resend it says is not its last, or it does not say which
+	// aboveResend: a client above sends it again if it fails, and it is
+	// itself that client's resend, maybe its last (the AWS SDKs say which;
+	// the others do not): its failure means that client retried below and
+	// failed, which the call record notes.
+	aboveResend
 )
 
 // retriedAbove reads a request's signals of a retrying client above,
@@ -175,7 +179,7 @@ func amzSDKRequest(v []string) (above, bool) {
 		return aboveNone, false
 	case most == 1:
 		return aboveNone, true
-	case attempt > 1:
+	case attempt > 1 && (most == -1 || attempt == most):
 		return aboveResend, true
 	}
 	return aboveFirst, true

@@ -22,7 +22,9 @@ func TestRetriedAbove(t *testing.T) {
 		{"none", nil, aboveNone, false},
 		{"unrelated", []string{"Accept", "*/*"}, aboveNone, false},
 		{"amz first", []string{"amz-sdk-request", "attempt=1; max=3"}, aboveFirst, false},
-		{"amz resend", []string{"amz-sdk-request", "attempt=2; max=3"}, aboveResend, false},
+		{"amz resend, not its last", []string{"amz-sdk-request", "attempt=2; max=3"}, aboveFirst, false},
+		{"amz last resend", []string{"amz-sdk-request", "attempt=3; max=3"}, aboveResend, false},
+		{"amz resend, no max", []string{"amz-sdk-request", "attempt=2"}, aboveResend, false},
 		{"amz ttl", []string{"amz-sdk-request", "ttl=20260101T000000Z; attempt=3; max=3"}, aboveResend, false},
 		{"amz no max", []string{"amz-sdk-request", "attempt=1"}, aboveFirst, false},
 		{"amz max 1: the SDK does not retry", []string{"amz-sdk-request", "attempt=1; max=1"}, aboveNone, false},
@@ -46,7 +48,7 @@ func TestRetriedAbove(t *testing.T) {
 		{"bulwark above", []string{AttemptHeader, "1"}, aboveFirst, false},
 		{"bulwark above resend", []string{AttemptHeader, "2"}, aboveResend, false},
 		{"bulwark zero", []string{AttemptHeader, "0"}, aboveNone, true},
-		{"bad bulwark, good amz", []string{AttemptHeader, "x", "amz-sdk-request", "attempt=2; max=3"}, aboveResend, true},
+		{"bad bulwark, good amz", []string{AttemptHeader, "x", "amz-sdk-request", "attempt=3; max=3"}, aboveResend, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := http.Header{}
