@@ -412,3 +412,30 @@ func BenchmarkRetriedAbove(b *testing.B) {
 		})
 	}
 }
+
+// FuzzSDKSignals: whatever a client above or a server puts in the
+// headers bulwark reads, reading them never panics, counts at most one
+// ignored value per request, marks a request only as one of the three
+// kinds, and obeys no wait past a day or below zero.
+func FuzzSDKSignals(f *testing.F) {
+	for _, s := range []string{"attempt=1; max=3", "0", "gccl-attempt-count/2", "x", "", "12.5", "-1", "attempt=3; max=2", "999999999", "1."} {
+		f.Add(s, s)
+	}
+	f.Fuzz(func(t *testing.T, req, resp string) {
+		for _, k := range []string{hdrBulwarkAttempt, hdrAmzSDKRequest, hdrStainlessRetries, hdrGoogAPIClient, hdrMSClientReqID, hdrStripeClientUA} {
+			var n atomic.Uint64
+			a := retriedAbove(http.Header{k: {req}}, &n)
+			if a > aboveResend || n.Load() > 1 {
+				t.Fatalf("%s: %q gave %d, %d counted", k, req, a, n.Load())
+			}
+		}
+		for _, k := range []string{hdrRetryAfterMs, hdrMSRetryAfterMs, hdrAmzRetryAfter} {
+			var n atomic.Uint64
+			d, ok := retryAfter(&http.Response{StatusCode: 429, Header: http.Header{k: {resp}}}, time.Now(), &n)
+			if d < 0 || d > 24*time.Hour || ok == (n.Load() == 1) && resp != "" {
+				t.Fatalf("%s: %q gave %v, %v with %d counted", k, resp, d, ok, n.Load())
+			}
+		}
+		noRetry(http.Header{hdrShouldRetry: {resp}, hdrStripeShouldRetry: {req}})
+	})
+}
