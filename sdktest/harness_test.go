@@ -198,11 +198,13 @@ type blipRun struct {
 	// that succeeded, of afterCalls.
 	okAfter    float64
 	afterCalls int
+	// mostPerCall is the most requests the server received for one call.
+	mostPerCall int
 }
 
 func (b blipRun) String() string {
-	return fmt.Sprintf("%.3f attempts/call over %d calls started in the blip; %.1f %% of %d calls from 1 s after it succeeded",
-		b.attemptsInBlip, b.callsInBlip, 100*b.okAfter, b.afterCalls)
+	return fmt.Sprintf("%.3f attempts/call over %d calls started in the blip; %.1f %% of %d calls from 1 s after it succeeded; at most %d requests for one call",
+		b.attemptsInBlip, b.callsInBlip, 100*b.okAfter, b.afterCalls, b.mostPerCall)
 }
 
 // runBlip drives workers callers, each calling do in a loop with a pause
@@ -231,6 +233,9 @@ func runBlip(j *injector, workers int, think time.Duration, do func(ctx context.
 	wg.Wait()
 	per := j.perCall()
 	var b blipRun
+	for _, n := range per {
+		b.mostPerCall = max(b.mostPerCall, n)
+	}
 	attempts, ok := 0, 0
 	for _, r := range results {
 		switch {
@@ -342,7 +347,16 @@ func compareBlip(t *testing.T, run func(t *testing.T, withBulwark bool) blipRun)
 	if with.okAfter < 0.99 {
 		t.Errorf("with bulwark, from 1 s after the blip: %s; want ≥ 99 %% succeeding", with)
 	}
+	// Each of the three SDKs sends a call at most three times (AWS's
+	// standard retryer, Stainless's and stripe-go's two retries).
+	if with.mostPerCall > sdkMaxAttempts {
+		t.Errorf("with bulwark a call reached the server %d times; the SDK alone sends one at most %d", with.mostPerCall, sdkMaxAttempts)
+	}
 }
+
+// sdkMaxAttempts is the most times each SDK under test sends one call,
+// by its defaults.
+const sdkMaxAttempts = 3
 
 // blip503 is the plan of every blip test: 503, with body text when it is
 // set (a proxy's), during the blip.

@@ -64,14 +64,6 @@ func TestStripeBlip(t *testing.T) {
 		// carrying a Stripe error object).
 		c, j := newStripe(t, withBulwark, blip503("upstream unavailable"))
 		run := runBlip(j, 60, 200*time.Millisecond, func(_ context.Context, id string) error { return createCustomer(c, id) })
-		most := 0
-		for key, n := range j.perCall() {
-			most = max(most, n)
-			if n > 1+int(stripe.DefaultMaxNetworkRetries) {
-				t.Errorf("bulwark %v: key %s sent %d times, more than stripe-go alone sends one", withBulwark, key, n)
-			}
-		}
-		t.Logf("%d requests, at most %d for one key", len(j.all()), most)
 		return run
 	})
 }
