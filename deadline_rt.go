@@ -48,7 +48,8 @@ type Timeout struct {
 	// bounds the call until its final response headers; a Total set here
 	// or in Default bounds the reading of the final body too, like
 	// http.Client.Timeout. A caller's context deadline that comes sooner
-	// wins.
+	// wins. The default does not bound a request that a retrying client
+	// above marks (see Attempt); a Total set does.
 	Total time.Duration
 
 	// Attempt bounds one attempt, from sending until its response headers
@@ -74,9 +75,16 @@ type Timeout struct {
 	// from a histogram of 16 buckets per doubling, up to 1/16 long; past
 	// 2,000 successes in a period one in eight is sampled.
 	// Transport.Snapshot shows what was learned (HostSnapshot.Learned).
-	// A set Attempt is obeyed as set (the baseline is still learned, for
-	// the breaker), and one below 10 ms is still sent (ErrDeadlineTooShort
-	// judges the time left before the call's deadline, not this bound).
+	// The learned timeout is the timer of bulwark's own retries, so it
+	// does not bound a request that a retrying client above marks (an
+	// SDK's attempt header, another bulwark's Bulwark-Attempt: see
+	// AttemptHeader): that client, which sends it again, bounds it with
+	// its own context, and a completion that takes 30 s on a host whose
+	// quick calls learned a 6 s timeout is answered as through a plain
+	// client. A set Attempt is obeyed as set (the baseline is still
+	// learned, for the breaker), and one below 10 ms is still sent
+	// (ErrDeadlineTooShort judges the time left before the call's
+	// deadline, not this bound).
 	Attempt time.Duration
 
 	// BodyIdle bounds how long one read of a response body may wait for a
@@ -166,9 +174,16 @@ func validHeaderName(s string) bool {
 type totalStage struct {
 	next  stage
 	total time.Duration
+	set   bool // Total was given, not the default
 }
 
 func (d *totalStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+	if c.above != aboveNone && !d.set {
+		// The default Total bounds bulwark's own retries; a call that a
+		// retrying client above sends again is that client's to bound
+		// (sdk.go).
+		return d.next.roundTrip(req, c)
+	}
 	end := c.start.Add(d.total)
 	if cd, ok := req.Context().Deadline(); !ok || end.Before(cd) {
 		// Else the caller's deadline comes first: nothing to add.
@@ -230,6 +245,10 @@ func deadlineValue(left time.Duration) string {
 	return strconv.FormatInt(max(int64((left-deadlineMargin)/time.Millisecond), 1), 10)
 }
 
+// unboundedAttempt is an attempt's bound when bulwark sets none of its
+// own: longer than any context a caller can mean.
+const unboundedAttempt = 100 * 365 * 24 * time.Hour
+
 // The bounds an attempt's timer enforces, as *wrapError so that they fit an
 // atomic.Pointer.
 var (
@@ -248,8 +267,19 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 		c.sendAt.at = now
 	}
 	bound := a.attempt
+	unbounded := false
 	if a.learn {
-		bound, _ = a.learned.timeout(c.attempt, a.attempt)
+		if c.above != aboveNone {
+			// The learned timeout is the timer of bulwark's own retries,
+			// as TCP's is of its retransmissions: a call that a client
+			// above will send again is bounded by that client (its
+			// context) and by what the policy sets, so that a long
+			// computation on a host of quick calls is not cut at their
+			// p99.9 on each of that client's tries (sdk.go).
+			bound, unbounded = unboundedAttempt, true
+		} else {
+			bound, _ = a.learned.timeout(c.attempt, a.attempt)
+		}
 	}
 	// Our bound on the wait for headers: Attempt, or Total's end if sooner.
 	ours, limit := now.Add(bound), errAttemptTimeout
@@ -300,6 +330,9 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	} else {
 		r.timer = time.AfterFunc(wait, r.expire)
 	}
+	// No deadline header when the attempt is unbounded: a request a
+	// retrying client above marks, with no deadline of its own (sdk.go).
+	writeHeader := a.header != "" && !(unbounded && left == bound)
 	var out *http.Request
 	switch {
 	case a.abandon:
@@ -307,13 +340,13 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 		// caller has it back and changes it: a copy of its own, URL and
 		// header included (the body is the base's to close, as ever).
 		out = req.Clone(r.ctx)
-	case a.header != "":
+	case writeHeader:
 		out = req.WithContext(r.ctx)
 		out.Header = cloneHeader(req.Header)
 	default:
 		out = req.WithContext(r.ctx)
 	}
-	if a.header != "" {
+	if writeHeader {
 		vals := r.vals[:]
 		if left == a.attempt {
 			vals[0] = a.attemptMs
@@ -327,7 +360,9 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 			vals[0] = deadlineValue(left)
 		}
 		out.Header[a.header] = vals[0:1:1]
-		if c.attempt > 0 {
+		if c.attempt > 0 && c.above == aboveNone {
+			// A client above numbers its own tries (another bulwark's
+			// Bulwark-Attempt is kept as it sent it).
 			vals[1] = strconv.Itoa(c.attempt)
 			out.Header[AttemptHeader] = vals[1:2:2]
 		}

@@ -46,6 +46,15 @@
 // about what the host did: bulwark's own refusals and the caller's
 // cancellation keep their fixed meaning (see Classifier).
 //
+// Retries happen at one layer. A request that a retrying client above
+// bulwark marks with its own attempt header (the AWS, OpenAI, Anthropic,
+// Google, Azure and Stripe SDKs, or another bulwark Transport: see
+// AttemptHeader for the list) is sent once, with neither the learned
+// attempt timeout nor the default Total: that client resends it and
+// bounds it. Its breaker, bulkhead, budget and pushback still see it, and
+// the servers' x-should-retry, retry-after-ms and X-Amz-Retry-After are
+// read as bulwark's own don't-retry and Retry-After (sdk.go).
+//
 // Every layer keeps the http.RoundTripper contract: it never modifies the
 // caller's request, always closes the request body (rejections included),
 // and returns a response or an error, never both. A context the stack

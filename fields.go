@@ -325,14 +325,21 @@ func pushbackStatus(code int) bool {
 }
 
 // retryAfter returns the wait a 429 or 503 response asks for, counting a
-// header that had to be ignored in ignored when it is not nil.
+// header that had to be ignored in ignored when it is not nil: its
+// Retry-After, or the milliseconds some servers give beside it
+// (retry-after-ms and the others retryAfterMs reads), the longest, so that
+// no attempt goes sooner than any of them asked.
 func retryAfter(resp *http.Response, now time.Time, ignored *atomic.Uint64) (time.Duration, bool) {
 	if !pushbackStatus(resp.StatusCode) {
 		return 0, false
 	}
 	d, res := parseRetryAfter(resp.Header["Retry-After"], now)
-	if res == retryAfterIgnored && ignored != nil {
+	ms, msOK, msBad := retryAfterMs(resp.Header)
+	if (res == retryAfterIgnored || msBad) && ignored != nil {
 		ignored.Add(1)
+	}
+	if msOK {
+		return max(d, ms), true
 	}
 	return d, res == retryAfterValid
 }

@@ -106,14 +106,30 @@ const maxPushbackDigits = 10
 // must not be retried (NoRetryHeader or x-envoy-overloaded, any value; a
 // negative grpc-retry-pushback-ms, or one that does not parse, as gRFC A6
 // reads it); otherwise wait, the least wait before a retry that a valid
-// grpc-retry-pushback-ms asks for (zero without one). bad reports a
-// grpc-retry-pushback-ms that did not parse, which the caller counts. A
+// grpc-retry-pushback-ms asks for (zero without one); x-should-retry and
+// Stripe-Should-Retry "false" stop too (sdk.go). bad reports a
+// grpc-retry-pushback-ms, x-should-retry or Stripe-Should-Retry that did
+// not parse, which the caller counts. A
 // malformed or hostile value can only stop a retry: never cause one, nor
 // a pause of other requests, nor an error.
 func noRetry(h http.Header) (stop bool, wait time.Duration, bad bool) {
 	if _, ok := h[NoRetryHeader]; ok {
 		return true, 0, false
 	}
+	// The SDKs' servers' own answers (x-should-retry, Stripe-Should-Retry):
+	// "false" stops as NoRetryHeader does; a malformed one is counted and
+	// stops nothing, since it is no don't-retry of bulwark's or of a stack
+	// that shares its rules.
+	sdkStop, sdkBad := shouldNotRetry(h)
+	if sdkStop {
+		return true, 0, sdkBad
+	}
+	stop, wait, bad = noRetryInterop(h)
+	return stop, wait, bad || sdkBad
+}
+
+// noRetryInterop is noRetry's reading of Envoy's and gRPC's signals.
+func noRetryInterop(h http.Header) (stop bool, wait time.Duration, bad bool) {
 	if _, ok := h[envoyOverloadedHeader]; ok {
 		return true, 0, false
 	}
@@ -226,7 +242,35 @@ const DefaultDeadlineHeader = "Bulwark-Timeout-Ms"
 // x-envoy-attempt-count, so a server can tell a retry from a new call (a
 // Shedder refuses retries first). It is written only when the retry layer
 // is on and the deadline header is sent.
-const AttemptHeader = "Bulwark-Attempt"
+//
+// Read on a request, it says that another bulwark Transport above retries
+// the call, as the SDKs' own attempt headers say it of them; such a
+// request is sent once, its number kept as sent. The headers read, and
+// what bulwark does with each:
+//
+//	request header               sent by                              bulwark
+//	Bulwark-Attempt              another bulwark Transport            sent once; no learned timeout, no default Total
+//	amz-sdk-request              AWS SDKs ("attempt=N; max=M")        the same (with max=1 the SDK does not retry: none of this)
+//	X-Stainless-Retry-Count      OpenAI's and Anthropic's SDKs        the same
+//	X-Goog-Api-Client            Google Cloud clients, with           the same
+//	                             "gccl-attempt-count/N" in it
+//	x-ms-client-request-id       Azure SDKs (one id for all tries)    the same
+//	X-Stripe-Client-User-Agent   Stripe's SDKs                        the same
+//
+//	response header              sent by                              bulwark
+//	x-should-retry: false        servers of Stainless SDKs            not retried, as NoRetryHeader
+//	Stripe-Should-Retry: false   Stripe                               not retried, as NoRetryHeader
+//	retry-after-ms               Stainless and Azure servers          on 429 and 503, as Retry-After (milliseconds)
+//	x-ms-retry-after-ms          Azure                                the same
+//	X-Amz-Retry-After            AWS (milliseconds)                   the same
+//
+// Each is read when present and never required. A value that does not
+// parse is ignored and counted (Snapshot.RetryAfterIgnored). Where several
+// waits are given, the longest is obeyed. "true" in x-should-retry never
+// makes bulwark retry what its classifier would not. An SDK's request
+// that meets a pushback pause waits it out, when it ends before the
+// call's deadline, rather than spend one of the SDK's tries.
+const AttemptHeader = hdrBulwarkAttempt
 
 // cloneHeader copies h's map so that keys can be added or replaced without
 // touching h. The value slices are shared with h, not copied: no layer

@@ -57,9 +57,12 @@ func bodyReplayable(req *http.Request) bool {
 //     once, its bytes read so far followed by the rest.
 //
 // Only http and https requests are retried: any other scheme is one the
-// base may not even support, and that answer will not change.
-func (r *retryStage) prepare(req *http.Request) (*http.Request, bool, error) {
-	if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
+// base may not even support, and that answer will not change. Nor is a
+// request that a retrying client above will send again (call.above,
+// sdk.go): retries happen at one layer, that client's.
+func (r *retryStage) prepare(req *http.Request, c call) (*http.Request, bool, error) {
+	if req.URL.Scheme != "http" && req.URL.Scheme != "https" || c.above != aboveNone {
+		// A client above that retries sends it again: one layer retries.
 		return req, false, nil
 	}
 	idem := idempotentMethod(req.Method) || hasIdempotencyKey(req.Header)

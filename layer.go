@@ -36,6 +36,11 @@ type call struct {
 	// attempt is the number of the attempt being sent, from 1, set by the
 	// retry layer; zero when no retry layer runs.
 	attempt int
+	// above is what the request's headers say of a retrying client above
+	// bulwark (sdk.go), read once by the router: a request that client
+	// will send again is sent once here, and bounded by bulwark's
+	// Timeout only where the policy sets it.
+	above above
 	// sent is when the retry layer sent this attempt: start for the first
 	// (nothing waits before it, unless its body was buffered), a clock
 	// reading for a later one or a hedge; zero when no retry layer runs. A layer below that times the

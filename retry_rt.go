@@ -99,8 +99,13 @@ func (j Jitter) String() string {
 //     BufferBody).
 //  3. Nobody said stop: the caller has not given up, no layer below
 //     refused on purpose (an open breaker, a full bulkhead, a pushback
-//     pause), and the server did not ask for no retry (NoRetryHeader, or
-//     Envoy's and gRPC's signals).
+//     pause), the server did not ask for no retry (NoRetryHeader,
+//     Envoy's and gRPC's signals, an SDK's x-should-retry: false), and no
+//     retrying client above marks the request (an SDK's attempt header,
+//     another bulwark Transport's: see AttemptHeader), since that client
+//     retries it and retries happen at one layer; such a request is sent
+//     once, without hedges, and the breaker, bulkhead, budget and
+//     pushback still see it.
 //  4. Fewer than MaxAttempts attempts were sent.
 //  5. The wait, and the host's median latency after it, fit before the
 //     call's deadline. The wait is the response's Retry-After (up to
@@ -471,7 +476,7 @@ const (
 
 func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	ctx := req.Context()
-	first, replayable, err := r.prepare(req)
+	first, replayable, err := r.prepare(req, c)
 	if err != nil {
 		return nil, err
 	}
@@ -524,10 +529,11 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 			r.budget.call(c.start, j.v.Outcome)
 		}
 		d := r.decide(req, c, replayable, attempt, j, resp, err, &prevWait)
-		if d.v == giveUp && (attempt > 1 || d.late) && j.v.Outcome == OutcomeFailure {
-			// Retried here and still failed, or due for a retry the
-			// deadline left no room for: the layer above should not try
-			// again (CallRecord).
+		if d.v == giveUp && (attempt > 1 || d.late || c.above == aboveResend) && j.v.Outcome == OutcomeFailure {
+			// Retried here and still failed, due for a retry the
+			// deadline left no room for, or a client above's resend that
+			// failed (that client retried, sdk.go): the layer above
+			// should not try again (CallRecord).
 			c.noteBelow(ctx, noteRetried)
 		}
 		if d.v != retryAgain && d.err != nil {

@@ -31,7 +31,9 @@ func (e *PushbackError) refusalKind() kind { return kindPushback }
 // time the server named, capped at Retry.MaxRetryAfter. During the pause
 // requests fail at once with a *PushbackError and nothing is sent: the
 // server has told every caller when it will have room, and guessing earlier
-// only adds to its load.
+// only adds to its load. A request that a retrying client above will
+// resend (an SDK's, sdk.go) waits the pause out instead, when it ends
+// before the call's deadline (waitOut).
 //
 // A server.Shedder's refusal says which priority it refused
 // (ShedPriorityHeader); its Retry-After then pauses only requests of that
@@ -84,7 +86,7 @@ func (p *pushbackStage) roundTrip(req *http.Request, c call) (*http.Response, er
 // (see sharedStage), so that the routes of a host share its pauses.
 func (p *pushbackStage) pass(next stage, req *http.Request, c call) (*http.Response, error) {
 	prio, fromContext := requestPriority(req)
-	if e := p.pausedFor(prio); e != nil {
+	if e := p.pausedFor(prio); e != nil && !p.waitOut(req, c, prio, e) {
 		p.refused.Add(1)
 		p.e.rep.rejected(req.Context(), layerPushback)
 		closeBody(req)
@@ -120,6 +122,42 @@ func (p *pushbackStage) pass(next stage, req *http.Request, c call) (*http.Respo
 		}
 	}
 	return resp, nil
+}
+
+// maxPauseWaits bounds how many pauses, one extending another, a request
+// waits out before it is refused.
+const maxPauseWaits = 4
+
+// waitOut waits until the pause e ends, for a request that a retrying
+// client above will resend (call.above, sdk.go), and reports whether the
+// host is no longer paused for it. Refused, such a request would only
+// spend one of that client's tries: its own backoff, shorter than a
+// pause renewed by other callers' 429s, sends it again into the pause,
+// and the client gives up having sent the host less than it would have
+// alone. Waited out, it goes no sooner than the host asked, as the client
+// itself would have waited had it seen the answer. A pause that ends past
+// the call's deadline is refused at once, as are other requests.
+func (p *pushbackStage) waitOut(req *http.Request, c call, prio Priority, e *PushbackError) bool {
+	if c.above == aboveNone {
+		return false
+	}
+	ctx := req.Context()
+	for range maxPauseWaits {
+		if dl, ok := c.deadline(req); ok && e.Until.After(dl) {
+			return false
+		}
+		tm := time.NewTimer(time.Until(e.Until))
+		select {
+		case <-ctx.Done():
+			tm.Stop()
+			return false
+		case <-tm.C:
+		}
+		if e = p.pausedFor(prio); e == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // shedPriority reads the priority a Shedder's refusal names. Anything but

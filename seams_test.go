@@ -67,6 +67,11 @@ var seamRows = []struct {
 	{"abandoned attempt × bulkhead", seamAbandonBulkhead},
 	{"abandoned attempt × retry", seamAbandonRetry},
 	{"abandoned attempt × hedge", seamAbandonHedge},
+	{"SDK attempt header × retry, call record", seamSDKRetry},
+	{"SDK attempt header × hedge", seamSDKHedge},
+	{"SDK attempt header × budget", seamSDKBudget},
+	{"SDK attempt header × breaker", seamSDKBreaker},
+	{"retry-after-ms × pushback", seamRetryAfterMsPushback},
 }
 
 func TestSeams(t *testing.T) {

@@ -23,8 +23,11 @@ type Snapshot struct {
 	// many rate-limit policies (RateLimit-Policy, RateLimit-Limit,
 	// X-RateLimit-Limit) a bulkhead with a Rate could not follow (see
 	// Bulkhead.Rate), and how many grpc-retry-pushback-ms values did not
-	// parse (each stopped the retry of its response, as gRPC reads it). A
-	// growing count means an upstream sends headers bulwark cannot obey.
+	// parse (each stopped the retry of its response, as gRPC reads it),
+	// and how many of the SDKs' signals did not (attempt headers on
+	// requests, x-should-retry, retry-after-ms and their kin on responses:
+	// see AttemptHeader; each was ignored). A growing count means an
+	// upstream, or a client above, sends headers bulwark cannot obey.
 	RetryAfterIgnored uint64
 	// Fleet is the health of the link to Config.Fleet; nil without one.
 	Fleet *FleetSnapshot

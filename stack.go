@@ -222,7 +222,7 @@ func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, 
 		shows = append(shows, func(h *HostSnapshot) { h.Latency = r.latency(time.Now()) })
 	}
 	if !p.Timeout.Disabled {
-		s = &totalStage{next: s, total: p.Timeout.Total}
+		s = &totalStage{next: s, total: p.Timeout.Total, set: p.Timeout.totalSet}
 	}
 	if p.Fallback.enabled() {
 		f := newFallback(s, p.Fallback, e)

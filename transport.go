@@ -506,7 +506,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	now := time.Now()
 	hs := t.lookupAt(req.URL, now.UnixNano())
-	rt, rep, c := hs.rt, hs.rep, call{start: now, classify: hs.policy.Classify}
+	rt, rep, c := hs.rt, hs.rep, call{start: now, classify: hs.policy.Classify, above: retriedAbove(req.Header, &t.ignoredRA)}
 	if hs.table != nil {
 		if r := t.routeStack(hs, req); r != nil {
 			rt, rep, c.classify = r.rt, r.rep, r.classify
