@@ -88,3 +88,20 @@ func (p *Table) Reset() {
 	p.any.Store(false)
 	p.mu.Unlock()
 }
+
+// Match reports whether the fresh counts at now of some process other
+// than except satisfy ok.
+func (p *Table) Match(except string, now time.Time, ok func(window.Counts) bool) bool {
+	if !p.any.Load() {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.expire(now)
+	for from, pc := range p.m {
+		if from != except && ok(pc.c) {
+			return true
+		}
+	}
+	return false
+}
