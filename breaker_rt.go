@@ -1444,10 +1444,12 @@ func breakerCounts(u FleetUpdate) window.Counts {
 // counts, with its own, already meet the trip condition: without it, a
 // pod whose peers' failures crossed the threshold would still send its
 // next call and trip on that call's failure, one call more per pod. The
-// call is then refused, as by any open breaker. It costs one atomic load
+// call is then refused, as by any open breaker. A pod whose own latest
+// attempt succeeded is not stopped (the counts are weighed as a trip is,
+// see Fleet): its next failure lets them count. It costs one atomic load
 // while no other pod has published counts for the host (a healthy host).
 func (b *breakerStage) fleetTrip() bool {
-	if b.fleet == nil || !b.peers.Any() {
+	if b.fleet == nil || !b.peers.Any() || b.ownAnswers(time.Now()) {
 		return false
 	}
 	b.winMu.Lock()

@@ -425,12 +425,13 @@ func TestFleetAfterUpdate(t *testing.T) {
 
 // TestFleetTripBeforeSending: when the other pods' counts with this pod's
 // own already meet the trip condition, the pod trips before its next call
-// instead of sending it and tripping on its failure; below the condition,
+// instead of sending it and tripping on its failure (its own latest call
+// failed: one answered would outweigh the counts); below the condition,
 // the call goes.
 func TestFleetTripBeforeSending(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		hub := &memHub{}
-		base := &statusBase{codes: []int{200}}
+		base := &statusBase{codes: []int{200, 500}}
 		b := newPod(t, &memFleet{hub: hub}, base)
 		synctest.Wait()
 		if code, err := sendOnce(t, b, "GET", "http://api.test/"); err != nil || code != 200 {
@@ -440,12 +441,13 @@ func TestFleetTripBeforeSending(t *testing.T) {
 		sink := hub.sinks[0].s
 		hub.mu.Unlock()
 		until := time.Now().Add(5 * time.Second)
-		// 1 + 3 calls, 2 failures: below MinCalls (5).
-		sink.Apply(FleetUpdate{Kind: FleetBreakerCounts, Host: "api.test:80", From: "p1", Until: until, Calls: 3, Failures: 2})
-		if code, err := sendOnce(t, b, "GET", "http://api.test/"); err != nil || code != 200 || base.sent() != 2 {
+		// 1 + 3 calls, 1 failure: below MinCalls (5); then 2 + 3 calls, 2
+		// failures, under the failure rate.
+		sink.Apply(FleetUpdate{Kind: FleetBreakerCounts, Host: "api.test:80", From: "p1", Until: until, Calls: 3, Failures: 1})
+		if code, err := sendOnce(t, b, "GET", "http://api.test/"); err != nil || code != 500 || base.sent() != 2 {
 			t.Fatalf("below the condition: %d, %v, %d sent; want the call sent", code, err, base.sent())
 		}
-		// 2 + 3 + 4 calls, 2 + 3 failures: 9 calls, 5 failures, over 50 %.
+		// 2 + 3 + 4 calls, 1 + 1 + 3 failures: 9 calls, 5 failures, over 50 %.
 		sink.Apply(FleetUpdate{Kind: FleetBreakerCounts, Host: "api.test:80", From: "p2", Until: until, Calls: 4, Failures: 3})
 		_, err := sendOnce(t, b, "GET", "http://api.test/")
 		var oe *BreakerOpenError
