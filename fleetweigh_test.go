@@ -249,4 +249,3 @@ func runWeighModel(t *testing.T, f *propFailure, n int, steps []weighStep) {
 		}
 	}
 }
-
