@@ -1280,9 +1280,13 @@ func (b *breakerCore) adopt(u FleetUpdate, now time.Time) bool {
 	b.weigh.probes.trip(until.Sub(now), now)
 	b.adoptMu.Unlock()
 	time.AfterFunc(until.Sub(now), func() {
-		if b.holdUntil.CompareAndSwap(un, 0) {
+		b.holdUntil.CompareAndSwap(un, 0)
+		b.adoptMu.Lock()
+		if b.adopted.until == un {
+			b.adopted = adoptedHold{}
 			b.weigh.probes.closed()
 		}
+		b.adoptMu.Unlock()
 	})
 	// The counts that led to this verdict are spent.
 	b.peers.Reset()
@@ -1367,8 +1371,8 @@ func (b *breakerCore) endHold(until int64, now time.Time, why string) bool {
 	}
 	from := b.adopted.from
 	b.adopted = adoptedHold{}
-	b.adoptMu.Unlock()
 	b.weigh.probes.closed()
+	b.adoptMu.Unlock()
 	b.e.rep.logger.Info("bulwark: circuit breaker hold by the fleet ended: "+why, "host", b.e.host, "pod", from)
 	b.hist.add(BreakerChange{At: now, From: CircuitOpen, To: b.heldState(), Reason: why})
 	return true
@@ -1611,9 +1615,11 @@ func (b *breakerStage) spacedProbe(req *http.Request, c call) (resp *http.Respon
 	if hold == 0 {
 		return nil, nil, false
 	}
-	// A local trip's probes, or else an adopted hold's (fleet.go).
-	local := b.probes.gate.Load()
-	if local && !b.probes.spaced(now.UnixNano()) || !local && !b.weigh.probes.spaced(now.UnixNano()) {
+	// A local trip's probes, or else an adopted hold's (fleet.go): the
+	// latter while the local ones are spent (a half-open round under the
+	// hold) too.
+	local := b.probes.spaced(now.UnixNano())
+	if !local && !b.weigh.probes.spaced(now.UnixNano()) {
 		return nil, nil, false
 	}
 	resp, err = b.next.roundTrip(req, c)

@@ -64,7 +64,10 @@ import (
 //     while another pod's latest counts show the host answering it (calls,
 //     none failed or slow): then the path from this pod is what fails. A
 //     failed dial that no pod contradicts is the host's: a host that is
-//     down refuses every pod.
+//     down refuses every pod. Failures to many unrelated hosts at once,
+//     the other sign of a pod's own network, are not judged apart: they
+//     are failed dials, each host's peers contradict them, and where no
+//     peer calls a host there is no fleet to mislead.
 //  2. A trip is weighed, not obeyed. A pod whose own latest attempt to the
 //     host succeeded (within fleetCountsFor), or that holds a third pod's
 //     fresh counts showing the host answering, declines another pod's

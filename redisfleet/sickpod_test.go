@@ -319,7 +319,7 @@ func singleNode(t *testing.T) func() redis.UniversalClient {
 // over 2 s); with the upstream down for every pod, the fleet stops within
 // 1.2 × MinCalls attempts and resumes within 2 s of the recovery.
 func TestSickPod(t *testing.T) {
-	checkSickFleet(t, singleNode(t), 6*time.Second)
+	checkSickFleet(t, singleNode(t), 4*time.Second)
 }
 
 // checkSickFleet runs the three scenarios over the Redis newClient reaches.
