@@ -874,7 +874,7 @@ func (b *breakerCore) onStateChange(_ string, from, to gobreaker.State) {
 	b.seq, b.consec, b.unans, b.dueAt = 0, 0, 0, 0
 	switch to {
 	case gobreaker.StateOpen:
-		b.peers.Reset()
+		b.peers.ResetExcept(answering) // kept: they make the next failures own
 		b.trips++
 		b.opened.Add(1)
 		d := b.openTime(b.trips)
@@ -1288,8 +1288,10 @@ func (b *breakerCore) adopt(u FleetUpdate, now time.Time) bool {
 		}
 		b.adoptMu.Unlock()
 	})
-	// The counts that led to this verdict are spent.
-	b.peers.Reset()
+	// The counts that led to this verdict are spent; those showing the
+	// host answering another pod did not lead to it, and keep this pod's
+	// own failures its own (ownFailure).
+	b.peers.ResetExcept(answering)
 	b.e.rep.logger.Info("bulwark: circuit breaker open by the fleet", "host", b.e.host, "until", until)
 	b.hist.add(BreakerChange{At: now, From: from, To: CircuitOpen, Reason: "another pod tripped"})
 	return true

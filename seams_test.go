@@ -1197,6 +1197,16 @@ func seamFleetOwnNetwork(t *testing.T) {
 		if s := seamHost(t, a, "api.test:80").Breaker.State; s != bulwark.CircuitOpen {
 			t.Fatalf("%T: pod A %v, want its own breaker open", broken, s)
 		}
+		// Its probes fail too: it trips again, as its own again.
+		for range 3 {
+			time.Sleep(2 * time.Second)
+			_, _ = seamSend(t, b, "GET", "http://api.test/x")
+			_, _ = seamSend(t, a, "GET", "http://api.test/x")
+			synctest.Wait()
+		}
+		if h := seamHost(t, a, "api.test:80").Breaker; h.TotalTrips < 2 {
+			t.Fatalf("%T: pod A tripped %d times, want its probes to have tripped it again", broken, h.TotalTrips)
+		}
 		if n := hub.opens.Load(); n != 0 {
 			t.Errorf("%T: %d trips published, want none: the failures were pod A's own", broken, n)
 		}

@@ -81,14 +81,6 @@ func (p *Table) expire(now time.Time) {
 	}
 }
 
-// Reset forgets every process's counts: a verdict has been reached.
-func (p *Table) Reset() {
-	p.mu.Lock()
-	clear(p.m)
-	p.any.Store(false)
-	p.mu.Unlock()
-}
-
 // Match reports whether the fresh counts at now of some process other
 // than except satisfy ok.
 func (p *Table) Match(except string, now time.Time, ok func(window.Counts) bool) bool {
@@ -104,4 +96,17 @@ func (p *Table) Match(except string, now time.Time, ok func(window.Counts) bool)
 		}
 	}
 	return false
+}
+
+// ResetExcept forgets every process's counts but those keep accepts: a
+// verdict has been reached on the others.
+func (p *Table) ResetExcept(keep func(window.Counts) bool) {
+	p.mu.Lock()
+	for k, pc := range p.m {
+		if !keep(pc.c) {
+			delete(p.m, k)
+		}
+	}
+	p.any.Store(len(p.m) > 0)
+	p.mu.Unlock()
 }
