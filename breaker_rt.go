@@ -1218,6 +1218,9 @@ func (b *breakerCore) adoptOpen(u FleetUpdate, now time.Time) bool {
 			b.weigh.hasDeclined.Store(true)
 		}
 		b.adoptMu.Unlock()
+		if b.fleet != nil {
+			b.fleet.declined()
+		}
 		b.answer(now)
 		return false
 	}

@@ -271,6 +271,11 @@ type FleetSnapshot struct {
 	// through FleetSink.Invalid by the Fleet): a growing count means
 	// something writes garbage where the fleet's state lives.
 	Received, Applied, Ignored uint64
+	// Declined counts the trips of other pods that a host's breaker
+	// weighed and did not adopt: its own latest call, or a third pod's,
+	// was answered (see Fleet). A growing count beside another pod's
+	// trips is that pod's own path failing, not the host.
+	Declined uint64
 }
 
 // fleetLink is a Transport's side of its Fleet: the queue, the
@@ -298,6 +303,7 @@ type fleetLink struct {
 
 	published, publishErrs, dropped atomic.Uint64
 	received, applied, ignored      atomic.Uint64
+	declinedN                       atomic.Uint64
 
 	errMu     sync.Mutex
 	lastErr   string
@@ -370,6 +376,9 @@ type fleetPublisher interface {
 	// countsChanged queues the source's counts, coalesced (see
 	// fleetLink.countsChanged).
 	countsChanged(b countsSource)
+	// declined counts a trip another pod published that the layer
+	// weighed and did not adopt (FleetSnapshot.Declined).
+	declined()
 }
 
 // publisher returns l as a layer's fleetPublisher: nil when l is nil, so
@@ -390,6 +399,12 @@ func (l *fleetLink) publish(u FleetUpdate) {
 	case l.out <- u:
 	default:
 		l.dropped.Add(1)
+	}
+}
+
+func (l *fleetLink) declined() {
+	if l != nil {
+		l.declinedN.Add(1)
 	}
 }
 
@@ -501,6 +516,7 @@ func (l *fleetLink) snapshot() *FleetSnapshot {
 		Connected: l.connected.Load(),
 		Published: l.published.Load(), PublishErrors: l.publishErrs.Load(), Dropped: l.dropped.Load(),
 		Received: l.received.Load(), Applied: l.applied.Load(), Ignored: l.ignored.Load(),
+		Declined: l.declinedN.Load(),
 	}
 	l.errMu.Lock()
 	s.LastError, s.LastErrorAt = l.lastErr, l.lastErrAt

@@ -1267,6 +1267,9 @@ func seamFleetWeighed(t *testing.T) {
 			t.Fatalf("pod B's call %d after A's trip: %d, %v; want its own success to outweigh A's trip", i, code, err)
 		}
 	}
+	if fs := b.Snapshot().Fleet; fs.Declined != 1 {
+		t.Errorf("pod B's fleet %+v, want A's trip declined once", fs)
+	}
 	down.Store(true)
 	sent := okB.sent()
 	if code, _ := seamSend(t, b, "GET", "http://api.test/x"); code != 503 {
