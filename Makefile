@@ -61,6 +61,7 @@ bench:
 	cd bench && $(GO) run ./cmd/hedge -duration $(HEDGETIME) > out/hedge.md
 	cd redisfleet && $(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -count 6 . > ../bench/out/fleetcost.txt
 	cd redisfleet && $(GO) run ./cmd/fleetlab -runs 10 -scenarios breaker,quota,outage,push -markdown -cost ../bench/out/fleetcost.txt > ../bench/out/fleet.md
+	cd redisfleet && $(GO) test -tags fleetlong -count=1 -v -run TestSickPodLong -timeout 10m . > ../bench/out/sickpod.txt
 	cd bench && $(GO) run ./cmd/adaptive > out/adaptive.md
 	cd bench && $(GO) run ./cmd/report -cost out/cost.txt -benchstat out/benchstat.txt -protect out/protect.jsonl -hedge out/hedge.md -adaptive out/adaptive.md -fleet out/fleet.md > ../BENCHMARKS.md
 	cd bench && $(GO) run ./cmd/readme -bench ../BENCHMARKS.md -readme ../README.md

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -466,6 +467,7 @@ const (
 	winCalls = iota
 	winFailures
 	winSlow
+	winOwn // failures that were this pod's own (fleet.go), shared with no one
 )
 
 // breakerStage is one host's circuit breaker: gobreaker's state machine
@@ -539,6 +541,8 @@ type breakerCore struct {
 	// not one.
 	adoptMu sync.Mutex
 	adopted adoptedHold
+	// weigh is what another pod's verdict is weighed against (applyFleet).
+	weigh fleetWeigh
 
 	// Guarded by winMu; the hooks that write them run under gobreaker's
 	// mutex too (lock order: gobreaker's, then winMu). The thresholds
@@ -631,6 +635,7 @@ type breakerEvent struct {
 func newBreaker(next stage, p Breaker, e env, randN func(int64) int64) *breakerStage {
 	c := &breakerCore{e: e, randN: randN, shape: shapeOf(p), heldErr: &BreakerOpenError{Host: e.host}}
 	c.probes.calls = int32(max(p.HalfOpenCalls, 1))
+	c.weigh.probes.calls = c.probes.calls
 	c.retune(p)
 	if p.Window > 0 {
 		c.win, _ = window.New(int64(p.Window), breakerBuckets)
@@ -714,7 +719,7 @@ func (b *breakerStage) roundTrip(req *http.Request, c call) (*http.Response, err
 		}
 		took := time.Since(start)
 		sendClocks.Put(sc)
-		v := b.verdict(c.judge(resp, err), took)
+		v := b.weighOutcome(b.verdict(c.judge(resp, err), took), err)
 		switch v {
 		case nil:
 			b.probes.answered()
@@ -798,12 +803,13 @@ func (b *breakerStage) verdict(j judged, took time.Duration) error {
 func (b *breakerCore) isSuccessful(verdict error) bool {
 	b.winMu.Lock()
 	defer b.winMu.Unlock()
+	verdict, own := b.splitOwn(verdict)
 	if b.cbState != gobreaker.StateClosed {
 		return verdict == nil
 	}
 	var clk breakerClock
 	if verdict != errVerdictFleet {
-		b.record(verdict, &clk)
+		b.record(verdict, own, &clk)
 	}
 	b.tripping = b.judge(&clk)
 	return verdict == nil && !b.tripping
@@ -821,8 +827,9 @@ func (c *breakerClock) now() int64 {
 }
 
 // record adds a closed breaker's counted outcome to the window and to the
-// runs of failures. Under winMu.
-func (b *breakerCore) record(verdict error, clk *breakerClock) {
+// runs of failures; own marks a failure that was this pod's own (fleet.go).
+// Under winMu.
+func (b *breakerCore) record(verdict error, own bool, clk *breakerClock) {
 	var c window.Counts
 	c[winCalls] = 1
 	if verdict != nil && verdict != errVerdictSlow {
@@ -830,6 +837,9 @@ func (b *breakerCore) record(verdict error, clk *breakerClock) {
 	}
 	if verdict == errVerdictSlow || verdict == errVerdictSlowFailure || verdict == errVerdictSlowUnanswered {
 		c[winSlow] = 1
+	}
+	if own {
+		c[winOwn] = 1
 	}
 	// The run ConsecutiveFailures counts is of attempts the host never
 	// answered: a host that answers, even with a 503, is alive, and
@@ -961,7 +971,7 @@ func (b *breakerCore) onStateChange(_ string, from, to gobreaker.State) {
 	b.consec, b.unans, b.dueAt, b.tripping = 0, 0, 0, false
 	switch to {
 	case gobreaker.StateOpen:
-		b.peers.Reset()
+		b.peers.ResetExcept(answering) // kept: they make the next failures own
 		b.trips++
 		b.opened.Add(1)
 		d := b.openTime(b.trips)
@@ -972,7 +982,7 @@ func (b *breakerCore) onStateChange(_ string, from, to gobreaker.State) {
 		b.probeEnded.Store(false)
 		// A later trip's hold is not this timer's to clear.
 		time.AfterFunc(d, func() { b.holdUntil.CompareAndSwap(until, 0) })
-		b.publishOpen(now.Add(d), b.trips)
+		b.publishOpen(now.Add(d), b.trips, s)
 	case gobreaker.StateClosed:
 		b.publishClosed(now)
 		b.trips = 0
@@ -1144,7 +1154,7 @@ func (b *breakerStage) open() bool {
 // and its trips, adopts the other pods' trips, and adds their counts to
 // its own. Only a host's own breaker has a fleet; a route's has none.
 
-// applyFleet adopts another pod's trip, or keeps its counts (fleetMember).
+// applyFleet weighs another pod's trip, or keeps its counts (fleetMember).
 func (b *breakerCore) applyFleet(u FleetUpdate, now time.Time) bool {
 	switch u.Kind {
 	case FleetBreakerOpen:
@@ -1152,54 +1162,248 @@ func (b *breakerCore) applyFleet(u FleetUpdate, now time.Time) bool {
 	case FleetBreakerClosed:
 		return b.endAdopted(u, now)
 	case FleetBreakerCounts:
-		return b.peers.Set(u.From, breakerCounts(u), u.Until, now)
+		kept := b.peers.Set(u.From, breakerCounts(u), u.Until, now)
+		switch {
+		case u.Failures+u.Slow > 0:
+			// Another pod fails: if this one is answered, it says so.
+			b.answer(now)
+		case answering(breakerCounts(u)):
+			b.endContradicted(u.From, now)
+		}
+		return kept
 	}
 	return false
 }
 
-// adoptOpen holds the breaker open until u.Until and a grace, capped at
-// MaxOpenFor from now, as a local trip would, unless it already holds as
-// long: a refusal still costs one atomic load. The local state machine is
-// left as it is, so when the hold ends the pod's own breaker decides again
-// (the tripping pod has probed by then, and published a longer hold if the
-// host is still sick, or its close: endAdopted).
+// fleetFresh is how long a success of this pod's own contradicts another
+// pod's trip (while no failure came after it): as long as counts count.
+const fleetFresh = fleetCountsFor
+
+// fleetAnswerEvery spaces the counts a pod shares in answer to another
+// pod's failures or trip (answer): the news that the host answers it.
+const fleetAnswerEvery = time.Second
+
+// fleetWeigh is what a host's breaker weighs another pod's trip against
+// (see Fleet): its own latest outcomes, a trip it declined, the holds it
+// adopted in a row, and the probes it sends through an adopted hold.
+type fleetWeigh struct {
+	// lastOK is when this pod's last attempt to the host that succeeded
+	// ended (unix ns), okLast says no attempt has failed or been slow
+	// since, and oks counts the attempts that succeeded.
+	lastOK atomic.Int64
+	okLast atomic.Bool
+	oks    atomic.Uint64
+	// answeredAt is when the counts were last shared in answer (unix ns).
+	answeredAt atomic.Int64
+	// probes spaces the probes through an adopted hold as a local trip
+	// spaces its own (breakerprobe.go).
+	probes breakerProbes
+	// hasDeclined says declined holds a trip: one load on each failure.
+	hasDeclined atomic.Bool
+	// Under adoptMu: the latest trip declined (a failure of this pod's
+	// own adopts it), the holds adopted in a row, and oks at the last.
+	declined FleetUpdate
+	run      int
+	runOKs   uint64
+	// ownLast says the last failure the window counted was this pod's
+	// own (ownFailure). Under winMu.
+	ownLast bool
+}
+
+// errVerdictOwnUnanswered is an unanswered attempt whose failure is this
+// pod's own (ownFailure): the breaker counts it as errVerdictUnanswered,
+// and the fleet is not told of it.
+var errVerdictOwnUnanswered = errors.New("bulwark: unanswered call, the caller's own failure")
+
+// weighOutcome notes an attempt's verdict v (err its error) as this pod's
+// latest evidence of the host, adopts a trip it declined when v is a
+// failure, and returns v, or errVerdictOwnUnanswered for a failure that is
+// this pod's own. Without a Fleet it returns v and does nothing.
+func (b *breakerCore) weighOutcome(v, err error) error {
+	if b.fleet == nil {
+		return v
+	}
+	now := time.Now()
+	switch v {
+	case nil:
+		b.weigh.lastOK.Store(now.UnixNano())
+		b.weigh.oks.Add(1)
+		b.weigh.okLast.Store(true)
+		return nil
+	case errVerdictIgnored:
+		return v
+	}
+	b.weigh.okLast.Store(false)
+	if b.weigh.hasDeclined.Load() {
+		b.adoptDeclined(now)
+	}
+	if v == errVerdictUnanswered && b.ownFailure(err, now) {
+		return errVerdictOwnUnanswered
+	}
+	return v
+}
+
+// splitOwn is isSuccessful's view of a verdict: an own failure is an
+// unanswered one, and own reports it was this pod's own. It notes whether
+// the last failure was. Under winMu.
+func (b *breakerCore) splitOwn(v error) (_ error, own bool) {
+	if v == errVerdictOwnUnanswered {
+		v, own = errVerdictUnanswered, true
+	}
+	if v != nil && v != errVerdictIgnored {
+		b.weigh.ownLast = own
+	}
+	return v, own
+}
+
+// ownFailure reports an unanswered attempt that says more about this pod
+// than about the host: a DNS failure (the name was never sent anywhere:
+// this pod's resolver answered), or a failed dial (refused, unreachable,
+// timed out before a connection) while another pod's latest counts show
+// the host answering it: the path from here is what failed.
+func (b *breakerCore) ownFailure(err error, now time.Time) bool {
+	if _, ok := errors.AsType[*net.DNSError](err); ok {
+		return true
+	}
+	if oe, ok := errors.AsType[*net.OpError](err); ok && oe.Op == "dial" {
+		return b.peersAnswer("", now)
+	}
+	return false
+}
+
+// answering reports counts that show the host answering the pod that
+// published them: calls, none failed or slow.
+func answering(c window.Counts) bool {
+	return c[winCalls] > 0 && c[winFailures] == 0 && c[winSlow] == 0
+}
+
+// peersAnswer reports that some other pod than except has fresh counts
+// that show the host answering it.
+func (b *breakerCore) peersAnswer(except string, now time.Time) bool {
+	return b.peers.Match(except, now, answering)
+}
+
+// ownAnswers reports that this pod's latest attempt to the host succeeded,
+// within fleetFresh of now.
+func (b *breakerCore) ownAnswers(now time.Time) bool {
+	return b.weigh.okLast.Load() && now.UnixNano()-b.weigh.lastOK.Load() <= int64(fleetFresh)
+}
+
+// answer shares this pod's counts when its own latest attempt succeeded,
+// at most every fleetAnswerEvery: another pod fails or tripped, and the
+// pods weighing that learn that the host answers this one.
+func (b *breakerCore) answer(now time.Time) {
+	if b.fleet == nil || b.shadow.Load() || !b.ownAnswers(now) {
+		return
+	}
+	last := b.weigh.answeredAt.Load()
+	if now.UnixNano()-last < int64(fleetAnswerEvery) || !b.weigh.answeredAt.CompareAndSwap(last, now.UnixNano()) {
+		return
+	}
+	b.shareCounts()
+}
+
+// adoptOpen weighs another pod's trip u: when this pod's own latest
+// attempt succeeded, or a third pod's counts show the host answering, the
+// trip is contradicted, and it is declined (kept: a failure of this pod's
+// own adopts it; adoptDeclined); otherwise it is adopted (adopt).
 func (b *breakerCore) adoptOpen(u FleetUpdate, now time.Time) bool {
-	until := u.Until
-	until = until.Add(min(fleetProbeGrace, until.Sub(now)/4))
+	if b.ownAnswers(now) || b.peersAnswer(u.From, now) {
+		b.adoptMu.Lock()
+		if u.Until.After(b.weigh.declined.Until) {
+			b.weigh.declined = u
+			b.weigh.hasDeclined.Store(true)
+		}
+		b.adoptMu.Unlock()
+		if b.fleet != nil {
+			b.fleet.declined()
+		}
+		b.answer(now)
+		return false
+	}
+	return b.adopt(u, now)
+}
+
+// adoptDeclined adopts the trip declined last, if its time runs still:
+// this pod's own attempt has just failed.
+func (b *breakerCore) adoptDeclined(now time.Time) {
+	b.adoptMu.Lock()
+	u := b.weigh.declined
+	b.weigh.declined = FleetUpdate{}
+	b.weigh.hasDeclined.Store(false)
+	b.adoptMu.Unlock()
+	if u.Until.After(now) {
+		b.adopt(u, now)
+	}
+}
+
+// adopt holds the breaker open until u.Until and a grace, but never longer
+// than this pod's own breaker would hold for as many trips in a row as it
+// has adopted holds in a row (since its last success): OpenFor doubled for
+// each, capped at MaxOpenFor. Through the hold it sends spaced probes, as
+// a local trip does, and one that succeeds ends it (endAdoptedByProbe).
+// The local state machine is left as it is, so when the hold ends the
+// pod's own breaker decides again. A hold at least as long already in
+// place stands: a refusal still costs one atomic load.
+func (b *breakerCore) adopt(u FleetUpdate, now time.Time) bool {
 	b.winMu.Lock()
-	maxOpen := b.maxOpen // Update may retune it
+	openFor, maxOpen := b.openFor, b.maxOpen // Update may retune them
 	b.winMu.Unlock()
-	if cap := now.Add(maxOpen); until.After(cap) {
+	b.adoptMu.Lock()
+	run, oks := b.weigh.run, b.weigh.oks.Load()
+	if oks != b.weigh.runOKs {
+		run = 0 // a success since the last adopted hold: a new run
+	}
+	until := u.Until.Add(min(fleetProbeGrace, u.Until.Sub(now)/4))
+	if cap := now.Add(openCeil(openFor, maxOpen, run+1)); until.After(cap) {
 		until = cap
 	}
 	un := until.UnixNano()
-	if b.holdUntil.Load() >= un {
-		return false
-	}
-	from := b.heldState()
-	// The error first, so that a refusal that sees the hold names its end.
-	b.openErr.Store(&BreakerOpenError{Host: b.e.host, ProbeAt: until})
-	// Under adoptMu, so that a close (endAdopted) sees the hold and its
-	// source together.
-	b.adoptMu.Lock()
 	for {
 		cur := b.holdUntil.Load()
 		if cur >= un {
 			b.adoptMu.Unlock()
 			return false
 		}
+		// The error first, so that a refusal that sees the hold names its end.
+		b.openErr.Store(&BreakerOpenError{Host: b.e.host, ProbeAt: until})
 		if b.holdUntil.CompareAndSwap(cur, un) {
 			break
 		}
 	}
+	from := CircuitClosed
+	if b.adopted.until != 0 || b.probes.gate.Load() {
+		from = CircuitOpen
+	}
 	b.adopted = adoptedHold{until: un, from: u.From, gen: u.Generation}
+	b.weigh.run, b.weigh.runOKs = run+1, oks
+	b.weigh.probes.trip(until.Sub(now), now)
 	b.adoptMu.Unlock()
-	time.AfterFunc(until.Sub(now), func() { b.holdUntil.CompareAndSwap(un, 0) })
-	// The counts that led to this verdict are spent.
-	b.peers.Reset()
+	time.AfterFunc(until.Sub(now), func() {
+		b.holdUntil.CompareAndSwap(un, 0)
+		b.adoptMu.Lock()
+		if b.adopted.until == un {
+			b.adopted = adoptedHold{}
+			b.weigh.probes.closed()
+		}
+		b.adoptMu.Unlock()
+	})
+	// The counts that led to this verdict are spent; those showing the
+	// host answering another pod did not lead to it, and keep this pod's
+	// own failures its own (ownFailure).
+	b.peers.ResetExcept(answering)
 	b.e.rep.logger.Info("bulwark: circuit breaker open by the fleet", "host", b.e.host, "until", until)
 	b.hist.add(BreakerChange{At: now, From: from, To: CircuitOpen, Reason: "another pod tripped"})
 	return true
+}
+
+// openCeil is the longest open time of the n-th trip in a row: OpenFor
+// doubled n-1 times, capped at maxOpen (openTime's, before its random cut).
+func openCeil(openFor, maxOpen time.Duration, n int) time.Duration {
+	if s := n - 1; s < 62 && openFor <= maxOpen>>s {
+		return openFor << s
+	}
+	return maxOpen
 }
 
 // adoptedHold is a hold adopted from another pod: its end (unix ns, as
@@ -1223,28 +1427,82 @@ func (b *breakerCore) endAdopted(c FleetUpdate, now time.Time) bool {
 	}
 	b.adoptMu.Lock()
 	a := b.adopted
-	// The swap fails when the hold is no longer this one (a local trip
-	// replaced it, or its time ran out).
-	if a.until == 0 || a.from != c.From || a.gen != c.Generation || !b.holdUntil.CompareAndSwap(a.until, 0) {
+	if a.from != c.From || a.gen != c.Generation {
 		b.adoptMu.Unlock()
 		return false
 	}
-	b.adopted = adoptedHold{}
 	b.adoptMu.Unlock()
-	b.e.rep.logger.Info("bulwark: circuit breaker hold by the fleet ended: the pod that tripped closed again", "host", b.e.host, "pod", c.From)
-	b.hist.add(BreakerChange{At: now, From: CircuitOpen, To: b.heldState(), Reason: "the pod that tripped closed again"})
+	return b.endHold(a.until, now, "the pod that tripped closed again")
+}
+
+// endContradicted ends an adopted hold when another pod than the one it
+// came from publishes counts that show the host answering it.
+func (b *breakerCore) endContradicted(from string, now time.Time) bool {
+	if BreakerControl(b.control.Load()) != BreakerAuto || b.probes.gate.Load() {
+		return false
+	}
+	b.adoptMu.Lock()
+	a := b.adopted
+	b.adoptMu.Unlock()
+	if a.from == from {
+		return false
+	}
+	return b.endHold(a.until, now, "another pod's calls succeed")
+}
+
+// endAdoptedByProbe ends the adopted hold, which a spaced probe's success
+// contradicted (one adopted while the probe was out too), and tells the
+// other pods the host answers.
+func (b *breakerCore) endAdoptedByProbe(now time.Time) {
+	b.adoptMu.Lock()
+	hold := b.adopted.until
+	b.adoptMu.Unlock()
+	if b.endHold(hold, now, "a spaced probe succeeded") {
+		b.answer(now)
+	}
+}
+
+// endHold ends the adopted hold that ends at until, for why, and reports
+// whether it did. The swap fails when the hold is no longer that one (a
+// local trip or a later hold replaced it, or its time ran out).
+func (b *breakerCore) endHold(until int64, now time.Time, why string) bool {
+	b.adoptMu.Lock()
+	if until == 0 || b.adopted.until != until || !b.holdUntil.CompareAndSwap(until, 0) {
+		b.adoptMu.Unlock()
+		return false
+	}
+	from := b.adopted.from
+	b.adopted = adoptedHold{}
+	b.weigh.probes.closed()
+	b.adoptMu.Unlock()
+	b.e.rep.logger.Info("bulwark: circuit breaker hold by the fleet ended: "+why, "host", b.e.host, "pod", from)
+	b.hist.add(BreakerChange{At: now, From: CircuitOpen, To: b.heldState(), Reason: why})
 	return true
 }
 
 // publishOpen shares a local trip, and remembers it was shared so that its
-// close is (publishClosed). Under gobreaker's mutex and winMu: the
-// hand-off does not block.
-func (b *breakerCore) publishOpen(until time.Time, trips int) {
+// close is (publishClosed); s is the window behind the trip. A trip whose
+// last failure was this pod's own (ownFailure) is shared only if the
+// window without its own failures would have tripped too: the fleet is
+// not told of what is wrong with this pod. Under gobreaker's mutex and
+// winMu: the hand-off does not block.
+func (b *breakerCore) publishOpen(until time.Time, trips int, s window.Counts) {
 	if b.fleet == nil || b.shadow.Load() {
+		return
+	}
+	if b.weigh.ownLast && !b.due(shared(s)) {
 		return
 	}
 	b.published = uint64(trips)
 	b.fleet.publish(FleetUpdate{Kind: FleetBreakerOpen, Host: b.e.host, Until: until, Generation: b.published})
+}
+
+// shared is a window's counts without this pod's own failures: what the
+// fleet is told of.
+func shared(s window.Counts) window.Counts {
+	own := s[winOwn]
+	s[winCalls], s[winFailures], s[winOwn] = s[winCalls]-own, s[winFailures]-own, 0
+	return s
 }
 
 // publishClosed shares that the breaker closed after a trip it shared: the
@@ -1259,19 +1517,19 @@ func (b *breakerCore) publishClosed(now time.Time) {
 	b.published = 0
 }
 
-// shareCounts queues the window's counts for the fleet. Under winMu: the
-// hand-off does not block.
+// shareCounts queues the window's counts for the fleet. Under winMu, or
+// none of the breaker's locks: the hand-off does not block.
 func (b *breakerCore) shareCounts() {
 	if b.fleet != nil {
 		b.fleet.countsChanged(b)
 	}
 }
 
-// counts is the update that publishes b's window as it is now
-// (countsSource).
+// counts is the update that publishes b's window as it is now, without
+// this pod's own failures (countsSource).
 func (b *breakerCore) counts() FleetUpdate {
 	b.winMu.Lock()
-	s := b.win.Sum(b.pos())
+	s := shared(b.win.Sum(b.pos()))
 	b.winMu.Unlock()
 	return FleetUpdate{Kind: FleetBreakerCounts, Host: b.e.host, Until: time.Now().Add(fleetCountsFor),
 		Calls: s[winCalls], Failures: s[winFailures], Slow: s[winSlow]}
@@ -1292,10 +1550,12 @@ func breakerCounts(u FleetUpdate) window.Counts {
 // counts, with its own, already meet the trip condition: without it, a
 // pod whose peers' failures crossed the threshold would still send its
 // next call and trip on that call's failure, one call more per pod. The
-// call is then refused, as by any open breaker. It costs one atomic load
+// call is then refused, as by any open breaker. A pod whose own latest
+// attempt succeeded is not stopped (the counts are weighed as a trip is,
+// see Fleet): its next failure lets them count. It costs one atomic load
 // while no other pod has published counts for the host (a healthy host).
 func (b *breakerStage) fleetTrip() bool {
-	if b.fleet == nil || !b.peers.Any() {
+	if b.fleet == nil || !b.peers.Any() || b.ownAnswers(time.Now()) {
 		return false
 	}
 	b.winMu.Lock()
@@ -1328,9 +1588,11 @@ type BreakerChange struct {
 	// rate 60 % ≥ 50 %", "slow-call rate …", "the fleet's counts", "10
 	// unanswered attempts in a row", "ReadyToTrip"), "open time over", "a
 	// spaced probe succeeded" (one sent while open, which ended the open
-	// time early), "a probe failed or was slow", "every probe succeeded", "another pod
-	// tripped", "the pod that tripped closed again" (the fleet's hold
-	// ended), or the control set ("control force-open", "control auto").
+	// time early, or an adopted hold), "a probe failed or was slow",
+	// "every probe succeeded", "another pod tripped", "the pod that
+	// tripped closed again" or "another pod's calls succeed" (the fleet's
+	// hold ended), or the control set ("control force-open", "control
+	// auto").
 	Reason string
 	// Calls, Failures and Slow are what the breaker's own window held just
 	// before the change (a trip empties it); zero for a change that the
@@ -1458,13 +1720,24 @@ func (b *breakerStage) spacedProbe(req *http.Request, c call) (resp *http.Respon
 	}
 	hold := b.holdUntil.Load()
 	// In shadow mode too, so that it behaves as an enforcing breaker would.
-	if hold == 0 || !b.probes.spaced(now.UnixNano()) {
+	if hold == 0 {
+		return nil, nil, false
+	}
+	// A local trip's probes, or else an adopted hold's (fleet.go): the
+	// latter while the local ones are spent (a half-open round under the
+	// hold) too.
+	local := b.probes.spaced(now.UnixNano())
+	if !local && !b.weigh.probes.spaced(now.UnixNano()) {
 		return nil, nil, false
 	}
 	resp, err = b.next.roundTrip(req, c)
-	if b.verdict(c.judge(resp, err), time.Since(now)) == nil {
-		b.probes.answered()
-		b.endedByProbe(hold)
+	if b.weighOutcome(b.verdict(c.judge(resp, err), time.Since(now)), err) == nil {
+		if local {
+			b.probes.answered()
+			b.endedByProbe(hold)
+		} else {
+			b.endAdoptedByProbe(now)
+		}
 	}
 	return resp, err, true
 }

@@ -1140,7 +1140,7 @@ func BenchmarkBreakerJudge(b *testing.B) {
 					}
 					var clk breakerClock
 					c.winMu.Lock()
-					c.record(v, &clk)
+					c.record(v, false, &clk)
 					if judged && c.judge(&clk) {
 						b.Fatal("tripped")
 					}

@@ -28,6 +28,11 @@ import (
 // successes to close), and a spaced one ends the open time at once. With
 // HalfOpenCalls 1 there is no timer probe.
 //
+// A hold adopted from another pod of a fleet is probed the same way, by a
+// second breakerProbes of the breaker's (trip at the adoption, closed when
+// the hold ends; only spaced is asked), so that a fleet's verdict is never
+// harder to end than a local trip (see Fleet).
+//
 // All of it is atomics: a refusal still costs a few loads, and nothing
 // runs while the breaker is closed but one load of gate.
 type breakerProbes struct {
@@ -66,7 +71,7 @@ func (p *breakerProbes) closed() { p.gate.Store(false) }
 // many refusals per spacing, probes as often as before.
 func (p *breakerProbes) spaced(now int64) bool {
 	if !p.gate.Load() {
-		return false // held by the fleet or a control, not by a local trip
+		return false // held by a control, or by what these probes do not space
 	}
 	if !p.refused.Load() {
 		p.refused.Store(true) // this request is refused: the next may probe

@@ -36,7 +36,7 @@ import (
 // or two: milliseconds on one network). A pod that was disconnected
 // catches up when Receive starts again, from the state the store keeps.
 //
-// Breaker semantics: counts are aggregated, verdicts adopted. A pod whose
+// Breaker semantics: counts are aggregated, verdicts weighed. A pod whose
 // window just counted a failure or a slow call publishes its window's
 // counts (coalesced: at most one update per host waits in the queue, so a
 // busy sick host costs one publish per store round trip, and a healthy one
@@ -45,31 +45,65 @@ import (
 // trips after about MinCalls calls fleet-wide rather than MinCalls per pod.
 // A pod checks that sum before each call too, while peers' counts are
 // fresh, so that it does not send one more call once they have crossed
-// the threshold without it (fleetTrip).
-// The pod that trips publishes "open until T", and every other pod adopts
-// it (capped at its own MaxOpenFor). A quorum of K pods was the other
-// choice: it lets K × MinCalls failures through and needs K healthy pods
-// to agree, when a full window of evidence is what a local breaker already
-// trusts. The risk of aggregation (pods whose own networks are broken trip
-// the fleet for a healthy host) is bounded by the open time: the hold ends
-// at T, capped, and each pod's own breaker decides again from there. A
-// fleet verdict is trusted no further than a local one.
+// the threshold without it (fleetTrip). The pod that trips publishes
+// "open until T", and the others weigh it. A quorum of K pods was the
+// other choice: it lets K × MinCalls failures through and needs K healthy
+// pods to agree. Instead, a verdict from elsewhere is evidence, and these
+// contracts keep one pod whose own path is broken from blacking out the
+// fleet, while a host down for everyone is still cut off by the fleet:
 //
-// Half-open probes come from one pod: the pods that adopt a verdict send
-// no probes of their own, and hold a little longer than the pod that
-// tripped (fleetProbeGrace, at most a quarter of the hold), so that when
-// its hold ends that pod alone is half-open and probes. It also probes
-// through its open time (a spaced probe, see Breaker.HalfOpenCalls), so it
-// finds a recovery early. A probe that fails trips it again, and its
-// longer hold reaches the others before their grace runs out. When its
-// half-open round succeeds and its breaker closes, it publishes
-// FleetBreakerClosed, and each pod whose hold is the one it adopted from
-// that trip ends it at once: the fleet resumes within about a spacing and
-// a half-open round of the host's recovery, not at the end of an open
-// time that doubles on each trip in a row. A pod whose hold is another
-// pod's (a later, longer one) or its own trip's keeps it. If the close is
-// lost, the others resume at the end of their grace, as before, or their
-// own breakers decide.
+//  1. A pod's own failures stay its own. A failure that says more about
+//     the caller than about the host counts in the pod's own breaker,
+//     which trips on it as ever and protects the pod, but is left out of
+//     the counts the pod publishes; a trip whose last failure was one is
+//     published only if the window without them would have tripped too.
+//     Two kinds are the caller's: a DNS failure (the request went nowhere:
+//     the pod's resolver answered, and a name gone for every pod trips each
+//     pod's breaker on its own within ConsecutiveFailures attempts), and a
+//     failed dial (refused, unreachable, timed out before a connection)
+//     while another pod's latest counts show the host answering it (calls,
+//     none failed or slow): then the path from this pod is what fails. A
+//     failed dial that no pod contradicts is the host's: a host that is
+//     down refuses every pod. Failures to many unrelated hosts at once,
+//     the other sign of a pod's own network, are not judged apart: they
+//     are failed dials, each host's peers contradict them, and where no
+//     peer calls a host there is no fleet to mislead.
+//  2. A trip is weighed, not obeyed. A pod whose own latest attempt to the
+//     host succeeded (within fleetCountsFor), or that holds a third pod's
+//     fresh counts showing the host answering, declines another pod's
+//     trip: its evidence is about its own path, the trip is about someone
+//     else's. It keeps the trip, and adopts it at its first failed attempt
+//     while the trip's time runs, so a host down for everyone costs each
+//     pod at most one attempt more than a verdict obeyed at once. A pod
+//     that declines, or that is answered when another pod's failures
+//     arrive, answers with its counts (at most once a second), so the
+//     others learn that the host answers it.
+//  3. An adopted hold is no stronger than a local trip. It lasts until T
+//     and a grace (fleetProbeGrace, at most a quarter of the hold, time for
+//     the tripping pod's probes to fail and its next verdict to arrive),
+//     but never longer than the pod's own breaker would hold for as many
+//     trips in a row as it has adopted holds in a row since its last
+//     success: OpenFor doubled each time, up to MaxOpenFor, whatever the
+//     tripping pod's generation. It is probed as a local trip is, one
+//     probe a spacing (the hold ÷ HalfOpenCalls, once a request was
+//     refused since the last), at most HalfOpenCalls − 1 a hold, and a
+//     probe that succeeds ends it. It also ends when the tripping pod
+//     publishes that it closed again (FleetBreakerClosed: its half-open
+//     round succeeded; a pod whose hold is another pod's, a later and
+//     longer one, or its own trip's keeps it), and when another pod than
+//     the tripping one publishes counts showing the host answering. Then
+//     the pod's own breaker decides, as at the end of the hold's time.
+//
+// So a fleet verdict is never easier to reach than a local one (a pod's
+// own failures do not count toward it, and a pod with evidence of its own
+// is not bound by it) nor harder to end (no longer, and probed as often).
+// A chain of holds from one sick pod, however long, refuses a pod that can
+// reach the host for one spacing at most (100 ms with the package
+// defaults) before its probe succeeds, and from then on its successes
+// decline the chain. The cost: each adopting pod probes through its hold,
+// where before only the tripping pod did, so a host down for N pods gets
+// up to N times HalfOpenCalls − 1 probes a hold, as N pods sharing
+// nothing would send it.
 //
 // Retry budgets are shared the same way, as counts: a pod that retries
 // (or is refused a retry) publishes its budget window's calls and
@@ -111,7 +145,8 @@ const (
 	// Retry-After that ends at Until.
 	FleetPushback
 	// FleetBreakerCounts is a pod's closed breaker window for Host:
-	// Calls, Failures and Slow.
+	// Calls, Failures and Slow, without the failures that were the pod's
+	// own (see Fleet).
 	FleetBreakerCounts
 	// FleetBudgetCounts is a pod's retry-budget window for Host: Calls
 	// and Retries.
@@ -172,8 +207,8 @@ type FleetUpdate struct {
 }
 
 // fleetProbeGrace is how much longer than the pod that tripped the others
-// hold a verdict: time for its probes to fail and its next verdict to
-// arrive.
+// may hold a verdict (within their own open time): time for its probes to
+// fail and its next verdict to arrive.
 const fleetProbeGrace = time.Second
 
 // fleetClosedFor is how long a FleetBreakerClosed is worth delivering: the
@@ -236,6 +271,11 @@ type FleetSnapshot struct {
 	// through FleetSink.Invalid by the Fleet): a growing count means
 	// something writes garbage where the fleet's state lives.
 	Received, Applied, Ignored uint64
+	// Declined counts the trips of other pods that a host's breaker
+	// weighed and did not adopt: its own latest call, or a third pod's,
+	// was answered (see Fleet). A growing count beside another pod's
+	// trips is that pod's own path failing, not the host.
+	Declined uint64
 }
 
 // fleetLink is a Transport's side of its Fleet: the queue, the
@@ -263,6 +303,7 @@ type fleetLink struct {
 
 	published, publishErrs, dropped atomic.Uint64
 	received, applied, ignored      atomic.Uint64
+	declinedN                       atomic.Uint64
 
 	errMu     sync.Mutex
 	lastErr   string
@@ -335,6 +376,9 @@ type fleetPublisher interface {
 	// countsChanged queues the source's counts, coalesced (see
 	// fleetLink.countsChanged).
 	countsChanged(b countsSource)
+	// declined counts a trip another pod published that the layer
+	// weighed and did not adopt (FleetSnapshot.Declined).
+	declined()
 }
 
 // publisher returns l as a layer's fleetPublisher: nil when l is nil, so
@@ -355,6 +399,12 @@ func (l *fleetLink) publish(u FleetUpdate) {
 	case l.out <- u:
 	default:
 		l.dropped.Add(1)
+	}
+}
+
+func (l *fleetLink) declined() {
+	if l != nil {
+		l.declinedN.Add(1)
 	}
 }
 
@@ -466,6 +516,7 @@ func (l *fleetLink) snapshot() *FleetSnapshot {
 		Connected: l.connected.Load(),
 		Published: l.published.Load(), PublishErrors: l.publishErrs.Load(), Dropped: l.dropped.Load(),
 		Received: l.received.Load(), Applied: l.applied.Load(), Ignored: l.ignored.Load(),
+		Declined: l.declinedN.Load(),
 	}
 	l.errMu.Lock()
 	s.LastError, s.LastErrorAt = l.lastErr, l.lastErrAt

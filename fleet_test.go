@@ -88,16 +88,19 @@ func newPod(t *testing.T, f Fleet, base http.RoundTripper) *Transport {
 }
 
 // TestFleetBreakerVerdict: one pod's trip stops the other pod's calls
-// without a single failure of its own, including for a host the other pod
-// had not called yet, until the shared open time ends.
+// when nothing of its own contradicts it (its last call failed too, or it
+// has not called the host yet), until the shared open time ends.
 func TestFleetBreakerVerdict(t *testing.T) {
 	for _, seenFirst := range []bool{true, false} {
 		synctest.Test(t, func(t *testing.T) {
 			hub := &memHub{}
-			baseA, baseB := &statusBase{codes: []int{500}}, &statusBase{codes: []int{200}}
+			baseA, baseB := &statusBase{codes: []int{500}}, &statusBase{codes: []int{500, 200}}
+			if !seenFirst {
+				baseB.codes = []int{200}
+			}
 			a, b := newPod(t, &memFleet{hub: hub}, baseA), newPod(t, &memFleet{hub: hub}, baseB)
 			if seenFirst {
-				if code, err := sendOnce(t, b, "GET", "http://api.test/"); err != nil || code != 200 {
+				if code, err := sendOnce(t, b, "GET", "http://api.test/"); err != nil || code != 500 {
 					t.Fatalf("pod B before: %d, %v", code, err)
 				}
 			}
@@ -132,39 +135,49 @@ func TestFleetBreakerVerdict(t *testing.T) {
 	}
 }
 
-// TestFleetProbesFromOnePod: when the shared hold ends, the pod that
-// tripped probes alone; its failed probe's longer hold reaches the other
-// pod before that one's grace ends, so the other pod never calls.
-func TestFleetProbesFromOnePod(t *testing.T) {
+// TestFleetAdoptedHoldBounded: a pod adopts a chain of holds from one pod
+// for no longer than its own breaker would hold for as many trips in a
+// row (OpenFor doubled each time, up to MaxOpenFor), whatever the
+// tripping pod's generation; a success of its own starts the run afresh.
+func TestFleetAdoptedHoldBounded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		hub := &memHub{}
-		baseA, baseB := &statusBase{codes: []int{500}}, &statusBase{codes: []int{500}}
-		a, b := newPod(t, &memFleet{hub: hub}, baseA), newPod(t, &memFleet{hub: hub}, baseB)
-		a.randN = func(int64) int64 { return 0 } // open exactly OpenFor
+		base := &statusBase{codes: []int{500}}
+		b := newPod(t, &memFleet{hub: hub}, base)
+		b.randN = func(int64) int64 { return 0 }
 		synctest.Wait()
-		if _, err := sendOnce(t, b, "GET", "http://api.test/"); err != nil {
-			t.Fatal(err)
+		_, _ = sendOnce(t, b, "GET", "http://api.test/") // it fails: no contradiction
+		hub.mu.Lock()
+		sink := hub.sinks[0].s
+		hub.mu.Unlock()
+		held := func() time.Duration {
+			h := b.Snapshot().Host("api.test:80")[0].Breaker
+			if h.State != CircuitOpen {
+				t.Fatalf("pod B %v, want the adopted hold", h.State)
+			}
+			return time.Until(h.OpenUntil)
 		}
-		for range 5 {
-			_, _ = sendOnce(t, a, "GET", "http://api.test/")
+		// A chain from pod A: its 5th trip in a row asks for 40 s (over
+		// MaxOpenFor, 20 s), then 40 s again; B's holds are its own 1st and
+		// 2nd open times: 10 s, 20 s.
+		for i, want := range []time.Duration{10 * time.Second, 20 * time.Second, 20 * time.Second} {
+			sink.Apply(FleetUpdate{Kind: FleetBreakerOpen, Host: "api.test:80", From: "a", Generation: uint64(5 + i), Until: time.Now().Add(40 * time.Second)})
+			if d := held(); d > want {
+				t.Fatalf("hold %d adopted for %v, want at most %v", i+1, d, want)
+			}
+			time.Sleep(held() + time.Millisecond)
 		}
-		synctest.Wait()
-		if s, _ := breakerState(b, "api.test:80"); s != CircuitOpen {
-			t.Fatalf("pod B %v after the fleet's fifth failure, want open", s)
+		// A success of its own (the host answers it) ends the run.
+		base.mu.Lock()
+		base.codes = []int{200}
+		base.mu.Unlock()
+		if code, err := sendOnce(t, b, "GET", "http://api.test/"); err != nil || code != 200 {
+			t.Fatalf("after the holds: %d, %v", code, err)
 		}
-		time.Sleep(10*time.Second + time.Millisecond) // A's hold is over, B's grace is not
-		if s, _ := breakerState(b, "api.test:80"); s != CircuitOpen {
-			t.Fatalf("pod B %v at the end of A's hold, want open for the grace", s)
-		}
-		sentA := baseA.sent()
-		_, _ = sendOnce(t, a, "GET", "http://api.test/") // A's probe fails: open for 20 s
-		if baseA.sent() != sentA+1 {
-			t.Fatalf("pod A sent %d probes, want 1", baseA.sent()-sentA)
-		}
-		synctest.Wait()
-		time.Sleep(2 * time.Second) // past B's first grace
-		if _, err := sendOnce(t, b, "GET", "http://api.test/"); !errors.Is(err, ErrBreakerOpen) || baseB.sent() != 1 {
-			t.Fatalf("pod B after A's failed probe: %v, %d sent; want open, only its first call", err, baseB.sent())
+		time.Sleep(fleetFresh + time.Second) // its success too old to contradict
+		sink.Apply(FleetUpdate{Kind: FleetBreakerOpen, Host: "api.test:80", From: "a", Generation: 9, Until: time.Now().Add(40 * time.Second)})
+		if d := held(); d > 10*time.Second {
+			t.Fatalf("hold after a success adopted for %v, want at most OpenFor (10 s)", d)
 		}
 	})
 }
@@ -276,7 +289,8 @@ func TestFleetPushback(t *testing.T) {
 func TestFleetHostileUpdates(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		hub := &memHub{}
-		b := newPod(t, &memFleet{hub: hub}, &statusBase{codes: []int{200}})
+		// Its one call fails: nothing of its own contradicts a hold.
+		b := newPod(t, &memFleet{hub: hub}, &statusBase{codes: []int{500}})
 		synctest.Wait()
 		if _, err := sendOnce(t, b, "GET", "http://api.test/"); err != nil {
 			t.Fatal(err)
@@ -411,12 +425,13 @@ func TestFleetAfterUpdate(t *testing.T) {
 
 // TestFleetTripBeforeSending: when the other pods' counts with this pod's
 // own already meet the trip condition, the pod trips before its next call
-// instead of sending it and tripping on its failure; below the condition,
+// instead of sending it and tripping on its failure (its own latest call
+// failed: one answered would outweigh the counts); below the condition,
 // the call goes.
 func TestFleetTripBeforeSending(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		hub := &memHub{}
-		base := &statusBase{codes: []int{200}}
+		base := &statusBase{codes: []int{200, 500}}
 		b := newPod(t, &memFleet{hub: hub}, base)
 		synctest.Wait()
 		if code, err := sendOnce(t, b, "GET", "http://api.test/"); err != nil || code != 200 {
@@ -426,12 +441,13 @@ func TestFleetTripBeforeSending(t *testing.T) {
 		sink := hub.sinks[0].s
 		hub.mu.Unlock()
 		until := time.Now().Add(5 * time.Second)
-		// 1 + 3 calls, 2 failures: below MinCalls (5).
-		sink.Apply(FleetUpdate{Kind: FleetBreakerCounts, Host: "api.test:80", From: "p1", Until: until, Calls: 3, Failures: 2})
-		if code, err := sendOnce(t, b, "GET", "http://api.test/"); err != nil || code != 200 || base.sent() != 2 {
+		// 1 + 3 calls, 1 failure: below MinCalls (5); then 2 + 3 calls, 2
+		// failures, under the failure rate.
+		sink.Apply(FleetUpdate{Kind: FleetBreakerCounts, Host: "api.test:80", From: "p1", Until: until, Calls: 3, Failures: 1})
+		if code, err := sendOnce(t, b, "GET", "http://api.test/"); err != nil || code != 500 || base.sent() != 2 {
 			t.Fatalf("below the condition: %d, %v, %d sent; want the call sent", code, err, base.sent())
 		}
-		// 2 + 3 + 4 calls, 2 + 3 failures: 9 calls, 5 failures, over 50 %.
+		// 2 + 3 + 4 calls, 1 + 1 + 3 failures: 9 calls, 5 failures, over 50 %.
 		sink.Apply(FleetUpdate{Kind: FleetBreakerCounts, Host: "api.test:80", From: "p2", Until: until, Calls: 4, Failures: 3})
 		_, err := sendOnce(t, b, "GET", "http://api.test/")
 		var oe *BreakerOpenError

@@ -408,12 +408,17 @@ func TestHostileValues(t *testing.T) {
 	if code, err := get(t, b, ok.URL); err != nil || code != 200 {
 		t.Fatalf("request after the garbage: %d, %v", code, err)
 	}
-	// A well-formed hold of 23 hours is obeyed for MaxOpenFor only.
-	if err := c.Publish(ctx, p+"updates", "1|1|"+far+"|1|0|0|0,0,0|x|"+ok.host()).Err(); err != nil {
+	// A well-formed hold of 23 hours is obeyed for MaxOpenFor only (by a
+	// pod whose last call to the host failed: one answered declines it).
+	sick := newUpstream(t, 500, nil)
+	if code, err := get(t, b, sick.URL); err != nil || code != 500 {
+		t.Fatalf("request to the sick host: %d, %v", code, err)
+	}
+	if err := c.Publish(ctx, p+"updates", "1|1|"+far+"|1|0|0|0,0,0|x|"+sick.host()).Err(); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the long hold to be adopted", func() bool { return fleetOf(b).Applied > 0 })
-	_, err := get(t, b, ok.URL)
+	_, err := get(t, b, sick.URL)
 	var oe *bulwark.BreakerOpenError
 	if !errors.As(err, &oe) || time.Until(oe.ProbeAt) > 20*time.Second {
 		t.Fatalf("after a 23 h hold: %v, want open for at most MaxOpenFor", err)

@@ -81,10 +81,32 @@ func (p *Table) expire(now time.Time) {
 	}
 }
 
-// Reset forgets every process's counts: a verdict has been reached.
-func (p *Table) Reset() {
+// Match reports whether the fresh counts at now of some process other
+// than except satisfy ok.
+func (p *Table) Match(except string, now time.Time, ok func(window.Counts) bool) bool {
+	if !p.any.Load() {
+		return false
+	}
 	p.mu.Lock()
-	clear(p.m)
-	p.any.Store(false)
+	defer p.mu.Unlock()
+	p.expire(now)
+	for from, pc := range p.m {
+		if from != except && ok(pc.c) {
+			return true
+		}
+	}
+	return false
+}
+
+// ResetExcept forgets every process's counts but those keep accepts: a
+// verdict has been reached on the others.
+func (p *Table) ResetExcept(keep func(window.Counts) bool) {
+	p.mu.Lock()
+	for k, pc := range p.m {
+		if !keep(pc.c) {
+			delete(p.m, k)
+		}
+	}
+	p.any.Store(len(p.m) > 0)
 	p.mu.Unlock()
 }

@@ -45,10 +45,28 @@ func TestTable(t *testing.T) {
 	if p.Any() {
 		t.Error("Any after every count went stale = true, want false")
 	}
-	p.Set("a", window.Counts{1}, at(20), at(10))
-	p.Reset()
-	if p.Any() || p.Add(window.Counts{}, at(11)) != (window.Counts{}) {
-		t.Error("counts left after Reset")
+	// Match and ResetExcept: a's counts have no failures, b's have one.
+	clean := func(c window.Counts) bool { return c[0] > 0 && c[1] == 0 }
+	p.Set("a", window.Counts{3}, at(20), at(10))
+	p.Set("b", window.Counts{3, 1}, at(20), at(10))
+	for _, m := range []struct {
+		except string
+		now    time.Time
+		want   bool
+	}{{"", at(11), true}, {"b", at(11), true}, {"a", at(11), false}, {"", at(20), false}} {
+		if got := p.Match(m.except, m.now, clean); got != m.want {
+			t.Errorf("Match(except %q, at %v) = %v, want %v", m.except, m.now.Sub(t0), got, m.want)
+		}
+	}
+	p.Set("a", window.Counts{3}, at(30), at(20))
+	p.Set("b", window.Counts{3, 1}, at(30), at(20))
+	p.ResetExcept(clean)
+	if got := p.Add(window.Counts{}, at(21)); got != (window.Counts{3}) {
+		t.Errorf("after ResetExcept: Add = %v, want a's counts alone", got)
+	}
+	p.ResetExcept(func(window.Counts) bool { return false })
+	if p.Any() || p.Add(window.Counts{}, at(21)) != (window.Counts{}) {
+		t.Error("counts left after ResetExcept of none")
 	}
 }
 
