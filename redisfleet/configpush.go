@@ -64,9 +64,8 @@ const shareScale = 10000
 var ErrNoConfig = errors.New("redisfleet: no configuration to promote or roll back to")
 
 // ErrCanaryShare is returned by PushConfig for a PushOptions.Canary that
-// is not a share of the fleet: outside (0, 1), not a number, or so small
-// or so close to 1 that, in basis points, it reaches no process or every
-// one. Nothing is stored.
+// is not a canary share of the fleet: outside [0.0001, 0.9999] (one basis
+// point to all but one), or not a number. Nothing is stored.
 var ErrCanaryShare = errors.New("redisfleet: canary share out of range")
 
 func (f *Fleet) configKey() string         { return f.prefix + "config" }
@@ -80,7 +79,8 @@ func (f *Fleet) isConfigKey(k string) bool { return strings.HasPrefix(k, f.prefi
 // process in a canary of 10 % is in every larger one. A process is in when
 // the first 8 bytes of SHA-256(id), read as a big-endian number, modulo
 // 10000, are below share × 10000 (rounded down, once float error is
-// rounded away: 0.29 is 2900 basis points). Processes whose Options.ID
+// rounded away: 0.29 is 2900 basis points); a share of NaN or 0 takes no
+// process, 1 or more every one. Processes whose Options.ID
 // is random change places at each start: name them (a pod's name) for a
 // canary that reaches the same processes every time.
 func InCanary(id string, share float64) bool {
@@ -92,33 +92,44 @@ func inCanary(id string, bp int) bool {
 	return int(binary.BigEndian.Uint64(sum[:8])%shareScale) < bp
 }
 
-// shareBP is a share in basis points; a share of 1 or more (or not a
-// number) is the whole fleet. The product is rounded down after adding a
-// millionth of a basis point: a share written in decimal, as 0.29, is a
-// binary float a hair below it (0.29 × 10000 is 2899.9999999999995), and
-// is meant as 2900.
+// shareBP is a share in basis points; a share of 1 or more is the whole
+// fleet, one that is not above 0 (or not a number) none of it. The product
+// is rounded down after adding a millionth of a basis point (shareSlack):
+// a share written in decimal, as 0.29, is a binary float a hair below it
+// (0.29 × 10000 is 2899.9999999999995), and is meant as 2900.
 func shareBP(share float64) int {
-	if !(share < 1) {
-		return shareScale
-	}
 	if !(share > 0) {
 		return 0
 	}
-	return min(int(math.Floor(share*shareScale+1e-6)), shareScale)
+	if share >= 1 {
+		return shareScale
+	}
+	return min(int(math.Floor(share*shareScale+shareSlack)), shareScale)
+}
+
+// shareSlack is the float error, in basis points, a share may carry.
+const shareSlack = 1e-6
+
+// validShare reports whether a canary share is in [0.0001, 0.9999], up to
+// shareSlack: 0.99999 is refused, not rounded down to 0.9999, and 99.99/100
+// (a float a hair off 0.9999) is taken.
+func validShare(share float64) bool {
+	bp := share * shareScale
+	return bp >= 1-shareSlack && bp <= shareScale-1+shareSlack
 }
 
 // PushOptions configures PushConfig. The zero value pushes to every
 // process, after validating the bytes with an empty Registry.
 type PushOptions struct {
 	// Canary, when set, is the share of the processes that get the
-	// configuration first, a fraction in (0, 1): 0.1 is a tenth (see
-	// InCanary); the others keep the stable one until PromoteConfig. Zero
-	// pushes to every process, making it the stable configuration and the
-	// one it replaces the previous, for RollbackConfig. Any other value is
-	// refused with ErrCanaryShare and nothing stored: 1 and more (10 meant
-	// as 10 %, or a whole fleet asked for as a canary), a negative share,
-	// NaN, an infinity, and a share that rounds to no basis point (under
-	// 0.0001) or to all of them.
+	// configuration first, a fraction from 0.0001 (one basis point) to
+	// 0.9999: 0.1 is a tenth (see InCanary); the others keep the stable one
+	// until PromoteConfig. A share between basis points is rounded down.
+	// Zero pushes to every process, making it the stable configuration and
+	// the one it replaces the previous, for RollbackConfig. Any other value
+	// is refused with ErrCanaryShare and nothing stored: 1 and more (10
+	// meant as 10 %, or a whole fleet asked for as a canary), above 0.9999
+	// (0.99999), under 0.0001, negative, NaN or an infinity.
 	Canary float64
 	// Registry validates the bytes as config.Parse does; the processes
 	// validate them again with their own.
@@ -152,8 +163,8 @@ func (f *Fleet) PushConfig(ctx context.Context, data []byte, o PushOptions) (Pus
 	mode, bp := "full", shareScale
 	if o.Canary != 0 {
 		mode, bp = "canary", shareBP(o.Canary)
-		if !(o.Canary > 0 && o.Canary < 1) || bp < 1 || bp >= shareScale {
-			return Pushed{}, fmt.Errorf("%w: %v; want a fraction in (0, 1), from 0.0001 (one basis point) to 0.9999, as 0.1 for a tenth of the processes; 0 pushes to all of them", ErrCanaryShare, o.Canary)
+		if !validShare(o.Canary) {
+			return Pushed{}, fmt.Errorf("%w: %v; want a fraction from 0.0001 (one basis point) to 0.9999, as 0.1 for a tenth of the processes; 0 pushes to all of them", ErrCanaryShare, o.Canary)
 		}
 	}
 	if len(data) > config.MaxBytes {

@@ -563,6 +563,11 @@ func TestInCanary(t *testing.T) {
 	if InCanary("x", 0) || !InCanary("x", 1) || !InCanary("x", 2) {
 		t.Fatal("share 0 must take none, 1 and more all")
 	}
+	for i := range 100 {
+		if id := "pod-" + strconv.Itoa(i); InCanary(id, math.NaN()) || InCanary(id, -1) {
+			t.Fatalf("%s in a canary of NaN or -1, which is no share", id)
+		}
+	}
 }
 
 // TestParseStore: what a process accepts of the store.
@@ -775,9 +780,9 @@ func seamCanaryShareStore(t *testing.T) {
 	}
 	acked(t, ctl, []*configPod{pod}, r.Seq)
 	before, running := redisContents(t, s), pod.version()
-	for _, share := range []float64{10, 25, 1, 1.5, math.NaN(), math.Inf(1), math.Inf(-1), -0.1, 0.00005, 0.99999999999} {
+	for _, share := range []float64{10, 25, 1, 1.5, math.NaN(), math.Inf(1), math.Inf(-1), -0.1, 0.00005, 0.00009, 0.99991, 0.99999, 0.999999999, 0.99999999999} {
 		_, err := ctl.PushConfig(ctx, []byte(pushV1), PushOptions{Canary: share})
-		if !errors.Is(err, ErrCanaryShare) || !strings.Contains(err.Error(), "fraction in (0, 1)") {
+		if !errors.Is(err, ErrCanaryShare) || !strings.Contains(err.Error(), "from 0.0001 (one basis point) to 0.9999") {
 			t.Errorf("PushConfig(Canary: %v) = %v, want ErrCanaryShare saying what a share is", share, err)
 		}
 		if after := redisContents(t, s); after != before {
@@ -792,7 +797,9 @@ func seamCanaryShareStore(t *testing.T) {
 	for _, tc := range []struct {
 		share float64
 		want  float64
-	}{{0.0001, 0.0001}, {0.29, 0.29}, {0.9999, 0.9999}} {
+	}{{0.0001, 0.0001}, {0.29, 0.29}, {0.9999, 0.9999},
+		// As bulwarkctl computes them from 0.01% and 99.99%.
+		{0.01 / 100, 0.0001}, {99.99 / 100, 0.9999}} {
 		if _, err := ctl.PushConfig(ctx, []byte(pushV3), PushOptions{Canary: tc.share}); err != nil {
 			t.Fatalf("PushConfig(Canary: %v): %v", tc.share, err)
 		}
