@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -65,7 +66,9 @@ var ErrNoConfig = errors.New("redisfleet: no configuration to promote or roll ba
 
 // ErrCanaryShare is returned by PushConfig for a PushOptions.Canary that
 // is not a canary share of the fleet: outside [0.0001, 0.9999] (one basis
-// point to all but one), or not a number. Nothing is stored.
+// point to all but one), or not a number; and for a canary smaller than
+// the fleet's first canary while that runs (see PushConfig). Nothing is
+// stored.
 var ErrCanaryShare = errors.New("redisfleet: canary share out of range")
 
 func (f *Fleet) configKey() string         { return f.prefix + "config" }
@@ -159,6 +162,13 @@ type Pushed struct {
 // rest does not decode, or a hash of the bytes.
 //
 // A push to the whole fleet (o.Canary zero) replaces a canary in progress.
+// So does a canary push, with one rule: while the fleet's first canary
+// runs (no stable version was ever pushed), a canary may not reach fewer
+// processes than it. The processes it would leave have no stable version
+// to return to; they would keep running one the store no longer holds.
+// Such a push is refused with ErrCanaryShare, nothing stored: push the
+// same share or a larger one, promote the canary, or push to every
+// process.
 func (f *Fleet) PushConfig(ctx context.Context, data []byte, o PushOptions) (Pushed, error) {
 	mode, bp := "full", shareScale
 	if o.Canary != 0 {
@@ -218,7 +228,9 @@ func checkVersion(v string) error {
 // {seq, version, canary (0/1), previous version}, or an error reply
 // "NOCONFIG" when a promotion or rollback has nothing to act on, or
 // "NOSTABLE <canary's version>" when a rollback would end a canary with
-// no stable configuration for its processes to return to.
+// no stable configuration for its processes to return to, or
+// "SHRINK <share> <canary's version>" when a canary push, with no stable
+// configuration, would reach fewer processes than the canary it replaces.
 var changeScript = redis.NewScript(`
 local k = KEYS[1]
 local t = redis.call('TYPE', k).ok
@@ -240,6 +252,10 @@ if mode == 'full' then
 	redis.call('HSET', k, 'stable.version', ARGV[2], 'stable.data', ARGV[3])
 	drop('canary')
 elseif mode == 'canary' then
+	local old = tonumber(get('canary.share'))
+	if old and tonumber(ARGV[4]) < old and get('canary.version') and not get('stable.version') then
+		return redis.error_reply('SHRINK ' .. get('canary.share') .. ' ' .. get('canary.version'))
+	end
 	redis.call('HSET', k, 'canary.version', ARGV[2], 'canary.data', ARGV[3], 'canary.share', ARGV[4])
 	canary = 1
 elseif mode == 'promote' then
@@ -292,6 +308,12 @@ func (f *Fleet) changeConfig(ctx context.Context, mode, version string, data []b
 				return Pushed{}, fmt.Errorf("%w: the canary %.40q is the fleet's first configuration, with no stable one for its processes to return to; push a version to every process to replace it",
 					ErrNoConfig, canary)
 			}
+			if _, shrink, ok := strings.Cut(re.Error(), "SHRINK "); ok {
+				old, canary, _ := strings.Cut(shrink, " ")
+				n, _ := smallUint(old, 4)
+				return Pushed{}, fmt.Errorf("%w: the canary %.40q of %s is the fleet's first configuration, with no stable one: a canary of %s would leave processes running %.40q, which the store would no longer hold; push a canary of %s or more, promote it, or push to every process",
+					ErrCanaryShare, canary, bpPercent(int(n)), bpPercent(bp), canary, bpPercent(int(n)))
+			}
 		}
 		f.reloadOnError(err)
 		return Pushed{}, err
@@ -304,6 +326,11 @@ func (f *Fleet) changeConfig(ctx context.Context, mode, version string, data []b
 	c, _ := res[2].(int64)
 	prev, _ := res[3].(string)
 	return Pushed{Seq: seq, Version: v, Canary: c == 1, Previous: prev}, nil
+}
+
+// bpPercent writes basis points as a percentage: 1050 is 10.5%.
+func bpPercent(bp int) string {
+	return strconv.FormatFloat(float64(bp)/100, 'f', -1, 64) + "%"
 }
 
 func newEpoch() string {

@@ -913,3 +913,75 @@ func seamRefusalVersion(t *testing.T) {
 		}
 	}
 }
+
+// seamFirstCanaryShrink: while the fleet's first canary runs (no stable
+// version), a canary that would reach fewer processes is refused with
+// ErrCanaryShare and Redis is unchanged: the processes it would leave
+// would keep running a version the store no longer holds, shown on it by
+// the status. A canary of the same or a larger share replaces it, and
+// every process then runs what the store holds for it.
+func seamFirstCanaryShrink(t *testing.T) {
+	s := startRedis(t)
+	const prefix = "c9:"
+	pods, in := halfInCanary(t, s, prefix)
+	followingAll(t, pods)
+	ctl := controller(t, s, prefix)
+	ctx := t.Context()
+	r, err := ctl.PushConfig(ctx, []byte(pushV3), PushOptions{Canary: 0.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	canaryOf := func(v string, share float64) func(*configPod) string {
+		return func(p *configPod) string {
+			if InCanary(p.id, share) {
+				return v
+			}
+			return ""
+		}
+	}
+	runWithin(t, pods, canaryOf("v3", 0.5), time.Now(), 10*time.Second)
+	acked(t, ctl, pods, r.Seq)
+	before := redisContents(t, s)
+	left := false
+	for id := range in {
+		left = left || in[id] && !InCanary(id, 0.0001)
+	}
+	if !left {
+		t.Fatal("no pod leaves the 50% canary for one of 0.0001: pick other IDs")
+	}
+	// Any smaller share is refused, whether or not one of these pods is
+	// between the two.
+	for _, share := range []float64{0.0001, 0.1, 0.4999} {
+		_, err := ctl.PushConfig(ctx, []byte(pushV2), PushOptions{Canary: share})
+		if !errors.Is(err, ErrCanaryShare) || !strings.Contains(err.Error(), `the canary "v3" of 50% is the fleet's first configuration`) {
+			t.Fatalf("a canary of %v over the first canary of 50%%: %v, want ErrCanaryShare saying why", share, err)
+		}
+		if after := redisContents(t, s); after != before {
+			t.Fatalf("a refused canary of %v changed Redis:\nbefore:\n%s\nafter:\n%s", share, before, after)
+		}
+	}
+	runWithin(t, pods, canaryOf("v3", 0.5), time.Now(), time.Second)
+	// The same share, then a larger one: no process leaves the canary, and
+	// each runs the store's canary or, outside it, what it was built with.
+	for _, c := range []struct {
+		v     string
+		data  string
+		share float64
+	}{{"v2", pushV2, 0.5}, {"v1", pushV1, 0.9999}} {
+		start := time.Now()
+		r, err := ctl.PushConfig(ctx, []byte(c.data), PushOptions{Canary: c.share})
+		if err != nil || !r.Canary {
+			t.Fatalf("a canary of %v over the first canary: %+v, %v", c.share, r, err)
+		}
+		runWithin(t, pods, canaryOf(c.v, c.share), start, 10*time.Second)
+		st := acked(t, ctl, pods, r.Seq)
+		if st.Stable != "" || st.Canary != c.v {
+			t.Fatalf("status after a canary of %v: %+v", c.share, st)
+		}
+		for _, p := range st.Processes {
+			if p.Canary != InCanary(p.ID, c.share) || p.Running != canaryOf(c.v, c.share)(&configPod{id: p.ID}) {
+				t.Fatalf("ack after a canary of %v: %+v", c.share, p)
+			}
+		}
+	}
+}
