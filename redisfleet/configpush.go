@@ -1,6 +1,7 @@
 package redisfleet
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -140,7 +141,10 @@ type PushOptions struct {
 	// Unchecked skips that validation: for a file that names functions of
 	// the programs' registries, which the pusher does not have. The
 	// processes still validate, and refuse what they cannot apply (see
-	// ConfigStatus). Only the size is checked then.
+	// ConfigStatus). Only the size is checked then, and that the file
+	// holds a Config: one with nothing but whitespace, a byte-order mark,
+	// comments or a document marker, or whose document is not a mapping,
+	// is refused, as every process would refuse it.
 	Unchecked bool
 }
 
@@ -180,10 +184,10 @@ func (f *Fleet) PushConfig(ctx context.Context, data []byte, o PushOptions) (Pus
 	if len(data) > config.MaxBytes {
 		return Pushed{}, fmt.Errorf("redisfleet: configuration of %d bytes, more than config.MaxBytes (%d)", len(data), config.MaxBytes)
 	}
-	if len(data) == 0 {
+	if len(bytes.TrimSpace(bytes.TrimPrefix(data, []byte("\ufeff")))) == 0 {
 		return Pushed{}, errors.New("redisfleet: empty configuration")
 	}
-	if _, err := config.Parse(data, "push", o.Registry); err != nil && !o.Unchecked {
+	if _, err := config.Parse(data, "push", o.Registry); err != nil && (!o.Unchecked || holdsNoConfig(err)) {
 		return Pushed{}, err
 	}
 	// As the processes name it, also when they refuse it.
@@ -211,6 +215,19 @@ func (f *Fleet) PromoteConfig(ctx context.Context) (Pushed, error) {
 // does not hold it). Push a version to every process to replace it.
 func (f *Fleet) RollbackConfig(ctx context.Context) (Pushed, error) {
 	return f.changeConfig(ctx, "rollback", "", nil, 0)
+}
+
+// holdsNoConfig reports whether config.Parse refused a file for holding
+// no Config at all: only comments or a document marker (config's "empty
+// file"), or a document that is not a mapping (null, a list, a number).
+// Every process refuses such a file whatever its Registry, so an
+// unchecked push does too. These are config's own messages for the file
+// as a whole, matched rather than decoded twice; TestPushNoConfig holds
+// them.
+func holdsNoConfig(err error) bool {
+	var ce *config.Error
+	return errors.As(err, &ce) && ce.Field == "" &&
+		(strings.HasPrefix(ce.Msg, "empty file") || strings.HasPrefix(ce.Msg, "want a mapping of Config's fields"))
 }
 
 func checkVersion(v string) error {

@@ -985,3 +985,47 @@ func seamFirstCanaryShrink(t *testing.T) {
 		}
 	}
 }
+
+// TestPushNoConfig: a file that holds no Config at all (nothing but
+// whitespace, a byte-order mark, comments or a document marker; a scalar
+// or a list) is refused by PushConfig, -unchecked too, as every process
+// would refuse it whatever its Registry: Redis is unchanged and the stable
+// version stays. An unchecked push still stores what only the processes'
+// Registry can judge.
+func TestPushNoConfig(t *testing.T) {
+	s := startRedis(t)
+	const prefix = "c10:"
+	pod := followingPod(t, s, prefix, "pod-a", config.Registry{})
+	followingAll(t, []*configPod{pod})
+	ctl := controller(t, s, prefix)
+	ctx := t.Context()
+	r, err := ctl.PushConfig(ctx, []byte(pushV1), PushOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	acked(t, ctl, []*configPod{pod}, r.Seq)
+	before := redisContents(t, s)
+	for _, file := range []string{"", " ", "\n\n", "\t\n", "\r\n", "# nothing\n", "\ufeff", "\ufeff\n", "\ufeff# x\n---\n",
+		"---\n", "--- # x\n", "---\n...\n", "null\n", "~", "[]\n", "42\n", `""`} {
+		for _, o := range []PushOptions{{Unchecked: true}, {}} {
+			_, err := ctl.PushConfig(ctx, []byte(file), o)
+			if err == nil {
+				t.Errorf("PushConfig(%q, Unchecked: %v) stored a file with no Config", file, o.Unchecked)
+			}
+			if after := redisContents(t, s); after != before {
+				t.Fatalf("PushConfig(%q, Unchecked: %v) changed Redis:\nbefore:\n%s\nafter:\n%s", file, o.Unchecked, before, after)
+			}
+		}
+	}
+	if v := pod.version(); v != "v1" {
+		t.Fatalf("the pod runs %q, want v1", v)
+	}
+	// What the empty Registry refuses but a program's may hold.
+	named := "version: named\nupstreams:\n  pay.internal:\n    fallback: {func: cached}\n"
+	if _, err := ctl.PushConfig(ctx, []byte(named), PushOptions{}); err == nil {
+		t.Fatal("a checked push of an unknown name was stored")
+	}
+	if r, err := ctl.PushConfig(ctx, []byte(named), PushOptions{Unchecked: true}); err != nil || r.Version != "named" {
+		t.Fatalf("an unchecked push of an unknown name: %+v, %v", r, err)
+	}
+}
