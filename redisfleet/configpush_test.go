@@ -758,8 +758,8 @@ func redisContents(t *testing.T, s *redisServer) string {
 	return b.String()
 }
 
-// seamCanaryShareStore: a canary share that is not a fraction in
-// (0, 1), reaching at least one basis point and not all of them, is
+// seamCanaryShareStore: a canary share outside [0.0001, 0.9999] (one
+// basis point to all but one; 0.99999 too, not rounded down) is
 // refused with ErrCanaryShare before anything is stored: every key in
 // Redis reads the same after, and the following process runs what it ran.
 func seamCanaryShareStore(t *testing.T) {
@@ -809,32 +809,46 @@ func seamCanaryShareStore(t *testing.T) {
 	}
 }
 
+// firstCanaryFleet starts four following pods (halfInCanary) and pushes
+// v3 as the fleet's first configuration, a canary of 50 %, returning once
+// each pod runs what it is to run (v3 in the canary, what it was built
+// with outside) and acknowledged the push.
+func firstCanaryFleet(t *testing.T, prefix string) (*redisServer, []*configPod, map[string]bool, *Fleet, Pushed) {
+	t.Helper()
+	s := startRedis(t)
+	pods, in := halfInCanary(t, s, prefix)
+	followingAll(t, pods)
+	ctl := controller(t, s, prefix)
+	r, err := ctl.PushConfig(t.Context(), []byte(pushV3), PushOptions{Canary: 0.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWithin(t, pods, func(p *configPod) string {
+		if in[p.id] {
+			return "v3"
+		}
+		return ""
+	}, time.Now(), 10*time.Second)
+	acked(t, ctl, pods, r.Seq)
+	return s, pods, in, ctl, r
+}
+
 // seamRollbackFirstCanary: when a fleet's first push is a canary, a
 // rollback has no stable version for the canary's processes to return to:
 // it is refused with ErrNoConfig, saying so, Redis is unchanged, and the
 // status and the processes agree (the canary goes on). A push to every
 // process then replaces it.
 func seamRollbackFirstCanary(t *testing.T) {
-	s := startRedis(t)
-	const prefix = "c6:"
-	pods, in := halfInCanary(t, s, prefix)
-	followingAll(t, pods)
-	ctl := controller(t, s, prefix)
+	s, pods, in, ctl, r := firstCanaryFleet(t, "c6:")
 	ctx := t.Context()
-	r, err := ctl.PushConfig(ctx, []byte(pushV3), PushOptions{Canary: 0.5})
-	if err != nil {
-		t.Fatal(err)
-	}
 	canary := func(p *configPod) string {
 		if in[p.id] {
 			return "v3"
 		}
 		return ""
 	}
-	runWithin(t, pods, canary, time.Now(), 10*time.Second)
-	acked(t, ctl, pods, r.Seq)
 	before := redisContents(t, s)
-	_, err = ctl.RollbackConfig(ctx)
+	_, err := ctl.RollbackConfig(ctx)
 	if !errors.Is(err, ErrNoConfig) || !strings.Contains(err.Error(), `canary "v3" is the fleet's first configuration`) {
 		t.Fatalf("rollback of a first canary: %v, want ErrNoConfig saying there is no stable version", err)
 	}
@@ -921,16 +935,8 @@ func seamRefusalVersion(t *testing.T) {
 // the status. A canary of the same or a larger share replaces it, and
 // every process then runs what the store holds for it.
 func seamFirstCanaryShrink(t *testing.T) {
-	s := startRedis(t)
-	const prefix = "c9:"
-	pods, in := halfInCanary(t, s, prefix)
-	followingAll(t, pods)
-	ctl := controller(t, s, prefix)
+	s, pods, in, ctl, _ := firstCanaryFleet(t, "c9:")
 	ctx := t.Context()
-	r, err := ctl.PushConfig(ctx, []byte(pushV3), PushOptions{Canary: 0.5})
-	if err != nil {
-		t.Fatal(err)
-	}
 	canaryOf := func(v string, share float64) func(*configPod) string {
 		return func(p *configPod) string {
 			if InCanary(p.id, share) {
@@ -939,8 +945,6 @@ func seamFirstCanaryShrink(t *testing.T) {
 			return ""
 		}
 	}
-	runWithin(t, pods, canaryOf("v3", 0.5), time.Now(), 10*time.Second)
-	acked(t, ctl, pods, r.Seq)
 	before := redisContents(t, s)
 	left := false
 	for id := range in {
