@@ -1,6 +1,7 @@
 package redisfleet
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -11,6 +12,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -64,9 +66,10 @@ const shareScale = 10000
 var ErrNoConfig = errors.New("redisfleet: no configuration to promote or roll back to")
 
 // ErrCanaryShare is returned by PushConfig for a PushOptions.Canary that
-// is not a share of the fleet: outside (0, 1), not a number, or so small
-// or so close to 1 that, in basis points, it reaches no process or every
-// one. Nothing is stored.
+// is not a canary share of the fleet: outside [0.0001, 0.9999] (one basis
+// point to all but one), or not a number; and for a canary smaller than
+// the fleet's first canary while that runs (see PushConfig). Nothing is
+// stored.
 var ErrCanaryShare = errors.New("redisfleet: canary share out of range")
 
 func (f *Fleet) configKey() string         { return f.prefix + "config" }
@@ -80,7 +83,8 @@ func (f *Fleet) isConfigKey(k string) bool { return strings.HasPrefix(k, f.prefi
 // process in a canary of 10 % is in every larger one. A process is in when
 // the first 8 bytes of SHA-256(id), read as a big-endian number, modulo
 // 10000, are below share × 10000 (rounded down, once float error is
-// rounded away: 0.29 is 2900 basis points). Processes whose Options.ID
+// rounded away: 0.29 is 2900 basis points); a share of NaN or 0 takes no
+// process, 1 or more every one. Processes whose Options.ID
 // is random change places at each start: name them (a pod's name) for a
 // canary that reaches the same processes every time.
 func InCanary(id string, share float64) bool {
@@ -92,33 +96,44 @@ func inCanary(id string, bp int) bool {
 	return int(binary.BigEndian.Uint64(sum[:8])%shareScale) < bp
 }
 
-// shareBP is a share in basis points; a share of 1 or more (or not a
-// number) is the whole fleet. The product is rounded down after adding a
-// millionth of a basis point: a share written in decimal, as 0.29, is a
-// binary float a hair below it (0.29 × 10000 is 2899.9999999999995), and
-// is meant as 2900.
+// shareBP is a share in basis points; a share of 1 or more is the whole
+// fleet, one that is not above 0 (or not a number) none of it. The product
+// is rounded down after adding a millionth of a basis point (shareSlack):
+// a share written in decimal, as 0.29, is a binary float a hair below it
+// (0.29 × 10000 is 2899.9999999999995), and is meant as 2900.
 func shareBP(share float64) int {
-	if !(share < 1) {
-		return shareScale
-	}
 	if !(share > 0) {
 		return 0
 	}
-	return min(int(math.Floor(share*shareScale+1e-6)), shareScale)
+	if share >= 1 {
+		return shareScale
+	}
+	return min(int(math.Floor(share*shareScale+shareSlack)), shareScale)
+}
+
+// shareSlack is the float error, in basis points, a share may carry.
+const shareSlack = 1e-6
+
+// validShare reports whether a canary share is in [0.0001, 0.9999], up to
+// shareSlack: 0.99999 is refused, not rounded down to 0.9999, and 99.99/100
+// (a float a hair off 0.9999) is taken.
+func validShare(share float64) bool {
+	bp := share * shareScale
+	return bp >= 1-shareSlack && bp <= shareScale-1+shareSlack
 }
 
 // PushOptions configures PushConfig. The zero value pushes to every
 // process, after validating the bytes with an empty Registry.
 type PushOptions struct {
 	// Canary, when set, is the share of the processes that get the
-	// configuration first, a fraction in (0, 1): 0.1 is a tenth (see
-	// InCanary); the others keep the stable one until PromoteConfig. Zero
-	// pushes to every process, making it the stable configuration and the
-	// one it replaces the previous, for RollbackConfig. Any other value is
-	// refused with ErrCanaryShare and nothing stored: 1 and more (10 meant
-	// as 10 %, or a whole fleet asked for as a canary), a negative share,
-	// NaN, an infinity, and a share that rounds to no basis point (under
-	// 0.0001) or to all of them.
+	// configuration first, a fraction from 0.0001 (one basis point) to
+	// 0.9999: 0.1 is a tenth (see InCanary); the others keep the stable one
+	// until PromoteConfig. A share between basis points is rounded down.
+	// Zero pushes to every process, making it the stable configuration and
+	// the one it replaces the previous, for RollbackConfig. Any other value
+	// is refused with ErrCanaryShare and nothing stored: 1 and more (10
+	// meant as 10 %, or a whole fleet asked for as a canary), above 0.9999
+	// (0.99999), under 0.0001, negative, NaN or an infinity.
 	Canary float64
 	// Registry validates the bytes as config.Parse does; the processes
 	// validate them again with their own.
@@ -126,7 +141,10 @@ type PushOptions struct {
 	// Unchecked skips that validation: for a file that names functions of
 	// the programs' registries, which the pusher does not have. The
 	// processes still validate, and refuse what they cannot apply (see
-	// ConfigStatus). Only the size is checked then.
+	// ConfigStatus). Only the size is checked then, and that the file
+	// holds a Config: one with nothing but whitespace, a byte-order mark,
+	// comments or a document marker, or whose document is not a mapping,
+	// is refused, as every process would refuse it.
 	Unchecked bool
 }
 
@@ -148,21 +166,28 @@ type Pushed struct {
 // rest does not decode, or a hash of the bytes.
 //
 // A push to the whole fleet (o.Canary zero) replaces a canary in progress.
+// So does a canary push, with one rule: while the fleet's first canary
+// runs (no stable version was ever pushed), a canary may not reach fewer
+// processes than it. The processes it would leave have no stable version
+// to return to; they would keep running one the store no longer holds.
+// Such a push is refused with ErrCanaryShare, nothing stored: push the
+// same share or a larger one, promote the canary, or push to every
+// process.
 func (f *Fleet) PushConfig(ctx context.Context, data []byte, o PushOptions) (Pushed, error) {
 	mode, bp := "full", shareScale
 	if o.Canary != 0 {
 		mode, bp = "canary", shareBP(o.Canary)
-		if !(o.Canary > 0 && o.Canary < 1) || bp < 1 || bp >= shareScale {
-			return Pushed{}, fmt.Errorf("%w: %v; want a fraction in (0, 1), from 0.0001 (one basis point) to 0.9999, as 0.1 for a tenth of the processes; 0 pushes to all of them", ErrCanaryShare, o.Canary)
+		if !validShare(o.Canary) {
+			return Pushed{}, fmt.Errorf("%w: %v; want a fraction from 0.0001 (one basis point) to 0.9999, as 0.1 for a tenth of the processes; 0 pushes to all of them", ErrCanaryShare, o.Canary)
 		}
 	}
 	if len(data) > config.MaxBytes {
 		return Pushed{}, fmt.Errorf("redisfleet: configuration of %d bytes, more than config.MaxBytes (%d)", len(data), config.MaxBytes)
 	}
-	if len(data) == 0 {
+	if len(bytes.TrimSpace(bytes.TrimPrefix(data, []byte("\ufeff")))) == 0 {
 		return Pushed{}, errors.New("redisfleet: empty configuration")
 	}
-	if _, err := config.Parse(data, "push", o.Registry); err != nil && !o.Unchecked {
+	if _, err := config.Parse(data, "push", o.Registry); err != nil && (!o.Unchecked || holdsNoConfig(err)) {
 		return Pushed{}, err
 	}
 	// As the processes name it, also when they refuse it.
@@ -192,6 +217,19 @@ func (f *Fleet) RollbackConfig(ctx context.Context) (Pushed, error) {
 	return f.changeConfig(ctx, "rollback", "", nil, 0)
 }
 
+// holdsNoConfig reports whether config.Parse refused a file for holding
+// no Config at all: only comments or a document marker (config's "empty
+// file"), or a document that is not a mapping (null, a list, a number).
+// Every process refuses such a file whatever its Registry, so an
+// unchecked push does too. These are config's own messages for the file
+// as a whole, matched rather than decoded twice; TestPushNoConfig holds
+// them.
+func holdsNoConfig(err error) bool {
+	var ce *config.Error
+	return errors.As(err, &ce) && ce.Field == "" &&
+		(strings.HasPrefix(ce.Msg, "empty file") || strings.HasPrefix(ce.Msg, "want a mapping of Config's fields"))
+}
+
 func checkVersion(v string) error {
 	if v == "" || len(v) > maxConfigVersion || !utf8.ValidString(v) || strings.ContainsFunc(v, func(r rune) bool { return r < ' ' || r == 0x7f }) {
 		return fmt.Errorf("redisfleet: version %.40q: want 1 to %d bytes of printable UTF-8", v, maxConfigVersion)
@@ -207,7 +245,9 @@ func checkVersion(v string) error {
 // {seq, version, canary (0/1), previous version}, or an error reply
 // "NOCONFIG" when a promotion or rollback has nothing to act on, or
 // "NOSTABLE <canary's version>" when a rollback would end a canary with
-// no stable configuration for its processes to return to.
+// no stable configuration for its processes to return to, or
+// "SHRINK <share> <canary's version>" when a canary push, with no stable
+// configuration, would reach fewer processes than the canary it replaces.
 var changeScript = redis.NewScript(`
 local k = KEYS[1]
 local t = redis.call('TYPE', k).ok
@@ -229,6 +269,10 @@ if mode == 'full' then
 	redis.call('HSET', k, 'stable.version', ARGV[2], 'stable.data', ARGV[3])
 	drop('canary')
 elseif mode == 'canary' then
+	local old = tonumber(get('canary.share'))
+	if old and tonumber(ARGV[4]) < old and get('canary.version') and not get('stable.version') then
+		return redis.error_reply('SHRINK ' .. get('canary.share') .. ' ' .. get('canary.version'))
+	end
 	redis.call('HSET', k, 'canary.version', ARGV[2], 'canary.data', ARGV[3], 'canary.share', ARGV[4])
 	canary = 1
 elseif mode == 'promote' then
@@ -281,6 +325,12 @@ func (f *Fleet) changeConfig(ctx context.Context, mode, version string, data []b
 				return Pushed{}, fmt.Errorf("%w: the canary %.40q is the fleet's first configuration, with no stable one for its processes to return to; push a version to every process to replace it",
 					ErrNoConfig, canary)
 			}
+			if _, shrink, ok := strings.Cut(re.Error(), "SHRINK "); ok {
+				old, canary, _ := strings.Cut(shrink, " ")
+				n, _ := smallUint(old, 4)
+				return Pushed{}, fmt.Errorf("%w: the canary %.40q of %s is the fleet's first configuration, with no stable one: a canary of %s would leave processes running %.40q, which the store would no longer hold; push a canary of %s or more, promote it, or push to every process",
+					ErrCanaryShare, canary, bpPercent(int(n)), bpPercent(bp), canary, bpPercent(int(n)))
+			}
 		}
 		f.reloadOnError(err)
 		return Pushed{}, err
@@ -293,6 +343,11 @@ func (f *Fleet) changeConfig(ctx context.Context, mode, version string, data []b
 	c, _ := res[2].(int64)
 	prev, _ := res[3].(string)
 	return Pushed{Seq: seq, Version: v, Canary: c == 1, Previous: prev}, nil
+}
+
+// bpPercent writes basis points as a percentage: 1050 is 10.5%.
+func bpPercent(bp int) string {
+	return strconv.FormatFloat(float64(bp)/100, 'f', -1, 64) + "%"
 }
 
 func newEpoch() string {

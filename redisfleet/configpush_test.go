@@ -563,6 +563,11 @@ func TestInCanary(t *testing.T) {
 	if InCanary("x", 0) || !InCanary("x", 1) || !InCanary("x", 2) {
 		t.Fatal("share 0 must take none, 1 and more all")
 	}
+	for i := range 100 {
+		if id := "pod-" + strconv.Itoa(i); InCanary(id, math.NaN()) || InCanary(id, -1) {
+			t.Fatalf("%s in a canary of NaN or -1, which is no share", id)
+		}
+	}
 }
 
 // TestParseStore: what a process accepts of the store.
@@ -753,8 +758,8 @@ func redisContents(t *testing.T, s *redisServer) string {
 	return b.String()
 }
 
-// seamCanaryShareStore: a canary share that is not a fraction in
-// (0, 1), reaching at least one basis point and not all of them, is
+// seamCanaryShareStore: a canary share outside [0.0001, 0.9999] (one
+// basis point to all but one; 0.99999 too, not rounded down) is
 // refused with ErrCanaryShare before anything is stored: every key in
 // Redis reads the same after, and the following process runs what it ran.
 func seamCanaryShareStore(t *testing.T) {
@@ -775,9 +780,9 @@ func seamCanaryShareStore(t *testing.T) {
 	}
 	acked(t, ctl, []*configPod{pod}, r.Seq)
 	before, running := redisContents(t, s), pod.version()
-	for _, share := range []float64{10, 25, 1, 1.5, math.NaN(), math.Inf(1), math.Inf(-1), -0.1, 0.00005, 0.99999999999} {
+	for _, share := range []float64{10, 25, 1, 1.5, math.NaN(), math.Inf(1), math.Inf(-1), -0.1, 0.00005, 0.00009, 0.99991, 0.99999, 0.999999999, 0.99999999999} {
 		_, err := ctl.PushConfig(ctx, []byte(pushV1), PushOptions{Canary: share})
-		if !errors.Is(err, ErrCanaryShare) || !strings.Contains(err.Error(), "fraction in (0, 1)") {
+		if !errors.Is(err, ErrCanaryShare) || !strings.Contains(err.Error(), "from 0.0001 (one basis point) to 0.9999") {
 			t.Errorf("PushConfig(Canary: %v) = %v, want ErrCanaryShare saying what a share is", share, err)
 		}
 		if after := redisContents(t, s); after != before {
@@ -792,7 +797,9 @@ func seamCanaryShareStore(t *testing.T) {
 	for _, tc := range []struct {
 		share float64
 		want  float64
-	}{{0.0001, 0.0001}, {0.29, 0.29}, {0.9999, 0.9999}} {
+	}{{0.0001, 0.0001}, {0.29, 0.29}, {0.9999, 0.9999},
+		// As bulwarkctl computes them from 0.01% and 99.99%.
+		{0.01 / 100, 0.0001}, {99.99 / 100, 0.9999}} {
 		if _, err := ctl.PushConfig(ctx, []byte(pushV3), PushOptions{Canary: tc.share}); err != nil {
 			t.Fatalf("PushConfig(Canary: %v): %v", tc.share, err)
 		}
@@ -802,32 +809,46 @@ func seamCanaryShareStore(t *testing.T) {
 	}
 }
 
+// firstCanaryFleet starts four following pods (halfInCanary) and pushes
+// v3 as the fleet's first configuration, a canary of 50 %, returning once
+// each pod runs what it is to run (v3 in the canary, what it was built
+// with outside) and acknowledged the push.
+func firstCanaryFleet(t *testing.T, prefix string) (*redisServer, []*configPod, map[string]bool, *Fleet, Pushed) {
+	t.Helper()
+	s := startRedis(t)
+	pods, in := halfInCanary(t, s, prefix)
+	followingAll(t, pods)
+	ctl := controller(t, s, prefix)
+	r, err := ctl.PushConfig(t.Context(), []byte(pushV3), PushOptions{Canary: 0.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWithin(t, pods, func(p *configPod) string {
+		if in[p.id] {
+			return "v3"
+		}
+		return ""
+	}, time.Now(), 10*time.Second)
+	acked(t, ctl, pods, r.Seq)
+	return s, pods, in, ctl, r
+}
+
 // seamRollbackFirstCanary: when a fleet's first push is a canary, a
 // rollback has no stable version for the canary's processes to return to:
 // it is refused with ErrNoConfig, saying so, Redis is unchanged, and the
 // status and the processes agree (the canary goes on). A push to every
 // process then replaces it.
 func seamRollbackFirstCanary(t *testing.T) {
-	s := startRedis(t)
-	const prefix = "c6:"
-	pods, in := halfInCanary(t, s, prefix)
-	followingAll(t, pods)
-	ctl := controller(t, s, prefix)
+	s, pods, in, ctl, r := firstCanaryFleet(t, "c6:")
 	ctx := t.Context()
-	r, err := ctl.PushConfig(ctx, []byte(pushV3), PushOptions{Canary: 0.5})
-	if err != nil {
-		t.Fatal(err)
-	}
 	canary := func(p *configPod) string {
 		if in[p.id] {
 			return "v3"
 		}
 		return ""
 	}
-	runWithin(t, pods, canary, time.Now(), 10*time.Second)
-	acked(t, ctl, pods, r.Seq)
 	before := redisContents(t, s)
-	_, err = ctl.RollbackConfig(ctx)
+	_, err := ctl.RollbackConfig(ctx)
 	if !errors.Is(err, ErrNoConfig) || !strings.Contains(err.Error(), `canary "v3" is the fleet's first configuration`) {
 		t.Fatalf("rollback of a first canary: %v, want ErrNoConfig saying there is no stable version", err)
 	}
@@ -904,5 +925,111 @@ func seamRefusalVersion(t *testing.T) {
 				t.Fatalf("push %d: %s's Snapshot().Config = %+v, want v7 refused as the status names it", i, p.id, c)
 			}
 		}
+	}
+}
+
+// seamFirstCanaryShrink: while the fleet's first canary runs (no stable
+// version), a canary that would reach fewer processes is refused with
+// ErrCanaryShare and Redis is unchanged: the processes it would leave
+// would keep running a version the store no longer holds, shown on it by
+// the status. A canary of the same or a larger share replaces it, and
+// every process then runs what the store holds for it.
+func seamFirstCanaryShrink(t *testing.T) {
+	s, pods, in, ctl, _ := firstCanaryFleet(t, "c9:")
+	ctx := t.Context()
+	canaryOf := func(v string, share float64) func(*configPod) string {
+		return func(p *configPod) string {
+			if InCanary(p.id, share) {
+				return v
+			}
+			return ""
+		}
+	}
+	before := redisContents(t, s)
+	left := false
+	for id := range in {
+		left = left || in[id] && !InCanary(id, 0.0001)
+	}
+	if !left {
+		t.Fatal("no pod leaves the 50% canary for one of 0.0001: pick other IDs")
+	}
+	// Any smaller share is refused, whether or not one of these pods is
+	// between the two.
+	for _, share := range []float64{0.0001, 0.1, 0.4999} {
+		_, err := ctl.PushConfig(ctx, []byte(pushV2), PushOptions{Canary: share})
+		if !errors.Is(err, ErrCanaryShare) || !strings.Contains(err.Error(), `the canary "v3" of 50% is the fleet's first configuration`) {
+			t.Fatalf("a canary of %v over the first canary of 50%%: %v, want ErrCanaryShare saying why", share, err)
+		}
+		if after := redisContents(t, s); after != before {
+			t.Fatalf("a refused canary of %v changed Redis:\nbefore:\n%s\nafter:\n%s", share, before, after)
+		}
+	}
+	runWithin(t, pods, canaryOf("v3", 0.5), time.Now(), time.Second)
+	// The same share, then a larger one: no process leaves the canary, and
+	// each runs the store's canary or, outside it, what it was built with.
+	for _, c := range []struct {
+		v     string
+		data  string
+		share float64
+	}{{"v2", pushV2, 0.5}, {"v1", pushV1, 0.9999}} {
+		start := time.Now()
+		r, err := ctl.PushConfig(ctx, []byte(c.data), PushOptions{Canary: c.share})
+		if err != nil || !r.Canary {
+			t.Fatalf("a canary of %v over the first canary: %+v, %v", c.share, r, err)
+		}
+		runWithin(t, pods, canaryOf(c.v, c.share), start, 10*time.Second)
+		st := acked(t, ctl, pods, r.Seq)
+		if st.Stable != "" || st.Canary != c.v {
+			t.Fatalf("status after a canary of %v: %+v", c.share, st)
+		}
+		for _, p := range st.Processes {
+			if p.Canary != InCanary(p.ID, c.share) || p.Running != canaryOf(c.v, c.share)(&configPod{id: p.ID}) {
+				t.Fatalf("ack after a canary of %v: %+v", c.share, p)
+			}
+		}
+	}
+}
+
+// TestPushNoConfig: a file that holds no Config at all (nothing but
+// whitespace, a byte-order mark, comments or a document marker; a scalar
+// or a list) is refused by PushConfig, -unchecked too, as every process
+// would refuse it whatever its Registry: Redis is unchanged and the stable
+// version stays. An unchecked push still stores what only the processes'
+// Registry can judge.
+func TestPushNoConfig(t *testing.T) {
+	s := startRedis(t)
+	const prefix = "c10:"
+	pod := followingPod(t, s, prefix, "pod-a", config.Registry{})
+	followingAll(t, []*configPod{pod})
+	ctl := controller(t, s, prefix)
+	ctx := t.Context()
+	r, err := ctl.PushConfig(ctx, []byte(pushV1), PushOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	acked(t, ctl, []*configPod{pod}, r.Seq)
+	before := redisContents(t, s)
+	for _, file := range []string{"", " ", "\n\n", "\t\n", "\r\n", "# nothing\n", "\ufeff", "\ufeff\n", "\ufeff# x\n---\n",
+		"---\n", "--- # x\n", "---\n...\n", "null\n", "~", "[]\n", "42\n", `""`} {
+		for _, o := range []PushOptions{{Unchecked: true}, {}} {
+			_, err := ctl.PushConfig(ctx, []byte(file), o)
+			if err == nil {
+				t.Errorf("PushConfig(%q, Unchecked: %v) stored a file with no Config", file, o.Unchecked)
+			}
+			if after := redisContents(t, s); after != before {
+				t.Fatalf("PushConfig(%q, Unchecked: %v) changed Redis:\nbefore:\n%s\nafter:\n%s", file, o.Unchecked, before, after)
+			}
+		}
+	}
+	if v := pod.version(); v != "v1" {
+		t.Fatalf("the pod runs %q, want v1", v)
+	}
+	// What the empty Registry refuses but a program's may hold.
+	named := "version: named\nupstreams:\n  pay.internal:\n    fallback: {func: cached}\n"
+	if _, err := ctl.PushConfig(ctx, []byte(named), PushOptions{}); err == nil {
+		t.Fatal("a checked push of an unknown name was stored")
+	}
+	if r, err := ctl.PushConfig(ctx, []byte(named), PushOptions{Unchecked: true}); err != nil || r.Version != "named" {
+		t.Fatalf("an unchecked push of an unknown name: %+v, %v", r, err)
 	}
 }

@@ -15,6 +15,7 @@ var seamRows = []struct {
 }{
 	{"canary share × store, follower", seamCanaryShareStore},
 	{"rollback × first canary, follower, status", seamRollbackFirstCanary},
+	{"canary × first canary, follower, status", seamFirstCanaryShrink},
 	{"push × fleet quota (FleetRate), follower", seamPushFleetRate},
 	{"refusal × declared version, status, Snapshot", seamRefusalVersion},
 }

@@ -21,6 +21,8 @@
 // push -canary takes a percentage with its sign, 10% for a tenth of the
 // processes, from 0.01% to 99.99%: a bare number is refused, so neither
 // 0.1 (a tenth? a tenth of a percent?) nor 10 is read as the other.
+// A flag or an argument a command does not take (rollback -canary 10%,
+// promote FILE) is a misuse, as is a second -canary: nothing is done.
 package main
 
 import (
@@ -84,12 +86,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err := sub.Parse(rest); err != nil {
 		return 2
 	}
+	if err := checkUse(cmd, sub); err != nil {
+		fmt.Fprintf(stderr, "bulwarkctl %v\n%s", err, usage)
+		return 2
+	}
 
 	if cmd == "validate" {
-		if sub.NArg() != 1 {
-			fmt.Fprint(stderr, usage)
-			return 2
-		}
 		cfg, err := config.Load(sub.Arg(0), config.Registry{})
 		if err != nil {
 			fmt.Fprintln(stderr, err)
@@ -113,10 +115,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var r redisfleet.Pushed
 	switch cmd {
 	case "push":
-		if sub.NArg() != 1 {
-			fmt.Fprint(stderr, usage)
-			return 2
-		}
 		data, err := readFile(sub.Arg(0))
 		if err != nil {
 			fmt.Fprintln(stderr, err)
@@ -172,6 +170,45 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return 0
+}
+
+// commands are the flags each command takes and whether it takes a FILE.
+var commands = map[string]struct {
+	flags []string
+	file  bool
+}{
+	"validate": {nil, true},
+	"push":     {[]string{"canary", "unchecked", "wait"}, true},
+	"promote":  {[]string{"wait"}, false},
+	"rollback": {[]string{"wait"}, false},
+	"status":   {nil, false},
+}
+
+// checkUse refuses what cmd would otherwise ignore: a flag of another
+// command (rollback -canary 10% ends a canary, it pushes none) or an
+// argument it takes none of.
+func checkUse(cmd string, sub *flag.FlagSet) error {
+	c, ok := commands[cmd]
+	if !ok {
+		return fmt.Errorf("%s: no such command", cmd)
+	}
+	var stray []string
+	sub.Visit(func(fl *flag.Flag) {
+		if !slices.Contains(c.flags, fl.Name) {
+			stray = append(stray, "-"+fl.Name)
+		}
+	})
+	switch {
+	case len(stray) > 0:
+		return fmt.Errorf("%s: %s does not apply to %s", cmd, strings.Join(stray, ", "), cmd)
+	case c.file && sub.NArg() == 0:
+		return fmt.Errorf("%s: %s takes one FILE, got none", cmd, cmd)
+	case c.file && sub.NArg() > 1:
+		return fmt.Errorf("%s: %s takes one FILE, got %d arguments: %q (flags go before the FILE)", cmd, cmd, sub.NArg(), sub.Args())
+	case !c.file && sub.NArg() > 0:
+		return fmt.Errorf("%s: %s takes no argument, got %q", cmd, cmd, sub.Arg(0))
+	}
+	return nil
 }
 
 // readFile reads at most config.MaxBytes+1 bytes: PushConfig refuses more.
@@ -275,7 +312,16 @@ type percent struct {
 func (p *percent) String() string { return p.text }
 
 func (p *percent) Set(s string) error {
+	if p.text != "" {
+		return fmt.Errorf("-canary given twice (%q, then %q): give one share", p.text, s)
+	}
 	num, ok := strings.CutSuffix(s, "%")
+	if i := strings.LastIndex(s, "%"); !ok && i >= 0 {
+		return fmt.Errorf("want a percentage that ends with its %% sign, as 10%%; %q has %q after its %% sign", s, s[i+1:])
+	}
+	if !ok && strings.ContainsAny(s, "٪％﹪") {
+		return fmt.Errorf("want a percentage with the %% sign, as 10%%; %q has a percent sign other than %%", s)
+	}
 	if !ok {
 		return fmt.Errorf("want a percentage with its %% sign, as 10%% for a tenth of the processes; %q has none, and a bare number (0.1 or 10) is not read as either", s)
 	}

@@ -218,3 +218,50 @@ func TestPushCanaryShare(t *testing.T) {
 		t.Fatalf("push -h does not say the form -canary takes: %s", errs)
 	}
 }
+
+// TestCommandMisuse: what a command would silently ignore (a flag of
+// another command, an argument it takes none of, a second -canary) is a
+// misuse, exit 2, saying what is wrong, and Redis is unchanged; a -canary
+// with text after its % sign, or another percent sign, is told so rather
+// than that it has none.
+func TestCommandMisuse(t *testing.T) {
+	addr := startRedis(t)
+	v1 := writeFile(t, "v1.yaml", "version: v1\ndefault:\n  breaker: {failureRate: 0.5}\n")
+	v2 := writeFile(t, "v2.yaml", "version: v2\ndefault:\n  breaker: {failureRate: 0.4}\n")
+	for _, args := range [][]string{{"push", v1}, {"push", v1}, {"push", "-canary", "50%", v2}} {
+		if code, out, errs := ctl(t, append([]string{"-redis", addr}, args...)...); code != 0 {
+			t.Fatalf("%q: %d %s%s", args, code, out, errs)
+		}
+	}
+	before := contents(t, addr)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"rollback", "-canary", "10%"}, "-canary does not apply to rollback"},
+		{[]string{"rollback", "-unchecked"}, "-unchecked does not apply to rollback"},
+		{[]string{"rollback", "extra"}, `rollback takes no argument, got "extra"`},
+		{[]string{"promote", v1}, "promote takes no argument, got " + strconv.Quote(v1)},
+		{[]string{"promote", "-canary", "10%"}, "-canary does not apply to promote"},
+		{[]string{"status", "-wait", "1s"}, "-wait does not apply to status"},
+		{[]string{"status", "x"}, `status takes no argument, got "x"`},
+		{[]string{"validate", "-canary", "10%", v1}, "-canary does not apply to validate"},
+		{[]string{"push"}, "push takes one FILE, got none"},
+		{[]string{"push", v1, v2}, "push takes one FILE, got 2 arguments"},
+		{[]string{"push", v1, "-canary", "10%"}, "push takes one FILE, got 3 arguments"},
+		{[]string{"push", "-canary", "10%", "-canary", "20%", v2}, `-canary given twice ("10%", then "20%")`},
+		{[]string{"push", "-canary", "10% ", v2}, `"10% " has " " after its % sign`},
+		{[]string{"push", "-canary", "10%x", v2}, `"10%x" has "x" after its % sign`},
+		{[]string{"push", "-canary", "10%\n", v2}, `"10%\n" has "\n" after its % sign`},
+		{[]string{"push", "-canary", "10٪", v2}, `"10٪" has a percent sign other than %`},
+		{[]string{"push", "-canary", "10％", v2}, `"10％" has a percent sign other than %`},
+	} {
+		code, out, errs := ctl(t, append([]string{"-redis", addr}, tc.args...)...)
+		if code != 2 || out != "" || !strings.Contains(errs, tc.want) || strings.Contains(errs, "has none") {
+			t.Errorf("%q: %d %q %q, want a misuse (2) saying %q", tc.args, code, out, errs, tc.want)
+		}
+		if after := contents(t, addr); after != before {
+			t.Fatalf("%q changed Redis:\nbefore:\n%s\nafter:\n%s", tc.args, before, after)
+		}
+	}
+}
