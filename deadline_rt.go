@@ -49,7 +49,10 @@ type Timeout struct {
 	// or in Default bounds the reading of the final body too, like
 	// http.Client.Timeout. A caller's context deadline that comes sooner
 	// wins. The default does not bound a request that a retrying client
-	// above marks (see Attempt); a Total set does.
+	// above marks (see Attempt) when its context carries a deadline (that
+	// client's timeout); one without a deadline keeps the default, so a
+	// hung host is still cut off beneath an SDK that sets no timeout. A
+	// Total set bounds every request.
 	Total time.Duration
 
 	// Attempt bounds one attempt, from sending until its response headers
@@ -179,10 +182,13 @@ type totalStage struct {
 
 func (d *totalStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	if c.above != aboveNone && !d.set {
-		// The default Total bounds bulwark's own retries; a call that a
-		// retrying client above sends again is that client's to bound
-		// (sdk.go).
-		return d.next.roundTrip(req, c)
+		// A call that a retrying client above sends again, with a
+		// deadline of that client's, is that client's to bound (sdk.go).
+		// Without one it keeps the default: a header anyone can send
+		// must not lift the bound on a hung host.
+		if _, ok := req.Context().Deadline(); ok {
+			return d.next.roundTrip(req, c)
+		}
 	}
 	end := c.start.Add(d.total)
 	if cd, ok := req.Context().Deadline(); !ok || end.Before(cd) {

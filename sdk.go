@@ -4,8 +4,10 @@ package bulwark
 // SDKs people call, or another bulwark Transport), and of the servers that
 // speak to them. Retries happen at one layer: a request that a client above
 // will send again is sent once by bulwark, with neither retries nor hedges
-// of its own, and with neither the learned attempt timeout nor the default
-// Total, which are the timers of bulwark's own retries; its breaker,
+// of its own, and without the learned attempt timeout, the timer of
+// bulwark's own retries; the default Total still bounds it unless its
+// context carries a deadline (the client's own timeout), so a header
+// anyone can send never leaves a hung host unbounded; its breaker,
 // bulkhead, budget and pushback still see it. Each signal is evidence read
 // when present, never required: a value that does not parse is ignored and
 // counted (Snapshot.RetryAfterIgnored), and the request is then treated as

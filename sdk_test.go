@@ -342,8 +342,9 @@ func (h *slowFirstByte) RoundTrip(req *http.Request) (*http.Response, error) {
 // retries the call itself (a plain GET: three cut attempts), and not when
 // a retrying client above sends it (the SDK's mark): it is sent once, and
 // answered as a plain client would have it answered. The second case is
-// the 30 s completion on a host whose quick calls take 2 s: not cut by
-// the learned 6 s, nor by the default Total of 30 s.
+// the 30 s completion on a host whose quick calls take 2 s, under an SDK
+// whose request timeout is a minute: not cut by the learned 6 s, nor by
+// the default Total of 30 s (the SDK's deadline bounds it).
 func TestSDKLearnedBoundLongCompletion(t *testing.T) {
 	for _, tc := range []struct {
 		quick, slow time.Duration
@@ -356,7 +357,11 @@ func TestSDKLearnedBoundLongCompletion(t *testing.T) {
 			}
 			defer tr.Close()
 			get := func(path string, kv ...string) (time.Duration, error) {
-				req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://llm.test"+path, nil)
+				// The SDK's own request timeout, as OpenAI's
+				// WithRequestTimeout sets it.
+				ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+				defer cancel()
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://llm.test"+path, nil)
 				for i := 0; i+1 < len(kv); i += 2 {
 					req.Header.Set(kv[i], kv[i+1])
 				}
@@ -390,6 +395,48 @@ func TestSDKLearnedBoundLongCompletion(t *testing.T) {
 			t.Logf("quick %v, learned attempt timeout %v; a %v completion under an SDK answered", tc.quick, l.AttemptTimeout, tc.slow)
 		})
 	}
+}
+
+// TestSDKHungHostBounded: a request a retrying client above marks, with no
+// deadline of its own (an SDK that sets no timeout, or any caller that
+// sends the header), to a host that never answers, still ends at the
+// default Total, and such calls in a row trip the breaker: a header
+// cannot lift the bound on a hung host.
+func TestSDKHungHostBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var sent atomic.Int64
+		hung := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			sent.Add(1)
+			<-req.Context().Done()
+			return nil, context.Cause(req.Context())
+		})
+		tr, err := New(Config{Base: hung})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tr.Close()
+		call := func() (time.Duration, error) {
+			req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://hung.test/", nil)
+			req.Header.Set("X-Stainless-Retry-Count", "0")
+			start := time.Now()
+			resp, err := tr.RoundTrip(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			return time.Since(start), err
+		}
+		took, err := call()
+		if !errors.Is(err, ErrTotalTimeout) || took != DefaultTotalTimeout || sent.Load() != 1 {
+			t.Fatalf("a marked call to a hung host: err %v after %v, %d sent; want ErrTotalTimeout after %v, sent once", err, took, sent.Load(), DefaultTotalTimeout)
+		}
+		for i := 2; i <= 20; i++ {
+			if _, err := call(); errors.Is(err, ErrBreakerOpen) {
+				t.Logf("refused at call %d, %d sent", i, sent.Load())
+				return
+			}
+		}
+		t.Fatalf("20 marked calls to a hung host, %d sent, none refused; want the breaker to trip on the unanswered run", sent.Load())
+	})
 }
 
 // BenchmarkRetriedAbove is what reading the signals of a client above

@@ -194,11 +194,16 @@ func TestOpenAIHungConnection(t *testing.T) {
 // TestOpenAISlowFirstByte: after 300 quick calls on the host (bulwark
 // learns an attempt timeout from them), a completion whose first byte
 // comes much later succeeds through bulwark, sent once, as through a
-// plain client: 1.5 s after 50 ms calls, and 30 s after 2 s calls.
+// plain client: 1.5 s after 50 ms calls, and 30 s after 2 s calls under
+// the SDK's request timeout of a minute (without a timeout of the SDK's,
+// bulwark's default Total of 30 s bounds a call to a host that hangs).
 func TestOpenAISlowFirstByte(t *testing.T) {
-	for _, tc := range []struct{ quick, slow time.Duration }{
-		{50 * time.Millisecond, 1500 * time.Millisecond},
-		{2 * time.Second, 30 * time.Second},
+	for _, tc := range []struct {
+		quick, slow time.Duration
+		opts        []option.RequestOption
+	}{
+		{50 * time.Millisecond, 1500 * time.Millisecond, nil},
+		{2 * time.Second, 30 * time.Second, []option.RequestOption{option.WithRequestTimeout(time.Minute)}},
 	} {
 		for _, withBulwark := range []bool{false, true} {
 			synctest.Test(t, func(t *testing.T) {
@@ -207,7 +212,7 @@ func TestOpenAISlowFirstByte(t *testing.T) {
 						return fault{delay: tc.slow}
 					}
 					return fault{delay: tc.quick}
-				})
+				}, tc.opts...)
 				for i := range 300 {
 					if err := model(t.Context(), c, fmt.Sprintf("q%d", i)); err != nil {
 						t.Fatal(err)
