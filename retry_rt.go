@@ -730,15 +730,16 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 		// would mostly skip as late, passing a transient failure up the
 		// chain that no layer retries.
 		room := time.Duration(math.MaxInt64)
-		if hasDL {
-			room = dl.Sub(now) - r.sendTime()
-			if room >= 0 {
-				// A timer that fires a little late, as on a loaded
-				// machine, must not leave the retry less than it needs
-				// (ErrDeadlineTooShort refuses it below minSendTime):
-				// the draw keeps a margin, down to a wait of none.
-				room = max(room-retryFitMargin, 0)
-			}
+		if hasDL && dl.Sub(now) >= r.sendTime() {
+			// The draw leaves the host's p99 to answer in, not its
+			// median: a retry slower than the median, common on a host
+			// whose latency spreads (10 to 30 ms, say), would otherwise
+			// be cut by the deadline after a wait that fitted the
+			// median. A timer that fires a little late, as on a loaded
+			// machine, must not leave the retry less than it needs
+			// (ErrDeadlineTooShort refuses it below minSendTime): the
+			// draw keeps a margin too, down to a wait of none.
+			room = max(dl.Sub(now)-r.tailTime()-retryFitMargin, 0)
 		}
 		d.wait = r.backoffWait(attempt-1, resp, prevWait, room)
 		if connRefused(err) {
