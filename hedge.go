@@ -444,6 +444,17 @@ func (r *retryStage) sendTime() time.Duration {
 	return minSendTime
 }
 
+// tailTime is the time a retry's wait leaves it to answer in: the host's
+// recent p99 latency, or sendTime when that is longer or unknown.
+func (r *retryStage) tailTime() time.Duration {
+	if r.lat != nil {
+		if q, ok := r.lat.Quantile(); ok {
+			return max(q, r.sendTime())
+		}
+	}
+	return r.sendTime()
+}
+
 // record adds an attempt's latency to the host's tracker, when its outcome
 // says how long the host takes: an answer or a failure from the host, not a
 // refusal by bulwark nor a cancellation (whose time is the canceller's).

@@ -49,8 +49,10 @@ const (
 //
 // A retry must leave the host's recent median latency (at least 10 ms) to
 // answer in before the call's deadline. When the deadline leaves room for
-// only part of the range, the wait is drawn from that part, less 5 ms kept
-// for a timer that fires late (Full: random(0, room)), so a
+// only part of the range, the wait is drawn from that part, which leaves
+// the host's recent p99 latency (so that a retry slower than the median
+// still fits) and 5 ms kept for a timer that fires late (Full:
+// random(0, room)), so a
 // deadline handed down from a caller that learned its host's latency
 // shortens a retry's wait instead of skipping it; a range wholly beyond
 // the room (None's, Equal's above its half, Decorrelated's above Base) is
@@ -111,8 +113,9 @@ func (j Jitter) String() string {
 //     call's deadline. The wait is the response's Retry-After (up to
 //     MaxRetryAfter) if it has a valid one, else the backoff (at most
 //     10 ms after a refused connection, drawn from the part of the
-//     jitter's range that fits: see Jitter), and at least the host's
-//     pushback pause.
+//     jitter's range that leaves the host's p99 latency before the
+//     deadline, or no wait when none does: see Jitter), and at least the
+//     host's pushback pause.
 //  6. The host's Budget has room: checked last, so that a retry another
 //     rule refuses spends nothing from it.
 //
@@ -730,15 +733,16 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 		// would mostly skip as late, passing a transient failure up the
 		// chain that no layer retries.
 		room := time.Duration(math.MaxInt64)
-		if hasDL {
-			room = dl.Sub(now) - r.sendTime()
-			if room >= 0 {
-				// A timer that fires a little late, as on a loaded
-				// machine, must not leave the retry less than it needs
-				// (ErrDeadlineTooShort refuses it below minSendTime):
-				// the draw keeps a margin, down to a wait of none.
-				room = max(room-retryFitMargin, 0)
-			}
+		if hasDL && dl.Sub(now) >= r.sendTime() {
+			// The draw leaves the host's p99 to answer in, not its
+			// median: a retry slower than the median, common on a host
+			// whose latency spreads (10 to 30 ms, say), would otherwise
+			// be cut by the deadline after a wait that fitted the
+			// median. A timer that fires a little late, as on a loaded
+			// machine, must not leave the retry less than it needs
+			// (ErrDeadlineTooShort refuses it below minSendTime): the
+			// draw keeps a margin too, down to a wait of none.
+			room = max(dl.Sub(now)-r.tailTime()-retryFitMargin, 0)
 		}
 		d.wait = r.backoffWait(attempt-1, resp, prevWait, room)
 		if connRefused(err) {

@@ -1009,3 +1009,63 @@ func BenchmarkRetryLayers(b *testing.B) {
 		}
 	})
 }
+
+// TestRetryWaitLeavesP99: under a deadline, the backoff's draw leaves the
+// host's p99 latency to answer in, not its median, so that a retry slower
+// than the median is not cut; when the p99 fits with no wait but the
+// median does, the retry is made at once. The host's median is 10 ms, its
+// p99 30 ms, and the jitter draws the longest wait its range allows.
+func TestRetryWaitLeavesP99(t *testing.T) {
+	for _, c := range []struct {
+		deadline, want time.Duration
+	}{
+		{100 * time.Millisecond, 100*time.Millisecond - 30*time.Millisecond - retryFitMargin}, // the median left: 85 ms
+		{35 * time.Millisecond, 0}, // the median left: 20 ms
+	} {
+		t.Run(fmt.Sprint(c.deadline), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var at []time.Time
+				base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+					at = append(at, time.Now())
+					status := http.StatusServiceUnavailable
+					if len(at) > 1 {
+						status = http.StatusOK
+					}
+					return &http.Response{StatusCode: status, Body: http.NoBody, Header: http.Header{}, Request: req}, nil
+				})
+				tr, err := New(Config{Base: base, Default: only(Policy{}, "retry")})
+				if err != nil {
+					t.Fatal(err)
+				}
+				tr.randN = func(k int64) int64 { return k - 1 }
+				r := layerOf[*retryStage](t, tr, "http://api.test/")
+				now := time.Now()
+				for i := range 100 {
+					d := 10 * time.Millisecond
+					if i < 10 {
+						d = 30 * time.Millisecond
+					}
+					r.lat.Record(d, now)
+				}
+				if m, q := r.sendTime(), r.tailTime(); m != 10*time.Millisecond || q < 29*time.Millisecond || q > 31*time.Millisecond {
+					t.Fatalf("median %v, p99 %v; want 10 ms and 30 ms", m, q)
+				}
+				ctx, cancel := context.WithTimeout(t.Context(), c.deadline)
+				defer cancel()
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://api.test/", nil)
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK || len(at) != 2 {
+					t.Fatalf("deadline %v: %d after %d attempts; want the retry's 200", c.deadline, resp.StatusCode, len(at))
+				}
+				// The p99 is read within the sketch's 1 %.
+				if wait := at[1].Sub(at[0]); wait < c.want-time.Millisecond || wait > c.want+time.Millisecond {
+					t.Errorf("deadline %v: the retry waited %v, want %v", c.deadline, wait, c.want)
+				}
+			})
+		})
+	}
+}
