@@ -456,7 +456,12 @@ var (
 	// transport error): the only kind ConsecutiveFailures counts in a row.
 	errVerdictUnanswered     = errors.New("bulwark: unanswered call")
 	errVerdictSlowUnanswered = errors.New("bulwark: slow unanswered call")
-	errVerdictIgnored        = errors.New("bulwark: ignored call")
+	// An unanswered failure that is bulwark's own timeout (kindTimeout),
+	// where the two above are transport errors (refused, reset): a batch of
+	// timeouts may be a queue's artefact, a transport error is not.
+	errVerdictTimeout     = errors.New("bulwark: timed out call")
+	errVerdictSlowTimeout = errors.New("bulwark: slow timed out call")
+	errVerdictIgnored     = errors.New("bulwark: ignored call")
 	// errVerdictFleet is no call: the fleet's counts alone meet the trip
 	// condition (fleetTrip), and gobreaker is asked to trip.
 	errVerdictFleet = errors.New("bulwark: the fleet's counts trip the breaker")
@@ -468,6 +473,10 @@ const (
 	winFailures
 	winSlow
 	winOwn // failures that were this pod's own (fleet.go), shared with no one
+	// winTimeout counts failures that were bulwark's own timeouts: the
+	// others (the host's 5xx and 429, transport errors) trip a rate at
+	// once even while it is held (judged). Shared with no one.
+	winTimeout
 )
 
 // breakerStage is one host's circuit breaker: gobreaker's state machine
@@ -559,6 +568,7 @@ type breakerCore struct {
 	consec    int64 // attempts failed in a row, while closed (BreakerCounts)
 	unans     int64 // of those, the unanswered in a row (ConsecutiveFailures)
 	unansAt   int64 // unix ns of the first of them
+	unansErr  bool  // one of them was a transport error, not a timeout
 	maxConsec int64 // ConsecutiveFailures; ≤ 0: off
 	userTrip  func(BreakerCounts) bool
 	cbState   gobreaker.State
@@ -774,7 +784,11 @@ func (b *breakerStage) verdict(j judged, took time.Duration) error {
 	case OutcomeIgnored:
 		return errVerdictIgnored
 	case OutcomeFailure:
-		switch unanswered := j.k == kindTimeout || j.k == kindTransient || j.k == kindPermanent; {
+		switch unanswered := j.k == kindTransient || j.k == kindPermanent; {
+		case j.k == kindTimeout && slow:
+			return errVerdictSlowTimeout
+		case j.k == kindTimeout:
+			return errVerdictTimeout
 		case unanswered && slow:
 			return errVerdictSlowUnanswered
 		case unanswered:
@@ -835,8 +849,12 @@ func (b *breakerCore) record(verdict error, own bool, clk *breakerClock) {
 	if verdict != nil && verdict != errVerdictSlow {
 		c[winFailures] = 1
 	}
-	if verdict == errVerdictSlow || verdict == errVerdictSlowFailure || verdict == errVerdictSlowUnanswered {
+	if verdict == errVerdictSlow || verdict == errVerdictSlowFailure || verdict == errVerdictSlowUnanswered || verdict == errVerdictSlowTimeout {
 		c[winSlow] = 1
+	}
+	timedOut := verdict == errVerdictTimeout || verdict == errVerdictSlowTimeout
+	if timedOut {
+		c[winTimeout] = 1
 	}
 	if own {
 		c[winOwn] = 1
@@ -851,12 +869,14 @@ func (b *breakerCore) record(verdict error, own bool, clk *breakerClock) {
 	} else {
 		b.consec = 0
 	}
-	if verdict == errVerdictUnanswered || verdict == errVerdictSlowUnanswered {
+	switch transport := verdict == errVerdictUnanswered || verdict == errVerdictSlowUnanswered; {
+	case transport || timedOut:
 		if b.unans == 0 {
-			b.unansAt = clk.now()
+			b.unansAt, b.unansErr = clk.now(), false
 		}
 		b.unans++
-	} else {
+		b.unansErr = b.unansErr || transport
+	default:
 		b.unans = 0
 	}
 	if b.last != nil {
@@ -889,21 +909,29 @@ func (b *breakerCore) judge(clk *breakerClock) bool {
 		// The count window of a host no other pod reports on: the sums
 		// read in place, as this runs after every call.
 		t := b.last.Total()
-		return b.judged(t[winCalls], t[winFailures], t[winSlow], clk)
+		return b.judged(t[winCalls], t[winFailures], t[winSlow], t[winFailures]-t[winTimeout], clk)
 	case b.last != nil:
 		s = *b.last.Total()
 	default:
 		s = b.win.Sum(b.pos())
 	}
+	// Failures other than timeouts: this pod's own only, as the other pods
+	// share no such count, so their failures all wait for the hold.
+	answered := s[winFailures] - s[winTimeout]
 	if b.peers.Any() {
 		// The other pods' windows count as if they were this one's (fleet.go).
 		s = b.peers.Add(s, time.Unix(0, clk.now()))
 	}
-	return b.judged(s[winCalls], s[winFailures], s[winSlow], clk)
+	return b.judged(s[winCalls], s[winFailures], s[winSlow], answered, clk)
 }
 
-// judged is judge on the window's sums (the fleet's included).
-func (b *breakerCore) judged(calls, failures, slow int64, clk *breakerClock) bool {
+// judged is judge on the window's sums (the fleet's included); answered is
+// the failures that were not bulwark's own timeouts (the host's 5xx and
+// 429, transport errors). The hold, while SlowCall is learned, spares the
+// slow calls and timeouts a queue makes as a host's capacity drops; a
+// failure rate met without them trips at once. So does a run of
+// unanswered attempts with a transport error in it.
+func (b *breakerCore) judged(calls, failures, slow, answered int64, clk *breakerClock) bool {
 	due := b.dueOf(calls, failures, slow)
 	switch {
 	case !due:
@@ -912,9 +940,9 @@ func (b *breakerCore) judged(calls, failures, slow int64, clk *breakerClock) boo
 		b.dueAt = clk.now()
 	}
 	switch {
-	case due && (!b.settle || clk.now()-b.dueAt >= int64(b.hold())):
+	case due && (!b.settle || b.dueOf(calls, answered, 0) || clk.now()-b.dueAt >= int64(b.hold())):
 		return true
-	case b.maxConsec > 0 && b.unans >= b.maxConsec && clk.now()-b.unansAt >= int64(b.hold()):
+	case b.maxConsec > 0 && b.unans >= b.maxConsec && (b.unansErr || clk.now()-b.unansAt >= int64(b.hold())):
 		return true
 	case b.userTrip != nil:
 		return b.userTrip(BreakerCounts{Calls: calls, Failures: failures, Slow: slow, ConsecutiveFailures: b.consec})
@@ -968,7 +996,7 @@ func (b *breakerCore) onStateChange(_ string, from, to gobreaker.State) {
 	ev := breakerEvent{from: from, to: to, at: now, calls: s[winCalls], failures: s[winFailures], slow: s[winSlow]}
 	b.cbState = to
 	b.win.Reset()
-	b.consec, b.unans, b.dueAt, b.tripping = 0, 0, 0, false
+	b.consec, b.unans, b.unansErr, b.dueAt, b.tripping = 0, 0, false, 0, false
 	switch to {
 	case gobreaker.StateOpen:
 		b.peers.ResetExcept(answering) // kept: they make the next failures own
@@ -1237,7 +1265,7 @@ func (b *breakerCore) weighOutcome(v, err error) error {
 	if b.weigh.hasDeclined.Load() {
 		b.adoptDeclined(now)
 	}
-	if v == errVerdictUnanswered && b.ownFailure(err, now) {
+	if (v == errVerdictUnanswered || v == errVerdictTimeout) && b.ownFailure(err, now) {
 		return errVerdictOwnUnanswered
 	}
 	return v
