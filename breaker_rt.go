@@ -81,13 +81,17 @@ const maxWindowCalls = window.MaxCalls
 //   - Trips, judged after every counted attempt, a success too: when the
 //     window holds MinCalls [100] attempts or more and failures ÷
 //     attempts ≥ FailureRate [50 %] or slow ÷ attempts ≥ SlowCallRate
-//     [50 %]; while SlowCall is learned, only once that has held at every
-//     attempt for the hold (below). Or when the last ConsecutiveFailures
-//     [10] attempts went unanswered (timeouts, transport errors) over at
-//     least the hold. Or when ReadyToTrip says so. So a host that fails
-//     every attempt trips at its 100th from a cold start and at its 50th
-//     failure after a healthy past; one failing every other attempt, or
-//     three in a round robin of five, at its 100th (each plus the hold).
+//     [50 %]. While SlowCall is learned, a rate met only by counting
+//     bulwark's own timeouts or slow calls trips once it has held at
+//     every attempt for the hold (below): the burst a queue makes as a
+//     host's capacity drops; failures the host answered (5xx, 429) and
+//     transport errors trip at once. Or when the last ConsecutiveFailures
+//     [10] attempts went unanswered: at once if one was a transport error
+//     (refused, reset), and over at least the hold if all were timeouts.
+//     Or when ReadyToTrip says so. So a host that fails every attempt
+//     trips at its 100th from a cold start and at its 50th failure after
+//     a healthy past; one failing every other attempt, or three in a
+//     round robin of five, at its 100th; a dead host after 10 attempts.
 //   - The hold is the host's learned third-attempt timeout: 12 × its
 //     healthy p99.9, at least 200 ms, at most the attempt timeout's
 //     ceiling (Timeout.Attempt [10 s]); zero before anything is learned.
@@ -98,7 +102,8 @@ const maxWindowCalls = window.MaxCalls
 //     goes as a probe, once a request was refused since the last, keeping
 //     one of the HalfOpenCalls for the half-open round; one that succeeds
 //     ends the open time. Then, half-open, HalfOpenCalls probes go, at
-//     most that many at once.
+//     most that many at once. A caller calling less often than the open
+//     time sees probes, not refusals.
 //   - Closes when all of them succeed, none slow; one failed or slow probe
 //     opens it again.
 //
@@ -130,8 +135,8 @@ type Breaker struct {
 	// healthy answers is slow by the host's own measure, and stays below
 	// the learned timeout (3 × the p99.9), so a host that slows down trips
 	// the slow-call rate before its attempts time out. While SlowCall is
-	// learned, the rate rules trip only once they have held for the hold
-	// (see Breaker): bounds that tight make a queue of three service times
+	// learned, a rate met only with timeouts or slow calls trips once it
+	// has held for the hold (see Breaker): bounds that tight make a queue of three service times
 	// slow or timed out, and on a busy host the last 100 calls are a few
 	// tens of milliseconds, so the burst of slow calls a capacity drop
 	// queues before the adaptive limit comes down would otherwise open the
@@ -206,11 +211,12 @@ type Breaker struct {
 	// failed attempts are three or four calls with the default retries:
 	// more than the two failures a quiet host sees now and then (which
 	// the field warns must not trip it), fewer than gobreaker's default
-	// would need in calls, since it counts only the calls. Once the host
-	// has a learned latency (see SlowCall), the run must also last at
-	// least the hold (see Breaker: the third attempt's learned timeout,
-	// the first's doubled twice): a shorter run,
-	// between answers, is a batch of attempts that timed out together in
+	// would need in calls, since it counts only the calls. A run with a
+	// transport error in it trips at once: no queue makes those. A run of
+	// bulwark's own timeouts only, once the host has a learned latency
+	// (see SlowCall), must also last at least the hold (see Breaker: the
+	// third attempt's learned timeout, the first's doubled twice): a
+	// shorter one, between answers, is a batch of attempts that timed out together in
 	// the queue of a host serving at its capacity (the queue its own
 	// server still works through after bulwark gave up on them), which the
 	// adaptive bulkhead is for, not a dead or hung host.
