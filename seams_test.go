@@ -68,6 +68,7 @@ var seamRows = []struct {
 	{"fleet quota × Update, Validate", seamFleetRateUpdate},
 	{"breaker judge × learned hold × Update", seamBreakerHoldUpdate},
 	{"abandoned attempt × bulkhead", seamAbandonBulkhead},
+	{"caller's cancel × open body × bulkhead", seamCancelOpenBody},
 	{"abandoned attempt × retry", seamAbandonRetry},
 	{"abandoned attempt × hedge", seamAbandonHedge},
 	{"fleet × own network (dial refused, DNS)", seamFleetOwnNetwork},
@@ -1662,5 +1663,37 @@ func seamFleetWeighed(t *testing.T) {
 	}
 	if _, err := seamSend(t, b, "GET", "http://api.test/x"); !errors.Is(err, bulwark.ErrBreakerOpen) || okB.sent() != sent+1 {
 		t.Fatalf("pod B after its own failure: %v, %d sent; want A's trip adopted after one call", err, okB.sent()-sent)
+	}
+}
+
+// A caller that cancels its context after the headers and never closes
+// the body gives its bulkhead slot back on the cancel: with two slots and
+// no queue, three such calls in a row leave both free, and the next call
+// is sent; its body's Close later gives back nothing twice.
+func seamCancelOpenBody(t *testing.T) {
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) {
+		return seamAnswer(req, time.Millisecond, 200)
+	}}
+	tr := seamNew(t, bulwark.Config{Base: base, Default: bulwark.Policy{Bulkhead: bulwark.Bulkhead{MaxConcurrent: 2}}})
+	var open []*http.Response
+	for i := range 3 {
+		ctx, cancel := context.WithCancel(t.Context())
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://api.test/", nil)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("call %d after cancelled calls with open bodies: %v", i, err)
+		}
+		cancel()
+		synctest.Wait()
+		open = append(open, resp)
+	}
+	if b := seamHost(t, tr, "api.test:80").Bulkhead; b == nil || b.InFlight != 0 {
+		t.Fatalf("after three cancelled calls with open bodies: bulkhead %+v, want none in flight", b)
+	}
+	for _, resp := range open {
+		resp.Body.Close()
+	}
+	if b := seamHost(t, tr, "api.test:80").Bulkhead; b.InFlight != 0 {
+		t.Fatalf("after their bodies closed: %d in flight, want 0", b.InFlight)
 	}
 }
