@@ -107,3 +107,29 @@ func TestBreakerHoldsOnlyWhatAQueueMakes(t *testing.T) {
 		})
 	}
 }
+
+// TestBreakerSlowCallerSeesProbes holds what the contract says of a caller
+// that calls less often than the open time (1 s): a host failing in bursts
+// of 50 calls, called once every 3 s, trips the breaker, and each call
+// after a trip goes as a probe, so none is refused.
+func TestBreakerSlowCallerSeesProbes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &patternBase{fail: func(n int64) bool { return n/50%2 == 1 }}
+		base.sick.Store(true)
+		tr, err := bulwark.New(bulwark.Config{Base: base})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tr.Close()
+		n := refusedAt(t, tr, 600, 3*time.Second)
+		hs := tr.Snapshot().Host("sick.test:80")
+		if len(hs) != 1 || hs[0].Breaker == nil {
+			t.Fatalf("no breaker for sick.test: %+v", hs)
+		}
+		trips := hs[0].Breaker.TotalTrips
+		t.Logf("600 calls 3 s apart: %d trips, first refused at call %d (0: never)", trips, n)
+		if trips == 0 || n != 0 {
+			t.Errorf("%d trips, first refused at call %d; want trips and no refusal", trips, n)
+		}
+	})
+}
