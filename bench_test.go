@@ -359,3 +359,27 @@ func BenchmarkOpenRefusal(b *testing.B) {
 		run(b, tr)
 	})
 }
+
+// BenchmarkCallCancellable is the default stack's healthy call under a
+// caller's context that can be cancelled (a server's request, a
+// WithTimeout): what the body's watch on that context costs (body.watch),
+// with the context made once, as a server's request makes one for all its
+// calls. Compare with the same benchmark on a tree without the watch.
+func BenchmarkCallCancellable(b *testing.B) {
+	tr := mustNew(b, Config{Base: benchBase{}})
+	ctx, cancel := context.WithCancel(b.Context())
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://stub.internal/x", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+}

@@ -1,6 +1,7 @@
 package bulwark
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -30,6 +31,11 @@ type body struct {
 	done   atomic.Bool
 	n      int32
 	enders [maxEnders]bodyEnder
+	// stop unregisters watch's hook from the caller's context; nil when
+	// none is registered. Set before the caller has the body.
+	stop func() bool
+	// closed: rc is closed (Close, or the caller's context done).
+	closed atomic.Bool
 }
 
 func (b *body) Read(p []byte) (int, error) {
@@ -47,12 +53,51 @@ func (b *body) Read(p []byte) (int, error) {
 }
 
 func (b *body) Close() error {
-	err := b.rc.Close()
+	var err error
+	if b.closed.CompareAndSwap(false, true) {
+		err = b.rc.Close()
+	}
 	b.finish()
 	return err
 }
 
 func (b *body) finish() {
+	if b.stop != nil {
+		b.stop()
+	}
+	b.end()
+}
+
+// watch makes the body's work run when ctx, the caller's, is done too, if
+// that comes first: a caller that cancels its request and never closes the
+// body has left it as surely as one that closed it, and net/http's
+// Transport frees the connection then; the work (a bulkhead slot, an
+// instance's count in flight, the span) must not wait for a Close that
+// never comes. The host's body is closed first, as net/http's Transport
+// closes the connection on that cancel, so that a slot given back is not
+// still held by a base that ignores its context. Called once, by the
+// Transport, when every layer has added its work, before the caller has
+// the body. A context that is never done costs nothing; another costs
+// context.AfterFunc's registration (3 allocations).
+func (b *body) watch(ctx context.Context) {
+	if ctx.Done() == nil || b.done.Load() {
+		return
+	}
+	b.stop = context.AfterFunc(ctx, b.abandon)
+}
+
+// abandon closes the host's body and runs the work: the caller's context
+// is done.
+func (b *body) abandon() {
+	if !b.done.Load() && b.closed.CompareAndSwap(false, true) {
+		_ = b.rc.Close()
+	}
+	b.end()
+}
+
+// end runs the body's work once; it also ends a wrapper b wraps (the
+// work of more layers than one wrapper holds).
+func (b *body) end() {
 	if !b.done.CompareAndSwap(false, true) {
 		return
 	}
@@ -80,6 +125,17 @@ func (b *rwBody) Write(p []byte) (int, error) { return b.rc.(io.Writer).Write(p)
 // now. It must be called before resp is handed to an outer layer, and never
 // on a body whose reading has started.
 func onBodyEnd(resp *http.Response, e bodyEnder) *body { return onBodyEndIn(resp, e, nil) }
+
+// watchBody arranges for the work on resp's body, if it is bulwark's
+// wrapper, to run when ctx is done too (body.watch).
+func watchBody(ctx context.Context, resp *http.Response) {
+	switch rb := resp.Body.(type) {
+	case *body:
+		rb.watch(ctx)
+	case *rwBody:
+		rb.watch(ctx)
+	}
+}
 
 // onBodyEndIn is onBodyEnd with w, a zero wrapper the caller owns, to use
 // when the body needs one, rather than a new allocation; w may be nil. The

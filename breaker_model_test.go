@@ -39,6 +39,7 @@ type modelOp byte
 
 func (o modelOp) failed() bool     { return o == 'F' || o == 'R' || o == 'E' || o == 'T' }
 func (o modelOp) unanswered() bool { return o == 'E' || o == 'T' }
+func (o modelOp) answered() bool   { return o.failed() && o != 'T' } // any failure but a timeout
 func (o modelOp) slow() bool       { return o == 'L' }
 func (o modelOp) ignored() bool    { return o == '4' }
 func (o modelOp) ok() bool         { return o == 'S' }
@@ -65,9 +66,11 @@ type breakerModel struct {
 	// the run of unanswered attempts and when it began, since when the
 	// rate rules have been met.
 	fails, slows []bool
+	hard         []bool      // failed, and not by a timeout
 	at           []time.Time // with a time window, when each call was judged
 	run          int
 	runSince     time.Time
+	runErr       bool // the run has a transport error in it
 	dueSince     time.Time
 	// Open: until when, the spaced probes' spacing, when the next may go,
 	// whether a request was refused since the last, how many requests the
@@ -103,7 +106,7 @@ func (m *breakerModel) trip(now time.Time) {
 
 // forget empties what a closed breaker counts: every state change does.
 func (m *breakerModel) forget() {
-	m.fails, m.slows, m.at, m.run, m.dueSince, m.succeeded = nil, nil, nil, 0, time.Time{}, 0
+	m.fails, m.slows, m.hard, m.at, m.run, m.dueSince, m.succeeded = nil, nil, nil, nil, 0, time.Time{}, 0
 }
 
 // admits says whether a request at now is sent: closed, always; open, a
@@ -157,42 +160,55 @@ func (m *breakerModel) outcome(op modelOp, now time.Time, hold time.Duration) (a
 		return false
 	}
 	m.fails, m.slows, m.at = append(m.fails, op.failed()), append(m.slows, op.slow()), append(m.at, now)
+	m.hard = append(m.hard, op.answered())
 	if m.window == 0 && len(m.fails) > m.windowCalls {
-		m.fails, m.slows, m.at = m.fails[1:], m.slows[1:], m.at[1:]
+		m.fails, m.slows, m.hard, m.at = m.fails[1:], m.slows[1:], m.hard[1:], m.at[1:]
 	}
 	if !op.unanswered() {
 		m.run = 0
 	} else if m.run++; m.run == 1 {
-		m.runSince = now
+		m.runSince, m.runErr = now, false
 	}
-	runs := m.consecutive > 0 && m.run >= m.consecutive && now.Sub(m.runSince) >= hold
+	m.runErr = m.runErr || op == 'E'
+	runs := m.consecutive > 0 && m.run >= m.consecutive && (m.runErr || now.Sub(m.runSince) >= hold)
 	if m.window > 0 {
+		// The window holds the calls since some start between the last
+		// Window and its last 9/10: the rates over every such span (a
+		// rate over a middle span is not bounded by the two ends').
 		tenth := (m.window-1)/10 + 1
-		short, long := m.dueFrom(now.Add(-9*tenth)), m.dueFrom(now.Add(-m.window).Add(1))
+		longest, shortest := now.Add(-m.window).Add(1), now.Add(-9*tenth)
+		all, any := true, false
+		for _, from := range append([]time.Time{longest, shortest}, m.at...) {
+			if !from.Before(longest) && !from.After(shortest) {
+				due, _ := m.dueFrom(from)
+				all, any = all && due, any || due
+			}
+		}
 		switch {
-		case runs || short && long:
+		case runs || all:
 			m.trip(now)
-		case short != long:
+		case any:
 			return true
 		}
 		return false
 	}
-	due := m.dueFrom(time.Time{})
+	due, answered := m.dueFrom(time.Time{})
 	switch {
 	case !due:
 		m.dueSince = time.Time{}
 	case m.dueSince.IsZero():
 		m.dueSince = now
 	}
-	if due && (!m.learned || now.Sub(m.dueSince) >= hold) || runs {
+	if due && (!m.learned || answered || now.Sub(m.dueSince) >= hold) || runs {
 		m.trip(now)
 	}
 	return false
 }
 
-// dueFrom is the rate rules over the calls judged at from or later.
-func (m *breakerModel) dueFrom(from time.Time) bool {
-	var calls, fails, slows int
+// dueFrom is the rate rules over the calls judged at from or later, and
+// answered the failure rate met without counting timeouts.
+func (m *breakerModel) dueFrom(from time.Time) (due, answered bool) {
+	var calls, fails, slows, hard int
 	for i, at := range m.at {
 		if at.Before(from) {
 			continue
@@ -201,12 +217,16 @@ func (m *breakerModel) dueFrom(from time.Time) bool {
 		if m.fails[i] {
 			fails++
 		}
+		if m.hard[i] {
+			hard++
+		}
 		if m.slows[i] {
 			slows++
 		}
 	}
-	return calls > 0 && calls >= m.minCalls &&
-		(float64(fails)/float64(calls) >= m.failureRate || float64(slows)/float64(calls) >= m.slowRate)
+	enough := calls > 0 && calls >= m.minCalls
+	return enough && (float64(fails)/float64(calls) >= m.failureRate || float64(slows)/float64(calls) >= m.slowRate),
+		enough && float64(hard)/float64(calls) >= m.failureRate
 }
 
 // modelStep is one step of a history: a call (or a batch of concurrent

@@ -81,13 +81,17 @@ const maxWindowCalls = window.MaxCalls
 //   - Trips, judged after every counted attempt, a success too: when the
 //     window holds MinCalls [100] attempts or more and failures ÷
 //     attempts ≥ FailureRate [50 %] or slow ÷ attempts ≥ SlowCallRate
-//     [50 %]; while SlowCall is learned, only once that has held at every
-//     attempt for the hold (below). Or when the last ConsecutiveFailures
-//     [10] attempts went unanswered (timeouts, transport errors) over at
-//     least the hold. Or when ReadyToTrip says so. So a host that fails
-//     every attempt trips at its 100th from a cold start and at its 50th
-//     failure after a healthy past; one failing every other attempt, or
-//     three in a round robin of five, at its 100th (each plus the hold).
+//     [50 %]. While SlowCall is learned, a rate met only by counting
+//     bulwark's own timeouts or slow calls trips once it has held at
+//     every attempt for the hold (below): the burst a queue makes as a
+//     host's capacity drops; failures the host answered (5xx, 429) and
+//     transport errors trip at once. Or when the last ConsecutiveFailures
+//     [10] attempts went unanswered: at once if one was a transport error
+//     (refused, reset), and over at least the hold if all were timeouts.
+//     Or when ReadyToTrip says so. So a host that fails every attempt
+//     trips at its 100th from a cold start and at its 50th failure after
+//     a healthy past; one failing every other attempt, or three in a
+//     round robin of five, at its 100th; a dead host after 10 attempts.
 //   - The hold is the host's learned third-attempt timeout: 12 × its
 //     healthy p99.9, at least 200 ms, at most the attempt timeout's
 //     ceiling (Timeout.Attempt [10 s]); zero before anything is learned.
@@ -98,7 +102,8 @@ const maxWindowCalls = window.MaxCalls
 //     goes as a probe, once a request was refused since the last, keeping
 //     one of the HalfOpenCalls for the half-open round; one that succeeds
 //     ends the open time. Then, half-open, HalfOpenCalls probes go, at
-//     most that many at once.
+//     most that many at once. A caller calling less often than the open
+//     time sees probes, not refusals.
 //   - Closes when all of them succeed, none slow; one failed or slow probe
 //     opens it again.
 //
@@ -130,8 +135,8 @@ type Breaker struct {
 	// healthy answers is slow by the host's own measure, and stays below
 	// the learned timeout (3 × the p99.9), so a host that slows down trips
 	// the slow-call rate before its attempts time out. While SlowCall is
-	// learned, the rate rules trip only once they have held for the hold
-	// (see Breaker): bounds that tight make a queue of three service times
+	// learned, a rate met only with timeouts or slow calls trips once it
+	// has held for the hold (see Breaker): bounds that tight make a queue of three service times
 	// slow or timed out, and on a busy host the last 100 calls are a few
 	// tens of milliseconds, so the burst of slow calls a capacity drop
 	// queues before the adaptive limit comes down would otherwise open the
@@ -206,11 +211,12 @@ type Breaker struct {
 	// failed attempts are three or four calls with the default retries:
 	// more than the two failures a quiet host sees now and then (which
 	// the field warns must not trip it), fewer than gobreaker's default
-	// would need in calls, since it counts only the calls. Once the host
-	// has a learned latency (see SlowCall), the run must also last at
-	// least the hold (see Breaker: the third attempt's learned timeout,
-	// the first's doubled twice): a shorter run,
-	// between answers, is a batch of attempts that timed out together in
+	// would need in calls, since it counts only the calls. A run with a
+	// transport error in it trips at once: no queue makes those. A run of
+	// bulwark's own timeouts only, once the host has a learned latency
+	// (see SlowCall), must also last at least the hold (see Breaker: the
+	// third attempt's learned timeout, the first's doubled twice): a
+	// shorter one, between answers, is a batch of attempts that timed out together in
 	// the queue of a host serving at its capacity (the queue its own
 	// server still works through after bulwark gave up on them), which the
 	// adaptive bulkhead is for, not a dead or hung host.
@@ -456,7 +462,12 @@ var (
 	// transport error): the only kind ConsecutiveFailures counts in a row.
 	errVerdictUnanswered     = errors.New("bulwark: unanswered call")
 	errVerdictSlowUnanswered = errors.New("bulwark: slow unanswered call")
-	errVerdictIgnored        = errors.New("bulwark: ignored call")
+	// An unanswered failure that is bulwark's own timeout (kindTimeout),
+	// where the two above are transport errors (refused, reset): a batch of
+	// timeouts may be a queue's artefact, a transport error is not.
+	errVerdictTimeout     = errors.New("bulwark: timed out call")
+	errVerdictSlowTimeout = errors.New("bulwark: slow timed out call")
+	errVerdictIgnored     = errors.New("bulwark: ignored call")
 	// errVerdictFleet is no call: the fleet's counts alone meet the trip
 	// condition (fleetTrip), and gobreaker is asked to trip.
 	errVerdictFleet = errors.New("bulwark: the fleet's counts trip the breaker")
@@ -468,6 +479,10 @@ const (
 	winFailures
 	winSlow
 	winOwn // failures that were this pod's own (fleet.go), shared with no one
+	// winTimeout counts failures that were bulwark's own timeouts: the
+	// others (the host's 5xx and 429, transport errors) trip a rate at
+	// once even while it is held (judged). Shared with no one.
+	winTimeout
 )
 
 // breakerStage is one host's circuit breaker: gobreaker's state machine
@@ -559,6 +574,7 @@ type breakerCore struct {
 	consec    int64 // attempts failed in a row, while closed (BreakerCounts)
 	unans     int64 // of those, the unanswered in a row (ConsecutiveFailures)
 	unansAt   int64 // unix ns of the first of them
+	unansErr  bool  // one of them was a transport error, not a timeout
 	maxConsec int64 // ConsecutiveFailures; ≤ 0: off
 	userTrip  func(BreakerCounts) bool
 	cbState   gobreaker.State
@@ -774,7 +790,11 @@ func (b *breakerStage) verdict(j judged, took time.Duration) error {
 	case OutcomeIgnored:
 		return errVerdictIgnored
 	case OutcomeFailure:
-		switch unanswered := j.k == kindTimeout || j.k == kindTransient || j.k == kindPermanent; {
+		switch unanswered := j.k == kindTransient || j.k == kindPermanent; {
+		case j.k == kindTimeout && slow:
+			return errVerdictSlowTimeout
+		case j.k == kindTimeout:
+			return errVerdictTimeout
 		case unanswered && slow:
 			return errVerdictSlowUnanswered
 		case unanswered:
@@ -835,8 +855,12 @@ func (b *breakerCore) record(verdict error, own bool, clk *breakerClock) {
 	if verdict != nil && verdict != errVerdictSlow {
 		c[winFailures] = 1
 	}
-	if verdict == errVerdictSlow || verdict == errVerdictSlowFailure || verdict == errVerdictSlowUnanswered {
+	if verdict == errVerdictSlow || verdict == errVerdictSlowFailure || verdict == errVerdictSlowUnanswered || verdict == errVerdictSlowTimeout {
 		c[winSlow] = 1
+	}
+	timedOut := verdict == errVerdictTimeout || verdict == errVerdictSlowTimeout
+	if timedOut {
+		c[winTimeout] = 1
 	}
 	if own {
 		c[winOwn] = 1
@@ -851,12 +875,14 @@ func (b *breakerCore) record(verdict error, own bool, clk *breakerClock) {
 	} else {
 		b.consec = 0
 	}
-	if verdict == errVerdictUnanswered || verdict == errVerdictSlowUnanswered {
+	switch transport := verdict == errVerdictUnanswered || verdict == errVerdictSlowUnanswered; {
+	case transport || timedOut:
 		if b.unans == 0 {
-			b.unansAt = clk.now()
+			b.unansAt, b.unansErr = clk.now(), false
 		}
 		b.unans++
-	} else {
+		b.unansErr = b.unansErr || transport
+	default:
 		b.unans = 0
 	}
 	if b.last != nil {
@@ -889,21 +915,29 @@ func (b *breakerCore) judge(clk *breakerClock) bool {
 		// The count window of a host no other pod reports on: the sums
 		// read in place, as this runs after every call.
 		t := b.last.Total()
-		return b.judged(t[winCalls], t[winFailures], t[winSlow], clk)
+		return b.judged(t[winCalls], t[winFailures], t[winSlow], t[winFailures]-t[winTimeout], clk)
 	case b.last != nil:
 		s = *b.last.Total()
 	default:
 		s = b.win.Sum(b.pos())
 	}
+	// Failures other than timeouts: this pod's own only, as the other pods
+	// share no such count, so their failures all wait for the hold.
+	answered := s[winFailures] - s[winTimeout]
 	if b.peers.Any() {
 		// The other pods' windows count as if they were this one's (fleet.go).
 		s = b.peers.Add(s, time.Unix(0, clk.now()))
 	}
-	return b.judged(s[winCalls], s[winFailures], s[winSlow], clk)
+	return b.judged(s[winCalls], s[winFailures], s[winSlow], answered, clk)
 }
 
-// judged is judge on the window's sums (the fleet's included).
-func (b *breakerCore) judged(calls, failures, slow int64, clk *breakerClock) bool {
+// judged is judge on the window's sums (the fleet's included); answered is
+// the failures that were not bulwark's own timeouts (the host's 5xx and
+// 429, transport errors). The hold, while SlowCall is learned, spares the
+// slow calls and timeouts a queue makes as a host's capacity drops; a
+// failure rate met without them trips at once. So does a run of
+// unanswered attempts with a transport error in it.
+func (b *breakerCore) judged(calls, failures, slow, answered int64, clk *breakerClock) bool {
 	due := b.dueOf(calls, failures, slow)
 	switch {
 	case !due:
@@ -912,9 +946,9 @@ func (b *breakerCore) judged(calls, failures, slow int64, clk *breakerClock) boo
 		b.dueAt = clk.now()
 	}
 	switch {
-	case due && (!b.settle || clk.now()-b.dueAt >= int64(b.hold())):
+	case due && (!b.settle || b.dueOf(calls, answered, 0) || clk.now()-b.dueAt >= int64(b.hold())):
 		return true
-	case b.maxConsec > 0 && b.unans >= b.maxConsec && clk.now()-b.unansAt >= int64(b.hold()):
+	case b.maxConsec > 0 && b.unans >= b.maxConsec && (b.unansErr || clk.now()-b.unansAt >= int64(b.hold())):
 		return true
 	case b.userTrip != nil:
 		return b.userTrip(BreakerCounts{Calls: calls, Failures: failures, Slow: slow, ConsecutiveFailures: b.consec})
@@ -968,7 +1002,7 @@ func (b *breakerCore) onStateChange(_ string, from, to gobreaker.State) {
 	ev := breakerEvent{from: from, to: to, at: now, calls: s[winCalls], failures: s[winFailures], slow: s[winSlow]}
 	b.cbState = to
 	b.win.Reset()
-	b.consec, b.unans, b.dueAt, b.tripping = 0, 0, 0, false
+	b.consec, b.unans, b.unansErr, b.dueAt, b.tripping = 0, 0, false, 0, false
 	switch to {
 	case gobreaker.StateOpen:
 		b.peers.ResetExcept(answering) // kept: they make the next failures own
@@ -1237,7 +1271,7 @@ func (b *breakerCore) weighOutcome(v, err error) error {
 	if b.weigh.hasDeclined.Load() {
 		b.adoptDeclined(now)
 	}
-	if v == errVerdictUnanswered && b.ownFailure(err, now) {
+	if (v == errVerdictUnanswered || v == errVerdictTimeout) && b.ownFailure(err, now) {
 		return errVerdictOwnUnanswered
 	}
 	return v

@@ -742,9 +742,9 @@ func TestLearnedBreakerSettles(t *testing.T) {
 // breaker of a learned host never tripped at all (100 of 100 calls in its
 // window failed, 2,000 calls in a row). Now it is refused after 92 failed
 // calls from a cold start (the window's 100 attempts: the retry throttle
-// lets only the first four calls retry) and after 71 following 300
-// healthy ones (the 50th failed attempt, then the hold of 200 ms); every
-// run gives these (synctest).
+// lets only the first four calls retry) and after 42 following 300
+// healthy ones (the 50th failed attempt: 503s are the host's answers, which
+// trip at once, held for no hold); every run gives these (synctest).
 func TestLearnedBreakerTripsOnErrors(t *testing.T) {
 	for _, warm := range []int{0, 300} {
 		t.Run("warm"+strconv.Itoa(warm), func(t *testing.T) {

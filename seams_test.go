@@ -68,6 +68,7 @@ var seamRows = []struct {
 	{"fleet quota × Update, Validate", seamFleetRateUpdate},
 	{"breaker judge × learned hold × Update", seamBreakerHoldUpdate},
 	{"abandoned attempt × bulkhead", seamAbandonBulkhead},
+	{"caller's cancel × open body × bulkhead", seamCancelOpenBody},
 	{"abandoned attempt × retry", seamAbandonRetry},
 	{"abandoned attempt × hedge", seamAbandonHedge},
 	{"fleet × own network (dial refused, DNS)", seamFleetOwnNetwork},
@@ -1366,11 +1367,13 @@ func seamFleetRateUpdate(t *testing.T) {
 
 // A breaker whose slow-call threshold is learned trips on a rate only once
 // it has held for the hold, the learned third-attempt timeout capped at
-// the attempt timeout's ceiling; the rate is judged after every call, the
+// the attempt timeout's ceiling, when it needs bulwark's own timeouts (or
+// slow calls) to be met; the rate is judged after every call, the
 // successes too. A host answering in 1 s has a learned hold of 12 s,
-// capped at 10 s: failing every other call (at once; its successes still
-// take 1 s), it is refused within a call of 10 s after its window first
-// held half failures. An Update that sets Timeout.Attempt to 4 s while the
+// capped at 10 s: hanging on every other call (each times out at the
+// learned attempt timeout, 3 s; its successes still take 1 s), it is
+// refused within a call (3 s) of 10 s after its window first held half
+// failures. An Update that sets Timeout.Attempt to 4 s while the
 // rate holds caps the hold at 4 s and keeps the time it has held: refused
 // within a call of 4 s after the breach began, not 4 s after the Update.
 func seamBreakerHoldUpdate(t *testing.T) {
@@ -1378,7 +1381,7 @@ func seamBreakerHoldUpdate(t *testing.T) {
 		var sick atomic.Bool
 		base := &seamBase{answer: func(n int, req *http.Request) (*http.Response, error) {
 			if sick.Load() && n%2 == 0 {
-				return seamAnswer(req, 0, 503)
+				return seamAnswer(req, time.Minute, 200) // times out: a hung call
 			}
 			return seamAnswer(req, time.Second, 200)
 		}}
@@ -1399,8 +1402,8 @@ func seamBreakerHoldUpdate(t *testing.T) {
 				}
 				held := time.Since(dueAt)
 				t.Logf("update %v: refused %v after the rate was first met", update, held)
-				if held < want || held > want+1100*time.Millisecond {
-					t.Errorf("update %v: refused %v after the rate was first met, want %v to %v", update, held, want, want+1100*time.Millisecond)
+				if held < want || held > want+3100*time.Millisecond {
+					t.Errorf("update %v: refused %v after the rate was first met, want %v to %v", update, held, want, want+3100*time.Millisecond)
 				}
 				break
 			}
@@ -1660,5 +1663,37 @@ func seamFleetWeighed(t *testing.T) {
 	}
 	if _, err := seamSend(t, b, "GET", "http://api.test/x"); !errors.Is(err, bulwark.ErrBreakerOpen) || okB.sent() != sent+1 {
 		t.Fatalf("pod B after its own failure: %v, %d sent; want A's trip adopted after one call", err, okB.sent()-sent)
+	}
+}
+
+// A caller that cancels its context after the headers and never closes
+// the body gives its bulkhead slot back on the cancel: with two slots and
+// no queue, three such calls in a row leave both free, and the next call
+// is sent; its body's Close later gives back nothing twice.
+func seamCancelOpenBody(t *testing.T) {
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) {
+		return seamAnswer(req, time.Millisecond, 200)
+	}}
+	tr := seamNew(t, bulwark.Config{Base: base, Default: bulwark.Policy{Bulkhead: bulwark.Bulkhead{MaxConcurrent: 2}}})
+	var open []*http.Response
+	for i := range 3 {
+		ctx, cancel := context.WithCancel(t.Context())
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://api.test/", nil)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("call %d after cancelled calls with open bodies: %v", i, err)
+		}
+		cancel()
+		synctest.Wait()
+		open = append(open, resp)
+	}
+	if b := seamHost(t, tr, "api.test:80").Bulkhead; b == nil || b.InFlight != 0 {
+		t.Fatalf("after three cancelled calls with open bodies: bulkhead %+v, want none in flight", b)
+	}
+	for _, resp := range open {
+		resp.Body.Close()
+	}
+	if b := seamHost(t, tr, "api.test:80").Bulkhead; b.InFlight != 0 {
+		t.Fatalf("after their bodies closed: %d in flight, want 0", b.InFlight)
 	}
 }

@@ -516,6 +516,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil || resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
 		noteFailure(req.Context(), resp, err)
 	}
+	if err == nil {
+		watchBody(req.Context(), resp)
+	}
 	return resp, err
 }
 

@@ -12,9 +12,9 @@ import (
 )
 
 // Kinds is how many counters a window keeps per bucket.
-const Kinds = 4
+const Kinds = 5
 
-// maxBuckets bounds the memory of one window (a bucket is 40 bytes).
+// maxBuckets bounds the memory of one window (a bucket is 48 bytes).
 const maxBuckets = 1024
 
 // Counts holds one value per counter kind; what each index means is the
