@@ -1375,9 +1375,14 @@ func (b *breakerCore) adopt(u FleetUpdate, now time.Time) bool {
 	if b.adopted.until != 0 || b.probes.gate.Load() {
 		from = CircuitOpen
 	}
+	running := b.adopted.until != 0
 	b.adopted = adoptedHold{until: un, from: u.From, gen: u.Generation}
 	b.weigh.run, b.weigh.runOKs = run+1, oks
-	b.weigh.probes.trip(until.Sub(now), now)
+	if running {
+		b.weigh.probes.extend(until.Sub(now), now) // the spacing runs on
+	} else {
+		b.weigh.probes.trip(until.Sub(now), now)
+	}
 	b.adoptMu.Unlock()
 	time.AfterFunc(until.Sub(now), func() {
 		b.holdUntil.CompareAndSwap(un, 0)

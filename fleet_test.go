@@ -527,3 +527,59 @@ func TestFleetClosedPending(t *testing.T) {
 		}
 	})
 }
+
+// TestFleetChainFreshPod: a chain of trips from one pod, arriving faster
+// than the probe spacing, refuses a pod that has not called the host yet
+// (so nothing of its own contradicts the first) for one spacing and a
+// refusal at most: a hold adopted while one runs does not put off the
+// probe, whose success then declines the rest of the chain.
+func TestFleetChainFreshPod(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hub := &memHub{}
+		b := newPod(t, &memFleet{hub: hub}, &statusBase{codes: []int{200}})
+		synctest.Wait()
+		hub.mu.Lock()
+		sink := hub.sinks[0].s
+		hub.mu.Unlock()
+		const hold, every, step = time.Second, 30 * time.Millisecond, 10 * time.Millisecond
+		stop := make(chan struct{})
+		go func() {
+			for i := range 200 {
+				sink.Apply(FleetUpdate{Kind: FleetBreakerOpen, Host: "api.test:80", From: "sick", Generation: uint64(i + 1), Until: time.Now().Add(hold)})
+				select {
+				case <-stop:
+					return
+				case <-time.After(every):
+				}
+			}
+		}()
+		time.Sleep(step)
+		// The first hold's spacing: its time (with the grace) ÷ HalfOpenCalls.
+		spacing := (hold + hold/4) / DefaultHalfOpenCalls
+		var refusedSince time.Time
+		var longest time.Duration
+		ok := 0
+		for range 300 { // 3 s of calls, one every 10 ms
+			if code, err := sendOnce(t, b, "GET", "http://api.test/"); err == nil && code == 200 {
+				ok++
+				if !refusedSince.IsZero() {
+					longest = max(longest, time.Since(refusedSince))
+				}
+				refusedSince = time.Time{}
+			} else if refusedSince.IsZero() {
+				refusedSince = time.Now()
+			}
+			time.Sleep(step)
+		}
+		close(stop)
+		if !refusedSince.IsZero() {
+			longest = max(longest, time.Since(refusedSince))
+		}
+		if longest > spacing+2*step {
+			t.Errorf("refused for %v in a row under a chain of trips every %v, want one spacing (%v) at most; %d of 300 calls answered", longest, every, spacing, ok)
+		}
+		if ok < 280 {
+			t.Errorf("%d of 300 calls answered under the chain, want the probe's success to decline the rest", ok)
+		}
+	})
+}
