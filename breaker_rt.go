@@ -1175,10 +1175,6 @@ func (b *breakerCore) applyFleet(u FleetUpdate, now time.Time) bool {
 	return false
 }
 
-// fleetFresh is how long a success of this pod's own contradicts another
-// pod's trip (while no failure came after it): as long as counts count.
-const fleetFresh = fleetCountsFor
-
 // fleetAnswerEvery spaces the counts a pod shares in answer to another
 // pod's failures or trip (answer): the news that the host answers it.
 const fleetAnswerEvery = time.Second

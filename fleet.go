@@ -241,6 +241,11 @@ const (
 // fleet, short enough that an old burst does not trip a breaker later.
 const fleetCountsFor = 10 * time.Second
 
+// fleetFresh is how long a success of this pod's own contradicts another
+// pod's trip or pause (while no failure came after it): as long as counts
+// count.
+const fleetFresh = fleetCountsFor
+
 // maxFleetPeers bounds the pods whose counts a breaker keeps.
 const maxFleetPeers = peers.Max
 
