@@ -598,10 +598,14 @@ func TestFleetPushbackWeighed(t *testing.T) {
 			sick := &statusBase{codes: []int{503}, header: http.Header{"Retry-After": {"1"}}}
 			a, b := newPod(t, &memFleet{hub: hub}, sick), newPod(t, &memFleet{hub: hub}, &statusBase{codes: []int{200}})
 			synctest.Wait()
+			// B is calling already when A's proxy breaks (a pod with no
+			// answer yet is chain bounded's case).
+			_, _ = sendOnce(t, b, "GET", "http://api.test/")
 			ok := 0
 			for i := range 400 { // 20 s, B every 50 ms, A every 100 ms
 				if i%2 == 0 {
 					_, _ = sendOnce(t, a, "GET", "http://api.test/")
+					synctest.Wait() // its pause delivered
 				}
 				if code, err := sendOnce(t, b, "GET", "http://api.test/"); err == nil && code == 200 {
 					ok++
