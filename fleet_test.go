@@ -596,12 +596,19 @@ func TestFleetPushbackWeighed(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			hub := &memHub{}
 			sick := &statusBase{codes: []int{503}, header: http.Header{"Retry-After": {"1"}}}
-			a, b := newPod(t, &memFleet{hub: hub}, sick), newPod(t, &memFleet{hub: hub}, &statusBase{codes: []int{200}})
+			// The pushback layer alone: what is weighed here is the pause.
+			pod := func(base http.RoundTripper) *Transport {
+				tr := mustNew(t, Config{Base: base, Default: only(Policy{}, "pushback"), Fleet: &memFleet{hub: hub}})
+				t.Cleanup(func() { _ = tr.Close() })
+				return tr
+			}
+			a, b := pod(sick), pod(&statusBase{codes: []int{200}})
 			synctest.Wait()
 			// B is calling already when A's proxy breaks (a pod with no
 			// answer yet is chain bounded's case).
 			_, _ = sendOnce(t, b, "GET", "http://api.test/")
 			ok := 0
+			var lastErr error
 			for i := range 400 { // 20 s, B every 50 ms, A every 100 ms
 				if i%2 == 0 {
 					_, _ = sendOnce(t, a, "GET", "http://api.test/")
@@ -609,6 +616,8 @@ func TestFleetPushbackWeighed(t *testing.T) {
 				}
 				if code, err := sendOnce(t, b, "GET", "http://api.test/"); err == nil && code == 200 {
 					ok++
+				} else if lastErr == nil {
+					lastErr = err
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
@@ -616,7 +625,7 @@ func TestFleetPushbackWeighed(t *testing.T) {
 				t.Fatalf("the sick pod sent %d, want a pause renewed each second", sick.sent())
 			}
 			if ok < 396 {
-				t.Errorf("healthy pod answered %d of 400 while a sick pod's proxy renewed its 503 pause, want ≥ 99 %%", ok)
+				t.Errorf("healthy pod answered %d of 400 while a sick pod's proxy renewed its 503 pause, want ≥ 99 %% (first refusal: %v)", ok, lastErr)
 			}
 		})
 	})
