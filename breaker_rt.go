@@ -1209,10 +1209,6 @@ func (b *breakerCore) applyFleet(u FleetUpdate, now time.Time) bool {
 	return false
 }
 
-// fleetFresh is how long a success of this pod's own contradicts another
-// pod's trip (while no failure came after it): as long as counts count.
-const fleetFresh = fleetCountsFor
-
 // fleetAnswerEvery spaces the counts a pod shares in answer to another
 // pod's failures or trip (answer): the news that the host answers it.
 const fleetAnswerEvery = time.Second
@@ -1409,9 +1405,14 @@ func (b *breakerCore) adopt(u FleetUpdate, now time.Time) bool {
 	if b.adopted.until != 0 || b.probes.gate.Load() {
 		from = CircuitOpen
 	}
+	running := b.adopted.until != 0
 	b.adopted = adoptedHold{until: un, from: u.From, gen: u.Generation}
 	b.weigh.run, b.weigh.runOKs = run+1, oks
-	b.weigh.probes.trip(until.Sub(now), now)
+	if running {
+		b.weigh.probes.extend(until.Sub(now), now) // the spacing runs on
+	} else {
+		b.weigh.probes.trip(until.Sub(now), now)
+	}
 	b.adoptMu.Unlock()
 	time.AfterFunc(until.Sub(now), func() {
 		b.holdUntil.CompareAndSwap(un, 0)

@@ -56,6 +56,25 @@ func (p *breakerProbes) trip(d time.Duration, now time.Time) {
 	p.gate.Store(true)
 }
 
+// extend carries an open period on into a hold of d from now that was
+// adopted while one runs (a chain of trips from another pod): the ration
+// is refilled and the spacing set for the new hold, but the next probe's
+// time stands, so that holds arriving faster than the spacing cannot put
+// the probe off (the spacing runs from the first adoption of the run).
+// Without an open period it is trip.
+func (p *breakerProbes) extend(d time.Duration, now time.Time) {
+	if !p.gate.Load() {
+		p.trip(d, now)
+		return
+	}
+	sp := int64(d) / int64(p.calls)
+	p.spacing.Store(sp)
+	if next := p.next.Load(); next > now.UnixNano()+sp {
+		p.next.CompareAndSwap(next, now.UnixNano()+sp)
+	}
+	p.left.Store(p.calls)
+}
+
 // closed ends the ration: the breaker closed.
 func (p *breakerProbes) closed() { p.gate.Store(false) }
 

@@ -18,8 +18,9 @@ import (
 // Fleet shares per-host state between the processes (pods) that call the
 // same upstreams, so that they act as one: when one pod's breaker trips,
 // the others stop calling the host too, and one pod's Retry-After pauses
-// the whole fleet. Set it as Config.Fleet; bulwark's redisfleet module
-// implements it over Redis. The core never imports a store's client.
+// the others, unless an answer of their own says otherwise (contract 4).
+// Set it as Config.Fleet; bulwark's redisfleet module implements it over
+// Redis. The core never imports a store's client.
 //
 // Nothing on the request path waits on a Fleet. What a pod learns (a trip,
 // a pause) is handed to a bounded queue without blocking, and one
@@ -87,16 +88,33 @@ import (
 //     tripping pod's generation. It is probed as a local trip is, one
 //     probe a spacing (the hold ÷ HalfOpenCalls, once a request was
 //     refused since the last), at most HalfOpenCalls − 1 a hold, and a
-//     probe that succeeds ends it. It also ends when the tripping pod
+//     probe that succeeds ends it. A hold adopted while one runs (a chain
+//     of trips) refills that ration but does not move the next probe's
+//     time: the spacing runs from the first hold of the chain. It also ends when the tripping pod
 //     publishes that it closed again (FleetBreakerClosed: its half-open
 //     round succeeded; a pod whose hold is another pod's, a later and
 //     longer one, or its own trip's keeps it), and when another pod than
 //     the tripping one publishes counts showing the host answering. Then
 //     the pod's own breaker decides, as at the end of the hold's time.
+//  4. A pause is weighed as a trip is. Another pod's 429/503 pause is
+//     declined by a pod whose own latest answer from the host, within
+//     fleetFresh, was neither 429 nor 503 (nor, for a Shedder's pause of
+//     a priority, to a more important request), kept, and adopted at the
+//     pod's own next 429 or 503 while it runs; such an answer also ends a
+//     pause adopted. A pod without that evidence adopts the pause, capped
+//     at MaxRetryAfter from the first of a run adopted back to back, and
+//     once the run ends adopts none before its own next answer: a chain of
+//     pauses from one pod holds another for MaxRetryAfter at most between
+//     two of its own attempts, as one Retry-After of its own would.
 //
-// So a fleet verdict is never easier to reach than a local one (a pod's
-// own failures do not count toward it, and a pod with evidence of its own
-// is not bound by it) nor harder to end (no longer, and probed as often).
+// The rule, for trips and pauses alike: another pod's verdict binds a pod
+// only while no recent answer of its own from the host contradicts it,
+// and never longer, or with fewer ways out, than the same verdict reached
+// from its own answers. So a fleet verdict is never easier to reach than
+// a local one (a pod's own failures do not count toward it, and a pod
+// with evidence of its own is not bound by it) nor harder to end (no
+// longer, and probed as often; a pause, which is never probed locally,
+// bounded by MaxRetryAfter between two of the pod's own attempts).
 // A chain of holds from one sick pod, however long, refuses a pod that can
 // reach the host for one spacing at most (100 ms with the package
 // defaults) before its probe succeeds, and from then on its successes
@@ -240,6 +258,11 @@ const (
 // others' decisions: long enough to span a burst of failures across the
 // fleet, short enough that an old burst does not trip a breaker later.
 const fleetCountsFor = 10 * time.Second
+
+// fleetFresh is how long a success of this pod's own contradicts another
+// pod's trip or pause (while no failure came after it): as long as counts
+// count.
+const fleetFresh = fleetCountsFor
 
 // maxFleetPeers bounds the pods whose counts a breaker keeps.
 const maxFleetPeers = peers.Max

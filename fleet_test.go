@@ -527,3 +527,187 @@ func TestFleetClosedPending(t *testing.T) {
 		}
 	})
 }
+
+// TestFleetChainFreshPod: a chain of trips from one pod, arriving faster
+// than the probe spacing, refuses a pod that has not called the host yet
+// (so nothing of its own contradicts the first) for one spacing and a
+// refusal at most: a hold adopted while one runs does not put off the
+// probe, whose success then declines the rest of the chain.
+func TestFleetChainFreshPod(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hub := &memHub{}
+		b := newPod(t, &memFleet{hub: hub}, &statusBase{codes: []int{200}})
+		synctest.Wait()
+		hub.mu.Lock()
+		sink := hub.sinks[0].s
+		hub.mu.Unlock()
+		const hold, every, step = time.Second, 30 * time.Millisecond, 10 * time.Millisecond
+		stop := make(chan struct{})
+		go func() {
+			for i := range 200 {
+				sink.Apply(FleetUpdate{Kind: FleetBreakerOpen, Host: "api.test:80", From: "sick", Generation: uint64(i + 1), Until: time.Now().Add(hold)})
+				select {
+				case <-stop:
+					return
+				case <-time.After(every):
+				}
+			}
+		}()
+		time.Sleep(step)
+		// The first hold's spacing: its time (with the grace) ÷ HalfOpenCalls.
+		spacing := (hold + hold/4) / DefaultHalfOpenCalls
+		var refusedSince time.Time
+		var longest time.Duration
+		ok := 0
+		for range 300 { // 3 s of calls, one every 10 ms
+			if code, err := sendOnce(t, b, "GET", "http://api.test/"); err == nil && code == 200 {
+				ok++
+				if !refusedSince.IsZero() {
+					longest = max(longest, time.Since(refusedSince))
+				}
+				refusedSince = time.Time{}
+			} else if refusedSince.IsZero() {
+				refusedSince = time.Now()
+			}
+			time.Sleep(step)
+		}
+		close(stop)
+		if !refusedSince.IsZero() {
+			longest = max(longest, time.Since(refusedSince))
+		}
+		if longest > spacing+2*step {
+			t.Errorf("refused for %v in a row under a chain of trips every %v, want one spacing (%v) at most; %d of 300 calls answered", longest, every, spacing, ok)
+		}
+		if ok < 280 {
+			t.Errorf("%d of 300 calls answered under the chain, want the probe's success to decline the rest", ok)
+		}
+	})
+}
+
+// TestFleetPushbackWeighed: another pod's pause is weighed as its trip is.
+// A pod whose local proxy answers 503 with a Retry-After, renewing its
+// pause each time it ends, does not pause a pod the host answers; a
+// liar's pause dated a day ahead does not either; a 503 of the pod's own
+// adopts the pause it declined; and a pod with no answer of its own is
+// held by a chain of such pauses for MaxRetryAfter at most before it
+// sends again, and then declines the rest.
+func TestFleetPushbackWeighed(t *testing.T) {
+	t.Run("sick proxy", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			hub := &memHub{}
+			sick := &statusBase{codes: []int{503}, header: http.Header{"Retry-After": {"1"}}}
+			// The pushback layer alone: what is weighed here is the pause.
+			pod := func(base http.RoundTripper) *Transport {
+				tr := mustNew(t, Config{Base: base, Default: only(Policy{}, "pushback"), Fleet: &memFleet{hub: hub}})
+				t.Cleanup(func() { _ = tr.Close() })
+				return tr
+			}
+			a, b := pod(sick), pod(&statusBase{codes: []int{200}})
+			synctest.Wait()
+			// B is calling already when A's proxy breaks (a pod with no
+			// answer yet is chain bounded's case).
+			_, _ = sendOnce(t, b, "GET", "http://api.test/")
+			ok := 0
+			var lastErr error
+			for i := range 400 { // 20 s, B every 50 ms, A every 100 ms
+				if i%2 == 0 {
+					_, _ = sendOnce(t, a, "GET", "http://api.test/")
+					synctest.Wait() // its pause delivered
+				}
+				if code, err := sendOnce(t, b, "GET", "http://api.test/"); err == nil && code == 200 {
+					ok++
+				} else if lastErr == nil {
+					lastErr = err
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if sick.sent() < 15 {
+				t.Fatalf("the sick pod sent %d, want a pause renewed each second", sick.sent())
+			}
+			if ok < 396 {
+				t.Errorf("healthy pod answered %d of 400 while a sick pod's proxy renewed its 503 pause, want ≥ 99 %% (first refusal: %v)", ok, lastErr)
+			}
+		})
+	})
+	t.Run("liar", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			hub := &memHub{}
+			b := newPod(t, &memFleet{hub: hub}, &statusBase{codes: []int{200}})
+			synctest.Wait()
+			for range 100 {
+				_, _ = sendOnce(t, b, "GET", "http://api.test/")
+			}
+			hub.mu.Lock()
+			sink := hub.sinks[0].s
+			hub.mu.Unlock()
+			sink.Apply(FleetUpdate{Kind: FleetPushback, Host: "api.test:80", Until: time.Now().Add(23 * time.Hour), From: "liar"})
+			if code, err := sendOnce(t, b, "GET", "http://api.test/"); err != nil || code != 200 {
+				t.Fatalf("after a liar's pause: %d, %v; want the pod's fresh successes to decline it", code, err)
+			}
+			if d := b.Snapshot().Fleet.Declined; d == 0 {
+				t.Errorf("Declined %d, want the liar's pause counted", d)
+			}
+		})
+	})
+	t.Run("own 503 adopts", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			hub := &memHub{}
+			base := &statusBase{codes: []int{200, 503}}
+			b := newPod(t, &memFleet{hub: hub}, base)
+			synctest.Wait()
+			_, _ = sendOnce(t, b, "GET", "http://api.test/")
+			hub.mu.Lock()
+			sink := hub.sinks[0].s
+			hub.mu.Unlock()
+			sink.Apply(FleetUpdate{Kind: FleetPushback, Host: "api.test:80", Until: time.Now().Add(10 * time.Second), From: "a"})
+			if code, _ := sendOnce(t, b, "GET", "http://api.test/"); code != 503 {
+				t.Fatalf("declined pause: %d, want the call sent (and answered 503)", code)
+			}
+			if _, err := sendOnce(t, b, "GET", "http://api.test/"); !errors.Is(err, ErrPushback) {
+				t.Fatalf("after its own 503: %v, want the declined pause adopted", err)
+			}
+		})
+	})
+	t.Run("chain bounded", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			hub := &memHub{}
+			base := &statusBase{codes: []int{200}}
+			c := newPod(t, &memFleet{hub: hub}, base)
+			synctest.Wait()
+			hub.mu.Lock()
+			sink := hub.sinks[0].s
+			hub.mu.Unlock()
+			stop := make(chan struct{})
+			go func() {
+				for range 200 {
+					sink.Apply(FleetUpdate{Kind: FleetPushback, Host: "api.test:80", Until: time.Now().Add(23 * time.Hour), From: "sick"})
+					select {
+					case <-stop:
+						return
+					case <-time.After(500 * time.Millisecond):
+					}
+				}
+			}()
+			time.Sleep(time.Millisecond)
+			maxRA := DefaultMaxRetryAfter // fleetPolicy leaves it to the default
+			var first time.Time
+			start, ok := time.Now(), 0
+			for range 700 { // 70 s, one call every 100 ms
+				if code, err := sendOnce(t, c, "GET", "http://api.test/"); err == nil && code == 200 {
+					ok++
+					if first.IsZero() {
+						first = time.Now()
+					}
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			close(stop)
+			if first.IsZero() || first.Sub(start) > maxRA+100*time.Millisecond {
+				t.Fatalf("first call answered %v after the chain began, want within MaxRetryAfter (%v)", first.Sub(start), maxRA)
+			}
+			if want := 700 - int(maxRA/(100*time.Millisecond)) - 1; ok < want {
+				t.Errorf("%d of 700 answered, want %d: after its first answer the pod declines the chain", ok, want)
+			}
+		})
+	})
+}

@@ -32,7 +32,13 @@ import (
 //  3. no stronger than local: an adopted hold ends within the pod's own
 //     open time for k trips in a row, k the trips delivered to it since
 //     its last answered attempt (OpenFor doubled k-1 times, up to
-//     MaxOpenFor).
+//     MaxOpenFor);
+//  4. a pause is weighed too: a pod whose own latest answer, within
+//     fleetFresh, had no 429 or 503 is not paused (a pod's own proxy may
+//     answer it 503 with a Retry-After, which pauses it and is published);
+//  5. a chain of pauses is bounded: a pod whose latest answer was not a
+//     429 or 503 is paused no later than MaxRetryAfter after the first
+//     pause it could adopt since that answer.
 
 // weighHub is the in-memory store of the model test: it delivers each
 // update to the other pods at once, records the trips each pod publishes,
@@ -46,6 +52,7 @@ type weighHub struct {
 	seen     map[int]map[int]FleetUpdate // by receiving pod, each other pod's latest counts
 	opens    map[int]int                 // trips published, by pod
 	got      map[int]int                 // trips delivered, by pod
+	pushes   map[int][]time.Time         // pauses delivered, by pod
 }
 
 type weighFleet struct {
@@ -66,6 +73,8 @@ func (f *weighFleet) Publish(_ context.Context, u FleetUpdate) error {
 			switch {
 			case u.Kind == FleetBreakerOpen:
 				f.hub.got[id]++
+			case u.Kind == FleetPushback:
+				f.hub.pushes[id] = append(f.hub.pushes[id], time.Now())
 			case u.Kind == FleetBreakerCounts && f.hub.attached[id]:
 				f.hub.seen[id][f.id] = u
 			}
@@ -92,6 +101,7 @@ type weighWorld struct {
 	mu     sync.Mutex
 	down   bool         // the host answers 503 to everyone
 	broken map[int]bool // the pod's own dials are refused
+	proxy  map[int]bool // the pod's own proxy answers 503, Retry-After 3
 }
 
 type weighBase struct {
@@ -101,10 +111,13 @@ type weighBase struct {
 
 func (b *weighBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	b.w.mu.Lock()
-	broken, down := b.w.broken[b.id], b.w.down
+	broken, down, proxy := b.w.broken[b.id], b.w.down, b.w.proxy[b.id]
 	b.w.mu.Unlock()
 	if broken {
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	}
+	if proxy {
+		return &http.Response{StatusCode: 503, Header: http.Header{"Retry-After": {"3"}}, Body: http.NoBody, Request: req}, nil
 	}
 	code := 200
 	if down {
@@ -120,10 +133,12 @@ type weighPod struct {
 	gotAtOK    int       // hub.got when it was
 	unexcused  bool      // a failure the contract does not call its own
 	everFailed bool
+	sent       time.Time // its last attempt was answered, with any status
+	pushedBack bool      // that answer was a 429 or 503
 }
 
 type weighStep struct {
-	op  string // call, break, mend, down, up, sleep
+	op  string // call, break, mend, down, up, proxy, unproxy, sleep
 	pod int
 	d   time.Duration
 }
@@ -133,7 +148,7 @@ func TestFleetWeighModel(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		steps := rapid.SliceOfN(rapid.Custom(func(rt *rapid.T) weighStep {
 			return weighStep{
-				op:  rapid.SampledFrom([]string{"call", "call", "call", "call", "break", "mend", "down", "up", "sleep"}).Draw(rt, "op"),
+				op:  rapid.SampledFrom([]string{"call", "call", "call", "call", "break", "mend", "down", "up", "proxy", "unproxy", "sleep"}).Draw(rt, "op"),
 				pod: rapid.IntRange(0, pods-1).Draw(rt, "pod"),
 				d:   time.Duration(rapid.IntRange(1, 4000).Draw(rt, "ms")) * time.Millisecond,
 			}
@@ -146,9 +161,10 @@ func TestFleetWeighModel(t *testing.T) {
 
 func runWeighModel(t *testing.T, f *propFailure, n int, steps []weighStep) {
 	hub := &weighHub{sinks: map[int]*FleetSink{}, attached: map[int]bool{}, seen: map[int]map[int]FleetUpdate{},
-		opens: map[int]int{}, got: map[int]int{}}
-	w := &weighWorld{broken: map[int]bool{}}
+		opens: map[int]int{}, got: map[int]int{}, pushes: map[int][]time.Time{}}
+	w := &weighWorld{broken: map[int]bool{}, proxy: map[int]bool{}}
 	p := fleetPolicy()
+	p.Retry.MaxRetryAfter = 4 * time.Second // so that a chain of pauses is soon longer
 	trs := make([]*Transport, n)
 	for i := range trs {
 		tr, err := New(Config{Base: &weighBase{w, i}, Default: p, Fleet: &weighFleet{hub, i}})
@@ -176,6 +192,10 @@ func runWeighModel(t *testing.T, f *propFailure, n int, steps []weighStep) {
 			w.down = s.op == "down"
 			hostEverDown = hostEverDown || w.down
 			w.mu.Unlock()
+		case "proxy", "unproxy":
+			w.mu.Lock()
+			w.proxy[s.pod] = s.op == "proxy"
+			w.mu.Unlock()
 		case "sleep":
 			time.Sleep(s.d)
 		case "call":
@@ -184,6 +204,11 @@ func runWeighModel(t *testing.T, f *propFailure, n int, steps []weighStep) {
 			hub.mu.Lock()
 			if !hub.attached[s.pod] {
 				hub.attached[s.pod], hub.seen[s.pod] = true, map[int]FleetUpdate{}
+				if len(hub.pushes[s.pod]) > 0 {
+					// Pauses delivered before the pod called the host are
+					// kept by its fleet link and applied now, at its first call.
+					hub.pushes[s.pod] = []time.Time{now}
+				}
 			}
 			excused := false
 			for _, u := range hub.seen[s.pod] {
@@ -197,16 +222,19 @@ func runWeighModel(t *testing.T, f *propFailure, n int, steps []weighStep) {
 			w.mu.Unlock()
 			code, err := sendOnce(t, trs[s.pod], "GET", "http://api.test/")
 			m := &model[s.pod]
+			if err == nil {
+				m.sent, m.pushedBack = now, pushbackStatus(code)
+			}
 			switch {
 			case err == nil && code == 200:
 				hub.mu.Lock()
 				m.answered, m.okLast, m.gotAtOK = now, true, hub.got[s.pod]
 				hub.mu.Unlock()
-			case errors.Is(err, ErrBreakerOpen):
+			case errors.Is(err, ErrBreakerOpen), errors.Is(err, ErrPushback):
 				// Refused: not sent, no evidence.
 			default:
 				m.okLast, m.everFailed = false, true
-				if !broken || down || !excused {
+				if !broken || down || !excused || w.proxy[s.pod] {
 					m.unexcused = true
 				}
 			}
@@ -215,6 +243,7 @@ func runWeighModel(t *testing.T, f *propFailure, n int, steps []weighStep) {
 		now = time.Now()
 		hub.mu.Lock()
 		opens, got := maps.Clone(hub.opens), maps.Clone(hub.got)
+		pushes := maps.Clone(hub.pushes)
 		hub.mu.Unlock()
 		for i, tr := range trs {
 			m := model[i]
@@ -233,6 +262,31 @@ func runWeighModel(t *testing.T, f *propFailure, n int, steps []weighStep) {
 			if adopted && m.okLast && !m.answered.IsZero() && now.Sub(m.answered) <= fleetFresh {
 				f.Fatalf("pod %d holds an adopted hold until %v, its last attempt answered %v ago\n%s", i, b.OpenUntil, now.Sub(m.answered), strings.Join(history, "\n"))
 				return
+			}
+			paused := h[0].Pushback.Until.After(now)
+			// 4. A pause is weighed too.
+			if paused && m.okLast && !m.answered.IsZero() && now.Sub(m.answered) <= fleetFresh {
+				f.Fatalf("pod %d paused until %v, its last attempt answered %v ago\n%s", i, h[0].Pushback.Until, now.Sub(m.answered), strings.Join(history, "\n"))
+				return
+			}
+			// 5. A chain of pauses is bounded.
+			if paused && !m.pushedBack {
+				since := m.sent // the first pause it could adopt came after its last answer
+				if m.okLast && !m.answered.IsZero() {
+					since = m.answered.Add(fleetFresh)
+				}
+				first := time.Time{}
+				for _, at := range pushes[i] {
+					if !at.Before(since) && (m.sent.IsZero() || at.After(since) || !m.okLast) {
+						first = at
+						break
+					}
+				}
+				if bound := first.Add(p.Retry.MaxRetryAfter); first.IsZero() || h[0].Pushback.Until.After(bound) {
+					f.Fatalf("pod %d paused until %v, the first pause it could adopt since its last answer (%v) delivered at %v; want at most MaxRetryAfter after it\n%s",
+						i, h[0].Pushback.Until, m.sent, first, strings.Join(history, "\n"))
+					return
+				}
 			}
 			// 3. No stronger than local.
 			if adopted {

@@ -72,6 +72,30 @@ type pauses struct {
 	mu    sync.Mutex // serialises writers of paused and tiers
 	// refused counts the requests a pause held back, across Updates.
 	refused atomic.Uint64
+	// What another pod's pause is weighed against (see Fleet): when this
+	// pod's latest answer from the host without 429 or 503 came (unix
+	// ns), okLast saying no 429 or 503 came since, okPrio that request's
+	// priority (a Shedder's pause of a less important one is not
+	// contradicted by it), and answers counting
+	// every answer (a pause adopted ends its chain until the next).
+	lastOK  atomic.Int64
+	okLast  atomic.Bool
+	okPrio  atomic.Int32 // the priority of the request answered so
+	answers atomic.Uint64
+	// Under mu, by slot (tiers, then the whole host): the pause adopted
+	// from another pod, and the pause declined (adopted at this pod's own
+	// 429 or 503 while it runs).
+	adopted  [NumPriorities + 1]fleetPause
+	declined [NumPriorities + 1]time.Time
+}
+
+// fleetPause is a run of pauses adopted from other pods back to back: the
+// pause in force (its error value), when the run began, and the answers
+// this pod had then.
+type fleetPause struct {
+	e       *PushbackError
+	start   time.Time
+	answers uint64
 }
 
 func newPushback(next stage, max time.Duration, e env, ignored *atomic.Uint64) *pushbackStage {
@@ -107,6 +131,9 @@ func (p *pushbackStage) pass(next stage, req *http.Request, c call) (*http.Respo
 		return resp, err
 	}
 	p.obeyRateLimit(resp) // ratelimit.go: a spent quota, on any status
+	if p.fleet != nil {
+		p.weighAnswer(resp.StatusCode, prio)
+	}
 	if !pushbackStatus(resp.StatusCode) {
 		return resp, err
 	}
@@ -264,25 +291,123 @@ func (p *pushbackStage) snapshot() *PushbackSnapshot {
 }
 
 // The pushback in a fleet (see Fleet): a pause one pod is asked for
-// pauses the others too.
+// pauses the others too, weighed as a breaker's trip is: it holds a pod
+// that has no answer of its own saying otherwise, for one pause at most
+// between two of its own answers.
 
-// applyFleet adopts another pod's pause (fleetMember).
+// applyFleet weighs another pod's pause (fleetMember).
 func (p *pushbackStage) applyFleet(u FleetUpdate, now time.Time) bool {
 	return u.Kind == FleetPushback && p.adoptPause(u, now)
 }
 
-// adoptPause pauses the host (or a Shedder's tier) as a local Retry-After
-// would, capped at MaxRetryAfter from now.
+// slotOf is the slot of a pause: a Shedder's tier, or the whole host.
+func (p *pushbackStage) slotOf(shed bool, prio Priority) (*atomic.Pointer[PushbackError], int) {
+	if shed {
+		return &p.tiers[prio], int(prio)
+	}
+	return &p.paused, int(NumPriorities)
+}
+
+// adoptPause weighs another pod's pause u. A pod whose own latest answer
+// from the host, within fleetFresh, had no 429 or 503 declines it: the
+// host has room for this pod, and the pause is kept until its end (capped
+// at MaxRetryAfter) for this pod's own 429 or 503 to adopt (weighAnswer).
+// Otherwise the host is paused as a local Retry-After would pause it,
+// capped at MaxRetryAfter from the first pause of a run adopted back to
+// back; once that run ended, no pause is adopted again before this pod's
+// next answer from the host (which weighs it). So a chain of pauses from
+// one pod holds another for MaxRetryAfter at most before it sends again.
 func (p *pushbackStage) adoptPause(u FleetUpdate, now time.Time) bool {
 	until := u.Until
 	if cap := now.Add(p.max); until.After(cap) {
 		until = cap
 	}
-	slot := &p.paused
-	if u.Shed {
-		slot = &p.tiers[u.Priority]
+	slot, i := p.slotOf(u.Shed, u.Priority)
+	answers := p.answers.Load()
+	p.mu.Lock()
+	if p.okLast.Load() && now.UnixNano()-p.lastOK.Load() <= int64(fleetFresh) &&
+		(!u.Shed || Priority(p.okPrio.Load()) >= u.Priority) {
+		if until.After(p.declined[i]) {
+			p.declined[i] = until
+		}
+		p.mu.Unlock()
+		if p.fleet != nil {
+			p.fleet.declined()
+		}
+		return false
 	}
-	return p.pauseIn(slot, until)
+	run := p.adopted[i]
+	switch {
+	case run.e != nil && now.Before(run.e.Until) && slot.Load() == run.e:
+		// A later pause of a run in force: the run's start bounds it.
+		if cap := run.start.Add(p.max); until.After(cap) {
+			until = cap
+		}
+	case run.e != nil && run.answers == answers:
+		// The run ended and this pod has not been answered since.
+		p.mu.Unlock()
+		return false
+	default:
+		run = fleetPause{start: now, answers: answers}
+	}
+	p.mu.Unlock()
+	if !p.pauseIn(slot, until) {
+		return false
+	}
+	p.mu.Lock()
+	if e := slot.Load(); e != nil && e.Until.Equal(until) {
+		run.e = e
+		p.adopted[i] = run
+	}
+	p.mu.Unlock()
+	return true
+}
+
+// weighAnswer notes this pod's own answer from the host, of status code
+// to a request of priority prio, as its latest evidence of the pauses
+// other pods publish: an answer below 500 and not 429 ends each pause
+// adopted from them that would have held the request (the host had room
+// for it), and a 429 or 503 adopts the pauses it declined.
+func (p *pushbackStage) weighAnswer(code int, prio Priority) {
+	now := time.Now()
+	p.answers.Add(1)
+	switch {
+	case code >= 500 && !pushbackStatus(code):
+		p.okLast.Store(false) // no word on room either way
+		return
+	case !pushbackStatus(code):
+		p.lastOK.Store(now.UnixNano())
+		p.okPrio.Store(int32(prio.clamp()))
+		p.okLast.Store(true)
+		var ended []time.Time
+		p.mu.Lock()
+		for i := range p.adopted {
+			if i < int(NumPriorities) && Priority(i) > prio.clamp() {
+				continue // a tier this request was not held by
+			}
+			slot, _ := p.slotOf(i < int(NumPriorities), Priority(min(i, int(NumPriorities)-1)))
+			if e := p.adopted[i].e; e != nil && slot.CompareAndSwap(e, nil) {
+				p.adopted[i] = fleetPause{}
+				ended = append(ended, e.Until)
+			}
+		}
+		p.mu.Unlock()
+		for _, until := range ended {
+			p.e.rep.pushbackChanged(false, until) // logged outside the lock
+		}
+		return
+	}
+	p.okLast.Store(false)
+	var adopt [NumPriorities + 1]time.Time
+	p.mu.Lock()
+	adopt, p.declined = p.declined, [NumPriorities + 1]time.Time{}
+	p.mu.Unlock()
+	for i, until := range adopt {
+		if until.After(now) {
+			slot, _ := p.slotOf(i < int(NumPriorities), Priority(min(i, int(NumPriorities)-1)))
+			p.pauseIn(slot, until)
+		}
+	}
 }
 
 // publishPause shares a local Retry-After pause.

@@ -73,6 +73,7 @@ var seamRows = []struct {
 	{"abandoned attempt × hedge", seamAbandonHedge},
 	{"fleet × own network (dial refused, DNS)", seamFleetOwnNetwork},
 	{"fleet × own successes, host down for all", seamFleetWeighed},
+	{"fleet pause × own answers, Shedder's priority", seamFleetPauseWeighed},
 	{"SDK attempt header × retry, call record", seamSDKRetry},
 	{"SDK attempt header × hedge", seamSDKHedge},
 	{"SDK attempt header × budget", seamSDKBudget},
@@ -1697,3 +1698,62 @@ func seamCancelOpenBody(t *testing.T) {
 		t.Fatalf("after their bodies closed: %d in flight, want 0", b.InFlight)
 	}
 }
+
+// seamFleetPauseWeighed: another pod's pause is weighed as its trip is,
+// priority by priority. Pod A's proxy answers 503 with a Retry-After (and
+// a Shedder's refusal of low-priority requests); pod B, whose own calls
+// of the default priority are answered, declines the host's pause, but
+// adopts the Shedder's pause of the low priority (its answers say nothing
+// of room for those), which its default-priority answers do not end.
+func seamFleetPauseWeighed(t *testing.T) {
+	hub := &seamHub{sinks: map[*seamFleet]*bulwark.FleetSink{}}
+	var shed atomic.Bool
+	sick := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) {
+		if shed.Load() {
+			return seamAnswer(req, 0, 503, "Retry-After", "30", bulwark.ShedPriorityHeader, "low")
+		}
+		return seamAnswer(req, 0, 503, "Retry-After", "30")
+	}}
+	okB := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) { return seamAnswer(req, 0, 200) }}
+	policy := bulwark.Policy{Retry: bulwark.Retry{Disabled: true}, Breaker: seamBreaker}
+	a := seamNew(t, bulwark.Config{Base: sick, Fleet: &seamFleet{hub: hub}, Default: policy})
+	b := seamNew(t, bulwark.Config{Base: okB, Fleet: &seamFleet{hub: hub}, Default: policy})
+	synctest.Wait()
+	if code, _ := seamSend(t, b, "GET", "http://api.test/x"); code != 200 {
+		t.Fatalf("pod B's first call: %d", code)
+	}
+	if code, _ := seamSend(t, a, "GET", "http://api.test/x"); code != 503 {
+		t.Fatalf("pod A's call: %d, want its proxy's 503", code)
+	}
+	synctest.Wait()
+	for i := range 3 {
+		if code, err := seamSend(t, b, "GET", "http://api.test/x"); code != 200 {
+			t.Fatalf("pod B's call %d after A's pause: %d, %v; want its own answers to outweigh it", i, code, err)
+		}
+	}
+	if p := b.Snapshot().Host("api.test:80")[0].Pushback; p.Until.After(time.Now()) {
+		t.Fatalf("pod B paused until %v, want A's pause declined", p.Until)
+	}
+	shed.Store(true)
+	if code, _ := seamSend(t, a, "GET", "http://shed.test/x"); code != 503 {
+		t.Fatalf("pod A's call: %d, want the Shedder's 503", code)
+	}
+	_, _ = seamSend(t, b, "GET", "http://shed.test/x") // default priority, answered
+	synctest.Wait()
+	shed.Store(false)
+	if code, _ := seamSend(t, a, "GET", "http://shed.test/x"); code != 503 {
+		t.Fatal("pod A's second call not answered 503")
+	}
+	synctest.Wait()
+	req, _ := http.NewRequestWithContext(bulwark.WithPriority(t.Context(), bulwark.PriorityLow), "GET", "http://shed.test/x", nil)
+	if _, err := b.RoundTrip(req); !errors.Is(err, bulwark.ErrPushback) {
+		t.Fatalf("pod B's low-priority call: %v, want the Shedder's pause adopted", err)
+	}
+	if code, _ := seamSend(t, b, "GET", "http://shed.test/x"); code != 200 {
+		t.Fatalf("pod B's default-priority call: %d, want it sent", code)
+	}
+	if _, err := b.RoundTrip(req.Clone(req.Context())); !errors.Is(err, bulwark.ErrPushback) {
+		t.Fatalf("pod B's low-priority call after a default-priority answer: %v, want the pause to stand", err)
+	}
+}
+
