@@ -1756,4 +1756,3 @@ func seamFleetPauseWeighed(t *testing.T) {
 		t.Fatalf("pod B's low-priority call after a default-priority answer: %v, want the pause to stand", err)
 	}
 }
-
