@@ -831,7 +831,7 @@ func (b *breakerCore) isSuccessful(verdict error) bool {
 	if verdict != errVerdictFleet {
 		b.record(verdict, own, &clk)
 	}
-	b.tripping = b.judge(&clk)
+	b.tripping = b.judge(&clk, verdict != nil)
 	return verdict == nil && !b.tripping
 }
 
@@ -907,11 +907,16 @@ func (b *breakerCore) pos() int64 {
 // judge decides, after a counted outcome, whether a closed breaker trips,
 // by the rules of the Breaker doc in their order: the rates (with the
 // other pods' counts), held for the hold while SlowCall is learned; the
-// unanswered attempts in a row; the user's ReadyToTrip. Under winMu.
-func (b *breakerCore) judge(clk *breakerClock) bool {
+// unanswered attempts in a row; the user's ReadyToTrip. The other pods'
+// counts are added only after an outcome of this pod's that was not a
+// fast success (fleet: ownFailed): a pod whose own latest attempt
+// succeeded is not tripped by the fleet, as it declines a trip (Fleet).
+// Under winMu.
+func (b *breakerCore) judge(clk *breakerClock, ownFailed bool) bool {
 	var s window.Counts
+	peers := ownFailed && b.peers.Any()
 	switch {
-	case b.last != nil && !b.peers.Any():
+	case b.last != nil && !peers:
 		// The count window of a host no other pod reports on: the sums
 		// read in place, as this runs after every call.
 		t := b.last.Total()
@@ -924,7 +929,7 @@ func (b *breakerCore) judge(clk *breakerClock) bool {
 	// Failures other than timeouts: this pod's own only, as the other pods
 	// share no such count, so their failures all wait for the hold.
 	answered := s[winFailures] - s[winTimeout]
-	if b.peers.Any() {
+	if peers {
 		// The other pods' windows count as if they were this one's (fleet.go).
 		s = b.peers.Add(s, time.Unix(0, clk.now()))
 	}

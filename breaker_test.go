@@ -1141,7 +1141,7 @@ func BenchmarkBreakerJudge(b *testing.B) {
 					var clk breakerClock
 					c.winMu.Lock()
 					c.record(v, false, &clk)
-					if judged && c.judge(&clk) {
+					if judged && c.judge(&clk, v != nil) {
 						b.Fatal("tripped")
 					}
 					c.winMu.Unlock()

@@ -75,7 +75,10 @@ import (
 //     trip: its evidence is about its own path, the trip is about someone
 //     else's. It keeps the trip, and adopts it at its first failed attempt
 //     while the trip's time runs, so a host down for everyone costs each
-//     pod at most one attempt more than a verdict obeyed at once. A pod
+//     pod at most one attempt more than a verdict obeyed at once. The
+//     other pods' counts weigh the same way: they add to a pod's window
+//     only when its own attempt failed (or was slow), so a pod whose own
+//     calls succeed is never tripped by them. A pod
 //     that declines, or that is answered when another pod's failures
 //     arrive, answers with its counts (at most once a second), so the
 //     others learn that the host answers it.

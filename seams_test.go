@@ -74,6 +74,7 @@ var seamRows = []struct {
 	{"fleet × own network (dial refused, DNS)", seamFleetOwnNetwork},
 	{"fleet × own successes, host down for all", seamFleetWeighed},
 	{"fleet pause × own answers, Shedder's priority", seamFleetPauseWeighed},
+	{"fleet counts × own successes", seamFleetCountsOwnSuccess},
 	{"SDK attempt header × retry, call record", seamSDKRetry},
 	{"SDK attempt header × hedge", seamSDKHedge},
 	{"SDK attempt header × budget", seamSDKBudget},
@@ -1754,5 +1755,42 @@ func seamFleetPauseWeighed(t *testing.T) {
 	}
 	if _, err := b.RoundTrip(req.Clone(req.Context())); !errors.Is(err, bulwark.ErrPushback) {
 		t.Fatalf("pod B's low-priority call after a default-priority answer: %v, want the pause to stand", err)
+	}
+}
+
+// Another pod's failure counts add to a pod's window only after an
+// outcome of its own that failed: a pod whose own calls succeed is not
+// tripped by the fleet's counts, as it declines a trip. With peers
+// reporting 100 failed calls, pod B's own 200s are all sent; its first
+// own failure then meets the rate with the peers' counts, and it trips.
+func seamFleetCountsOwnSuccess(t *testing.T) {
+	hub := &seamHub{sinks: map[*seamFleet]*bulwark.FleetSink{}}
+	var down atomic.Bool
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) {
+		if down.Load() {
+			return seamAnswer(req, 0, 503)
+		}
+		return seamAnswer(req, 0, 200)
+	}}
+	fb := &seamFleet{hub: hub}
+	b := seamNew(t, bulwark.Config{Base: base, Fleet: fb, Default: bulwark.Policy{Retry: bulwark.Retry{Disabled: true}, Breaker: seamBreaker}})
+	synctest.Wait()
+	if code, err := seamSend(t, b, "GET", "http://api.test/x"); code != 200 {
+		t.Fatalf("pod B's first call: %d, %v", code, err)
+	}
+	sink := hub.sinks[fb]
+	for i := range 20 {
+		sink.Apply(bulwark.FleetUpdate{Kind: bulwark.FleetBreakerCounts, Host: "api.test:80", From: "pod-x",
+			Until: time.Now().Add(10 * time.Second), Calls: 100, Failures: 100})
+		if code, err := seamSend(t, b, "GET", "http://api.test/x"); code != 200 {
+			t.Fatalf("pod B's own call %d beside the peers' failures: %d, %v; want it sent and answered", i, code, err)
+		}
+	}
+	down.Store(true)
+	if code, _ := seamSend(t, b, "GET", "http://api.test/x"); code != 503 {
+		t.Fatalf("pod B's call with the host down: %d, want 503", code)
+	}
+	if _, err := seamSend(t, b, "GET", "http://api.test/x"); !errors.Is(err, bulwark.ErrBreakerOpen) {
+		t.Fatalf("pod B after its own failure beside the peers' failures: %v, want ErrBreakerOpen", err)
 	}
 }
