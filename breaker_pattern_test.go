@@ -1,7 +1,6 @@
 package bulwark_test
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -81,29 +80,6 @@ func failurePatterns() []struct {
 	}
 }
 
-// firstRefusal drives calls calls to a zero-config client over base, one
-// every 50 ms, and returns the 1-based number of the first one its breaker
-// refused, or 0.
-func firstRefusal(t *testing.T, tr *bulwark.Transport, calls int) int {
-	t.Helper()
-	for i := range calls {
-		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://sick.test/x", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp, err := tr.RoundTrip(req)
-		if errors.Is(err, bulwark.ErrBreakerOpen) {
-			return i + 1
-		}
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return 0
-}
-
 // TestBreakerCutsOffAHostFailingHalfItsCalls: with Config{} and nothing
 // else, a host that starts failing half its requests or more, in whatever
 // pattern, is refused within 110 calls of the change, whether it starts
@@ -124,11 +100,11 @@ func TestBreakerCutsOffAHostFailingHalfItsCalls(t *testing.T) {
 						t.Fatal(err)
 					}
 					defer tr.Close()
-					if n := firstRefusal(t, tr, warm); n != 0 {
+					if n := refusedAt(t, tr, warm, 50*time.Millisecond); n != 0 {
 						t.Fatalf("healthy call %d refused", n)
 					}
 					base.sick.Store(true)
-					n := firstRefusal(t, tr, 1000)
+					n := refusedAt(t, tr, 1000, 50*time.Millisecond)
 					t.Logf("first refused at call %d of the change (0: never), after %d requests to the host", n, base.n.Load())
 					switch {
 					case p.rate >= 0.5 && (n == 0 || n > 110):
@@ -162,7 +138,7 @@ func TestBreakerSparesAHostFailingUnderHalf(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer tr.Close()
-				n := firstRefusal(t, tr, 10_000)
+				n := refusedAt(t, tr, 10_000, 50*time.Millisecond)
 				t.Logf("failing %.0f %% at random: first refused at call %d (0: never), the last 100 answers holding %d failures", 100*rate, n, base.failedOfLast100())
 				switch {
 				case n != 0 && base.failedOfLast100() < 50:
