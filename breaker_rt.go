@@ -1095,6 +1095,9 @@ type BreakerSnapshot struct {
 	Control BreakerControl
 	// Calls, Failures and Slow are what the window holds now.
 	Calls, Failures, Slow int64
+	// MinCalls is the Breaker.MinCalls in force: the calls the window must
+	// hold before its rates can trip the breaker.
+	MinCalls int
 	// FleetCalls, FleetFailures and FleetSlow are the other pods' windows
 	// as they last published them, still fresh (Config.Fleet): the breaker
 	// adds them to its own when deciding whether to trip.
@@ -1149,6 +1152,7 @@ func (b *breakerStage) state() BreakerSnapshot {
 	}
 	w := b.win.Sum(b.pos())
 	s.Calls, s.Failures, s.Slow, s.Trips = w[winCalls], w[winFailures], w[winSlow], b.trips
+	s.MinCalls = int(b.minCalls)
 	b.winMu.Unlock()
 	f := b.peers.Add(window.Counts{}, time.Now())
 	s.FleetCalls, s.FleetFailures, s.FleetSlow = f[winCalls], f[winFailures], f[winSlow]

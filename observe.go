@@ -175,6 +175,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/bulwark-http/bulwark/internal/version"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -278,7 +279,7 @@ func newObserver(tp trace.TracerProvider, prop propagation.TextMapPropagator, mp
 	switch tp.(type) {
 	case tracenoop.TracerProvider, *tracenoop.TracerProvider:
 	default:
-		o.tracer = tp.Tracer(instrumentationName, trace.WithSchemaURL(semconv.SchemaURL))
+		o.tracer = tp.Tracer(instrumentationName, trace.WithSchemaURL(semconv.SchemaURL), trace.WithInstrumentationVersion(version.Module()))
 		if isPlaceholder(tp) {
 			o.unsetTP = tp
 		}
@@ -304,11 +305,14 @@ func newObserver(tp trace.TracerProvider, prop propagation.TextMapPropagator, mp
 			o.unsetMP = mp
 		}
 	}
-	o.meter = mp.Meter(instrumentationName, metric.WithSchemaURL(semconv.SchemaURL))
+	o.meter = mp.Meter(instrumentationName, metric.WithSchemaURL(semconv.SchemaURL), metric.WithInstrumentationVersion(version.Module()))
 
 	var errs []error
-	counter := func(name, desc string) metric.Int64Counter {
-		c, err := o.meter.Int64Counter(name, metric.WithDescription(desc), metric.WithUnit("{"+strings.TrimPrefix(name, "bulwark.")+"}"))
+	// unit is a UCUM annotation of what one count is, in the singular, as
+	// the semantic conventions' instrument units ask: {request}, not
+	// {requests}.
+	counter := func(name, unit, desc string) metric.Int64Counter {
+		c, err := o.meter.Int64Counter(name, metric.WithDescription(desc), metric.WithUnit(unit))
 		if err != nil {
 			errs = append(errs, err)
 			c, _ = metricnoop.Meter{}.Int64Counter(name)
@@ -323,16 +327,16 @@ func newObserver(tp trace.TracerProvider, prop propagation.TextMapPropagator, mp
 		}
 		return h
 	}
-	o.requests = counter("bulwark.requests", "Calls through bulwark, by final outcome.")
-	o.retries = counter("bulwark.retries", "Retries scheduled, by reason.")
-	o.hedges = counter("bulwark.hedges", "Hedged attempts sent, won, and skipped (by reason).")
-	o.rejections = counter("bulwark.rejections", "Requests bulwark refused to send, by the layer that refused.")
-	o.shadowRejections = counter("bulwark.shadow.rejections", "Requests a layer in shadow mode would have refused and sent anyway, by layer.")
-	o.fallbacks = counter("bulwark.fallbacks", "Final failures answered by a fallback, by kind.")
-	o.transitions = counter("bulwark.breaker.transitions", "Circuit breaker state changes, by the new state.")
-	o.ejections = counter("bulwark.outlier.ejections", "Instances ejected by outlier detection.")
-	o.returns = counter("bulwark.outlier.returns", "Ejected instances returned to the balancer's set.")
-	o.faults = counter("bulwark.faults", "Faults injected by the fault layer, by kind; refused header triggers as kind refused.")
+	o.requests = counter("bulwark.requests", "{request}", "Calls through bulwark, by final outcome.")
+	o.retries = counter("bulwark.retries", "{retry}", "Retries scheduled, by reason.")
+	o.hedges = counter("bulwark.hedges", "{hedge}", "Hedged attempts sent, won, and skipped (by reason).")
+	o.rejections = counter("bulwark.rejections", "{attempt}", "Attempts bulwark refused to send, by the layer that refused.")
+	o.shadowRejections = counter("bulwark.shadow.rejections", "{attempt}", "Attempts a layer in shadow mode would have refused and sent anyway, by layer.")
+	o.fallbacks = counter("bulwark.fallbacks", "{request}", "Final failures answered by a fallback, by kind.")
+	o.transitions = counter("bulwark.breaker.transitions", "{transition}", "Circuit breaker state changes, by the new state.")
+	o.ejections = counter("bulwark.outlier.ejections", "{instance}", "Instances ejected by outlier detection.")
+	o.returns = counter("bulwark.outlier.returns", "{instance}", "Ejected instances returned to the balancer's set.")
+	o.faults = counter("bulwark.faults", "{fault}", "Faults injected by the fault layer, by kind; refused header triggers as kind refused.")
 	// The semantic conventions' buckets for http.client.request.duration.
 	durations := []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
 	o.attemptDuration = hist("bulwark.attempt.duration", "Duration of one attempt, until its response body is read or closed.", durations)
@@ -677,13 +681,13 @@ func (hs *reporter) fallbackServed(ctx context.Context, kind string) {
 }
 
 // breakerStateChanged reports a breaker transition ("closed", "open",
-// "half-open") at Info and counts it. It has no request context: a state
-// changes for the host, not for one call. extra goes on the log line only.
-// Never call it under a lock.
+// "half-open") at Info and counts it under the new state's stateLabel. It
+// has no request context: a state changes for the host, not for one call.
+// extra goes on the log line only. Never call it under a lock.
 func (hs *reporter) breakerStateChanged(from, to string, extra ...slog.Attr) {
 	ctx := context.Background()
 	if o := hs.o; o.metering() {
-		o.transitions.Add(ctx, 1, hs.labels(keyBreakerState, to).add...)
+		o.transitions.Add(ctx, 1, hs.labels(keyBreakerState, stateLabel(to)).add...)
 	}
 	if l := hs.logger; l.Enabled(ctx, slog.LevelInfo) {
 		attrs := append([]slog.Attr{slog.String("upstream", hs.upstream), slog.String("host", hs.host),
@@ -691,6 +695,11 @@ func (hs *reporter) breakerStateChanged(from, to string, extra ...slog.Attr) {
 		l.LogAttrs(ctx, slog.LevelInfo, "bulwark: circuit breaker "+to, attrs...)
 	}
 }
+
+// stateLabel is a state's name ("half-open") as a metric attribute's
+// value: the semantic conventions write an enumeration's values in
+// snake_case ("half_open").
+func stateLabel(name string) string { return strings.ReplaceAll(name, "-", "_") }
 
 // endpointChanged reports an outlier ejection or return decided during the
 // request whose context is ctx: a log line at Info, an event on its span

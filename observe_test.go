@@ -786,46 +786,52 @@ func TestObserveLabelsBounded(t *testing.T) {
 	}
 }
 
-func TestObserveGauge(t *testing.T) {
-	k := newOtelKit(t)
-	cfg := k.config(benchBase{})
-	cfg.Upstreams = map[string]Policy{"tax.internal": {}}
-	tr := mustTransport(t, cfg)
-	for _, h := range []string{"http://a.test/", "http://b.test/", "http://tax.internal/"} {
-		u, _ := url.Parse(h)
-		tr.lookup(u)
-	}
-	for _, agg := range []struct {
-		name string
-		agg  gaugeAgg
-		want int64 // for "default", from hosts a.test (1) and b.test (2)
-	}{{"bulwark.test.sum", gaugeSum, 3}, {"bulwark.test.max", gaugeMax, 2}, {"bulwark.test.min", gaugeMin, 1}} {
-		err := tr.registerGauge(agg.name, "test", "{x}", agg.agg, func(observe func(string, int64)) {
-			tr.eachHost(func(hs *hostState) {
-				v := map[string]int64{"a.test:80": 1, "b.test:80": 2, "tax.internal:80": 7}[hs.name]
-				observe(hs.upstream, v)
-			})
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	rm := k.collect(t)
+// perUpstream combines the hosts of an upstream by its gaugeAgg, and keeps
+// upstreams apart.
+func TestPerUpstream(t *testing.T) {
 	for _, c := range []struct {
-		name string
-		want int64
-	}{{"bulwark.test.sum", 3}, {"bulwark.test.max", 2}, {"bulwark.test.min", 1}} {
-		m := findMetric(rm, c.name)
-		if m == nil {
-			t.Fatalf("no metric %s", c.name)
+		agg  gaugeAgg
+		want int64 // for "default", from 1 and 2
+	}{{gaugeSum, 3}, {gaugeMax, 2}, {gaugeMin, 1}} {
+		p := newPerUpstream[int64](c.agg)
+		p.add("default", 1)
+		p.add("tax.internal", 7)
+		p.add("default", 2)
+		if len(p.vals) != 2 || p.vals["default"] != c.want || p.vals["tax.internal"] != 7 {
+			t.Errorf("agg %d: %v, want default=%d tax.internal=7", c.agg, p.vals, c.want)
 		}
-		got := map[string]int64{}
-		for _, dp := range m.Data.(metricdata.Gauge[int64]).DataPoints {
-			v, _ := dp.Attributes.Value(keyUpstream)
-			got[v.AsString()] = dp.Value
+	}
+	p := newPerUpstream[float64](gaugeMax)
+	p.add("default", 0.25)
+	p.add("default", 0.5)
+	p.add("default", 0)
+	if p.vals["default"] != 0.5 {
+		t.Errorf("float max: %v, want 0.5", p.vals)
+	}
+}
+
+// wantBreakerState checks host's bulwark.breaker.state series (upstream
+// "default", port 80, http): 1 for state, 0 for the others.
+func wantBreakerState(t *testing.T, rm metricdata.ResourceMetrics, host string, state CircuitState) {
+	t.Helper()
+	m := findMetric(rm, "bulwark.breaker.state")
+	if m == nil {
+		t.Fatal("no bulwark.breaker.state")
+	}
+	for _, st := range breakerStates {
+		want := attribute.NewSet(upDefault, attribute.String("url.scheme", "http"), attribute.String("server.address", host),
+			attribute.Int("server.port", 80), keyBreakerState.String(stateLabel(st.String())))
+		found := false
+		for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+			if dp.Attributes.Equals(&want) {
+				found = true
+				if v := dp.Value; (v == 1) != (st == state) || v > 1 || v < 0 {
+					t.Errorf("bulwark.breaker.state{%s} = %d with the breaker %v", stateLabel(st.String()), v, state)
+				}
+			}
 		}
-		if got["default"] != c.want || got["tax.internal"] != 7 || len(got) != 2 {
-			t.Errorf("%s = %v, want default=%d tax.internal=7", c.name, got, c.want)
+		if !found {
+			t.Errorf("no bulwark.breaker.state point at %v", want.Encoded(attribute.DefaultEncoder()))
 		}
 	}
 }
@@ -1154,7 +1160,7 @@ func testObserveRealRetryTwiceThenSucceeds(t *testing.T) {
 	// Two retries taken from the floor's burst of 10, refilled over the
 	// 1.2 s waited.
 	wantGauge(t, rm, "bulwark.retry.budget.remaining", 10)
-	wantGauge(t, rm, "bulwark.breaker.state", 0)
+	wantBreakerState(t, rm, "tax.internal", CircuitClosed)
 	wantGauge(t, rm, "bulwark.bulkhead.in_flight", 0)
 
 	// Debug line per retry; pushback start and end at Info.
@@ -1213,7 +1219,7 @@ func TestObserveRealBreakerTrip(t *testing.T) {
 			t.Errorf("%s%v = %d, want %d", c.name, c.kv, got, c.want)
 		}
 	}
-	wantGauge(t, rm, "bulwark.breaker.state", int64(CircuitOpen))
+	wantBreakerState(t, rm, "tax.internal", CircuitOpen)
 
 	logs.mu.Lock()
 	defer logs.mu.Unlock()

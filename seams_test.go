@@ -80,6 +80,7 @@ var seamRows = []struct {
 	{"SDK attempt header × budget", seamSDKBudget},
 	{"SDK attempt header × breaker", seamSDKBreaker},
 	{"retry-after-ms × pushback", seamRetryAfterMsPushback},
+	{"breaker state series × Update, eviction", seamBreakerSeriesUpdateEvict},
 }
 
 func TestSeams(t *testing.T) {
