@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/bulwark-http/bulwark/internal/version"
 	"github.com/bulwark-http/bulwark/internal/wire"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -12,11 +13,10 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 )
 
-// instrumentationName names the Shedder's meter. It is the root package's
-// path, the name the Shedder's metrics were reported under before the
-// server half left the root, so that a dashboard or alert filtering on the
-// instrumentation scope still finds them.
-const instrumentationName = "github.com/bulwark-http/bulwark"
+// instrumentationName names the Shedder's meter: this package's path, as
+// OpenTelemetry names an instrumentation scope after the code that reports
+// (the client reports under the root's). Its version is the module's.
+const instrumentationName = "github.com/bulwark-http/bulwark/server"
 
 // Attribute keys of the Shedder's metrics.
 const (
@@ -37,7 +37,7 @@ func (s *Shedder) registerMetrics(mp metric.MeterProvider, name string) {
 	case metricnoop.MeterProvider, *metricnoop.MeterProvider:
 		return
 	}
-	m := mp.Meter(instrumentationName, metric.WithSchemaURL(semconv.SchemaURL))
+	m := mp.Meter(instrumentationName, metric.WithSchemaURL(semconv.SchemaURL), metric.WithInstrumentationVersion(version.Module()))
 	served, err1 := m.Int64ObservableCounter("bulwark.shed.served",
 		metric.WithDescription("Requests a Shedder handed to its handler, by priority."), metric.WithUnit("{request}"))
 	refused, err2 := m.Int64ObservableCounter("bulwark.shed.refused",

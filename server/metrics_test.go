@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/bulwark-http/bulwark"
+	"github.com/bulwark-http/bulwark/internal/version"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -17,16 +18,15 @@ import (
 )
 
 // findMetric returns the metric called name, from the Shedder's meter.
-// Every point must come from the scope the Shedder has always reported
-// under, the root package's path: moving it to package server changed no
-// dashboard.
+// Every point must come from the server package's own instrumentation
+// scope, with the module's version.
 func findMetric(t *testing.T, rm metricdata.ResourceMetrics, name string) *metricdata.Metrics {
 	t.Helper()
 	for _, sm := range rm.ScopeMetrics {
 		for i := range sm.Metrics {
 			if sm.Metrics[i].Name == name {
-				if sm.Scope.Name != "github.com/bulwark-http/bulwark" {
-					t.Errorf("%s: instrumentation scope %q, want the root package's path", name, sm.Scope.Name)
+				if sm.Scope.Name != "github.com/bulwark-http/bulwark/server" || sm.Scope.Version != version.Module() {
+					t.Errorf("%s: instrumentation scope %q version %q, want the server package's path and %q", name, sm.Scope.Name, sm.Scope.Version, version.Module())
 				}
 				return &sm.Metrics[i]
 			}
