@@ -113,8 +113,10 @@ type ShedConfig struct {
 	Classify func(*http.Request) bulwark.Priority
 
 	// MeterProvider receives the Shedder's metrics: Stats as observable
-	// instruments, read at each collection (see Shedder). Nil means
-	// otel.GetMeterProvider(); a noop provider turns them off.
+	// instruments, read at each collection (see Shedder), under the
+	// instrumentation scope github.com/bulwark-http/bulwark/server with the
+	// module's version. Nil means otel.GetMeterProvider(); a noop provider
+	// turns them off.
 	MeterProvider metric.MeterProvider
 
 	// Adaptive makes the worker count learn from the handler's latency,
