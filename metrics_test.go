@@ -326,9 +326,11 @@ func TestMetricThrottleProbability(t *testing.T) {
 	})
 }
 
-// The breaker state series × Update and eviction: an Update that gives a
-// host a new breaker moves its series to the new breaker's state, in
-// place; a host evicted from the table has no series left.
+// The breaker state series × Update, eviction and ControlBreaker: an
+// Update that gives a host a new breaker moves its series to the new
+// breaker's state, in place; a host evicted from the table has no series
+// left; a forced state shows as the state it forces, and Auto gives the
+// breaker's own back.
 func seamBreakerSeriesUpdateEvict(t *testing.T) {
 	k := newMetricKit(t)
 	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) { return seamAnswer(req, 0, 503) }}
@@ -367,4 +369,15 @@ func seamBreakerSeriesUpdateEvict(t *testing.T) {
 		}
 	}
 	wantStates(t, p, "closed", stateKey("b.test"))
+
+	if err := tr.ControlBreaker("b.test:80", bulwark.BreakerForceOpen); err != nil {
+		t.Fatal(err)
+	}
+	m, _ = k.collect(t, "bulwark.breaker.state")
+	wantStates(t, points[int64](t, m), "open", stateKey("b.test"))
+	if err := tr.ControlBreaker("b.test:80", bulwark.BreakerAuto); err != nil {
+		t.Fatal(err)
+	}
+	m, _ = k.collect(t, "bulwark.breaker.state")
+	wantStates(t, points[int64](t, m), "closed", stateKey("b.test"))
 }

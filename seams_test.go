@@ -80,7 +80,7 @@ var seamRows = []struct {
 	{"SDK attempt header × budget", seamSDKBudget},
 	{"SDK attempt header × breaker", seamSDKBreaker},
 	{"retry-after-ms × pushback", seamRetryAfterMsPushback},
-	{"breaker state series × Update, eviction", seamBreakerSeriesUpdateEvict},
+	{"breaker state series × Update, eviction, ControlBreaker", seamBreakerSeriesUpdateEvict},
 }
 
 func TestSeams(t *testing.T) {
