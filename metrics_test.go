@@ -158,7 +158,7 @@ func points[N int64 | float64](t *testing.T, m metricdata.Metrics) map[string]N 
 	add := func(set attribute.Set, v N) {
 		var kv []string
 		for _, a := range set.ToSlice() {
-			kv = append(kv, string(a.Key)+"="+a.Value.Emit())
+			kv = append(kv, string(a.Key)+"="+a.Value.String())
 		}
 		sort.Strings(kv)
 		k := strings.Join(kv, ",")
