@@ -13,8 +13,8 @@ const modulePath = "github.com/bulwark-http/bulwark"
 // Module returns the bulwark module's version as the build recorded it: a
 // tag ("v1.4.0") or a pseudo-version when bulwark is a dependency, the
 // version the toolchain stamped when bulwark is the main module, and ""
-// when the build records none ("(devel)", as in bulwark's own tests, names
-// no version).
+// when the build records none: "(devel)", as in bulwark's own tests or
+// under a replace directive to a directory, names no version.
 func Module() string {
 	return of(debug.ReadBuildInfo())
 }
@@ -33,10 +33,10 @@ func of(bi *debug.BuildInfo, ok bool) string {
 				continue
 			}
 			v = d.Version
-			// A replacement by another version is what was built; one by
-			// a directory has no version of its own, and the requirement's
-			// stands.
-			if d.Replace != nil && d.Replace.Version != "" {
+			// What was built is the replacement: another module's version,
+			// or a directory's code, which has none ("(devel)"), whatever
+			// version the requirement named.
+			if d.Replace != nil {
 				v = d.Replace.Version
 			}
 			break

@@ -23,7 +23,7 @@ func TestOf(t *testing.T) {
 		{"replaced by another version", &debug.BuildInfo{Main: debug.Module{Path: "example.com/app"},
 			Deps: []*debug.Module{dep(modulePath, "v1.4.0", dep("example.com/fork", "v1.4.2", nil))}}, true, "v1.4.2"},
 		{"replaced by a directory", &debug.BuildInfo{Main: debug.Module{Path: "example.com/app"},
-			Deps: []*debug.Module{dep(modulePath, "v0.0.0-00010101000000-000000000000", dep("../bulwark", "", nil))}}, true, "v0.0.0-00010101000000-000000000000"},
+			Deps: []*debug.Module{dep(modulePath, "v1.9.9", dep("../bulwark", "(devel)", nil))}}, true, ""},
 		{"the main module, stamped", &debug.BuildInfo{Main: debug.Module{Path: modulePath, Version: "v1.5.0"}}, true, "v1.5.0"},
 		{"the main module, unstamped", &debug.BuildInfo{Main: debug.Module{Path: modulePath, Version: "(devel)"}}, true, ""},
 		{"not linked in", &debug.BuildInfo{Main: debug.Module{Path: "example.com/app", Version: "v2.0.0"}}, true, ""},
