@@ -621,15 +621,11 @@ func newBreaker(next stage, p Breaker, e env, randN func(int64) int64) *breakerS
 		MaxRequests: uint32(max(p.HalfOpenCalls, 1)),
 		// This layer holds every open time (holdUntil), so gobreaker's
 		// own is the least that serves: the shortest open time there can
-		// be (see openTime) ÷ HalfOpenCalls, the soonest the first spaced
-		// probe can go (with HalfOpenCalls 1, none goes, and it is that
-		// shortest open time). A spaced probe that
-		// succeeds ends the hold; gobreaker must then be ready to go
-		// half-open on the next request, as it is only once its own open
-		// time has passed. It is not zero: a request that found the
-		// breaker closed and reaches gobreaker just after another trips
-		// it is still refused. While the hold lasts gobreaker is not
-		// asked (see state), so it cannot go half-open early.
+		// be (see openTime) ÷ HalfOpenCalls, the soonest a spaced probe
+		// can go, after which gobreaker must be ready to go half-open. It
+		// is not zero, so a request that reaches gobreaker just after
+		// another trips it is still refused; while the hold lasts
+		// gobreaker is not asked (see state).
 		Timeout:       max((p.OpenFor-p.OpenFor/5)/time.Duration(max(p.HalfOpenCalls, 1)), 1),
 		ReadyToTrip:   c.readyToTrip,
 		OnStateChange: c.noteStateChange,

@@ -493,16 +493,13 @@ func (r *attemptRun) bodyEnd() {
 	r.cancel(context.Canceled)
 }
 
-// An attempt whose base ignores its context cannot be made to return; it
-// can only be left behind, as Hystrix's thread isolation leaves a command
-// that ignores its timeout to its thread. With Config.BaseIgnoresContext
-// the attempt layer runs the layers below it in a goroutine of their own
-// (guarded) and returns when the attempt's context ends, deadline, the
-// caller's cancel or a hedge's win alike; the goroutine then finishes on
-// its own: it drains and closes the late response, and hands back what
-// the layers above hold for the attempt (its bulkhead slot), so a host
-// that holds its attempts past their deadline still holds no more slots
-// than its bulkhead has.
+// An attempt whose base ignores its context can only be left behind, as
+// Hystrix's thread isolation leaves a command to its thread. With
+// Config.BaseIgnoresContext the attempt layer runs the layers below in a
+// goroutine of their own and returns when the attempt's context ends; the
+// goroutine drains and closes the late response and hands back the
+// attempt's bulkhead slot, so such a host holds no more slots than its
+// bulkhead has.
 
 // The states of lateRun.state.
 const (
