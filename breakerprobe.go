@@ -18,7 +18,7 @@ import (
 // A hold adopted from another pod is probed by a second breakerProbes of
 // the breaker's (only spaced is asked), so a fleet's verdict is never
 // harder to end than a local trip. It is all atomics: a closed breaker
-// costs one load of gate. See docs/design.md, "Breaker".
+// costs one load of gate.
 type breakerProbes struct {
 	calls   int32        // HalfOpenCalls, at least 1: the ration
 	gate    atomic.Bool  // set at a trip, cleared when the breaker closes

@@ -388,8 +388,8 @@ func (l *learned) timeout(attempt int, ceiling time.Duration) (time.Duration, bo
 // must hold before a learned breaker trips on it. It is the third
 // attempt's learned timeout (at most learnedCeiling), so the host has
 // answered nothing in time for as long as a call's longest attempt waits;
-// zero without a baseline. l may be nil. See docs/design.md, "Learned
-// bounds".
+// zero without a baseline. l may be nil.
+// See docs/design.md, "Learned bounds".
 func (l *learned) failingFor() time.Duration {
 	if l == nil {
 		return 0

@@ -250,8 +250,8 @@ type RetryEvent struct {
 //
 // With Config.Fleet, the ratio and the floor bound the whole fleet's
 // retries (MinPerSecond is then the fleet's floor); the throttle stays each
-// pod's own, and a route's budget stays local. See docs/design.md, "Retry
-// budget".
+// pod's own, and a route's budget stays local.
+// See docs/design.md, "Retry budget".
 type Budget struct {
 	// Ratio is the most retries per call over the window, in (0, 1]. Zero
 	// inherits from Default, then DefaultBudgetRatio.
