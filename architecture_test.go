@@ -397,7 +397,7 @@ func TestCommentBlocks(t *testing.T) {
 	}
 
 	fset := token.NewFileSet()
-	read := 0
+	read, skipped := 0, 0
 	for _, pattern := range commentBlockDirs {
 		dirs, err := filepath.Glob(pattern)
 		if err != nil {
@@ -409,7 +409,11 @@ func TestCommentBlocks(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, name := range names {
-				if strings.HasSuffix(name, "_test.go") || slices.Contains(commentBlockSkip, name) {
+				if strings.HasSuffix(name, "_test.go") {
+					continue
+				}
+				if slices.Contains(commentBlockSkip, name) {
+					skipped++
 					continue
 				}
 				over, err := commentBlocksOver(fset, name, nil, commentBlockMax)
@@ -426,5 +430,5 @@ func TestCommentBlocks(t *testing.T) {
 	if read == 0 {
 		t.Fatal("no file read")
 	}
-	t.Logf("%d non-test files read in %v, %d skipped (being rewritten)", read, commentBlockDirs, len(commentBlockSkip))
+	t.Logf("%d non-test files read in %v, %d skipped (being rewritten)", read, commentBlockDirs, skipped)
 }
