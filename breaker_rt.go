@@ -120,7 +120,8 @@ type Breaker struct {
 	WindowCalls int
 
 	// Window, when set, makes the window time-based: the calls of the last
-	// Window, in ten buckets of Window/10. It must be at least 100 ms. Zero
+	// Window, in ten buckets of Window/10 (so up to a tenth more of the
+	// past). It must be at least 100 ms. Zero
 	// inherits from Default, then means the count window of WindowCalls.
 	// A time window suits a host with steady traffic; on a busy host its
 	// healthy past dilutes a new failure, so a count window reacts sooner.
@@ -140,8 +141,9 @@ type Breaker struct {
 	// open time ÷ HalfOpenCalls goes as a probe, once a request was refused
 	// since the last, and one that succeeds ends the open time: a recovered
 	// host is found within that spacing, and a host still sick sees at most
-	// HalfOpenCalls probes per open period. Zero inherits from Default,
-	// then DefaultOpenFor (1 s).
+	// HalfOpenCalls probes per open period. A caller calling less often
+	// than the open time sees probes, not refusals. Zero inherits from
+	// Default, then DefaultOpenFor (1 s).
 	OpenFor time.Duration
 
 	// MaxOpenFor caps the open time's growth. It may not be below OpenFor.

@@ -63,11 +63,11 @@ var ErrRateLimited = errors.New("bulwark: client-side rate limit reached")
 // The contract, with the limit in force (BulkheadSnapshot.Limit):
 //  1. A request is admitted at once while fewer than the limit are in
 //     flight and nobody waits.
-//  2. Otherwise it waits in arrival order if fewer than MaxQueue wait, for
-//     at most MaxWait (and never past the call's deadline less the minimum
-//     worth sending), and takes the slot of the first request to end; past
-//     MaxQueue, or when its wait runs out, it is refused with
-//     ErrBulkheadFull.
+//  2. Otherwise, if fewer than MaxQueue wait, it waits in arrival order
+//     (requests arriving at the same instant in an order of their own) for
+//     at most MaxWait and never past the call's deadline less the minimum
+//     worth sending, and takes the slot of the first request to end; else,
+//     or when its wait runs out, it is refused with ErrBulkheadFull.
 //  3. The limit is MaxConcurrent, or with Adaptive a value that moves
 //     within [MinConcurrent, MaxConcurrent] as latency says the host
 //     queues or not.
@@ -95,7 +95,8 @@ type Bulkhead struct {
 	// what the host completes a second × the baseline; while requests use
 	// the limit and see no queue it probes upward by 1, doubling each window
 	// in a row; while they use less it decays toward 1.1 × their peak. It
-	// starts at MaxConcurrent. Set MaxConcurrent without Adaptive for a
+	// starts at MaxConcurrent. The queue (MaxQueue) still applies to
+	// requests past the limit. Set MaxConcurrent without Adaptive for a
 	// fixed limit.
 	//
 	// Adaptive is on whenever MaxConcurrent is zero after inheritance, and

@@ -73,9 +73,8 @@ type Verdict struct {
 // bulwark.outcome metric attribute. It runs several times for one attempt,
 // on the request path, outside any lock, and concurrently: it must be
 // cheap, safe for concurrent use, give the same Verdict for the same
-// outcome, and must not read or close resp.Body. err may wrap the
-// attempt's error (a *RetryError, at the fallback): match it with
-// errors.Is and errors.As.
+// outcome, and not read or close resp.Body. err may wrap the attempt's
+// error (a *RetryError, at the fallback): use errors.Is and errors.As.
 //
 // It is asked only about what the host did: a response, a transport error,
 // or bulwark's own timeout (ErrAttemptTimeout, ErrTotalTimeout). bulwark's
@@ -83,11 +82,13 @@ type Verdict struct {
 // ErrRetryBudget, ErrDeadlineTooShort), the caller's own cancellation or
 // deadline, and a 429 or 5xx marked NoRetryFromBelow are OutcomeIgnored
 // and not retryable whatever the classifier, so that no layer counts its
-// own refusals against the host; a fallback still answers for them.
+// own refusals against the host; a fallback still answers for a refusal
+// or a pass-up.
 //
-// The adaptive limit (Bulkhead.Adaptive) counts as a drop bulwark's own
-// timeout, a 429, a 503, and any OutcomeFailure the classifier declares
-// where DefaultClassify would not. See docs/design.md, "Classification".
+// The adaptive limit (Bulkhead.Adaptive) counts as a drop an OutcomeFailure
+// that is bulwark's own timeout, a 429 or a 503, and any OutcomeFailure
+// the classifier declares where DefaultClassify would not; what it does not
+// call a failure is never a drop. See docs/design.md, "Classification".
 type Classifier func(resp *http.Response, err error) Verdict
 
 // DefaultClassify is the Classifier a nil Policy.Classify means. Its

@@ -41,9 +41,10 @@ const (
 // as slow, and the call returns once its losers have, so no body or slot
 // outlives it (with Config.BaseIgnoresContext, a loser is abandoned and
 // holds its slot until its base returns). Hedges go in a call's first
-// round only; if all of it fails, retries follow one at a time. The
-// round's outcome is then the failure that came back last (Polly returns
-// the primary's).
+// round only; if all of it fails, retries follow one at a time (none with
+// Retry.Disabled). The round's outcome is then the failure from the host
+// that came back last (a refusal below, such as an open breaker, only when
+// no attempt reached the host; Polly returns the primary's).
 //
 // Hedging is off unless Delay or Quantile is set. It needs the attempt
 // timeout (Timeout not disabled), whose context cancels a loser.

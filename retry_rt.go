@@ -47,10 +47,12 @@ const (
 //	Decorrelated:  min(Cap, random(Base, 3 × previous wait)), the first previous wait being Base
 //	None:          exp
 //
-// When the call's deadline leaves room for only part of the range, the wait
-// is drawn from that part, which leaves the host's recent p99 latency to
-// answer in (Full: random(0, room)); a range wholly beyond the room (None's,
-// Equal's above its half, Decorrelated's above Base) means no retry.
+// A retry must leave the host's recent median latency (at least 10 ms) to
+// answer in before the call's deadline. When the deadline leaves room for
+// only part of the range, the wait is drawn from that part, which leaves
+// the host's recent p99 latency and 5 ms for a late timer (Full:
+// random(0, room)); a range wholly beyond the room (None's, Equal's above
+// its half, Decorrelated's above Base) means no retry.
 //
 // The zero value inherits, then means Full.
 type Jitter uint8
@@ -234,7 +236,8 @@ type RetryEvent struct {
 // other rules allow is sent only if
 //  1. gRPC's retry throttle (gRFC A6) holds more than 5 of its 10 tokens: a
 //     call whose first attempt failed takes one, one that succeeded gives
-//     back Ratio of one, and one whose outcome is ignored neither; and
+//     back Ratio of one, and one whose outcome is ignored (a 4xx other
+//     than 429, a 501) neither; and
 //  2. counting it, the retries in the window stay within Ratio × the calls
 //     in the window, or else the floor has a token for it: a token bucket
 //     (golang.org/x/time/rate) of MinPerSecond a second with a burst of
@@ -243,10 +246,12 @@ type RetryEvent struct {
 //     ratio too.
 //
 // The window is ten buckets of Window/10; a call counts when its first
-// attempt ends, in the bucket of its start. So five failed calls in a row
-// stop every retry and hedge until successes earn the tokens back, and a
-// host that fails more than Ratio ÷ (1 + Ratio) of its calls (17 % at the
-// default) for long is sent each call once.
+// attempt ends, in the bucket of its start (or the newest, if that is
+// later), and calls decided at the same instant are judged in an order of
+// their own. So five failed calls in a row stop every retry and hedge
+// until successes earn the tokens back, and a host that fails more than
+// Ratio ÷ (1 + Ratio) of its calls (17 % at the default) for long is sent
+// each call once.
 //
 // With Config.Fleet, the ratio and the floor bound the whole fleet's
 // retries (MinPerSecond is then the fleet's floor); the throttle stays each
