@@ -48,8 +48,9 @@ const NoRetryHeader = "Bulwark-No-Retry"
 // included; a full bulkhead, a pushback pause, the throttle, the retry
 // budget), or was answered don't-retry. A call that failed once because
 // retries were off or its request may not be sent twice does not mark,
-// nor does one its Fallback answered; the mark never replaces a
-// NoRetryHeader the handler set. See docs/design.md, "The chain".
+// nor does one its Fallback answered (other than with a 5xx or 429); the
+// mark never replaces a NoRetryHeader the handler set.
+// See docs/design.md, "The chain".
 const NoRetryFromBelow = "below"
 
 // passedUp reports whether a response's NoRetryHeader says the failure was
