@@ -22,7 +22,9 @@ import (
 // or that wants every caller's answers marked. On a request that already
 // carries a record it adds nothing. A handler's own NoRetryHeader is never
 // replaced, and answers below 500 other than 429 are never marked. A
-// Shedder attaches no record: its refusals make no call below.
+// Shedder attaches no record: its refusals make no call below, and the
+// handler it admits notes in the record of the DeadlineHandler or PassUp
+// around it.
 //
 // It costs one allocation per request, plus the request's copy with the
 // new context, and starts no goroutine. The writer it hands the handler
