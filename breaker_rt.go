@@ -19,18 +19,10 @@ import (
 	"github.com/sony/gobreaker/v2"
 )
 
-// Package defaults for Breaker. The failure rate, the window of the last
-// 100 calls and the 100-call minimum are resilience4j's defaults; its
-// default slow-call rate is 100 % (a host trips on slowness only when every
-// call is slow), where bulwark's is 50 %: slowness drains a caller's
-// workers long before every call is slow. The open time starts at 1 s,
-// the first wait of gRPC's connection backoff, and doubles on each trip in
-// a row, as Envoy grows an outlier's ejection, up to a minute. It was
-// Polly's 5 s: in a chain of services, where the breaker nearest a failing
-// dependency is the one that trips (NoRetryFromBelow), a 2 s blip at the
-// bottom then kept the top down for 3–5 s after it; with 1 s and the
-// probe on a timer (breakerProbes) it answers again within a few hundred
-// milliseconds (server's TestChainFailsAndRecoversAsOne).
+// Package defaults for Breaker: resilience4j's failure rate, window and
+// minimum, a slow-call rate of 50 % (resilience4j's is 100 %), and an open
+// time from gRPC's connection backoff, doubled on trips in a row up to a
+// minute. See docs/design.md, "Breaker".
 const (
 	DefaultFailureRate   = 0.5
 	DefaultSlowCallRate  = 0.5
@@ -68,48 +60,30 @@ const minBreakerWindow = 100 * time.Millisecond
 const maxWindowCalls = window.MaxCalls
 
 // Breaker configures the circuit breaker of each host of an upstream, after
-// Nygard's Release It!. It watches every attempt, retries included, and
-// does exactly this (package defaults in brackets):
+// Nygard's Release It!. It watches every attempt, retries included (package
+// defaults in brackets):
 //
-//   - Counts. Policy.Classify judges each attempt when its response
-//     headers or its error arrive: a failure, a success, or ignored (by
-//     DefaultClassify: the caller's cancel, a 501, a 4xx but 429), which
-//     counts for nothing; one that took SlowCall or longer is slow too. The window holds exactly
-//     the last WindowCalls [100] counted attempts or, with Window set,
-//     those of the last Window, in ten buckets (up to a tenth more of the
-//     past). Every state change empties it.
-//   - Trips, judged after every counted attempt, a success too: when the
-//     window holds MinCalls [100] attempts or more and failures ÷
-//     attempts ≥ FailureRate [50 %] or slow ÷ attempts ≥ SlowCallRate
-//     [50 %]. While SlowCall is learned, a rate met only by counting
-//     bulwark's own timeouts or slow calls trips once it has held at
-//     every attempt for the hold (below): the burst a queue makes as a
-//     host's capacity drops; failures the host answered (5xx, 429) and
-//     transport errors trip at once. Or when the last ConsecutiveFailures
-//     [10] attempts went unanswered: at once if one was a transport error
-//     (refused, reset), and over at least the hold if all were timeouts.
-//     Or when ReadyToTrip says so. So a host that fails every attempt
-//     trips at its 100th from a cold start and at its 50th failure after
-//     a healthy past; one failing every other attempt, or three in a
-//     round robin of five, at its 100th; a dead host after 10 attempts.
-//   - The hold is the host's learned third-attempt timeout: 12 × its
-//     healthy p99.9, at least 200 ms, at most the attempt timeout's
-//     ceiling (Timeout.Attempt [10 s]); zero before anything is learned.
-//   - Refuses. Open, it fails every request at once with a
-//     *BreakerOpenError, for OpenFor [1 s], doubled on each trip in a row
-//     up to MaxOpenFor [60 s], less up to 20 % at random.
-//   - Probes. While open, one request per open time ÷ HalfOpenCalls [10]
-//     goes as a probe, once a request was refused since the last, keeping
-//     one of the HalfOpenCalls for the half-open round; one that succeeds
-//     ends the open time. Then, half-open, HalfOpenCalls probes go, at
-//     most that many at once. A caller calling less often than the open
-//     time sees probes, not refusals.
-//   - Closes when all of them succeed, none slow; one failed or slow probe
-//     opens it again.
+//   - Counts: Policy.Classify judges each attempt as failure, success or
+//     ignored; one that took SlowCall or longer is slow too. The window
+//     holds the last WindowCalls [100] counted attempts, or those of the
+//     last Window. Every state change empties it.
+//   - Trips, judged after every counted attempt: with MinCalls [100] or more
+//     in the window, when failures ÷ attempts ≥ FailureRate [50 %] or slow ÷
+//     attempts ≥ SlowCallRate [50 %]; when ConsecutiveFailures [10] attempts
+//     in a row went unanswered; or when ReadyToTrip says so. While SlowCall
+//     is learned, a rule met only by bulwark's own timeouts and slow calls
+//     trips once it has held for the hold: the host's learned third-attempt
+//     timeout (12 × its healthy p99.9, 200 ms to Timeout.Attempt's ceiling).
+//     So a host failing every attempt trips at its 100th from a cold start,
+//     its 50th failure after a healthy past; a dead host after 10 attempts.
+//   - Refuses: open, it fails every request with a *BreakerOpenError for
+//     OpenFor [1 s], doubled on each trip in a row up to MaxOpenFor [60 s].
+//   - Probes: while open, one request per open time ÷ HalfOpenCalls [10] (see
+//     OpenFor); then, half-open, HalfOpenCalls probes. It closes when all of
+//     them succeed, none slow; one failed or slow probe opens it again.
 //
-// The state machine is gobreaker's; bulwark feeds it the judgement of its
-// own window, since gobreaker counts no slow calls and judges only on a
-// failure.
+// The state machine is gobreaker's, fed by bulwark's own window, since
+// gobreaker counts no slow calls. See docs/design.md, "Breaker".
 type Breaker struct {
 	// FailureRate is the share of counted calls (0 < FailureRate ≤ 1) that
 	// were failures at which the breaker opens: it trips when failures ÷
@@ -126,23 +100,17 @@ type Breaker struct {
 
 	// SlowCall is how long an attempt may take, from sending to its
 	// response headers, before it counts as slow (a wait in the bulkhead's
-	// queue before sending is not the host's and does not count). Zero
-	// inherits from Default, then means learned from the host: 2 × its
-	// healthy p99.9 (the baseline Timeout.Attempt learns from, which moves
-	// by at most ×2 per five minutes), at least 50 ms, at most half of the
-	// policy's Timeout.Attempt (5 s with the package defaults), and that
-	// half while fewer than 200 attempts have succeeded. Twice the slowest
-	// healthy answers is slow by the host's own measure, and stays below
-	// the learned timeout (3 × the p99.9), so a host that slows down trips
-	// the slow-call rate before its attempts time out. While SlowCall is
-	// learned, a rate met only with timeouts or slow calls trips once it
-	// has held for the hold (see Breaker): bounds that tight make a queue of three service times
-	// slow or timed out, and on a busy host the last 100 calls are a few
-	// tens of milliseconds, so the burst of slow calls a capacity drop
-	// queues before the adaptive limit comes down would otherwise open the
-	// breaker for seconds on a host still serving a quarter of its load. A
-	// set SlowCall is obeyed as set: nothing is learned for it, and its
-	// rate rules trip at once.
+	// queue is not the host's and does not count). Zero inherits from
+	// Default, then means learned from the host: 2 × its healthy p99.9 (the
+	// baseline Timeout.Attempt learns from), at least 50 ms, at most half of
+	// Timeout.Attempt (5 s with the package defaults), and that half while
+	// fewer than 200 attempts have succeeded. Twice the slowest healthy
+	// answers stays below the learned timeout (3 ×), so a host that slows
+	// down trips the slow-call rate before its attempts time out. While it
+	// is learned, a rate met only by timeouts and slow calls trips once it
+	// has held for the hold (see Breaker), so that a capacity drop's brief
+	// queue does not open the breaker. A set SlowCall is obeyed as set, and
+	// its rate rules trip at once.
 	SlowCall time.Duration
 
 	// WindowCalls is how many of the most recent counted attempts the
@@ -152,7 +120,8 @@ type Breaker struct {
 	WindowCalls int
 
 	// Window, when set, makes the window time-based: the calls of the last
-	// Window, in ten buckets of Window/10. It must be at least 100 ms. Zero
+	// Window, in ten buckets of Window/10 (so up to a tenth more of the
+	// past). It must be at least 100 ms. Zero
 	// inherits from Default, then means the count window of WindowCalls.
 	// A time window suits a host with steady traffic; on a busy host its
 	// healthy past dilutes a new failure, so a count window reacts sooner.
@@ -167,15 +136,14 @@ type Breaker struct {
 
 	// OpenFor is how long the breaker stays open after its first trip
 	// before its half-open round. Each trip in a row (a probe that failed)
-	// doubles it, up to MaxOpenFor; each open time is then shortened by up
-	// to 20 % at random, so that the hosts of a fleet do not probe in
-	// step. While open, one request every open time ÷ HalfOpenCalls goes
-	// as a probe, once a request was refused since the last, and one that
-	// succeeds ends the open time at once: a recovered host is found
-	// within that spacing (or the next request after), not at the open
-	// time's end, and a host still sick sees at most HalfOpenCalls probes
-	// per open period, these and the half-open round's together. Zero inherits
-	// from Default, then DefaultOpenFor (1 s).
+	// doubles it, up to MaxOpenFor, less up to 20 % at random so that the
+	// hosts of a fleet do not probe in step. While open, one request every
+	// open time ÷ HalfOpenCalls goes as a probe, once a request was refused
+	// since the last, and one that succeeds ends the open time: a recovered
+	// host is found within that spacing, and a host still sick sees at most
+	// HalfOpenCalls probes per open period. A caller calling less often
+	// than the open time sees probes, not refusals. Zero inherits from
+	// Default, then DefaultOpenFor (1 s).
 	OpenFor time.Duration
 
 	// MaxOpenFor caps the open time's growth. It may not be below OpenFor.
@@ -204,22 +172,13 @@ type Breaker struct {
 	// ConsecutiveFailures trips the breaker when that many attempts in a
 	// row failed unanswered (bulwark's own timeout, a transport error such
 	// as a refused or reset connection; an answer, even a 5xx, ends the
-	// run), whatever MinCalls says, so that a dead or hung host at
-	// low traffic fails fast after a few calls instead of costing each of
-	// the 100 calls MinCalls waits for. Zero inherits from Default, then
-	// DefaultBreakerConsecutive (10); negative turns the rule off. Ten
-	// failed attempts are three or four calls with the default retries:
-	// more than the two failures a quiet host sees now and then (which
-	// the field warns must not trip it), fewer than gobreaker's default
-	// would need in calls, since it counts only the calls. A run with a
-	// transport error in it trips at once: no queue makes those. A run of
-	// bulwark's own timeouts only, once the host has a learned latency
-	// (see SlowCall), must also last at least the hold (see Breaker: the
-	// third attempt's learned timeout, the first's doubled twice): a
-	// shorter one, between answers, is a batch of attempts that timed out together in
-	// the queue of a host serving at its capacity (the queue its own
-	// server still works through after bulwark gave up on them), which the
-	// adaptive bulkhead is for, not a dead or hung host.
+	// run), whatever MinCalls says, so that a dead or hung host at low
+	// traffic fails fast. Zero inherits from Default, then
+	// DefaultBreakerConsecutive (10: three or four calls with the default
+	// retries); negative turns the rule off. A run with a transport error
+	// trips at once; a run of bulwark's own timeouts only, once the host
+	// has a learned latency, must also last the hold (see Breaker), since a
+	// shorter one is a batch that queued behind a host at capacity.
 	ConsecutiveFailures int
 
 	// OnStateChange, if not nil, is called after each state change of a
@@ -664,15 +623,11 @@ func newBreaker(next stage, p Breaker, e env, randN func(int64) int64) *breakerS
 		MaxRequests: uint32(max(p.HalfOpenCalls, 1)),
 		// This layer holds every open time (holdUntil), so gobreaker's
 		// own is the least that serves: the shortest open time there can
-		// be (see openTime) ÷ HalfOpenCalls, the soonest the first spaced
-		// probe can go (with HalfOpenCalls 1, none goes, and it is that
-		// shortest open time). A spaced probe that
-		// succeeds ends the hold; gobreaker must then be ready to go
-		// half-open on the next request, as it is only once its own open
-		// time has passed. It is not zero: a request that found the
-		// breaker closed and reaches gobreaker just after another trips
-		// it is still refused. While the hold lasts gobreaker is not
-		// asked (see state), so it cannot go half-open early.
+		// be (see openTime) ÷ HalfOpenCalls, the soonest a spaced probe
+		// can go, after which gobreaker must be ready to go half-open. It
+		// is not zero, so a request that reaches gobreaker just after
+		// another trips it is still refused; while the hold lasts
+		// gobreaker is not asked (see state).
 		Timeout:       max((p.OpenFor-p.OpenFor/5)/time.Duration(max(p.HalfOpenCalls, 1)), 1),
 		ReadyToTrip:   c.readyToTrip,
 		OnStateChange: c.noteStateChange,

@@ -6,35 +6,19 @@ import (
 )
 
 // breakerProbes rations the requests a tripped breaker lets through, and
-// spaces some of them through its open time: the probe on a timer.
-//
-// Why a timer: a breaker that probes only when its open time ends stays
-// open, after its dependency recovers, for up to the whole open time in
-// force, which doubles on each trip in a row; in a chain of services a
-// 2 s blip at the bottom then kept the top down for seconds after it. A
-// probe every open time ÷ HalfOpenCalls (once a request was refused since
-// the last) finds the recovery within that spacing (200 ms in the second
-// open time of the package defaults) or the next request after, while
-// the open time still grows on repeated trips, so a dependency that stays
-// sick sees probes ever more rarely.
-//
-// Why a ration: a dependency that is still sick sees at most HalfOpenCalls
-// probes per open period, as with probes at its end alone. From a trip
-// until the breaker closes or trips again, at most HalfOpenCalls requests
-// pass: up to HalfOpenCalls − 1 spaced through the open time, one request
-// each, and the rest at its end as the half-open round (at least one is
-// kept for it). A probe that succeeds shows the dependency answering:
-// the ration is refilled (the half-open round needs HalfOpenCalls
-// successes to close), and a spaced one ends the open time at once. With
+// spaces some of them through its open time: the probe on a timer, so that
+// a recovered dependency is found within one spacing (open time ÷
+// HalfOpenCalls) rather than at the end of an open time that doubles on
+// each trip in a row. From a trip until the breaker closes or trips again,
+// at most HalfOpenCalls requests pass: up to HalfOpenCalls − 1 spaced, one
+// each, and at least one kept for the half-open round. A probe that
+// succeeds refills the ration, and a spaced one ends the open time. With
 // HalfOpenCalls 1 there is no timer probe.
 //
-// A hold adopted from another pod of a fleet is probed the same way, by a
-// second breakerProbes of the breaker's (trip at the adoption, closed when
-// the hold ends; only spaced is asked), so that a fleet's verdict is never
-// harder to end than a local trip (see Fleet).
-//
-// All of it is atomics: a refusal still costs a few loads, and nothing
-// runs while the breaker is closed but one load of gate.
+// A hold adopted from another pod is probed by a second breakerProbes of
+// the breaker's (only spaced is asked), so a fleet's verdict is never
+// harder to end than a local trip. It is all atomics: a closed breaker
+// costs one load of gate.
 type breakerProbes struct {
 	calls   int32        // HalfOpenCalls, at least 1: the ration
 	gate    atomic.Bool  // set at a trip, cleared when the breaker closes
@@ -80,14 +64,9 @@ func (p *breakerProbes) closed() { p.gate.Store(false) }
 
 // spaced reports whether a request the open time would refuse at now goes
 // as a spaced probe: one per spacing, once a request was refused since the
-// last, while the ration keeps one for the half-open round.
-//
-// Why a refusal between: a caller whose requests come about as far apart
-// as the spacing (10 a second against the 80–100 ms of a first 1 s open
-// time) would otherwise have nearly every request sent as a probe: none
-// refused at once, and the sick host got as many requests as before the
-// trip. So at most every other request is a probe; a busier caller, with
-// many refusals per spacing, probes as often as before.
+// last (else a caller whose requests come about a spacing apart would have
+// nearly every one sent as a probe), while the ration keeps one for the
+// half-open round.
 func (p *breakerProbes) spaced(now int64) bool {
 	if !p.gate.Load() {
 		return false // held by a control, or by what these probes do not space

@@ -18,12 +18,9 @@ import (
 // DefaultMaxConcurrent is the per-host bulkhead size when
 // Bulkhead.MaxConcurrent is zero. It is http.DefaultTransport's MaxIdleConns:
 // past about that many requests in flight to one host, connections stop
-// being reused and every extra request pays for a new one, so a healthy
-// upstream rarely needs more. At 40 ms a call it still serves 2,500
-// requests a second, while a 10 s outage strands at most 100 goroutines and
-// connections. Size it per upstream from its latency and your share of the
-// caller's capacity, as Nygard's Release It! sizes bulkheads: a slow
-// dependency should be able to strand only its own share.
+// being reused. At 40 ms a call it still serves 2,500 requests a second,
+// while a 10 s outage strands at most 100 goroutines. Size it per upstream
+// from its latency and your share of the caller's capacity.
 //
 // The package default limit is adaptive instead: see Bulkhead.Adaptive.
 const DefaultMaxConcurrent = 100
@@ -38,15 +35,10 @@ const DefaultAdaptiveMax = 1000
 // DefaultMinConcurrent is the floor of an adaptive limit (the package
 // default, or one set with Bulkhead.Adaptive) when Bulkhead.MinConcurrent
 // is zero (or MaxConcurrent, if that is less). Ten in flight are never
-// refused: about what a host of ten cores needs, and a floor the noise of
-// a heavy tail's latency at a few in flight cannot cut through. Lower
-// floors were measured and refused a healthy host's calls: a lognormal
-// host (p50 5 ms, p99.9 100 ms) at 400 calls a second lost 63 of 24,000
-// calls to the limit with a floor of 6, 292 with 4 and 478 with 2, and
-// none with 10 (TestLearnedHeavyTail). The price is a host with fewer
-// than ten workers: with package defaults up to ten requests reach it at
-// once and the rest wait in its own queue, so set MaxConcurrent (or
-// MinConcurrent) for such a host.
+// refused: lower floors refused a healthy host's calls on the noise of a
+// heavy-tailed latency. A host with fewer than ten workers gets up to ten
+// requests at once with the package defaults: set MaxConcurrent (or
+// MinConcurrent) for it. See docs/design.md, "Bulkhead".
 const DefaultMinConcurrent = 10
 
 // defaultHeadroom is how far above the peak in flight the package default
@@ -65,33 +57,29 @@ var ErrRateLimited = errors.New("bulwark: client-side rate limit reached")
 
 // Bulkhead bounds how much of the caller one upstream host may hold. Every
 // host has its own bulkhead, keyed like http.Transport's connection pools
-// by scheme, host and port; hosts never share slots. A policy set for a
-// "host" key gives each of that host's ports a bulkhead of its own.
+// by scheme, host and port; hosts never share slots, and a policy set for
+// a "host" key gives each of that host's ports a bulkhead of its own.
 //
 // The contract, with the limit in force (BulkheadSnapshot.Limit):
 //  1. A request is admitted at once while fewer than the limit are in
 //     flight and nobody waits.
-//  2. Otherwise it waits in arrival order if fewer than MaxQueue wait, for
-//     at most MaxWait (and never past the call's deadline less the
-//     minimum worth sending), and takes the slot of the first request to
-//     end (requests arriving at the same instant queue in an order of
-//     their own); past MaxQueue, or when its wait runs out, it is refused
-//     with ErrBulkheadFull.
+//  2. Otherwise, if fewer than MaxQueue wait, it waits in arrival order
+//     (requests arriving at the same instant in an order of their own) for
+//     at most MaxWait and never past the call's deadline less the minimum
+//     worth sending, and takes the slot of the first request to end; else,
+//     or when its wait runs out, it is refused with ErrBulkheadFull.
 //  3. The limit is MaxConcurrent, or with Adaptive a value that moves
 //     within [MinConcurrent, MaxConcurrent] as latency says the host
 //     queues or not.
-//  4. The package default (MaxConcurrent zero) is adaptive and soft:
-//     while no window of the last second has shown the host queueing, a
-//     request past the limit is admitted all the same and the limit rises
-//     to what is in flight. So a host answering at a steady latency is
-//     not refused, whatever the burst, up to DefaultAdaptiveMax in
-//     flight.
+//  4. The package default (MaxConcurrent zero) is adaptive and soft: while
+//     no window of the last second has shown the host queueing, a request
+//     past the limit is admitted and the limit rises to what is in flight,
+//     up to DefaultAdaptiveMax.
 //
-// A slot is held from the moment a request is admitted until its response
-// body is read to EOF, fails while reading, or is closed (the connection is
-// busy until then), or until the attempt fails with an error. A caller that
-// never closes a body keeps its slot, as it would keep the connection.
-// Rate, when set, is checked before a slot is taken.
+// A slot is held from admission until the response body is read to EOF,
+// fails while reading, or is closed, or until the attempt fails. A caller
+// that never closes a body keeps its slot, as it would keep the
+// connection. Rate, when set, is checked before a slot is taken.
 type Bulkhead struct {
 	// MaxConcurrent is how many requests to one host may be in flight at
 	// once: a fixed limit, or an adaptive limit's ceiling when Adaptive is
@@ -100,27 +88,21 @@ type Bulkhead struct {
 	MaxConcurrent int
 
 	// Adaptive makes the limit learn from latency, within MinConcurrent and
-	// MaxConcurrent, per host (per instance under Endpoints), with
-	// internal/limit's gradient (after Netflix's concurrency-limits and
-	// Envoy's adaptive_concurrency): when a short window's mean latency to
-	// the response headers is more than 25 % above a slowly rising
-	// baseline (or an attempt timed out, or got 429 or 503), the limit
-	// comes down to what the host completes a second × the baseline; while
-	// requests use the limit and see no queue it probes upward by 1,
-	// doubling each window in a row; while they use less it decays toward
-	// 1.1 × their peak. It starts at MaxConcurrent. The queue (MaxQueue)
-	// still applies to requests past the limit. Set MaxConcurrent without
-	// Adaptive for a fixed limit.
+	// MaxConcurrent, per host (per instance under Endpoints), after Netflix's
+	// concurrency-limits and Envoy's adaptive_concurrency: when a short
+	// window's mean latency is more than 25 % above a slowly rising baseline
+	// (or an attempt timed out, or got 429 or 503), the limit comes down to
+	// what the host completes a second × the baseline; while requests use
+	// the limit and see no queue it probes upward by 1, doubling each window
+	// in a row; while they use less it decays toward 1.1 × their peak. It
+	// starts at MaxConcurrent. The queue (MaxQueue) still applies to
+	// requests past the limit. Set MaxConcurrent without Adaptive for a
+	// fixed limit.
 	//
 	// Adaptive is on whenever MaxConcurrent is zero after inheritance, and
-	// that package default limit is soft (rule 4 above); idle, it decays
-	// toward twice the peak in flight. A window shows queueing when its
-	// mean latency is past the tolerance (or a request was dropped) while
-	// the callers press on the limit or their requests in flight pile up
-	// faster than the host answers, or when callers pressing on the limit
-	// see a queue at all; the limit then comes down to the Little's-law
-	// level whole, not by at most half, and stays enforced until a second
-	// passes without such a window.
+	// that package default limit is soft (rule 4 above): it binds only for a
+	// second after a window showed the host queueing, and idle it decays
+	// toward twice the peak in flight. See docs/design.md, "Bulkhead".
 	Adaptive bool
 
 	// MinConcurrent is an adaptive limit's floor. Zero inherits from
@@ -303,17 +285,12 @@ func (e *RateLimitError) Unwrap() []error { return []error{ErrRateLimited, ErrBu
 
 // bulkheadStage is per host (per instance when balanced), just outside the
 // attempt deadline, so a slot covers exactly one attempt and a retry's
-// backoff holds none.
-//
-// The semaphore and its FIFO queue are written here rather than taken from
-// golang.org/x/sync/semaphore because the layer needs what that package does
-// not give: a queue length cap with an immediate refusal, counts to observe,
-// and release at body end through the bodyEnder the layer itself is (no
-// closure per request). With a queue, its state and the slot count change
-// under one mutex, so a release handing its slot straight to the first
-// waiter cannot race with that waiter giving up: whichever takes the lock
-// first decides, and the other sees it. Without one, there is nobody to hand
-// to, and a compare-and-swap counter is all it takes.
+// backoff holds none. The semaphore and its FIFO are hand-written, not
+// golang.org/x/sync/semaphore's: the layer needs a queue cap with an
+// immediate refusal, counts to observe, and release at body end without a
+// closure per request. With a queue, the slot count changes under the
+// queue's mutex, so a release handing its slot to the first waiter cannot
+// race with that waiter giving up; without one, a CAS counter does.
 type bulkheadStage struct {
 	next          stage
 	rep           *reporter

@@ -69,34 +69,26 @@ type Verdict struct {
 //
 // One classifier serves every layer that judges an outcome, so that they
 // agree: the breaker, the retries and hedges, the balancer's outlier
-// ejection, the throttle, the adaptive concurrency limit, the fallback and
-// the bulwark.outcome metric attribute all read its Verdict. Each of them
-// asks it about the outcome it sees, so it runs several times for one
-// attempt, on the request path, outside any lock, and concurrently: it must
-// be cheap, safe for concurrent use, give the same Verdict for the same
-// outcome, and must not read or close resp.Body. err may wrap the attempt's
-// error (a *RetryError, at the fallback): match it with errors.Is and
-// errors.As.
+// ejection, the throttle, the adaptive limit, the fallback and the
+// bulwark.outcome metric attribute. It runs several times for one attempt,
+// on the request path, outside any lock, and concurrently: it must be
+// cheap, safe for concurrent use, give the same Verdict for the same
+// outcome, and not read or close resp.Body. err may wrap the attempt's
+// error (a *RetryError, at the fallback): use errors.Is and errors.As.
 //
-// A classifier is asked only about what the host did: a response, a
-// transport error, or bulwark's own timeout (ErrAttemptTimeout,
-// ErrTotalTimeout), which says the host was too slow. It is not asked
-// about bulwark's refusals (ErrBreakerOpen, ErrBulkheadFull, ErrPushback,
-// ErrThrottled, ErrRetryBudget, ErrDeadlineTooShort: the host never saw
-// the request), nor about the caller's own cancellation or deadline (the
-// host did not end it): those keep DefaultClassify's Verdict, OutcomeIgnored
-// and not retryable, so that no classifier can make a layer count its own
-// refusals against the host, and a fallback still answers for a refusal.
-// Nor is it asked about a 429 or 5xx marked NoRetryFromBelow, a failure
-// the host passed up from a tier below: that is OutcomeIgnored and not
-// retryable whatever the classifier, and a fallback still answers for it.
+// It is asked only about what the host did: a response, a transport error,
+// or bulwark's own timeout (ErrAttemptTimeout, ErrTotalTimeout). bulwark's
+// refusals (ErrBreakerOpen, ErrBulkheadFull, ErrPushback, ErrThrottled,
+// ErrRetryBudget, ErrDeadlineTooShort), the caller's own cancellation or
+// deadline, and a 429 or 5xx marked NoRetryFromBelow are OutcomeIgnored
+// and not retryable whatever the classifier, so that no layer counts its
+// own refusals against the host; a fallback still answers for a refusal
+// or a pass-up.
 //
-// The adaptive limit (Bulkhead.Adaptive) counts as a drop, a sign the host
-// has too much to do, an OutcomeFailure that is bulwark's own timeout, a
-// 429 or a 503, and any OutcomeFailure the classifier declares where
-// DefaultClassify would not (a 404 it calls a failure, say): bulwark
-// cannot tell why the host failed it, and a limit that errs low recovers.
-// An outcome the classifier does not call a failure is never a drop.
+// The adaptive limit (Bulkhead.Adaptive) counts as a drop an OutcomeFailure
+// that is bulwark's own timeout, a 429 or a 503, and any OutcomeFailure
+// the classifier declares where DefaultClassify would not; what it does not
+// call a failure is never a drop. See docs/design.md, "Classification".
 type Classifier func(resp *http.Response, err error) Verdict
 
 // DefaultClassify is the Classifier a nil Policy.Classify means. Its
@@ -107,22 +99,10 @@ type Classifier func(resp *http.Response, err error) Verdict
 // or deadline and bulwark's refusals; a success otherwise. Retryable: a
 // transport error other than a permanent one (certificate and TLS errors,
 // a host that does not exist), bulwark's own timeout, and the statuses
-// 408, 429, 500, 502, 503 and 504. That is not quite either peer's set:
-// Polly's standard pipeline retries 408, 429 and every status ≥ 500, and
-// go-retryablehttp 429 and every 5xx but 501, not 408. bulwark retries
-// 408 (the server gave up waiting for the request, which another send
-// may deliver in time) and leaves out the 5xx statuses that say the
-// server will not do what was asked however often it is asked (501, 505,
-// 506, 507, 508, 510, 511). Errors are told apart by type, never by their
-// text. A
-// custom classifier can wrap it:
-//
-//	Classify: func(resp *http.Response, err error) bulwark.Verdict {
-//		if resp != nil && resp.StatusCode == http.StatusNotFound {
-//			return bulwark.Verdict{Outcome: bulwark.OutcomeFailure} // the index is gone
-//		}
-//		return bulwark.DefaultClassify(resp, err)
-//	}
+// 408, 429, 500, 502, 503 and 504 (Polly's standard pipeline retries 408,
+// 429 and every status ≥ 500; go-retryablehttp 429 and every 5xx but
+// 501). Errors are told apart by type, never by their text. A custom
+// classifier can wrap it:
 func DefaultClassify(resp *http.Response, err error) Verdict {
 	return classify(resp, err).verdict(resp)
 }

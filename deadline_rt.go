@@ -58,36 +58,20 @@ type Timeout struct {
 	// Attempt bounds one attempt, from sending until its response headers
 	// arrive. It may not exceed Total. Zero inherits from Default, then
 	// means learned: each host's timeout follows its own healthy latency,
-	// as TCP's retransmission timer follows the round trip (RFC 6298) and
-	// LogDevice's adaptive timeouts follow a high quantile.
+	// as TCP's retransmission timer follows the round trip (RFC 6298).
 	//
-	// The contract of the learned bounds: a host's baseline is the p99.9
-	// of the latencies of the attempts Policy.Classify called a success,
-	// over the current and the previous period of five minutes (a period
-	// begins with the first success at least five minutes after the last
-	// began; the one before it is dropped if it was due to end more than
-	// five minutes earlier). It is taken at the 200th success and
-	// every 32nd after, and moves by at most ×2 per five minutes since it
-	// was last taken, so that a host slowed by an incident does not teach
-	// it that slow is normal, while one slower for an hour is followed.
-	// A first attempt's timeout is 3 × the baseline, at least 50 ms, at
-	// most DefaultAttemptTimeout and Total; each retry doubles it, as TCP
-	// doubles its timer, up to the same ceiling. Before the 200th success
-	// it is the ceiling. The breaker's learned slow-call threshold is 2 ×
-	// the same baseline (Breaker.SlowCall). Tolerance: the p99.9 is read
-	// from a histogram of 16 buckets per doubling, up to 1/16 long; past
-	// 2,000 successes in a period one in eight is sampled.
-	// Transport.Snapshot shows what was learned (HostSnapshot.Learned).
-	// The learned timeout is the timer of bulwark's own retries, so it
-	// does not bound a request that a retrying client above marks (an
-	// SDK's attempt header, another bulwark's Bulwark-Attempt: see
-	// AttemptHeader): that client, which sends it again, bounds it with
-	// its own context, and a completion that takes 30 s on a host whose
-	// quick calls learned a 6 s timeout is answered as through a plain
-	// client. A set Attempt is obeyed as set (the baseline is still
-	// learned, for the breaker), and one below 10 ms is still sent
-	// (ErrDeadlineTooShort judges the time left before the call's
-	// deadline, not this bound).
+	// The learned bounds: a host's baseline is the p99.9 of the attempts
+	// Policy.Classify called a success, over the current and the previous
+	// five-minute period, taken at the 200th success and every 32nd after,
+	// and moving by at most ×2 per five minutes. A first attempt's timeout
+	// is 3 × the baseline, at least 50 ms, at most DefaultAttemptTimeout and
+	// Total; each retry doubles it up to the same ceiling; before the 200th
+	// success it is the ceiling. The p99.9 is read to within 1/16 (16
+	// histogram buckets per doubling). HostSnapshot.Learned shows it. It
+	// does not bound a request that a retrying client above marks (see
+	// AttemptHeader): that client bounds it. A set Attempt is obeyed as set
+	// (the baseline is still learned, for Breaker.SlowCall), and one below
+	// 10 ms is still sent. See docs/design.md, "Learned bounds".
 	Attempt time.Duration
 
 	// BodyIdle bounds how long one read of a response body may wait for a
@@ -509,16 +493,13 @@ func (r *attemptRun) bodyEnd() {
 	r.cancel(context.Canceled)
 }
 
-// An attempt whose base ignores its context cannot be made to return; it
-// can only be left behind, as Hystrix's thread isolation leaves a command
-// that ignores its timeout to its thread. With Config.BaseIgnoresContext
-// the attempt layer runs the layers below it in a goroutine of their own
-// (guarded) and returns when the attempt's context ends, deadline, the
-// caller's cancel or a hedge's win alike; the goroutine then finishes on
-// its own: it drains and closes the late response, and hands back what
-// the layers above hold for the attempt (its bulkhead slot), so a host
-// that holds its attempts past their deadline still holds no more slots
-// than its bulkhead has.
+// An attempt whose base ignores its context can only be left behind, as
+// Hystrix's thread isolation leaves a command to its thread. With
+// Config.BaseIgnoresContext the attempt layer runs the layers below in a
+// goroutine of their own and returns when the attempt's context ends; the
+// goroutine drains and closes the late response and hands back the
+// attempt's bulkhead slot, so such a host holds no more slots than its
+// bulkhead has.
 
 // The states of lateRun.state.
 const (

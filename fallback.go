@@ -40,10 +40,11 @@ const (
 // a 5xx or 429) is not noted in the request's CallRecord: the service's
 // own failure after it is not passed up as one from below.
 //
-// A fallback never makes a network call of its own. A fallback must be
-// cheaper and more reliable than what it replaces: a second network call is a second dependency, untested, with
-// no breaker around it, failing at the very moment the first one did. So
-// the built-ins read memory only, and a Func should too.
+// A fallback never makes a network call of its own: it must be cheaper and
+// more reliable than what it replaces, and a second network call is a
+// second dependency, with no breaker around it, failing at the very moment
+// the first one did. So the built-ins read memory only, and a Func should
+// too.
 //
 // The zero Fallback has no fallback at all.
 type Fallback struct {
@@ -97,9 +98,8 @@ type Fallback struct {
 //   - a stored response is served only to requests whose headers named by
 //     its Vary match the stored request's.
 //
-// Caching never slows a stream down: the body is copied as the caller
-// reads it, and kept only if the caller read it to the end within
-// MaxEntryBytes.
+// The body is copied as the caller reads it, never slowing a stream down,
+// and kept only if read to the end within MaxEntryBytes.
 type StaleCache struct {
 	// MaxAge is how long after receiving a response it may still be served;
 	// never beyond. Zero inherits from Default, then means no stale cache.
@@ -388,12 +388,9 @@ func newStaleCache(cfg StaleCache) *staleCache {
 
 // shareable is the stale cache's one rule for what it may share between
 // callers: whether a response with this status and header, to req, may be
-// stored, or (with a stored response's status and header) served to req.
-// It applies a shared cache's rules (RFC 9111 §3, §3.5, §4.2.4 and §5.2)
-// and two of bulwark's own: only full answers to a GET without cookies.
-// Only public, s-maxage and must-revalidate widen what is shared, and only
-// in the two cases RFC 9111 names (Set-Cookie, Authorization); a directive
-// it does not know changes nothing.
+// stored, or (with a stored response's status and header) served to req,
+// by a shared cache's rules (RFC 9111 §3, §3.5, §4.2.4, §5.2) and two of
+// bulwark's own: only full answers to a GET without cookies.
 //
 // fresh is how long after the response was generated (at Age zero) it may
 // be served: negative for as long as StaleCache.MaxAge allows, or, for a

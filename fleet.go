@@ -16,127 +16,29 @@ import (
 )
 
 // Fleet shares per-host state between the processes (pods) that call the
-// same upstreams, so that they act as one: when one pod's breaker trips,
-// the others stop calling the host too, and one pod's Retry-After pauses
-// the others, unless an answer of their own says otherwise (contract 4).
-// Set it as Config.Fleet; bulwark's redisfleet module implements it over
-// Redis. The core never imports a store's client.
+// same upstreams, so that they act as one: breaker counts and trips, 429
+// and 503 pauses, and retry-budget counts. Set it as Config.Fleet;
+// bulwark's redisfleet module implements it over Redis, and the core never
+// imports a store's client.
 //
-// Nothing on the request path waits on a Fleet. What a pod learns (a trip,
-// a pause) is handed to a bounded queue without blocking, and one
-// goroutine of the Transport's calls Publish from it; when the queue is
-// full the update is dropped and counted (FleetSnapshot.Dropped). Another
-// goroutine runs Receive, which hands what other pods published to the
-// FleetSink; the sink updates local state (a breaker's hold, a pushback
-// pause) with atomic stores, as a local trip does. If the store is down,
-// slow or partitioned, each pod keeps its own local decisions: no request
-// fails because of the Fleet. Transport.Close stops both goroutines.
+// Nothing on the request path waits on a Fleet: updates go to a bounded
+// queue without blocking (full, they are dropped and counted in
+// FleetSnapshot.Dropped), one goroutine of the Transport's calls Publish,
+// another runs Receive, and Transport.Close stops both. If the store is
+// down, slow or partitioned, each pod keeps its own local decisions.
 //
-// Freshness: an update reaches the other pods after the queue hand-off, one
-// Publish and the store's delivery (for Redis pub/sub, about a round trip
-// or two: milliseconds on one network). A pod that was disconnected
-// catches up when Receive starts again, from the state the store keeps.
+// Counts are added up, verdicts weighed: the fleet trips after about
+// MinCalls failed calls fleet-wide, but another pod's trip or pause binds
+// a pod only while no recent answer of its own from the host contradicts
+// it, and never longer, or with fewer ways out, than the same verdict
+// reached from its own answers. A pod's own DNS and dial failures are
+// left out of what it publishes. So one pod whose path is broken cannot
+// black out the fleet, while a host down for everyone is still cut off.
+// See docs/design.md, "The fleet".
 //
-// Breaker semantics: counts are aggregated, verdicts weighed. A pod whose
-// window just counted a failure or a slow call publishes its window's
-// counts (coalesced: at most one update per host waits in the queue, so a
-// busy sick host costs one publish per store round trip, and a healthy one
-// none). Each pod adds the other pods' latest counts (each valid for
-// fleetCountsFor) to its own when deciding whether to trip, so the fleet
-// trips after about MinCalls calls fleet-wide rather than MinCalls per pod.
-// A pod checks that sum before each call too, while peers' counts are
-// fresh, so that it does not send one more call once they have crossed
-// the threshold without it (fleetTrip). The pod that trips publishes
-// "open until T", and the others weigh it. A quorum of K pods was the
-// other choice: it lets K × MinCalls failures through and needs K healthy
-// pods to agree. Instead, a verdict from elsewhere is evidence, and these
-// contracts keep one pod whose own path is broken from blacking out the
-// fleet, while a host down for everyone is still cut off by the fleet:
-//
-//  1. A pod's own failures stay its own. A failure that says more about
-//     the caller than about the host counts in the pod's own breaker,
-//     which trips on it as ever and protects the pod, but is left out of
-//     the counts the pod publishes; a trip whose last failure was one is
-//     published only if the window without them would have tripped too.
-//     Two kinds are the caller's: a DNS failure (the request went nowhere:
-//     the pod's resolver answered, and a name gone for every pod trips each
-//     pod's breaker on its own within ConsecutiveFailures attempts), and a
-//     failed dial (refused, unreachable, timed out before a connection)
-//     while another pod's latest counts show the host answering it (calls,
-//     none failed or slow): then the path from this pod is what fails. A
-//     failed dial that no pod contradicts is the host's: a host that is
-//     down refuses every pod. Failures to many unrelated hosts at once,
-//     the other sign of a pod's own network, are not judged apart: they
-//     are failed dials, each host's peers contradict them, and where no
-//     peer calls a host there is no fleet to mislead.
-//  2. A trip is weighed, not obeyed. A pod whose own latest attempt to the
-//     host succeeded (within fleetCountsFor), or that holds a third pod's
-//     fresh counts showing the host answering, declines another pod's
-//     trip: its evidence is about its own path, the trip is about someone
-//     else's. It keeps the trip, and adopts it at its first failed attempt
-//     while the trip's time runs, so a host down for everyone costs each
-//     pod at most one attempt more than a verdict obeyed at once. The
-//     other pods' counts weigh the same way: they add to a pod's window
-//     only when its own attempt failed (or was slow), so a pod whose own
-//     calls succeed is never tripped by them. A pod
-//     that declines, or that is answered when another pod's failures
-//     arrive, answers with its counts (at most once a second), so the
-//     others learn that the host answers it.
-//  3. An adopted hold is no stronger than a local trip. It lasts until T
-//     and a grace (fleetProbeGrace, at most a quarter of the hold, time for
-//     the tripping pod's probes to fail and its next verdict to arrive),
-//     but never longer than the pod's own breaker would hold for as many
-//     trips in a row as it has adopted holds in a row since its last
-//     success: OpenFor doubled each time, up to MaxOpenFor, whatever the
-//     tripping pod's generation. It is probed as a local trip is, one
-//     probe a spacing (the hold ÷ HalfOpenCalls, once a request was
-//     refused since the last), at most HalfOpenCalls − 1 a hold, and a
-//     probe that succeeds ends it. A hold adopted while one runs (a chain
-//     of trips) refills that ration but does not move the next probe's
-//     time: the spacing runs from the first hold of the chain. It also ends when the tripping pod
-//     publishes that it closed again (FleetBreakerClosed: its half-open
-//     round succeeded; a pod whose hold is another pod's, a later and
-//     longer one, or its own trip's keeps it), and when another pod than
-//     the tripping one publishes counts showing the host answering. Then
-//     the pod's own breaker decides, as at the end of the hold's time.
-//  4. A pause is weighed as a trip is. Another pod's 429/503 pause is
-//     declined by a pod whose own latest answer from the host, within
-//     fleetFresh, was neither 429 nor 503 (nor, for a Shedder's pause of
-//     a priority, to a more important request), kept, and adopted at the
-//     pod's own next 429 or 503 while it runs; such an answer also ends a
-//     pause adopted. A pod without that evidence adopts the pause, capped
-//     at MaxRetryAfter from the first of a run adopted back to back, and
-//     once the run ends adopts none before its own next answer: a chain of
-//     pauses from one pod holds another for MaxRetryAfter at most between
-//     two of its own attempts, as one Retry-After of its own would.
-//
-// The rule, for trips and pauses alike: another pod's verdict binds a pod
-// only while no recent answer of its own from the host contradicts it,
-// and never longer, or with fewer ways out, than the same verdict reached
-// from its own answers. So a fleet verdict is never easier to reach than
-// a local one (a pod's own failures do not count toward it, and a pod
-// with evidence of its own is not bound by it) nor harder to end (no
-// longer, and probed as often; a pause, which is never probed locally,
-// bounded by MaxRetryAfter between two of the pod's own attempts).
-// A chain of holds from one sick pod, however long, refuses a pod that can
-// reach the host for one spacing at most (100 ms with the package
-// defaults) before its probe succeeds, and from then on its successes
-// decline the chain. The cost: each adopting pod probes through its hold,
-// where before only the tripping pod did, so a host down for N pods gets
-// up to N times HalfOpenCalls − 1 probes a hold, as N pods sharing
-// nothing would send it.
-//
-// Retry budgets are shared the same way, as counts: a pod that retries
-// (or is refused a retry) publishes its budget window's calls and
-// retries, pods calling the host answer with theirs at most once a second
-// while that goes on, and each pod's budget spends from the sum (see
-// Budget). A healthy host, which nobody retries, costs no publish.
-//
-// A rate-limit quota for the whole fleet (Bulkhead.FleetRate) needs more
-// than published state: a Fleet that also implements FleetLeaser hands
-// out tokens of it by leases.
-//
-// Implementations must be safe for concurrent use by the two goroutines.
+// A rate-limit quota for the whole fleet (Bulkhead.FleetRate) also needs
+// FleetLeaser. Implementations must be safe for concurrent use by the two
+// goroutines.
 type Fleet interface {
 	// Publish shares one update with the other pods. It is called from a
 	// single goroutine, never on the request path, with a context that

@@ -34,47 +34,23 @@ const NoRetryHeader = "Bulwark-No-Retry"
 
 // NoRetryFromBelow is NoRetryHeader's value on a failure passed up: a 5xx
 // or 429 a service answered after a bulwark call it made below failed in a
-// way the tier below already dealt with (see CallRecord for which). The
-// client reading it neither retries the answer nor counts it as the
-// host's failure in its breaker or adaptive limit (or an instance's
-// ejection): the tier below has already judged the dependency, and
-// tripping again above only delays the chain's recovery. It is counted
-// apart, as HostSnapshot.PassedUp and the outcome label "passed_up", and a
-// fallback still answers for it. The value is matched without regard to
-// case or surrounding spaces; any other value is the shed "1".
+// way the tier below already dealt with, so that of a chain of services
+// exactly one layer retries and trips. The client reading it neither
+// retries the answer nor counts it as the host's failure in its breaker or
+// adaptive limit (or an instance's ejection); it is counted apart, as
+// HostSnapshot.PassedUp and the outcome label "passed_up", and a fallback
+// still answers for it. The value is matched without regard to case or
+// surrounding spaces; any other value is the shed "1".
 //
-// The rules of the chain, for a request that reaches a service with the
-// server half and makes bulwark calls with its context:
-//   - Which outcomes below mark the answer: a call that was retried and
-//     still failed, or was due for a retry that no wait its backoff allows
-//     fit before its deadline; one refused locally (breaker open, bulkhead
-//     full, pushback pause, client-side throttle, retry budget spent); one
-//     whose last answer carried NoRetryHeader (a shed, a pass-up from
-//     further down) or an interop don't-retry signal (x-envoy-overloaded,
-//     a negative grpc-retry-pushback-ms). Not a call that failed once
-//     without being retried because its request may not be sent twice, or
-//     retries are off: no layer below tried again, so the layer above may.
-//     The mark goes only on the service's own 5xx or 429 answer, and never
-//     replaces a NoRetryHeader the handler set.
-//   - Fallbacks: a call whose failure its Fallback answered (with a status
-//     other than a 5xx or 429) notes nothing: the service went on with
-//     that answer, and a failure of its own after it is its own, which the
-//     layer above retries and counts.
-//   - A request that is itself a retry (Bulwark-Attempt ≥ 2) is served as
-//     any other: its calls below may retry. Marks make that rare: the layer
-//     above retries only answers that were not passed up (this service's
-//     own failure, a timeout above), and the deadline header bounds what
-//     both layers can spend together.
-//   - A non-idempotent request is sent once at every tier, as always; its
-//     failure below is not marked unless it was refused locally or answered
-//     don't-retry, so the one layer that may safely resend it (with an
-//     Idempotency-Key) still can.
-//   - Hedging: a hedge is an attempt; a call whose hedges all failed was
-//     retried and still failed. A marked answer is not retryable, so it
-//     ends a hedged round as any final answer does.
-//   - Fleet: a pass-up never reaches a breaker's window, so it is not
-//     published to the fleet's counts either; a trip shared by the fleet
-//     is still a local refusal, which marks.
+// A call below marks the answer when it was retried and still failed (its
+// hedges included), was due for a retry that could not fit before its
+// deadline, was refused locally (an open breaker, the fleet's trip
+// included; a full bulkhead, a pushback pause, the throttle, the retry
+// budget), or was answered don't-retry. A call that failed once because
+// retries were off or its request may not be sent twice does not mark,
+// nor does one its Fallback answered (other than with a 5xx or 429); the
+// mark never replaces a NoRetryHeader the handler set.
+// See docs/design.md, "The chain".
 const NoRetryFromBelow = "below"
 
 // passedUp reports whether a response's NoRetryHeader says the failure was
@@ -239,14 +215,13 @@ const DefaultDeadlineHeader = "Bulwark-Timeout-Ms"
 
 // AttemptHeader is the request header that numbers the attempts of one call
 // (1 for the first send, 2 for the first retry, …), like Envoy's
-// x-envoy-attempt-count, so a server can tell a retry from a new call (a
-// Shedder refuses retries first). It is written only when the retry layer
-// is on and the deadline header is sent.
-//
-// Read on a request, it says that another bulwark Transport above retries
-// the call, as the SDKs' own attempt headers say it of them; such a
-// request is sent once, its number kept as sent. The headers read, and
-// what bulwark does with each:
+// x-envoy-attempt-count, so a server can tell a retry from a new call. It is
+// written only when the retry layer is on and the deadline header is sent.
+// Read on a request, it says a client above retries the call, as the SDKs'
+// headers below say it of them: such a request is sent once. Each header is
+// evidence, never required: one that does not parse is ignored and counted
+// (Snapshot.RetryAfterIgnored), the longest of several waits is obeyed, and
+// none makes bulwark retry what its classifier would not.
 //
 //	request header               sent by                              bulwark
 //	Bulwark-Attempt              another bulwark Transport            sent once; no learned timeout, no default Total
@@ -263,13 +238,6 @@ const DefaultDeadlineHeader = "Bulwark-Timeout-Ms"
 //	retry-after-ms               Stainless and Azure servers          on 429 and 503, as Retry-After (milliseconds)
 //	x-ms-retry-after-ms          Azure                                the same
 //	X-Amz-Retry-After            AWS (milliseconds)                   the same
-//
-// Each is read when present and never required. A value that does not
-// parse is ignored and counted (Snapshot.RetryAfterIgnored). Where several
-// waits are given, the longest is obeyed. "true" in x-should-retry never
-// makes bulwark retry what its classifier would not. An SDK's request
-// that meets a pushback pause waits it out, when it ends before the
-// call's deadline, rather than spend one of the SDK's tries.
 const AttemptHeader = hdrBulwarkAttempt
 
 // cloneHeader copies h's map so that keys can be added or replaced without

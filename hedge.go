@@ -29,36 +29,25 @@ const (
 // after a delay, the retry layer sends the same request again beside it
 // (a hedge), takes the first answer that is not worth retrying, and
 // cancels the others. It cuts the long tail of a host whose slowness is
-// per request, not per host, as in Dean and Barroso's "The Tail at Scale"
-// (CACM 2013).
+// per request, not per host (Dean and Barroso, "The Tail at Scale").
 //
 // Hedges are attempts like retries: only a request safe to send twice is
-// hedged (see Retry); each hedge counts toward Retry.MaxAttempts (raised
-// to 1 + MaxHedges when lower), takes a token from the retry budget (none
-// is given while its retry throttle holds: see Budget), and
-// carries its own deadline header and Bulwark-Attempt. No hedge is sent
-// while the host's breaker is open, its pushback pause runs, its bulkhead
-// is (nine tenths) full, its client-side throttle (Throttle) is refusing
-// requests, or the host's median latency no longer fits before the
-// call's deadline. A cancelled loser counts neither as a
-// failure nor as a slow call in the breaker, and the call returns once its
-// cancelled losers have (at once, from a base that honours the context), so
-// no request body or bulkhead slot outlives the call; with
-// Config.BaseIgnoresContext a loser whose base ignores the cancel is
-// abandoned instead, and holds its slot until its base returns. Hedges are sent in a call's
-// first round only: if every attempt of it fails, retries follow one at a
-// time (none with Retry.Disabled).
-//
-// When every attempt of a round fails, the round's outcome is the failure
-// from the host that came back last (a refusal by a layer below, such as
-// an open breaker, only when no attempt of the round reached the host);
-// the others are drained and closed. That outcome is what the caller gets
-// when no retry follows. Polly's hedging returns the primary's outcome
-// instead; bulwark keeps the latest, the freshest word on the host.
+// hedged (see Retry); each counts toward Retry.MaxAttempts (raised to 1 +
+// MaxHedges when lower), takes a token from the retry Budget, and carries
+// its own deadline header and Bulwark-Attempt. No hedge is sent while the
+// host's breaker is open, its pushback pause runs, its bulkhead is nine
+// tenths full, its Throttle refuses, or its median latency no longer fits
+// before the deadline. A cancelled loser counts neither as a failure nor
+// as slow, and the call returns once its losers have, so no body or slot
+// outlives it (with Config.BaseIgnoresContext, a loser is abandoned and
+// holds its slot until its base returns). Hedges go in a call's first
+// round only; if all of it fails, retries follow one at a time (none with
+// Retry.Disabled). The round's outcome is then the failure from the host
+// that came back last (a refusal below, such as an open breaker, only when
+// no attempt reached the host; Polly returns the primary's).
 //
 // Hedging is off unless Delay or Quantile is set. It needs the attempt
-// timeout (Timeout not disabled), which gives each attempt the context a
-// hedge's loser is cancelled by.
+// timeout (Timeout not disabled), whose context cancels a loser.
 type Hedge struct {
 	// Delay is a fixed wait before a hedge. Zero inherits from Default;
 	// set Quantile instead for a delay that follows the host.

@@ -303,22 +303,15 @@ func (b baseStage) roundTrip(req *http.Request, _ call) (*http.Response, error) 
 // than learn.MinSamples successes have been seen.
 const (
 	// attemptFactor × the healthy p99.9 is a first attempt's learned
-	// timeout. LogDevice's adaptive timeouts multiply a high quantile by a
-	// safety factor in the same way; 3 leaves room for the quantile's
-	// error and a host's ordinary jitter: a lognormal host whose p99.9 is
-	// 20× its median (a heavy tail) passes 3 × its p99.9 on about one
-	// attempt in 80,000.
+	// timeout, a safety factor as LogDevice's adaptive timeouts use.
 	attemptFactor = 3
 	// slowFactor × the healthy p99.9 is the learned slow-call threshold:
 	// below the timeout, so that a host twice as slow as its worst healthy
 	// answers is slow before it times out.
 	slowFactor = 2
 	// learnedFloor is the least learned timeout or threshold: below it a
-	// pause of the caller's own (a GC, a starved CPU, a new connection's
-	// handshake) would time out a healthy host. 50 ms keeps a hung host's
-	// three attempts (50, 100 and 200 ms, doubled as TCP's timer is, RFC
-	// 6298 5.5) and their default backoffs (at most 100 and 200 ms) under
-	// 650 ms.
+	// pause of the caller's own (a GC, a new connection's handshake) would
+	// time out a healthy host.
 	learnedFloor = 50 * time.Millisecond
 	// learnedCeiling is the package default attempt timeout,
 	// DefaultAttemptTimeout (TestLearnedBounds holds them equal; this
@@ -390,18 +383,13 @@ func (l *learned) timeout(attempt int, ceiling time.Duration) (time.Duration, bo
 	return min(d, ceiling), true
 }
 
-// failingFor is how long a run of failed attempts must last before
-// Breaker.ConsecutiveFailures counts it, and how long a rate rule must
-// hold before a learned breaker trips on it: the third attempt's learned
-// timeout (the first's doubled twice, as the default retries wait; at
-// most learnedCeiling, as that timeout is), so that the host has
-// answered nothing in time for as long as a call's longest attempt
-// waits; zero without a baseline. A shorter run, on a
-// host that still answers between runs, is a batch of attempts that
-// queued together behind a host serving at capacity, and the queue its
-// server works through after they were cut (the adaptive limit's work:
-// a capacity drop at 1,200 calls a second makes one of about 150 ms in
-// the lab's capacity scenario), not a dead or hung host. l may be nil.
+// failingFor is the hold: how long a run of failed attempts must last
+// before Breaker.ConsecutiveFailures counts it, and how long a rate rule
+// must hold before a learned breaker trips on it. It is the third
+// attempt's learned timeout (at most learnedCeiling), so the host has
+// answered nothing in time for as long as a call's longest attempt waits;
+// zero without a baseline. l may be nil.
+// See docs/design.md, "Learned bounds".
 func (l *learned) failingFor() time.Duration {
 	if l == nil {
 		return 0

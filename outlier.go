@@ -26,25 +26,18 @@ const (
 
 // Endpoints makes a logical upstream a set of instances. Requests are
 // written against the logical name (http://tax.internal/rate); the
-// balancer, sends each attempt to one instance by rewriting a copy of the
+// balancer sends each attempt to one instance by rewriting a copy of the
 // request's URL host to the instance's "host:port". The Host header stays
 // the logical name, and for https the TLS server name is the logical host,
 // so certificates are verified against the name the caller asked for.
 //
 // Each instance gets a stack of its own below the balancer: a bulkhead
 // (Policy.Bulkhead applies per instance), the attempt deadline, and its own
-// clone of the base *http.Transport. The clone is what makes https work
-// (its TLS ServerName is the logical host, which a shared transport could
-// not give every instance), and it lets an instance that leaves the set
-// have its idle connections closed without touching the others. A
-// connection can never carry a request for another instance in any case:
-// http.Transport pools connections by URL host, and the URL host is the
-// instance. A Base that is not an *http.Transport cannot be cloned and is
-// shared by all instances; it must set the TLS server name itself.
-//
-// The service's breaker sits above the balancer and sees every
-// attempt, so when all instances are sick (and outlier detection may eject
-// only a few) the breaker opens as it would for one host.
+// clone of the base *http.Transport, which sets the TLS server name. A Base
+// that is not an *http.Transport cannot be cloned and is shared by all
+// instances; it must set the TLS server name itself. The breaker sits
+// above the balancer and sees every attempt, so when all instances are
+// sick it opens as it would for one host.
 //
 // Endpoints is set per upstream: Addrs and Resolver are not inherited from
 // Default (which may not set them); the other fields are.

@@ -50,13 +50,9 @@ const (
 // A retry must leave the host's recent median latency (at least 10 ms) to
 // answer in before the call's deadline. When the deadline leaves room for
 // only part of the range, the wait is drawn from that part, which leaves
-// the host's recent p99 latency (so that a retry slower than the median
-// still fits) and 5 ms kept for a timer that fires late (Full:
-// random(0, room)), so a
-// deadline handed down from a caller that learned its host's latency
-// shortens a retry's wait instead of skipping it; a range wholly beyond
-// the room (None's, Equal's above its half, Decorrelated's above Base) is
-// drawn as ever, and the retry is not made.
+// the host's recent p99 latency and 5 ms for a late timer (Full:
+// random(0, room)); a range wholly beyond the room (None's, Equal's above
+// its half, Decorrelated's above Base) means no retry.
 //
 // The zero value inherits, then means Full.
 type Jitter uint8
@@ -87,39 +83,28 @@ func (j Jitter) String() string {
 
 // Retry configures the retry layer, which sends a failed request again, and
 // the pushback layer, which obeys a host's Retry-After for every request to
-// it.
-//
-// The contract: after an attempt, the call is sent again only if all of
-// these hold, and then after the wait of rule 5.
+// it. After an attempt, the call is sent again only if all of these hold,
+// checked in this order, and then after the wait of rule 5:
 //  1. The outcome may change with another try: a transport error that is
-//     not permanent, bulwark's own attempt timeout, or the statuses 408,
-//     429, 500, 502, 503 and 504 (see DefaultClassify for where that
-//     differs from Polly and go-retryablehttp); CheckRetry, when set,
-//     decides instead.
+//     not permanent, bulwark's own attempt timeout, or 408, 429, 500, 502,
+//     503 or 504 (see DefaultClassify); CheckRetry, when set, decides.
 //  2. The request is safe to send twice: an idempotent method or an
 //     Idempotency-Key, and a body that can be replayed (see KeyPOST and
 //     BufferBody).
-//  3. Nobody said stop: the caller has not given up, no layer below
-//     refused on purpose (an open breaker, a full bulkhead, a pushback
-//     pause), the server did not ask for no retry (NoRetryHeader,
-//     Envoy's and gRPC's signals, an SDK's x-should-retry: false), and no
-//     retrying client above marks the request (an SDK's attempt header,
-//     another bulwark Transport's: see AttemptHeader), since that client
-//     retries it and retries happen at one layer; such a request is sent
-//     once, without hedges, and the breaker, bulkhead, budget and
-//     pushback still see it.
+//  3. Nobody said stop: not the caller, nor a layer below that refused on
+//     purpose (an open breaker, a full bulkhead, a pushback pause), nor the
+//     server (NoRetryHeader, Envoy's and gRPC's signals, an SDK's
+//     x-should-retry: false), nor a retrying client above that marks the
+//     request (see AttemptHeader): retries happen at one layer.
 //  4. Fewer than MaxAttempts attempts were sent.
 //  5. The wait, and the host's median latency after it, fit before the
-//     call's deadline. The wait is the response's Retry-After (up to
-//     MaxRetryAfter) if it has a valid one, else the backoff (at most
-//     10 ms after a refused connection, drawn from the part of the
-//     jitter's range that leaves the host's p99 latency before the
-//     deadline, or no wait when none does: see Jitter), and at least the
-//     host's pushback pause.
-//  6. The host's Budget has room: checked last, so that a retry another
-//     rule refuses spends nothing from it.
+//     call's deadline. The wait is a valid Retry-After (up to MaxRetryAfter),
+//     else the backoff (see Jitter; at most 10 ms after a refused
+//     connection), and at least the host's pushback pause.
+//  6. The host's Budget has room: last, so a refused retry spends nothing.
 //
-// Otherwise the caller gets the last attempt's outcome as it came.
+// Otherwise the caller gets the last attempt's outcome as it came. See
+// docs/design.md, "Retry".
 type Retry struct {
 	// MaxAttempts is the most times one call is sent, the first included:
 	// 1 means never retry. It may not exceed 10 (New refuses a
@@ -247,39 +232,31 @@ type RetryEvent struct {
 	Err        error
 }
 
-// Budget is the per-host retry budget. The contract: a retry (or a
-// hedge) that Retry's other rules allow is sent only if
-//  1. gRPC's retry throttle (gRFC A6) holds more than 5 of its 10 tokens:
-//     a call whose first attempt failed takes one, one that succeeded
-//     gives back Ratio of one, and one whose outcome is ignored (a 4xx
-//     other than 429, a 501) neither; and
-//  2. counting it, the retries in the window stay within Ratio × the
-//     calls in the window, or else the floor has a token for it: a token
-//     bucket (golang.org/x/time/rate) of MinPerSecond a second with a
-//     burst of ⌈MinPerSecond⌉, used while the retries in the window stay
-//     within MinPerSecond × Window.
+// Budget is the per-host retry budget. A retry (or a hedge) that Retry's
+// other rules allow is sent only if
+//  1. gRPC's retry throttle (gRFC A6) holds more than 5 of its 10 tokens: a
+//     call whose first attempt failed takes one, one that succeeded gives
+//     back Ratio of one, and one whose outcome is ignored (a 4xx other
+//     than 429, a 501) neither; and
+//  2. counting it, the retries in the window stay within Ratio × the calls
+//     in the window, or else the floor has a token for it: a token bucket
+//     (golang.org/x/time/rate) of MinPerSecond a second with a burst of
+//     ⌈MinPerSecond⌉, used while the window's retries stay within
+//     MinPerSecond × Window. Retries the floor funds count against the
+//     ratio too.
 //
-// The window is ten buckets of Window/10 on the clock, the current one
-// and the nine before it; a call counts when its first attempt ends, in
-// the bucket of its start (or the newest one, if that is later); calls
-// decided at the same instant are judged in an order of their own. Retries
-// the floor funds count against the ratio too: the floor is a minimum,
-// not an addition. So five failed calls in a row stop every retry and
-// hedge until successes earn the tokens back, and a host that fails more
-// than Ratio ÷ (1 + Ratio) of its calls (17 % at the default) for long is
-// sent each call once. The throttle is why a window's healthy past does
-// not fund a burst of retries into a sudden outage (with 10 s of calls
-// banked, a 2 s blip could otherwise draw retries for half its calls);
-// the floor is for a host with too little traffic for the ratio to fund
-// the retries of its occasional failures.
+// The window is ten buckets of Window/10; a call counts when its first
+// attempt ends, in the bucket of its start (or the newest, if that is
+// later), and calls decided at the same instant are judged in an order of
+// their own. So five failed calls in a row stop every retry and hedge
+// until successes earn the tokens back, and a host that fails more than
+// Ratio ÷ (1 + Ratio) of its calls (17 % at the default) for long is sent
+// each call once.
 //
-// With Config.Fleet, a host's budget is the fleet's: each pod that retries
-// (or is refused a retry) publishes its window's calls and retries, the
-// pods that call the host answer with theirs while that goes on, and
-// every pod counts the others' latest windows with its own, so the ratio
-// and the floor bound the retries of the whole fleet: MinPerSecond is then
-// the fleet's floor, not each pod's. The retry throttle stays each pod's
-// own, judged on the calls it made. A route's budget stays local.
+// With Config.Fleet, the ratio and the floor bound the whole fleet's
+// retries (MinPerSecond is then the fleet's floor); the throttle stays each
+// pod's own, and a route's budget stays local.
+// See docs/design.md, "Retry budget".
 type Budget struct {
 	// Ratio is the most retries per call over the window, in (0, 1]. Zero
 	// inherits from Default, then DefaultBudgetRatio.
@@ -920,16 +897,8 @@ func (b *retryBudget) call(now time.Time, o Outcome) {
 }
 
 // throttleTokens is the retry throttle's size, gRFC A6's example
-// maxTokens: retries stop after five more failed calls than successes ×
-// ratio, and a host failing more than ratio ÷ (1 + ratio) of its calls
-// (17 % at the default 0.2) for long gets none. A window's ratio counts
-// the healthy past: with 10 s of calls banked, a 2 s outage could draw
-// retries for half of its calls; the throttle stops them within a few
-// calls (a chain of services measured 1.19–1.30 × at the one layer that
-// retries, without it). It holds the floor too, as gRPC's does: a host
-// turned from 40 ms to 3 s, 40 calls a second, would otherwise keep up to
-// 16 of a pool's workers in retries of timed-out attempts until its
-// breaker opens, against 10 with it (TestLearnedSlowdownWorkerPool).
+// maxTokens. It stops the retries a window's healthy past would fund into a
+// sudden outage. See docs/design.md, "Retry budget".
 const throttleTokens = 10
 
 // throttled reports whether the retry throttle holds every retry and

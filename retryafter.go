@@ -27,25 +27,14 @@ func (e *PushbackError) Unwrap() error { return ErrPushback }
 func (e *PushbackError) refusalKind() kind { return kindPushback }
 
 // pushbackStage pauses a host: a 429 or 503 with a valid Retry-After
-// pauses every request to the host (not only the one that got it) until the
-// time the server named, capped at Retry.MaxRetryAfter. During the pause
-// requests fail at once with a *PushbackError and nothing is sent: the
-// server has told every caller when it will have room, and guessing earlier
-// only adds to its load. A request that a retrying client above will
-// resend (an SDK's, sdk.go) waits the pause out instead, when it ends
-// before the call's deadline (waitOut).
-//
-// A server.Shedder's refusal says which priority it refused
-// (ShedPriorityHeader); its Retry-After then pauses only requests of that
-// priority and less important ones (requestPriority reads a request's),
-// since the Shedder keeps room for the more important. Each refused
-// priority is paused until its own time: a request waits for the latest
-// pause of its priority or any more important one.
-//
-// A response of any status whose rate-limit fields say a quota is spent
-// until a reset (RateLimit, RateLimit-Remaining / -Reset, X-RateLimit-
-// Remaining / -Reset; see ratelimit.go) pauses the whole host until then,
-// capped the same way.
+// pauses every request to the host until the time the server named, capped
+// at Retry.MaxRetryAfter, and so does a response whose rate-limit fields
+// say a quota is spent until a reset (fields.go reads them). During the
+// pause requests fail at once with a *PushbackError; a request that a
+// retrying client above will resend waits the pause out instead, when it
+// ends before the call's deadline (waitOut). A Shedder's refusal that names
+// its priority (ShedPriorityHeader) pauses only that priority and less
+// important ones, each until its own time.
 //
 // It also sends a priority set with WithPriority upstream as PriorityHeader,
 // so that the server's Shedder sees what the client's pushback saw.

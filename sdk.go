@@ -2,35 +2,13 @@ package bulwark
 
 // The signals of the clients that retry on their own, above bulwark (the
 // SDKs people call, or another bulwark Transport), and of the servers that
-// speak to them. Retries happen at one layer: a request that a client above
-// will send again is sent once by bulwark, with neither retries nor hedges
-// of its own, and without the learned attempt timeout, the timer of
-// bulwark's own retries; the default Total still bounds it unless its
-// context carries a deadline (the client's own timeout), so a header
-// anyone can send never leaves a hung host unbounded; its breaker,
-// bulkhead, budget and pushback still see it. Each signal is evidence read
-// when present, never required: a value that does not parse is ignored and
-// counted (Snapshot.RetryAfterIgnored), and the request is then treated as
-// if it had none.
-//
-//	header                        whose                                  bulwark
-//	Amz-Sdk-Request               AWS SDKs: "attempt=N; max=M"           a client above retries (not when max=1): sent once
-//	X-Stainless-Retry-Count       OpenAI's, Anthropic's SDKs (Stainless) a client above retries: sent once
-//	X-Goog-Api-Client             Google Cloud clients, when it holds    a client above retries: sent once
-//	                              "gccl-attempt-count/N"
-//	X-Ms-Client-Request-Id        Azure SDKs (same id on every try)      a client above retries: sent once
-//	X-Stripe-Client-User-Agent    Stripe's SDKs (they key every write)   a client above retries: sent once
-//	Bulwark-Attempt               another bulwark Transport above        a client above retries: sent once, its number kept
-//	x-should-retry: false         servers of Stainless SDKs (response)   not retried, as NoRetryHeader
-//	Stripe-Should-Retry: false    Stripe (response)                      not retried, as NoRetryHeader
-//	retry-after-ms                Stainless and Azure servers (response) on 429 and 503: as Retry-After, in milliseconds
-//	x-ms-retry-after-ms           Azure (response)                       the same
-//	X-Amz-Retry-After             AWS (response), milliseconds           the same
-//
-// Where several waits are given, the longest is obeyed: no attempt goes
-// sooner than any of them asked. "true" in x-should-retry or
-// Stripe-Should-Retry never makes bulwark retry what its classifier would
-// not: a header can stop a retry or lengthen a wait, never cause either.
+// speak to them; the headers and what bulwark does with each are listed in
+// AttemptHeader's doc. Retries happen at one layer: a request that a client
+// above will send again is sent once, with neither retries nor hedges of
+// its own and without the learned attempt timeout; the default Total still
+// bounds it unless its context carries a deadline, so a header anyone can
+// send never leaves a hung host unbounded. A header can stop a retry or
+// lengthen a wait, never cause either. See docs/design.md, "The SDK rules".
 
 import (
 	"net/http"

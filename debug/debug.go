@@ -30,53 +30,28 @@ import (
 
 // Handler returns a read-only page of tr's live state, in the style of
 // net/http/pprof and expvar, ranked by harm: hosts in trouble first, red
-// (an open breaker, then by failure share: at least half the breaker
-// window failed or slow, whatever MinCalls says; a full bulkhead; a pause
-// the upstream asked for) before amber (half-open, 5 % failed or 10 %
-// slow, requests queued, throttled, an instance ejected, failures passed
-// up from a tier below in the last 10 s: the callers fail, but the fault
-// is further down), and the calm
-// hosts last, one line each, folded under a <details> (?calm=open unfolds
-// them across reloads). Per host in trouble: the breaker's state, the
-// failure and slow shares of its window, coloured, the countdown to its
-// next probe, its trips in a row and in all, its last state changes with
-// their reasons and how long ago, and the window as it was at its last
-// trip beside the live one; each route's breaker; the refusals of every
-// layer since start, each layer's rate and all layers' over the last
-// 10 s; the failures passed up from below since start and their rate
-// (not the host's fault, not retried, not counted by its breaker); the
-// fallback's
-// answers, their rate, and the stale cache; latency p50, p99 and p99.9;
-// the bulkhead's slots and queue; the retry budget left and the fleet's
-// quota and peers' counts; pushback pauses (the host's and each priority
-// tier's) with their countdowns; a balanced upstream's instances with
-// their ejections; the shadow-mode counts; the fleet's link, at the top;
-// and a chart of
-// the last five minutes with its axes (requests in flight, the breaker
-// window's failure share, the spans the breaker was open). The page is one
-// self-contained HTML document, with no script and nothing loaded from
-// elsewhere, that reloads itself every two seconds.
+// (an open breaker, then at least half the breaker window failed or slow,
+// a full bulkhead, a pause the upstream asked for) before amber (half-open,
+// 5 % failed or 10 % slow, queued, throttled, an instance ejected, failures
+// passed up from below in the last 10 s), and the calm hosts last, folded
+// (?calm=open unfolds them). Per host in trouble it shows every layer's
+// state, refusals and rates, latency, the fleet's view, and a chart of the
+// last five minutes. The page is one self-contained HTML document, with no
+// script, that reloads itself every two seconds; the same data is served
+// as JSON, in the schema of Page, for a path ending in "/json" or a query
+// with format=json.
 //
-// The same data is served as JSON, in the schema of Page, for a request
-// whose path ends in "/json" or whose query has format=json.
-//
-// The handler only reads (any method but GET and HEAD is refused with 405)
-// and shows hosts as "host:port" and routes by their Config.Routes
-// pattern, never a URL, path, query, userinfo or header, and escapes every
-// name it prints. It still
-// tells whoever reads it which hosts the process talks to and how they
-// fare: do not expose it publicly. Mount it on an internal listener or
+// The handler only reads (methods other than GET and HEAD get 405), names
+// hosts as "host:port" and routes by pattern, never a URL, query, userinfo
+// or header, and escapes what it prints. It still tells whoever reads it
+// which hosts the process talks to: mount it on an internal listener or
 // behind your own authentication, as you would net/http/pprof.
 //
-// The charts come from a bounded history the handler keeps: a sample of
-// every host each second, 300 per host (144 bytes each, so some 43 KB a
-// host), the first taken at the handler's first request and the rest by
-// a goroutine the handler starts then and that stops on its own once the
-// page has not been served for five minutes (a later request starts it again). The
-// returned handler is also an io.Closer: Close stops that goroutine now,
-// for a program or a test (goleak) that wants none left. Nothing runs on
-// the request path of tr: each sample is one Transport.Snapshot, and the
-// handler's cost is paid only while it samples or is served.
+// The charts come from a bounded history (300 samples a host, some 43 KB)
+// taken each second by a goroutine the handler starts at its first request
+// and that stops once the page has not been served for five minutes. The
+// handler is also an io.Closer: Close stops that goroutine now (for goleak).
+// Nothing runs on tr's request path: each sample is one Transport.Snapshot.
 func Handler(tr *bulwark.Transport) http.Handler {
 	return newHandler(tr, sampleEvery, sampleKeep)
 }

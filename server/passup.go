@@ -11,28 +11,23 @@ import (
 // marked "do not retry": it attaches a bulwark.CallRecord to each
 // request's context, and when the handler answers with a 5xx or a 429
 // after a bulwark call it made with that context (or one derived from it)
-// noted a failure the tier below already dealt with (retried and still
-// failed, refused locally, or answered don't-retry: see
-// bulwark.NoRetryFromBelow for the rules), it sets bulwark.NoRetryHeader
-// to bulwark.NoRetryFromBelow on the answer. A bulwark client above then
-// neither retries that answer nor counts it against this service in its
-// breaker or adaptive limit, so that of a chain of services exactly one
-// layer, the one nearest the failing dependency, retries and trips.
+// noted a failure the tier below already dealt with (see
+// bulwark.NoRetryFromBelow for which), it sets bulwark.NoRetryHeader to
+// bulwark.NoRetryFromBelow on the answer. A bulwark client above then
+// neither retries that answer nor counts it against this service, so that
+// of a chain of services exactly one layer retries and trips.
 //
 // DeadlineHandler does the same for a request from a bulwark client, so a
 // service that uses it needs no PassUp; PassUp is for one that does not,
-// or that wants every caller's answers marked, and on a request that already
-// carries a record (one PassUp or DeadlineHandler above attached it) it
-// adds nothing. A handler's own NoRetryHeader is never replaced, and
-// answers below 500 other than 429 are never marked. A Shedder attaches no
-// record: its refusals make no call below (and carry its own "1"), and the
-// handler it admits is served inside the DeadlineHandler or PassUp around
-// it, whose record that handler's calls note in.
+// or that wants every caller's answers marked. On a request that already
+// carries a record it adds nothing. A handler's own NoRetryHeader is never
+// replaced, and answers below 500 other than 429 are never marked. A
+// Shedder attaches no record: its refusals make no call below, and the
+// handler it admits notes in the record of the DeadlineHandler or PassUp
+// around it.
 //
-// It costs one allocation per request, holding the record, the context
-// that carries it and the writer that reads it, plus the request's copy
-// with the new context (which DeadlineHandler makes anyway when it sets a
-// deadline), and starts no goroutine. The writer it hands the handler
+// It costs one allocation per request, plus the request's copy with the
+// new context, and starts no goroutine. The writer it hands the handler
 // unwraps (http.ResponseController) to the server's, and flushes.
 func PassUp(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -230,31 +230,19 @@ func (s ShedStats) ShedTotal() uint64 {
 }
 
 // Shedder is an http.Handler middleware that protects the handler it wraps
-// from more work than it can do. It lets at most Workers requests into the
-// handler at once and keeps a short queue, ordered by bulwark.Priority, in
-// front of it. Past that it answers 503 Service Unavailable at once, with
-// Retry-After, bulwark.NoRetryHeader, ShedReasonHeader and
-// bulwark.ShedPriorityHeader, without calling the wrapped handler: a 503 in a millisecond lets the
-// caller fall back or go elsewhere, where a 200 in forty seconds helps
-// nobody.
-//
-// Under pressure lower priorities go first: a full queue gives a more
-// important arrival the place of its least important waiter, freed workers
-// go to the most important waiter, and a share of the workers is reserved
-// for bulwark.PriorityCritical. Within a priority, retries go before first
-// attempts (bulwark.AttemptHeader, grpc-previous-rpc-attempts,
-// x-envoy-attempt-count; see shed_retry.go). A queued request whose
-// caller's patience has run out is dropped before it is served (queue-time
-// shedding, as CoDel does for packets).
-//
-// Build one with NewShedder. It is safe for concurrent use; Stats reports
-// what it is doing.
-//
-// # Metrics
+// from more work than it can do: at most Workers requests in the handler at
+// once, a short queue in front ordered by bulwark.Priority, and past that a
+// 503 at once, with Retry-After, bulwark.NoRetryHeader, ShedReasonHeader and
+// bulwark.ShedPriorityHeader. A full queue gives a more important arrival
+// the place of its least important waiter, freed workers go to the most
+// important waiter, a share of them is kept for bulwark.PriorityCritical,
+// and retries are shed before first attempts of their priority. A queued
+// request whose caller's patience ran out is dropped before it is served.
+// Build one with NewShedder; it is safe for concurrent use.
 //
 // NewShedder registers, with ShedConfig.MeterProvider, observable
-// instruments that read the counters Stats reads, at each collection, so
-// they cost the request path nothing:
+// instruments that read the counters Stats reads, so they cost the request
+// path nothing:
 //
 //	bulwark.shed.served    counter {bulwark.shed.priority}                       requests handed to the handler (ShedStats.Served)
 //	bulwark.shed.refused   counter {bulwark.shed.reason, bulwark.shed.priority}  requests answered 503 (ShedStats.Shed)
@@ -262,14 +250,10 @@ func (s ShedStats) ShedTotal() uint64 {
 //	bulwark.shed.queued    gauge                                                 requests waiting for a worker now
 //	bulwark.shed.workers   gauge                                                 the worker count in force (ShedStats.Workers; it moves when Adaptive)
 //
-// bulwark.shed.priority is a bulwark.Priority's String ("critical" … "test"),
-// bulwark.shed.reason a ShedReason's ("queue_full", "waited_too_long",
-// "displaced", "canceled"): 5 served and 20 refused series per Shedder.
-// Several Shedders on one MeterProvider tell their points apart by
-// ShedConfig.Name, which every point carries as bulwark.shed.name when set:
-// give each a Name of its own, or their points land in the same series. The
-// registration lasts as long as the MeterProvider. A registration error
-// goes to otel.Handle; NewShedder does not fail over metrics.
+// bulwark.shed.priority is a Priority's String, bulwark.shed.reason a
+// ShedReason's. Several Shedders on one MeterProvider need a ShedConfig.Name
+// each (bulwark.shed.name), or their points share series. A registration
+// error goes to otel.Handle. See docs/design.md, "The server half".
 type Shedder struct {
 	next        http.Handler
 	classify    func(*http.Request) bulwark.Priority

@@ -4,63 +4,25 @@
 //
 // The algorithm is a gradient, after Netflix's concurrency-limits Gradient2
 // and Envoy's adaptive_concurrency filter: it compares a short window's
-// mean latency with a long-term baseline. Their ratio decides the
-// direction; what it does then:
+// mean latency with a baseline that rises slowly and falls quickly.
 //
 //   - Queueing (the ratio above Tolerance): the limit comes down at once to
 //     what the upstream serves without a queue, by Little's law the
-//     window's completions a second × the baseline latency. Gradient2
-//     scales the limit by the ratio and smooths it, which takes a second or
-//     more to come down from a high limit; every request admitted
-//     meanwhile waits in the upstream's queue, and those are the tail. A
-//     window lasts two baseline latencies (at most Window), or one once its
-//     mean already says queueing, so the cut comes within a few latencies
-//     of the change. A
-//     cut at most halves the limit, and never goes below what is in flight
-//     when the callers were not pressing on the limit (their completions
-//     a second are then what they send, not what the upstream can serve):
-//     a stall that looks like a queue costs half the limit, not all of it.
+//     window's completions a second × the baseline latency; a cut at most
+//     halves the limit, and never goes below what is in flight when the
+//     callers were not pressing on it.
 //   - No queue and the limit in use: probe upward by 1, doubling the step
-//     each window in a row that still finds no queue, as TCP's slow start
-//     does. A limit that sits on the capacity probes by one (Gradient2's
-//     √limit probe overshoots by a third at a limit of 10 and oscillates),
-//     and a recovered upstream gets its capacity back in a few windows.
-//   - The limit underused: it decays toward Headroom × the peak in flight,
-//     so the next overload starts from a limit near what the load needs
-//     rather than from Max.
+//     each window in a row that still finds no queue, as TCP's slow start.
+//   - The limit underused: decay toward Headroom × the peak in flight.
 //
-// After a change, samples for one latency are ignored: they come from
-// requests admitted under the old limit.
-//
-// A soft limit (Config.Soft) is enforced only while the upstream shows a
-// queue: a window past Tolerance (or with a drop) while the callers press
-// on the limit or pile up faster than the upstream answers (in flight
-// growing within the window by more than the tolerated queue and than
-// twice the arrivals' noise), or callers pressing on the limit who see
-// any queue. Until Soft has passed since such a window, Admit refuses past
-// the limit; after it, Admit lets a request past and raises the limit to
-// what is in flight, so a burst at the baseline latency is never refused.
-// A soft limit's cut for queueing comes down to the Little's-law level
-// whole, and a window past Tolerance that is neither pressed nor piling
-// up leaves it where it is: it is in nobody's way, and the noise of a
-// heavy tail at a few in flight must not make it so. Such a window's
-// latency is the upstream's own (nothing of ours queues behind it), and the
-// baseline follows it up as fast as it follows a fall, so a host that
-// got slower is not read as queueing when the load next rises.
-//
-// What latency cannot tell apart: an upstream that got slower on its own
-// while the callers press on the limit reads as a queue, so the limit
-// comes down until it reaches Min, where the baseline follows the new
-// latency at once and the limit grows back.
-//
-// A gradient rather than Vegas because it needs no accurate "no-load"
-// latency: Vegas counts the queue as limit × (1 − minRTT/RTT), so an
-// upstream whose latency simply moved (a slower dependency, a bigger
-// response) reads as a permanent queue until the minimum is re-measured,
-// which means refusing traffic to find it (Envoy's minRTT window drops to
-// its minimum concurrency to do so). A baseline that rises slowly and falls
-// quickly follows a new steady latency without such probes, while a queue
-// building up inside one window still shows as a ratio above Tolerance.
+// After a change, samples for one latency are ignored. A soft limit
+// (Config.Soft) is enforced only for Soft after a window that showed a
+// queue while the callers pressed on the limit or piled up faster than the
+// upstream answered; otherwise Admit lets a request past and raises the
+// limit to what is in flight, and a soft cut comes down to the
+// Little's-law level whole. Why a gradient rather than Gradient2's scaling
+// or Vegas, and what latency cannot tell apart: see docs/design.md,
+// "Bulkhead", in the module's repository.
 package limit
 
 import (
