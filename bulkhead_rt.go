@@ -15,27 +15,14 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// DefaultMaxConcurrent is the per-host bulkhead size when
-// Bulkhead.MaxConcurrent is zero. It is http.DefaultTransport's MaxIdleConns:
-// past about that many requests in flight to one host, connections stop
-// being reused and every extra request pays for a new one, so a healthy
-// upstream rarely needs more. At 40 ms a call it still serves 2,500
-// requests a second, while a 10 s outage strands at most 100 goroutines and
-// connections. Size it per upstream from its latency and your share of the
-// caller's capacity, as Nygard's Release It! sizes bulkheads: a slow
-// dependency should be able to strand only its own share.
-//
-// The package default limit is adaptive instead: see Bulkhead.Adaptive.
-const DefaultMaxConcurrent = 100
-
-// DefaultAdaptiveMax is the ceiling of an adaptive limit when
+// defaultAdaptiveMax is the ceiling of an adaptive limit when
 // Bulkhead.MaxConcurrent is zero. It is generous on purpose: the adaptive
 // limit starts there and comes down when latency says the host is
 // queueing, so a host that slows down under load gets fewer requests at
 // once (see Bulkhead).
-const DefaultAdaptiveMax = 1000
+const defaultAdaptiveMax = 1000
 
-// DefaultMinConcurrent is the floor of an adaptive limit (the package
+// defaultMinConcurrent is the floor of an adaptive limit (the package
 // default, or one set with Bulkhead.Adaptive) when Bulkhead.MinConcurrent
 // is zero (or MaxConcurrent, if that is less). Ten in flight are never
 // refused: about what a host of ten cores needs, and a floor the noise of
@@ -47,7 +34,7 @@ const DefaultAdaptiveMax = 1000
 // than ten workers: with package defaults up to ten requests reach it at
 // once and the rest wait in its own queue, so set MaxConcurrent (or
 // MinConcurrent) for such a host.
-const DefaultMinConcurrent = 10
+const defaultMinConcurrent = 10
 
 // defaultHeadroom is how far above the peak in flight the package default
 // adaptive limit decays to.
@@ -84,8 +71,7 @@ var ErrRateLimited = errors.New("bulwark: client-side rate limit reached")
 //     while no window of the last second has shown the host queueing, a
 //     request past the limit is admitted all the same and the limit rises
 //     to what is in flight. So a host answering at a steady latency is
-//     not refused, whatever the burst, up to DefaultAdaptiveMax in
-//     flight.
+//     not refused, whatever the burst, up to 1,000 in flight.
 //
 // A slot is held from the moment a request is admitted until its response
 // body is read to EOF, fails while reading, or is closed (the connection is
@@ -96,7 +82,10 @@ type Bulkhead struct {
 	// MaxConcurrent is how many requests to one host may be in flight at
 	// once: a fixed limit, or an adaptive limit's ceiling when Adaptive is
 	// set. Zero inherits from Default, then the package default: an
-	// adaptive limit from DefaultMinConcurrent up to DefaultAdaptiveMax.
+	// adaptive limit from 10 up to 1,000. Size a fixed limit from the
+	// host's latency and your share of the caller's capacity, as Nygard's
+	// Release It! sizes bulkheads: a slow dependency should be able to
+	// strand only its own share.
 	MaxConcurrent int
 
 	// Adaptive makes the limit learn from latency, within MinConcurrent and
@@ -124,7 +113,7 @@ type Bulkhead struct {
 	Adaptive bool
 
 	// MinConcurrent is an adaptive limit's floor. Zero inherits from
-	// Default, then DefaultMinConcurrent (at most MaxConcurrent). Ignored
+	// Default, then 10 (at most MaxConcurrent). Ignored
 	// for a fixed limit.
 	MinConcurrent int
 
@@ -237,11 +226,11 @@ func (b Bulkhead) withDefaults() Bulkhead {
 	case b.MaxConcurrent == 0 && !b.Adaptive:
 		// The package default: adaptive and soft (see Adaptive).
 		b.Adaptive, b.pkgDefault = true, true
-		b.MaxConcurrent = DefaultAdaptiveMax
-		b.MinConcurrent = cmp.Or(b.MinConcurrent, DefaultMinConcurrent)
+		b.MaxConcurrent = defaultAdaptiveMax
+		b.MinConcurrent = cmp.Or(b.MinConcurrent, defaultMinConcurrent)
 	case b.Adaptive:
-		b.MaxConcurrent = cmp.Or(b.MaxConcurrent, DefaultAdaptiveMax)
-		b.MinConcurrent = cmp.Or(b.MinConcurrent, min(DefaultMinConcurrent, b.MaxConcurrent))
+		b.MaxConcurrent = cmp.Or(b.MaxConcurrent, defaultAdaptiveMax)
+		b.MinConcurrent = cmp.Or(b.MinConcurrent, min(defaultMinConcurrent, b.MaxConcurrent))
 	}
 	if b.Rate > 0 && b.Burst == 0 {
 		b.Burst = 1

@@ -19,12 +19,12 @@ import (
 const NoDeadlineHeader = "-"
 
 // Package defaults for Timeout. A timeout is a capacity decision: these are
-// generous bounds. DefaultAttemptTimeout is the ceiling of the attempt
-// timeout bulwark learns from each host (see Timeout.Attempt), and the
-// timeout while it has not learned one yet.
+// generous bounds. attemptCeiling (10 s) is the most an attempt timeout
+// bulwark learns from a host may be (see Timeout.Attempt), and the timeout
+// while it has not learned one yet.
 const (
-	DefaultTotalTimeout   = 30 * time.Second
-	DefaultAttemptTimeout = 10 * time.Second
+	DefaultTotalTimeout = 30 * time.Second
+	attemptCeiling      = 10 * time.Second
 )
 
 // deadlineMargin is taken off the time left before it is written into the
@@ -71,7 +71,7 @@ type Timeout struct {
 	// was last taken, so that a host slowed by an incident does not teach
 	// it that slow is normal, while one slower for an hour is followed.
 	// A first attempt's timeout is 3 × the baseline, at least 50 ms, at
-	// most DefaultAttemptTimeout and Total; each retry doubles it, as TCP
+	// most 10 s and Total; each retry doubles it, as TCP
 	// doubles its timer, up to the same ceiling. Before the 200th success
 	// it is the ceiling. The breaker's learned slow-call threshold is 2 ×
 	// the same baseline (Breaker.SlowCall). Tolerance: the p99.9 is read
@@ -148,7 +148,7 @@ func (t Timeout) withDefaults() Timeout {
 	t.totalSet = t.Total > 0
 	t.learn = t.Attempt == 0
 	t.Total = cmp.Or(t.Total, DefaultTotalTimeout)
-	t.Attempt = cmp.Or(t.Attempt, min(DefaultAttemptTimeout, t.Total))
+	t.Attempt = cmp.Or(t.Attempt, min(attemptCeiling, t.Total))
 	t.BodyIdle = cmp.Or(t.BodyIdle, t.Attempt)
 	t.Header = cmp.Or(t.Header, DefaultDeadlineHeader)
 	if t.Header != NoDeadlineHeader {

@@ -457,7 +457,7 @@ func readAll(resp *http.Response) ([]byte, error) {
 // (10 s) bounds the wait for headers only, and the default Total (30 s),
 // not set explicitly, bounds the call only up to the final headers.
 func TestDefaultsDoNotCutALongBody(t *testing.T) {
-	for _, secs := range []int{15, 35} { // past DefaultAttemptTimeout; past DefaultTotalTimeout too
+	for _, secs := range []int{15, 35} { // past attemptCeiling; past DefaultTotalTimeout too
 		t.Run(fmt.Sprintf("%ds", secs), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				base := &dripBase{every: time.Second, n: secs}
