@@ -18,14 +18,14 @@ import (
 // suits third-party APIs. The deadlines themselves still apply.
 const NoDeadlineHeader = "-"
 
-// Package defaults for Timeout. A timeout is a capacity decision: these are
-// generous bounds. attemptCeiling (10 s) is the most an attempt timeout
-// bulwark learns from a host may be (see Timeout.Attempt), and the timeout
-// while it has not learned one yet.
-const (
-	DefaultTotalTimeout = 30 * time.Second
-	attemptCeiling      = 10 * time.Second
-)
+// DefaultTotalTimeout is Timeout.Total's package default. A timeout is a
+// capacity decision: this is a generous bound.
+const DefaultTotalTimeout = 30 * time.Second
+
+// attemptCeiling is the most an attempt timeout bulwark learns from a host
+// may be (see Timeout.Attempt), and the timeout while it has not learned
+// one yet.
+const attemptCeiling = 10 * time.Second
 
 // deadlineMargin is taken off the time left before it is written into the
 // deadline header: the response still has to travel back, so the server
