@@ -287,7 +287,7 @@ func TestSnapshot(t *testing.T) {
 		if b := h.Breaker; b == nil || b.State != CircuitClosed || b.Control != BreakerAuto || b.Calls != 2 || b.Failures != 1 {
 			t.Errorf("breaker = %+v, want closed, auto, 2 calls, 1 failure", b)
 		}
-		if b := h.Bulkhead; b == nil || b.InFlight != 0 || !b.Adaptive || b.MaxConcurrent != DefaultAdaptiveMax || b.MinConcurrent != DefaultMinConcurrent || b.Limit != DefaultAdaptiveMax {
+		if b := h.Bulkhead; b == nil || b.InFlight != 0 || !b.Adaptive || b.MaxConcurrent != defaultAdaptiveMax || b.MinConcurrent != defaultMinConcurrent || b.Limit != defaultAdaptiveMax {
 			t.Errorf("bulkhead = %+v, want empty with the default adaptive limit, at its ceiling", b)
 		}
 		if b := h.Budget; b == nil || b.Calls != 1 || b.Retries != 1 {

@@ -220,18 +220,8 @@ var archFloors = []archFloor{
 // without a reason.
 const archMaxBothWays = 9
 
-// archMaxExported is a ratchet on the root's exported top-level names (136
-// when the root became the client alone; issues after it added the
-// names of their features): a new one needs a reason a user would accept,
-// and this line says so in review. BreakerChange (issue 29): a breaker's
-// recent state changes and its last trip, for the on-call page;
-// LatencySnapshot (issue 29): a host's recent p50/p99/p99.9; CallCounts
-// (issue 29): a host's calls by final outcome. CallRecord and
-// NoRetryFromBelow (issue 30): the record of what happened below that the
-// server half attaches, and the don't-retry value that passes a failure up.
-// FleetBreakerClosed: the pod that tripped tells the fleet its breaker
-// closed, so the pods holding by its trip resume.
-const archMaxExported = 153
+// archMaxExported is a ratchet on the root's exported top-level names.
+const archMaxExported = 139
 
 // archNeverImported are the module's packages that import the root; the
 // root importing one would turn the direction around.

@@ -630,7 +630,7 @@ func TestBalancerResolver(t *testing.T) {
 			}
 		}
 		fr.set(nil, errors.New("fake: SERVFAIL"))
-		clk.advance(DefaultResolveEvery)
+		clk.advance(defaultResolveEvery)
 		getTax(t, c, "")
 		waitRefresh()
 		if n := len(endpointStates(tr, "tax.internal:80")); n != 2 {
@@ -642,7 +642,7 @@ func TestBalancerResolver(t *testing.T) {
 
 		// Then the set changes.
 		fr.set([]string{"10.0.0.3:80"}, nil)
-		clk.advance(DefaultResolveEvery)
+		clk.advance(defaultResolveEvery)
 		getTax(t, c, "")
 		waitRefresh()
 		before := base.hosts["10.0.0.3:80"]

@@ -231,7 +231,7 @@ func BenchmarkRouteMatch(b *testing.B) {
 // whole.
 func BenchmarkLearned(b *testing.B) {
 	b.Run("set", func(b *testing.B) {
-		p := Policy{Timeout: Timeout{Attempt: DefaultAttemptTimeout}, Breaker: Breaker{SlowCall: DefaultAttemptTimeout / 2}}
+		p := Policy{Timeout: Timeout{Attempt: attemptCeiling}, Breaker: Breaker{SlowCall: attemptCeiling / 2}}
 		benchRoundTrips(b, mustNew(b, Config{Base: benchBase{}, Default: p}), "http://stub.internal/x")
 	})
 	b.Run("learned", func(b *testing.B) {

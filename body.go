@@ -87,12 +87,13 @@ func (b *body) watch(ctx context.Context) {
 }
 
 // abandon closes the host's body and runs the work: the caller's context
-// is done.
+// is done. A Close already closing the host's body runs the work itself
+// once it has, so a slot is not given back while the host still holds it.
 func (b *body) abandon() {
 	if !b.done.Load() && b.closed.CompareAndSwap(false, true) {
 		_ = b.rc.Close()
+		b.end()
 	}
-	b.end()
 }
 
 // end runs the body's work once; it also ends a wrapper b wraps (the

@@ -1,11 +1,14 @@
 package bulwark
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 )
 
 type countEnd struct{ n int }
@@ -93,4 +96,48 @@ func TestBodyKeepsWriterFor101(t *testing.T) {
 	if e.n != 2 {
 		t.Errorf("body-end work ran %d times, want 2", e.n)
 	}
+}
+
+// blockingClose is a host's body whose Close signals closing and returns
+// only once release is closed.
+type blockingClose struct {
+	closing, release chan struct{}
+}
+
+func (b *blockingClose) Read([]byte) (int, error) { return 0, io.EOF }
+func (b *blockingClose) Close() error {
+	close(b.closing)
+	<-b.release
+	return nil
+}
+
+type atomicEnd struct{ n atomic.Int32 }
+
+func (c *atomicEnd) bodyEnd() { c.n.Add(1) }
+
+// TestBodyCancelDuringClose: a caller that cancels its context while its
+// own Close is still closing the host's body leaves the work (a bulkhead
+// slot, an instance's count in flight) to that Close, which runs it once
+// the host's body is closed: the cancel does not give a slot back while
+// the host still holds the body.
+func TestBodyCancelDuringClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		host := &blockingClose{closing: make(chan struct{}), release: make(chan struct{})}
+		resp := &http.Response{Body: host}
+		var end atomicEnd
+		onBodyEnd(resp, &end)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		watchBody(ctx, resp)
+		go resp.Body.Close()
+		<-host.closing
+		cancel()
+		synctest.Wait()
+		early := end.n.Load()
+		close(host.release)
+		synctest.Wait()
+		if n := end.n.Load(); early != 0 || n != 1 {
+			t.Fatalf("work ran %d times while the host's body was still closing and %d in all; want 0, then 1", early, n)
+		}
+	})
 }

@@ -550,7 +550,7 @@ type breakerCore struct {
 	settle bool
 	dueAt  int64
 	// holdMax caps the hold: the attempt timeout's ceiling (Timeout.Attempt,
-	// DefaultAttemptTimeout when the Timeout policy is off). Under winMu.
+	// attemptCeiling when the Timeout policy is off). Under winMu.
 	holdMax time.Duration
 	// tripping is judge's verdict on the last outcome, for readyToTrip.
 	// Under winMu.

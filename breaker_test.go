@@ -325,8 +325,8 @@ func TestBreakerDefaults(t *testing.T) {
 	if p.Classify != nil {
 		t.Error("Classify default is not nil")
 	}
-	if d := (Policy{}).withDefaults().Breaker.SlowCall; d != DefaultAttemptTimeout/2 {
-		t.Errorf("SlowCall with package defaults = %v, want %v", d, DefaultAttemptTimeout/2)
+	if d := (Policy{}).withDefaults().Breaker.SlowCall; d != attemptCeiling/2 {
+		t.Errorf("SlowCall with package defaults = %v, want %v", d, attemptCeiling/2)
 	}
 	if DefaultOpenFor != time.Second || DefaultWindowCalls != 100 || DefaultMinCalls != 100 {
 		t.Errorf("DefaultOpenFor %v, DefaultWindowCalls %d, DefaultMinCalls %d; want 1s, 100, 100",

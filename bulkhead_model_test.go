@@ -223,7 +223,7 @@ func TestBulkheadModel(t *testing.T) {
 				if p.kind == bulkDefault {
 					// Soft: the limit in force does not decide (the
 					// burst step reads it, to count the rule's use).
-					return bulwark.DefaultAdaptiveMax
+					return 1000 // the default adaptive limit's ceiling (Bulkhead.MaxConcurrent)
 				}
 				if s := snap(); s != nil {
 					if s.Limit < p.max {

@@ -15,31 +15,21 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// DefaultMaxConcurrent is the per-host bulkhead size when
-// Bulkhead.MaxConcurrent is zero. It is http.DefaultTransport's MaxIdleConns:
-// past about that many requests in flight to one host, connections stop
-// being reused. At 40 ms a call it still serves 2,500 requests a second,
-// while a 10 s outage strands at most 100 goroutines. Size it per upstream
-// from its latency and your share of the caller's capacity.
-//
-// The package default limit is adaptive instead: see Bulkhead.Adaptive.
-const DefaultMaxConcurrent = 100
-
-// DefaultAdaptiveMax is the ceiling of an adaptive limit when
+// defaultAdaptiveMax is the ceiling of an adaptive limit when
 // Bulkhead.MaxConcurrent is zero. It is generous on purpose: the adaptive
 // limit starts there and comes down when latency says the host is
 // queueing, so a host that slows down under load gets fewer requests at
 // once (see Bulkhead).
-const DefaultAdaptiveMax = 1000
+const defaultAdaptiveMax = 1000
 
-// DefaultMinConcurrent is the floor of an adaptive limit (the package
+// defaultMinConcurrent is the floor of an adaptive limit (the package
 // default, or one set with Bulkhead.Adaptive) when Bulkhead.MinConcurrent
 // is zero (or MaxConcurrent, if that is less). Ten in flight are never
 // refused: lower floors refused a healthy host's calls on the noise of a
 // heavy-tailed latency. A host with fewer than ten workers gets up to ten
 // requests at once with the package defaults: set MaxConcurrent (or
 // MinConcurrent) for it. See docs/design.md, "Bulkhead".
-const DefaultMinConcurrent = 10
+const defaultMinConcurrent = 10
 
 // defaultHeadroom is how far above the peak in flight the package default
 // adaptive limit decays to.
@@ -74,7 +64,7 @@ var ErrRateLimited = errors.New("bulwark: client-side rate limit reached")
 //  4. The package default (MaxConcurrent zero) is adaptive and soft: while
 //     no window of the last second has shown the host queueing, a request
 //     past the limit is admitted and the limit rises to what is in flight,
-//     up to DefaultAdaptiveMax.
+//     up to 1,000 in flight.
 //
 // A slot is held from admission until the response body is read to EOF,
 // fails while reading, or is closed, or until the attempt fails. A caller
@@ -84,7 +74,10 @@ type Bulkhead struct {
 	// MaxConcurrent is how many requests to one host may be in flight at
 	// once: a fixed limit, or an adaptive limit's ceiling when Adaptive is
 	// set. Zero inherits from Default, then the package default: an
-	// adaptive limit from DefaultMinConcurrent up to DefaultAdaptiveMax.
+	// adaptive limit from 10 up to 1,000. Size a fixed limit from the
+	// host's latency and your share of the caller's capacity, as Nygard's
+	// Release It! sizes bulkheads: a slow dependency should be able to
+	// strand only its own share.
 	MaxConcurrent int
 
 	// Adaptive makes the limit learn from latency, within MinConcurrent and
@@ -106,7 +99,7 @@ type Bulkhead struct {
 	Adaptive bool
 
 	// MinConcurrent is an adaptive limit's floor. Zero inherits from
-	// Default, then DefaultMinConcurrent (at most MaxConcurrent). Ignored
+	// Default, then 10 (at most MaxConcurrent). Ignored
 	// for a fixed limit.
 	MinConcurrent int
 
@@ -219,11 +212,11 @@ func (b Bulkhead) withDefaults() Bulkhead {
 	case b.MaxConcurrent == 0 && !b.Adaptive:
 		// The package default: adaptive and soft (see Adaptive).
 		b.Adaptive, b.pkgDefault = true, true
-		b.MaxConcurrent = DefaultAdaptiveMax
-		b.MinConcurrent = cmp.Or(b.MinConcurrent, DefaultMinConcurrent)
+		b.MaxConcurrent = defaultAdaptiveMax
+		b.MinConcurrent = cmp.Or(b.MinConcurrent, defaultMinConcurrent)
 	case b.Adaptive:
-		b.MaxConcurrent = cmp.Or(b.MaxConcurrent, DefaultAdaptiveMax)
-		b.MinConcurrent = cmp.Or(b.MinConcurrent, min(DefaultMinConcurrent, b.MaxConcurrent))
+		b.MaxConcurrent = cmp.Or(b.MaxConcurrent, defaultAdaptiveMax)
+		b.MinConcurrent = cmp.Or(b.MinConcurrent, min(defaultMinConcurrent, b.MaxConcurrent))
 	}
 	if b.Rate > 0 && b.Burst == 0 {
 		b.Burst = 1

@@ -562,8 +562,8 @@ func TestBulkheadConfig(t *testing.T) {
 	if h := got["tax.test:80"]; h.Bulkhead == nil || h.Bulkhead.MaxConcurrent != 40 || h.Bulkhead.MaxQueue != 2 || h.Upstream != "tax.test" || h.Scheme != "http" {
 		t.Errorf("tax.test: %+v (bulkhead %+v), want MaxConcurrent 40 and MaxQueue 2 inherited", h, h.Bulkhead)
 	}
-	if h := got["other.test:80"]; h.Bulkhead == nil || !h.Bulkhead.Adaptive || h.Bulkhead.MaxConcurrent != DefaultAdaptiveMax || h.Upstream != "default" {
-		t.Errorf("other.test: %+v (bulkhead %+v), want the default adaptive limit up to %d", h, h.Bulkhead, DefaultAdaptiveMax)
+	if h := got["other.test:80"]; h.Bulkhead == nil || !h.Bulkhead.Adaptive || h.Bulkhead.MaxConcurrent != defaultAdaptiveMax || h.Upstream != "default" {
+		t.Errorf("other.test: %+v (bulkhead %+v), want the default adaptive limit up to %d", h, h.Bulkhead, defaultAdaptiveMax)
 	}
 	if h, ok := got["recs.test:80"]; !ok || h.Bulkhead != nil {
 		t.Errorf("recs.test: %+v (seen %v), want a bulkhead-less host: it is disabled", h, ok)

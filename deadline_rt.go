@@ -18,14 +18,14 @@ import (
 // suits third-party APIs. The deadlines themselves still apply.
 const NoDeadlineHeader = "-"
 
-// Package defaults for Timeout. A timeout is a capacity decision: these are
-// generous bounds. DefaultAttemptTimeout is the ceiling of the attempt
-// timeout bulwark learns from each host (see Timeout.Attempt), and the
-// timeout while it has not learned one yet.
-const (
-	DefaultTotalTimeout   = 30 * time.Second
-	DefaultAttemptTimeout = 10 * time.Second
-)
+// DefaultTotalTimeout is Timeout.Total's package default. A timeout is a
+// capacity decision: this is a generous bound.
+const DefaultTotalTimeout = 30 * time.Second
+
+// attemptCeiling is the most an attempt timeout bulwark learns from a host
+// may be (see Timeout.Attempt), and the timeout while it has not learned
+// one yet.
+const attemptCeiling = 10 * time.Second
 
 // deadlineMargin is taken off the time left before it is written into the
 // deadline header: the response still has to travel back, so the server
@@ -64,7 +64,7 @@ type Timeout struct {
 	// Policy.Classify called a success, over the current and the previous
 	// five-minute period, taken at the 200th success and every 32nd after,
 	// and moving by at most ×2 per five minutes. A first attempt's timeout
-	// is 3 × the baseline, at least 50 ms, at most DefaultAttemptTimeout and
+	// is 3 × the baseline, at least 50 ms, at most 10 s and
 	// Total; each retry doubles it up to the same ceiling; before the 200th
 	// success it is the ceiling. The p99.9 is read to within 1/16 (16
 	// histogram buckets per doubling). HostSnapshot.Learned shows it. It
@@ -132,7 +132,7 @@ func (t Timeout) withDefaults() Timeout {
 	t.totalSet = t.Total > 0
 	t.learn = t.Attempt == 0
 	t.Total = cmp.Or(t.Total, DefaultTotalTimeout)
-	t.Attempt = cmp.Or(t.Attempt, min(DefaultAttemptTimeout, t.Total))
+	t.Attempt = cmp.Or(t.Attempt, min(attemptCeiling, t.Total))
 	t.BodyIdle = cmp.Or(t.BodyIdle, t.Attempt)
 	t.Header = cmp.Or(t.Header, DefaultDeadlineHeader)
 	if t.Header != NoDeadlineHeader {

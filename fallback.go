@@ -20,9 +20,9 @@ const FallbackHeader = "Bulwark-Fallback"
 
 // Package defaults for StaleCache, applied when StaleCache.MaxAge is set.
 const (
-	DefaultStaleEntries    = 1000
-	DefaultStaleBytes      = 16 << 20
-	DefaultStaleEntryBytes = 256 << 10
+	defaultStaleEntries    = 1000
+	defaultStaleBytes      = 16 << 20
+	defaultStaleEntryBytes = 256 << 10
 )
 
 // Fallback answers a call that has finally failed from something local, so
@@ -106,16 +106,15 @@ type StaleCache struct {
 	MaxAge time.Duration
 
 	// MaxEntries caps the URLs kept per host, least recently stored dropped
-	// first. Zero inherits from Default, then DefaultStaleEntries.
+	// first. Zero inherits from Default, then 1,000.
 	MaxEntries int
 
 	// MaxBytes caps the bytes (bodies, headers and URLs) kept per host.
-	// Zero inherits from Default, then DefaultStaleBytes.
+	// Zero inherits from Default, then 16 MiB.
 	MaxBytes int64
 
 	// MaxEntryBytes caps one response's body; a larger one is not kept.
-	// Zero inherits from Default, then DefaultStaleEntryBytes, capped at
-	// MaxBytes.
+	// Zero inherits from Default, then 256 KiB, capped at MaxBytes.
 	MaxEntryBytes int64
 }
 
@@ -165,13 +164,13 @@ func (s StaleCache) inherit(parent StaleCache) StaleCache {
 func (f Fallback) withDefaults() Fallback {
 	if f.Stale.MaxAge > 0 {
 		if f.Stale.MaxEntries == 0 {
-			f.Stale.MaxEntries = DefaultStaleEntries
+			f.Stale.MaxEntries = defaultStaleEntries
 		}
 		if f.Stale.MaxBytes == 0 {
-			f.Stale.MaxBytes = DefaultStaleBytes
+			f.Stale.MaxBytes = defaultStaleBytes
 		}
 		if f.Stale.MaxEntryBytes == 0 {
-			f.Stale.MaxEntryBytes = min(DefaultStaleEntryBytes, f.Stale.MaxBytes)
+			f.Stale.MaxEntryBytes = min(defaultStaleEntryBytes, f.Stale.MaxBytes)
 		}
 	}
 	return f

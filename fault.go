@@ -15,27 +15,29 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// The request headers that trigger a fault when Fault.AllowHeaders is set,
-// after Envoy's x-envoy-fault-* headers. A header trigger always fires; it
-// is not drawn at a rate. Without AllowHeaders they are ignored (and
-// counted as refused), so a caller cannot inject faults into a Transport
-// whose operator did not ask for it.
-const (
-	// FaultDelayHeader adds a latency before the attempt is sent: a Go
-	// duration ("250ms"), at most Fault's bound on durations.
-	FaultDelayHeader = "Bulwark-Fault-Delay"
-	// FaultAbortHeader answers the attempt with this status (200..599)
-	// without sending it.
-	FaultAbortHeader = "Bulwark-Fault-Abort"
-	// FaultResetHeader, with any value, fails the attempt with a connection
-	// reset without sending it.
-	FaultResetHeader = "Bulwark-Fault-Reset"
-)
-
-// FaultHeader is the response header an injected abort carries, so that a
-// reader can tell it from a real answer of the upstream. Its value is
-// "abort".
+// FaultHeader names bulwark's fault headers, after Envoy's x-envoy-fault-*.
+// An injected abort's response carries it, with the value "abort", so that
+// a reader can tell it from a real answer of the upstream. With
+// Fault.AllowHeaders set, three request headers named from it trigger a
+// fault:
+//   - Bulwark-Fault-Delay adds a latency before the attempt is sent: a Go
+//     duration ("250ms"), at most Fault's bound on durations;
+//   - Bulwark-Fault-Abort answers the attempt with this status (200..599)
+//     without sending it;
+//   - Bulwark-Fault-Reset, with any value, fails the attempt with a
+//     connection reset without sending it.
+//
+// A header trigger always fires; it is not drawn at a rate. Without
+// AllowHeaders they are ignored (and counted as refused), so a caller
+// cannot inject faults into a Transport whose operator did not ask for it.
 const FaultHeader = "Bulwark-Fault"
+
+// The request headers that trigger a fault (see FaultHeader).
+const (
+	faultDelayHeader = FaultHeader + "-Delay"
+	faultAbortHeader = FaultHeader + "-Abort"
+	faultResetHeader = FaultHeader + "-Reset"
+)
 
 // Fault injects faults into attempts, for chaos tests and game days: added
 // latency, an answer without sending, a connection reset. Each is drawn at
@@ -76,7 +78,7 @@ type Fault struct {
 	ResetRate float64
 
 	// AllowHeaders lets the Bulwark-Fault-* request headers trigger faults
-	// (FaultDelayHeader, FaultAbortHeader, FaultResetHeader). Inherited
+	// (Bulwark-Fault-Delay, -Abort and -Reset; see FaultHeader). Inherited
 	// OR-wise from Default.
 	AllowHeaders bool
 
@@ -276,14 +278,14 @@ func (f *faultStage) roundTrip(req *http.Request, c call) (*http.Response, error
 // caller's request.
 func (f *faultStage) fromHeaders(req *http.Request, c call) (delay time.Duration, abort int, reset bool) {
 	h := req.Header
-	d, a, r := h[FaultDelayHeader], h[FaultAbortHeader], h[FaultResetHeader]
+	d, a, r := h[faultDelayHeader], h[faultAbortHeader], h[faultResetHeader]
 	if d == nil && a == nil && r == nil {
 		return 0, 0, false
 	}
 	if c.ownHeader {
-		delete(h, FaultDelayHeader)
-		delete(h, FaultAbortHeader)
-		delete(h, FaultResetHeader)
+		delete(h, faultDelayHeader)
+		delete(h, faultAbortHeader)
+		delete(h, faultResetHeader)
 	}
 	if !f.p.AllowHeaders {
 		f.counts.refused.Add(1)

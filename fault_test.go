@@ -75,7 +75,7 @@ func TestFaultHeaders(t *testing.T) {
 		req.Header = h
 		return tr.RoundTrip(req)
 	}
-	trigger := http.Header{FaultAbortHeader: {"503"}}
+	trigger := http.Header{"Bulwark-Fault-Abort": {"503"}}
 
 	t.Run("refused", func(t *testing.T) {
 		k := newOtelKit(t)
@@ -92,8 +92,8 @@ func TestFaultHeaders(t *testing.T) {
 		if got := counter(t, k.collect(t), "bulwark.faults", keyUpstream.String("default"), keyFault.String(faultRefused)); got != 1 {
 			t.Errorf("bulwark.faults{refused} = %d, want 1", got)
 		}
-		if h := base.reqs[0].Header; h.Get(FaultAbortHeader) != "" {
-			t.Errorf("upstream saw %s: %q", FaultAbortHeader, h.Get(FaultAbortHeader))
+		if h := base.reqs[0].Header; h.Get(faultAbortHeader) != "" {
+			t.Errorf("upstream saw %s: %q", faultAbortHeader, h.Get(faultAbortHeader))
 		}
 		if got := tr.Snapshot().Hosts[0].Fault; got == nil || *got != (FaultSnapshot{HeadersRefused: 1}) {
 			t.Errorf("Snapshot's Fault = %+v, want one refused trigger and nothing injected", got)
@@ -128,21 +128,21 @@ func TestFaultHeaders(t *testing.T) {
 			resp.Body.Close()
 
 			start := time.Now()
-			resp, err = send(t, tr, http.Header{FaultDelayHeader: {"250ms"}})
+			resp, err = send(t, tr, http.Header{"Bulwark-Fault-Delay": {"250ms"}})
 			if err != nil || resp.StatusCode != 200 || time.Since(start) != 250*time.Millisecond {
 				t.Fatalf("delay trigger: %v, %v after %v; want 200 after 250ms", resp, err, time.Since(start))
 			}
 			resp.Body.Close()
 
-			_, err = send(t, tr, http.Header{FaultResetHeader: {"1"}})
+			_, err = send(t, tr, http.Header{"Bulwark-Fault-Reset": {"1"}})
 			if !errors.Is(err, syscall.ECONNRESET) || classify(nil, err) != kindTransient {
 				t.Fatalf("reset trigger: %v; want a transient ECONNRESET", err)
 			}
 			if len(base.reqs) != 1 {
 				t.Errorf("base saw %d requests, want 1 (the delayed one)", len(base.reqs))
 			}
-			if h := base.reqs[0].Header; h.Get(FaultDelayHeader) != "" {
-				t.Errorf("upstream saw %s", FaultDelayHeader)
+			if h := base.reqs[0].Header; h.Get(faultDelayHeader) != "" {
+				t.Errorf("upstream saw %s", faultDelayHeader)
 			}
 
 			rm := k.collect(t)

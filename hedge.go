@@ -14,7 +14,7 @@ import (
 
 // Package defaults for Hedge.
 const (
-	DefaultMaxHedges = 1
+	defaultMaxHedges = 1
 	maxHedgesLimit   = 3 // the most Hedge.MaxHedges may be
 	// latencyPeriod is how long each of a host's two latency sketches
 	// collects before the older is cleared: the estimate covers the last
@@ -66,8 +66,7 @@ type Hedge struct {
 	MinDelay time.Duration
 
 	// MaxHedges is the most hedges one call sends, at most 3; each waits
-	// the delay after the one before. Zero inherits from Default, then
-	// DefaultMaxHedges.
+	// the delay after the one before. Zero inherits from Default, then 1.
 	MaxHedges int
 
 	// Disabled turns hedging off for this upstream. An upstream inherits
@@ -92,7 +91,7 @@ func (h Hedge) inherit(parent Hedge) Hedge {
 }
 
 func (h Hedge) withDefaults() Hedge {
-	h.MaxHedges = cmp.Or(h.MaxHedges, DefaultMaxHedges)
+	h.MaxHedges = cmp.Or(h.MaxHedges, defaultMaxHedges)
 	return h
 }
 

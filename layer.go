@@ -314,7 +314,7 @@ const (
 	// time out a healthy host.
 	learnedFloor = 50 * time.Millisecond
 	// learnedCeiling is the package default attempt timeout,
-	// DefaultAttemptTimeout (TestLearnedBounds holds them equal; this
+	// attemptCeiling (TestLearnedBounds holds them equal; this
 	// file may not name the layers' constants): the most a learned timeout
 	// is with the package defaults, and the most the breaker's learned
 	// hold (failingFor) is.

@@ -47,16 +47,16 @@ func TestLearnedBounds(t *testing.T) {
 		t.Errorf("failingFor = %v, want the third attempt's timeout %v", got, 12*b)
 	}
 	// A slow host: the hold is the third attempt's timeout, at most
-	// DefaultAttemptTimeout as that timeout is (it was 4 × 3 × 7 s).
+	// attemptCeiling as that timeout is (it was 4 × 3 × 7 s).
 	s := newLearned(nil)
 	for i := range 1000 {
 		s.est.Record(7*time.Second, now.Add(time.Duration(i)*time.Millisecond))
 	}
-	if learnedCeiling != DefaultAttemptTimeout {
-		t.Errorf("learnedCeiling %v, DefaultAttemptTimeout %v: want them equal", learnedCeiling, DefaultAttemptTimeout)
+	if learnedCeiling != attemptCeiling {
+		t.Errorf("learnedCeiling %v, attemptCeiling %v: want them equal", learnedCeiling, attemptCeiling)
 	}
-	if got := s.failingFor(); got != DefaultAttemptTimeout {
-		t.Errorf("slow host: failingFor = %v, want %v", got, DefaultAttemptTimeout)
+	if got := s.failingFor(); got != attemptCeiling {
+		t.Errorf("slow host: failingFor = %v, want %v", got, attemptCeiling)
 	}
 	// A fast host: the floor.
 	f := newLearned(nil)
@@ -83,13 +83,13 @@ func TestLearnedClockJump(t *testing.T) {
 	check := func(when string) {
 		t.Helper()
 		for attempt := range 8 {
-			d, _ := l.timeout(attempt, DefaultAttemptTimeout)
-			if d < learnedFloor || d > DefaultAttemptTimeout {
-				t.Errorf("%s: timeout(%d) = %v, want within [%v, %v]", when, attempt, d, learnedFloor, DefaultAttemptTimeout)
+			d, _ := l.timeout(attempt, attemptCeiling)
+			if d < learnedFloor || d > attemptCeiling {
+				t.Errorf("%s: timeout(%d) = %v, want within [%v, %v]", when, attempt, d, learnedFloor, attemptCeiling)
 			}
 		}
-		if d, _ := l.slowCall(DefaultAttemptTimeout / 2); d < learnedFloor || d > DefaultAttemptTimeout/2 {
-			t.Errorf("%s: slowCall = %v, want within [%v, %v]", when, d, learnedFloor, DefaultAttemptTimeout/2)
+		if d, _ := l.slowCall(attemptCeiling / 2); d < learnedFloor || d > attemptCeiling/2 {
+			t.Errorf("%s: slowCall = %v, want within [%v, %v]", when, d, learnedFloor, attemptCeiling/2)
 		}
 	}
 	for i := range 1000 {
@@ -130,8 +130,8 @@ func BenchmarkLearnedBounds(b *testing.B) {
 	b.ReportAllocs()
 	var sink time.Duration
 	for b.Loop() {
-		d, _ := l.timeout(1, DefaultAttemptTimeout)
-		s, _ := l.slowCall(DefaultAttemptTimeout / 2)
+		d, _ := l.timeout(1, attemptCeiling)
+		s, _ := l.slowCall(attemptCeiling / 2)
 		sink += d + s
 	}
 	if sink == 0 {

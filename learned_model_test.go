@@ -42,7 +42,7 @@ const (
 	lmPeriod     = 5 * time.Minute
 	lmPlenty     = 2000
 	lmFloor      = 50 * time.Millisecond
-	lmCeiling    = 10 * time.Second // bulwark.DefaultAttemptTimeout
+	lmCeiling    = 10 * time.Second // the attempt timeout's ceiling (Timeout.Attempt)
 	lmBand       = 17.0 / 16        // the histogram's tolerance
 	lmCalls      = 320              // the most calls of one run (-rapid.checks for more runs)
 )

@@ -352,7 +352,7 @@ func TestLearnedNotFromIgnored(t *testing.T) {
 			cancel()
 		}
 		l := learnedOf(t, tr)
-		if l.Samples != 0 || l.AttemptFrom != bulwark.FromColdStart || l.AttemptTimeout != bulwark.DefaultAttemptTimeout || l.SlowCallFrom != bulwark.FromColdStart {
+		if l.Samples != 0 || l.AttemptFrom != bulwark.FromColdStart || l.AttemptTimeout != 10*time.Second || l.SlowCallFrom != bulwark.FromColdStart {
 			t.Errorf("after only ignored outcomes: %+v, want no samples and the cold start", l)
 		}
 	})
@@ -662,7 +662,7 @@ func TestLearnedHungFromStart(t *testing.T) {
 		drive(t, c, 10, 2*time.Minute)
 		l := learnedOf(t, tr)
 		t.Logf("hung from the start: %+v; %d attempts reached it", l, h.attempts.Load())
-		if l.Samples != 0 || l.Baseline != 0 || l.AttemptFrom != bulwark.FromColdStart || l.AttemptTimeout != bulwark.DefaultAttemptTimeout ||
+		if l.Samples != 0 || l.Baseline != 0 || l.AttemptFrom != bulwark.FromColdStart || l.AttemptTimeout != 10*time.Second ||
 			l.SlowCallFrom != bulwark.FromColdStart || l.SlowCall <= 0 {
 			t.Errorf("a host that never answered: %+v, want no samples and the cold start's static bounds", l)
 		}

@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// DefaultResolveEvery is Endpoints.ResolveEvery's package default.
-const DefaultResolveEvery = 30 * time.Second
+// defaultResolveEvery is Endpoints.ResolveEvery's package default.
+const defaultResolveEvery = 30 * time.Second
 
 // Outlier's package defaults: Envoy's outlier detection defaults, given in
 // each field's doc.
@@ -51,7 +51,7 @@ type Endpoints struct {
 
 	// ResolveEvery is how often Resolver is asked again, in the background
 	// while requests use the last good set. Zero inherits from Default,
-	// then DefaultResolveEvery (30 s).
+	// then 30 s.
 	ResolveEvery time.Duration
 
 	// RoundRobin picks instances in turn rather than by the power of two
@@ -166,7 +166,7 @@ func (o Outlier) inherit(parent Outlier) Outlier {
 }
 
 func (e Endpoints) withDefaults() Endpoints {
-	e.ResolveEvery = cmp.Or(e.ResolveEvery, DefaultResolveEvery)
+	e.ResolveEvery = cmp.Or(e.ResolveEvery, defaultResolveEvery)
 	o := &e.Outlier
 	o.Consecutive = cmp.Or(o.Consecutive, defaultConsecutiveFailures)
 	o.Interval = cmp.Or(o.Interval, defaultOutlierInterval)

@@ -89,7 +89,7 @@ func (p Policy) withDefaults() Policy {
 	p.Bulkhead = p.Bulkhead.withDefaults()
 	attempt := p.Timeout.Attempt // the ceiling of the breaker's learned bounds
 	if attempt <= 0 {
-		attempt = DefaultAttemptTimeout
+		attempt = attemptCeiling
 	}
 	p.Breaker = p.Breaker.withDefaults(attempt)
 	p.Fallback = p.Fallback.withDefaults()

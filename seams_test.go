@@ -879,7 +879,7 @@ func seamLearnedRoute(t *testing.T) {
 	if reportFailed != 0 || host == nil || route == nil {
 		t.Fatalf("%d of 3 report calls failed; host learned %+v, route %+v; want none failed and both shown", reportFailed, host, route)
 	}
-	if host.AttemptFrom != bulwark.FromLearned || host.AttemptTimeout > 100*time.Millisecond || route.AttemptFrom != bulwark.FromColdStart || route.AttemptTimeout != bulwark.DefaultAttemptTimeout {
+	if host.AttemptFrom != bulwark.FromLearned || host.AttemptTimeout > 100*time.Millisecond || route.AttemptFrom != bulwark.FromColdStart || route.AttemptTimeout != 10*time.Second {
 		t.Fatalf("host learned %+v, route %+v; want the host's learned from its 10 ms calls, the route's cold", *host, *route)
 	}
 	if f := seamLearn(t, tr, "http://api.test/report", 300); f != 0 {

@@ -13,8 +13,8 @@ import (
 
 // Package defaults for Throttle.
 const (
-	DefaultThrottleK      = 2.0
-	DefaultThrottleWindow = time.Minute
+	defaultThrottleK      = 2.0
+	defaultThrottleWindow = time.Minute
 )
 
 // throttleBuckets is how many buckets the throttle's window rolls in; a
@@ -60,13 +60,12 @@ func (e *ThrottledError) refusalKind() kind { return kindThrottled }
 type Throttle struct {
 	// K is how many requests per accept the host may receive before
 	// refusals start: 2 lets through twice what it accepts. Lower is more
-	// aggressive. Zero inherits from Default, then DefaultThrottleK; it
-	// must be ≥ 1.
+	// aggressive. Zero inherits from Default, then 2; it must be ≥ 1.
 	K float64
 
 	// Window is how far back requests and accepts are counted, in ten
-	// buckets. Zero inherits from Default, then DefaultThrottleWindow (one
-	// minute); it must be at least 100 ms.
+	// buckets. Zero inherits from Default, then one minute; it must be at
+	// least 100 ms.
 	Window time.Duration
 
 	// MaxProbability caps the refusal probability, in [0, 1]. Zero
@@ -111,9 +110,9 @@ func cmpOrFloat(a, b float64) float64 {
 }
 
 func (t Throttle) withDefaults() Throttle {
-	t.K = cmpOrFloat(t.K, DefaultThrottleK)
+	t.K = cmpOrFloat(t.K, defaultThrottleK)
 	if t.Window == 0 {
-		t.Window = DefaultThrottleWindow
+		t.Window = defaultThrottleWindow
 	}
 	t.MaxProbability = cmpOrFloat(t.MaxProbability, 1)
 	return t

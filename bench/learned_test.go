@@ -22,8 +22,8 @@ import (
 // falls on both alike, and reports the difference as added-ns/req.
 func BenchmarkLearnedCost(b *testing.B) {
 	set := bulwark.Policy{
-		Timeout: bulwark.Timeout{Attempt: bulwark.DefaultAttemptTimeout},
-		Breaker: bulwark.Breaker{SlowCall: bulwark.DefaultAttemptTimeout / 2},
+		Timeout: bulwark.Timeout{Attempt: Defaults.Attempt},
+		Breaker: bulwark.Breaker{SlowCall: Defaults.SlowCall},
 	}
 	stacks := []struct {
 		name string

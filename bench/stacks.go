@@ -45,15 +45,19 @@ type Params struct {
 
 // Defaults are bulwark's package defaults (resilience4j's breaker
 // figures among them), used for the cost benchmarks: a benchmark of
-// middleware cost should run the configuration users get.
+// middleware cost should run the configuration users get. Where bulwark
+// learns or adapts a bound (the attempt timeout, the slow-call threshold,
+// the bulkhead's limit), every stack here, bulwark's too, gets a fixed
+// figure instead: the attempt timeout's ceiling (10 s, Timeout.Attempt),
+// half of it, and 100 in flight.
 var Defaults = Params{
 	Total:       bulwark.DefaultTotalTimeout,
-	Attempt:     bulwark.DefaultAttemptTimeout,
+	Attempt:     10 * time.Second,
 	MaxAttempts: bulwark.DefaultMaxAttempts,
 	RetryBase:   bulwark.DefaultRetryBase,
 	RetryCap:    bulwark.DefaultRetryCap,
 	FailureRate: bulwark.DefaultFailureRate,
-	SlowCall:    bulwark.DefaultAttemptTimeout / 2,
+	SlowCall:    5 * time.Second,
 	MinCalls:    bulwark.DefaultMinCalls,
 	// bulwark's default window is the last 100 calls; the peers, which
 	// have no such default, get a minute's time window.
@@ -61,7 +65,7 @@ var Defaults = Params{
 	Window:           time.Minute,
 	OpenFor:          bulwark.DefaultOpenFor,
 	HalfOpenCalls:    bulwark.DefaultHalfOpenCalls,
-	BulkheadCapacity: bulwark.DefaultMaxConcurrent,
+	BulkheadCapacity: 100,
 }
 
 // Stack is one named http.RoundTripper under test.

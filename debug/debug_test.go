@@ -514,8 +514,9 @@ func TestDebugLearned(t *testing.T) {
 			t.Fatal(err)
 		}
 		l := page.Snapshot.Hosts[0].Learned
-		if l == nil || l.AttemptFrom != bulwark.FromColdStart || l.AttemptTimeout != bulwark.DefaultAttemptTimeout {
-			t.Fatalf("learned = %+v, want the cold start's %v", l, bulwark.DefaultAttemptTimeout)
+		const coldStart = 10 * time.Second // the attempt timeout's ceiling (Timeout.Attempt)
+		if l == nil || l.AttemptFrom != bulwark.FromColdStart || l.AttemptTimeout != coldStart {
+			t.Fatalf("learned = %+v, want the cold start's %v", l, coldStart)
 		}
 		// A calm host is one folded row, which names the timeout in force
 		// and where it comes from; a host in trouble has the whole

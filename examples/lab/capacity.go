@@ -34,16 +34,17 @@ import (
 // second. The load is -load or 1,200 a second, whichever is more, and the
 // cores follow it (the load needs 60 % of them), never fewer than 40: a
 // quarter of them must be at least the package default limit's floor
-// (bulwark.DefaultMinConcurrent, 10 in flight), or bulwark with zero
-// config would keep more requests at the service than its cores serve at
-// once, by design (see DefaultMinConcurrent), and the scenario would
-// measure that floor instead of the limit.
+// (capFloor, 10 in flight), or bulwark with zero config would keep more
+// requests at the service than its cores serve at once, by design (see
+// Bulkhead.MinConcurrent), and the scenario would measure that floor
+// instead of the limit.
 const (
 	capService  = 20 * time.Millisecond
 	capDeadline = 250 * time.Millisecond
 	capHeadroom = 5.0 / 3 // the full service's capacity ÷ the offered load
 	capDropTo   = 4       // the drop leaves a quarter of the cores
-	capMinCores = capDropTo * bulwark.DefaultMinConcurrent
+	capFloor    = 10      // the package default adaptive limit's floor (Bulkhead.MinConcurrent)
+	capMinCores = capDropTo * capFloor
 	capCeiling  = 2 // the tuned limit's ceiling ÷ the full service's cores
 )
 
@@ -179,7 +180,7 @@ func (l *lab) capacity(ctx context.Context) (*scenario, error) {
 		intro: []string{
 			fmt.Sprintf("service: %d cores, each request holds one for %v (%.0f calls/s of capacity), the rest wait in its own FIFO and are served even after their caller gave up; from %.1fs to %.1fs it has %d cores (%.0f calls/s)",
 				full, capService, float64(full)/capService.Seconds(), dropAt.Seconds(), backAt.Seconds(), low, float64(low)/capService.Seconds()),
-			fmt.Sprintf("%.0f calls/s offered to each client (-load, at least %.0f: a quarter of the cores must be at least bulwark's default floor of %d in flight), open loop, with a %v deadline per call; the three runs side by side, each with its own service", load, capLoad(settings{}), bulwark.DefaultMinConcurrent, capDeadline),
+			fmt.Sprintf("%.0f calls/s offered to each client (-load, at least %.0f: a quarter of the cores must be at least bulwark's default floor of %d in flight), open loop, with a %v deadline per call; the three runs side by side, each with its own service", load, capLoad(settings{}), capFloor, capDeadline),
 			"bulwark: zero config (bulwark.Config{} with nothing set): learned attempt timeout and slow-call threshold, breaker, retries of GETs, and the soft adaptive limit (floor 10), which comes down to what the service serves when its latency shows a queue",
 			fmt.Sprintf("bulwark tuned: the adaptive concurrency limit alone (a latency gradient, after Netflix's concurrency-limits and Envoy's adaptive concurrency), from 1 to %d, no queue; retries, breaker and hedging off", capCeiling*full),
 			"the service time and the deadline are not scaled: the limit learns from latency, which a loaded machine blurs below a few milliseconds; only the run's length follows -duration",
@@ -261,7 +262,7 @@ func (l *lab) capacity(ctx context.Context) (*scenario, error) {
 		fmt.Sprintf("Why the plain client's calls stop being answered: %.0f calls/s arrive at a service that now serves %.0f, so its queue grows (to %.0f requests here), and once it holds more than a deadline's worth of work (%.0f requests) every request waits past its caller's deadline. The service still serves each one, for nobody, so after the cores come back it first works through the backlog of calls already given up.",
 			load, plain["low_capacity"], plain["max_queue"], plain["low_capacity"]*capDeadline.Seconds()),
 		fmt.Sprintf("bulwark with zero config sets no bounds, and its soft limit stays out of the way while the service answers at its baseline (%.0f calls/s answered before the drop, %.0f refused in the whole run). When the cores go, the latency shows a queue and the limit comes down whole to what the service completes a second × its baseline latency (to %.1f on average, lowest %.0f, against %.0f cores; never below its floor of %d), so the calls beyond it fail at once instead of queueing (p99 of the calls answered %s). When the cores come back, no window shows a queue for a second, the limit turns soft again and rises with what is in flight.",
-			bw["before_good"], bw["refused"], bw["low_limit"], bw["min_limit"], bw["low"], bulwark.DefaultMinConcurrent, msSp(bw["low_ok_p99"])),
+			bw["before_good"], bw["refused"], bw["low_limit"], bw["min_limit"], bw["low"], capFloor, msSp(bw["low_ok_p99"])),
 		fmt.Sprintf("bulwark tuned has the adaptive limit alone, from 1 to %.0f, hard: it falls while each short window's mean latency is above the baseline (to %.1f on average here) and grows again when the cores come back.",
 			tuned["ceiling"], tuned["low_limit"]),
 	)
