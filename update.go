@@ -143,22 +143,11 @@ func replacedClosers(prev, hs *hostState) []idleCloser {
 	return out
 }
 
-// rebuild is prev's host under the current routes: a new hostState, with
-// a stack that keeps what prev's may keep (buildStack, reuseFrom).
+// rebuild is prev's host under the current policies: its state anew,
+// keeping what prev's may keep (newHost).
 func (t *Transport) rebuild(prev *hostState) *hostState {
 	t.mu.RLock()
-	r, table := t.route(prev.key), t.table
+	c, table := t.forHost(prev.key.host, prev.key.port), t.table
 	t.mu.RUnlock()
-	hs := &hostState{key: prev.key, name: prev.name, upstream: r.upstream, policy: &r.policy,
-		rawScheme: prev.rawScheme, rawHost: prev.rawHost, rep: prev.rep}
-	hs.table, hs.routes = table, table.slots()
-	hs.lastUsed.Store(prev.lastUsed.Load())
-	if hs.upstream != prev.upstream {
-		hs.rep = t.obs.reporter(hs.upstream, hs.name, hs.key.port)
-	}
-	t.buildStack(hs, prev)
-	// The routes prev had used keep what their shape allows, under the
-	// new table; the others start on their next use.
-	t.keepRoutes(hs, prev)
-	return hs
+	return t.newHost(prev.key, prev.rawScheme, prev.rawHost, c, table, prev)
 }
