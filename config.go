@@ -238,37 +238,13 @@ func compileFor(cfg Config, leases bool) (*policies, error) {
 // one validation New and Update share. Every invalid value is a
 // *ConfigError.
 func compile(cfg Config) (*policies, error) {
-	rs := &policies{
-		exact:    make(map[hostPort]*compiled),
-		byHost:   make(map[string]*compiled),
-		maxHosts: cfg.MaxHosts,
-		idle:     cfg.HostIdle,
-	}
-	switch {
-	case cfg.MaxHosts < 0:
-		return nil, &ConfigError{Field: "MaxHosts", Value: cfg.MaxHosts, Reason: "must be ≥ 0"}
-	case cfg.MaxHosts == 0:
-		rs.maxHosts = DefaultMaxHosts
-	}
-	switch {
-	case cfg.HostIdle < 0:
-		return nil, &ConfigError{Field: "HostIdle", Value: cfg.HostIdle, Reason: "must be ≥ 0"}
-	case cfg.HostIdle == 0:
-		rs.idle = DefaultHostIdle
-	}
-
-	if err := cfg.Default.switches(); err != nil {
+	rs, err := hostLimits(cfg)
+	if err != nil {
 		return nil, err
 	}
-	def := cfg.Default.withDefaults()
-	if err := def.validate(); err != nil {
+	if rs.def, err = compileDefault(cfg.Default); err != nil {
 		return nil, err
 	}
-	if def.Endpoints.set() {
-		// Every host no Upstreams key names would go to these instances.
-		return nil, &ConfigError{Field: "Endpoints", Value: "set", Reason: "belongs in an Upstreams policy, not Default"}
-	}
-	rs.def = &compiled{upstream: "default", policy: def, raw: cfg.Default}
 	parents := []*compiled{rs.def}
 
 	// Sorted so that the first error reported does not depend on map order.
@@ -291,15 +267,10 @@ func compile(cfg Config) (*policies, error) {
 			return nil, &ConfigError{Upstream: k, Reason: "names the same upstream as " + strconv.Quote(other)}
 		}
 		seen[canon] = k
-		if err := cfg.Upstreams[k].switches(); err != nil {
-			return nil, inUpstream(err, k)
+		r, err := compileUpstream(k, cfg.Upstreams[k], cfg.Default)
+		if err != nil {
+			return nil, err
 		}
-		raw := cfg.Upstreams[k].inherit(cfg.Default)
-		p := raw.withDefaults()
-		if err := p.validate(); err != nil {
-			return nil, inUpstream(err, k)
-		}
-		r := &compiled{upstream: k, policy: p, raw: raw}
 		parents = append(parents, r)
 		if port != "" {
 			rs.exact[hostPort{host, port}] = r
@@ -307,12 +278,64 @@ func compile(cfg Config) (*policies, error) {
 			rs.byHost[host] = r
 		}
 	}
-	table, err := compileRoutes(cfg.Routes, parents)
-	if err != nil {
+	if rs.table, err = compileRoutes(cfg.Routes, parents); err != nil {
 		return nil, err
 	}
-	rs.table = table
 	return rs, nil
+}
+
+// hostLimits is cfg's MaxHosts and HostIdle, defaulted, in policies with
+// no policy yet.
+func hostLimits(cfg Config) (*policies, error) {
+	rs := &policies{
+		exact:    make(map[hostPort]*compiled),
+		byHost:   make(map[string]*compiled),
+		maxHosts: cfg.MaxHosts,
+		idle:     cfg.HostIdle,
+	}
+	switch {
+	case cfg.MaxHosts < 0:
+		return nil, &ConfigError{Field: "MaxHosts", Value: cfg.MaxHosts, Reason: "must be ≥ 0"}
+	case cfg.MaxHosts == 0:
+		rs.maxHosts = DefaultMaxHosts
+	}
+	switch {
+	case cfg.HostIdle < 0:
+		return nil, &ConfigError{Field: "HostIdle", Value: cfg.HostIdle, Reason: "must be ≥ 0"}
+	case cfg.HostIdle == 0:
+		rs.idle = DefaultHostIdle
+	}
+	return rs, nil
+}
+
+// compileDefault validates and compiles Config.Default.
+func compileDefault(d Policy) (*compiled, error) {
+	if err := d.switches(); err != nil {
+		return nil, err
+	}
+	def := d.withDefaults()
+	if err := def.validate(); err != nil {
+		return nil, err
+	}
+	if def.Endpoints.set() {
+		// Every host no Upstreams key names would go to these instances.
+		return nil, &ConfigError{Field: "Endpoints", Value: "set", Reason: "belongs in an Upstreams policy, not Default"}
+	}
+	return &compiled{upstream: "default", policy: def, raw: d}, nil
+}
+
+// compileUpstream validates and compiles the Upstreams policy p of key k,
+// over Default's d.
+func compileUpstream(k string, p, d Policy) (*compiled, error) {
+	if err := p.switches(); err != nil {
+		return nil, inUpstream(err, k)
+	}
+	raw := p.inherit(d)
+	c := raw.withDefaults()
+	if err := c.validate(); err != nil {
+		return nil, inUpstream(err, k)
+	}
+	return &compiled{upstream: k, policy: c, raw: raw}, nil
 }
 
 // forHost picks the compiled policy for a host (canonical, as

@@ -78,6 +78,22 @@ func (t *Transport) Update(cfg Config) error {
 		t.updateBuilt()
 	}
 
+	dropped := t.swap(old, next)
+	// A balancer not kept has transports of its own: their idle
+	// connections go now, and those its requests in flight still use go
+	// idle after them and are closed by the transport's IdleConnTimeout.
+	for _, c := range dropped {
+		c.closeIdle()
+	}
+	t.obs.refresh()
+	t.config.applied(cfg.Version, cfg.Source, time.Now())
+	return nil
+}
+
+// swap puts each host of next in the place of the host of old it was
+// built from, unless that one was evicted meanwhile, and returns the
+// layers with connections of their own that the new hosts do not keep.
+func (t *Transport) swap(old, next []*hostState) []idleCloser {
 	var dropped []idleCloser
 	t.mu.Lock()
 	for i, prev := range old {
@@ -101,15 +117,7 @@ func (t *Transport) Update(cfg Config) error {
 		t.evictLocked(time.Now().UnixNano())
 	}
 	t.mu.Unlock()
-	// A balancer not kept has transports of its own: their idle
-	// connections go now, and those its requests in flight still use go
-	// idle after them and are closed by the transport's IdleConnTimeout.
-	for _, c := range dropped {
-		c.closeIdle()
-	}
-	t.obs.refresh()
-	t.config.applied(cfg.Version, cfg.Source, time.Now())
-	return nil
+	return dropped
 }
 
 // RejectConfig records in Snapshot.Config that a configuration was refused
