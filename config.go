@@ -73,44 +73,29 @@ type Config struct {
 	Upstreams map[string]Policy
 
 	// Routes holds per-route policies keyed by net/http ServeMux patterns
-	// ("[METHOD ][HOST]/[PATH]", as http.ServeMux documents them):
-	// "POST api.example.com/v1/charges", "GET /v1/rates/{id}",
-	// "/static/", "/{$}". A request's route is the one an http.ServeMux
-	// holding these patterns would pick for it, by ServeMux's precedence
-	// (the most specific pattern wins; a host in a pattern is matched
-	// against the request's Host without its port); a request that matches
-	// none, or that ServeMux would redirect (an unclean path, a missing
-	// trailing slash), uses its host's policy alone. A malformed pattern,
-	// or two that conflict as ServeMux says, is a *ConfigError from New.
-	// Nil means no routes, and routing costs nothing. With routes, a
-	// (method, host, path) seen recently is matched from a memo, without
-	// allocating; a path seen for the first time (an ID in each path) pays
-	// what ServeMux's own matching costs, several hundred nanoseconds and,
-	// for a wildcard, an allocation. Routes need the Go
-	// 1.22 pattern rules: under GODEBUG=httpmuxgo121=1, with which
-	// ServeMux reads patterns by the Go 1.21 rules, New refuses Routes
-	// with a *ConfigError.
+	// ("[METHOD ][HOST]/[PATH]"): "POST api.example.com/v1/charges",
+	// "GET /v1/rates/{id}", "/static/", "/{$}". A request's route is the one
+	// an http.ServeMux holding these patterns would pick for it (a host in a
+	// pattern is matched against the request's Host without its port); a
+	// request that matches none, or that ServeMux would redirect, uses its
+	// host's policy alone. A malformed pattern, two that conflict, or Routes
+	// under GODEBUG=httpmuxgo121=1 (the Go 1.21 pattern rules) is a
+	// *ConfigError from New. Nil means no routes, and routing costs nothing;
+	// a path seen for the first time costs what ServeMux's matching costs, a
+	// recent one is matched from a memo without allocating.
 	//
-	// A route's zero fields inherit from the policy of the host the request
-	// goes to (its Upstreams policy or Default), then from the package
-	// defaults. A route has its own breaker, retry layer and retry budget,
+	// A route's zero fields inherit from its host's policy, then from the
+	// package defaults. A route has its own breaker, retry layer and budget,
 	// timeouts, fallback and fault injection, one set per host it is used
-	// on: a failing charge endpoint opens its own breaker without stopping
-	// the rates endpoint of the same host. What limits the host as a whole
-	// stays per host and is shared by all its routes: the bulkhead (and its
-	// rate limit), the pushback pauses a Retry-After asks for, and on a
-	// balanced upstream the balancer with its instances (their bulkheads,
-	// attempt deadlines and fault layers follow the upstream's policy, so a
-	// route's Timeout.Attempt and Fault do not apply there). A route learns
-	// its own attempt timeout and slow-call threshold (see Timeout.Attempt)
-	// from its own calls, from a cold start, and its calls teach the host
-	// nothing; on a balanced upstream it follows the host's. A route policy
-	// that sets Bulkhead, Endpoints, Retry.NoPushback or
-	// Retry.MaxRetryAfter is a *ConfigError. Snapshot shows each route's
-	// own state in HostSnapshot.Routes. Metrics and spans of a routed call
-	// carry the pattern (never the path) as a bulwark.route attribute,
-	// whose values are as few as Routes has keys; the host's shared layers
-	// report without it.
+	// on, and learns its own attempt timeout and slow-call threshold from a
+	// cold start (on a balanced upstream it follows the host's). What limits
+	// the host as a whole is shared by its routes: the bulkhead and its rate,
+	// the pushback pauses, the balancer and its instances (whose attempt
+	// deadlines and fault layers follow the upstream's policy). A route
+	// policy that sets Bulkhead, Endpoints, Retry.NoPushback or
+	// Retry.MaxRetryAfter is a *ConfigError. Snapshot shows each route in
+	// HostSnapshot.Routes; metrics and spans of a routed call carry the
+	// pattern (never the path) as a bulwark.route attribute.
 	Routes map[string]Policy
 
 	// TracerProvider and MeterProvider are where bulwark's spans and metrics

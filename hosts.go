@@ -111,7 +111,7 @@ const touchEvery = 10 * time.Millisecond
 // newHost is the one constructor of a host's state, for its first request
 // (prev nil) and for Update (prev the state it replaces): k's state under
 // policy c and route table, its stack built, keeping what prev's layers
-// and routes may keep (see keep in stack.go) when prev has the same
+// and routes may keep (see prior in stack.go) when prev has the same
 // upstream label. A host whose label changes keeps nothing: its state is
 // reported under another label.
 func (t *Transport) newHost(k hostKey, rawScheme, rawHost string, c *compiled, table *routeTable, prev *hostState) *hostState {

@@ -51,15 +51,9 @@ var (
 
 // prior is a stack's previous version, which an Update's new stack keeps
 // state from: its parts and the policy it was built for. The zero prior
-// keeps nothing.
-//
-// The reuse rule, written once: a layer keeps its state across an Update
-// when its own sub-policy's shape is unchanged, and is built afresh, empty,
-// otherwise. Each layer's keepFrom (or keptFor) in its own file says what
-// its shape is; the bottom of a host's stack, whose layers are kept whole,
-// follows bottomKept. Policy.Classify is no layer's: it travels with each
-// call (call.classify), so a new one rebuilds nothing. A layer kept while
-// requests still run in the old stack is shared by both.
+// keeps nothing. What is kept is Update's rule (its doc lists it): each
+// layer applies it in its own file (keepFrom, or the breaker's keptFor),
+// and the bottom of a host's stack, kept whole, by bottomKept.
 type prior struct {
 	parts  []any
 	policy *Policy
@@ -117,14 +111,7 @@ func kept[T any](prev prior) T {
 
 // bottomKept reports whether the bottom of a host's stack built for q (the
 // bulkhead with the attempt layers below it, or the balancer with its
-// instances and their bulkheads) is kept whole under p: when the Bulkhead,
-// Timeout and, balanced, Endpoints policies are all equal. Requests still
-// in a bottom not kept hold their slots there, so for as long as they run
-// the host may see up to both limits at once.
-//
-// Equal means reflect.DeepEqual, under which a non-nil func or an interface
-// holding one is never equal: a policy with a Resolver whose type holds a
-// func gets a fresh balancer on every Update.
+// instances and their bulkheads) is kept whole under p (Update's rule).
 func bottomKept(q, p *Policy) bool {
 	return q != nil && reflect.DeepEqual(q.Bulkhead, p.Bulkhead) && reflect.DeepEqual(q.Timeout, p.Timeout) &&
 		(!p.Endpoints.enabled() || reflect.DeepEqual(q.Endpoints, p.Endpoints))
