@@ -311,6 +311,24 @@ func (b Breaker) validate() error {
 		return fieldError("Breaker.SlowCallRate", b.SlowCallRate, "must be in (0, 1]")
 	case b.SlowCall < 0:
 		return fieldError("Breaker.SlowCall", b.SlowCall, "must be ≥ 0")
+	}
+	if err := b.validateWindow(); err != nil {
+		return err
+	}
+	switch {
+	case b.OpenFor < 0:
+		return fieldError("Breaker.OpenFor", b.OpenFor, "must be ≥ 0")
+	case b.MaxOpenFor < b.OpenFor:
+		return fieldError("Breaker.MaxOpenFor", b.MaxOpenFor, "must be ≥ Breaker.OpenFor ("+b.OpenFor.String()+")")
+	case b.HalfOpenCalls < 0 || b.HalfOpenCalls > math.MaxInt32:
+		return fieldError("Breaker.HalfOpenCalls", b.HalfOpenCalls, "must be in [0, 2^31)")
+	}
+	return nil
+}
+
+// validateWindow is validate's part for the window and MinCalls.
+func (b Breaker) validateWindow() error {
+	switch {
 	case b.WindowCalls < 1 || b.WindowCalls > maxWindowCalls:
 		return fieldError("Breaker.WindowCalls", b.WindowCalls, fmt.Sprintf("must be in [1, %d]", maxWindowCalls))
 	case b.Window != 0 && b.Window < minBreakerWindow:
@@ -319,12 +337,6 @@ func (b Breaker) validate() error {
 		return fieldError("Breaker.MinCalls", b.MinCalls, "must be in [0, 2^31)")
 	case b.Window == 0 && b.MinCalls > b.WindowCalls:
 		return fieldError("Breaker.MinCalls", b.MinCalls, "must not exceed Breaker.WindowCalls ("+strconv.Itoa(b.WindowCalls)+"), or the breaker could never trip")
-	case b.OpenFor < 0:
-		return fieldError("Breaker.OpenFor", b.OpenFor, "must be ≥ 0")
-	case b.MaxOpenFor < b.OpenFor:
-		return fieldError("Breaker.MaxOpenFor", b.MaxOpenFor, "must be ≥ Breaker.OpenFor ("+b.OpenFor.String()+")")
-	case b.HalfOpenCalls < 0 || b.HalfOpenCalls > math.MaxInt32:
-		return fieldError("Breaker.HalfOpenCalls", b.HalfOpenCalls, "must be in [0, 2^31)")
 	}
 	return nil
 }
