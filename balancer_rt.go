@@ -551,3 +551,6 @@ func hostOnly(hostport string) string {
 	}
 	return h
 }
+
+// show hands Snapshot the instances, each with its limit (shower).
+func (b *balancerStage) show(put func(any)) { put(b.snapshot()) }

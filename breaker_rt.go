@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -269,6 +270,24 @@ func (b Breaker) validate() error {
 		return fieldError("Breaker.SlowCallRate", b.SlowCallRate, "must be in (0, 1]")
 	case b.SlowCall < 0:
 		return fieldError("Breaker.SlowCall", b.SlowCall, "must be ≥ 0")
+	}
+	if err := b.validateWindow(); err != nil {
+		return err
+	}
+	switch {
+	case b.OpenFor < 0:
+		return fieldError("Breaker.OpenFor", b.OpenFor, "must be ≥ 0")
+	case b.MaxOpenFor < b.OpenFor:
+		return fieldError("Breaker.MaxOpenFor", b.MaxOpenFor, "must be ≥ Breaker.OpenFor ("+b.OpenFor.String()+")")
+	case b.HalfOpenCalls < 0 || b.HalfOpenCalls > math.MaxInt32:
+		return fieldError("Breaker.HalfOpenCalls", b.HalfOpenCalls, "must be in [0, 2^31)")
+	}
+	return nil
+}
+
+// validateWindow is validate's part for the window and MinCalls.
+func (b Breaker) validateWindow() error {
+	switch {
 	case b.WindowCalls < 1 || b.WindowCalls > maxWindowCalls:
 		return fieldError("Breaker.WindowCalls", b.WindowCalls, fmt.Sprintf("must be in [1, %d]", maxWindowCalls))
 	case b.Window != 0 && b.Window < minBreakerWindow:
@@ -277,12 +296,6 @@ func (b Breaker) validate() error {
 		return fieldError("Breaker.MinCalls", b.MinCalls, "must be in [0, 2^31)")
 	case b.Window == 0 && b.MinCalls > b.WindowCalls:
 		return fieldError("Breaker.MinCalls", b.MinCalls, "must not exceed Breaker.WindowCalls ("+strconv.Itoa(b.WindowCalls)+"), or the breaker could never trip")
-	case b.OpenFor < 0:
-		return fieldError("Breaker.OpenFor", b.OpenFor, "must be ≥ 0")
-	case b.MaxOpenFor < b.OpenFor:
-		return fieldError("Breaker.MaxOpenFor", b.MaxOpenFor, "must be ≥ Breaker.OpenFor ("+b.OpenFor.String()+")")
-	case b.HalfOpenCalls < 0 || b.HalfOpenCalls > math.MaxInt32:
-		return fieldError("Breaker.HalfOpenCalls", b.HalfOpenCalls, "must be in [0, 2^31)")
 	}
 	return nil
 }
@@ -643,6 +656,22 @@ func (c *breakerCore) link(next stage, p Breaker) *breakerStage {
 	c.shadow.Store(p.Shadow)
 	return &breakerStage{breakerCore: c, next: next, slow: p.SlowCall, learn: p.learn, onChange: p.OnStateChange, shadow: p.Shadow}
 }
+
+// keptFor is the breaker an Update's new stack puts over next under p,
+// when b, the old stack's (nil: none), has p's shape (breakerShape): b's
+// core, keeping its window, state, trips and manual control, with p's
+// rates, MinCalls, MaxOpenFor, SlowCall, OnStateChange and Shadow set in
+// place. Nil when b is not kept.
+func (b *breakerStage) keptFor(next stage, p Breaker) *breakerStage {
+	if b == nil || b.shape != shapeOf(p) {
+		return nil
+	}
+	b.retune(p)
+	return b.link(next, p)
+}
+
+// show hands Snapshot the breaker's state (shower).
+func (b *breakerStage) show(put func(any)) { put(b.snapshot()) }
 
 // retune sets the thresholds p gives: the rates, MinCalls and the open
 // times of later trips. The window keeps what it holds.
@@ -1760,4 +1789,33 @@ func (b *breakerCore) probeEndedWhy() string {
 		return "a spaced probe succeeded"
 	}
 	return "open time over"
+}
+
+// breakerControls is the Transport's ControlBreaker, which it embeds: the
+// host is checked and made canonical here, and apply (the Transport's)
+// records the control and hands it to the host's breakers.
+type breakerControls struct {
+	apply func(name string, c BreakerControl)
+}
+
+// ControlBreaker sets a manual override on the breaker of host, given as
+// "host:port" (case does not matter; the port is required): BreakerForceOpen
+// refuses every request to it, BreakerForceClosed lets every request
+// through uncounted, and BreakerAuto hands the decision back to the
+// breaker. The override applies to the host over every scheme, now and to
+// state created later (after an eviction too), until it is set back to
+// BreakerAuto. It has no effect on a host whose policy disables the
+// breaker. It sets the breakers of the host's routes (Config.Routes) too.
+// An invalid host or control is an error.
+func (t *breakerControls) ControlBreaker(host string, c BreakerControl) error {
+	if c > BreakerForceClosed {
+		return fmt.Errorf("bulwark: ControlBreaker(%q, %v): unknown control", host, c)
+	}
+	h, port, err := net.SplitHostPort(host)
+	if err != nil || h == "" || port == "" {
+		return fmt.Errorf("bulwark: ControlBreaker(%q): want \"host:port\"", host)
+	}
+	name := net.JoinHostPort(strings.ToLower(h), port)
+	t.apply(name, c)
+	return nil
 }

@@ -770,3 +770,10 @@ func (b *bulkheadStage) isFull() bool {
 	limit := b.limitNow() // the limit in force (adaptive or fixed)
 	return b.inFlight.Load() >= limit-limit/10
 }
+
+// show hands Snapshot the bulkhead's state and its fleet quota (shower).
+func (b *bulkheadStage) show(put func(any)) {
+	bh, quota := b.snapshot()
+	put(bh)
+	put(quota)
+}

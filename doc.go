@@ -18,7 +18,7 @@
 // of layers from the host's Policy, outer to inner:
 //
 //	layer             per       does
-//	router            request   picks the upstream's policy and per-host state, and the route's (transport.go, route.go)
+//	router            request   picks the upstream's policy and per-host state, and the route's (transport.go, hosts.go, route.go)
 //	fallback          host      on a final failure, answers from something local (fallback.go)
 //	total deadline    request   bounds the whole call, retries included (deadline_rt.go)
 //	retry             request   backoff with jitter, attempt cap, budget, Retry-After; replayable requests only (retry_rt.go)

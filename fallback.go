@@ -6,6 +6,7 @@ import (
 	"container/list"
 	"io"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -682,3 +683,14 @@ func (c *staleCache) serve(req *http.Request, now time.Time) *http.Response {
 	h.Set("Age", strconv.FormatInt(int64((e.age+max(held, 0))/time.Second), 10))
 	return localResponse(req, e.status, h, e.body)
 }
+
+// keepFrom takes the stale cache of prev, the old stack's fallback (nil:
+// none), when it was built for the same Fallback.Stale.
+func (f *fallbackStage) keepFrom(prev *fallbackStage) {
+	if prev != nil && prev.stale != nil && f.stale != nil && reflect.DeepEqual(prev.stale.cfg, f.stale.cfg) {
+		f.stale = prev.stale
+	}
+}
+
+// show hands Snapshot the fallback's state (shower).
+func (f *fallbackStage) show(put func(any)) { put(f.snapshot()) }

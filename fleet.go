@@ -548,16 +548,7 @@ func (l *fleetLink) dropPendingOpen(c FleetUpdate) bool {
 
 func validFleetUpdate(u FleetUpdate, now time.Time) bool {
 	switch {
-	case u.Kind != FleetBreakerOpen && u.Kind != FleetPushback && u.Kind != FleetBreakerCounts &&
-		u.Kind != FleetBudgetCounts && u.Kind != FleetBreakerClosed:
-		return false
-	case u.Kind == FleetBreakerClosed && (u.From == "" || len(u.From) > 64 || u.Generation == 0):
-		return false
-	case u.Kind == FleetBreakerCounts && (u.From == "" || len(u.From) > 64 ||
-		u.Calls < 0 || u.Calls > window.MaxCalls || u.Failures < 0 || u.Failures > u.Calls || u.Slow < 0 || u.Slow > u.Calls):
-		return false
-	case u.Kind == FleetBudgetCounts && (u.From == "" || len(u.From) > 64 ||
-		u.Calls < 0 || u.Calls > maxBudgetCount || u.Retries < 0 || u.Retries > maxBudgetCount):
+	case !validFleetKind(u):
 		return false
 	case len(u.Host) == 0 || len(u.Host) > 300:
 		return false
@@ -569,6 +560,26 @@ func validFleetUpdate(u FleetUpdate, now time.Time) bool {
 	h, p, err := net.SplitHostPort(u.Host)
 	return err == nil && h != "" && p != ""
 }
+
+// validFleetKind is validFleetUpdate's part for u's kind and what that
+// kind carries: a known kind, and a sender and counts in bounds.
+func validFleetKind(u FleetUpdate) bool {
+	from := u.From != "" && len(u.From) <= 64
+	switch u.Kind {
+	case FleetBreakerOpen, FleetPushback:
+		return true
+	case FleetBreakerClosed:
+		return from && u.Generation != 0
+	case FleetBreakerCounts:
+		return from && inRange(u.Calls, window.MaxCalls) && inRange(u.Failures, u.Calls) && inRange(u.Slow, u.Calls)
+	case FleetBudgetCounts:
+		return from && inRange(u.Calls, maxBudgetCount) && inRange(u.Retries, maxBudgetCount)
+	}
+	return false
+}
+
+// inRange reports whether 0 ≤ n ≤ hi.
+func inRange(n, hi int64) bool { return n >= 0 && n <= hi }
 
 // attach applies to a new host, named host, what the fleet said of it
 // before this process called it. The Transport calls it under its lock,

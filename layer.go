@@ -477,3 +477,9 @@ func (l *learned) snapshot(attempt time.Duration, learnAttempt bool, slow time.D
 	}
 	return s
 }
+
+// shower is a layer with a piece of Snapshot to show: it hands each piece
+// (one of its own snapshot types) to put, which files it in its field of
+// the host's or route's snapshot. Layers know nothing of HostSnapshot, and
+// HostSnapshot nothing of layers.
+type shower interface{ show(put func(piece any)) }

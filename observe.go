@@ -157,6 +157,17 @@ func newObserver(tp trace.TracerProvider, prop propagation.TextMapPropagator, mp
 	}
 	o.meter = mp.Meter(instrumentationName, metric.WithSchemaURL(semconv.SchemaURL), metric.WithInstrumentationVersion(version.Module()))
 
+	if errs := o.instruments(); len(errs) > 0 {
+		logger.Warn("bulwark: creating metric instruments", "err", errors.Join(errs...))
+	}
+	o.refresh()
+	o.static = o.unsetTP == nil && o.unsetMP == nil && o.unsetTM == nil
+	return o
+}
+
+// instruments creates o's counters and histograms on o.meter. An
+// instrument the meter refuses is a no-op one, and its error is returned.
+func (o *observer) instruments() []error {
 	var errs []error
 	// unit is a UCUM annotation of what one count is, in the singular, as
 	// the semantic conventions' instrument units ask: {request}, not
@@ -191,12 +202,7 @@ func newObserver(tp trace.TracerProvider, prop propagation.TextMapPropagator, mp
 	durations := []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
 	o.attemptDuration = hist("bulwark.attempt.duration", "Duration of one attempt, until its response body is read or closed.", durations)
 	o.retryDelay = hist("bulwark.retry.delay", "Wait before a retry, backoff or Retry-After.", []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60})
-	if len(errs) > 0 {
-		logger.Warn("bulwark: creating metric instruments", "err", errors.Join(errs...))
-	}
-	o.refresh()
-	o.static = o.unsetTP == nil && o.unsetMP == nil && o.unsetTM == nil
-	return o
+	return errs
 }
 
 // The bits of observer.state: what is on, as of the last refresh.
@@ -368,33 +374,33 @@ func (o *observer) reporter(upstream, host, port string) *reporter {
 // bulwark.route attribute. The pattern, not the path: the patterns are the
 // configuration's, so the attribute's values are as few as Config.Routes
 // has keys, where a path (an ID in it) would be unbounded.
-func (hs *reporter) forRoute(pattern string) *reporter {
-	return &reporter{o: hs.o, logger: hs.logger, upstream: hs.upstream, host: hs.host, port: hs.port, route: pattern, calls: hs.calls}
+func (rep *reporter) forRoute(pattern string) *reporter {
+	return &reporter{o: rep.o, logger: rep.logger, upstream: rep.upstream, host: rep.host, port: rep.port, route: pattern, calls: rep.calls}
 }
 
 // labels returns the options for {bulwark.upstream, key=val} (and
 // bulwark.route on a route's reporter); an empty key means the upstream
 // alone.
-func (hs *reporter) labels(key attribute.Key, val string) *labelOpts {
+func (rep *reporter) labels(key attribute.Key, val string) *labelOpts {
 	if key == "" {
-		if l := hs.bare.Load(); l != nil {
+		if l := rep.bare.Load(); l != nil {
 			return l
 		}
-	} else if p := hs.opts.Load(); p != nil {
+	} else if p := rep.opts.Load(); p != nil {
 		for _, l := range *p {
 			if l.key == key && l.val == val {
 				return l
 			}
 		}
 	}
-	return hs.addLabels(key, val)
+	return rep.addLabels(key, val)
 }
 
-func (hs *reporter) addLabels(key attribute.Key, val string) *labelOpts {
-	hs.mu.Lock()
-	defer hs.mu.Unlock()
+func (rep *reporter) addLabels(key attribute.Key, val string) *labelOpts {
+	rep.mu.Lock()
+	defer rep.mu.Unlock()
 	var old []*labelOpts
-	if p := hs.opts.Load(); p != nil {
+	if p := rep.opts.Load(); p != nil {
 		old = *p
 	}
 	find := func(v string) (*labelOpts, int) {
@@ -420,9 +426,9 @@ func (hs *reporter) addLabels(key attribute.Key, val string) *labelOpts {
 		}
 	}
 	kvs := make([]attribute.KeyValue, 0, 3)
-	kvs = append(kvs, keyUpstream.String(hs.upstream))
-	if hs.route != "" {
-		kvs = append(kvs, keyRoute.String(hs.route))
+	kvs = append(kvs, keyUpstream.String(rep.upstream))
+	if rep.route != "" {
+		kvs = append(kvs, keyRoute.String(rep.route))
 	}
 	if key != "" {
 		kvs = append(kvs, key.String(val))
@@ -431,13 +437,13 @@ func (hs *reporter) addLabels(key attribute.Key, val string) *labelOpts {
 	opt := metric.WithAttributeSet(set)
 	l = &labelOpts{key: key, val: strings.Clone(val), add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}}
 	if key == "" {
-		hs.bare.Store(l)
+		rep.bare.Store(l)
 		return l
 	}
 	next := make([]*labelOpts, len(old), len(old)+1)
 	copy(next, old)
 	next = append(next, l)
-	hs.opts.Store(&next)
+	rep.opts.Store(&next)
 	return l
 }
 
@@ -458,19 +464,19 @@ func recording(ctx context.Context) bool { return trace.SpanFromContext(ctx).IsR
 // reason (a short fixed word, see retryReason: "status_503",
 // "attempt_timeout", "transport_error", …), and
 // whether delay came from the server's Retry-After.
-func (hs *reporter) retryScheduled(ctx context.Context, attempt int, delay time.Duration, reason string, fromRetryAfter bool) {
+func (rep *reporter) retryScheduled(ctx context.Context, attempt int, delay time.Duration, reason string, fromRetryAfter bool) {
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		span.AddEvent(eventRetry, trace.WithAttributes(
 			keyAttempt.Int(attempt), keyRetryDelay.Float64(delay.Seconds()),
 			keyRetryReason.String(reason), keyFromRetryAfter.Bool(fromRetryAfter)))
 	}
-	if o := hs.o; o.metering() {
-		o.retries.Add(ctx, 1, hs.labels(keyRetryReason, reason).add...)
-		o.retryDelay.Record(ctx, delay.Seconds(), hs.labels("", "").rec...)
+	if o := rep.o; o.metering() {
+		o.retries.Add(ctx, 1, rep.labels(keyRetryReason, reason).add...)
+		o.retryDelay.Record(ctx, delay.Seconds(), rep.labels("", "").rec...)
 	}
-	if l := hs.logger; l.Enabled(ctx, slog.LevelDebug) {
+	if l := rep.logger; l.Enabled(ctx, slog.LevelDebug) {
 		l.LogAttrs(ctx, slog.LevelDebug, "bulwark: retry scheduled",
-			slog.String("upstream", hs.upstream), slog.String("host", hs.host),
+			slog.String("upstream", rep.upstream), slog.String("host", rep.host),
 			slog.Int("attempt", attempt), slog.Duration("delay", delay),
 			slog.String("reason", reason), slog.Bool("retry_after", fromRetryAfter))
 	}
@@ -478,23 +484,23 @@ func (hs *reporter) retryScheduled(ctx context.Context, attempt int, delay time.
 
 // hedge reports a hedging event: "sent", "won", or "skipped_" and the
 // reason (budget, deadline, breaker, pushback, bulkhead), a short fixed word.
-func (hs *reporter) hedge(ctx context.Context, what string) {
+func (rep *reporter) hedge(ctx context.Context, what string) {
 	if recording(ctx) {
 		event(ctx, eventHedge, keyHedge.String(what))
 	}
-	if o := hs.o; o.metering() {
-		o.hedges.Add(ctx, 1, hs.labels(keyHedge, what).add...)
+	if o := rep.o; o.metering() {
+		o.hedges.Add(ctx, 1, rep.labels(keyHedge, what).add...)
 	}
 }
 
 // rejected reports that layer (layerBreaker, layerBulkhead, layerPushback,
 // layerBudget, layerDeadline) refused to send the request.
-func (hs *reporter) rejected(ctx context.Context, layer string) {
+func (rep *reporter) rejected(ctx context.Context, layer string) {
 	if recording(ctx) {
 		event(ctx, eventRejected, keyLayer.String(layer))
 	}
-	if o := hs.o; o.metering() {
-		o.rejections.Add(ctx, 1, hs.labels(keyLayer, layer).add...)
+	if o := rep.o; o.metering() {
+		o.rejections.Add(ctx, 1, rep.labels(keyLayer, layer).add...)
 	}
 }
 
@@ -502,45 +508,45 @@ func (hs *reporter) rejected(ctx context.Context, layer string) {
 // the request and sends it instead: a "bulwark.shadow_rejected" event on
 // the span and the bulwark.shadow.rejections counter, so a threshold can be
 // tuned on real traffic before it is enforced.
-func (hs *reporter) shadowRejected(ctx context.Context, layer string) {
+func (rep *reporter) shadowRejected(ctx context.Context, layer string) {
 	if recording(ctx) {
 		event(ctx, eventShadowRejected, keyLayer.String(layer))
 	}
-	if o := hs.o; o.metering() {
-		o.shadowRejections.Add(ctx, 1, hs.labels(keyLayer, layer).add...)
+	if o := rep.o; o.metering() {
+		o.shadowRejections.Add(ctx, 1, rep.labels(keyLayer, layer).add...)
 	}
 }
 
 // faultInjected reports that the fault layer injected a fault of kind
 // ("delay", "abort", "reset"), or refused a header trigger ("refused").
-func (hs *reporter) faultInjected(ctx context.Context, kind string) {
-	if o := hs.o; o.metering() {
-		o.faults.Add(ctx, 1, hs.labels(keyFault, kind).add...)
+func (rep *reporter) faultInjected(ctx context.Context, kind string) {
+	if o := rep.o; o.metering() {
+		o.faults.Add(ctx, 1, rep.labels(keyFault, kind).add...)
 	}
 }
 
 // fallbackServed reports that the fallback layer answered a final failure
 // from kind ("stale", "constant" or "func": the FallbackHeader's value).
-func (hs *reporter) fallbackServed(ctx context.Context, kind string) {
+func (rep *reporter) fallbackServed(ctx context.Context, kind string) {
 	if recording(ctx) {
 		event(ctx, eventFallback, keyFallbackKind.String(kind))
 	}
-	if o := hs.o; o.metering() {
-		o.fallbacks.Add(ctx, 1, hs.labels(keyFallbackKind, kind).add...)
+	if o := rep.o; o.metering() {
+		o.fallbacks.Add(ctx, 1, rep.labels(keyFallbackKind, kind).add...)
 	}
 }
 
 // breakerStateChanged reports a breaker transition ("closed", "open",
-// "half-open") at Info and counts it under the new state's stateLabel. It
-// has no request context: a state changes for the host, not for one call.
-// extra goes on the log line only. Never call it under a lock.
-func (hs *reporter) breakerStateChanged(from, to string, extra ...slog.Attr) {
+// "half-open") at Info and counts it under the new state's stateLabel. It has no request context: a state
+// changes for the host, not for one call. extra goes on the log line only.
+// Never call it under a lock.
+func (rep *reporter) breakerStateChanged(from, to string, extra ...slog.Attr) {
 	ctx := context.Background()
-	if o := hs.o; o.metering() {
-		o.transitions.Add(ctx, 1, hs.labels(keyBreakerState, stateLabel(to)).add...)
+	if o := rep.o; o.metering() {
+		o.transitions.Add(ctx, 1, rep.labels(keyBreakerState, stateLabel(to)).add...)
 	}
-	if l := hs.logger; l.Enabled(ctx, slog.LevelInfo) {
-		attrs := append([]slog.Attr{slog.String("upstream", hs.upstream), slog.String("host", hs.host),
+	if l := rep.logger; l.Enabled(ctx, slog.LevelInfo) {
+		attrs := append([]slog.Attr{slog.String("upstream", rep.upstream), slog.String("host", rep.host),
 			slog.String("from", from), slog.String("to", to)}, extra...)
 		l.LogAttrs(ctx, slog.LevelInfo, "bulwark: circuit breaker "+to, attrs...)
 	}
@@ -554,20 +560,20 @@ func stateLabel(name string) string { return strings.ReplaceAll(name, "-", "_") 
 // endpointChanged reports an outlier ejection or return decided during the
 // request whose context is ctx: a log line at Info, an event on its span
 // and a count. Never call it under the balancer's lock.
-func (hs *reporter) endpointChanged(ctx context.Context, ev endpointEvent) {
+func (rep *reporter) endpointChanged(ctx context.Context, ev endpointEvent) {
 	if ev.ejected {
-		hs.logger.Info("bulwark: endpoint ejected", "host", hs.host, "upstream", hs.upstream,
+		rep.logger.Info("bulwark: endpoint ejected", "host", rep.host, "upstream", rep.upstream,
 			"endpoint", ev.addr, "reason", ev.reason, "for", ev.duration, "ejections", ev.times)
 	} else {
-		hs.logger.Info("bulwark: endpoint returned", "host", hs.host, "upstream", hs.upstream, "endpoint", ev.addr)
+		rep.logger.Info("bulwark: endpoint returned", "host", rep.host, "upstream", rep.upstream, "endpoint", ev.addr)
 	}
-	o := hs.o
+	o := rep.o
 	metering, rec := o.metering(), recording(ctx)
 	if !metering && !rec {
 		return
 	}
 	// The capped value, so that spans and metrics name the same instances.
-	l := hs.labels(keyInstance, ev.addr)
+	l := rep.labels(keyInstance, ev.addr)
 	if metering {
 		if ev.ejected {
 			o.ejections.Add(ctx, 1, l.add...)
@@ -588,26 +594,26 @@ func (hs *reporter) endpointChanged(ctx context.Context, ev endpointEvent) {
 
 // pushbackChanged reports, at Info, that the host started asking callers to
 // stay away until until (active) or that the pause is over.
-func (hs *reporter) pushbackChanged(active bool, until time.Time) {
+func (rep *reporter) pushbackChanged(active bool, until time.Time) {
 	ctx := context.Background()
-	if l := hs.logger; l.Enabled(ctx, slog.LevelInfo) {
+	if l := rep.logger; l.Enabled(ctx, slog.LevelInfo) {
 		msg := "bulwark: pushback ended"
 		if active {
 			msg = "bulwark: pushback started"
 		}
 		l.LogAttrs(ctx, slog.LevelInfo, msg,
-			slog.String("upstream", hs.upstream), slog.String("host", hs.host),
+			slog.String("upstream", rep.upstream), slog.String("host", rep.host),
 			slog.Time("until", until))
 	}
 }
 
 // limitChanged reports, at Info, that the adaptive bulkhead limit of name
 // (the host, or an instance) moved from old to limit.
-func (hs *reporter) limitChanged(name string, old, limit int) {
+func (rep *reporter) limitChanged(name string, old, limit int) {
 	ctx := context.Background()
-	if l := hs.logger; l.Enabled(ctx, slog.LevelInfo) {
+	if l := rep.logger; l.Enabled(ctx, slog.LevelInfo) {
 		l.LogAttrs(ctx, slog.LevelInfo, "bulwark: adaptive limit changed",
-			slog.String("upstream", hs.upstream), slog.String("host", name),
+			slog.String("upstream", rep.upstream), slog.String("host", name),
 			slog.Int("from", old), slog.Int("to", limit))
 	}
 }
@@ -615,22 +621,22 @@ func (hs *reporter) limitChanged(name string, old, limit int) {
 // learnedChanged reports, at Info, that the healthy p99.9 a host's
 // learned bounds follow moved by more than 2×, from old (zero: nothing
 // learned yet) to p999.
-func (hs *reporter) learnedChanged(old, p999 time.Duration) {
+func (rep *reporter) learnedChanged(old, p999 time.Duration) {
 	ctx := context.Background()
-	if l := hs.logger; l.Enabled(ctx, slog.LevelInfo) {
+	if l := rep.logger; l.Enabled(ctx, slog.LevelInfo) {
 		l.LogAttrs(ctx, slog.LevelInfo, "bulwark: learned latency changed",
-			slog.String("upstream", hs.upstream), slog.String("host", hs.host),
+			slog.String("upstream", rep.upstream), slog.String("host", rep.host),
 			slog.Duration("from", old), slog.Duration("to", p999))
 	}
 }
 
 // throttleChanged reports, at Info, that the host's client-side throttle
 // probability moved from old to p.
-func (hs *reporter) throttleChanged(old, p float64) {
+func (rep *reporter) throttleChanged(old, p float64) {
 	ctx := context.Background()
-	if l := hs.logger; l.Enabled(ctx, slog.LevelInfo) {
+	if l := rep.logger; l.Enabled(ctx, slog.LevelInfo) {
 		l.LogAttrs(ctx, slog.LevelInfo, "bulwark: throttle probability changed",
-			slog.String("upstream", hs.upstream), slog.String("host", hs.host),
+			slog.String("upstream", rep.upstream), slog.String("host", rep.host),
 			slog.Float64("from", old), slog.Float64("to", p))
 	}
 }
@@ -676,19 +682,19 @@ type callObs struct {
 
 // begin starts the observation of a call, or returns nil when nothing is
 // on (one atomic load).
-func (hs *reporter) begin(req *http.Request) *callObs {
-	o := hs.o
+func (rep *reporter) begin(req *http.Request) *callObs {
+	o := rep.o
 	state := o.state.Load()
 	if state&(obsTracing|obsMetering) == 0 {
 		return nil
 	}
-	c := &callObs{rep: hs}
+	c := &callObs{rep: rep}
 	if state&obsTracing != 0 && !trace.SpanContextFromContext(req.Context()).IsValid() {
 		c.ctx, c.span = o.tracer.Start(req.Context(), spanRequest,
 			trace.WithSpanKind(trace.SpanKindInternal),
-			trace.WithAttributes(methodAttr(req.Method), semconv.URLFullKey.String(redactURL(req.URL)), keyUpstream.String(hs.upstream)))
-		if hs.route != "" {
-			c.span.SetAttributes(keyRoute.String(hs.route))
+			trace.WithAttributes(methodAttr(req.Method), semconv.URLFullKey.String(redactURL(req.URL)), keyUpstream.String(rep.upstream)))
+		if rep.route != "" {
+			c.span.SetAttributes(keyRoute.String(rep.route))
 		}
 	}
 	if state&obsMetering == 0 && c.span == nil {

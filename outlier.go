@@ -193,10 +193,15 @@ func (e Endpoints) validate() error {
 		}
 		seen[a] = true
 	}
-	o := e.Outlier
-	switch {
-	case e.ResolveEvery < 0:
+	if e.ResolveEvery < 0 {
 		return fieldError("Endpoints.ResolveEvery", e.ResolveEvery, "must be ≥ 0")
+	}
+	return e.Outlier.validate()
+}
+
+// validate is Endpoints.validate's part for the outlier detection.
+func (o Outlier) validate() error {
+	switch {
 	case o.Interval < 0:
 		return fieldError("Endpoints.Outlier.Interval", o.Interval, "must be ≥ 0")
 	case o.BaseEjection < 0:

@@ -175,3 +175,11 @@ func durationsInRange(v reflect.Value, prefix string) error {
 	}
 	return nil
 }
+
+// compiled is an upstream's Policy compiled (inherited and defaulted), and
+// the upstream label it goes by.
+type compiled struct {
+	upstream string // the Upstreams key, or "default"
+	policy   Policy
+	raw      Policy // as written, over Default's: what routes inherit from
+}

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -847,6 +848,7 @@ const (
 // retryBudget is a host's Budget: see its documentation for the algorithm.
 // It is safe for concurrent use.
 type retryBudget struct {
+	policy   Budget // what it was built for: it is kept while this holds
 	ratio    float64
 	floorMax float64       // the most floor-funded retries a window may hold
 	floor    *rate.Limiter // nil: no floor
@@ -874,7 +876,7 @@ type retryBudget struct {
 func newRetryBudget(b Budget) *retryBudget {
 	// Window ≥ 100 ms (validated), so New cannot fail.
 	w, _ := window.New(int64(b.Window), budgetBuckets)
-	rb := &retryBudget{ratio: b.Ratio, win: w, span: b.Window, tokens: throttleTokens}
+	rb := &retryBudget{policy: b, ratio: b.Ratio, win: w, span: b.Window, tokens: throttleTokens}
 	if b.MinPerSecond > 0 {
 		rb.floorMax = b.MinPerSecond * b.Window.Seconds()
 		rb.floor = rate.NewLimiter(rate.Limit(b.MinPerSecond), max(1, int(math.Ceil(b.MinPerSecond))))
@@ -1041,4 +1043,21 @@ func (b *retryBudget) adoptCounts(u FleetUpdate, now time.Time) bool {
 // the host asked callers of req's priority to stay away (zero: no pause).
 type pauser interface {
 	pausedUntil(req *http.Request) time.Time
+}
+
+// keepFrom takes the budget of prev, the old stack's retry layer (nil:
+// none), when it was built for the same Retry.Budget.
+func (r *retryStage) keepFrom(prev *retryStage) {
+	if prev != nil && prev.budget != nil && r.budget != nil && reflect.DeepEqual(prev.budget.policy, r.budget.policy) {
+		r.budget = prev.budget
+	}
+}
+
+// show hands Snapshot the budget, the hedges and the recent latency
+// (shower).
+func (r *retryStage) show(put func(any)) {
+	budget, hedge := r.snapshot()
+	put(budget)
+	put(hedge)
+	put(r.latency(time.Now()))
 }

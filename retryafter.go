@@ -432,3 +432,14 @@ func (p *pushbackStage) obeyRateLimit(resp *http.Response) {
 		p.pauseIn(&p.paused, now.Add(min(d, p.max)))
 	}
 }
+
+// keepFrom takes the pauses of prev, the old stack's pushback layer (nil:
+// none), whatever the policy: they are the host's word, not the policy's.
+func (p *pushbackStage) keepFrom(prev *pushbackStage) {
+	if prev != nil {
+		p.pauses = prev.pauses
+	}
+}
+
+// show hands Snapshot the pauses (shower).
+func (p *pushbackStage) show(put func(any)) { put(p.snapshot()) }

@@ -81,7 +81,7 @@ func (*routeEntry) ServeHTTP(http.ResponseWriter, *http.Request) {}
 // defaults, so that a default derived from another field (the breaker's
 // slow-call threshold from the attempt timeout) is derived from the
 // route's own.
-func compileRoutes(routes map[string]Policy, parents []*route) (*routeTable, error) {
+func compileRoutes(routes map[string]Policy, parents []*compiled) (*routeTable, error) {
 	if len(routes) == 0 {
 		return nil, nil
 	}
@@ -186,64 +186,6 @@ func inRoute(err error, pattern, upstream string) error {
 	return err
 }
 
-// routeState is one route's stack on one host.
-type routeState struct {
-	pattern  string
-	rt       stage
-	rep      *reporter  // the host's, with bulwark.route
-	parts    []any      // as hostState.parts
-	classify Classifier // the route's Policy.Classify
-	policy   *Policy    // the route's compiled policy on this host
-	// learned is the route's own healthy latency: a route is an endpoint
-	// the user named apart, often for a latency of its own (a report
-	// behind a fast API), so its calls learn its bounds and teach the
-	// host's nothing; a rare slow route sharing a fast host's p99.9 would
-	// time out every call. Kept across an Update, as the host's is. On a
-	// balanced upstream, whose attempt deadlines are the instances', it is
-	// the host's.
-	learned *learned
-
-	shows []func(*HostSnapshot) // as hostState.shows
-}
-
-// keepRoutes builds, on hs, the new stack of every route prev had built
-// that hs's table still has (by pattern), keeping the state of the
-// route's own layers whose shape is unchanged, by the rule a host's stack
-// follows (reuseFrom): a route's breaker keeps its window, state and
-// manual control across an Update, as the host's does. A host whose
-// upstream label changes keeps nothing, as for its own stack. Routes prev
-// never used are built on their first request, as before.
-func (t *Transport) keepRoutes(hs, prev *hostState) {
-	if hs.table == nil || prev.upstream != hs.upstream {
-		return
-	}
-	var olds []*routeState
-	prev.eachRoute(func(rs *routeState) { olds = append(olds, rs) })
-	hs.routeMu.Lock()
-	defer hs.routeMu.Unlock()
-	for _, rs := range olds {
-		for _, e := range hs.table.routes {
-			if e.pattern == rs.pattern && hs.routes[e.idx].Load() == nil {
-				t.storeRoute(hs, e, keptParts(rs.parts, rs.policy, e.byParent[hs.policy]), rs.learned)
-			}
-		}
-	}
-}
-
-// routeStack returns req's route on hs, nil when no route matches. ServeMux.Handler does the matching, on req.Host as a server
-// would see it (URL.Host when Host is empty); a request ServeMux would
-// redirect (an unclean path, a missing trailing slash) matches no route.
-func (t *Transport) routeStack(hs *hostState, req *http.Request) *routeState {
-	e := hs.table.lookup(req)
-	if e == nil {
-		return nil
-	}
-	if rs := hs.routes[e.idx].Load(); rs != nil {
-		return rs
-	}
-	return t.addRoute(hs, e)
-}
-
 // lookup returns req's route, nil for none: from the memo, or from the
 // mux (and then remembered).
 func (rt *routeTable) lookup(req *http.Request) *routeEntry {
@@ -294,86 +236,3 @@ func (rt *routeTable) match(req *http.Request, host string) *routeEntry {
 }
 
 var shells = sync.Pool{New: func() any { return new(http.Request) }}
-
-// addRoute builds a route's stack on hs on its first request.
-func (t *Transport) addRoute(hs *hostState, e *routeEntry) *routeState {
-	hs.routeMu.Lock()
-	defer hs.routeMu.Unlock()
-	if rs := hs.routes[e.idx].Load(); rs != nil {
-		return rs
-	}
-	return t.storeRoute(hs, e, kept{}, nil)
-}
-
-// storeRoute builds e's stack on hs, keeping old's state and the learned
-// latency l (nil: a new one, cold), and stores it. Under hs.routeMu.
-func (t *Transport) storeRoute(hs *hostState, e *routeEntry, old kept, l *learned) *routeState {
-	p := e.byParent[hs.policy]
-	rs := &routeState{pattern: e.pattern, rep: hs.rep.forRoute(e.pattern), classify: p.Classify, policy: p, learned: l}
-	switch {
-	case hs.shared.balancer != nil:
-		// The instances' attempt deadlines, the host's, time every call:
-		// the route's breaker follows what they learn.
-		rs.learned = hs.learned
-	case l == nil:
-		rs.learned = newLearned(rs.rep)
-	default:
-		rs.learned.rep.Store(rs.rep)
-	}
-	rs.rt, rs.parts, rs.shows = t.buildRoute(hs, rs.rep, p, old, rs.learned)
-	t.mu.RLock()
-	c, ok := t.controls[hs.name]
-	t.mu.RUnlock()
-	if ok {
-		for _, p := range rs.parts {
-			if b, ok := p.(breakerController); ok {
-				b.setControl(c)
-			}
-		}
-	}
-	hs.routes[e.idx].Store(rs)
-	return rs
-}
-
-// eachRoute calls f for every route with a stack on hs, under hs.routeMu.
-func (hs *hostState) eachRoute(f func(rs *routeState)) {
-	if hs.routes == nil {
-		return
-	}
-	hs.routeMu.Lock()
-	defer hs.routeMu.Unlock()
-	for i := range hs.routes {
-		if rs := hs.routes[i].Load(); rs != nil {
-			f(rs)
-		}
-	}
-}
-
-// RouteSnapshot is the state of one route's own layers on a host (see
-// Config.Routes); the shared ones are in the HostSnapshot. A layer the
-// route's policy disables has a nil field.
-type RouteSnapshot struct {
-	Pattern string // the Config.Routes key
-	Breaker *BreakerSnapshot
-	Budget  *BudgetSnapshot
-	// Learned is what the route's own calls taught of its healthy
-	// latency, and the bounds in force on it: a route learns apart from
-	// its host, from a cold start.
-	Learned *LearnedSnapshot
-}
-
-func (rs *routeState) snapshot() RouteSnapshot {
-	var h HostSnapshot
-	for _, show := range rs.shows {
-		show(&h)
-	}
-	return RouteSnapshot{Pattern: rs.pattern, Breaker: h.Breaker, Budget: h.Budget, Learned: h.Learned}
-}
-
-// routeSlots makes a host's empty route slots; nil without routes.
-func (rt *routeTable) slots() []atomic.Pointer[routeState] {
-	if rt == nil {
-		return nil
-	}
-	return make([]atomic.Pointer[routeState], len(rt.routes))
-}

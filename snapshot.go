@@ -2,7 +2,6 @@ package bulwark
 
 import (
 	"fmt"
-	"net"
 	"sort"
 	"strings"
 	"time"
@@ -108,15 +107,7 @@ type HostSnapshot struct {
 // as the next request would.
 func (t *Transport) Snapshot() Snapshot {
 	var s Snapshot
-	t.eachHost(func(hs *hostState) {
-		h := HostSnapshot{Host: hs.name, Scheme: hs.key.scheme, Upstream: hs.upstream, PassedUp: hs.passedUp.Load()}
-		for _, show := range hs.shows {
-			show(&h)
-		}
-		hs.eachRoute(func(rs *routeState) { h.Routes = append(h.Routes, rs.snapshot()) })
-		sort.Slice(h.Routes, func(i, j int) bool { return h.Routes[i].Pattern < h.Routes[j].Pattern })
-		s.Hosts = append(s.Hosts, h)
-	})
+	t.eachHost(func(hs *hostState) { s.Hosts = append(s.Hosts, hs.snapshot()) })
 	sort.Slice(s.Hosts, func(i, j int) bool {
 		a, b := s.Hosts[i], s.Hosts[j]
 		if a.Host != b.Host {
@@ -128,6 +119,92 @@ func (t *Transport) Snapshot() Snapshot {
 	s.Fleet = t.fleet.snapshot()
 	s.Config = t.config.snapshot()
 	return s
+}
+
+// snapshot is the host's state: each layer's piece (shower), the host's
+// own counts, and its routes'.
+func (hs *hostState) snapshot() HostSnapshot {
+	h := HostSnapshot{Host: hs.name, Scheme: hs.key.scheme, Upstream: hs.upstream, PassedUp: hs.passedUp.Load()}
+	h.showParts(hs.parts)
+	h.Calls = hs.rep.calls.snapshot()
+	h.Fault = hs.faults.snapshot()
+	h.DeadlineTooShort, h.AbandonedAttempts = hs.deadlines.tooShort.Load(), hs.deadlines.abandoned.Load()
+	h.Learned = showLearned(hs.learned, hs.policy)
+	hs.eachRoute(func(rs *routeState) { h.Routes = append(h.Routes, rs.snapshot()) })
+	sort.Slice(h.Routes, func(i, j int) bool { return h.Routes[i].Pattern < h.Routes[j].Pattern })
+	return h
+}
+
+// showParts puts the piece of each of parts that shows (shower) in its
+// field of h.
+func (h *HostSnapshot) showParts(parts []any) {
+	for _, p := range parts {
+		if s, ok := p.(shower); ok {
+			s.show(h.put)
+		}
+	}
+}
+
+// put files one layer's piece of Snapshot in its field: the one place
+// that knows which piece goes where.
+func (h *HostSnapshot) put(piece any) {
+	switch v := piece.(type) {
+	case *BreakerSnapshot:
+		h.Breaker = v
+	case *BulkheadSnapshot:
+		h.Bulkhead = v
+	case *QuotaSnapshot:
+		h.Quota = v
+	case []endpointView:
+		h.Endpoints, h.Quota = showEndpoints(v)
+	case *BudgetSnapshot:
+		h.Budget = v
+	case *HedgeSnapshot:
+		h.Hedge = v
+	case *LatencySnapshot:
+		h.Latency = v
+	case *PushbackSnapshot:
+		h.Pushback = v
+	case *ThrottleSnapshot:
+		h.Throttle = v
+	case *FallbackSnapshot:
+		h.Fallback = v
+	default:
+		panic(fmt.Sprintf("bulwark: HostSnapshot has no field for a %T", piece))
+	}
+}
+
+// showLearned is l's snapshot under p's bounds.
+func showLearned(l *learned, p *Policy) *LearnedSnapshot {
+	var attempt, slow time.Duration
+	if !p.Timeout.Disabled {
+		attempt = p.Timeout.Attempt
+	}
+	if !p.Breaker.Disabled {
+		slow = p.Breaker.SlowCall
+	}
+	return l.snapshot(attempt, p.Timeout.learn, slow, p.Breaker.learn)
+}
+
+// RouteSnapshot is the state of one route's own layers on a host (see
+// Config.Routes); the shared ones are in the HostSnapshot. A layer the
+// route's policy disables has a nil field.
+type RouteSnapshot struct {
+	Pattern string // the Config.Routes key
+	Breaker *BreakerSnapshot
+	Budget  *BudgetSnapshot
+	// Learned is what the route's own calls taught of its healthy
+	// latency, and the bounds in force on it: a route learns apart from
+	// its host, from a cold start.
+	Learned *LearnedSnapshot
+}
+
+// snapshot is the state of the route's own layers.
+func (rs *routeState) snapshot() RouteSnapshot {
+	var h HostSnapshot
+	h.showParts(rs.parts)
+	h.Learned = showLearned(rs.learned, rs.policy)
+	return RouteSnapshot{Pattern: rs.pattern, Breaker: h.Breaker, Budget: h.Budget, Learned: h.Learned}
 }
 
 // EndpointState is one instance of a balanced upstream, as Snapshot
@@ -217,54 +294,4 @@ func (h HostSnapshot) ejected() int {
 		return 0
 	}
 	return n
-}
-
-// ControlBreaker sets a manual override on the breaker of host, given as
-// "host:port" (case does not matter; the port is required): BreakerForceOpen
-// refuses every request to it, BreakerForceClosed lets every request
-// through uncounted, and BreakerAuto hands the decision back to the
-// breaker. The override applies to the host over every scheme, now and to
-// state created later (after an eviction too), until it is set back to
-// BreakerAuto. It has no effect on a host whose policy disables the
-// breaker. It sets the breakers of the host's routes (Config.Routes) too.
-// An invalid host or control is an error.
-func (t *Transport) ControlBreaker(host string, c BreakerControl) error {
-	if c > BreakerForceClosed {
-		return fmt.Errorf("bulwark: ControlBreaker(%q, %v): unknown control", host, c)
-	}
-	h, port, err := net.SplitHostPort(host)
-	if err != nil || h == "" || port == "" {
-		return fmt.Errorf("bulwark: ControlBreaker(%q): want \"host:port\"", host)
-	}
-	name := net.JoinHostPort(strings.ToLower(h), port)
-	t.mu.Lock()
-	if c == BreakerAuto {
-		delete(t.controls, name)
-	} else {
-		t.controls[name] = c
-	}
-	var hosts []*hostState
-	for _, hs := range t.hosts {
-		if hs.name == name {
-			hosts = append(hosts, hs)
-		}
-	}
-	t.mu.Unlock()
-	for _, hs := range hosts {
-		hs.controlBreaker(c)
-	}
-	return nil
-}
-
-// controlBreaker hands c to the host's breaker, if it has one.
-func (hs *hostState) controlBreaker(c BreakerControl) {
-	set := func(parts []any) {
-		for _, p := range parts {
-			if b, ok := p.(breakerController); ok {
-				b.setControl(c)
-			}
-		}
-	}
-	set(hs.parts)
-	hs.eachRoute(func(rs *routeState) { set(rs.parts) })
 }

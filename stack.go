@@ -3,100 +3,239 @@ package bulwark
 import (
 	"net/http"
 	"reflect"
-	"time"
+	"slices"
+	"sync/atomic"
 )
 
-// buildStack composes a host's layers, outer to inner, once, and records
-// in hs.parts the layers the router asks about, and in hs.shows how each
-// layer's piece of Snapshot goes into the host's. It is the one place that
-// knows every layer. Why this order:
-//
-//   - fallback, outermost, sees only the call's final outcome;
-//   - the total deadline bounds everything below it, retries included;
-//   - the retry layer waits outside pushback, breaker and bulkhead, so a
-//     waiting retry holds no permit, and every attempt is seen below; it
-//     is also the one place hedges are launched (hedge.go), asking the
-//     breaker and bulkhead built here whether they would refuse one;
-//   - pushback refuses before the breaker counts anything;
-//   - the throttle, just above the breaker, counts what the host accepted
-//     of what it was sent: an open breaker's refusals are not requests the
-//     host turned down, and its own refusals never reach the breaker;
-//   - the breaker sees every attempt, outside the bulkhead, so an open
-//     breaker refuses before a slot is taken;
-//   - the balancer, below the breaker (which sees every attempt whichever
-//     instance served it), has a bulkhead per instance;
-//   - the bulkhead holds a slot for exactly one attempt;
-//   - the attempt deadline makes the attempt's context and headers;
-//   - the attempt span covers what goes on the wire;
-//   - the fault layer, innermost and only when a Fault policy is on,
-//     stands in for the wire, so every layer above sees its faults as real.
-//
-// A host's routes (Config.Routes) get stacks of their own from the same
-// code (compose), sharing the host's bulkhead, pushback and balancer.
-//
-// prev, when not nil, is the host's state before Transport.Update: the new
-// stack keeps the state of prev's layers whose shape p leaves unchanged
-// (see reuseFrom), and builds the others afresh. prev's stack is not
-// touched: requests sent through it finish there. A route's stack keeps
-// its own layers' state by the same rule (keepRoutes, in route.go).
-func (t *Transport) buildStack(hs *hostState, prev *hostState) {
-	if prev != nil && prev.upstream == hs.upstream {
-		hs.faults = prev.faults // counts, like the pushback pauses, outlive an Update
-	}
-	if hs.faults == nil {
-		hs.faults = new(faultCounts)
-	}
-	if prev != nil && prev.upstream == hs.upstream {
-		hs.learned = prev.learned // what the host's latency taught outlives an Update
-	}
-	if hs.learned == nil {
-		hs.learned = newLearned(hs.rep)
-	}
-	if prev != nil && prev.upstream == hs.upstream {
-		hs.deadlines = prev.deadlines // counts, like the faults'
-	}
-	if hs.deadlines == nil {
-		hs.deadlines = new(deadlineCounts)
-	}
-	hs.learned.rep.Store(hs.rep)
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: hs.rep, learned: hs.learned, deadlines: hs.deadlines, passedUp: &hs.passedUp}
-	hs.shared.faults = hs.faults
-	hs.rt, hs.parts, hs.shows = t.compose(hs.policy, e, &hs.shared, reuseFrom(prev, hs))
-	faults, deadlines, calls := hs.faults, hs.deadlines, hs.rep.calls
-	hs.shows = append(hs.shows,
-		func(h *HostSnapshot) { h.Calls = calls.snapshot() },
-		func(h *HostSnapshot) { h.Fault = faults.snapshot() },
-		func(h *HostSnapshot) {
-			h.DeadlineTooShort, h.AbandonedAttempts = deadlines.tooShort.Load(), deadlines.abandoned.Load()
-		},
-		showLearned(hs.learned, hs.policy))
+// stackBuilder is what every stack is built over, the Transport's for all
+// its hosts: the base, the jitter source, the fleet.
+type stackBuilder struct {
+	base http.RoundTripper
+	// abandon is Config.BaseIgnoresContext.
+	abandon bool
+	// randN returns a uniform number in [0, n) for n > 0, for retry
+	// jitter and the breaker's open time; nil means math/rand/v2. Tests
+	// replace it before the first request.
+	randN func(n int64) int64
+	// ignoredRA counts Retry-After values ignored as malformed (Snapshot).
+	ignoredRA atomic.Uint64
+	fleet     *fleetLink // nil without Config.Fleet (fleet.go)
 }
 
-// showLearned puts l's snapshot under p's bounds in a HostSnapshot.
-func showLearned(l *learned, p *Policy) func(*HostSnapshot) {
-	return func(h *HostSnapshot) {
-		var attempt, slow time.Duration
-		if !p.Timeout.Disabled {
-			attempt = p.Timeout.Attempt
+// The stacks, as lists of layer steps, inner to outer: each step adds one
+// layer (or none, when the policy turns it off) over what the steps before
+// it built. The order is the package doc's table, read from the bottom; it
+// is written here and nowhere else in the code. A host's routes
+// (Config.Routes) get stacks of their own, which pass through the host's
+// shared layers (hostShared) instead of making them.
+var (
+	hostLayers = []func(*build){
+		(*build).hostBottom, // balancer, or bulkhead over the attempt layers
+		(*build).breaker,
+		(*build).throttle,
+		(*build).pushback,
+		(*build).retry, // retries and hedges: one attempt scheduler
+		(*build).total,
+		(*build).fallback,
+	}
+	routeLayers = []func(*build){
+		(*build).routeBottom, // the host's balancer, or its bulkhead over the route's attempt layers
+		(*build).breaker,
+		(*build).throttle,
+		(*build).sharedPushback,
+		(*build).retry,
+		(*build).total,
+		(*build).fallback,
+	}
+)
+
+// prior is a stack's previous version, which an Update's new stack keeps
+// state from: its parts and the policy it was built for. The zero prior
+// keeps nothing. What is kept is Update's rule (its doc lists it): each
+// layer applies it in its own file (keepFrom, or the breaker's keptFor),
+// and the bottom of a host's stack, kept whole, by bottomKept.
+type prior struct {
+	parts  []any
+	policy *Policy
+}
+
+// build is one stack being composed: what the steps read, and what they
+// have built so far.
+type build struct {
+	*stackBuilder
+	p    *Policy
+	e    env
+	sh   *hostShared
+	own  bool // the host's own stack, which makes sh's layers; false: a route's
+	prev prior
+
+	s     stage // the stack so far, its outermost layer
+	parts []any // its layers with state, inner first
+	// What the hedger asks before sending a hedge: is the breaker open,
+	// the bulkhead full, the throttle refusing? And what the retry layer
+	// asks: is the host paused?
+	open  opener
+	full  filler
+	shed  shedder
+	pause pauser
+}
+
+// compose builds the stack that steps make for p, over sh's shared
+// layers, keeping what prev's layers may keep. It returns the outermost
+// layer and the parts, outer first.
+func (b *stackBuilder) compose(steps []func(*build), p *Policy, e env, sh *hostShared, own bool, prev prior) (stage, []any) {
+	bd := &build{stackBuilder: b, p: p, e: e, sh: sh, own: own, prev: prev}
+	for _, step := range steps {
+		step(bd)
+	}
+	slices.Reverse(bd.parts)
+	return bd.s, bd.parts
+}
+
+// add puts l over the stack, with state to keep or show.
+func (bd *build) add(l stage) {
+	bd.s = l
+	bd.parts = append(bd.parts, l)
+}
+
+// kept returns prev's part of type T, or T's zero value.
+func kept[T any](prev prior) T {
+	for _, p := range prev.parts {
+		if l, ok := p.(T); ok {
+			return l
 		}
-		if !p.Breaker.Disabled {
-			slow = p.Breaker.SlowCall
+	}
+	var zero T
+	return zero
+}
+
+// bottomKept reports whether the bottom of a host's stack built for q (the
+// bulkhead with the attempt layers below it, or the balancer with its
+// instances and their bulkheads) is kept whole under p (Update's rule).
+func bottomKept(q, p *Policy) bool {
+	return q != nil && reflect.DeepEqual(q.Bulkhead, p.Bulkhead) && reflect.DeepEqual(q.Timeout, p.Timeout) &&
+		(!p.Endpoints.enabled() || reflect.DeepEqual(q.Endpoints, p.Endpoints))
+}
+
+// hostBottom is the host's balancer, or its bulkhead over the attempt
+// layers (none when disabled): kept whole by bottomKept, or new.
+func (bd *build) hostBottom() {
+	p, keep := bd.p, bottomKept(bd.prev.policy, bd.p)
+	if p.Endpoints.enabled() {
+		b := kept[*balancerStage](bd.prev)
+		if b == nil || !keep {
+			b = newBalancer(bd.e, p.Endpoints, bd.base, bd.instanceBuilder(p, bd.sh.faults))
 		}
-		h.Learned = l.snapshot(attempt, p.Timeout.learn, slow, p.Breaker.learn)
+		bd.sh.balancer = b
+		bd.add(b)
+		return
+	}
+	bh := kept[*bulkheadStage](bd.prev)
+	if bh != nil && keep && !p.Bulkhead.Disabled {
+		bd.s = bh
+	} else {
+		bd.s, bh = bd.instanceStack(p, bd.e, bd.base, bd.e.host, bd.sh.faults)
+	}
+	if bh != nil {
+		bd.sh.bulkhead, bd.full = bh, bh
+		bd.add(bh)
 	}
 }
 
-// buildRoute composes the stack of one route on a host: the same layers as
-// the host's, made for the route's policy, except for the host's shared
-// ones (see hostShared), which the route's stack passes through. Its own
-// layers report through rep, the route's reporter; the shared ones
-// through the host's. old is what the route's previous stack keeps; l is
-// the route's own learned latency (routeState.learned).
-func (t *Transport) buildRoute(hs *hostState, rep *reporter, p *Policy, old kept, l *learned) (stage, []any, []func(*HostSnapshot)) {
-	e := env{host: hs.name, scheme: hs.key.scheme, upstream: hs.upstream, rep: rep, learned: l, deadlines: hs.deadlines, passedUp: &hs.passedUp}
-	shared := hs.shared
-	rt, parts, shows := t.compose(p, e, &shared, old)
-	return rt, parts, append(shows, showLearned(l, p))
+// routeBottom passes through the host's balancer, or puts the route's
+// attempt layers under the host's bulkhead.
+func (bd *build) routeBottom() {
+	if b := bd.sh.balancer; b != nil {
+		bd.s = b
+		return
+	}
+	bd.s = bd.attemptStack(bd.p, bd.e, bd.base, bd.sh.faults)
+	if bh := bd.sh.bulkhead; bh != nil {
+		bd.s, bd.full = sharedStage{via: bh, next: bd.s}, bh
+	}
+}
+
+func (bd *build) breaker() {
+	if bd.p.Breaker.Disabled {
+		return
+	}
+	b := kept[*breakerStage](bd.prev).keptFor(bd.s, bd.p.Breaker)
+	if b == nil {
+		b = newBreaker(bd.s, bd.p.Breaker, bd.e, bd.randN)
+		if bd.own {
+			b.fleet = bd.fleet.publisher() // the host's breaker, not a route's
+		}
+	}
+	bd.open = b
+	bd.add(b)
+}
+
+func (bd *build) throttle() {
+	if !bd.p.Throttle.Enabled {
+		return
+	}
+	th := newThrottle(bd.s, bd.p.Throttle, bd.e, bd.randN)
+	th.keepFrom(kept[*throttleStage](bd.prev))
+	if !bd.p.Throttle.Shadow {
+		bd.shed = th
+	}
+	bd.add(th)
+}
+
+// pushback is the host's pushback layer: its pauses are the host's word,
+// not the policy's, so they are always kept.
+func (bd *build) pushback() {
+	if bd.p.Retry.NoPushback {
+		return
+	}
+	pb := newPushback(bd.s, bd.p.Retry.MaxRetryAfter, bd.e, &bd.ignoredRA)
+	pb.fleet = bd.fleet.publisher()
+	pb.keepFrom(kept[*pushbackStage](bd.prev))
+	bd.pause, bd.sh.pushback = pb, pb
+	bd.add(pb)
+}
+
+// sharedPushback passes a route's calls through the host's pushback.
+func (bd *build) sharedPushback() {
+	if pb := bd.sh.pushback; pb != nil {
+		bd.s, bd.pause = sharedStage{via: pb, next: bd.s}, pb
+	}
+}
+
+// retry is the one attempt scheduler. A policy that hedges but does not
+// retry gets it for its first round only (noRetry), with the budget its
+// Retry.Budget says: a hedge spends from it as a retry would.
+func (bd *build) retry() {
+	p := bd.p
+	if p.Retry.Disabled && !p.Hedge.enabled() {
+		return
+	}
+	r := newRetry(bd.s, p.Retry, bd.e, bd.pause, &bd.ignoredRA, bd.randN, p.Endpoints.enabled())
+	r.keepFrom(kept[*retryStage](bd.prev))
+	if r.budget != nil && bd.own && r.budget.fleet == nil {
+		// The host's budget is the fleet's; a route's stays local.
+		r.budget.fleet, r.budget.host = bd.fleet.publisher(), bd.e.host
+	}
+	if p.Hedge.enabled() {
+		r.hedge = newHedger(p.Hedge, bd.open, bd.full, bd.shed)
+		r.max = max(r.max, 1+p.Hedge.MaxHedges)
+	}
+	bd.add(r)
+}
+
+func (bd *build) total() {
+	if t := bd.p.Timeout; !t.Disabled {
+		bd.s = &totalStage{next: bd.s, total: t.Total, set: t.totalSet}
+	}
+}
+
+func (bd *build) fallback() {
+	if !bd.p.Fallback.enabled() {
+		return
+	}
+	f := newFallback(bd.s, bd.p.Fallback, bd.e)
+	f.keepFrom(kept[*fallbackStage](bd.prev))
+	bd.add(f)
 }
 
 // hostShared is the per-host state that a host's routes share with it:
@@ -111,133 +250,6 @@ type hostShared struct {
 	// faults counts the faults injected on the host, by every fault layer
 	// it has (its own, its instances', its routes'); never nil.
 	faults *faultCounts
-	built  bool // false while the host's own stack is being composed
-}
-
-// compose builds a stack for p, outer to inner, with its parts, outer
-// first, and shows: for each layer with state, a func that puts the
-// layer's piece of Snapshot (its snapshot method's result) in its field of
-// a HostSnapshot. Layers know nothing of HostSnapshot, and Snapshot
-// nothing of layers: this is where the two meet. On the host's own stack
-// (sh.built false) it makes the shared layers, or keeps old's, and
-// records them in sh; on a route's it passes through them, and they are
-// neither parts nor shown.
-func (t *Transport) compose(p *Policy, e env, sh *hostShared, old kept) (stage, []any, []func(*HostSnapshot)) {
-	var s stage
-	var parts []any
-	var shows []func(*HostSnapshot)
-	// What the hedger asks before sending a hedge: is the breaker open,
-	// the bulkhead full, the throttle refusing? (A balanced upstream's bulkheads are per
-	// instance; the balancer's pick and each instance's bulkhead decide.)
-	var open opener
-	var full filler
-	var shed shedder
-	switch {
-	case sh.built && sh.balancer != nil:
-		s = sh.balancer
-	case sh.built:
-		s = t.attemptStack(p, e, t.base, sh.faults)
-		if sh.bulkhead != nil {
-			s, full = sharedStage{via: sh.bulkhead, next: s}, sh.bulkhead
-		}
-	case old.balancer != nil:
-		s, parts, sh.balancer = old.balancer, append(parts, old.balancer), old.balancer
-	case p.Endpoints.enabled():
-		b := newBalancer(e, p.Endpoints, t.base, t.instanceBuilder(p, sh.faults))
-		s, parts, sh.balancer = b, append(parts, b), b
-	case old.bulkhead != nil:
-		s, parts, sh.bulkhead, full = old.bulkhead, append(parts, old.bulkhead), old.bulkhead, old.bulkhead
-	default:
-		var bh *bulkheadStage
-		s, bh = t.instanceStack(p, e, t.base, e.host, sh.faults)
-		if bh != nil {
-			parts, sh.bulkhead, full = append(parts, bh), bh, bh
-		}
-	}
-	// The shared layers are the host's: shown in its snapshot, not in its
-	// routes' (sh.built).
-	if b := sh.balancer; b != nil && !sh.built {
-		shows = append(shows, func(h *HostSnapshot) { h.Endpoints, h.Quota = showEndpoints(b.snapshot()) })
-	}
-	if bh := sh.bulkhead; bh != nil && !sh.built {
-		shows = append(shows, func(h *HostSnapshot) { h.Bulkhead, h.Quota = bh.snapshot() })
-	}
-	if !p.Breaker.Disabled {
-		var b *breakerStage
-		if old.breaker != nil {
-			old.breaker.retune(p.Breaker)
-			b = old.breaker.link(s, p.Breaker)
-		} else {
-			b = newBreaker(s, p.Breaker, e, t.randN)
-			if !sh.built {
-				b.fleet = t.fleet.publisher() // the host's breaker, not a route's
-			}
-		}
-		s, parts, open = b, append(parts, b), b
-		shows = append(shows, func(h *HostSnapshot) { h.Breaker = b.snapshot() })
-	}
-	if p.Throttle.Enabled {
-		th := newThrottle(s, p.Throttle, e, t.randN)
-		if old.throttle != nil {
-			th.throttleCounts = old.throttle
-		}
-		s, parts = th, append(parts, th)
-		shows = append(shows, func(h *HostSnapshot) { h.Throttle = th.snapshot() })
-		if !p.Throttle.Shadow {
-			shed = th
-		}
-	}
-	var pause pauser
-	switch {
-	case sh.built && sh.pushback != nil:
-		s, pause = sharedStage{via: sh.pushback, next: s}, sh.pushback
-	case !sh.built && !p.Retry.NoPushback:
-		pb := newPushback(s, p.Retry.MaxRetryAfter, e, &t.ignoredRA)
-		pb.fleet = t.fleet.publisher()
-		if old.pauses != nil {
-			pb.pauses = old.pauses
-		}
-		s, pause, parts, sh.pushback = pb, pb, append(parts, pb), pb
-		shows = append(shows, func(h *HostSnapshot) { h.Pushback = pb.snapshot() })
-	}
-	// Hedges and retries are one attempt scheduler: the retry layer. A
-	// policy that hedges but does not retry gets it for its first round
-	// only (noRetry), with the budget its Retry.Budget says: a hedge
-	// spends from it as a retry would.
-	if !p.Retry.Disabled || p.Hedge.enabled() {
-		r := newRetry(s, p.Retry, e, pause, &t.ignoredRA, t.randN, p.Endpoints.enabled())
-		if old.budget != nil && r.budget != nil {
-			r.budget = old.budget
-		}
-		if r.budget != nil && !sh.built && r.budget.fleet == nil {
-			// The host's budget is the fleet's; a route's stays local.
-			r.budget.fleet, r.budget.host = t.fleet.publisher(), e.host
-		}
-		if p.Hedge.enabled() {
-			r.hedge = newHedger(p.Hedge, open, full, shed)
-			r.max = max(r.max, 1+p.Hedge.MaxHedges)
-		}
-		s, parts = r, append(parts, r)
-		shows = append(shows, func(h *HostSnapshot) { h.Budget, h.Hedge = r.snapshot() })
-		shows = append(shows, func(h *HostSnapshot) { h.Latency = r.latency(time.Now()) })
-	}
-	if !p.Timeout.Disabled {
-		s = &totalStage{next: s, total: p.Timeout.Total, set: p.Timeout.totalSet}
-	}
-	if p.Fallback.enabled() {
-		f := newFallback(s, p.Fallback, e)
-		if old.stale != nil {
-			f.stale = old.stale
-		}
-		s, parts = f, append(parts, f)
-		shows = append(shows, func(h *HostSnapshot) { h.Fallback = f.snapshot() })
-	}
-	sh.built = true
-	// Outer first, as the stack reads.
-	for i, j := 0, len(parts)-1; i < j; i, j = i+1, j-1 {
-		parts[i], parts[j] = parts[j], parts[i]
-	}
-	return s, parts, shows
 }
 
 // passer is a shared layer that a route's stack passes through with its
@@ -259,23 +271,22 @@ func (s sharedStage) roundTrip(req *http.Request, c call) (*http.Response, error
 
 // instanceStack composes the per-attempt layers over base for one host,
 // or for one instance of a balanced upstream (name is its "host:port"):
-// bulkhead, attempt deadline, attempt span, fault. The bulkhead is nil when
-// disabled.
-func (t *Transport) instanceStack(p *Policy, e env, base http.RoundTripper, name string, faults *faultCounts) (stage, *bulkheadStage) {
-	s := t.attemptStack(p, e, base, faults)
+// bulkhead over attemptStack. The bulkhead is nil when disabled.
+func (b *stackBuilder) instanceStack(p *Policy, e env, base http.RoundTripper, name string, faults *faultCounts) (stage, *bulkheadStage) {
+	s := b.attemptStack(p, e, base, faults)
 	if p.Bulkhead.Disabled {
 		return s, nil
 	}
-	bh := newBulkhead(s, p.Bulkhead, name, e.rep, &t.ignoredRA)
-	bh.quota = newFleetQuota(t.fleet.leasing(), e.host, p.Bulkhead) // per host, shared by its instances
+	bh := newBulkhead(s, p.Bulkhead, name, e.rep, &b.ignoredRA)
+	bh.quota = newFleetQuota(b.fleet.leasing(), e.host, p.Bulkhead) // per host, shared by its instances
 	return bh, bh
 }
 
 // instanceBuilder is instanceStack for p, as the balancer builds its
 // instances: with the bulkhead, when there is one, as their limit.
-func (t *Transport) instanceBuilder(p *Policy, faults *faultCounts) instanceBuilder {
+func (b *stackBuilder) instanceBuilder(p *Policy, faults *faultCounts) instanceBuilder {
 	return func(e env, base http.RoundTripper, name string) (stage, stage) {
-		s, bh := t.instanceStack(p, e, base, name, faults)
+		s, bh := b.instanceStack(p, e, base, name, faults)
 		if bh == nil {
 			return s, nil // a nil limit, not a nil *bulkheadStage in one
 		}
@@ -283,12 +294,12 @@ func (t *Transport) instanceBuilder(p *Policy, faults *faultCounts) instanceBuil
 	}
 }
 
-// attemptStack composes the layers of one attempt over base: attempt
-// deadline, attempt span, and, when p injects faults, the fault layer,
+// attemptStack composes the layers of one attempt over base, inner to
+// outer: the fault layer (only when p injects faults; it counts in
+// faults), the attempt span, the attempt deadline. The fault layer sits
 // below the span and the deadline so that an injected fault is marked in
-// the span and an injected delay counts against the deadline. Off, the
-// fault layer is not there at all; when there, it counts in faults.
-func (t *Transport) attemptStack(p *Policy, e env, base http.RoundTripper, faults *faultCounts) stage {
+// the span and an injected delay counts against the deadline.
+func (b *stackBuilder) attemptStack(p *Policy, e env, base http.RoundTripper, faults *faultCounts) stage {
 	var s stage = baseStage{base}
 	if p.Fault.enabled() {
 		s = newFault(s, p.Fault, e, faults)
@@ -296,95 +307,8 @@ func (t *Transport) attemptStack(p *Policy, e env, base http.RoundTripper, fault
 	s = newObserveStage(s, e)
 	if !p.Timeout.Disabled {
 		a := newAttemptStage(s, p.Timeout, e.rep, e.learned)
-		a.counts, a.abandon = e.deadlines, t.abandon
+		a.counts, a.abandon = e.deadlines, b.abandon
 		s = a
 	}
 	return s
-}
-
-// kept is the state of a host's previous stack that its new one keeps.
-type kept struct {
-	balancer *balancerStage
-	bulkhead *bulkheadStage
-	breaker  *breakerCore
-	pauses   *pauses
-	budget   *retryBudget
-	stale    *staleCache
-	throttle *throttleCounts
-}
-
-// reuseFrom picks the layers of prev (nil: none) whose state survives a
-// change to policy p. A layer keeps its state when its own sub-policy's
-// shape is unchanged; anything else is built afresh, empty:
-//
-//   - the breaker keeps its window, state, trips and manual control unless
-//     Window, WindowCalls, HalfOpenCalls or OpenFor change (breakerShape);
-//     its rates, MinCalls, MaxOpenFor, SlowCall, OnStateChange and Shadow
-//     move in place;
-//   - the bulkhead (slots held, queue), or a balanced upstream's balancer
-//     (instances, ejections, their bulkheads), is kept whole when the
-//     Bulkhead, Timeout and, balanced, Endpoints policies are all equal;
-//     otherwise the new one starts empty, and requests still in the old one
-//     hold their slots there, so for as long as they run the host may see
-//     up to both limits at once;
-//   - the pushback pauses are always kept (they are the host's word, not
-//     the policy's);
-//   - the retry budget is kept when Retry.Budget is unchanged;
-//   - the stale cache is kept when Fallback.Stale is unchanged;
-//   - the throttle's counts are kept when Throttle is unchanged;
-//   - Policy.Classify is no layer's: it travels with each call (see
-//     call.classify), so a new one applies to the new stack's calls and
-//     rebuilds nothing.
-//
-// Equal means reflect.DeepEqual, under which a non-nil func or an
-// interface holding one is never equal: a policy with a Resolver whose
-// type holds a func, say, gets a fresh balancer on every Update.
-//
-// A host whose upstream label changes (an Upstreams key added or removed)
-// keeps nothing: its state is reported under another label.
-func reuseFrom(prev, hs *hostState) kept {
-	if prev == nil || prev.upstream != hs.upstream {
-		return kept{}
-	}
-	return keptParts(prev.parts, prev.policy, hs.policy)
-}
-
-// keptParts is reuseFrom's rule for the layers parts of a stack built for
-// policy q, under the new policy p. A route's stack has no shared layers
-// among its parts, so on a route's it keeps only the route's own layers.
-func keptParts(parts []any, q, p *Policy) kept {
-	var k kept
-	for _, part := range parts {
-		switch l := part.(type) {
-		case *balancerStage:
-			if p.Endpoints.enabled() && reflect.DeepEqual(q.Endpoints, p.Endpoints) &&
-				reflect.DeepEqual(q.Bulkhead, p.Bulkhead) && reflect.DeepEqual(q.Timeout, p.Timeout) {
-				k.balancer = l
-			}
-		case *bulkheadStage:
-			if !p.Endpoints.enabled() && !p.Bulkhead.Disabled &&
-				reflect.DeepEqual(q.Bulkhead, p.Bulkhead) && reflect.DeepEqual(q.Timeout, p.Timeout) {
-				k.bulkhead = l
-			}
-		case *breakerStage:
-			if shapeOf(q.Breaker) == shapeOf(p.Breaker) {
-				k.breaker = l.breakerCore
-			}
-		case *pushbackStage:
-			k.pauses = l.pauses
-		case *retryStage:
-			if l.budget != nil && reflect.DeepEqual(q.Retry.Budget, p.Retry.Budget) {
-				k.budget = l.budget
-			}
-		case *throttleStage:
-			if reflect.DeepEqual(q.Throttle, p.Throttle) {
-				k.throttle = l.throttleCounts
-			}
-		case *fallbackStage:
-			if l.stale != nil && reflect.DeepEqual(q.Fallback.Stale, p.Fallback.Stale) {
-				k.stale = l.stale
-			}
-		}
-	}
-	return k
 }

@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -149,6 +150,7 @@ type throttleStage struct {
 	randN    func(int64) int64
 	rejected *ThrottledError
 	shadow   bool
+	policy   Throttle // what it was built for: its counts are kept while this holds
 	// The counts, shared with the throttle of a stack Update builds for
 	// the same host and Throttle policy, so they outlive the change.
 	*throttleCounts
@@ -173,7 +175,7 @@ func newThrottle(next stage, p Throttle, e env, randN func(int64) int64) *thrott
 	// Validated: Window ≥ 100 ms, so ten buckets fit.
 	w, _ := window.New(int64(p.Window), throttleBuckets)
 	return &throttleStage{next: next, e: e, k: p.K, maxP: p.MaxProbability, randN: randN,
-		rejected: &ThrottledError{Host: e.host}, shadow: p.Shadow, throttleCounts: &throttleCounts{w: w}}
+		rejected: &ThrottledError{Host: e.host}, shadow: p.Shadow, policy: p, throttleCounts: &throttleCounts{w: w}}
 }
 
 // probability is the SRE formula on the counts, capped.
@@ -298,3 +300,14 @@ func (t *throttleStage) snapshot() *ThrottleSnapshot {
 	return &ThrottleSnapshot{Requests: c[thRequests], Accepts: c[thAccepts], Probability: t.probability(c),
 		Shadow: t.shadow, WouldReject: t.wouldReject.Load(), Refused: t.refused.Load()}
 }
+
+// keepFrom takes the counts of prev, the old stack's throttle (nil: none),
+// when it was built for the same Throttle policy.
+func (t *throttleStage) keepFrom(prev *throttleStage) {
+	if prev != nil && reflect.DeepEqual(prev.policy, t.policy) {
+		t.throttleCounts = prev.throttleCounts
+	}
+}
+
+// show hands Snapshot the throttle's state (shower).
+func (t *throttleStage) show(put func(any)) { put(t.snapshot()) }

@@ -2,52 +2,30 @@ package bulwark
 
 import "time"
 
-// Update replaces the Transport's policies with cfg's while it runs. cfg is
-// validated as New validates it, a Bulkhead.FleetRate against the
-// Transport's own Fleet (cfg.Fleet is New's); on error (a *ConfigError)
-// nothing changes, so Update is also the check of a Config against a
-// running Transport.
+// Update replaces the Transport's policies with cfg's while it runs:
+// Default, Upstreams, Routes, MaxHosts and HostIdle. The rest of a Config
+// (Base, BaseIgnoresContext, Fleet, the providers, Propagator, Logger) is
+// New's and Update ignores it, so the Config given to New can be edited and
+// passed again. cfg is validated as New validates it, a Bulkhead.FleetRate
+// against the Transport's own Fleet; on error (a *ConfigError) nothing
+// changes. cfg.Version and cfg.Source go to Snapshot.Config: as applied, or
+// with the error as the last rejected.
 //
-// Update applies Default, Upstreams, MaxHosts and HostIdle. Base,
-// BaseIgnoresContext, the providers, Propagator and Logger are New's and
-// Update ignores them, so the Config given to New can be edited and passed
-// again.
-//
-// Each host's stack is built anew under its new policy and swapped in
-// atomically; a request already past the router finishes through the stack
-// it started in, under the old policy. A layer's state survives when its
-// shape does: a breaker keeps its window, state and manual control when
-// only its thresholds move, a bulkhead keeps its slots and queue when its
-// policy and the timeouts are unchanged, pushback pauses always survive.
-// Which change rebuilds which layer is listed on reuseFrom, in stack.go,
-// and summed up here:
+// Each host's stack is built anew, without blocking requests, and swapped
+// in; a request already past the router finishes in the stack it started
+// in. A layer keeps its state when its own policy's shape is unchanged
+// (a host's routes too, route by route); a change to
 //
 //	Breaker.Window, WindowCalls, HalfOpenCalls, OpenFor    → a new breaker, closed, with an empty window
 //	Bulkhead.*, Timeout.*                                  → a new bulkhead (the old one's requests keep their slots)
 //	Endpoints.*, Bulkhead.*, Timeout.* of a balanced host  → a new balancer: instances re-resolved, ejections forgotten
-//	Retry.Budget.*                                         → a new, full retry budget
-//	Fallback.Stale.*                                       → an empty stale cache
+//	Retry.Budget.*, Throttle.*, Fallback.Stale.*           → a new, full retry budget; new throttle counts; an empty stale cache
 //	a host's upstream key                                  → all of the host's state anew
 //
-// A route's own layers on a host (Config.Routes: its breaker, retry
-// budget, throttle and stale cache) follow the same rules, route by route,
-// matched by pattern: a route kept in the new Config keeps its breaker's
-// window, state and manual control when its shape is unchanged.
-//
-// Policy.Classify rebuilds nothing: the new stack's calls are judged by the
-// new classifier in every layer, kept ones included.
-//
-// A kept breaker's new thresholds apply from the moment Update builds its
-// new stack, to the requests still in the old one too: they share its
-// window, and whether it trips is the host's decision, not one request's.
-//
-// Requests never wait for Update: it builds the new stacks without the
-// Transport's lock and takes it only to swap them in, as a new host's first
-// request does. Concurrent Updates are applied one after another.
-//
-// Update records cfg.Version and cfg.Source in Snapshot.Config: as the
-// version in force when it applies cfg, as the last rejected one, with the
-// error, when it refuses a cfg that carries either.
+// Pushback pauses always survive. A kept breaker takes its new thresholds
+// in place, for the requests still in the old stack too. Policy.Classify
+// rebuilds nothing. Equal means reflect.DeepEqual, under which a func is
+// never equal. Concurrent Updates are applied one after another.
 func (t *Transport) Update(cfg Config) error {
 	rs, err := compileFor(cfg, t.fleet.leasing() != nil)
 	if err != nil {
@@ -78,6 +56,22 @@ func (t *Transport) Update(cfg Config) error {
 		t.updateBuilt()
 	}
 
+	dropped := t.swap(old, next)
+	// A balancer not kept has transports of its own: their idle
+	// connections go now, and those its requests in flight still use go
+	// idle after them and are closed by the transport's IdleConnTimeout.
+	for _, c := range dropped {
+		c.closeIdle()
+	}
+	t.obs.refresh()
+	t.config.applied(cfg.Version, cfg.Source, time.Now())
+	return nil
+}
+
+// swap puts each host of next in the place of the host of old it was
+// built from, unless that one was evicted meanwhile, and returns the
+// layers with connections of their own that the new hosts do not keep.
+func (t *Transport) swap(old, next []*hostState) []idleCloser {
 	var dropped []idleCloser
 	t.mu.Lock()
 	for i, prev := range old {
@@ -101,15 +95,7 @@ func (t *Transport) Update(cfg Config) error {
 		t.evictLocked(time.Now().UnixNano())
 	}
 	t.mu.Unlock()
-	// A balancer not kept has transports of its own: their idle
-	// connections go now, and those its requests in flight still use go
-	// idle after them and are closed by the transport's IdleConnTimeout.
-	for _, c := range dropped {
-		c.closeIdle()
-	}
-	t.obs.refresh()
-	t.config.applied(cfg.Version, cfg.Source, time.Now())
-	return nil
+	return dropped
 }
 
 // RejectConfig records in Snapshot.Config that a configuration was refused
@@ -143,22 +129,11 @@ func replacedClosers(prev, hs *hostState) []idleCloser {
 	return out
 }
 
-// rebuild is prev's host under the current routes: a new hostState, with
-// a stack that keeps what prev's may keep (buildStack, reuseFrom).
+// rebuild is prev's host under the current policies: its state anew,
+// keeping what prev's may keep (newHost).
 func (t *Transport) rebuild(prev *hostState) *hostState {
 	t.mu.RLock()
-	r, table := t.route(prev.key), t.table
+	c, table := t.forHost(prev.key.host, prev.key.port), t.table
 	t.mu.RUnlock()
-	hs := &hostState{key: prev.key, name: prev.name, upstream: r.upstream, policy: &r.policy,
-		rawScheme: prev.rawScheme, rawHost: prev.rawHost, rep: prev.rep}
-	hs.table, hs.routes = table, table.slots()
-	hs.lastUsed.Store(prev.lastUsed.Load())
-	if hs.upstream != prev.upstream {
-		hs.rep = t.obs.reporter(hs.upstream, hs.name, hs.key.port)
-	}
-	t.buildStack(hs, prev)
-	// The routes prev had used keep what their shape allows, under the
-	// new table; the others start on their next use.
-	t.keepRoutes(hs, prev)
-	return hs
+	return t.newHost(prev.key, prev.rawScheme, prev.rawHost, c, table, prev)
 }

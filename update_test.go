@@ -289,3 +289,58 @@ func TestUpdateBalancer(t *testing.T) {
 		t.Errorf("after an Update of Bulkhead: %d instances ejected, want a new balancer with none", ejected())
 	}
 }
+
+// TestUpdateKeepsByShape: each stateful layer keeps its state across an
+// Update that leaves its own policy alone, and starts empty after one that
+// changes it, on a host's stack and on a route's alike (Update's rule, as
+// each layer's keepFrom applies it).
+func TestUpdateKeepsByShape(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		set   func(*Policy)               // the layer on
+		state func(s RouteSnapshot) int64 // what it kept, read from a route's or host's snapshot
+		shape func(*Policy)               // a change to the layer's own policy
+	}{
+		{"retry budget", func(p *Policy) {}, func(s RouteSnapshot) int64 { return s.Budget.Calls },
+			func(p *Policy) { p.Retry.Budget.Ratio = 0.3 }},
+		{"breaker", func(p *Policy) {}, func(s RouteSnapshot) int64 { return s.Breaker.Calls },
+			func(p *Policy) { p.Breaker.WindowCalls = 50; p.Breaker.MinCalls = 50 }},
+	} {
+		for _, routed := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/routed=%v", tt.name, routed), func(t *testing.T) {
+				cfg := Config{Base: okBase{}}
+				tt.set(&cfg.Default)
+				if routed {
+					cfg.Routes = map[string]Policy{"/r/": {}}
+				}
+				tr := mustNew(t, cfg)
+				for range 3 {
+					if _, err := sendOnce(t, tr, "GET", "http://a.test/r/x"); err != nil {
+						t.Fatal(err)
+					}
+				}
+				state := func() int64 {
+					h := tr.Snapshot().Host("a.test:80")[0]
+					if routed {
+						return tt.state(h.Routes[0])
+					}
+					return tt.state(RouteSnapshot{Breaker: h.Breaker, Budget: h.Budget})
+				}
+				cfg.Default.Timeout.Total = 7 * time.Second // another layer's policy
+				if err := tr.Update(cfg); err != nil {
+					t.Fatal(err)
+				}
+				if got := state(); got != 3 {
+					t.Errorf("after an Update of another layer: %d calls, want the 3 before it", got)
+				}
+				tt.shape(&cfg.Default)
+				if err := tr.Update(cfg); err != nil {
+					t.Fatal(err)
+				}
+				if got := state(); got != 0 {
+					t.Errorf("after an Update of its own policy: %d calls, want 0 (a new, empty one)", got)
+				}
+			})
+		}
+	}
+}

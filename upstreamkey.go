@@ -27,48 +27,71 @@ func parseUpstreamKey(k string) (host, port string, err error) {
 	case strings.ContainsAny(k, "/?#@ \t"):
 		return "", "", errString("upstream key must be host or host:port, without path, query, userinfo or spaces")
 	}
-	rest := "" // ":port", or empty
+	split := splitHostKey
 	if k[0] == '[' {
-		end := strings.IndexByte(k, ']')
-		if end < 0 {
-			return "", "", errString("upstream key must be host or host:port")
-		}
-		host, rest = k[1:end], k[end+1:]
-		if a, err := netip.ParseAddr(host); err != nil || !a.Is6() || a.Zone() != "" {
-			return "", "", errString("upstream key's brackets hold an IPv6 address, without a zone")
-		}
-		if rest != "" && rest[0] != ':' {
-			return "", "", errString("upstream key must be host or host:port")
-		}
-	} else {
-		host = k
-		if i := strings.IndexByte(k, ':'); i >= 0 {
-			if strings.IndexByte(k[i+1:], ':') >= 0 {
-				return "", "", errString("upstream key looks like a bare IPv6 address: write it in brackets: " +
-					strconv.Quote("["+k+"]") + " or " + strconv.Quote("["+k+"]:port"))
-			}
-			host, rest = k[:i], k[i:]
-		}
-		if err := checkHostName(host); err != nil {
+		split = splitBracketedKey
+	}
+	host, rest, err := split(k)
+	if err != nil {
+		return "", "", err
+	}
+	if rest != "" {
+		if port, err = checkKeyPort(rest[1:]); err != nil {
 			return "", "", err
 		}
 	}
-	if rest != "" {
-		port = rest[1:]
-		switch n, err := strconv.Atoi(port); {
-		case port == "":
-			return "", "", errString("upstream key has an empty port")
-		case !allDigits(port):
-			return "", "", errString("upstream key must be host or host:port, with a decimal port")
-		case err != nil || n < 1 || n > 65535:
-			return "", "", errString("upstream key's port must be 1..65535")
-		case port[0] == '0':
-			// A request URL's port is matched as written: "080" would
-			// never match a request to port 80.
-			return "", "", errString("upstream key's port must be written without leading zeros")
-		}
-	}
 	return canonicalHost(host), port, nil
+}
+
+// splitBracketedKey splits "[v6]" or "[v6]:port" into the address and
+// ":port" (or "").
+func splitBracketedKey(k string) (host, rest string, err error) {
+	end := strings.IndexByte(k, ']')
+	if end < 0 {
+		return "", "", errString("upstream key must be host or host:port")
+	}
+	host, rest = k[1:end], k[end+1:]
+	if a, err := netip.ParseAddr(host); err != nil || !a.Is6() || a.Zone() != "" {
+		return "", "", errString("upstream key's brackets hold an IPv6 address, without a zone")
+	}
+	if rest != "" && rest[0] != ':' {
+		return "", "", errString("upstream key must be host or host:port")
+	}
+	return host, rest, nil
+}
+
+// splitHostKey splits "name" or "name:port" into the name and ":port" (or
+// "").
+func splitHostKey(k string) (host, rest string, err error) {
+	host = k
+	if i := strings.IndexByte(k, ':'); i >= 0 {
+		if strings.IndexByte(k[i+1:], ':') >= 0 {
+			return "", "", errString("upstream key looks like a bare IPv6 address: write it in brackets: " +
+				strconv.Quote("["+k+"]") + " or " + strconv.Quote("["+k+"]:port"))
+		}
+		host, rest = k[:i], k[i:]
+	}
+	if err := checkHostName(host); err != nil {
+		return "", "", err
+	}
+	return host, rest, nil
+}
+
+// checkKeyPort refuses a key's port that is not 1..65535 written plainly.
+func checkKeyPort(port string) (string, error) {
+	switch n, err := strconv.Atoi(port); {
+	case port == "":
+		return "", errString("upstream key has an empty port")
+	case !allDigits(port):
+		return "", errString("upstream key must be host or host:port, with a decimal port")
+	case err != nil || n < 1 || n > 65535:
+		return "", errString("upstream key's port must be 1..65535")
+	case port[0] == '0':
+		// A request URL's port is matched as written: "080" would
+		// never match a request to port 80.
+		return "", errString("upstream key's port must be written without leading zeros")
+	}
+	return port, nil
 }
 
 // checkHostName refuses a host that is neither a DNS name nor an IPv4
@@ -89,8 +112,7 @@ func checkHostName(host string) error {
 			return errString("upstream key's host has an empty label (a leading dot, or two dots in a row)")
 		}
 		for _, r := range label {
-			if r != '-' && r != '_' && !('a' <= r && r <= 'z') && !('A' <= r && r <= 'Z') && !('0' <= r && r <= '9') &&
-				(r < utf8.RuneSelf || !(unicode.IsLetter(r) || unicode.IsDigit(r) || unicode.IsMark(r))) {
+			if !hostNameRune(r) {
 				return errString("upstream key's host may hold only letters, digits, '-', '_' and dots")
 			}
 		}
@@ -104,4 +126,17 @@ func checkHostName(host string) error {
 // so a request cannot escape that name's policy by adding the dot.
 func canonicalHost(host string) string {
 	return strings.ToLower(strings.TrimSuffix(host, "."))
+}
+
+// hostNameRune reports whether r may stand in a host name's label: an ASCII
+// letter or digit, '-', '_', or a non-ASCII letter, digit or mark (an IDN
+// written in Unicode).
+func hostNameRune(r rune) bool {
+	switch {
+	case r == '-' || r == '_' || 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9':
+		return true
+	case r < utf8.RuneSelf:
+		return false
+	}
+	return unicode.IsLetter(r) || unicode.IsDigit(r) || unicode.IsMark(r)
 }
