@@ -114,6 +114,7 @@ func kept[T any](prev prior) T {
 // instances and their bulkheads) is kept whole under p (Update's rule).
 func bottomKept(q, p *Policy) bool {
 	return q != nil && reflect.DeepEqual(q.Bulkhead, p.Bulkhead) && reflect.DeepEqual(q.Timeout, p.Timeout) &&
+		reflect.DeepEqual(q.Fault, p.Fault) &&
 		(!p.Endpoints.enabled() || reflect.DeepEqual(q.Endpoints, p.Endpoints))
 }
 

@@ -17,7 +17,7 @@ import "time"
 // (a host's routes too, route by route); a change to
 //
 //	Breaker.Window, WindowCalls, HalfOpenCalls, OpenFor    → a new breaker, closed, with an empty window
-//	Bulkhead.*, Timeout.*                                  → a new bulkhead (the old one's requests keep their slots)
+//	Bulkhead.*, Timeout.*, Fault.*                         → a new bulkhead (the old one's requests keep their slots)
 //	Endpoints.*, Bulkhead.*, Timeout.* of a balanced host  → a new balancer: instances re-resolved, ejections forgotten
 //	Retry.Budget.*, Throttle.*, Fallback.Stale.*           → a new, full retry budget; new throttle counts; an empty stale cache
 //	a host's upstream key                                  → all of the host's state anew

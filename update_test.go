@@ -344,3 +344,44 @@ func TestUpdateKeepsByShape(t *testing.T) {
 		}
 	}
 }
+
+// TestUpdateFaultReachesTheHost: an Update that changes only Policy.Fault
+// takes effect on the host's next call, routed or not, as it does for a
+// new Transport built with the same Config.
+func TestUpdateFaultReachesTheHost(t *testing.T) {
+	for _, routed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("routed=%v", routed), func(t *testing.T) {
+			cfg := Config{Base: okBase{}}
+			cfg.Default.Retry.Disabled = true
+			cfg.Default.Breaker.Disabled = true
+			if routed {
+				cfg.Routes = map[string]Policy{"/r/": {}}
+			}
+			tr := mustNew(t, cfg)
+			status := func() int {
+				code, err := sendOnce(t, tr, "GET", "http://a.test/r/x")
+				if err != nil {
+					t.Fatal(err)
+				}
+				return code
+			}
+			if got := status(); got != 200 {
+				t.Fatalf("before the Update: %d, want 200", got)
+			}
+			cfg.Default.Fault = Fault{AbortStatus: 503, AbortRate: 1}
+			if err := tr.Update(cfg); err != nil {
+				t.Fatal(err)
+			}
+			if got := status(); got != 503 {
+				t.Errorf("after an Update that turns a fault on: %d, want the injected 503", got)
+			}
+			cfg.Default.Fault = Fault{}
+			if err := tr.Update(cfg); err != nil {
+				t.Fatal(err)
+			}
+			if got := status(); got != 200 {
+				t.Errorf("after an Update that turns it off again: %d, want 200", got)
+			}
+		})
+	}
+}
