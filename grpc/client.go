@@ -98,10 +98,10 @@ type unary struct {
 
 // attempt is one attempt's outcome, found again by its response.
 type attempt struct {
-	resp             *http.Response
-	reply            any
-	err              error // the attempt's status error; nil for OK
-	header, trailer  metadata.MD
+	resp            *http.Response
+	reply           any
+	err             error // the attempt's status error; nil for OK
+	header, trailer metadata.MD
 }
 
 // RoundTrip sends one attempt: the invoker with the attempt's context, so

@@ -6,13 +6,13 @@ import (
 	"net"
 	"os"
 	"sync"
-		"testing"
+	"testing"
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protodesc"
@@ -84,7 +84,9 @@ type echo struct {
 	meta   map[string][]string // the last call's idempotency-key, by method
 }
 
-type echoer interface{ answer(context.Context, string, *testpb.SimpleRequest) (*testpb.SimpleResponse, error) }
+type echoer interface {
+	answer(context.Context, string, *testpb.SimpleRequest) (*testpb.SimpleResponse, error)
+}
 
 func newEcho() *echo {
 	return &echo{script: map[string]func(context.Context, int, *testpb.SimpleRequest) (*testpb.SimpleResponse, error){}, calls: map[string]int{}, meta: map[string][]string{}}

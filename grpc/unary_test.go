@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
