@@ -180,11 +180,3 @@ func (u *unary) finish(resp *http.Response) error {
 	}
 	return nil
 }
-
-// StreamClientInterceptor returns an interceptor that sends each stream's
-// establishment through t's layers (see the package doc).
-func StreamClientInterceptor(t *bulwark.Transport) grpc.StreamClientInterceptor {
-	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		return streamer(ctx, desc, cc, method, opts...) // skeleton: filled in next
-	}
-}

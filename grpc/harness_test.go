@@ -157,6 +157,9 @@ var echoDesc = grpc.ServiceDesc{
 					return err
 				}
 			}
+			if in.GetFillUsername() {
+				<-ss.Context().Done() // held open until the caller ends it
+			}
 			return nil
 		}},
 	},
