@@ -103,6 +103,7 @@ type attempt struct {
 	reply           any
 	err             error // the attempt's status error; nil for OK
 	header, trailer metadata.MD
+	peer            peer.Peer // set by grpc-go once a connection carries the attempt
 }
 
 // RoundTrip sends one attempt: the invoker with the attempt's context, so
@@ -121,8 +122,13 @@ func (u *unary) RoundTrip(req *http.Request) (*http.Response, error) {
 	if m, ok := u.reply.(proto.Message); ok {
 		a.reply = m.ProtoReflect().New().Interface()
 	}
-	var p peer.Peer
-	opts := append(u.opts[:len(u.opts):len(u.opts)], grpc.Header(&a.header), grpc.Trailer(&a.trailer), grpc.Peer(&p))
+	// The trailer for its pushback, the peer to tell an answer from none;
+	// the header only for a caller who asked (grpc-go copies each).
+	opts := append(make([]grpc.CallOption, 0, len(u.opts)+3), u.opts...)
+	opts = append(opts, grpc.Trailer(&a.trailer), grpc.Peer(&a.peer))
+	if u.header != nil {
+		opts = append(opts, grpc.Header(&a.header))
+	}
 	err := u.invoker(ctx, u.method, u.req, a.reply, u.cc, opts...)
 	st, ok := status.FromError(err)
 	switch {
@@ -130,7 +136,7 @@ func (u *unary) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, attemptEnd(req.Context())
 	case !ok:
 		return nil, err // no status: what failed is below gRPC, as a transport error is
-	case st.Code() == codes.Unavailable && p.Addr == nil:
+	case st.Code() == codes.Unavailable && a.peer.Addr == nil:
 		// No connection carried it (refused, none ready): unanswered, as
 		// a refused connection is to an HTTP client, which the breaker's
 		// ConsecutiveFailures counts.

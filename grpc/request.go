@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bulwark-http/bulwark"
@@ -85,10 +86,20 @@ func attemptKey(req *http.Request, caller *http.Request) string {
 	return v[0]
 }
 
-// channels remembers what each channel's calls share: its authority.
-// The map is bounded by the channels a process makes, each a long-lived
-// object; it holds the target strings, not the channels.
-type channels struct{ authority sync.Map } // target → authority
+// channels remembers what each channel's calls share: its authority. The
+// map is bounded by the channels a process makes, each a long-lived
+// object; it holds the target strings, not the channels. last is the
+// channel seen last, which spares most calls the target string that
+// CanonicalTarget builds anew on each call.
+type channels struct {
+	authority sync.Map // target → authority
+	last      atomic.Pointer[channelAuthority]
+}
+
+type channelAuthority struct {
+	cc        *grpc.ClientConn
+	authority string
+}
 
 // authorityOf is the authority cc's calls carry, which keys their
 // upstream in Config.Upstreams: the endpoint of the channel's canonical
@@ -97,8 +108,12 @@ type channels struct{ authority sync.Map } // target → authority
 // made with grpc.WithAuthority sends that authority on the wire, but is
 // keyed here by its target's endpoint.
 func (ch *channels) authorityOf(cc *grpc.ClientConn) string {
+	if l := ch.last.Load(); l != nil && l.cc == cc {
+		return l.authority
+	}
 	target := cc.CanonicalTarget()
 	if a, ok := ch.authority.Load(target); ok {
+		ch.last.Store(&channelAuthority{cc, a.(string)})
 		return a.(string)
 	}
 	a := "localhost"
@@ -109,6 +124,7 @@ func (ch *channels) authorityOf(cc *grpc.ClientConn) string {
 		}
 	}
 	ch.authority.Store(target, a)
+	ch.last.Store(&channelAuthority{cc, a})
 	return a
 }
 

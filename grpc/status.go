@@ -94,7 +94,11 @@ const pushbackKey = "grpc-retry-pushback-ms"
 func response(req *http.Request, st *status.Status, trailer metadata.MD) *http.Response {
 	code := st.Code()
 	h := make(http.Header, 3)
-	h[StatusHeader] = []string{strconv.Itoa(int(code))}
+	if int(code) < len(codeValues) {
+		h[StatusHeader] = codeValues[code][:1:1]
+	} else {
+		h[StatusHeader] = []string{strconv.Itoa(int(code))}
+	}
 	if v := trailer.Get(pushbackKey); len(v) == 1 {
 		h["Grpc-Retry-Pushback-Ms"] = v
 		if n, err := strconv.ParseInt(v[0], 10, 64); err == nil && n >= 0 &&
@@ -103,11 +107,22 @@ func response(req *http.Request, st *status.Status, trailer metadata.MD) *http.R
 		}
 	}
 	return &http.Response{
-		Status: strconv.Itoa(httpStatus(code)) + " " + code.String(), StatusCode: httpStatus(code),
-		Proto: "HTTP/2.0", ProtoMajor: 2,
+		StatusCode: httpStatus(code),
+		Proto:      "HTTP/2.0", ProtoMajor: 2,
 		Header: h, Body: http.NoBody, ContentLength: -1, Request: req,
 	}
 }
+
+// codeValues are StatusHeader's values for the codes gRPC defines, made
+// once: a response's header shares them, capped so that nothing can
+// append into them.
+var codeValues = func() [][]string {
+	v := make([][]string, 17)
+	for i := range v {
+		v[i] = []string{strconv.Itoa(i)}
+	}
+	return v
+}()
 
 // refusal is an error of bulwark's own (a refusal, its timeout) as a gRPC
 // caller gets it: a status gRPC code understands (GRPCStatus), that still
