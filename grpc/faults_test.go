@@ -186,3 +186,31 @@ func TestDeadHostTrips(t *testing.T) {
 		}
 	})
 }
+
+// A hedge answers for a slow first attempt: the caller's reply is the
+// hedge's, each attempt having written its own.
+func TestHedgeReply(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEcho()
+		e.on(mGet, func(ctx context.Context, n int, in *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+			if n == 1 {
+				select {
+				case <-time.After(time.Second):
+				case <-ctx.Done():
+					return nil, status.FromContextError(ctx.Err()).Err()
+				}
+				return &testpb.SimpleResponse{Payload: &testpb.Payload{Body: []byte("first")}}, nil
+			}
+			return &testpb.SimpleResponse{Payload: &testpb.Payload{Body: []byte("hedge")}}, nil
+		})
+		s := serveBuf(t, e, bulwark.Config{Default: bulwark.Policy{Hedge: bulwark.Hedge{Delay: 20 * time.Millisecond}}})
+		start := time.Now()
+		out, err := s.call(t.Context(), mGet, "x")
+		if err != nil || string(out.GetPayload().GetBody()) != "hedge" {
+			t.Fatalf("Get = %v, %v; want the hedge's answer", out, err)
+		}
+		if el := time.Since(start); el > 100*time.Millisecond {
+			t.Fatalf("call took %v, want the hedge's answer after about 20ms", el)
+		}
+	})
+}

@@ -3,6 +3,7 @@ package bulwarkgrpc_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/bulwark-http/bulwark"
+	bulwarkgrpc "github.com/bulwark-http/bulwark/grpc"
 )
 
 func fail(c codes.Code) func(context.Context, int, *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
@@ -212,5 +214,51 @@ func TestGRPCRetryPolicyOneLayer(t *testing.T) {
 	}
 	if n := e.count(mGet); n != 3 {
 		t.Fatalf("server got %d calls, want grpc-go's 3 alone", n)
+	}
+}
+
+// Policy.Classify can judge a code otherwise, reading it with Code: here
+// INTERNAL is made retryable.
+func TestClassifyOverride(t *testing.T) {
+	e := newEcho()
+	e.on(mGet, failFirst(1, codes.Internal))
+	cfg := fastRetry
+	cfg.Default.Classify = func(resp *http.Response, err error) bulwark.Verdict {
+		if c, ok := bulwarkgrpc.Code(resp); ok && c == codes.Internal {
+			return bulwark.Verdict{Outcome: bulwark.OutcomeFailure, Retryable: true}
+		}
+		return bulwark.DefaultClassify(resp, err)
+	}
+	s := serveTCP(t, e, cfg)
+	if _, err := s.call(t.Context(), mGet, "x"); err != nil {
+		t.Fatalf("Get: %v, want INTERNAL retried to success", err)
+	}
+	if n := e.count(mGet); n != 2 {
+		t.Fatalf("server got %d calls, want 2", n)
+	}
+}
+
+// The caller's grpc.Header and grpc.Trailer options get the metadata of
+// the attempt whose answer the call takes.
+func TestCallerHeaderTrailer(t *testing.T) {
+	e := newEcho()
+	e.on(mGet, func(ctx context.Context, n int, in *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+		_ = grpc.SetHeader(ctx, metadata.Pairs("attempt", fmt.Sprint(n)))
+		_ = grpc.SetTrailer(ctx, metadata.Pairs("done", fmt.Sprint(n)))
+		if n == 1 {
+			return nil, status.Error(codes.Unavailable, "first")
+		}
+		return &testpb.SimpleResponse{}, nil
+	})
+	s := serveTCP(t, e, fastRetry)
+	var hdr, trl metadata.MD
+	if _, err := s.call(t.Context(), mGet, "x", grpc.Header(&hdr), grpc.Trailer(&trl)); err != nil {
+		t.Fatal(err)
+	}
+	if got := hdr.Get("attempt"); len(got) != 1 || got[0] != "2" {
+		t.Errorf("header attempt = %q, want the second attempt's", got)
+	}
+	if got := trl.Get("done"); len(got) != 1 || got[0] != "2" {
+		t.Errorf("trailer done = %q, want the second attempt's", got)
 	}
 }
