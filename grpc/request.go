@@ -32,7 +32,11 @@ const idempotencyKey = "idempotency-key"
 // send twice, by an empty Idempotency-Key unless the metadata has one;
 // once marks it sent once by bulwark because grpc-go retries it itself.
 func request(ctx context.Context, authority, method string, safe, once bool) *http.Request {
-	h := make(http.Header)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "", http.NoBody)
+	if err != nil { // cannot be: the method is valid and the URL empty
+		panic(err)
+	}
+	h := req.Header
 	if md, ok := metadata.FromOutgoingContext(ctx); ok {
 		for k, vs := range md {
 			if strings.HasSuffix(k, "-bin") || strings.HasPrefix(k, ":") || !validValues(vs) {
@@ -42,21 +46,25 @@ func request(ctx context.Context, authority, method string, safe, once bool) *ht
 		}
 	}
 	if _, ok := h[bulwark.IdempotencyKeyHeader]; safe && !ok {
-		h[bulwark.IdempotencyKeyHeader] = []string{""}
+		h[bulwark.IdempotencyKeyHeader] = emptyKey
 	}
 	if once {
 		// grpc-go's retryPolicy retries the call inside each attempt: a
 		// retrying client, which bulwark leaves the retries to (one layer).
-		h[bulwark.AttemptHeader] = []string{"1"}
+		h[bulwark.AttemptHeader] = firstAttempt
 	}
-	req := &http.Request{
-		Method: http.MethodPost,
-		URL:    &url.URL{Scheme: "http", Host: authority, Path: method},
-		Proto:  "HTTP/2.0", ProtoMajor: 2,
-		Header: h, Body: http.NoBody, Host: authority,
-	}
-	return req.WithContext(ctx)
+	req.URL.Scheme, req.URL.Host, req.URL.Path = "http", authority, method
+	req.Host, req.Proto, req.ProtoMajor, req.ProtoMinor = authority, "HTTP/2.0", 2, 0
+	return req
 }
+
+// emptyKey and firstAttempt are header values every request may share:
+// the layers never change a request's header in place, and the length
+// and capacity of one keep an append from writing into it.
+var (
+	emptyKey     = []string{""}
+	firstAttempt = []string{"1"}
+)
 
 // validValues reports whether every value is one net/http would write
 // (no control byte but tab), so that a metadata value bulwark cannot carry

@@ -144,11 +144,32 @@ func (r *refusal) GRPCStatus() *status.Status { return status.New(r.code, r.err.
 // timeouts become the status the package doc's table gives them, and
 // still unwrap to their sentinels.
 func callError(err error) error {
-	var gs interface{ GRPCStatus() *status.Status }
-	if errors.As(err, &gs) {
+	if hasStatus(err) {
 		return err
 	}
 	return &refusal{err: err, code: refusalCode(err)}
+}
+
+// hasStatus reports whether err, or an error it wraps, has a gRPC status,
+// as status.FromError would find it. Written out rather than errors.As,
+// whose target escapes: an open breaker's refusal would allocate it.
+func hasStatus(err error) bool {
+	type grpcStatus interface{ GRPCStatus() *status.Status }
+	for err != nil {
+		switch e := err.(type) {
+		case grpcStatus:
+			return true
+		case interface{ Unwrap() []error }:
+			for _, x := range e.Unwrap() {
+				if hasStatus(x) {
+					return true
+				}
+			}
+			return false
+		}
+		err = errors.Unwrap(err)
+	}
+	return false
 }
 
 // refusalCode is the gRPC code of an error of the stack that carries none.
