@@ -42,7 +42,13 @@ func request(ctx context.Context, authority, method string, safe, once bool) *ht
 			if strings.HasSuffix(k, "-bin") || strings.HasPrefix(k, ":") || !validValues(vs) {
 				continue
 			}
-			h[http.CanonicalHeaderKey(k)] = vs
+			ck := http.CanonicalHeaderKey(k)
+			if ck == bulwark.DefaultDeadlineHeader {
+				// The attempt layer's to write (attemptContext reads it): a
+				// caller's would bound attempts the layer does not.
+				continue
+			}
+			h[ck] = vs
 		}
 	}
 	if _, ok := h[bulwark.IdempotencyKeyHeader]; safe && !ok {

@@ -262,3 +262,41 @@ func TestCallerHeaderTrailer(t *testing.T) {
 		t.Errorf("trailer done = %q, want the second attempt's", got)
 	}
 }
+
+// Routes match full method names, exactly and by service: a method's own
+// route has its own breaker, judged by that method's calls alone; Update
+// adds a route that then takes the method's calls.
+func TestRoutesByMethod(t *testing.T) {
+	e := newEcho()
+	e.on(mPost, fail(codes.Internal))
+	tight := bulwark.Breaker{MinCalls: 5, WindowCalls: 10}
+	cfg := bulwark.Config{Routes: map[string]bulwark.Policy{"/bulwark.test.Echo/Post": {Breaker: tight}}}
+	s := serveTCP(t, e, cfg)
+	for range 6 {
+		_, _ = s.call(t.Context(), mPost, "x")
+	}
+	if _, err := s.call(t.Context(), mPost, "x"); !errors.Is(err, bulwark.ErrBreakerOpen) || status.Code(err) != codes.Unavailable {
+		t.Fatalf("Post after 6 INTERNAL: %v, want its route's breaker open", err)
+	}
+	if _, err := s.call(t.Context(), mGet, "x"); err != nil {
+		t.Fatalf("Get beside the open route: %v, want it answered", err)
+	}
+	// A service-wide route added by Update takes Get's calls.
+	cfg.Routes["/bulwark.test.Echo/"] = bulwark.Policy{Breaker: tight}
+	if err := s.t.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	e.on(mGet, fail(codes.Internal))
+	for range 6 {
+		_, _ = s.call(t.Context(), mGet, "x")
+	}
+	var patterns []string
+	for _, r := range s.host(t).Routes {
+		if r.Breaker != nil && r.Breaker.State == bulwark.CircuitOpen {
+			patterns = append(patterns, r.Pattern)
+		}
+	}
+	if len(patterns) != 2 {
+		t.Fatalf("open route breakers %v, want the method's and the service's", patterns)
+	}
+}
