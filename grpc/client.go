@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
 	"sync"
 
 	"github.com/bulwark-http/bulwark"
@@ -22,19 +23,15 @@ type client struct {
 	methods methods
 }
 
-// prepare is the request for a call of method on cc, and whether bulwark
-// may send it more than once (see the package doc).
-func (c *client) prepare(ctx context.Context, cc *grpc.ClientConn, method string, canCopy bool) *http.Request {
+// prepare fills in req and u with the request for a call of method on cc
+// (see request), and whether bulwark may send it more than once (see the
+// package doc).
+func (c *client) prepare(req *http.Request, u *url.URL, ctx context.Context, cc *grpc.ClientConn, method string, canCopy bool) {
 	once := grpcRetries(cc, method)
 	safe := canCopy && !once && c.methods.isSafe(method)
-	req := request(ctx, c.chans.authorityOf(cc), method, safe, once)
-	if !canCopy {
-		// A reply bulwark cannot make afresh for each attempt would be
-		// written by two at once: sent once, key or not.
-		delete(req.Header, bulwark.IdempotencyKeyHeader)
-		delete(req.Header, "X-Idempotency-Key")
-	}
-	return req
+	// A reply bulwark cannot make afresh for each attempt would be written
+	// by two at once: sent once, key or not.
+	request(req, u, ctx, c.chans.authorityOf(cc), method, safe, once, !canCopy)
 }
 
 // UnaryClientInterceptor returns an interceptor that sends each unary call
@@ -49,10 +46,15 @@ func UnaryClientInterceptor(t *bulwark.Transport) grpc.UnaryClientInterceptor {
 		_, isProto := reply.(proto.Message)
 		u := &unary{method: method, req: req, reply: reply, cc: cc, invoker: invoker}
 		u.opts, u.header, u.trailer = splitOpts(opts)
-		u.caller = c.prepare(ctx, cc, method, isProto)
+		c.prepare(&u.request, &u.url, ctx, cc, method, isProto)
+		u.caller = &u.request
 		resp, err := t.RoundTripVia(u, u.caller)
 		if err != nil {
-			return callError(err)
+			if hasStatus(err) {
+				return err
+			}
+			u.refusal = refusal{err: err, code: refusalCode(err)}
+			return &u.refusal
 		}
 		// Ends the contexts the stack made for the call, and frees the
 		// attempt's bulkhead slot if it still holds one.
@@ -91,7 +93,13 @@ type unary struct {
 	invoker         grpc.UnaryInvoker
 	opts            []grpc.CallOption
 	header, trailer []*metadata.MD // the caller's
-	caller          *http.Request  // the request the call began as
+	caller          *http.Request  // the request the call began as: &request
+
+	// Held here so that a call allocates them with its state: the
+	// request, its URL, and the error of a refusal.
+	request http.Request
+	url     url.URL
+	refusal refusal
 
 	mu       sync.Mutex
 	attempts []*attempt

@@ -30,46 +30,70 @@ const idempotencyKey = "idempotency-key"
 // metadata, and a binary value is no valid header value), and no body
 // (the message travels beside, in the sender). safe marks it as safe to
 // send twice, by an empty Idempotency-Key unless the metadata has one;
-// once marks it sent once by bulwark because grpc-go retries it itself.
-func request(ctx context.Context, authority, method string, safe, once bool) *http.Request {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "", http.NoBody)
-	if err != nil { // cannot be: the method is valid and the URL empty
-		panic(err)
-	}
-	h := req.Header
-	if md, ok := metadata.FromOutgoingContext(ctx); ok {
+// once marks it sent once by bulwark because grpc-go retries it itself;
+// unkeyed drops the metadata's idempotency keys (a call bulwark must send
+// once whatever it carries).
+//
+// It fills in req and u, which the caller's call state holds, so that a
+// call allocates no request of its own.
+func request(req *http.Request, u *url.URL, ctx context.Context, authority, method string, safe, once, unkeyed bool) {
+	var h http.Header
+	if md, ok := metadata.FromOutgoingContext(ctx); ok && len(md) > 0 {
+		h = make(http.Header, len(md)+1)
 		for k, vs := range md {
 			if strings.HasSuffix(k, "-bin") || strings.HasPrefix(k, ":") || !validValues(vs) {
 				continue
 			}
 			ck := http.CanonicalHeaderKey(k)
-			if ck == bulwark.DefaultDeadlineHeader {
+			switch {
+			case ck == bulwark.DefaultDeadlineHeader:
 				// The attempt layer's to write (attemptContext reads it): a
 				// caller's would bound attempts the layer does not.
+				continue
+			case unkeyed && (ck == bulwark.IdempotencyKeyHeader || ck == "X-Idempotency-Key"):
 				continue
 			}
 			h[ck] = vs
 		}
+		if _, ok := h[bulwark.IdempotencyKeyHeader]; safe && !ok {
+			h[bulwark.IdempotencyKeyHeader] = emptyKey
+		}
+		if once {
+			// grpc-go's retryPolicy retries the call inside each attempt: a
+			// retrying client, which bulwark leaves the retries to (one layer).
+			h[bulwark.AttemptHeader] = firstAttempt
+		}
+	} else {
+		switch {
+		case safe:
+			h = safeHeader
+		case once:
+			h = onceHeader
+		default:
+			h = noHeader
+		}
 	}
-	if _, ok := h[bulwark.IdempotencyKeyHeader]; safe && !ok {
-		h[bulwark.IdempotencyKeyHeader] = emptyKey
+	*u = url.URL{Scheme: "http", Host: authority, Path: method}
+	r := http.Request{
+		Method: http.MethodPost, URL: u,
+		Proto: "HTTP/2.0", ProtoMajor: 2,
+		Header: h, Body: http.NoBody, Host: authority,
 	}
-	if once {
-		// grpc-go's retryPolicy retries the call inside each attempt: a
-		// retrying client, which bulwark leaves the retries to (one layer).
-		h[bulwark.AttemptHeader] = firstAttempt
-	}
-	req.URL.Scheme, req.URL.Host, req.URL.Path = "http", authority, method
-	req.Host, req.Proto, req.ProtoMajor, req.ProtoMinor = authority, "HTTP/2.0", 2, 0
-	return req
+	// WithContext is the only way to set a request's context; its copy
+	// does not escape, and is copied into req.
+	*req = *r.WithContext(ctx)
 }
 
-// emptyKey and firstAttempt are header values every request may share:
-// the layers never change a request's header in place, and the length
-// and capacity of one keep an append from writing into it.
+// The headers of calls without metadata, shared by all of them: the layers
+// never change a request's header in place (the RoundTripper contract;
+// they copy it first), and the length and capacity of each value keep an
+// append from writing into it. A call with metadata has a map of its own.
 var (
 	emptyKey     = []string{""}
 	firstAttempt = []string{"1"}
+	noHeader     = http.Header{}
+	safeHeader   = http.Header{bulwark.IdempotencyKeyHeader: emptyKey}
+	onceHeader   = http.Header{bulwark.AttemptHeader: firstAttempt}
 )
 
 // validValues reports whether every value is one net/http would write

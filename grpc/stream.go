@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/url"
 	"sync"
 
 	"github.com/bulwark-http/bulwark"
@@ -36,7 +37,8 @@ func StreamClientInterceptor(t *bulwark.Transport) grpc.StreamClientInterceptor 
 		}
 		// Each attempt needs the messages sent so far; one that cannot be
 		// sized cannot be kept within the buffer's bound.
-		s.caller = c.prepare(ctx, cc, method, true)
+		c.prepare(&s.request, &s.url, ctx, cc, method, true)
+		s.caller = &s.request
 		go s.establish(t)
 		return s, nil
 	}
@@ -55,7 +57,9 @@ type stream struct {
 	method   string
 	streamer grpc.Streamer
 	opts     []grpc.CallOption
-	caller   *http.Request
+	caller   *http.Request // &request
+	request  http.Request
+	url      url.URL
 
 	mu         sync.Mutex
 	cur        grpc.ClientStream // the attempt under way, once its sends are replayed
