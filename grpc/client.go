@@ -123,8 +123,8 @@ type attempt struct {
 func (u *unary) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx, cancel := attemptContext(req)
 	defer cancel()
-	if k := attemptKey(req, u.caller); k != "" {
-		ctx = metadata.AppendToOutgoingContext(ctx, idempotencyKey, k)
+	if kv := added(req, u.caller); kv != nil {
+		ctx = metadata.AppendToOutgoingContext(ctx, kv...)
 	}
 	a := &attempt{reply: u.reply}
 	if m, ok := u.reply.(proto.Message); ok {

@@ -20,10 +20,6 @@ import (
 	"google.golang.org/protobuf/types/descriptorpb"
 )
 
-// idempotencyKey is the metadata key that marks a call as safe to send
-// twice, as the Idempotency-Key header does an HTTP request.
-const idempotencyKey = "idempotency-key"
-
 // request is the HTTP/2 POST a gRPC call is, as the layers see it: POST
 // http://<authority>/<pkg.Service>/<Method>, the call's context, its
 // outgoing metadata as headers (text keys only: bulwark reads no binary
@@ -110,18 +106,33 @@ func validValues(vs []string) bool {
 	return true
 }
 
-// attemptKey is the idempotency key bulwark's retry layer gave an attempt
-// (Retry.KeyPOST) that the caller's metadata did not carry: sent as
-// idempotency-key metadata, so the server can collapse duplicates.
-func attemptKey(req *http.Request, caller *http.Request) string {
-	v := req.Header[bulwark.IdempotencyKeyHeader]
-	if len(v) != 1 || v[0] == "" {
-		return ""
+// added is what the layers wrote into an attempt's header that the call's
+// own request does not carry, as metadata pairs for the attempt's gRPC
+// call: the idempotency key the retry layer gave it (Retry.KeyPOST), the
+// priority the pushback layer read from the context (PriorityHeader), the
+// trace context the span layer injected, the attempt's number from the
+// second on. Not the deadline header: grpc-timeout carries the deadline.
+// Nil, allocating nothing, when the layers wrote nothing else.
+func added(req, caller *http.Request) []string {
+	var kv []string
+	for k, vs := range req.Header {
+		if len(vs) != 1 || k == bulwark.DefaultDeadlineHeader {
+			continue
+		}
+		if cv, ok := caller.Header[k]; ok && len(cv) == 1 && cv[0] == vs[0] {
+			continue
+		}
+		switch {
+		case vs[0] == "" && k == bulwark.IdempotencyKeyHeader:
+			continue // the marker of a method safe to repeat
+		case vs[0] == "1" && k == bulwark.AttemptHeader:
+			continue // the first attempt: as if unnumbered
+		case !validValues(vs):
+			continue
+		}
+		kv = append(kv, strings.ToLower(k), vs[0])
 	}
-	if w := caller.Header[bulwark.IdempotencyKeyHeader]; len(w) == 1 && w[0] == v[0] {
-		return "" // the caller's own, already in its metadata
-	}
-	return v[0]
+	return kv
 }
 
 // channels remembers what each channel's calls share: its authority. The

@@ -152,8 +152,8 @@ func (s *stream) commitsAtOpen() bool { return s.desc.ClientStreams && s.desc.Se
 // could replay it).
 func (s *stream) RoundTrip(req *http.Request) (*http.Response, error) {
 	sctx, cancel := context.WithCancel(s.ctx)
-	if k := attemptKey(req, s.caller); k != "" {
-		sctx = metadata.AppendToOutgoingContext(sctx, idempotencyKey, k)
+	if kv := added(req, s.caller); kv != nil {
+		sctx = metadata.AppendToOutgoingContext(sctx, kv...)
 	}
 	actx, acancel := attemptContext(req)
 	defer acancel()

@@ -300,3 +300,28 @@ func TestRoutesByMethod(t *testing.T) {
 		t.Fatalf("open route breakers %v, want the method's and the service's", patterns)
 	}
 }
+
+// What the layers write for the server half reaches it as metadata: the
+// priority from the caller's context, and the attempt's number from the
+// second attempt on.
+func TestLayersHeadersAsMetadata(t *testing.T) {
+	e := newEcho()
+	e.on(mGet, failFirst(1, codes.Unavailable))
+	s := serveTCP(t, e, fastRetry)
+	ctx := bulwark.WithPriority(t.Context(), bulwark.PriorityLow)
+	if _, err := s.call(ctx, mGet, "x"); err != nil {
+		t.Fatal(err)
+	}
+	e.mu.Lock()
+	md := e.md[mGet]
+	e.mu.Unlock()
+	if p := md.Get("bulwark-priority"); len(p) != 1 || p[0] == "" {
+		t.Errorf("server saw bulwark-priority %q, want the caller's priority", p)
+	}
+	if a := md.Get("bulwark-attempt"); len(a) != 1 || a[0] != "2" {
+		t.Errorf("second attempt carried bulwark-attempt %q, want 2", a)
+	}
+	if d := md.Get("bulwark-timeout-ms"); len(d) != 0 {
+		t.Errorf("server saw bulwark-timeout-ms %q, want only grpc-timeout", d)
+	}
+}
