@@ -325,7 +325,9 @@ func (s *stream) SendMsg(m any) error {
 			s.over, s.sent = true, nil
 			close(s.overflowed)
 		} else {
-			s.sent = append(s.sent, m)
+			// A copy: grpc-go lets the caller reuse m once SendMsg
+			// returns, as its own retry buffer keeps the encoded bytes.
+			s.sent = append(s.sent, proto.Clone(m.(proto.Message)))
 		}
 	}
 	cs := s.cur
