@@ -91,6 +91,7 @@ func (s *stream) establish(t *bulwark.Transport) {
 	resp, err := t.RoundTripVia(s, s.caller)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.sent = nil // no attempt replays it any more
 	defer close(s.established)
 	defer s.wake()
 	if err != nil {
