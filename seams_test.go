@@ -81,6 +81,8 @@ var seamRows = []struct {
 	{"SDK attempt header × breaker", seamSDKBreaker},
 	{"retry-after-ms × pushback", seamRetryAfterMsPushback},
 	{"breaker state series × Update, eviction, ControlBreaker", seamBreakerSeriesUpdateEvict},
+	{"RoundTripVia × retry, hedge", seamViaRetryHedge},
+	{"RoundTripVia × route, breaker", seamViaRoute},
 }
 
 func TestSeams(t *testing.T) {
