@@ -1,9 +1,12 @@
 package bulwark
 
 import (
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -89,4 +92,42 @@ func mustNew(t testing.TB, cfg Config) *Transport {
 		t.Fatal(err)
 	}
 	return tr
+}
+
+// fakeClock is the clock of a test that runs in a testing/synctest bubble:
+// bulwark and gobreaker read time.Now, which the bubble fakes, so advancing
+// the clock is sleeping, which in a bubble returns as soon as every other
+// goroutine of the bubble is blocked. Outside a bubble it would really
+// sleep: use it only inside synctest.Test.
+type fakeClock struct{}
+
+func newFakeClock() *fakeClock { return &fakeClock{} }
+
+func (*fakeClock) now() time.Time { return time.Now() }
+
+func (*fakeClock) advance(d time.Duration) { time.Sleep(d) }
+
+// countedUpstream is an httptest server that counts its open connections,
+// so a test can check that a call left none behind. (The fault tests in
+// faults/ have a fuller one that also records each request.)
+type countedUpstream struct {
+	srv  *httptest.Server
+	open atomic.Int64
+}
+
+func newCountedUpstream(t *testing.T, h http.HandlerFunc) *countedUpstream {
+	t.Helper()
+	u := &countedUpstream{}
+	u.srv = httptest.NewUnstartedServer(h)
+	u.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		switch s {
+		case http.StateNew:
+			u.open.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			u.open.Add(-1)
+		}
+	}
+	u.srv.Start()
+	t.Cleanup(u.srv.Close)
+	return u
 }
