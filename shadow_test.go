@@ -3,72 +3,11 @@ package bulwark
 import (
 	"errors"
 	"net/http"
-	"strconv"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 )
-
-// scriptedStatus answers a request for "/N" by the script: a failure in
-// the bursts of bad calls, a success otherwise. It depends only on N, so
-// an enforcing and a shadow Transport see the same outcome for every call
-// they send.
-type scriptedStatus struct{}
-
-func (scriptedStatus) RoundTrip(req *http.Request) (*http.Response, error) {
-	n, _ := strconv.Atoi(req.URL.Path[1:])
-	code := http.StatusOK
-	if (n >= 20 && n < 60) || (n >= 120 && n < 130) || (n >= 200 && n < 230) {
-		code = http.StatusInternalServerError
-	}
-	return response(req, code), nil
-}
-
-// TestShadowBreakerMatchesEnforcingTwin: a breaker in shadow mode, fed the
-// traffic an enforcing twin gets, counts as WouldReject exactly the
-// requests the twin refuses, and refuses none itself.
-func TestShadowBreakerMatchesEnforcingTwin(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		p := only(Policy{}, "breaker")
-		p.Breaker = Breaker{WindowCalls: 20, MinCalls: 10, FailureRate: 0.5, OpenFor: time.Second, MaxOpenFor: 4 * time.Second, HalfOpenCalls: 3}
-		build := func(shadow bool) *Transport {
-			q := p
-			q.Breaker.Shadow = shadow
-			tr := mustNew(t, Config{Base: scriptedStatus{}, Default: q})
-			tr.randN = func(int64) int64 { return 0 }
-			return tr
-		}
-		enforcing, shadow := build(false), build(true)
-		refused := 0
-		for i := range 300 {
-			url := "http://api.test/" + strconv.Itoa(i)
-			if _, err := sendOnce(t, enforcing, "GET", url); errors.Is(err, ErrBreakerOpen) {
-				refused++
-			} else if err != nil {
-				t.Fatalf("enforcing call %d: %v", i, err)
-			}
-			if _, err := sendOnce(t, shadow, "GET", url); err != nil {
-				t.Fatalf("shadow call %d: %v; a shadow breaker never refuses", i, err)
-			}
-			// 70 ms never divides an open time (1, 2, 4 s), so a call
-			// never comes at the instant a hold ends; and the timer that
-			// ends it has run by the time the next call is sent.
-			time.Sleep(70 * time.Millisecond)
-			synctest.Wait()
-		}
-		if refused == 0 {
-			t.Fatal("the script never opened the enforcing breaker: the test proves nothing")
-		}
-		b := shadow.Snapshot().Hosts[0].Breaker
-		if !b.Shadow || b.WouldReject != uint64(refused) {
-			t.Errorf("shadow breaker: Shadow %v, WouldReject %d; the enforcing twin refused %d", b.Shadow, b.WouldReject, refused)
-		}
-		if e := enforcing.Snapshot().Hosts[0].Breaker; e.WouldReject != 0 || e.Shadow {
-			t.Errorf("enforcing breaker reports shadow counts: %+v", e)
-		}
-	})
-}
 
 // holdBase holds each attempt for the duration in its "d" query parameter
 // (bubble time), counting the attempts it holds at once.
