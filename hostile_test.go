@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -71,67 +70,6 @@ func TestHostileRetryAfter(t *testing.T) {
 			})
 		})
 	}
-}
-
-// lazyBody yields n bytes without holding them: a 1 GB upload that costs
-// no memory to offer.
-type lazyBody struct {
-	left   int64
-	closed atomic.Bool
-}
-
-func (b *lazyBody) Read(p []byte) (int, error) {
-	if b.left <= 0 {
-		return 0, io.EOF
-	}
-	n := int64(len(p))
-	if n > b.left {
-		n = b.left
-	}
-	b.left -= n
-	return int(n), nil
-}
-
-func (b *lazyBody) Close() error { b.closed.Store(true); return nil }
-
-// TestHostileHugeBodyWithoutGetBody: a 1 GB body of unknown length without
-// GetBody is sent once, streamed, even with BufferBody on and a retryable
-// failure, and bulwark holds at most BufferBody of it.
-func TestHostileHugeBodyWithoutGetBody(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		const size = 1 << 30
-		var read atomic.Int64
-		base := &scriptBase{step: always(503)}
-		counting := roundTripFunc(func(req *http.Request) (*http.Response, error) {
-			n, _ := io.Copy(io.Discard, req.Body)
-			read.Add(n)
-			req.Body.Close()
-			req.Body = http.NoBody
-			return base.RoundTrip(req)
-		})
-		tr, _, _ := newTestTransport(t, counting, Policy{Retry: Retry{BufferBody: 1 << 20}})
-		body := &lazyBody{left: size}
-		req := testRequest(t, t.Context(), "PUT", "http://api.test/upload", noBody, "")
-		req.Body, req.ContentLength = body, -1
-
-		var before, after runtime.MemStats
-		runtime.ReadMemStats(&before)
-		resp, err := tr.RoundTrip(req)
-		runtime.ReadMemStats(&after)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if base.calls() != 1 || read.Load() != size {
-			t.Errorf("sent %d times, %d bytes; want once, all %d", base.calls(), read.Load(), size)
-		}
-		if !body.closed.Load() {
-			t.Error("the request body was not closed")
-		}
-		if grew := after.TotalAlloc - before.TotalAlloc; grew > 64<<20 {
-			t.Errorf("allocated %d MiB to send it; want the body streamed, not buffered", grew>>20)
-		}
-	})
 }
 
 // halfBody errors after some bytes, as a connection cut mid-body does.

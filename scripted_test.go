@@ -7,10 +7,8 @@ package bulwark_test
 import (
 	"io"
 	"net/http"
-	"net/http/httptrace"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -22,43 +20,6 @@ import (
 // noWait is a Backoff of no wait, for tests on a real server, which cannot
 // run in a synctest bubble and would otherwise sleep.
 func noWait(time.Duration, time.Duration, int, *http.Response) time.Duration { return 0 }
-
-// TestRetryDrainsDiscarded: a retried response is drained and closed, so its
-// connection is reused: three attempts, one connection.
-func TestRetryDrainsDiscarded(t *testing.T) {
-	u := bulwarktest.NewUpstream(map[string]bulwarktest.Script{"/": {
-		{Status: 503, Body: strings.Repeat("x", 2000), Times: 2},
-		{Status: 200, Body: "ok"},
-	}})
-	srv := u.Start(t)
-	base := &http.Transport{}
-	defer base.CloseIdleConnections()
-	tr, err := bulwark.New(bulwark.Config{Base: base, Default: bulwark.Policy{Retry: bulwark.Retry{Backoff: noWait}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var newConns, reused atomic.Int32
-	ctx := httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{GotConn: func(ci httptrace.GotConnInfo) {
-		if ci.Reused {
-			reused.Add(1)
-		} else {
-			newConns.Add(1)
-		}
-	}})
-	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/", nil)
-	resp, err := tr.RoundTrip(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if got := u.Attempts("/"); string(b) != "ok" || !slices.Equal(got, []int{1, 2, 3}) {
-		t.Fatalf("body %q after attempts %v, want ok after [1 2 3]", b, got)
-	}
-	if newConns.Load() != 1 || reused.Load() != 2 {
-		t.Errorf("new connections %d, reused %d; want 1 and 2", newConns.Load(), reused.Load())
-	}
-}
 
 // TestStaleNeverReplaysSetCookie: two callers of one bulwark client, over
 // loopback. The first's answer sets a cookie; when the upstream fails, the
