@@ -1,7 +1,6 @@
 package bulwark
 
 import (
-	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -174,23 +173,6 @@ func TestSnapshot(t *testing.T) {
 		}
 		if got := s.Host("H.TEST:80"); len(got) != 1 || got[0].Host != "h.test:80" {
 			t.Errorf("Host(H.TEST:80) = %+v, want the one entry", got)
-		}
-	})
-}
-
-// TestTimeoutNamedOnce: a base that returns its context's cause, as
-// net/http's Transport does, gets the caller an error that names the bound
-// once, and still matches it.
-func TestTimeoutNamedOnce(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
-			<-req.Context().Done()
-			return nil, context.Cause(req.Context())
-		})
-		tr := mustNew(t, Config{Base: base, Default: only(Policy{Timeout: Timeout{Attempt: time.Second}}, "timeout")})
-		_, err := sendOnce(t, tr, http.MethodGet, "http://h.test/")
-		if !errors.Is(err, ErrAttemptTimeout) || strings.Count(err.Error(), "timed out") != 1 {
-			t.Fatalf("err = %q, want one that names the attempt timeout once", err)
 		}
 	})
 }

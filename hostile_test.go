@@ -5,7 +5,6 @@ package bulwark
 // twice or leaked.
 
 import (
-	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -110,43 +109,6 @@ func TestHostileBodyErrorsHalfway(t *testing.T) {
 		}
 		wantStats(t, tr, "api.test:80", 0, 0)
 	})
-}
-
-// TestHostileHeadersThenHang: a server that sends its headers and then
-// nothing is ended by the body's idle bound (BodyIdle, which defaults to
-// Attempt), and its handler and connection are released.
-func TestHostileHeadersThenHang(t *testing.T) {
-	release := make(chan struct{})
-	up := newCountedUpstream(t, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Length", "100")
-		w.WriteHeader(200)
-		w.(http.Flusher).Flush()
-		select {
-		case <-r.Context().Done():
-		case <-release:
-		}
-	})
-	defer close(release)
-	base := &http.Transport{}
-	defer base.CloseIdleConnections()
-	tr := mustNew(t, Config{Base: base, Default: Policy{Timeout: Timeout{Attempt: 50 * time.Millisecond}}})
-	req, _ := http.NewRequestWithContext(t.Context(), "GET", up.srv.URL, nil)
-	resp, err := tr.RoundTrip(req)
-	if err != nil {
-		t.Fatalf("err = %v; want the headers", err)
-	}
-	_, rerr := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if !errors.Is(rerr, context.DeadlineExceeded) || !errors.Is(rerr, ErrAttemptTimeout) {
-		t.Errorf("read error %v; want the attempt deadline (ErrAttemptTimeout)", rerr)
-	}
-	base.CloseIdleConnections()
-	for i := 0; i < 300 && up.open.Load() != 0; i++ {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if n := up.open.Load(); n != 0 {
-		t.Errorf("%d connection(s) left open to the hanging server", n)
-	}
 }
 
 // TestHostileRedirectLoop: http.Client stops a redirect loop with an error

@@ -2,7 +2,6 @@ package bulwark
 
 import (
 	"context"
-	"errors"
 	"io"
 	"net/http"
 	neturl "net/url"
@@ -53,49 +52,6 @@ func TestSnapshotLatency(t *testing.T) {
 		time.Sleep(time.Minute)
 		if l := tr.Snapshot().Hosts[0].Latency; l != nil {
 			t.Errorf("a minute later Latency = %+v, want nil", *l)
-		}
-	})
-}
-
-// TestDeadlineTooShortCount: an attempt refused for too little time left
-// is counted in the host's Snapshot, and the count outlives an Update.
-func TestDeadlineTooShortCount(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		base := &scriptBase{step: always(200)}
-		cfg := Config{Base: base, Default: only(Policy{}, "timeout")}
-		tr := mustNew(t, cfg)
-		call := func(left time.Duration) error {
-			ctx, cancel := context.WithTimeout(t.Context(), left)
-			defer cancel()
-			resp, err := tr.RoundTrip(testRequest(t, ctx, "GET", "http://a.test/", noBody, ""))
-			if err == nil {
-				resp.Body.Close()
-			}
-			return err
-		}
-		if err := call(time.Second); err != nil {
-			t.Fatal(err)
-		}
-		for range 2 {
-			if err := call(5 * time.Millisecond); !errors.Is(err, ErrDeadlineTooShort) {
-				t.Fatalf("a call with 5 ms left: %v, want ErrDeadlineTooShort", err)
-			}
-		}
-		if n := tr.Snapshot().Hosts[0].DeadlineTooShort; n != 2 {
-			t.Errorf("DeadlineTooShort = %d, want 2", n)
-		}
-		cfg.Default.Timeout.Attempt = 20 * time.Second
-		if err := tr.Update(cfg); err != nil {
-			t.Fatal(err)
-		}
-		if err := call(time.Millisecond); !errors.Is(err, ErrDeadlineTooShort) {
-			t.Fatalf("a call with 1 ms left: %v, want ErrDeadlineTooShort", err)
-		}
-		if n := tr.Snapshot().Hosts[0].DeadlineTooShort; n != 3 {
-			t.Errorf("DeadlineTooShort after an Update and one more refusal = %d, want 3", n)
-		}
-		if got := base.calls(); got != 1 {
-			t.Errorf("the host was sent %d requests, want 1", got)
 		}
 	})
 }
@@ -175,46 +131,6 @@ func TestRefusalMetricsMatchSnapshot(t *testing.T) {
 		}
 		close(release)
 		<-done
-	})
-}
-
-// TestAttemptBelowMinSendTime: an Attempt set below the least time a
-// request is sent with (10 ms) is the policy's choice of a short wait: the
-// attempt is sent with it, and its deadline header is at least 1 ms. Only
-// the call's own deadline (the caller's, or Total's end) that close
-// refuses it. The lab's retry storm at -scale below 0.067 (an attempt
-// timeout of 150 ms × scale) sent nothing at all before.
-func TestAttemptBelowMinSendTime(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		var header atomic.Value
-		base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
-			header.Store(req.Header.Get(DefaultDeadlineHeader))
-			return response(req, 200), nil
-		}}
-		for _, attempt := range []time.Duration{9 * time.Millisecond, 2 * time.Millisecond} {
-			tr := mustNew(t, Config{Base: base, Default: only(Policy{Timeout: Timeout{Attempt: attempt}}, "timeout")})
-			resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://a.test/", noBody, ""))
-			if err != nil {
-				t.Fatalf("Attempt %v, no caller deadline: %v, want it sent", attempt, err)
-			}
-			resp.Body.Close()
-			want := "4"
-			if attempt < 6*time.Millisecond {
-				want = "1"
-			}
-			if got := header.Load(); got != want {
-				t.Errorf("Attempt %v: %s = %v, want %s", attempt, DefaultDeadlineHeader, got, want)
-			}
-			ctx, cancel := context.WithTimeout(t.Context(), 8*time.Millisecond)
-			_, err = tr.RoundTrip(testRequest(t, ctx, "GET", "http://a.test/", noBody, ""))
-			cancel()
-			if !errors.Is(err, ErrDeadlineTooShort) {
-				t.Errorf("Attempt %v, 8 ms left to the caller: %v, want ErrDeadlineTooShort", attempt, err)
-			}
-		}
-		if n := base.calls(); n != 2 {
-			t.Errorf("the host got %d requests, want 2", n)
-		}
 	})
 }
 
