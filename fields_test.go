@@ -1,12 +1,10 @@
 package bulwark
 
 import (
-	"errors"
 	"math"
 	"net/http"
 	"strconv"
 	"testing"
-	"testing/synctest"
 	"time"
 )
 
@@ -52,51 +50,6 @@ func TestRateLimitPause(t *testing.T) {
 		if d != tc.d || res != tc.res {
 			t.Errorf("%s: rateLimitPause(%v) = %v, %v; want %v, %v", tc.name, tc.h, d, res, tc.d, tc.res)
 		}
-	}
-}
-
-// TestRateLimitPausesHost: a 200 saying the quota is spent until a reset
-// pauses the host until then, capped like Retry-After; the pause ends on
-// time.
-func TestRateLimitPausesHost(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		h     http.Header
-		pause time.Duration
-	}{
-		{"x-ratelimit", http.Header{"X-RateLimit-Remaining": {"0"}, "X-RateLimit-Reset": {"5"}}, 5 * time.Second},
-		{"ietf", http.Header{"RateLimit": {`"default";r=0;t=3`}}, 3 * time.Second},
-		{"capped", http.Header{"X-RateLimit-Remaining": {"0"}, "X-RateLimit-Reset": {"3600"}}, 10 * time.Second},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				h := http.Header{}
-				for k, v := range tc.h {
-					h[http.CanonicalHeaderKey(k)] = v
-				}
-				base := &statusBase{codes: []int{200}, header: h}
-				tr := mustNew(t, Config{Base: base, Default: only(Policy{Retry: Retry{MaxRetryAfter: 10 * time.Second}}, "pushback")})
-				if code, err := sendOnce(t, tr, http.MethodGet, "http://rl.test/"); err != nil || code != 200 {
-					t.Fatalf("first: %d, %v", code, err)
-				}
-				start := time.Now()
-				_, err := sendOnce(t, tr, http.MethodGet, "http://rl.test/")
-				var pe *PushbackError
-				if !errors.As(err, &pe) || pe.Until.Sub(start) != tc.pause {
-					t.Fatalf("second: %v, want a pause of %v", err, tc.pause)
-				}
-				time.Sleep(tc.pause)
-				if _, err := sendOnce(t, tr, http.MethodGet, "http://rl.test/"); err != nil {
-					t.Errorf("after the reset: %v, want it sent", err)
-				}
-				if n := base.sent(); n != 2 {
-					t.Errorf("base got %d, want 2", n)
-				}
-				if s := tr.Snapshot(); s.RetryAfterIgnored != 0 {
-					t.Errorf("ignored %d, want 0", s.RetryAfterIgnored)
-				}
-			})
-		})
 	}
 }
 

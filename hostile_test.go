@@ -16,61 +16,6 @@ import (
 	"time"
 )
 
-// TestHostileRetryAfter: a 503 with each broken Retry-After is retried on
-// the backoff (the header ignored and counted), never slept on for what it
-// claims, and never pauses the host.
-func TestHostileRetryAfter(t *testing.T) {
-	tests := []struct {
-		name    string
-		vals    []string
-		ignored bool
-	}{
-		{"negative", []string{"-1"}, true},
-		{"eleven digits", []string{"99999999999"}, true},
-		{"date in 1900", []string{"Mon, 01 Jan 1900 00:00:00 GMT"}, false}, // past: retry now
-		{"garbage", []string{"\x00soon™"}, true},
-		{"two conflicting", []string{"1", "3600"}, true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
-					resp := response(req, 503)
-					resp.Header["Retry-After"] = tt.vals
-					return resp, nil
-				}}
-				tr, _, waits := newTestTransport(t, base, Policy{Retry: Retry{MaxAttempts: 2, Base: 10 * time.Millisecond, Cap: 10 * time.Millisecond}})
-				resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
-				if err != nil {
-					t.Fatalf("err = %v; want the last 503", err)
-				}
-				resp.Body.Close()
-				if resp.StatusCode != 503 || base.calls() != 2 {
-					t.Errorf("status %d after %d attempts; want 503 after 2", resp.StatusCode, base.calls())
-				}
-				for _, w := range *waits {
-					if w > 10*time.Millisecond {
-						t.Errorf("slept %v; want at most the 10ms backoff", w)
-					}
-				}
-				if got := tr.Snapshot().RetryAfterIgnored > 0; got != tt.ignored {
-					t.Errorf("RetryAfterIgnored > 0 = %v, want %v", got, tt.ignored)
-				}
-				// The host is not paused: the next call is sent.
-				n := base.calls()
-				if resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, "")); err != nil {
-					t.Errorf("next call: %v; want it sent", err)
-				} else {
-					resp.Body.Close()
-				}
-				if base.calls() == n {
-					t.Error("a broken Retry-After paused the host")
-				}
-			})
-		})
-	}
-}
-
 // halfBody errors after some bytes, as a connection cut mid-body does.
 type halfBody struct{ n int }
 

@@ -385,3 +385,103 @@ func TestRequestPriority(t *testing.T) {
 		}
 	}
 }
+
+// TestHostileRetryAfter: a 503 with each broken Retry-After is retried on
+// the backoff (the header ignored and counted), never slept on for what it
+// claims, and never pauses the host.
+func TestHostileRetryAfter(t *testing.T) {
+	tests := []struct {
+		name    string
+		vals    []string
+		ignored bool
+	}{
+		{"negative", []string{"-1"}, true},
+		{"eleven digits", []string{"99999999999"}, true},
+		{"date in 1900", []string{"Mon, 01 Jan 1900 00:00:00 GMT"}, false}, // past: retry now
+		{"garbage", []string{"\x00soon™"}, true},
+		{"two conflicting", []string{"1", "3600"}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
+					resp := response(req, 503)
+					resp.Header["Retry-After"] = tt.vals
+					return resp, nil
+				}}
+				tr, _, waits := newTestTransport(t, base, Policy{Retry: Retry{MaxAttempts: 2, Base: 10 * time.Millisecond, Cap: 10 * time.Millisecond}})
+				resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
+				if err != nil {
+					t.Fatalf("err = %v; want the last 503", err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != 503 || base.calls() != 2 {
+					t.Errorf("status %d after %d attempts; want 503 after 2", resp.StatusCode, base.calls())
+				}
+				for _, w := range *waits {
+					if w > 10*time.Millisecond {
+						t.Errorf("slept %v; want at most the 10ms backoff", w)
+					}
+				}
+				if got := tr.Snapshot().RetryAfterIgnored > 0; got != tt.ignored {
+					t.Errorf("RetryAfterIgnored > 0 = %v, want %v", got, tt.ignored)
+				}
+				// The host is not paused: the next call is sent.
+				n := base.calls()
+				if resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, "")); err != nil {
+					t.Errorf("next call: %v; want it sent", err)
+				} else {
+					resp.Body.Close()
+				}
+				if base.calls() == n {
+					t.Error("a broken Retry-After paused the host")
+				}
+			})
+		})
+	}
+}
+
+// TestRateLimitPausesHost: a 200 saying the quota is spent until a reset
+// pauses the host until then, capped like Retry-After; the pause ends on
+// time.
+func TestRateLimitPausesHost(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		h     http.Header
+		pause time.Duration
+	}{
+		{"x-ratelimit", http.Header{"X-RateLimit-Remaining": {"0"}, "X-RateLimit-Reset": {"5"}}, 5 * time.Second},
+		{"ietf", http.Header{"RateLimit": {`"default";r=0;t=3`}}, 3 * time.Second},
+		{"capped", http.Header{"X-RateLimit-Remaining": {"0"}, "X-RateLimit-Reset": {"3600"}}, 10 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := http.Header{}
+				for k, v := range tc.h {
+					h[http.CanonicalHeaderKey(k)] = v
+				}
+				base := &statusBase{codes: []int{200}, header: h}
+				tr := mustNew(t, Config{Base: base, Default: only(Policy{Retry: Retry{MaxRetryAfter: 10 * time.Second}}, "pushback")})
+				if code, err := sendOnce(t, tr, http.MethodGet, "http://rl.test/"); err != nil || code != 200 {
+					t.Fatalf("first: %d, %v", code, err)
+				}
+				start := time.Now()
+				_, err := sendOnce(t, tr, http.MethodGet, "http://rl.test/")
+				var pe *PushbackError
+				if !errors.As(err, &pe) || pe.Until.Sub(start) != tc.pause {
+					t.Fatalf("second: %v, want a pause of %v", err, tc.pause)
+				}
+				time.Sleep(tc.pause)
+				if _, err := sendOnce(t, tr, http.MethodGet, "http://rl.test/"); err != nil {
+					t.Errorf("after the reset: %v, want it sent", err)
+				}
+				if n := base.sent(); n != 2 {
+					t.Errorf("base got %d, want 2", n)
+				}
+				if s := tr.Snapshot(); s.RetryAfterIgnored != 0 {
+					t.Errorf("ignored %d, want 0", s.RetryAfterIgnored)
+				}
+			})
+		})
+	}
+}
