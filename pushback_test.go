@@ -14,56 +14,6 @@ import (
 	"time"
 )
 
-func TestParseRetryAfter(t *testing.T) {
-	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	in := func(d time.Duration) time.Time { return now.Add(d) }
-	tests := []struct {
-		v    []string
-		want time.Duration
-		res  retryAfterResult
-	}{
-		{nil, 0, retryAfterAbsent},
-		{[]string{"0"}, 0, retryAfterValid},
-		{[]string{"5"}, 5 * time.Second, retryAfterValid},
-		{[]string{" 7\t"}, 7 * time.Second, retryAfterValid},
-		{[]string{"86400"}, 24 * time.Hour, retryAfterValid},
-		{[]string{"86401"}, 0, retryAfterIgnored},                // absurd
-		{[]string{"99999999999999999999"}, 0, retryAfterIgnored}, // absurd, would overflow
-		{[]string{"-1"}, 0, retryAfterIgnored},
-		{[]string{"+5"}, 0, retryAfterIgnored},
-		{[]string{"1.5"}, 0, retryAfterIgnored},
-		{[]string{""}, 0, retryAfterIgnored},
-		{[]string{"soon"}, 0, retryAfterIgnored},
-		{[]string{"5", "6"}, 0, retryAfterIgnored},
-		{[]string{in(90 * time.Second).Format(http.TimeFormat)}, 90 * time.Second, retryAfterValid},         // IMF-fixdate
-		{[]string{in(90 * time.Second).Format(time.RFC850)}, 90 * time.Second, retryAfterValid},             // obsolete RFC 850
-		{[]string{in(90 * time.Second).Format(time.ANSIC)}, 90 * time.Second, retryAfterValid},              // asctime
-		{[]string{in(-time.Hour).Format(http.TimeFormat)}, 0, retryAfterValid},                              // past: now
-		{[]string{time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC).Format(http.TimeFormat)}, 0, retryAfterValid}, // far past: now
-		{[]string{in(48 * time.Hour).Format(http.TimeFormat)}, 0, retryAfterIgnored},                        // absurd
-		{[]string{"Sun, 31 Feb 2026 25:61:00 GMT"}, 0, retryAfterIgnored},
-	}
-	for _, tt := range tests {
-		got, res := parseRetryAfter(tt.v, now)
-		if got != tt.want || res != tt.res {
-			t.Errorf("parseRetryAfter(%q) = %v, %d; want %v, %d", tt.v, got, res, tt.want, tt.res)
-		}
-	}
-}
-
-func FuzzParseRetryAfter(f *testing.F) {
-	for _, s := range []string{"5", "-1", "Sun, 01 Mar 2026 12:00:05 GMT", "999999999", "", " 1 "} {
-		f.Add(s)
-	}
-	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	f.Fuzz(func(t *testing.T, s string) {
-		d, res := parseRetryAfter([]string{s}, now)
-		if d < 0 || d > maxRetryAfterHeader || (res != retryAfterValid && d != 0) {
-			t.Fatalf("parseRetryAfter(%q) = %v, %d", s, d, res)
-		}
-	})
-}
-
 // TestPushback: a 503 with Retry-After from one host pauses every request
 // to that host until then, without sending, and leaves other hosts alone.
 func TestPushback(t *testing.T) {
