@@ -230,57 +230,6 @@ func TestPassedUpNotCounted(t *testing.T) {
 	})
 }
 
-// TestPassedUpMetricMatchesSnapshot: the calls answered with a failure
-// passed up from below are counted in OTel as bulwark.requests with
-// bulwark.outcome "passed_up" (and their attempts in
-// bulwark.attempt.duration), exactly as HostSnapshot.PassedUp counts
-// them, apart from the host's own server errors, so a dashboard and the
-// debug page agree. Read with the SDK's ManualReader.
-func TestPassedUpMetricMatchesSnapshot(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		k := newOtelKit(t)
-		below := &headerBase{status: 503, header: http.Header{NoRetryHeader: {NoRetryFromBelow}}}
-		own := &headerBase{status: 503, header: http.Header{NoRetryHeader: {"1"}}} // a Shedder's: the host's own
-		tr := mustNew(t, Config{MeterProvider: k.mp, Base: roundTripFunc(func(req *http.Request) (*http.Response, error) {
-			if req.URL.Host == "own.test" {
-				return own.RoundTrip(req)
-			}
-			return below.RoundTrip(req)
-		})})
-		for range 7 {
-			if _, err := send(t, tr, t.Context(), "http://h.test/x", ""); err != nil {
-				t.Fatal(err)
-			}
-		}
-		for range 3 {
-			if _, err := send(t, tr, t.Context(), "http://own.test/x", ""); err != nil {
-				t.Fatal(err)
-			}
-		}
-		rm := k.collect(t)
-		snap := tr.Snapshot().Host("h.test:80")[0].PassedUp
-		requests := counter(t, rm, "bulwark.requests", upDefault, keyOutcome.String(outcomePassedUp))
-		attempts := histCount(t, rm, "bulwark.attempt.duration", upDefault, keyOutcome.String(outcomePassedUp))
-		if snap != 7 || requests != 7 || attempts != 7 {
-			t.Errorf("passed up: Snapshot %d, bulwark.requests %d, bulwark.attempt.duration %d; want 7 each (sent once each)", snap, requests, attempts)
-		}
-		if own := counter(t, rm, "bulwark.requests", upDefault, keyOutcome.String(outcomeServerError)); own != 3 {
-			t.Errorf("the host's own don't-retry 503s: bulwark.requests{server_error} = %d, want 3", own)
-		}
-		if n := tr.Snapshot().Host("own.test:80")[0].PassedUp; n != 0 {
-			t.Errorf("the host's own 503s counted %d as passed up, want 0", n)
-		}
-		// The calls by final outcome put the pass-ups in a bucket of
-		// their own, and the host's own 503s among its failures.
-		if c := tr.Snapshot().Host("h.test:80")[0].Calls; c.Calls != 7 || c.PassedUp != 7 || c.Failed != 0 {
-			t.Errorf("h.test's calls %+v; want 7, all 7 passed up, none failed", c)
-		}
-		if c := tr.Snapshot().Host("own.test:80")[0].Calls; c.Calls != 3 || c.PassedUp != 0 || c.Failed != 3 {
-			t.Errorf("own.test's calls %+v; want 3, all failed, none passed up", c)
-		}
-	})
-}
-
 // TestInteropDontRetry: Envoy's x-envoy-overloaded and gRPC's
 // grpc-retry-pushback-ms read as bulwark's own signals. A negative or
 // malformed pushback stops the retry (gRFC A6) and a malformed one is

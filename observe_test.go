@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -1280,5 +1281,357 @@ func TestObserveRealStaleFallback(t *testing.T) {
 	wantEventAttrs(t, fb[0], map[attribute.Key]any{keyFallbackKind: "stale"})
 	if got := counter(t, k.collect(t), "bulwark.fallbacks", upDefault, keyFallbackKind.String("stale")); got != 1 {
 		t.Errorf("bulwark.fallbacks{stale} = %d, want 1", got)
+	}
+}
+
+// TestRefusalMetricsMatchSnapshot: every layer's refusals, and the
+// fallback's answers, are counted in OTel (bulwark.rejections by
+// bulwark.layer, bulwark.fallbacks by kind) exactly as the host's
+// Snapshot counts them, so the page and a dashboard agree. Read with the
+// SDK's ManualReader.
+func TestRefusalMetricsMatchSnapshot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		get := func(tr *Transport, ctx context.Context) {
+			t.Helper()
+			if resp, err := tr.RoundTrip(testRequest(t, ctx, "GET", "http://a.test/", noBody, "")); err == nil {
+				resp.Body.Close()
+			}
+		}
+		for _, c := range []struct {
+			layer  string // bulwark.layer, or "fallback"
+			base   func(int, *http.Request) (*http.Response, error)
+			policy Policy
+			calls  int
+			left   time.Duration // the caller's deadline; 0: none
+			snap   func(HostSnapshot) uint64
+		}{
+			{layerBreaker, always(500), only(Policy{Breaker: Breaker{MinCalls: 1, OpenFor: time.Hour}}, "breaker"), 5, 0,
+				func(h HostSnapshot) uint64 { return h.Breaker.Refused }},
+			{layerPushback, always(503, "Retry-After", "60"), only(Policy{Retry: Retry{MaxAttempts: 1}}, "pushback"), 5, 0,
+				func(h HostSnapshot) uint64 { return h.Pushback.Refused }},
+			{layerBudget, always(503), only(Policy{Retry: Retry{MaxAttempts: 2, NoPushback: true, Budget: Budget{Ratio: 0.001, MinPerSecond: -1}}}, "retry"), 5, 0,
+				func(h HostSnapshot) uint64 { return h.Budget.Refused }},
+			{layerThrottle, always(503), only(Policy{Throttle: Throttle{Enabled: true, K: 1}}), 200, 0,
+				func(h HostSnapshot) uint64 { return h.Throttle.Refused }},
+			{layerDeadline, always(200), only(Policy{}, "timeout"), 5, 5 * time.Millisecond,
+				func(h HostSnapshot) uint64 { return h.DeadlineTooShort }},
+			{"fallback", always(500), only(Policy{Fallback: Fallback{Constant: &ConstantResponse{Body: []byte("0")}}}), 5, 0,
+				func(h HostSnapshot) uint64 { return h.Fallback.Served }},
+		} {
+			k := newOtelKit(t)
+			tr := mustNew(t, Config{Base: &scriptBase{step: c.base}, MeterProvider: k.mp, Default: c.policy})
+			for range c.calls {
+				ctx, cancel := t.Context(), context.CancelFunc(func() {})
+				if c.left > 0 {
+					ctx, cancel = context.WithTimeout(ctx, c.left)
+				}
+				get(tr, ctx)
+				cancel()
+			}
+			want := c.snap(tr.Snapshot().Hosts[0])
+			var got int64
+			if c.layer == "fallback" {
+				got = counter(t, k.collect(t), "bulwark.fallbacks", upDefault, keyFallbackKind.String("constant"))
+			} else {
+				got = counter(t, k.collect(t), "bulwark.rejections", upDefault, keyLayer.String(c.layer))
+			}
+			if want == 0 || got != int64(want) {
+				t.Errorf("%s: the metric counts %d, the Snapshot %d; want them equal and above 0", c.layer, got, want)
+			}
+		}
+
+		// The bulkhead: one slot, held; the next call is refused.
+		k := newOtelKit(t)
+		release := make(chan struct{})
+		held := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
+			<-release
+			return response(req, 200), nil
+		}}
+		tr := mustNew(t, Config{Base: held, MeterProvider: k.mp, Default: only(Policy{Bulkhead: Bulkhead{MaxConcurrent: 1}}, "bulkhead")})
+		done := make(chan struct{})
+		go func() { get(tr, t.Context()); close(done) }()
+		synctest.Wait()
+		get(tr, t.Context())
+		get(tr, t.Context())
+		want := tr.Snapshot().Hosts[0].Bulkhead.Refused
+		if got := counter(t, k.collect(t), "bulwark.rejections", upDefault, keyLayer.String(layerBulkhead)); want != 2 || got != 2 {
+			t.Errorf("bulkhead: the metric counts %d, the Snapshot %d; want 2 and 2", got, want)
+		}
+		close(release)
+		<-done
+	})
+}
+
+// TestPassedUpMetricMatchesSnapshot: the calls answered with a failure
+// passed up from below are counted in OTel as bulwark.requests with
+// bulwark.outcome "passed_up" (and their attempts in
+// bulwark.attempt.duration), exactly as HostSnapshot.PassedUp counts
+// them, apart from the host's own server errors, so a dashboard and the
+// debug page agree. Read with the SDK's ManualReader.
+func TestPassedUpMetricMatchesSnapshot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		k := newOtelKit(t)
+		below := &headerBase{status: 503, header: http.Header{NoRetryHeader: {NoRetryFromBelow}}}
+		own := &headerBase{status: 503, header: http.Header{NoRetryHeader: {"1"}}} // a Shedder's: the host's own
+		tr := mustNew(t, Config{MeterProvider: k.mp, Base: roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			if req.URL.Host == "own.test" {
+				return own.RoundTrip(req)
+			}
+			return below.RoundTrip(req)
+		})})
+		for range 7 {
+			if _, err := send(t, tr, t.Context(), "http://h.test/x", ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range 3 {
+			if _, err := send(t, tr, t.Context(), "http://own.test/x", ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rm := k.collect(t)
+		snap := tr.Snapshot().Host("h.test:80")[0].PassedUp
+		requests := counter(t, rm, "bulwark.requests", upDefault, keyOutcome.String(outcomePassedUp))
+		attempts := histCount(t, rm, "bulwark.attempt.duration", upDefault, keyOutcome.String(outcomePassedUp))
+		if snap != 7 || requests != 7 || attempts != 7 {
+			t.Errorf("passed up: Snapshot %d, bulwark.requests %d, bulwark.attempt.duration %d; want 7 each (sent once each)", snap, requests, attempts)
+		}
+		if own := counter(t, rm, "bulwark.requests", upDefault, keyOutcome.String(outcomeServerError)); own != 3 {
+			t.Errorf("the host's own don't-retry 503s: bulwark.requests{server_error} = %d, want 3", own)
+		}
+		if n := tr.Snapshot().Host("own.test:80")[0].PassedUp; n != 0 {
+			t.Errorf("the host's own 503s counted %d as passed up, want 0", n)
+		}
+		// The calls by final outcome put the pass-ups in a bucket of
+		// their own, and the host's own 503s among its failures.
+		if c := tr.Snapshot().Host("h.test:80")[0].Calls; c.Calls != 7 || c.PassedUp != 7 || c.Failed != 0 {
+			t.Errorf("h.test's calls %+v; want 7, all 7 passed up, none failed", c)
+		}
+		if c := tr.Snapshot().Host("own.test:80")[0].Calls; c.Calls != 3 || c.PassedUp != 0 || c.Failed != 3 {
+			t.Errorf("own.test's calls %+v; want 3, all failed, none passed up", c)
+		}
+	})
+}
+
+// TestHostileUserinfoRedacted: a URL's password never shows in an error or
+// a log line, whatever layer speaks: retries (Debug), the breaker opening
+// and a pushback pause (Info), the final error.
+func TestHostileUserinfoRedacted(t *testing.T) {
+	const secret = "s3cr3t-pw"
+	var logs syncBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	n := 0
+	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		n++
+		if n%2 == 0 {
+			return response(req, 503, "Retry-After", "1"), nil
+		}
+		return nil, errReset
+	})
+	tr := mustNew(t, Config{Base: base, Logger: logger, Default: Policy{
+		Retry:   Retry{Base: time.Millisecond, Cap: time.Millisecond, MaxRetryAfter: time.Millisecond},
+		Breaker: Breaker{MinCalls: 2, OpenFor: time.Minute},
+	}})
+	u := "http://admin:" + secret + "@api.test/x?token=1"
+	var errs []string
+	for i := 0; i < 4; i++ {
+		req, err := http.NewRequestWithContext(t.Context(), "GET", u, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp, err := tr.RoundTrip(req); err != nil {
+			errs = append(errs, err.Error())
+		} else {
+			resp.Body.Close()
+		}
+		// And through http.Client, whose *url.Error names the URL.
+		if resp, err := (&http.Client{Transport: tr}).Get(u); err != nil {
+			errs = append(errs, err.Error())
+		} else {
+			resp.Body.Close()
+		}
+	}
+	if len(errs) == 0 {
+		t.Fatal("no errors to inspect")
+	}
+	for _, e := range errs {
+		if strings.Contains(e, secret) {
+			t.Errorf("error leaks the password: %s", e)
+		}
+	}
+	if strings.Contains(logs.String(), secret) {
+		t.Errorf("log leaks the password:\n%s", logs.String())
+	}
+	// And every layer named above did speak, so the check covered it.
+	for _, msg := range []string{"retry scheduled", "circuit breaker open", "pushback started"} {
+		if !strings.Contains(logs.String(), msg) {
+			t.Errorf("no %q in the log, so its redaction went unchecked:\n%s", msg, logs.String())
+		}
+	}
+}
+
+// eventAttr returns the value of key on ev.
+func eventAttr(ev sdktrace.Event, key attribute.Key) (attribute.Value, bool) {
+	for _, kv := range ev.Attributes {
+		if kv.Key == key {
+			return kv.Value, true
+		}
+	}
+	return attribute.Value{}, false
+}
+
+// callerEvents returns, per ended "caller" span that has an event called
+// name, the span's X-Call number and the event.
+func callerEvents(k *otelKit, name string) map[string]sdktrace.Event {
+	out := map[string]sdktrace.Event{}
+	for _, s := range spansNamed(k.sr, "caller") {
+		call, _ := attr(s, "test.call")
+		for _, ev := range s.Events() {
+			if ev.Name == name {
+				out[call.AsString()] = ev
+			}
+		}
+	}
+	return out
+}
+
+// TestObserveOutlier: an instance ejected after its consecutive 5xx shows
+// as an event on the span of the request whose failure ejected it, a count
+// by instance and the ejected gauge; its return as an event and a count.
+func TestObserveOutlier(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const sick = 3
+		f := newFleet(t, 5, "tax.internal", func(i int) int {
+			if i == sick {
+				return http.StatusInternalServerError
+			}
+			return http.StatusOK
+		})
+		k := newOtelKit(t)
+		cfg := k.config(f.transport())
+		cfg.Upstreams = map[string]Policy{"tax.internal": {Endpoints: Endpoints{Addrs: f.addrs}}}
+		tr := mustNew(t, cfg)
+		clk := newFakeClock()
+		t.Cleanup(tr.CloseIdleConnections)
+		c := &http.Client{Transport: tr}
+
+		call := 0
+		get := func() {
+			t.Helper()
+			call++
+			id := strconv.Itoa(call)
+			ctx, span := k.caller(t.Context())
+			span.SetAttributes(attribute.String("test.call", id))
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://tax.internal/rate", nil)
+			req.Header.Set("X-Call", id)
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatalf("call %s: %v", id, err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			span.End()
+		}
+		for i := 0; i < 200 && f.hits[sick].Load() < defaultConsecutiveFailures; i++ {
+			get()
+		}
+		if n := f.hits[sick].Load(); n != defaultConsecutiveFailures {
+			t.Fatalf("sick instance served %d, want %d", n, defaultConsecutiveFailures)
+		}
+		s := stateOf(t, tr, f.addrs[sick])
+		if !s.Ejected {
+			t.Fatalf("sick instance not ejected: %+v", s)
+		}
+
+		evs := callerEvents(k, eventEjected)
+		if len(evs) != 1 {
+			t.Fatalf("%d caller spans with %s, want 1", len(evs), eventEjected)
+		}
+		for id, ev := range evs {
+			f.mu.Lock()
+			served := f.calls[id]
+			f.mu.Unlock()
+			if len(served) != 1 || served[0] != sick {
+				t.Errorf("event on call %s, which instances %v served; want the sick one's fifth failure", id, served)
+			}
+			want := map[attribute.Key]any{
+				keyInstance:      f.addrs[sick],
+				keyOutlierReason: "consecutive failures",
+				keyEjectionTime:  defaultBaseEjection.Seconds(),
+				keyEjections:     int64(1),
+			}
+			for key, w := range want {
+				if v, ok := eventAttr(ev, key); !ok || v.AsInterface() != w {
+					t.Errorf("event %s = %v (present %v), want %v", key, v.AsInterface(), ok, w)
+				}
+			}
+		}
+
+		up, inst := keyUpstream.String("tax.internal"), keyInstance.String(f.addrs[sick])
+		rm := k.collect(t)
+		if got := counter(t, rm, "bulwark.outlier.ejections", up, inst); got != 1 {
+			t.Errorf("bulwark.outlier.ejections{sick} = %d, want 1", got)
+		}
+		if got, ok := gaugeValue(t, rm, "bulwark.outlier.ejected", "tax.internal"); !ok || got != 1 {
+			t.Errorf("bulwark.outlier.ejected = %d (present %v), want 1", got, ok)
+		}
+
+		// Its time served, the next request returns it.
+		clk.advance(defaultBaseEjection)
+		get()
+		ret := callerEvents(k, eventReturned)
+		if ev, ok := ret[strconv.Itoa(call)]; len(ret) != 1 || !ok {
+			t.Fatalf("returned events on calls %v, want only on call %d", ret, call)
+		} else if v, _ := eventAttr(ev, keyInstance); v.AsString() != f.addrs[sick] {
+			t.Errorf("returned event names %q, want %q", v.AsString(), f.addrs[sick])
+		}
+		rm = k.collect(t)
+		if got := counter(t, rm, "bulwark.outlier.returns", up, inst); got != 1 {
+			t.Errorf("bulwark.outlier.returns{sick} = %d, want 1", got)
+		}
+		if got, _ := gaugeValue(t, rm, "bulwark.outlier.ejected", "tax.internal"); got != 0 {
+			t.Errorf("bulwark.outlier.ejected = %d after the return, want 0", got)
+		}
+	})
+}
+
+// TestObserveOutlierInstanceCap: past maxLabelValues distinct instances a
+// host reports "other", in metrics and events alike.
+func TestObserveOutlierInstanceCap(t *testing.T) {
+	k := newOtelKit(t)
+	cfg := k.config(&stubBase{})
+	tr := mustNew(t, cfg)
+	u, _ := url.Parse("http://tax.internal/rate")
+	hs := tr.lookup(u)
+	ctx, span := k.caller(t.Context())
+	for i := 0; i < maxLabelValues+5; i++ {
+		hs.rep.endpointChanged(ctx, endpointEvent{addr: "10.0.0." + strconv.Itoa(i) + ":80", ejected: true, reason: "consecutive failures", times: 1})
+	}
+	span.End()
+	rm := k.collect(t)
+	m := findMetric(rm, "bulwark.outlier.ejections")
+	if m == nil {
+		t.Fatal("no bulwark.outlier.ejections")
+	}
+	seen := map[string]bool{}
+	var other int64
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		v, _ := dp.Attributes.Value(keyInstance)
+		seen[v.AsString()] = true
+		if v.AsString() == otherLabel {
+			other = dp.Value
+		}
+	}
+	if len(seen) != maxLabelValues+1 || other != 5 {
+		t.Errorf("%d instance values (other = %d), want %d and 5", len(seen), other, maxLabelValues+1)
+	}
+	n := 0
+	for _, ev := range eventsNamed(t, k.sr, "caller", eventEjected) {
+		if v, _ := eventAttr(ev, keyInstance); v.AsString() == otherLabel {
+			n++
+		}
+	}
+	if n != 5 {
+		t.Errorf("%d events name %q, want 5", n, otherLabel)
 	}
 }
