@@ -1,14 +1,11 @@
 package bulwark
 
 import (
-	"errors"
 	"io"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
-	"testing/synctest"
-	"time"
 )
 
 // statusBase answers each attempt with the next status of its script (the
@@ -66,67 +63,4 @@ func sendOnce(t *testing.T, rt http.RoundTripper, method, url string) (int, erro
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	return resp.StatusCode, nil
-}
-
-// TestReenable: a layer Default turns off can be turned back on for one
-// upstream; both switches at once is a config error.
-func TestReenable(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		base := &statusBase{codes: []int{503, 200}}
-		tr := mustNew(t, Config{Base: base,
-			Default:   Policy{Retry: Retry{Disabled: true}, Breaker: Breaker{Disabled: true}},
-			Upstreams: map[string]Policy{"on.test": {Retry: Retry{Enabled: true}, Breaker: Breaker{Enabled: true}}},
-		})
-		if code, _ := sendOnce(t, tr, http.MethodGet, "http://off.test/"); code != 503 || base.sent() != 1 {
-			t.Errorf("off.test: status %d after %d sends; want 503, sent once", code, base.sent())
-		}
-		base.reqs = nil
-		if code, _ := sendOnce(t, tr, http.MethodGet, "http://on.test/"); code != 200 || base.sent() != 2 {
-			t.Errorf("on.test: status %d after %d sends; want 200 after a retry", code, base.sent())
-		}
-		for _, h := range tr.Snapshot().Hosts {
-			if on := h.Breaker != nil; on != (h.Host == "on.test:80") {
-				t.Errorf("%s: breaker present = %v", h.Host, on)
-			}
-		}
-	})
-	for _, p := range []Policy{
-		{Retry: Retry{Disabled: true, Enabled: true}},
-		{Breaker: Breaker{Disabled: true, Enabled: true}},
-		{Bulkhead: Bulkhead{Disabled: true, Enabled: true}},
-		{Timeout: Timeout{Disabled: true, Enabled: true}},
-		{Fallback: Fallback{Disabled: true, Enabled: true}},
-		{Retry: Retry{Budget: Budget{Disabled: true, Enabled: true}}},
-	} {
-		_, err := New(Config{Upstreams: map[string]Policy{"x.test": p}})
-		var ce *ConfigError
-		if !errors.As(err, &ce) || !strings.HasSuffix(ce.Field, "Enabled") || ce.Upstream != "x.test" {
-			t.Errorf("New(%+v) = %v, want a ConfigError on an Enabled field of x.test", p, err)
-		}
-	}
-}
-
-// TestPolicyDurationBound: a duration past maxPolicyDuration anywhere in a
-// Policy is refused, naming the field, rather than overflowing later.
-func TestPolicyDurationBound(t *testing.T) {
-	huge := time.Duration(1<<63 - 1)
-	for _, tt := range []struct {
-		p     Policy
-		field string
-	}{
-		{Policy{Timeout: Timeout{Total: huge}}, "Timeout.Total"},
-		{Policy{Retry: Retry{Cap: huge}}, "Retry.Cap"},
-		{Policy{Retry: Retry{Budget: Budget{Window: huge}}}, "Retry.Budget.Window"},
-		{Policy{Breaker: Breaker{MaxOpenFor: huge}}, "Breaker.MaxOpenFor"},
-		{Policy{Endpoints: Endpoints{Addrs: []string{"127.0.0.1:1"}, Outlier: Outlier{MaxEjection: huge}}}, "Endpoints.Outlier.MaxEjection"},
-	} {
-		_, err := New(Config{Upstreams: map[string]Policy{"x.test": tt.p}})
-		var ce *ConfigError
-		if !errors.As(err, &ce) || ce.Field != tt.field {
-			t.Errorf("New with %s = %v: want a ConfigError on %s", tt.field, huge, err)
-		}
-	}
-	if _, err := New(Config{Default: Policy{Timeout: Timeout{Total: maxPolicyDuration}}}); err != nil {
-		t.Errorf("Timeout.Total = maxPolicyDuration: %v, want accepted", err)
-	}
 }
