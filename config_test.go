@@ -123,27 +123,6 @@ func TestPolicyInheritance(t *testing.T) {
 	}
 }
 
-func TestDefaultPortRouting(t *testing.T) {
-	tr, err := New(Config{Upstreams: map[string]Policy{
-		"tax.internal:80": {Timeout: Timeout{Attempt: time.Second}},
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tt := range []struct {
-		url, upstream string
-	}{
-		{"http://tax.internal/", "tax.internal:80"},
-		{"http://tax.internal:80/", "tax.internal:80"},
-		{"https://tax.internal/", "default"}, // port 443
-	} {
-		u, _ := url.Parse(tt.url)
-		if got := tr.lookup(u).upstream; got != tt.upstream {
-			t.Errorf("route(%s) = %q, want %q", tt.url, got, tt.upstream)
-		}
-	}
-}
-
 func TestRoundTripBadInput(t *testing.T) {
 	base := &stubBase{}
 	tr, err := New(Config{Base: base})
