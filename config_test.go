@@ -123,26 +123,6 @@ func TestPolicyInheritance(t *testing.T) {
 	}
 }
 
-func TestRoundTripBadInput(t *testing.T) {
-	base := &stubBase{}
-	tr, err := New(Config{Base: base})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var bs bodies
-	req := &http.Request{Method: "POST", Header: http.Header{}, Body: bs.make("x")}
-	resp, err := tr.RoundTrip(req)
-	if resp != nil || !errors.Is(err, errNilURL) {
-		t.Errorf("nil URL: RoundTrip = %v, %v; want nil, errNilURL", resp, err)
-	}
-	if !bs.allClosed() {
-		t.Error("nil URL: request body not closed")
-	}
-	if base.calls.Load() != 0 {
-		t.Error("nil URL: base was called")
-	}
-}
-
 func TestAdaptiveConfigErrors(t *testing.T) {
 	for _, p := range []Policy{
 		{Bulkhead: Bulkhead{Adaptive: true, MinConcurrent: 20, MaxConcurrent: 10}},

@@ -5,17 +5,13 @@ package bulwark_test
 // seams_test.go, has the rest).
 
 import (
-	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
-
-	"github.com/bulwark-http/bulwark"
 )
 
 // countingServer answers code and counts the requests it got.
@@ -28,32 +24,6 @@ func countingServer(t *testing.T, code int) (*httptest.Server, *atomic.Int32) {
 	}))
 	t.Cleanup(srv.Close)
 	return srv, &n
-}
-
-// TestNilHeaderNoPanic: a request with a nil Header gets an error, as from
-// net/http's Transport, on every path (a priority in its context, a
-// route, hedging, a fallback), never a panic.
-func TestNilHeaderNoPanic(t *testing.T) {
-	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) { return seamAnswer(req, 0, 200) }}
-	for _, cfg := range []bulwark.Config{
-		{Base: base},
-		{Base: base, Routes: map[string]bulwark.Policy{"GET /a": {}}},
-		{Base: base, Default: bulwark.Policy{Hedge: bulwark.Hedge{Delay: 1}, Retry: bulwark.Retry{KeyPOST: true},
-			Fallback: bulwark.Fallback{Constant: &bulwark.ConstantResponse{StatusCode: 200}}}},
-	} {
-		tr := seamNew(t, cfg)
-		for _, method := range []string{"GET", "POST"} {
-			u, _ := url.Parse("http://api.test/a")
-			req := (&http.Request{Method: method, URL: u}).WithContext(bulwark.WithPriority(t.Context(), bulwark.PriorityCritical))
-			resp, err := tr.RoundTrip(req)
-			if resp != nil || !errors.Is(err, bulwark.ErrInvalidRequest) {
-				t.Fatalf("%s with a nil Header: %v, %v; want ErrInvalidRequest", method, resp, err)
-			}
-		}
-	}
-	if base.sent() != 0 {
-		t.Fatalf("sent %d requests with a nil Header", base.sent())
-	}
 }
 
 // TestDocsTellPeersTruly: the README and the doc comments no longer say
