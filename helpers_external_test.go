@@ -1,16 +1,17 @@
 package bulwark_test
 
-// What black-box reviews found at the seams of net/http, go-retryablehttp
-// and bulwark, over real sockets on 127.0.0.1 (the seam table, in
-// seams_test.go, has the rest).
-
 import (
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
+	"time"
 )
+
+// noWait is a Backoff of no wait, for tests on a real server, which cannot
+// run in a synctest bubble and would otherwise sleep.
+func noWait(time.Duration, time.Duration, int, *http.Response) time.Duration { return 0 }
 
 // countingServer answers code and counts the requests it got.
 func countingServer(t *testing.T, code int) (*httptest.Server, *atomic.Int32) {
