@@ -1,7 +1,6 @@
 package bulwark
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -84,13 +83,6 @@ const (
 	breakerURL  = "http://h.test/x"
 )
 
-// testBreaker builds, with the real builder, a Transport whose one layer is
-// a breaker configured by b, over next.
-func testBreaker(t testing.TB, b Breaker, next http.RoundTripper) *Transport {
-	t.Helper()
-	return mustNew(t, Config{Base: next, Default: only(Policy{Breaker: b}, "breaker")})
-}
-
 // hostBreaker is the snapshot of the breaker of h.test:80; it fails the
 // test when there is none.
 func hostBreaker(t testing.TB, tr *Transport) BreakerSnapshot {
@@ -112,35 +104,6 @@ func breakerStateOf(t testing.TB, tr *Transport) CircuitState {
 		t.Fatalf("no breaker for %s", breakerHost)
 	}
 	return s
-}
-
-// breakerReq makes a GET of url carrying op for opBase.
-func breakerReq(t testing.TB, ctx context.Context, url, op string) *http.Request {
-	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("X-Op", op)
-	return req
-}
-
-// do sends req through rt, reading and closing any response. It never stops
-// the test, so any goroutine may call it.
-func do(rt http.RoundTripper, req *http.Request) (int, error) {
-	resp, err := rt.RoundTrip(req)
-	if err != nil {
-		return 0, err
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode, nil
-}
-
-// send makes one call with op through rt, closing any response.
-func send(t testing.TB, rt http.RoundTripper, ctx context.Context, url, op string) (int, error) {
-	t.Helper()
-	return do(rt, breakerReq(t, ctx, url, op))
 }
 
 // runScript sends the script's ops one by one to h.test and returns the
@@ -867,24 +830,6 @@ func TestBreakerReenabled(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log destination safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // reentrantHandler asks the Transport for the breaker's state while
 // logging: were bulwark to log under gobreaker's mutex, this would deadlock.
 type reentrantHandler struct {
@@ -942,10 +887,6 @@ func TestBreakerPerHost(t *testing.T) {
 	}
 }
 
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
-
 func TestBreakerDisabled(t *testing.T) {
 	// In a bubble: the retries of the 503s wait their backoff on the fake
 	// clock.
@@ -975,11 +916,6 @@ func TestBreakerTransportContract(t *testing.T) {
 		return mustNew(t, Config{Base: base, Default: Policy{Breaker: Breaker{MinCalls: 1000, WindowCalls: 1000}}})
 	})
 }
-
-// staticBase returns the same response every time, for benchmarks.
-type staticBase struct{ resp *http.Response }
-
-func (s *staticBase) RoundTrip(*http.Request) (*http.Response, error) { return s.resp, nil }
 
 func BenchmarkBreaker(b *testing.B) {
 	resp := &http.Response{StatusCode: 200, Body: http.NoBody}

@@ -37,14 +37,6 @@ func bhSend(t testing.TB, ctx context.Context, rt http.RoundTripper, url string)
 	return rt.RoundTrip(req)
 }
 
-func wantStats(t testing.TB, tr *Transport, host string, inFlight, queued int) {
-	t.Helper()
-	f, q, ok := bulkheadStats(tr, host)
-	if !ok || f != inFlight || q != queued {
-		t.Fatalf("BulkheadStats(%q) = %d, %d, %v; want %d, %d, true", host, f, q, ok, inFlight, queued)
-	}
-}
-
 func TestBulkheadFullRejectsAtOnce(t *testing.T) {
 	base := &stubBase{}
 	tr := newBulkheadTransport(t, base, Bulkhead{MaxConcurrent: 40})
@@ -578,24 +570,6 @@ func TestBulkheadConfig(t *testing.T) {
 	if _, _, ok := bulkheadStats(tr, "never.test:80"); ok {
 		t.Errorf("BulkheadStats(never.test:80) ok for a host never seen")
 	}
-}
-
-// wrappedBenchBase answers at once with a fresh response, as cheaply as a base
-// can. It puts the shared body wrapper on, as the attempt-deadline layer
-// below the bulkhead does in the real stack, so that the admitted path's
-// cost over it is the bulkhead's alone.
-type wrappedBenchBase struct{}
-
-type noopEnder struct{}
-
-func (noopEnder) bodyEnd() {}
-
-var benchBody = io.NopCloser(bytes.NewReader(nil))
-
-func (wrappedBenchBase) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp := &http.Response{StatusCode: 200, Body: benchBody, Request: req}
-	onBodyEnd(resp, noopEnder{})
-	return resp, nil
 }
 
 // BenchmarkBulkhead measures the layer over wrappedBenchBase (bare is wrappedBenchBase

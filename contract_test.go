@@ -5,7 +5,6 @@ package bulwark
 // over a given base, and checkContract for each rejection path of their own.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -179,41 +178,6 @@ func checkContract(t testing.TB, rt http.RoundTripper, req *http.Request, bs *bo
 	return status, respBody, err
 }
 
-// stubBase is a base RoundTripper that answers like http.Transport would,
-// without a network: it reads and closes the request body, then responds.
-type stubBase struct {
-	status int
-	err    error
-	// block waits for the request context to end before answering.
-	block bool
-	calls atomic.Int64
-}
-
-func (s *stubBase) RoundTrip(req *http.Request) (*http.Response, error) {
-	s.calls.Add(1)
-	if req.Body != nil {
-		_, _ = io.Copy(io.Discard, req.Body)
-		req.Body.Close()
-	}
-	if s.block {
-		<-req.Context().Done()
-		return nil, req.Context().Err()
-	}
-	if s.err != nil {
-		return nil, s.err
-	}
-	status := s.status
-	if status == 0 {
-		status = http.StatusOK
-	}
-	return &http.Response{
-		StatusCode: status, Status: http.StatusText(status), Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: http.Header{}, Body: io.NopCloser(bytes.NewReader([]byte("hello"))), ContentLength: 5, Request: req,
-	}, nil
-}
-
-var errStub = errors.New("stub: connection refused")
-
 // runContract checks build's RoundTripper over a set of bases (success,
 // error, 503, a base that only returns when the context ends, with a
 // cancelled context) with every kind of contract request, then hammers one
@@ -297,21 +261,6 @@ func runContract(t *testing.T, build func(base http.RoundTripper) http.RoundTrip
 	})
 }
 
-// Properties over random schedules of faults, methods, bodies, keys,
-// cancellations and deadlines, checked with pgregory.net/rapid inside a
-// testing/synctest bubble: time is virtual, so "returns by its deadline"
-// is checked exactly, and a hanging upstream costs no real time.
-
-// Outcomes the scripted upstream can give one attempt.
-const (
-	outOK = iota
-	out503
-	out429
-	outReset
-	outHang
-	numOutcomes
-)
-
 // propCall is one drawn call.
 type propCall struct {
 	method   string
@@ -320,63 +269,6 @@ type propCall struct {
 	cancel   time.Duration // zero: never cancelled
 	deadline time.Duration // zero: no caller deadline
 	script   []int         // outcome per attempt; the last repeats
-}
-
-// propBase answers each call's attempts from its script, keyed by X-Call,
-// and records what every attempt carried.
-type propBase struct {
-	mu      sync.Mutex
-	scripts map[string][]int
-	got     map[string][]sent
-}
-
-func (b *propBase) RoundTrip(req *http.Request) (*http.Response, error) {
-	var body []byte
-	if req.Body != nil {
-		body, _ = io.ReadAll(req.Body)
-		req.Body.Close()
-	}
-	id := req.Header.Get("X-Call")
-	b.mu.Lock()
-	n := len(b.got[id])
-	b.got[id] = append(b.got[id], sent{body: string(body), key: req.Header.Get(IdempotencyKeyHeader)})
-	sc := b.scripts[id]
-	b.mu.Unlock()
-	switch sc[min(n, len(sc)-1)] {
-	case out503:
-		return response(req, 503), nil
-	case out429:
-		return response(req, 429, "Retry-After", "1"), nil
-	case outReset:
-		return nil, errReset
-	case outHang:
-		<-req.Context().Done()
-		return nil, req.Context().Err()
-	}
-	return response(req, 200), nil
-}
-
-// propFailure keeps the first failure seen inside a synctest bubble, where
-// rapid's T cannot be used (rapid asks for the test's deadline, which a
-// bubble refuses): the property reports it once the bubble is over, so
-// rapid can still shrink the schedule.
-type propFailure struct {
-	mu  sync.Mutex
-	msg string
-}
-
-func (f *propFailure) Fatalf(format string, args ...any) {
-	f.mu.Lock()
-	if f.msg == "" {
-		f.msg = fmt.Sprintf(format, args...)
-	}
-	f.mu.Unlock()
-}
-
-func (f *propFailure) report(rt *rapid.T) {
-	if f.msg != "" {
-		rt.Fatal(f.msg)
-	}
 }
 
 func drawPropCall(t *rapid.T, i int) propCall {

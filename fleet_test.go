@@ -1,77 +1,14 @@
 package bulwark
 
 import (
-	"context"
 	"errors"
-	"fmt"
 	"net/http"
-	"slices"
 	"strconv"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 )
-
-// memHub is an in-memory store two Transports (two pods) share: what one
-// publishes is kept and handed to every receiving sink.
-type memHub struct {
-	mu    sync.Mutex
-	sinks []hubSink
-	state []FleetUpdate
-}
-
-type hubSink struct {
-	owner *memFleet
-	s     *FleetSink
-}
-
-// memFleet is one pod's Fleet over a memHub. down makes every call fail;
-// stuck makes Publish wait for its context.
-type memFleet struct {
-	hub         *memHub
-	down, stuck bool
-}
-
-func (f *memFleet) Publish(ctx context.Context, u FleetUpdate) error {
-	if f.stuck {
-		<-ctx.Done()
-		return ctx.Err()
-	}
-	if f.down {
-		return errors.New("store down")
-	}
-	u.From = fmt.Sprintf("%p", f)
-	f.hub.mu.Lock()
-	defer f.hub.mu.Unlock()
-	if u.Kind != FleetBreakerCounts {
-		f.hub.state = append(f.hub.state, u)
-	}
-	for _, s := range f.hub.sinks {
-		if s.owner != f { // a pod's own counts must not come back
-			s.s.Apply(u)
-		}
-	}
-	return nil
-}
-
-func (f *memFleet) Receive(ctx context.Context, s *FleetSink) error {
-	if f.down {
-		return errors.New("store down")
-	}
-	f.hub.mu.Lock()
-	for _, u := range f.hub.state {
-		s.Apply(u)
-	}
-	f.hub.sinks = append(f.hub.sinks, hubSink{f, s})
-	f.hub.mu.Unlock()
-	s.Connected()
-	<-ctx.Done()
-	f.hub.mu.Lock()
-	f.hub.sinks = slices.DeleteFunc(f.hub.sinks, func(x hubSink) bool { return x.s == s })
-	f.hub.mu.Unlock()
-	return ctx.Err()
-}
 
 func fleetPolicy() Policy {
 	p := only(Policy{}, "breaker", "pushback")

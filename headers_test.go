@@ -5,33 +5,10 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 )
-
-// headerBase answers every request with status and header, counting the
-// requests and when each arrived.
-type headerBase struct {
-	status int
-	header http.Header
-	calls  atomic.Int64
-	mu     chan struct{} // nil: times not kept
-	times  []time.Time
-}
-
-func (b *headerBase) RoundTrip(req *http.Request) (*http.Response, error) {
-	closeBody(req)
-	b.calls.Add(1)
-	if b.mu != nil {
-		b.mu <- struct{}{}
-		b.times = append(b.times, time.Now())
-		<-b.mu
-	}
-	return &http.Response{StatusCode: b.status, Header: b.header.Clone(), Body: io.NopCloser(strings.NewReader("x")), Request: req}, nil
-}
 
 // recordedCall makes one call of method through tr with a context carrying
 // a fresh CallRecord, and reports whether the call noted a failure in it.

@@ -31,78 +31,6 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
 
-// The tests in this file never set otel's global providers in this
-// process: several of them rely on the globals still being the
-// placeholders. TestGlobalProvidersSetAfterNew sets them in a child process.
-
-// otelKit is an SDK tracer and meter that keep everything in memory.
-type otelKit struct {
-	sr     *tracetest.SpanRecorder
-	tp     *sdktrace.TracerProvider
-	reader *sdkmetric.ManualReader
-	mp     *sdkmetric.MeterProvider
-}
-
-func newOtelKit(t testing.TB) *otelKit {
-	k := &otelKit{sr: tracetest.NewSpanRecorder(), reader: sdkmetric.NewManualReader()}
-	k.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(k.sr))
-	k.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(k.reader))
-	t.Cleanup(func() {
-		_ = k.tp.Shutdown(context.Background())
-		_ = k.mp.Shutdown(context.Background())
-	})
-	return k
-}
-
-func (k *otelKit) config(base http.RoundTripper) Config {
-	// The retry layer and breaker are off, so that each span is accounted
-	// for: a test that wants a second attempt turns the real retry layer on
-	// with retryOnce.
-	return Config{Base: base, TracerProvider: k.tp, MeterProvider: k.mp, Propagator: propagation.TraceContext{},
-		Default: Policy{Retry: Retry{Disabled: true, NoPushback: true}, Breaker: Breaker{Disabled: true}}}
-}
-
-// caller starts the span the application would have around its call.
-func (k *otelKit) caller(ctx context.Context) (context.Context, trace.Span) {
-	return k.tp.Tracer("app").Start(ctx, "caller")
-}
-
-func (k *otelKit) collect(t *testing.T) metricdata.ResourceMetrics {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := k.reader.Collect(t.Context(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	return rm
-}
-
-func findMetric(rm metricdata.ResourceMetrics, name string) *metricdata.Metrics {
-	for _, sm := range rm.ScopeMetrics {
-		for i := range sm.Metrics {
-			if sm.Metrics[i].Name == name {
-				return &sm.Metrics[i]
-			}
-		}
-	}
-	return nil
-}
-
-// counter returns the value of counter name at exactly the attributes kv.
-func counter(t *testing.T, rm metricdata.ResourceMetrics, name string, kv ...attribute.KeyValue) int64 {
-	t.Helper()
-	m := findMetric(rm, name)
-	if m == nil {
-		return 0
-	}
-	want := attribute.NewSet(kv...)
-	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-		if dp.Attributes.Equals(&want) {
-			return dp.Value
-		}
-	}
-	return 0
-}
-
 // histCount returns how many values histogram name holds at exactly kv.
 func histCount(t *testing.T, rm metricdata.ResourceMetrics, name string, kv ...attribute.KeyValue) uint64 {
 	t.Helper()
@@ -117,37 +45,6 @@ func histCount(t *testing.T, rm metricdata.ResourceMetrics, name string, kv ...a
 		}
 	}
 	return 0
-}
-
-func attr(s sdktrace.ReadOnlySpan, key attribute.Key) (attribute.Value, bool) {
-	for _, kv := range s.Attributes() {
-		if kv.Key == key {
-			return kv.Value, true
-		}
-	}
-	return attribute.Value{}, false
-}
-
-func wantAttr(t *testing.T, s sdktrace.ReadOnlySpan, key attribute.Key, want any) {
-	t.Helper()
-	v, ok := attr(s, key)
-	if !ok {
-		t.Errorf("span %q: no attribute %s, want %v", s.Name(), key, want)
-		return
-	}
-	if got := v.AsInterface(); got != want {
-		t.Errorf("span %q: %s = %v (%T), want %v (%T)", s.Name(), key, got, got, want, want)
-	}
-}
-
-func spansNamed(sr *tracetest.SpanRecorder, name string) []sdktrace.ReadOnlySpan {
-	var out []sdktrace.ReadOnlySpan
-	for _, s := range sr.Ended() {
-		if s.Name() == name {
-			out = append(out, s)
-		}
-	}
-	return out
 }
 
 // seqBase answers with the statuses in turn (the last one repeated) and
@@ -181,15 +78,6 @@ func (s *seqBase) RoundTrip(req *http.Request) (*http.Response, error) {
 func retryOnce(cfg Config) Config {
 	cfg.Default.Retry = Retry{MaxAttempts: 2, NoPushback: cfg.Default.Retry.NoPushback, Backoff: noBackoff, Budget: Budget{Disabled: true}}
 	return cfg
-}
-
-func mustTransport(t testing.TB, cfg Config) *Transport {
-	t.Helper()
-	tr, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tr
 }
 
 func obsGet(t *testing.T, rt http.RoundTripper, ctx context.Context, rawURL string) (*http.Response, error) {
@@ -990,18 +878,6 @@ func BenchmarkObserve(b *testing.B) {
 		cfg.TracerProvider = tracenoop.NewTracerProvider()
 		benchRoundTrips(b, mustNew(b, cfg), "http://stub.internal/x")
 	})
-}
-
-// The tests below run every layer (retry, pushback, breaker, bulkhead,
-// fallback) as it comes, where otelKit.config turns the retry layer and
-// the breaker off.
-
-// realConfig is k.config with the given policy as Default, every layer as
-// it comes.
-func (k *otelKit) realConfig(base http.RoundTripper, p Policy) Config {
-	cfg := k.config(base)
-	cfg.Default = p
-	return cfg
 }
 
 // gaugeValue returns the Int64 gauge name's point for upstream.

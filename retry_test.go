@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"reflect"
 	"runtime"
 	"strings"
 	"sync"
@@ -25,141 +24,8 @@ import (
 	"pgregory.net/rapid"
 )
 
-// sent is what a scripted base saw of one attempt.
-type sent struct {
-	host, method, body string
-	attempt, key       string
-}
-
-// scriptBase answers each attempt with the outcome its step function gives
-// for that attempt's number (from 1), recording what was sent.
-type scriptBase struct {
-	mu   sync.Mutex
-	sent []sent
-	step func(n int, req *http.Request) (*http.Response, error)
-}
-
-func (s *scriptBase) RoundTrip(req *http.Request) (*http.Response, error) {
-	var b []byte
-	if req.Body != nil {
-		b, _ = io.ReadAll(req.Body)
-		req.Body.Close()
-	}
-	s.mu.Lock()
-	s.sent = append(s.sent, sent{host: req.URL.Host, method: req.Method, body: string(b),
-		attempt: req.Header.Get(AttemptHeader), key: req.Header.Get(IdempotencyKeyHeader)})
-	n := len(s.sent)
-	s.mu.Unlock()
-	return s.step(n, req)
-}
-
-func (s *scriptBase) calls() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.sent)
-}
-
-func (s *scriptBase) all() []sent {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]sent(nil), s.sent...)
-}
-
-// response builds a response with the given status, headers (name, value
-// pairs) and a small body.
-func response(req *http.Request, status int, kv ...string) *http.Response {
-	h := http.Header{}
-	for i := 0; i+1 < len(kv); i += 2 {
-		h.Add(kv[i], kv[i+1])
-	}
-	body := fmt.Sprintf("status %d", status)
-	return &http.Response{
-		StatusCode: status, Status: http.StatusText(status), Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: h, Body: io.NopCloser(strings.NewReader(body)), ContentLength: int64(len(body)), Request: req,
-	}
-}
-
-func always(status int, kv ...string) func(int, *http.Request) (*http.Response, error) {
-	return func(_ int, req *http.Request) (*http.Response, error) { return response(req, status, kv...), nil }
-}
-
 func alwaysErr(err error) func(int, *http.Request) (*http.Response, error) {
 	return func(int, *http.Request) (*http.Response, error) { return nil, err }
-}
-
-var (
-	errReset = &net.OpError{Op: "read", Net: "tcp", Err: &os_SyscallError{"read", syscall.ECONNRESET}}
-	// What the attempt layer returns when an attempt runs past Timeout.Attempt.
-	errAttemptTO = &timeoutError{limit: ErrAttemptTimeout, cause: context.DeadlineExceeded}
-)
-
-// os_SyscallError mirrors *os.SyscallError without importing os for one type.
-type os_SyscallError struct {
-	Syscall string
-	Err     error
-}
-
-func (e *os_SyscallError) Error() string { return e.Syscall + ": " + e.Err.Error() }
-func (e *os_SyscallError) Unwrap() error { return e.Err }
-
-// newTestTransport builds a Transport over base with a random source that
-// always picks the top of the range, and records the waits before retries
-// (through Retry.OnRetry, chained to p's own). Call it inside a
-// testing/synctest bubble, where the waits take no real time: the fake
-// clock it returns is the bubble's.
-func newTestTransport(t testing.TB, base http.RoundTripper, p Policy) (*Transport, *fakeClock, *[]time.Duration) {
-	t.Helper()
-	if reflect.ValueOf(p.Breaker).IsZero() {
-		// These tests are about the retry layer: a breaker opening under
-		// their sustained failures would hide what retry does.
-		p.Breaker.Disabled = true
-	}
-	var mu sync.Mutex
-	waits := new([]time.Duration)
-	user := p.Retry.OnRetry
-	p.Retry.OnRetry = func(req *http.Request, ev RetryEvent) {
-		mu.Lock()
-		*waits = append(*waits, ev.Wait)
-		mu.Unlock()
-		if user != nil {
-			user(req, ev)
-		}
-	}
-	tr, err := New(Config{Base: base, Default: p})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr.randN = func(n int64) int64 { return n - 1 }
-	return tr, newFakeClock(), waits
-}
-
-type bodyKind int
-
-const (
-	noBody bodyKind = iota
-	replayableBody
-	oneShotBody
-)
-
-func testRequest(t testing.TB, ctx context.Context, method, url string, kind bodyKind, body string, kv ...string) *http.Request {
-	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, method, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i+1 < len(kv); i += 2 {
-		req.Header.Set(kv[i], kv[i+1])
-	}
-	switch kind {
-	case replayableBody:
-		req.Body = io.NopCloser(strings.NewReader(body))
-		req.ContentLength = int64(len(body))
-		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(body)), nil }
-	case oneShotBody:
-		// No GetBody and no length: what a streamed body looks like.
-		req.Body = io.NopCloser(strings.NewReader(body))
-	}
-	return req
 }
 
 // TestRetryWhatIsRetried is the table of which requests and outcomes are
@@ -857,10 +723,6 @@ func amplification(t *testing.T, step func(int, *http.Request) (*http.Response, 
 	})
 	return ratio, lastErr
 }
-
-// noWait is a Backoff of no wait, for the tests that cannot run in a
-// synctest bubble (a real server, or t.Run) and would otherwise sleep.
-func noWait(time.Duration, time.Duration, int, *http.Response) time.Duration { return 0 }
 
 // TestRetryContract runs outside a bubble (runContract calls t.Run): the
 // retries wait nothing, through Backoff, instead of sleeping for real.

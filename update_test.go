@@ -10,13 +10,6 @@ import (
 	"time"
 )
 
-// okBase answers every attempt 200 at once.
-type okBase struct{}
-
-func (okBase) RoundTrip(req *http.Request) (*http.Response, error) {
-	return response(req, http.StatusOK), nil
-}
-
 // countedPolicy is a breaker whose window holds every call of the test and
 // never trips, with a bulkhead of limit: the breaker's Calls then count
 // exactly the requests sent.
