@@ -90,60 +90,6 @@ func TestSeams(t *testing.T) {
 	}
 }
 
-// seamBase is a scripted upstream: answer decides attempt n's outcome (n
-// from 1, in arrival order). It reads and closes each request body first,
-// returning the body's error as net/http's Transport does.
-type seamBase struct {
-	answer func(n int, req *http.Request) (*http.Response, error)
-
-	mu    sync.Mutex
-	n     int
-	hosts []string
-	auth  []string
-}
-
-func (b *seamBase) RoundTrip(req *http.Request) (*http.Response, error) {
-	b.mu.Lock()
-	b.n++
-	n := b.n
-	b.hosts = append(b.hosts, req.URL.Host)
-	b.auth = append(b.auth, req.Header.Get("Authorization"))
-	b.mu.Unlock()
-	if req.Body != nil {
-		_, err := io.Copy(io.Discard, req.Body)
-		req.Body.Close()
-		if err != nil {
-			return nil, err
-		}
-	}
-	return b.answer(n, req)
-}
-
-func (b *seamBase) sent() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.n
-}
-
-// seamAnswer is a response of code to req after d (or req's context's
-// error, if it ends first), with header pairs kv.
-func seamAnswer(req *http.Request, d time.Duration, code int, kv ...string) (*http.Response, error) {
-	if d > 0 {
-		tm := time.NewTimer(d)
-		defer tm.Stop()
-		select {
-		case <-tm.C:
-		case <-req.Context().Done():
-			return nil, context.Cause(req.Context())
-		}
-	}
-	h := http.Header{}
-	for i := 0; i+1 < len(kv); i += 2 {
-		h.Set(kv[i], kv[i+1])
-	}
-	return &http.Response{StatusCode: code, Header: h, Body: io.NopCloser(strings.NewReader(http.StatusText(code))), Request: req}, nil
-}
-
 // slowFirstAttempt answers the first attempt of a call after 200 ms and
 // any other (a hedge, a retry) after 5 ms, all 200.
 func slowFirstAttempt(_ int, req *http.Request) (*http.Response, error) {
@@ -151,46 +97,6 @@ func slowFirstAttempt(_ int, req *http.Request) (*http.Response, error) {
 		return seamAnswer(req, 200*time.Millisecond, 200)
 	}
 	return seamAnswer(req, 5*time.Millisecond, 200)
-}
-
-func seamNew(t *testing.T, cfg bulwark.Config) *bulwark.Transport {
-	t.Helper()
-	tr, err := bulwark.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tr.Close() })
-	return tr
-}
-
-// seamSend sends method url (with header pairs kv) and returns the status,
-// the body read whole and closed, or the error.
-func seamSend(t *testing.T, tr http.RoundTripper, method, url string, kv ...string) (int, error) {
-	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), method, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i+1 < len(kv); i += 2 {
-		req.Header.Set(kv[i], kv[i+1])
-	}
-	resp, err := tr.RoundTrip(req)
-	if err != nil {
-		return 0, err
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode, nil
-}
-
-// seamHost is host's snapshot ("host:port"), failing the test if it has none.
-func seamHost(t *testing.T, tr *bulwark.Transport, host string) bulwark.HostSnapshot {
-	t.Helper()
-	hs := tr.Snapshot().Host(host)
-	if len(hs) != 1 {
-		t.Fatalf("Snapshot has %d entries for %s, want 1", len(hs), host)
-	}
-	return hs[0]
 }
 
 // seamRoute is the snapshot of pattern's route on host.
@@ -784,10 +690,6 @@ func seamLocalErrorBreaker(t *testing.T) {
 		t.Fatalf("a good request after: %d, %v", code, err)
 	}
 }
-
-type errReader struct{ err error }
-
-func (r errReader) Read([]byte) (int, error) { return 0, r.err }
 
 // ControlBreaker's hold reaches a route's breaker too, and its refusal
 // names the host.
