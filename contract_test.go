@@ -261,6 +261,11 @@ func runContract(t *testing.T, build func(base http.RoundTripper) http.RoundTrip
 	})
 }
 
+// Properties over random schedules of faults, methods, bodies, keys,
+// cancellations and deadlines, checked with pgregory.net/rapid inside a
+// testing/synctest bubble: time is virtual, so "returns by its deadline"
+// is checked exactly, and a hanging upstream costs no real time.
+
 // propCall is one drawn call.
 type propCall struct {
 	method   string

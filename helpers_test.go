@@ -443,11 +443,6 @@ func (s *stubBase) RoundTrip(req *http.Request) (*http.Response, error) {
 
 var errStub = errors.New("stub: connection refused")
 
-// Properties over random schedules of faults, methods, bodies, keys,
-// cancellations and deadlines, checked with pgregory.net/rapid inside a
-// testing/synctest bubble: time is virtual, so "returns by its deadline"
-// is checked exactly, and a hanging upstream costs no real time.
-
 // Outcomes the scripted upstream can give one attempt.
 const (
 	outOK = iota

@@ -69,8 +69,8 @@ func TestNilHeaderNoPanic(t *testing.T) {
 	}
 }
 
-// The package defaults under a capacity drop and a healthy burst (issue
-// 28, item 3), with Config{Base: host} and nothing else set, in a synctest
+// The package defaults under a capacity drop and a healthy burst, with
+// Config{Base: host} and nothing else set, in a synctest
 // bubble where the host's cores are timers: simulated seconds run in
 // fractions of one, and the figures hold on a loaded machine.
 

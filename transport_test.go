@@ -132,8 +132,8 @@ func TestHostileRedirectLoop(t *testing.T) {
 
 // The race-detector stress: many goroutines, several hosts, random faults
 // from a stub base (no network), every layer on, and the invariants of
-// props_test.go checked on every call. Throughput is reported by
-// BenchmarkStress, never asserted.
+// TestPropertyCalls (contract_test.go) checked on every call. Throughput is
+// reported by BenchmarkStress, never asserted.
 
 // stressPolicy turns every layer on with small real-time bounds, so hangs
 // and pauses cost milliseconds and the breaker cycles through its states.
