@@ -712,17 +712,6 @@ func TestBulkheadHandOffRace(t *testing.T) {
 	})
 }
 
-// closeTracker is a response body that records being closed.
-type closeTracker struct {
-	io.Reader
-	closed atomic.Bool
-}
-
-func (b *closeTracker) Close() error {
-	b.closed.Store(true)
-	return nil
-}
-
 // TestBulkheadBaseBreaksContract (issue 16): a base that panics, or breaks
 // the RoundTripper contract, must not cost the bulkhead a slot. Each case
 // runs the package defaults (every layer in the stack) with one slot: the
@@ -801,10 +790,10 @@ func TestBulkheadBaseBreaksContract(t *testing.T) {
 			var healthy atomic.Bool
 			var (
 				mu     sync.Mutex
-				bodies []*closeTracker
+				bodies []*closeFlag
 			)
 			tr := newTransport(t, broken(&healthy, func(req *http.Request) (*http.Response, error) {
-				b := &closeTracker{Reader: strings.NewReader("half an answer")}
+				b := &closeFlag{Reader: strings.NewReader("half an answer")}
 				mu.Lock()
 				bodies = append(bodies, b)
 				mu.Unlock()

@@ -41,14 +41,11 @@ func (r *recordBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	return &http.Response{StatusCode: 503, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("busy")), Request: req}, nil
 }
 
-// noBackoff is a Retry.Backoff that sends every retry at once.
-func noBackoff(time.Duration, time.Duration, int, *http.Response) time.Duration { return 0 }
-
 // retryTwice is the policy of the deadline layers and the real retry layer
 // alone, for two attempts with no wait between them, so that a test knows
 // exactly when each attempt starts.
 func retryTwice(to Timeout) Policy {
-	return only(Policy{Timeout: to, Retry: Retry{MaxAttempts: 2, Backoff: noBackoff, Budget: Budget{Disabled: true}}},
+	return only(Policy{Timeout: to, Retry: Retry{MaxAttempts: 2, Backoff: noWait, Budget: Budget{Disabled: true}}},
 		"timeout", "retry")
 }
 
@@ -665,7 +662,7 @@ func TestBasePanicEndsTheAttempt(t *testing.T) {
 			})
 			cfg := k.realConfig(base, c.p)
 			cfg.BaseIgnoresContext = c.abandon
-			tr := mustTransport(t, cfg)
+			tr := mustNew(t, cfg)
 			req, _ := http.NewRequest("GET", "http://tax.internal/", nil)
 			got := func() (v any) {
 				defer func() { v = recover() }()

@@ -813,15 +813,6 @@ func spansNamed(sr *tracetest.SpanRecorder, name string) []sdktrace.ReadOnlySpan
 	return out
 }
 
-func mustTransport(t testing.TB, cfg Config) *Transport {
-	t.Helper()
-	tr, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tr
-}
-
 // The tests below run every layer (retry, pushback, breaker, bulkhead,
 // fallback) as it comes, where otelKit.config turns the retry layer and
 // the breaker off.
@@ -921,3 +912,11 @@ func (f *memFleet) Receive(ctx context.Context, s *FleetSink) error {
 	f.hub.mu.Unlock()
 	return ctx.Err()
 }
+
+// closeFlag is a response body that records being closed.
+type closeFlag struct {
+	io.Reader
+	closed atomic.Bool
+}
+
+func (c *closeFlag) Close() error { c.closed.Store(true); return nil }

@@ -76,7 +76,7 @@ func (s *seqBase) RoundTrip(req *http.Request) (*http.Response, error) {
 // budget, so that a test sees exactly the attempts it counts. Pushback and
 // the breaker stay as cfg has them.
 func retryOnce(cfg Config) Config {
-	cfg.Default.Retry = Retry{MaxAttempts: 2, NoPushback: cfg.Default.Retry.NoPushback, Backoff: noBackoff, Budget: Budget{Disabled: true}}
+	cfg.Default.Retry = Retry{MaxAttempts: 2, NoPushback: cfg.Default.Retry.NoPushback, Backoff: noWait, Budget: Budget{Disabled: true}}
 	return cfg
 }
 
@@ -96,7 +96,7 @@ var (
 func TestObserveSuccess(t *testing.T) {
 	k := newOtelKit(t)
 	base := &seqBase{statuses: []int{200}}
-	tr := mustTransport(t, k.config(base))
+	tr := mustNew(t, k.config(base))
 	ctx, caller := k.caller(t.Context())
 
 	resp, err := obsGet(t, tr, ctx, "http://tax.internal:8080/rate?zip=94103")
@@ -165,7 +165,7 @@ func TestObserveRetriedThenSucceeds(t *testing.T) {
 func testObserveRetriedThenSucceeds(t *testing.T) {
 	k := newOtelKit(t)
 	base := &seqBase{statuses: []int{503, 200}, retryAfter: "1"}
-	tr := mustTransport(t, retryOnce(k.config(base)))
+	tr := mustNew(t, retryOnce(k.config(base)))
 	const target = "http://tax.internal/rate"
 	ctx, caller := k.caller(t.Context())
 
@@ -263,7 +263,7 @@ func testObserveRetriedThenSucceeds(t *testing.T) {
 // so that the attempts share a trace and the events land somewhere.
 func TestObserveLogicalSpanWithoutCaller(t *testing.T) {
 	k := newOtelKit(t)
-	tr := mustTransport(t, retryOnce(k.config(&seqBase{statuses: []int{503, 200}})))
+	tr := mustNew(t, retryOnce(k.config(&seqBase{statuses: []int{503, 200}})))
 	const target = "http://tax.internal/rate"
 
 	resp, err := obsGet(t, tr, t.Context(), target)
@@ -305,7 +305,7 @@ func TestObserveDeadlineTooShort(t *testing.T) {
 func testObserveDeadlineTooShort(t *testing.T) {
 	k := newOtelKit(t)
 	base := &seqBase{statuses: []int{200}}
-	tr := mustTransport(t, k.config(base))
+	tr := mustNew(t, k.config(base))
 	// 5 ms left: under minSendTime. The bubble's clock stands still while
 	// the call runs.
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Millisecond)
@@ -369,7 +369,7 @@ func TestObserveRedactsSpans(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			k := newOtelKit(t)
-			tr := mustTransport(t, k.config(c.base))
+			tr := mustNew(t, k.config(c.base))
 			resp, err := obsGet(t, tr, t.Context(), target)
 			if err == nil {
 				resp.Body.Close()
@@ -426,7 +426,7 @@ func TestObserveContract(t *testing.T) {
 			runContract(t, func(base http.RoundTripper) http.RoundTripper {
 				cfg := k.config(base)
 				cfg.Default.Timeout = c.to
-				return mustTransport(t, cfg)
+				return mustNew(t, cfg)
 			})
 		})
 	}
@@ -503,8 +503,8 @@ func TestObserveHeaderOwned(t *testing.T) {
 					layers = append(layers, "retry")
 				}
 				probe := &injectProbe{}
-				tr := mustTransport(t, Config{Base: base, Propagator: probe, Default: only(Policy{Timeout: c.to,
-					Retry: Retry{MaxAttempts: 2, Backoff: noBackoff, Budget: Budget{Disabled: true}}}, layers...)})
+				tr := mustNew(t, Config{Base: base, Propagator: probe, Default: only(Policy{Timeout: c.to,
+					Retry: Retry{MaxAttempts: 2, Backoff: noWait, Budget: Budget{Disabled: true}}}, layers...)})
 				ctx := t.Context()
 				if withDeadline {
 					var cancel context.CancelFunc
@@ -599,7 +599,7 @@ func TestObserveNoProvidersAllocatesNothing(t *testing.T) {
 		t.Skip("global providers were set in this process")
 	}
 	// Only the deadline layers, so observeStageOf can walk to the span layer.
-	tr := mustTransport(t, Config{Base: benchBase{}, Default: only(Policy{}, "timeout")})
+	tr := mustNew(t, Config{Base: benchBase{}, Default: only(Policy{}, "timeout")})
 	if tr.obs.state.Load() != 0 {
 		t.Fatalf("observer on with placeholder globals: state %b", tr.obs.state.Load())
 	}
@@ -640,7 +640,7 @@ func TestObserveNoProvidersAllocatesNothing(t *testing.T) {
 // nothing; counters are recorded with cached attribute sets.
 func TestObserveSDKNonRecordingAllocs(t *testing.T) {
 	k := newOtelKit(t)
-	tr := mustTransport(t, k.config(benchBase{}))
+	tr := mustNew(t, k.config(benchBase{}))
 	u, _ := url.Parse("http://stub.internal/x")
 	hs := tr.lookup(u).rep
 	ctx := t.Context()
@@ -659,7 +659,7 @@ func TestObserveSDKNonRecordingAllocs(t *testing.T) {
 // cardinality past maxLabelValues (+ "other") per host.
 func TestObserveLabelsBounded(t *testing.T) {
 	k := newOtelKit(t)
-	tr := mustTransport(t, k.config(benchBase{}))
+	tr := mustNew(t, k.config(benchBase{}))
 	u, _ := url.Parse("http://stub.internal/x")
 	hs := tr.lookup(u).rep
 	for i := range 3 * maxLabelValues {
@@ -679,7 +679,7 @@ func TestObserveGauge(t *testing.T) {
 	k := newOtelKit(t)
 	cfg := k.config(benchBase{})
 	cfg.Upstreams = map[string]Policy{"tax.internal": {}}
-	tr := mustTransport(t, cfg)
+	tr := mustNew(t, cfg)
 	for _, h := range []string{"http://a.test/", "http://b.test/", "http://tax.internal/"} {
 		u, _ := url.Parse(h)
 		tr.lookup(u)
@@ -737,7 +737,7 @@ func (l *logRecorder) WithGroup(string) slog.Handler      { return l }
 
 func TestObserveLogs(t *testing.T) {
 	var lr logRecorder
-	tr := mustTransport(t, Config{Base: benchBase{}, Logger: slog.New(&lr)})
+	tr := mustNew(t, Config{Base: benchBase{}, Logger: slog.New(&lr)})
 	u, _ := url.Parse("http://stub.internal/x")
 	hs := tr.lookup(u).rep
 	hs.retryScheduled(t.Context(), 3, time.Second, "timeout", false)
@@ -790,7 +790,7 @@ func TestGlobalProvidersSetAfterNew(t *testing.T) {
 
 func testGlobalProvidersSetAfterNew(t *testing.T) {
 	base := &seqBase{statuses: []int{200}}
-	tr := mustTransport(t, Config{Base: base})
+	tr := mustNew(t, Config{Base: base})
 	if tr.obs.state.Load() != 0 {
 		t.Fatal("observer on before any global provider was set")
 	}
@@ -971,7 +971,7 @@ func testObserveRealRetryTwiceThenSucceeds(t *testing.T) {
 		waits = append(waits, ev.Wait)
 	}}})
 	cfg.Logger = slog.New(&logs)
-	tr := mustTransport(t, cfg)
+	tr := mustNew(t, cfg)
 	tr.randN = func(n int64) int64 { return n - 1 }
 	ctx, caller := k.caller(t.Context())
 	resp, err := obsGet(t, tr, ctx, "http://tax.internal/rate")
@@ -1053,7 +1053,7 @@ func TestObserveRealBreakerTrip(t *testing.T) {
 	var logs logRecorder
 	cfg := k.realConfig(&seqBase{statuses: []int{503}}, Policy{Breaker: Breaker{MinCalls: 2}, Retry: Retry{Disabled: true}})
 	cfg.Logger = slog.New(&logs)
-	tr := mustTransport(t, cfg)
+	tr := mustNew(t, cfg)
 	ctx, caller := k.caller(t.Context())
 	for i := range 2 {
 		resp, err := obsGet(t, tr, ctx, "http://tax.internal/rate")
@@ -1110,7 +1110,7 @@ func TestObserveRealBreakerTrip(t *testing.T) {
 // A bulkhead of one slot, held by an unread body, refuses the next call.
 func TestObserveRealBulkheadRejection(t *testing.T) {
 	k := newOtelKit(t)
-	tr := mustTransport(t, k.realConfig(&seqBase{statuses: []int{200}}, Policy{Bulkhead: Bulkhead{MaxConcurrent: 1}}))
+	tr := mustNew(t, k.realConfig(&seqBase{statuses: []int{200}}, Policy{Bulkhead: Bulkhead{MaxConcurrent: 1}}))
 	ctx, caller := k.caller(t.Context())
 	held, err := obsGet(t, tr, ctx, "http://tax.internal/rate")
 	if err != nil {
@@ -1138,7 +1138,7 @@ func TestObserveRealBulkheadRejection(t *testing.T) {
 // A 503 answered from the stale cache.
 func TestObserveRealStaleFallback(t *testing.T) {
 	k := newOtelKit(t)
-	tr := mustTransport(t, k.realConfig(&seqBase{statuses: []int{200, 503}},
+	tr := mustNew(t, k.realConfig(&seqBase{statuses: []int{200, 503}},
 		Policy{Retry: Retry{Disabled: true}, Fallback: Fallback{Stale: StaleCache{MaxAge: time.Hour}}}))
 	ctx, caller := k.caller(t.Context())
 	for i, want := range []string{"", "stale"} {
