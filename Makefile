@@ -74,6 +74,6 @@ fuzz:
 	@for p in $(FUZZPKGS); do for f in $$($(GO) test -list '^Fuzz' $$p | grep '^Fuzz'); do \
 		echo "fuzz $$p $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$p || exit 1; done; done
 
-# The long stress (soak_test.go, build tag soak): 200,000 calls under -race.
+# The long stress (transport_soak_test.go, build tag soak): 200,000 calls under -race.
 soak:
 	$(GO) test -race -count=1 -timeout 30m -run '^TestSoak$$' -tags soak -v .

@@ -14,34 +14,6 @@ import (
 	"github.com/sony/gobreaker/v2"
 )
 
-// benchBase is the cheapest honest base: a fixed response, body included,
-// like a transport that answers from memory.
-type benchBase struct{}
-
-func (benchBase) RoundTrip(req *http.Request) (*http.Response, error) {
-	return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), Request: req}, nil
-}
-
-func benchRoundTrips(b *testing.B, rt http.RoundTripper, url string) {
-	req, err := http.NewRequest("GET", url, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	req.Header.Set("Accept", "application/json")
-	b.ReportAllocs()
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			resp, err := rt.RoundTrip(req)
-			if err != nil {
-				b.Fatal(err)
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-	})
-}
-
 // BenchmarkTransport compares the bare base with bulwark over it: the router
 // alone (every layer off), the router with the deadline layers, and the
 // default stack. stub is the pure middleware cost, loopback a real HTTP

@@ -98,6 +98,47 @@ func TestBodyKeepsWriterFor101(t *testing.T) {
 	}
 }
 
+// halfBody errors after some bytes, as a connection cut mid-body does.
+type halfBody struct{ n int }
+
+func (b *halfBody) Read(p []byte) (int, error) {
+	if b.n <= 0 {
+		return 0, errors.New("connection cut mid-body")
+	}
+	n := min(len(p), b.n)
+	b.n -= n
+	return n, nil
+}
+
+func (b *halfBody) Close() error { return nil }
+
+// TestHostileBodyErrorsHalfway: the caller gets the response and the read
+// error; the call is not retried (it already succeeded as far as the
+// stack can know) and the bulkhead slot comes back.
+func TestHostileBodyErrorsHalfway(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
+			resp := response(req, 200)
+			resp.Body, resp.ContentLength = &halfBody{n: 100}, 1000
+			return resp, nil
+		}}
+		tr, _, _ := newTestTransport(t, base, Policy{})
+		resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, rerr := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if len(got) != 100 || rerr == nil {
+			t.Errorf("read %d bytes, error %v; want 100 and the cut", len(got), rerr)
+		}
+		if base.calls() != 1 {
+			t.Errorf("sent %d times, want 1", base.calls())
+		}
+		wantStats(t, tr, "api.test:80", 0, 0)
+	})
+}
+
 // blockingClose is a host's body whose Close signals closing and returns
 // only once release is closed.
 type blockingClose struct {
@@ -105,6 +146,7 @@ type blockingClose struct {
 }
 
 func (b *blockingClose) Read([]byte) (int, error) { return 0, io.EOF }
+
 func (b *blockingClose) Close() error {
 	close(b.closing)
 	<-b.release

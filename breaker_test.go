@@ -1,13 +1,13 @@
 package bulwark
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -83,13 +83,6 @@ const (
 	breakerURL  = "http://h.test/x"
 )
 
-// testBreaker builds, with the real builder, a Transport whose one layer is
-// a breaker configured by b, over next.
-func testBreaker(t testing.TB, b Breaker, next http.RoundTripper) *Transport {
-	t.Helper()
-	return mustNew(t, Config{Base: next, Default: only(Policy{Breaker: b}, "breaker")})
-}
-
 // hostBreaker is the snapshot of the breaker of h.test:80; it fails the
 // test when there is none.
 func hostBreaker(t testing.TB, tr *Transport) BreakerSnapshot {
@@ -111,35 +104,6 @@ func breakerStateOf(t testing.TB, tr *Transport) CircuitState {
 		t.Fatalf("no breaker for %s", breakerHost)
 	}
 	return s
-}
-
-// breakerReq makes a GET of url carrying op for opBase.
-func breakerReq(t testing.TB, ctx context.Context, url, op string) *http.Request {
-	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("X-Op", op)
-	return req
-}
-
-// do sends req through rt, reading and closing any response. It never stops
-// the test, so any goroutine may call it.
-func do(rt http.RoundTripper, req *http.Request) (int, error) {
-	resp, err := rt.RoundTrip(req)
-	if err != nil {
-		return 0, err
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode, nil
-}
-
-// send makes one call with op through rt, closing any response.
-func send(t testing.TB, rt http.RoundTripper, ctx context.Context, url, op string) (int, error) {
-	t.Helper()
-	return do(rt, breakerReq(t, ctx, url, op))
 }
 
 // runScript sends the script's ops one by one to h.test and returns the
@@ -866,24 +830,6 @@ func TestBreakerReenabled(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log destination safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // reentrantHandler asks the Transport for the breaker's state while
 // logging: were bulwark to log under gobreaker's mutex, this would deadlock.
 type reentrantHandler struct {
@@ -941,10 +887,6 @@ func TestBreakerPerHost(t *testing.T) {
 	}
 }
 
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
-
 func TestBreakerDisabled(t *testing.T) {
 	// In a bubble: the retries of the 503s wait their backoff on the fake
 	// clock.
@@ -974,11 +916,6 @@ func TestBreakerTransportContract(t *testing.T) {
 		return mustNew(t, Config{Base: base, Default: Policy{Breaker: Breaker{MinCalls: 1000, WindowCalls: 1000}}})
 	})
 }
-
-// staticBase returns the same response every time, for benchmarks.
-type staticBase struct{ resp *http.Response }
-
-func (s *staticBase) RoundTrip(*http.Request) (*http.Response, error) { return s.resp, nil }
 
 func BenchmarkBreaker(b *testing.B) {
 	resp := &http.Response{StatusCode: 200, Body: http.NoBody}
@@ -1176,4 +1113,370 @@ func BenchmarkBreakerHooks(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestBreakerTimerProbes: a tripped breaker over a host that stays sick
+// lets at most HalfOpenCalls requests through per open period, spaced
+// through it; once the host recovers, the breaker answers again within
+// one spacing (OpenFor ÷ HalfOpenCalls, the open time in force being
+// doubled on each trip in a row), not at the end of the open time.
+func TestBreakerTimerProbes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const halfOpen = 10
+		var healthy atomic.Bool
+		base := recoveringBase(&healthy)
+		var sent atomic.Int64
+		counted := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			sent.Add(1)
+			return base(req)
+		})
+		tr := testBreaker(t, Breaker{MinCalls: 1, OpenFor: time.Second, HalfOpenCalls: halfOpen}, counted)
+		call := func() bool {
+			code, err := send(t, tr, t.Context(), breakerURL, "")
+			return err == nil && code == 200
+		}
+		call() // trips it
+		if s := hostBreaker(t, tr); s.State != CircuitOpen {
+			t.Fatalf("state %v after a failure with MinCalls 1, want open", s.State)
+		}
+		// Sick for 6 s, called every 5 ms: 1,200 calls over trips of 0.8–1
+		// s, 1.6–2 s and 3.2–4 s. Count what reached the host in each open
+		// period, from one trip to the next.
+		var perPeriod []int64
+		trips := hostBreaker(t, tr).TotalTrips
+		last := sent.Load()
+		for range 1200 {
+			time.Sleep(5 * time.Millisecond)
+			call()
+			if n := hostBreaker(t, tr).TotalTrips; n != trips {
+				perPeriod = append(perPeriod, sent.Load()-last)
+				trips, last = n, sent.Load()
+			}
+		}
+		if len(perPeriod) < 2 {
+			t.Fatalf("open periods seen: %v, want at least 2", perPeriod)
+		}
+		for i, n := range perPeriod {
+			if n > halfOpen {
+				t.Errorf("open period %d: %d requests reached the sick host, want ≤ %d", i+1, n, halfOpen)
+			}
+			if n < 2 {
+				t.Errorf("open period %d: %d requests reached the sick host, want timer probes besides the half-open round", i+1, n)
+			}
+		}
+		// Recovered: answered again within one spacing of the open time in
+		// force, OpenFor doubled for each trip in a row before it, ÷
+		// HalfOpenCalls (the last spaced probe goes at nine tenths of it,
+		// the half-open round at its end), and a 5 ms call interval.
+		s := hostBreaker(t, tr)
+		spacing := (time.Second << (s.Trips - 1)) / halfOpen
+		healthy.Store(true)
+		recovered := time.Now()
+		for !call() {
+			time.Sleep(5 * time.Millisecond)
+			if time.Since(recovered) > 10*time.Second {
+				t.Fatal("not answered 10 s after the host recovered")
+			}
+		}
+		took := time.Since(recovered)
+		t.Logf("requests to the sick host per open period: %v; answered %v after it recovered (a spacing %v; open until %v)", perPeriod, took, spacing, s.OpenUntil.Sub(recovered))
+		if took > spacing+10*time.Millisecond {
+			t.Errorf("answered %v after the host recovered, want within one spacing (%v)", took, spacing)
+		}
+	})
+}
+
+// TestBreakerSpacedProbeReason: the breaker's history explains an open →
+// half-open change that a spaced probe's success brought about as such,
+// and one the open time brought about (its spaced probes failed) as "open
+// time over": the note of the first open period does not reach the next.
+func TestBreakerSpacedProbeReason(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var healthy atomic.Bool
+		base := recoveringBase(&healthy)
+		tr := testBreaker(t, Breaker{MinCalls: 1, WindowCalls: 1, OpenFor: time.Second, HalfOpenCalls: 10}, base)
+		// until calls every 10 ms, for at most 10 s, until done holds.
+		until := func(what string, done func(BreakerSnapshot) bool) {
+			t.Helper()
+			for range 1000 {
+				_, _ = send(t, tr, t.Context(), breakerURL, "")
+				if done(hostBreaker(t, tr)) {
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			t.Fatalf("not %s after 10 s: %+v", what, hostBreaker(t, tr))
+		}
+		state := func(st CircuitState) func(BreakerSnapshot) bool {
+			return func(s BreakerSnapshot) bool { return s.State == st }
+		}
+		// lastHalfOpen is the reason of the last open → half-open change.
+		lastHalfOpen := func() string {
+			why := ""
+			for _, c := range hostBreaker(t, tr).Changes {
+				if c.From == CircuitOpen && c.To == CircuitHalfOpen {
+					why = c.Reason
+				}
+			}
+			return why
+		}
+		until("open", state(CircuitOpen))
+		healthy.Store(true) // the first spaced probe, a tenth of the way in, succeeds
+		until("closed", state(CircuitClosed))
+		if got := lastHalfOpen(); got != "a spaced probe succeeded" {
+			t.Errorf("open → half-open after a spaced probe succeeded: reason %q, want \"a spaced probe succeeded\"", got)
+		}
+		healthy.Store(false) // trips again; every probe fails
+		until("open", state(CircuitOpen))
+		trips := hostBreaker(t, tr).TotalTrips
+		until("tripped again by its half-open round", func(s BreakerSnapshot) bool { return s.TotalTrips > trips })
+		if got := lastHalfOpen(); got != "open time over" {
+			t.Errorf("open → half-open with every spaced probe failing: reason %q, want \"open time over\"", got)
+		}
+	})
+}
+
+// TestSpacedProbeEndsFirstOpenTime: a host that recovers right after the
+// breaker's first trip is answered again within one spacing (open time ÷
+// HalfOpenCalls), not at the end of the open time. gobreaker's own open
+// time once held the breaker open after a spaced probe succeeded, for
+// four fifths of OpenFor (8 s here), whatever the probe found.
+func TestSpacedProbeEndsFirstOpenTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var healthy atomic.Bool
+		base := recoveringBase(&healthy)
+		const openFor, halfOpen = 10 * time.Second, 10
+		tr := testBreaker(t, Breaker{MinCalls: 1, OpenFor: openFor, HalfOpenCalls: halfOpen}, base)
+		call := func() bool {
+			code, err := send(t, tr, t.Context(), breakerURL, "")
+			return err == nil && code == 200
+		}
+		call() // trips it
+		if s := hostBreaker(t, tr); s.State != CircuitOpen {
+			t.Fatalf("state %v after a failure with MinCalls 1, want open", s.State)
+		}
+		healthy.Store(true)
+		recovered := time.Now()
+		for !call() {
+			time.Sleep(5 * time.Millisecond)
+			if time.Since(recovered) > 2*openFor {
+				t.Fatal("not answered after twice the open time")
+			}
+		}
+		took := time.Since(recovered)
+		s := hostBreaker(t, tr)
+		t.Logf("answered %v after the host recovered (spacing %v, open time %v); breaker %v", took, openFor/halfOpen, openFor, s.State)
+		if took > openFor/halfOpen+10*time.Millisecond {
+			t.Errorf("answered %v after the host recovered, want within one spacing (%v)", took, openFor/halfOpen)
+		}
+		// The half-open round follows at once and closes it.
+		for range halfOpen {
+			if !call() {
+				t.Fatalf("a call after the spaced probe failed; breaker %+v", hostBreaker(t, tr))
+			}
+		}
+		if s := hostBreaker(t, tr); s.State != CircuitClosed {
+			t.Errorf("state %v after %d successes past the spaced probe, want closed", s.State, halfOpen)
+		}
+		for _, c := range hostBreaker(t, tr).Changes {
+			t.Logf("change %v → %v: %s", c.From, c.To, c.Reason)
+		}
+	})
+}
+
+// TestSpacedProbesLeaveRefusals: a spaced probe goes only once a request
+// was refused since the last. A breaker open for 1 s (spacing 100 ms, or
+// down to 80 ms as the open time's jitter takes up to a fifth) whose host
+// stays sick, called every 100 ms: of its first 7 requests, 3 or 4 are
+// probes and the others are refused at once, where each of the 7 was a
+// probe before (the spacing had always passed).
+func TestSpacedProbesLeaveRefusals(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var healthy atomic.Bool
+		var sent atomic.Int64
+		sick := recoveringBase(&healthy)
+		base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			sent.Add(1)
+			return sick(req)
+		})
+		tr := testBreaker(t, Breaker{MinCalls: 1, OpenFor: time.Second, HalfOpenCalls: 10}, base)
+		_, _ = send(t, tr, t.Context(), breakerURL, "") // trips it
+		if s := hostBreaker(t, tr); s.State != CircuitOpen {
+			t.Fatalf("state %v after a failure with MinCalls 1, want open", s.State)
+		}
+		start := sent.Load()
+		refused := 0
+		for range 7 {
+			time.Sleep(100 * time.Millisecond)
+			if _, err := send(t, tr, t.Context(), breakerURL, ""); errors.Is(err, ErrBreakerOpen) {
+				refused++
+			}
+		}
+		probes := sent.Load() - start
+		t.Logf("%d spaced probes and %d refusals of 7 requests in a 1 s open time", probes, refused)
+		if probes < 3 || probes > 4 || int(probes)+refused != 7 {
+			t.Errorf("%d spaced probes reached the sick host and %d requests were refused, of 7 100 ms apart; want 3 or 4 probes, the rest refused", probes, refused)
+		}
+	})
+}
+
+// recoveringBase answers 503 until healthy holds, then 200.
+func recoveringBase(healthy *atomic.Bool) roundTripFunc {
+	return func(req *http.Request) (*http.Response, error) {
+		closeBody(req)
+		code := 503
+		if healthy.Load() {
+			code = 200
+		}
+		return &http.Response{StatusCode: code, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
+	}
+}
+
+// TestBreakerHistory: the breaker's Snapshot keeps its last state changes
+// with their reasons and times, oldest first and at most eight, and the
+// window as it was at its last trip beside the live (emptied) one. Steps
+// on one timeline of the fake clock.
+func TestBreakerHistory(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var status atomic.Int32
+		status.Store(500)
+		base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
+			return response(req, int(status.Load())), nil
+		}}
+		tr := mustNew(t, Config{Base: base, Default: only(Policy{Breaker: Breaker{WindowCalls: 10, MinCalls: 4,
+			OpenFor: time.Second, MaxOpenFor: time.Second, HalfOpenCalls: 1, ConsecutiveFailures: -1}}, "breaker")})
+		get := func() {
+			t.Helper()
+			req := testRequest(t, t.Context(), "GET", "http://a.test/", noBody, "")
+			if resp, err := tr.RoundTrip(req); err == nil {
+				resp.Body.Close()
+			}
+		}
+		breaker := func() *BreakerSnapshot {
+			t.Helper()
+			return tr.Snapshot().Hosts[0].Breaker
+		}
+		start := time.Now()
+		get()
+		if b := breaker(); len(b.Changes) != 0 || b.LastTrip != nil {
+			t.Fatalf("before any trip: Changes %v, LastTrip %v; want none", b.Changes, b.LastTrip)
+		}
+		for range 3 {
+			get()
+		}
+		b := breaker()
+		if len(b.Changes) != 1 || b.LastTrip == nil {
+			t.Fatalf("after 4 failed calls: Changes %v, LastTrip %v; want one trip", b.Changes, b.LastTrip)
+		}
+		want := BreakerChange{At: start, From: CircuitClosed, To: CircuitOpen, Reason: "failure rate 100 % ≥ 50 %", Calls: 4, Failures: 4}
+		if b.Changes[0] != want || *b.LastTrip != want {
+			t.Errorf("the trip: Changes[0] %+v, LastTrip %+v; want %+v", b.Changes[0], *b.LastTrip, want)
+		}
+		if b.Calls != 0 {
+			t.Errorf("live window holds %d calls after the trip, want 0 (LastTrip keeps them)", b.Calls)
+		}
+
+		// A probe that fails, then one that succeeds.
+		time.Sleep(1100 * time.Millisecond)
+		get()
+		time.Sleep(1100 * time.Millisecond)
+		status.Store(200)
+		get()
+		b = breaker()
+		reasons := []string{"failure rate 100 % ≥ 50 %", "open time over", "a probe failed or was slow", "open time over", "every probe succeeded"}
+		if len(b.Changes) != len(reasons) {
+			t.Fatalf("got %d changes %+v, want %d", len(b.Changes), b.Changes, len(reasons))
+		}
+		for i, r := range reasons {
+			if b.Changes[i].Reason != r {
+				t.Errorf("Changes[%d].Reason = %q, want %q", i, b.Changes[i].Reason, r)
+			}
+		}
+		if c := b.Changes[4]; c.From != CircuitHalfOpen || c.To != CircuitClosed || c.At != start.Add(2200*time.Millisecond) {
+			t.Errorf("the close: %+v, want half-open → closed at +2.2 s", c)
+		}
+		if *b.LastTrip != want {
+			t.Errorf("LastTrip after a failed probe is %+v, want the trip on the window's counts %+v", *b.LastTrip, want)
+		}
+
+		// A manual control is a change too; the ring keeps the last eight.
+		for _, c := range []BreakerControl{BreakerForceOpen, BreakerAuto, BreakerForceClosed, BreakerAuto} {
+			if err := tr.ControlBreaker("a.test:80", c); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b = breaker()
+		if len(b.Changes) != 8 {
+			t.Fatalf("got %d changes, want the last 8", len(b.Changes))
+		}
+		if c := b.Changes[0]; c.Reason != "open time over" {
+			t.Errorf("oldest kept change %+v, want the first half-open", c)
+		}
+		if c := b.Changes[4]; c.Reason != "control force-open" || c.From != CircuitClosed || c.To != CircuitOpen {
+			t.Errorf("Changes[4] = %+v, want closed → open by control force-open", c)
+		}
+		if c := b.Changes[7]; c.Reason != "control auto" || c.From != CircuitClosed || c.To != CircuitClosed {
+			t.Errorf("Changes[7] = %+v, want closed → closed by control auto", c)
+		}
+	})
+}
+
+// scriptedStatus answers a request for "/N" by the script: a failure in
+// the bursts of bad calls, a success otherwise. It depends only on N, so
+// an enforcing and a shadow Transport see the same outcome for every call
+// they send.
+type scriptedStatus struct{}
+
+func (scriptedStatus) RoundTrip(req *http.Request) (*http.Response, error) {
+	n, _ := strconv.Atoi(req.URL.Path[1:])
+	code := http.StatusOK
+	if (n >= 20 && n < 60) || (n >= 120 && n < 130) || (n >= 200 && n < 230) {
+		code = http.StatusInternalServerError
+	}
+	return response(req, code), nil
+}
+
+// TestShadowBreakerMatchesEnforcingTwin: a breaker in shadow mode, fed the
+// traffic an enforcing twin gets, counts as WouldReject exactly the
+// requests the twin refuses, and refuses none itself.
+func TestShadowBreakerMatchesEnforcingTwin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := only(Policy{}, "breaker")
+		p.Breaker = Breaker{WindowCalls: 20, MinCalls: 10, FailureRate: 0.5, OpenFor: time.Second, MaxOpenFor: 4 * time.Second, HalfOpenCalls: 3}
+		build := func(shadow bool) *Transport {
+			q := p
+			q.Breaker.Shadow = shadow
+			tr := mustNew(t, Config{Base: scriptedStatus{}, Default: q})
+			tr.randN = func(int64) int64 { return 0 }
+			return tr
+		}
+		enforcing, shadow := build(false), build(true)
+		refused := 0
+		for i := range 300 {
+			url := "http://api.test/" + strconv.Itoa(i)
+			if _, err := sendOnce(t, enforcing, "GET", url); errors.Is(err, ErrBreakerOpen) {
+				refused++
+			} else if err != nil {
+				t.Fatalf("enforcing call %d: %v", i, err)
+			}
+			if _, err := sendOnce(t, shadow, "GET", url); err != nil {
+				t.Fatalf("shadow call %d: %v; a shadow breaker never refuses", i, err)
+			}
+			// 70 ms never divides an open time (1, 2, 4 s), so a call
+			// never comes at the instant a hold ends; and the timer that
+			// ends it has run by the time the next call is sent.
+			time.Sleep(70 * time.Millisecond)
+			synctest.Wait()
+		}
+		if refused == 0 {
+			t.Fatal("the script never opened the enforcing breaker: the test proves nothing")
+		}
+		b := shadow.Snapshot().Hosts[0].Breaker
+		if !b.Shadow || b.WouldReject != uint64(refused) {
+			t.Errorf("shadow breaker: Shadow %v, WouldReject %d; the enforcing twin refused %d", b.Shadow, b.WouldReject, refused)
+		}
+		if e := enforcing.Snapshot().Hosts[0].Breaker; e.WouldReject != 0 || e.Shadow {
+			t.Errorf("enforcing breaker reports shadow counts: %+v", e)
+		}
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -34,14 +35,6 @@ func bhSend(t testing.TB, ctx context.Context, rt http.RoundTripper, url string)
 		t.Fatal(err)
 	}
 	return rt.RoundTrip(req)
-}
-
-func wantStats(t testing.TB, tr *Transport, host string, inFlight, queued int) {
-	t.Helper()
-	f, q, ok := bulkheadStats(tr, host)
-	if !ok || f != inFlight || q != queued {
-		t.Fatalf("BulkheadStats(%q) = %d, %d, %v; want %d, %d, true", host, f, q, ok, inFlight, queued)
-	}
 }
 
 func TestBulkheadFullRejectsAtOnce(t *testing.T) {
@@ -579,24 +572,6 @@ func TestBulkheadConfig(t *testing.T) {
 	}
 }
 
-// wrappedBenchBase answers at once with a fresh response, as cheaply as a base
-// can. It puts the shared body wrapper on, as the attempt-deadline layer
-// below the bulkhead does in the real stack, so that the admitted path's
-// cost over it is the bulkhead's alone.
-type wrappedBenchBase struct{}
-
-type noopEnder struct{}
-
-func (noopEnder) bodyEnd() {}
-
-var benchBody = io.NopCloser(bytes.NewReader(nil))
-
-func (wrappedBenchBase) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp := &http.Response{StatusCode: 200, Body: benchBody, Request: req}
-	onBodyEnd(resp, noopEnder{})
-	return resp, nil
-}
-
 // BenchmarkBulkhead measures the layer over wrappedBenchBase (bare is wrappedBenchBase
 // alone), then the whole stack with the bulkhead off and on.
 func BenchmarkBulkhead(b *testing.B) {
@@ -737,17 +712,6 @@ func TestBulkheadHandOffRace(t *testing.T) {
 	})
 }
 
-// closeTracker is a response body that records being closed.
-type closeTracker struct {
-	io.Reader
-	closed atomic.Bool
-}
-
-func (b *closeTracker) Close() error {
-	b.closed.Store(true)
-	return nil
-}
-
 // TestBulkheadBaseBreaksContract (issue 16): a base that panics, or breaks
 // the RoundTripper contract, must not cost the bulkhead a slot. Each case
 // runs the package defaults (every layer in the stack) with one slot: the
@@ -826,10 +790,10 @@ func TestBulkheadBaseBreaksContract(t *testing.T) {
 			var healthy atomic.Bool
 			var (
 				mu     sync.Mutex
-				bodies []*closeTracker
+				bodies []*closeFlag
 			)
 			tr := newTransport(t, broken(&healthy, func(req *http.Request) (*http.Response, error) {
-				b := &closeTracker{Reader: strings.NewReader("half an answer")}
+				b := &closeFlag{Reader: strings.NewReader("half an answer")}
 				mu.Lock()
 				bodies = append(bodies, b)
 				mu.Unlock()
@@ -860,5 +824,321 @@ func TestBulkheadBaseBreaksContract(t *testing.T) {
 func TestAdaptiveBulkheadContract(t *testing.T) {
 	runContract(t, func(base http.RoundTripper) http.RoundTripper {
 		return mustNew(t, Config{Base: base, Default: only(Policy{Bulkhead: Bulkhead{Adaptive: true, MinConcurrent: 2, MaxConcurrent: 4, MaxQueue: 4, MaxWait: time.Second}}, "bulkhead")})
+	})
+}
+
+// poisson sends Poisson arrivals at rate a second for d through rt, each
+// call in its own goroutine, reading and closing every body, and returns
+// the calls and the ErrBulkheadFull refusals. Call it inside a bubble.
+func poisson(t *testing.T, rt http.RoundTripper, url string, rate float64, d time.Duration, seed uint64) (calls, full int) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, 1))
+	var nFull atomic.Int64
+	var wg sync.WaitGroup
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		time.Sleep(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
+		calls++
+		wg.Go(func() {
+			req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+			resp, err := rt.RoundTrip(req)
+			if errors.Is(err, ErrBulkheadFull) {
+				nFull.Add(1)
+			}
+			if err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
+	return calls, int(nFull.Load())
+}
+
+// TestDefaultBulkheadHealthyUpstream is the scenario that made the fixed
+// 100-slot default refuse a healthy upstream: every answer in 200 ms, 400
+// Poisson arrivals a second (80 in flight on average). The package default
+// (an adaptive limit) refuses none; the old fixed 100 is run beside it and
+// its refusals logged.
+func TestDefaultBulkheadHealthyUpstream(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		b    Bulkhead
+		want func(full int) bool
+	}{
+		{"default", Bulkhead{}, func(full int) bool { return full == 0 }},
+		{"fixed 100", Bulkhead{MaxConcurrent: 100}, func(int) bool { return true }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				// The 200 ms are injected at the attempt, under the
+				// bulkhead: each call holds its slot for them.
+				tr := mustNew(t, Config{Base: okBase{}, Default: Policy{Bulkhead: tc.b,
+					Fault: Fault{Delay: 200 * time.Millisecond, DelayRate: 1}}})
+				calls, full := poisson(t, tr, "http://healthy.test/", 400, 30*time.Second, 18)
+				t.Logf("%s: %d calls, %d ErrBulkheadFull (%.2f %%)", tc.name, calls, full, 100*float64(full)/float64(calls))
+				if !tc.want(full) {
+					t.Errorf("%s: %d of %d calls refused with ErrBulkheadFull, want none", tc.name, full, calls)
+				}
+				tr.CloseIdleConnections()
+			})
+		})
+	}
+}
+
+// coresBase is an upstream with a number of cores: each request holds one
+// for service, the rest wait in the server's own FIFO (a channel's waiters
+// are served in order). cores can change while it runs.
+type coresBase struct {
+	service time.Duration
+	tokens  chan struct{} // one per core
+}
+
+func newCoresBase(service time.Duration, cores int) *coresBase {
+	b := &coresBase{service: service, tokens: make(chan struct{}, 100)}
+	for range cores {
+		b.tokens <- struct{}{}
+	}
+	return b
+}
+
+// setCores takes cores away (waiting for them to come free) or adds them.
+func (b *coresBase) remove(n int) {
+	for range n {
+		<-b.tokens
+	}
+}
+
+func (b *coresBase) add(n int) {
+	for range n {
+		b.tokens <- struct{}{}
+	}
+}
+
+func (b *coresBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	select {
+	case <-b.tokens:
+	case <-req.Context().Done():
+		return nil, req.Context().Err()
+	}
+	time.Sleep(b.service)
+	b.tokens <- struct{}{}
+	return &http.Response{StatusCode: 200, Header: http.Header{}, Request: req,
+		Body: io.NopCloser(strings.NewReader("ok"))}, nil
+}
+
+// TestAdaptiveBulkheadFollowsCapacity is the capacity drop, scaled down:
+// an upstream of 20 cores of 20 ms goes to 5 and back, under 600 calls a
+// second with 250 ms deadlines. The adaptive limit comes down near what 5
+// cores serve and goes back up, on virtual time.
+func TestAdaptiveBulkheadFollowsCapacity(t *testing.T) {
+	for _, queue := range []int{0, 4} {
+		t.Run(fmt.Sprintf("queue %d", queue), func(t *testing.T) { testAdaptiveCapacity(t, queue) })
+	}
+}
+
+func testAdaptiveCapacity(t *testing.T, queue int) {
+	synctest.Test(t, func(t *testing.T) {
+		base := newCoresBase(20*time.Millisecond, 20)
+		tr := mustNew(t, Config{Base: base, Default: only(Policy{Bulkhead: Bulkhead{Adaptive: true, MinConcurrent: 1, MaxConcurrent: 100, MaxQueue: queue}}, "bulkhead")})
+		const url = "http://cores.test/"
+		limitNow := func() int {
+			h := tr.Snapshot().Host("cores.test:80")
+			if len(h) != 1 || h[0].Bulkhead == nil {
+				t.Fatalf("no bulkhead for cores.test: %+v", h)
+			}
+			return h[0].Bulkhead.Limit
+		}
+		var wg sync.WaitGroup
+		var ok, failed atomic.Int64
+		send := func(d time.Duration) {
+			tick := time.NewTicker(time.Second / 600)
+			defer tick.Stop()
+			end := time.Now().Add(d)
+			for time.Now().Before(end) {
+				<-tick.C
+				wg.Go(func() {
+					ctx, cancel := context.WithTimeout(t.Context(), 250*time.Millisecond)
+					defer cancel()
+					req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+					resp, err := tr.RoundTrip(req)
+					if err != nil {
+						failed.Add(1)
+						return
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					ok.Add(1)
+				})
+			}
+		}
+		send(3 * time.Second)
+		high := limitNow()
+		base.remove(15)
+		send(3 * time.Second)
+		drop := limitNow()
+		okDrop := ok.Load()
+		send(3 * time.Second)
+		low := limitNow()
+		okDrop = ok.Load() - okDrop
+		base.add(15)
+		send(3 * time.Second)
+		restored := limitNow()
+		wg.Wait()
+		t.Logf("limit: high %d, 3 s into the drop %d, 6 s %d, 3 s after the restore %d; ok during the drop's last 3 s %d", high, drop, low, restored, okDrop)
+		// 5 cores at 20 ms need 5 in flight: the limit lies within ±25 %
+		// of it.
+		if drop < 4 || drop > 6 || low < 4 || low > 6 {
+			t.Errorf("limit during the drop: %d then %d, want in [3.75, 6.25]", drop, low)
+		}
+		// 600 a second at 20 ms need 12 in flight, and 20 cores serve 20
+		// without a queue: [0.75 × 12, 1.25 × 20].
+		if restored < 9 || restored > 25 {
+			t.Errorf("limit 3 s after the restore: %d, want in [9, 25]", restored)
+		}
+		// 5 cores serve 250 a second: 3 s of them, less 10 %.
+		if okDrop < 675 {
+			t.Errorf("ok calls during the drop's last 3 s: %d, want ≥ 675", okDrop)
+		}
+		tr.CloseIdleConnections()
+	})
+}
+
+// holdBase holds each attempt for the duration in its "d" query parameter
+// (bubble time), counting the attempts it holds at once.
+type holdBase struct {
+	mu        sync.Mutex
+	now, peak int
+}
+
+func (b *holdBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	d, _ := time.ParseDuration(req.URL.Query().Get("d"))
+	b.mu.Lock()
+	b.now++
+	b.peak = max(b.peak, b.now)
+	b.mu.Unlock()
+	time.Sleep(d)
+	b.mu.Lock()
+	b.now--
+	b.mu.Unlock()
+	return response(req, http.StatusOK), nil
+}
+
+// TestShadowBulkheadMatchesEnforcingTwin: bursts of concurrent calls, each
+// held a scripted time; the shadow bulkhead's WouldReject equals the
+// enforcing twin's refusals, and every shadow call is sent.
+func TestShadowBulkheadMatchesEnforcingTwin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for _, queue := range []int{0, 2} {
+			p := only(Policy{}, "bulkhead")
+			p.Bulkhead = Bulkhead{MaxConcurrent: 3, MaxQueue: queue, MaxWait: 15 * time.Millisecond}
+			sp := p
+			sp.Bulkhead.Shadow = true
+			enforcing := mustNew(t, Config{Base: &holdBase{}, Default: p})
+			shadowBase := &holdBase{}
+			shadow := mustNew(t, Config{Base: shadowBase, Default: sp})
+			var mu sync.Mutex
+			refused, shadowErrs := 0, 0
+			var wg sync.WaitGroup
+			for i := range 120 {
+				// Arrivals and holds on a 10 ms grid, queue timeouts at
+				// 15 ms: a release never comes at the instant a wait
+				// ends, and the releases at an arrival's instant are done
+				// (synctest.Wait) before it, so both Transports see the
+				// same order.
+				n := 1 + (i*7)%5 // 1..5 calls at once
+				hold := time.Duration(10*(1+(i*3)%4)) * time.Millisecond
+				url := "http://api.test/?d=" + hold.String()
+				for range n {
+					wg.Go(func() {
+						if _, err := sendOnce(t, enforcing, "GET", url); errors.Is(err, ErrBulkheadFull) {
+							mu.Lock()
+							refused++
+							mu.Unlock()
+						}
+					})
+					wg.Go(func() {
+						if _, err := sendOnce(t, shadow, "GET", url); err != nil {
+							mu.Lock()
+							shadowErrs++
+							mu.Unlock()
+						}
+					})
+				}
+				synctest.Wait()
+				time.Sleep(10 * time.Millisecond)
+				synctest.Wait()
+			}
+			wg.Wait()
+			if refused == 0 {
+				t.Fatalf("queue %d: the enforcing bulkhead refused nothing: the test proves nothing", queue)
+			}
+			b := shadow.Snapshot().Hosts[0].Bulkhead
+			if shadowErrs != 0 || b.WouldReject != uint64(refused) || b.InFlight != 0 {
+				t.Errorf("queue %d: shadow errors %d, WouldReject %d, in flight %d; the enforcing twin refused %d",
+					queue, shadowErrs, b.WouldReject, b.InFlight, refused)
+			}
+			if shadowBase.peak <= 3 {
+				t.Errorf("queue %d: the shadow bulkhead's base never held more than its limit (%d): it limited", queue, shadowBase.peak)
+			}
+		}
+	})
+}
+
+// TestBulkheadRateFollowsPolicy: a host that advertises a quota below
+// Bulkhead.Rate gets requests at its quota; one above it does not raise
+// the rate past Rate; a later policy at or above Rate restores Rate. On
+// virtual time, sequential requests are spaced 1/rate apart.
+func TestBulkheadRateFollowsPolicy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &statusBase{codes: []int{200}}
+		tr := mustNew(t, Config{Base: base, Default: only(Policy{Bulkhead: Bulkhead{MaxConcurrent: 10, Rate: 100, Burst: 1}}, "bulkhead")})
+		const url = "http://quota.test/"
+		setPolicy := func(v string) {
+			base.mu.Lock()
+			defer base.mu.Unlock()
+			base.header = http.Header{"Ratelimit-Policy": {v}}
+		}
+		rateNow := func() float64 {
+			h := tr.Snapshot().Host("quota.test:80")
+			if len(h) != 1 || h[0].Bulkhead == nil {
+				t.Fatalf("no bulkhead for quota.test: %+v", h)
+			}
+			return h[0].Bulkhead.Rate
+		}
+		// gap sends n requests one after another and returns the mean time
+		// between them.
+		gap := func(n int) time.Duration {
+			start := time.Now()
+			for i := range n {
+				if _, err := sendOnce(t, tr, http.MethodGet, url); err != nil {
+					t.Fatalf("request %d: %v", i, err)
+				}
+			}
+			return time.Since(start) / time.Duration(n)
+		}
+		for _, step := range []struct {
+			policy string
+			rate   float64
+		}{
+			{`"p";q=10;w=1`, 10},                 // below Rate: followed
+			{`"p";q=1000;w=1`, 100},              // above: Rate, no more
+			{`"p";q=300;w=60`, 5},                // below again
+			{`"p";q=6000;w=60`, 100},             // at Rate: Rate again
+			{`"p";q=0;w=60`, 100},                // ignored: unchanged
+			{`"a";q=20;w=1, "b";q=100;w=10`, 10}, // the tightest
+		} {
+			setPolicy(step.policy)
+			gap(1) // the response that carries the policy
+			if r := rateNow(); r != step.rate {
+				t.Errorf("policy %s: rate %v, want %v", step.policy, r, step.rate)
+			}
+			if g, want := gap(5), time.Duration(float64(time.Second)/step.rate); g < want*9/10 || g > want*11/10 {
+				t.Errorf("policy %s: requests %v apart, want %v", step.policy, g, want)
+			}
+		}
+		if n := tr.Snapshot().RetryAfterIgnored; n != 6 {
+			t.Errorf("ignored %d, want 6 (the zero quota's responses)", n)
+		}
 	})
 }

@@ -41,14 +41,11 @@ func (r *recordBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	return &http.Response{StatusCode: 503, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("busy")), Request: req}, nil
 }
 
-// noBackoff is a Retry.Backoff that sends every retry at once.
-func noBackoff(time.Duration, time.Duration, int, *http.Response) time.Duration { return 0 }
-
 // retryTwice is the policy of the deadline layers and the real retry layer
 // alone, for two attempts with no wait between them, so that a test knows
 // exactly when each attempt starts.
 func retryTwice(to Timeout) Policy {
-	return only(Policy{Timeout: to, Retry: Retry{MaxAttempts: 2, Backoff: noBackoff, Budget: Budget{Disabled: true}}},
+	return only(Policy{Timeout: to, Retry: Retry{MaxAttempts: 2, Backoff: noWait, Budget: Budget{Disabled: true}}},
 		"timeout", "retry")
 }
 
@@ -665,7 +662,7 @@ func TestBasePanicEndsTheAttempt(t *testing.T) {
 			})
 			cfg := k.realConfig(base, c.p)
 			cfg.BaseIgnoresContext = c.abandon
-			tr := mustTransport(t, cfg)
+			tr := mustNew(t, cfg)
 			req, _ := http.NewRequest("GET", "http://tax.internal/", nil)
 			got := func() (v any) {
 				defer func() { v = recover() }()
@@ -846,5 +843,142 @@ func TestAbandonBaseGoexit(t *testing.T) {
 	resp, err := tr.RoundTrip(req)
 	if resp != nil || !errors.Is(err, errBaseGoexit) {
 		t.Fatalf("RoundTrip = %v, %v; want errBaseGoexit", resp, err)
+	}
+}
+
+// TestTimeoutNamedOnce: a base that returns its context's cause, as
+// net/http's Transport does, gets the caller an error that names the bound
+// once, and still matches it.
+func TestTimeoutNamedOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			<-req.Context().Done()
+			return nil, context.Cause(req.Context())
+		})
+		tr := mustNew(t, Config{Base: base, Default: only(Policy{Timeout: Timeout{Attempt: time.Second}}, "timeout")})
+		_, err := sendOnce(t, tr, http.MethodGet, "http://h.test/")
+		if !errors.Is(err, ErrAttemptTimeout) || strings.Count(err.Error(), "timed out") != 1 {
+			t.Fatalf("err = %q, want one that names the attempt timeout once", err)
+		}
+	})
+}
+
+// TestDeadlineTooShortCount: an attempt refused for too little time left
+// is counted in the host's Snapshot, and the count outlives an Update.
+func TestDeadlineTooShortCount(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &scriptBase{step: always(200)}
+		cfg := Config{Base: base, Default: only(Policy{}, "timeout")}
+		tr := mustNew(t, cfg)
+		call := func(left time.Duration) error {
+			ctx, cancel := context.WithTimeout(t.Context(), left)
+			defer cancel()
+			resp, err := tr.RoundTrip(testRequest(t, ctx, "GET", "http://a.test/", noBody, ""))
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err
+		}
+		if err := call(time.Second); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if err := call(5 * time.Millisecond); !errors.Is(err, ErrDeadlineTooShort) {
+				t.Fatalf("a call with 5 ms left: %v, want ErrDeadlineTooShort", err)
+			}
+		}
+		if n := tr.Snapshot().Hosts[0].DeadlineTooShort; n != 2 {
+			t.Errorf("DeadlineTooShort = %d, want 2", n)
+		}
+		cfg.Default.Timeout.Attempt = 20 * time.Second
+		if err := tr.Update(cfg); err != nil {
+			t.Fatal(err)
+		}
+		if err := call(time.Millisecond); !errors.Is(err, ErrDeadlineTooShort) {
+			t.Fatalf("a call with 1 ms left: %v, want ErrDeadlineTooShort", err)
+		}
+		if n := tr.Snapshot().Hosts[0].DeadlineTooShort; n != 3 {
+			t.Errorf("DeadlineTooShort after an Update and one more refusal = %d, want 3", n)
+		}
+		if got := base.calls(); got != 1 {
+			t.Errorf("the host was sent %d requests, want 1", got)
+		}
+	})
+}
+
+// TestAttemptBelowMinSendTime: an Attempt set below the least time a
+// request is sent with (10 ms) is the policy's choice of a short wait: the
+// attempt is sent with it, and its deadline header is at least 1 ms. Only
+// the call's own deadline (the caller's, or Total's end) that close
+// refuses it. The lab's retry storm at -scale below 0.067 (an attempt
+// timeout of 150 ms × scale) sent nothing at all before.
+func TestAttemptBelowMinSendTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var header atomic.Value
+		base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
+			header.Store(req.Header.Get(DefaultDeadlineHeader))
+			return response(req, 200), nil
+		}}
+		for _, attempt := range []time.Duration{9 * time.Millisecond, 2 * time.Millisecond} {
+			tr := mustNew(t, Config{Base: base, Default: only(Policy{Timeout: Timeout{Attempt: attempt}}, "timeout")})
+			resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://a.test/", noBody, ""))
+			if err != nil {
+				t.Fatalf("Attempt %v, no caller deadline: %v, want it sent", attempt, err)
+			}
+			resp.Body.Close()
+			want := "4"
+			if attempt < 6*time.Millisecond {
+				want = "1"
+			}
+			if got := header.Load(); got != want {
+				t.Errorf("Attempt %v: %s = %v, want %s", attempt, DefaultDeadlineHeader, got, want)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 8*time.Millisecond)
+			_, err = tr.RoundTrip(testRequest(t, ctx, "GET", "http://a.test/", noBody, ""))
+			cancel()
+			if !errors.Is(err, ErrDeadlineTooShort) {
+				t.Errorf("Attempt %v, 8 ms left to the caller: %v, want ErrDeadlineTooShort", attempt, err)
+			}
+		}
+		if n := base.calls(); n != 2 {
+			t.Errorf("the host got %d requests, want 2", n)
+		}
+	})
+}
+
+// TestHostileHeadersThenHang: a server that sends its headers and then
+// nothing is ended by the body's idle bound (BodyIdle, which defaults to
+// Attempt), and its handler and connection are released.
+func TestHostileHeadersThenHang(t *testing.T) {
+	release := make(chan struct{})
+	up := newCountedUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "100")
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	})
+	defer close(release)
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	tr := mustNew(t, Config{Base: base, Default: Policy{Timeout: Timeout{Attempt: 50 * time.Millisecond}}})
+	req, _ := http.NewRequestWithContext(t.Context(), "GET", up.srv.URL, nil)
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("err = %v; want the headers", err)
+	}
+	_, rerr := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !errors.Is(rerr, context.DeadlineExceeded) || !errors.Is(rerr, ErrAttemptTimeout) {
+		t.Errorf("read error %v; want the attempt deadline (ErrAttemptTimeout)", rerr)
+	}
+	base.CloseIdleConnections()
+	for i := 0; i < 300 && up.open.Load() != 0; i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := up.open.Load(); n != 0 {
+		t.Errorf("%d connection(s) left open to the hanging server", n)
 	}
 }

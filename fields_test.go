@@ -1,7 +1,6 @@
 package bulwark
 
 import (
-	"errors"
 	"math"
 	"net/http"
 	"strconv"
@@ -55,51 +54,6 @@ func TestRateLimitPause(t *testing.T) {
 	}
 }
 
-// TestRateLimitPausesHost: a 200 saying the quota is spent until a reset
-// pauses the host until then, capped like Retry-After; the pause ends on
-// time.
-func TestRateLimitPausesHost(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		h     http.Header
-		pause time.Duration
-	}{
-		{"x-ratelimit", http.Header{"X-RateLimit-Remaining": {"0"}, "X-RateLimit-Reset": {"5"}}, 5 * time.Second},
-		{"ietf", http.Header{"RateLimit": {`"default";r=0;t=3`}}, 3 * time.Second},
-		{"capped", http.Header{"X-RateLimit-Remaining": {"0"}, "X-RateLimit-Reset": {"3600"}}, 10 * time.Second},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				h := http.Header{}
-				for k, v := range tc.h {
-					h[http.CanonicalHeaderKey(k)] = v
-				}
-				base := &statusBase{codes: []int{200}, header: h}
-				tr := mustNew(t, Config{Base: base, Default: only(Policy{Retry: Retry{MaxRetryAfter: 10 * time.Second}}, "pushback")})
-				if code, err := sendOnce(t, tr, http.MethodGet, "http://rl.test/"); err != nil || code != 200 {
-					t.Fatalf("first: %d, %v", code, err)
-				}
-				start := time.Now()
-				_, err := sendOnce(t, tr, http.MethodGet, "http://rl.test/")
-				var pe *PushbackError
-				if !errors.As(err, &pe) || pe.Until.Sub(start) != tc.pause {
-					t.Fatalf("second: %v, want a pause of %v", err, tc.pause)
-				}
-				time.Sleep(tc.pause)
-				if _, err := sendOnce(t, tr, http.MethodGet, "http://rl.test/"); err != nil {
-					t.Errorf("after the reset: %v, want it sent", err)
-				}
-				if n := base.sent(); n != 2 {
-					t.Errorf("base got %d, want 2", n)
-				}
-				if s := tr.Snapshot(); s.RetryAfterIgnored != 0 {
-					t.Errorf("ignored %d, want 0", s.RetryAfterIgnored)
-				}
-			})
-		})
-	}
-}
-
 func TestAdvertisedRate(t *testing.T) {
 	const (
 		absent  = retryAfterAbsent
@@ -141,60 +95,127 @@ func TestAdvertisedRate(t *testing.T) {
 	}
 }
 
-// TestBulkheadRateFollowsPolicy: a host that advertises a quota below
-// Bulkhead.Rate gets requests at its quota; one above it does not raise
-// the rate past Rate; a later policy at or above Rate restores Rate. On
-// virtual time, sequential requests are spaced 1/rate apart.
-func TestBulkheadRateFollowsPolicy(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		base := &statusBase{codes: []int{200}}
-		tr := mustNew(t, Config{Base: base, Default: only(Policy{Bulkhead: Bulkhead{MaxConcurrent: 10, Rate: 100, Burst: 1}}, "bulkhead")})
-		const url = "http://quota.test/"
-		setPolicy := func(v string) {
-			base.mu.Lock()
-			defer base.mu.Unlock()
-			base.header = http.Header{"Ratelimit-Policy": {v}}
+func TestParseRetryAfter(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	in := func(d time.Duration) time.Time { return now.Add(d) }
+	tests := []struct {
+		v    []string
+		want time.Duration
+		res  retryAfterResult
+	}{
+		{nil, 0, retryAfterAbsent},
+		{[]string{"0"}, 0, retryAfterValid},
+		{[]string{"5"}, 5 * time.Second, retryAfterValid},
+		{[]string{" 7\t"}, 7 * time.Second, retryAfterValid},
+		{[]string{"86400"}, 24 * time.Hour, retryAfterValid},
+		{[]string{"86401"}, 0, retryAfterIgnored},                // absurd
+		{[]string{"99999999999999999999"}, 0, retryAfterIgnored}, // absurd, would overflow
+		{[]string{"-1"}, 0, retryAfterIgnored},
+		{[]string{"+5"}, 0, retryAfterIgnored},
+		{[]string{"1.5"}, 0, retryAfterIgnored},
+		{[]string{""}, 0, retryAfterIgnored},
+		{[]string{"soon"}, 0, retryAfterIgnored},
+		{[]string{"5", "6"}, 0, retryAfterIgnored},
+		{[]string{in(90 * time.Second).Format(http.TimeFormat)}, 90 * time.Second, retryAfterValid},         // IMF-fixdate
+		{[]string{in(90 * time.Second).Format(time.RFC850)}, 90 * time.Second, retryAfterValid},             // obsolete RFC 850
+		{[]string{in(90 * time.Second).Format(time.ANSIC)}, 90 * time.Second, retryAfterValid},              // asctime
+		{[]string{in(-time.Hour).Format(http.TimeFormat)}, 0, retryAfterValid},                              // past: now
+		{[]string{time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC).Format(http.TimeFormat)}, 0, retryAfterValid}, // far past: now
+		{[]string{in(48 * time.Hour).Format(http.TimeFormat)}, 0, retryAfterIgnored},                        // absurd
+		{[]string{"Sun, 31 Feb 2026 25:61:00 GMT"}, 0, retryAfterIgnored},
+	}
+	for _, tt := range tests {
+		got, res := parseRetryAfter(tt.v, now)
+		if got != tt.want || res != tt.res {
+			t.Errorf("parseRetryAfter(%q) = %v, %d; want %v, %d", tt.v, got, res, tt.want, tt.res)
 		}
-		rateNow := func() float64 {
-			h := tr.Snapshot().Host("quota.test:80")
-			if len(h) != 1 || h[0].Bulkhead == nil {
-				t.Fatalf("no bulkhead for quota.test: %+v", h)
-			}
-			return h[0].Bulkhead.Rate
-		}
-		// gap sends n requests one after another and returns the mean time
-		// between them.
-		gap := func(n int) time.Duration {
-			start := time.Now()
-			for i := range n {
-				if _, err := sendOnce(t, tr, http.MethodGet, url); err != nil {
-					t.Fatalf("request %d: %v", i, err)
-				}
-			}
-			return time.Since(start) / time.Duration(n)
-		}
-		for _, step := range []struct {
-			policy string
-			rate   float64
-		}{
-			{`"p";q=10;w=1`, 10},                 // below Rate: followed
-			{`"p";q=1000;w=1`, 100},              // above: Rate, no more
-			{`"p";q=300;w=60`, 5},                // below again
-			{`"p";q=6000;w=60`, 100},             // at Rate: Rate again
-			{`"p";q=0;w=60`, 100},                // ignored: unchanged
-			{`"a";q=20;w=1, "b";q=100;w=10`, 10}, // the tightest
-		} {
-			setPolicy(step.policy)
-			gap(1) // the response that carries the policy
-			if r := rateNow(); r != step.rate {
-				t.Errorf("policy %s: rate %v, want %v", step.policy, r, step.rate)
-			}
-			if g, want := gap(5), time.Duration(float64(time.Second)/step.rate); g < want*9/10 || g > want*11/10 {
-				t.Errorf("policy %s: requests %v apart, want %v", step.policy, g, want)
-			}
-		}
-		if n := tr.Snapshot().RetryAfterIgnored; n != 6 {
-			t.Errorf("ignored %d, want 6 (the zero quota's responses)", n)
+	}
+}
+
+func FuzzParseRetryAfter(f *testing.F) {
+	for _, s := range []string{"5", "-1", "Sun, 01 Mar 2026 12:00:05 GMT", "999999999", "", " 1 "} {
+		f.Add(s)
+	}
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	f.Fuzz(func(t *testing.T, s string) {
+		d, res := parseRetryAfter([]string{s}, now)
+		if d < 0 || d > maxRetryAfterHeader || (res != retryAfterValid && d != 0) {
+			t.Fatalf("parseRetryAfter(%q) = %v, %d", s, d, res)
 		}
 	})
+}
+
+// TestHostileRateLimit: broken rate-limit fields on a 200 are ignored and
+// counted, and never pause the host.
+// TestHostileRatePolicy: rate-limit policies bulwark cannot follow (a
+// zero, negative, fractional or huge quota, a window of zero or past a
+// day, a parameter twice) are ignored and counted, and the bulkhead's rate
+// stays at Bulkhead.Rate.
+func TestHostileRatePolicy(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		h    http.Header
+	}{
+		{"zero quota", http.Header{"Ratelimit-Policy": {`"p";q=0;w=60`}}},
+		{"negative quota", http.Header{"Ratelimit-Policy": {`"p";q=-1;w=60`}}},
+		{"fractional quota", http.Header{"Ratelimit-Policy": {`"p";q=0.5;w=1`}}},
+		{"huge quota", http.Header{"Ratelimit-Policy": {`"p";q=99999999999999999999;w=1`}}},
+		{"zero window", http.Header{"Ratelimit-Policy": {`"p";q=10;w=0`}}},
+		{"window past a day", http.Header{"Ratelimit-Policy": {`"p";q=10;w=999999`}}},
+		{"window twice", http.Header{"Ratelimit-Policy": {`"p";q=10;w=1;w=1000`}}},
+		{"malformed", http.Header{"Ratelimit-Policy": {"\x00;q=™;w=1"}}},
+		{"x-ratelimit-limit negative", http.Header{"X-Ratelimit-Limit": {"-5;w=1"}}},
+		{"draft limit, zero window", http.Header{"Ratelimit-Limit": {"100, 100;w=0"}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &statusBase{codes: []int{200}, header: tt.h}
+				tr := mustNew(t, Config{Base: base, Default: only(Policy{Bulkhead: Bulkhead{Rate: 50, Burst: 1}}, "bulkhead")})
+				for i := range 2 {
+					if _, err := sendOnce(t, tr, http.MethodGet, "http://api.test/"); err != nil {
+						t.Fatalf("call %d: %v; want it sent", i+1, err)
+					}
+				}
+				s := tr.Snapshot()
+				if s.RetryAfterIgnored != 2 {
+					t.Errorf("ignored %d, want 2", s.RetryAfterIgnored)
+				}
+				if h := s.Host("api.test:80"); len(h) != 1 || h[0].Bulkhead == nil || h[0].Bulkhead.Rate != 50 {
+					t.Errorf("bulkhead %+v, want its rate still 50", h)
+				}
+			})
+		})
+	}
+}
+
+func TestHostileRateLimit(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		h    http.Header
+	}{
+		{"negative reset", http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {"-1"}}},
+		{"huge reset", http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {"99999999999999999999"}}},
+		{"unix reset past a day", http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {"9999999999"}}},
+		{"several remaining", http.Header{"X-Ratelimit-Remaining": {"0", "0"}, "X-Ratelimit-Reset": {"5"}}},
+		{"malformed remaining", http.Header{"X-Ratelimit-Remaining": {"\x00none™"}, "X-Ratelimit-Reset": {"5"}}},
+		{"ietf negative", http.Header{"Ratelimit": {`"d";r=0;t=-3`}}},
+		{"ietf huge", http.Header{"Ratelimit": {`"d";r=0;t=86401`}}},
+		{"ietf malformed", http.Header{"Ratelimit": {`"d";r=zero;t=3`}}},
+		{"draft fields negative", http.Header{"Ratelimit-Remaining": {"0"}, "Ratelimit-Reset": {"-7"}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &statusBase{codes: []int{200}, header: tt.h}
+				tr := mustNew(t, Config{Base: base, Default: only(Policy{}, "pushback")})
+				for i := range 2 {
+					if _, err := sendOnce(t, tr, http.MethodGet, "http://api.test/"); err != nil {
+						t.Fatalf("call %d: %v; want it sent", i+1, err)
+					}
+				}
+				if n := tr.Snapshot().RetryAfterIgnored; n != 2 {
+					t.Errorf("ignored %d, want 2", n)
+				}
+			})
+		})
+	}
 }

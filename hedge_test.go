@@ -28,13 +28,6 @@ type hedgeBase struct {
 	bodies []*closeFlag
 }
 
-type closeFlag struct {
-	io.Reader
-	closed atomic.Bool
-}
-
-func (c *closeFlag) Close() error { c.closed.Store(true); return nil }
-
 func (b *hedgeBase) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.Body != nil {
 		_, _ = io.Copy(io.Discard, req.Body)
@@ -414,7 +407,7 @@ func TestHedgeObserved(t *testing.T) {
 		k := newOtelKit(t)
 		cfg := k.config(&hedgeBase{wait: slowFirst})
 		cfg.Default.Hedge = Hedge{Delay: 10 * time.Millisecond}
-		tr := mustTransport(t, cfg)
+		tr := mustNew(t, cfg)
 		ctx, caller := k.caller(t.Context())
 		if _, _, err := hedgeGet(t, tr, ctx, http.MethodGet); err != nil {
 			t.Fatal(err)

@@ -14,14 +14,11 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -383,10 +380,6 @@ func TestLearnedSetIsObeyed(t *testing.T) {
 	})
 }
 
-type rtFunc func(*http.Request) (*http.Response, error)
-
-func (f rtFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
-
 // TestLearnedChangeLogged: the baseline's first learning, and each later
 // move by more than 2×, is logged once through the reporter, with both
 // values.
@@ -440,11 +433,6 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
-}
-
-// refusedErr is what net/http returns for a connection the host refused.
-func refusedErr() error {
-	return &net.OpError{Op: "dial", Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: syscall.ECONNREFUSED}}
 }
 
 // TestDeadHostFailsFast: a host that refuses every connection, at 10

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -30,78 +31,6 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
 
-// The tests in this file never set otel's global providers in this
-// process: several of them rely on the globals still being the
-// placeholders. TestGlobalProvidersSetAfterNew sets them in a child process.
-
-// otelKit is an SDK tracer and meter that keep everything in memory.
-type otelKit struct {
-	sr     *tracetest.SpanRecorder
-	tp     *sdktrace.TracerProvider
-	reader *sdkmetric.ManualReader
-	mp     *sdkmetric.MeterProvider
-}
-
-func newOtelKit(t testing.TB) *otelKit {
-	k := &otelKit{sr: tracetest.NewSpanRecorder(), reader: sdkmetric.NewManualReader()}
-	k.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(k.sr))
-	k.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(k.reader))
-	t.Cleanup(func() {
-		_ = k.tp.Shutdown(context.Background())
-		_ = k.mp.Shutdown(context.Background())
-	})
-	return k
-}
-
-func (k *otelKit) config(base http.RoundTripper) Config {
-	// The retry layer and breaker are off, so that each span is accounted
-	// for: a test that wants a second attempt turns the real retry layer on
-	// with retryOnce.
-	return Config{Base: base, TracerProvider: k.tp, MeterProvider: k.mp, Propagator: propagation.TraceContext{},
-		Default: Policy{Retry: Retry{Disabled: true, NoPushback: true}, Breaker: Breaker{Disabled: true}}}
-}
-
-// caller starts the span the application would have around its call.
-func (k *otelKit) caller(ctx context.Context) (context.Context, trace.Span) {
-	return k.tp.Tracer("app").Start(ctx, "caller")
-}
-
-func (k *otelKit) collect(t *testing.T) metricdata.ResourceMetrics {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := k.reader.Collect(t.Context(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	return rm
-}
-
-func findMetric(rm metricdata.ResourceMetrics, name string) *metricdata.Metrics {
-	for _, sm := range rm.ScopeMetrics {
-		for i := range sm.Metrics {
-			if sm.Metrics[i].Name == name {
-				return &sm.Metrics[i]
-			}
-		}
-	}
-	return nil
-}
-
-// counter returns the value of counter name at exactly the attributes kv.
-func counter(t *testing.T, rm metricdata.ResourceMetrics, name string, kv ...attribute.KeyValue) int64 {
-	t.Helper()
-	m := findMetric(rm, name)
-	if m == nil {
-		return 0
-	}
-	want := attribute.NewSet(kv...)
-	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-		if dp.Attributes.Equals(&want) {
-			return dp.Value
-		}
-	}
-	return 0
-}
-
 // histCount returns how many values histogram name holds at exactly kv.
 func histCount(t *testing.T, rm metricdata.ResourceMetrics, name string, kv ...attribute.KeyValue) uint64 {
 	t.Helper()
@@ -116,37 +45,6 @@ func histCount(t *testing.T, rm metricdata.ResourceMetrics, name string, kv ...a
 		}
 	}
 	return 0
-}
-
-func attr(s sdktrace.ReadOnlySpan, key attribute.Key) (attribute.Value, bool) {
-	for _, kv := range s.Attributes() {
-		if kv.Key == key {
-			return kv.Value, true
-		}
-	}
-	return attribute.Value{}, false
-}
-
-func wantAttr(t *testing.T, s sdktrace.ReadOnlySpan, key attribute.Key, want any) {
-	t.Helper()
-	v, ok := attr(s, key)
-	if !ok {
-		t.Errorf("span %q: no attribute %s, want %v", s.Name(), key, want)
-		return
-	}
-	if got := v.AsInterface(); got != want {
-		t.Errorf("span %q: %s = %v (%T), want %v (%T)", s.Name(), key, got, got, want, want)
-	}
-}
-
-func spansNamed(sr *tracetest.SpanRecorder, name string) []sdktrace.ReadOnlySpan {
-	var out []sdktrace.ReadOnlySpan
-	for _, s := range sr.Ended() {
-		if s.Name() == name {
-			out = append(out, s)
-		}
-	}
-	return out
 }
 
 // seqBase answers with the statuses in turn (the last one repeated) and
@@ -178,17 +76,8 @@ func (s *seqBase) RoundTrip(req *http.Request) (*http.Response, error) {
 // budget, so that a test sees exactly the attempts it counts. Pushback and
 // the breaker stay as cfg has them.
 func retryOnce(cfg Config) Config {
-	cfg.Default.Retry = Retry{MaxAttempts: 2, NoPushback: cfg.Default.Retry.NoPushback, Backoff: noBackoff, Budget: Budget{Disabled: true}}
+	cfg.Default.Retry = Retry{MaxAttempts: 2, NoPushback: cfg.Default.Retry.NoPushback, Backoff: noWait, Budget: Budget{Disabled: true}}
 	return cfg
-}
-
-func mustTransport(t testing.TB, cfg Config) *Transport {
-	t.Helper()
-	tr, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tr
 }
 
 func obsGet(t *testing.T, rt http.RoundTripper, ctx context.Context, rawURL string) (*http.Response, error) {
@@ -207,7 +96,7 @@ var (
 func TestObserveSuccess(t *testing.T) {
 	k := newOtelKit(t)
 	base := &seqBase{statuses: []int{200}}
-	tr := mustTransport(t, k.config(base))
+	tr := mustNew(t, k.config(base))
 	ctx, caller := k.caller(t.Context())
 
 	resp, err := obsGet(t, tr, ctx, "http://tax.internal:8080/rate?zip=94103")
@@ -276,7 +165,7 @@ func TestObserveRetriedThenSucceeds(t *testing.T) {
 func testObserveRetriedThenSucceeds(t *testing.T) {
 	k := newOtelKit(t)
 	base := &seqBase{statuses: []int{503, 200}, retryAfter: "1"}
-	tr := mustTransport(t, retryOnce(k.config(base)))
+	tr := mustNew(t, retryOnce(k.config(base)))
 	const target = "http://tax.internal/rate"
 	ctx, caller := k.caller(t.Context())
 
@@ -374,7 +263,7 @@ func testObserveRetriedThenSucceeds(t *testing.T) {
 // so that the attempts share a trace and the events land somewhere.
 func TestObserveLogicalSpanWithoutCaller(t *testing.T) {
 	k := newOtelKit(t)
-	tr := mustTransport(t, retryOnce(k.config(&seqBase{statuses: []int{503, 200}})))
+	tr := mustNew(t, retryOnce(k.config(&seqBase{statuses: []int{503, 200}})))
 	const target = "http://tax.internal/rate"
 
 	resp, err := obsGet(t, tr, t.Context(), target)
@@ -416,7 +305,7 @@ func TestObserveDeadlineTooShort(t *testing.T) {
 func testObserveDeadlineTooShort(t *testing.T) {
 	k := newOtelKit(t)
 	base := &seqBase{statuses: []int{200}}
-	tr := mustTransport(t, k.config(base))
+	tr := mustNew(t, k.config(base))
 	// 5 ms left: under minSendTime. The bubble's clock stands still while
 	// the call runs.
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Millisecond)
@@ -480,7 +369,7 @@ func TestObserveRedactsSpans(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			k := newOtelKit(t)
-			tr := mustTransport(t, k.config(c.base))
+			tr := mustNew(t, k.config(c.base))
 			resp, err := obsGet(t, tr, t.Context(), target)
 			if err == nil {
 				resp.Body.Close()
@@ -537,7 +426,7 @@ func TestObserveContract(t *testing.T) {
 			runContract(t, func(base http.RoundTripper) http.RoundTripper {
 				cfg := k.config(base)
 				cfg.Default.Timeout = c.to
-				return mustTransport(t, cfg)
+				return mustNew(t, cfg)
 			})
 		})
 	}
@@ -614,8 +503,8 @@ func TestObserveHeaderOwned(t *testing.T) {
 					layers = append(layers, "retry")
 				}
 				probe := &injectProbe{}
-				tr := mustTransport(t, Config{Base: base, Propagator: probe, Default: only(Policy{Timeout: c.to,
-					Retry: Retry{MaxAttempts: 2, Backoff: noBackoff, Budget: Budget{Disabled: true}}}, layers...)})
+				tr := mustNew(t, Config{Base: base, Propagator: probe, Default: only(Policy{Timeout: c.to,
+					Retry: Retry{MaxAttempts: 2, Backoff: noWait, Budget: Budget{Disabled: true}}}, layers...)})
 				ctx := t.Context()
 				if withDeadline {
 					var cancel context.CancelFunc
@@ -710,7 +599,7 @@ func TestObserveNoProvidersAllocatesNothing(t *testing.T) {
 		t.Skip("global providers were set in this process")
 	}
 	// Only the deadline layers, so observeStageOf can walk to the span layer.
-	tr := mustTransport(t, Config{Base: benchBase{}, Default: only(Policy{}, "timeout")})
+	tr := mustNew(t, Config{Base: benchBase{}, Default: only(Policy{}, "timeout")})
 	if tr.obs.state.Load() != 0 {
 		t.Fatalf("observer on with placeholder globals: state %b", tr.obs.state.Load())
 	}
@@ -751,7 +640,7 @@ func TestObserveNoProvidersAllocatesNothing(t *testing.T) {
 // nothing; counters are recorded with cached attribute sets.
 func TestObserveSDKNonRecordingAllocs(t *testing.T) {
 	k := newOtelKit(t)
-	tr := mustTransport(t, k.config(benchBase{}))
+	tr := mustNew(t, k.config(benchBase{}))
 	u, _ := url.Parse("http://stub.internal/x")
 	hs := tr.lookup(u).rep
 	ctx := t.Context()
@@ -770,7 +659,7 @@ func TestObserveSDKNonRecordingAllocs(t *testing.T) {
 // cardinality past maxLabelValues (+ "other") per host.
 func TestObserveLabelsBounded(t *testing.T) {
 	k := newOtelKit(t)
-	tr := mustTransport(t, k.config(benchBase{}))
+	tr := mustNew(t, k.config(benchBase{}))
 	u, _ := url.Parse("http://stub.internal/x")
 	hs := tr.lookup(u).rep
 	for i := range 3 * maxLabelValues {
@@ -783,56 +672,6 @@ func TestObserveLabelsBounded(t *testing.T) {
 	}
 	if got := counter(t, rm, "bulwark.retries", upDefault, keyRetryReason.String(otherLabel)); got != 2*maxLabelValues {
 		t.Errorf("bulwark.retries{other} = %d, want %d", got, 2*maxLabelValues)
-	}
-}
-
-// perUpstream combines the hosts of an upstream by its gaugeAgg, and keeps
-// upstreams apart.
-func TestPerUpstream(t *testing.T) {
-	for _, c := range []struct {
-		agg  gaugeAgg
-		want int64 // for "default", from 1 and 2
-	}{{gaugeSum, 3}, {gaugeMax, 2}, {gaugeMin, 1}} {
-		p := newPerUpstream[int64](c.agg)
-		p.add("default", 1)
-		p.add("tax.internal", 7)
-		p.add("default", 2)
-		if len(p.vals) != 2 || p.vals["default"] != c.want || p.vals["tax.internal"] != 7 {
-			t.Errorf("agg %d: %v, want default=%d tax.internal=7", c.agg, p.vals, c.want)
-		}
-	}
-	p := newPerUpstream[float64](gaugeMax)
-	p.add("default", 0.25)
-	p.add("default", 0.5)
-	p.add("default", 0)
-	if p.vals["default"] != 0.5 {
-		t.Errorf("float max: %v, want 0.5", p.vals)
-	}
-}
-
-// wantBreakerState checks host's bulwark.breaker.state series (upstream
-// "default", port 80, http): 1 for state, 0 for the others.
-func wantBreakerState(t *testing.T, rm metricdata.ResourceMetrics, host string, state CircuitState) {
-	t.Helper()
-	m := findMetric(rm, "bulwark.breaker.state")
-	if m == nil {
-		t.Fatal("no bulwark.breaker.state")
-	}
-	for _, st := range breakerStates {
-		want := attribute.NewSet(upDefault, attribute.String("url.scheme", "http"), attribute.String("server.address", host),
-			attribute.Int("server.port", 80), keyBreakerState.String(stateLabel(st.String())))
-		found := false
-		for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-			if dp.Attributes.Equals(&want) {
-				found = true
-				if v := dp.Value; (v == 1) != (st == state) || v > 1 || v < 0 {
-					t.Errorf("bulwark.breaker.state{%s} = %d with the breaker %v", stateLabel(st.String()), v, state)
-				}
-			}
-		}
-		if !found {
-			t.Errorf("no bulwark.breaker.state point at %v", want.Encoded(attribute.DefaultEncoder()))
-		}
 	}
 }
 
@@ -854,7 +693,7 @@ func (l *logRecorder) WithGroup(string) slog.Handler      { return l }
 
 func TestObserveLogs(t *testing.T) {
 	var lr logRecorder
-	tr := mustTransport(t, Config{Base: benchBase{}, Logger: slog.New(&lr)})
+	tr := mustNew(t, Config{Base: benchBase{}, Logger: slog.New(&lr)})
 	u, _ := url.Parse("http://stub.internal/x")
 	hs := tr.lookup(u).rep
 	hs.retryScheduled(t.Context(), 3, time.Second, "timeout", false)
@@ -907,7 +746,7 @@ func TestGlobalProvidersSetAfterNew(t *testing.T) {
 
 func testGlobalProvidersSetAfterNew(t *testing.T) {
 	base := &seqBase{statuses: []int{200}}
-	tr := mustTransport(t, Config{Base: base})
+	tr := mustNew(t, Config{Base: base})
 	if tr.obs.state.Load() != 0 {
 		t.Fatal("observer on before any global provider was set")
 	}
@@ -995,18 +834,6 @@ func BenchmarkObserve(b *testing.B) {
 		cfg.TracerProvider = tracenoop.NewTracerProvider()
 		benchRoundTrips(b, mustNew(b, cfg), "http://stub.internal/x")
 	})
-}
-
-// The tests below run every layer (retry, pushback, breaker, bulkhead,
-// fallback) as it comes, where otelKit.config turns the retry layer and
-// the breaker off.
-
-// realConfig is k.config with the given policy as Default, every layer as
-// it comes.
-func (k *otelKit) realConfig(base http.RoundTripper, p Policy) Config {
-	cfg := k.config(base)
-	cfg.Default = p
-	return cfg
 }
 
 // gaugeValue returns the Int64 gauge name's point for upstream.
@@ -1100,7 +927,7 @@ func testObserveRealRetryTwiceThenSucceeds(t *testing.T) {
 		waits = append(waits, ev.Wait)
 	}}})
 	cfg.Logger = slog.New(&logs)
-	tr := mustTransport(t, cfg)
+	tr := mustNew(t, cfg)
 	tr.randN = func(n int64) int64 { return n - 1 }
 	ctx, caller := k.caller(t.Context())
 	resp, err := obsGet(t, tr, ctx, "http://tax.internal/rate")
@@ -1182,7 +1009,7 @@ func TestObserveRealBreakerTrip(t *testing.T) {
 	var logs logRecorder
 	cfg := k.realConfig(&seqBase{statuses: []int{503}}, Policy{Breaker: Breaker{MinCalls: 2}, Retry: Retry{Disabled: true}})
 	cfg.Logger = slog.New(&logs)
-	tr := mustTransport(t, cfg)
+	tr := mustNew(t, cfg)
 	ctx, caller := k.caller(t.Context())
 	for i := range 2 {
 		resp, err := obsGet(t, tr, ctx, "http://tax.internal/rate")
@@ -1239,7 +1066,7 @@ func TestObserveRealBreakerTrip(t *testing.T) {
 // A bulkhead of one slot, held by an unread body, refuses the next call.
 func TestObserveRealBulkheadRejection(t *testing.T) {
 	k := newOtelKit(t)
-	tr := mustTransport(t, k.realConfig(&seqBase{statuses: []int{200}}, Policy{Bulkhead: Bulkhead{MaxConcurrent: 1}}))
+	tr := mustNew(t, k.realConfig(&seqBase{statuses: []int{200}}, Policy{Bulkhead: Bulkhead{MaxConcurrent: 1}}))
 	ctx, caller := k.caller(t.Context())
 	held, err := obsGet(t, tr, ctx, "http://tax.internal/rate")
 	if err != nil {
@@ -1267,7 +1094,7 @@ func TestObserveRealBulkheadRejection(t *testing.T) {
 // A 503 answered from the stale cache.
 func TestObserveRealStaleFallback(t *testing.T) {
 	k := newOtelKit(t)
-	tr := mustTransport(t, k.realConfig(&seqBase{statuses: []int{200, 503}},
+	tr := mustNew(t, k.realConfig(&seqBase{statuses: []int{200, 503}},
 		Policy{Retry: Retry{Disabled: true}, Fallback: Fallback{Stale: StaleCache{MaxAge: time.Hour}}}))
 	ctx, caller := k.caller(t.Context())
 	for i, want := range []string{"", "stale"} {
@@ -1286,5 +1113,407 @@ func TestObserveRealStaleFallback(t *testing.T) {
 	wantEventAttrs(t, fb[0], map[attribute.Key]any{keyFallbackKind: "stale"})
 	if got := counter(t, k.collect(t), "bulwark.fallbacks", upDefault, keyFallbackKind.String("stale")); got != 1 {
 		t.Errorf("bulwark.fallbacks{stale} = %d, want 1", got)
+	}
+}
+
+// TestRefusalMetricsMatchSnapshot: every layer's refusals, and the
+// fallback's answers, are counted in OTel (bulwark.rejections by
+// bulwark.layer, bulwark.fallbacks by kind) exactly as the host's
+// Snapshot counts them, so the page and a dashboard agree. Read with the
+// SDK's ManualReader.
+func TestRefusalMetricsMatchSnapshot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		get := func(tr *Transport, ctx context.Context) {
+			t.Helper()
+			if resp, err := tr.RoundTrip(testRequest(t, ctx, "GET", "http://a.test/", noBody, "")); err == nil {
+				resp.Body.Close()
+			}
+		}
+		for _, c := range []struct {
+			layer  string // bulwark.layer, or "fallback"
+			base   func(int, *http.Request) (*http.Response, error)
+			policy Policy
+			calls  int
+			left   time.Duration // the caller's deadline; 0: none
+			snap   func(HostSnapshot) uint64
+		}{
+			{layerBreaker, always(500), only(Policy{Breaker: Breaker{MinCalls: 1, OpenFor: time.Hour}}, "breaker"), 5, 0,
+				func(h HostSnapshot) uint64 { return h.Breaker.Refused }},
+			{layerPushback, always(503, "Retry-After", "60"), only(Policy{Retry: Retry{MaxAttempts: 1}}, "pushback"), 5, 0,
+				func(h HostSnapshot) uint64 { return h.Pushback.Refused }},
+			{layerBudget, always(503), only(Policy{Retry: Retry{MaxAttempts: 2, NoPushback: true, Budget: Budget{Ratio: 0.001, MinPerSecond: -1}}}, "retry"), 5, 0,
+				func(h HostSnapshot) uint64 { return h.Budget.Refused }},
+			{layerThrottle, always(503), only(Policy{Throttle: Throttle{Enabled: true, K: 1}}), 200, 0,
+				func(h HostSnapshot) uint64 { return h.Throttle.Refused }},
+			{layerDeadline, always(200), only(Policy{}, "timeout"), 5, 5 * time.Millisecond,
+				func(h HostSnapshot) uint64 { return h.DeadlineTooShort }},
+			{"fallback", always(500), only(Policy{Fallback: Fallback{Constant: &ConstantResponse{Body: []byte("0")}}}), 5, 0,
+				func(h HostSnapshot) uint64 { return h.Fallback.Served }},
+		} {
+			k := newOtelKit(t)
+			tr := mustNew(t, Config{Base: &scriptBase{step: c.base}, MeterProvider: k.mp, Default: c.policy})
+			for range c.calls {
+				ctx, cancel := t.Context(), context.CancelFunc(func() {})
+				if c.left > 0 {
+					ctx, cancel = context.WithTimeout(ctx, c.left)
+				}
+				get(tr, ctx)
+				cancel()
+			}
+			want := c.snap(tr.Snapshot().Hosts[0])
+			var got int64
+			if c.layer == "fallback" {
+				got = counter(t, k.collect(t), "bulwark.fallbacks", upDefault, keyFallbackKind.String("constant"))
+			} else {
+				got = counter(t, k.collect(t), "bulwark.rejections", upDefault, keyLayer.String(c.layer))
+			}
+			if want == 0 || got != int64(want) {
+				t.Errorf("%s: the metric counts %d, the Snapshot %d; want them equal and above 0", c.layer, got, want)
+			}
+		}
+
+		// The bulkhead: one slot, held; the next call is refused.
+		k := newOtelKit(t)
+		release := make(chan struct{})
+		held := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
+			<-release
+			return response(req, 200), nil
+		}}
+		tr := mustNew(t, Config{Base: held, MeterProvider: k.mp, Default: only(Policy{Bulkhead: Bulkhead{MaxConcurrent: 1}}, "bulkhead")})
+		done := make(chan struct{})
+		go func() { get(tr, t.Context()); close(done) }()
+		synctest.Wait()
+		get(tr, t.Context())
+		get(tr, t.Context())
+		want := tr.Snapshot().Hosts[0].Bulkhead.Refused
+		if got := counter(t, k.collect(t), "bulwark.rejections", upDefault, keyLayer.String(layerBulkhead)); want != 2 || got != 2 {
+			t.Errorf("bulkhead: the metric counts %d, the Snapshot %d; want 2 and 2", got, want)
+		}
+		close(release)
+		<-done
+	})
+}
+
+// TestPassedUpMetricMatchesSnapshot: the calls answered with a failure
+// passed up from below are counted in OTel as bulwark.requests with
+// bulwark.outcome "passed_up" (and their attempts in
+// bulwark.attempt.duration), exactly as HostSnapshot.PassedUp counts
+// them, apart from the host's own server errors, so a dashboard and the
+// debug page agree. Read with the SDK's ManualReader.
+func TestPassedUpMetricMatchesSnapshot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		k := newOtelKit(t)
+		below := &headerBase{status: 503, header: http.Header{NoRetryHeader: {NoRetryFromBelow}}}
+		own := &headerBase{status: 503, header: http.Header{NoRetryHeader: {"1"}}} // a Shedder's: the host's own
+		tr := mustNew(t, Config{MeterProvider: k.mp, Base: roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			if req.URL.Host == "own.test" {
+				return own.RoundTrip(req)
+			}
+			return below.RoundTrip(req)
+		})})
+		for range 7 {
+			if _, err := send(t, tr, t.Context(), "http://h.test/x", ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range 3 {
+			if _, err := send(t, tr, t.Context(), "http://own.test/x", ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rm := k.collect(t)
+		snap := tr.Snapshot().Host("h.test:80")[0].PassedUp
+		requests := counter(t, rm, "bulwark.requests", upDefault, keyOutcome.String(outcomePassedUp))
+		attempts := histCount(t, rm, "bulwark.attempt.duration", upDefault, keyOutcome.String(outcomePassedUp))
+		if snap != 7 || requests != 7 || attempts != 7 {
+			t.Errorf("passed up: Snapshot %d, bulwark.requests %d, bulwark.attempt.duration %d; want 7 each (sent once each)", snap, requests, attempts)
+		}
+		if own := counter(t, rm, "bulwark.requests", upDefault, keyOutcome.String(outcomeServerError)); own != 3 {
+			t.Errorf("the host's own don't-retry 503s: bulwark.requests{server_error} = %d, want 3", own)
+		}
+		if n := tr.Snapshot().Host("own.test:80")[0].PassedUp; n != 0 {
+			t.Errorf("the host's own 503s counted %d as passed up, want 0", n)
+		}
+		// The calls by final outcome put the pass-ups in a bucket of
+		// their own, and the host's own 503s among its failures.
+		if c := tr.Snapshot().Host("h.test:80")[0].Calls; c.Calls != 7 || c.PassedUp != 7 || c.Failed != 0 {
+			t.Errorf("h.test's calls %+v; want 7, all 7 passed up, none failed", c)
+		}
+		if c := tr.Snapshot().Host("own.test:80")[0].Calls; c.Calls != 3 || c.PassedUp != 0 || c.Failed != 3 {
+			t.Errorf("own.test's calls %+v; want 3, all failed, none passed up", c)
+		}
+	})
+}
+
+// TestHostileUserinfoRedacted: a URL's password never shows in an error or
+// a log line, whatever layer speaks: retries (Debug), the breaker opening
+// and a pushback pause (Info), the final error.
+func TestHostileUserinfoRedacted(t *testing.T) {
+	const secret = "s3cr3t-pw"
+	var logs syncBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	n := 0
+	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		n++
+		if n%2 == 0 {
+			return response(req, 503, "Retry-After", "1"), nil
+		}
+		return nil, errReset
+	})
+	tr := mustNew(t, Config{Base: base, Logger: logger, Default: Policy{
+		Retry:   Retry{Base: time.Millisecond, Cap: time.Millisecond, MaxRetryAfter: time.Millisecond},
+		Breaker: Breaker{MinCalls: 2, OpenFor: time.Minute},
+	}})
+	u := "http://admin:" + secret + "@api.test/x?token=1"
+	var errs []string
+	for i := 0; i < 4; i++ {
+		req, err := http.NewRequestWithContext(t.Context(), "GET", u, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp, err := tr.RoundTrip(req); err != nil {
+			errs = append(errs, err.Error())
+		} else {
+			resp.Body.Close()
+		}
+		// And through http.Client, whose *url.Error names the URL.
+		if resp, err := (&http.Client{Transport: tr}).Get(u); err != nil {
+			errs = append(errs, err.Error())
+		} else {
+			resp.Body.Close()
+		}
+	}
+	if len(errs) == 0 {
+		t.Fatal("no errors to inspect")
+	}
+	for _, e := range errs {
+		if strings.Contains(e, secret) {
+			t.Errorf("error leaks the password: %s", e)
+		}
+	}
+	if strings.Contains(logs.String(), secret) {
+		t.Errorf("log leaks the password:\n%s", logs.String())
+	}
+	// And every layer named above did speak, so the check covered it.
+	for _, msg := range []string{"retry scheduled", "circuit breaker open", "pushback started"} {
+		if !strings.Contains(logs.String(), msg) {
+			t.Errorf("no %q in the log, so its redaction went unchecked:\n%s", msg, logs.String())
+		}
+	}
+}
+
+// eventAttr returns the value of key on ev.
+func eventAttr(ev sdktrace.Event, key attribute.Key) (attribute.Value, bool) {
+	for _, kv := range ev.Attributes {
+		if kv.Key == key {
+			return kv.Value, true
+		}
+	}
+	return attribute.Value{}, false
+}
+
+// callerEvents returns, per ended "caller" span that has an event called
+// name, the span's X-Call number and the event.
+func callerEvents(k *otelKit, name string) map[string]sdktrace.Event {
+	out := map[string]sdktrace.Event{}
+	for _, s := range spansNamed(k.sr, "caller") {
+		call, _ := attr(s, "test.call")
+		for _, ev := range s.Events() {
+			if ev.Name == name {
+				out[call.AsString()] = ev
+			}
+		}
+	}
+	return out
+}
+
+// TestObserveOutlier: an instance ejected after its consecutive 5xx shows
+// as an event on the span of the request whose failure ejected it, a count
+// by instance and the ejected gauge; its return as an event and a count.
+func TestObserveOutlier(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const sick = 3
+		f := newFleet(t, 5, "tax.internal", func(i int) int {
+			if i == sick {
+				return http.StatusInternalServerError
+			}
+			return http.StatusOK
+		})
+		k := newOtelKit(t)
+		cfg := k.config(f.transport())
+		cfg.Upstreams = map[string]Policy{"tax.internal": {Endpoints: Endpoints{Addrs: f.addrs}}}
+		tr := mustNew(t, cfg)
+		clk := newFakeClock()
+		t.Cleanup(tr.CloseIdleConnections)
+		c := &http.Client{Transport: tr}
+
+		call := 0
+		get := func() {
+			t.Helper()
+			call++
+			id := strconv.Itoa(call)
+			ctx, span := k.caller(t.Context())
+			span.SetAttributes(attribute.String("test.call", id))
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://tax.internal/rate", nil)
+			req.Header.Set("X-Call", id)
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatalf("call %s: %v", id, err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			span.End()
+		}
+		for i := 0; i < 200 && f.hits[sick].Load() < defaultConsecutiveFailures; i++ {
+			get()
+		}
+		if n := f.hits[sick].Load(); n != defaultConsecutiveFailures {
+			t.Fatalf("sick instance served %d, want %d", n, defaultConsecutiveFailures)
+		}
+		s := stateOf(t, tr, f.addrs[sick])
+		if !s.Ejected {
+			t.Fatalf("sick instance not ejected: %+v", s)
+		}
+
+		evs := callerEvents(k, eventEjected)
+		if len(evs) != 1 {
+			t.Fatalf("%d caller spans with %s, want 1", len(evs), eventEjected)
+		}
+		for id, ev := range evs {
+			f.mu.Lock()
+			served := f.calls[id]
+			f.mu.Unlock()
+			if len(served) != 1 || served[0] != sick {
+				t.Errorf("event on call %s, which instances %v served; want the sick one's fifth failure", id, served)
+			}
+			want := map[attribute.Key]any{
+				keyInstance:      f.addrs[sick],
+				keyOutlierReason: "consecutive failures",
+				keyEjectionTime:  defaultBaseEjection.Seconds(),
+				keyEjections:     int64(1),
+			}
+			for key, w := range want {
+				if v, ok := eventAttr(ev, key); !ok || v.AsInterface() != w {
+					t.Errorf("event %s = %v (present %v), want %v", key, v.AsInterface(), ok, w)
+				}
+			}
+		}
+
+		up, inst := keyUpstream.String("tax.internal"), keyInstance.String(f.addrs[sick])
+		rm := k.collect(t)
+		if got := counter(t, rm, "bulwark.outlier.ejections", up, inst); got != 1 {
+			t.Errorf("bulwark.outlier.ejections{sick} = %d, want 1", got)
+		}
+		if got, ok := gaugeValue(t, rm, "bulwark.outlier.ejected", "tax.internal"); !ok || got != 1 {
+			t.Errorf("bulwark.outlier.ejected = %d (present %v), want 1", got, ok)
+		}
+
+		// Its time served, the next request returns it.
+		clk.advance(defaultBaseEjection)
+		get()
+		ret := callerEvents(k, eventReturned)
+		if ev, ok := ret[strconv.Itoa(call)]; len(ret) != 1 || !ok {
+			t.Fatalf("returned events on calls %v, want only on call %d", ret, call)
+		} else if v, _ := eventAttr(ev, keyInstance); v.AsString() != f.addrs[sick] {
+			t.Errorf("returned event names %q, want %q", v.AsString(), f.addrs[sick])
+		}
+		rm = k.collect(t)
+		if got := counter(t, rm, "bulwark.outlier.returns", up, inst); got != 1 {
+			t.Errorf("bulwark.outlier.returns{sick} = %d, want 1", got)
+		}
+		if got, _ := gaugeValue(t, rm, "bulwark.outlier.ejected", "tax.internal"); got != 0 {
+			t.Errorf("bulwark.outlier.ejected = %d after the return, want 0", got)
+		}
+	})
+}
+
+// TestObserveOutlierInstanceCap: past maxLabelValues distinct instances a
+// host reports "other", in metrics and events alike.
+func TestObserveOutlierInstanceCap(t *testing.T) {
+	k := newOtelKit(t)
+	cfg := k.config(&stubBase{})
+	tr := mustNew(t, cfg)
+	u, _ := url.Parse("http://tax.internal/rate")
+	hs := tr.lookup(u)
+	ctx, span := k.caller(t.Context())
+	for i := 0; i < maxLabelValues+5; i++ {
+		hs.rep.endpointChanged(ctx, endpointEvent{addr: "10.0.0." + strconv.Itoa(i) + ":80", ejected: true, reason: "consecutive failures", times: 1})
+	}
+	span.End()
+	rm := k.collect(t)
+	m := findMetric(rm, "bulwark.outlier.ejections")
+	if m == nil {
+		t.Fatal("no bulwark.outlier.ejections")
+	}
+	seen := map[string]bool{}
+	var other int64
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		v, _ := dp.Attributes.Value(keyInstance)
+		seen[v.AsString()] = true
+		if v.AsString() == otherLabel {
+			other = dp.Value
+		}
+	}
+	if len(seen) != maxLabelValues+1 || other != 5 {
+		t.Errorf("%d instance values (other = %d), want %d and 5", len(seen), other, maxLabelValues+1)
+	}
+	n := 0
+	for _, ev := range eventsNamed(t, k.sr, "caller", eventEjected) {
+		if v, _ := eventAttr(ev, keyInstance); v.AsString() == otherLabel {
+			n++
+		}
+	}
+	if n != 5 {
+		t.Errorf("%d events name %q, want 5", n, otherLabel)
+	}
+}
+
+// perUpstream combines the hosts of an upstream by its gaugeAgg, and keeps
+// upstreams apart.
+func TestPerUpstream(t *testing.T) {
+	for _, c := range []struct {
+		agg  gaugeAgg
+		want int64 // for "default", from 1 and 2
+	}{{gaugeSum, 3}, {gaugeMax, 2}, {gaugeMin, 1}} {
+		p := newPerUpstream[int64](c.agg)
+		p.add("default", 1)
+		p.add("tax.internal", 7)
+		p.add("default", 2)
+		if len(p.vals) != 2 || p.vals["default"] != c.want || p.vals["tax.internal"] != 7 {
+			t.Errorf("agg %d: %v, want default=%d tax.internal=7", c.agg, p.vals, c.want)
+		}
+	}
+	p := newPerUpstream[float64](gaugeMax)
+	p.add("default", 0.25)
+	p.add("default", 0.5)
+	p.add("default", 0)
+	if p.vals["default"] != 0.5 {
+		t.Errorf("float max: %v, want 0.5", p.vals)
+	}
+}
+
+// wantBreakerState checks host's bulwark.breaker.state series (upstream
+// "default", port 80, http): 1 for state, 0 for the others.
+func wantBreakerState(t *testing.T, rm metricdata.ResourceMetrics, host string, state CircuitState) {
+	t.Helper()
+	m := findMetric(rm, "bulwark.breaker.state")
+	if m == nil {
+		t.Fatal("no bulwark.breaker.state")
+	}
+	for _, st := range breakerStates {
+		want := attribute.NewSet(upDefault, attribute.String("url.scheme", "http"), attribute.String("server.address", host),
+			attribute.Int("server.port", 80), keyBreakerState.String(stateLabel(st.String())))
+		found := false
+		for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+			if dp.Attributes.Equals(&want) {
+				found = true
+				if v := dp.Value; (v == 1) != (st == state) || v > 1 || v < 0 {
+					t.Errorf("bulwark.breaker.state{%s} = %d with the breaker %v", stateLabel(st.String()), v, state)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("no bulwark.breaker.state point at %v", want.Encoded(attribute.DefaultEncoder()))
+		}
 	}
 }

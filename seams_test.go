@@ -93,60 +93,6 @@ func TestSeams(t *testing.T) {
 	}
 }
 
-// seamBase is a scripted upstream: answer decides attempt n's outcome (n
-// from 1, in arrival order). It reads and closes each request body first,
-// returning the body's error as net/http's Transport does.
-type seamBase struct {
-	answer func(n int, req *http.Request) (*http.Response, error)
-
-	mu    sync.Mutex
-	n     int
-	hosts []string
-	auth  []string
-}
-
-func (b *seamBase) RoundTrip(req *http.Request) (*http.Response, error) {
-	b.mu.Lock()
-	b.n++
-	n := b.n
-	b.hosts = append(b.hosts, req.URL.Host)
-	b.auth = append(b.auth, req.Header.Get("Authorization"))
-	b.mu.Unlock()
-	if req.Body != nil {
-		_, err := io.Copy(io.Discard, req.Body)
-		req.Body.Close()
-		if err != nil {
-			return nil, err
-		}
-	}
-	return b.answer(n, req)
-}
-
-func (b *seamBase) sent() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.n
-}
-
-// seamAnswer is a response of code to req after d (or req's context's
-// error, if it ends first), with header pairs kv.
-func seamAnswer(req *http.Request, d time.Duration, code int, kv ...string) (*http.Response, error) {
-	if d > 0 {
-		tm := time.NewTimer(d)
-		defer tm.Stop()
-		select {
-		case <-tm.C:
-		case <-req.Context().Done():
-			return nil, context.Cause(req.Context())
-		}
-	}
-	h := http.Header{}
-	for i := 0; i+1 < len(kv); i += 2 {
-		h.Set(kv[i], kv[i+1])
-	}
-	return &http.Response{StatusCode: code, Header: h, Body: io.NopCloser(strings.NewReader(http.StatusText(code))), Request: req}, nil
-}
-
 // slowFirstAttempt answers the first attempt of a call after 200 ms and
 // any other (a hedge, a retry) after 5 ms, all 200.
 func slowFirstAttempt(_ int, req *http.Request) (*http.Response, error) {
@@ -154,46 +100,6 @@ func slowFirstAttempt(_ int, req *http.Request) (*http.Response, error) {
 		return seamAnswer(req, 200*time.Millisecond, 200)
 	}
 	return seamAnswer(req, 5*time.Millisecond, 200)
-}
-
-func seamNew(t *testing.T, cfg bulwark.Config) *bulwark.Transport {
-	t.Helper()
-	tr, err := bulwark.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tr.Close() })
-	return tr
-}
-
-// seamSend sends method url (with header pairs kv) and returns the status,
-// the body read whole and closed, or the error.
-func seamSend(t *testing.T, tr http.RoundTripper, method, url string, kv ...string) (int, error) {
-	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), method, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i+1 < len(kv); i += 2 {
-		req.Header.Set(kv[i], kv[i+1])
-	}
-	resp, err := tr.RoundTrip(req)
-	if err != nil {
-		return 0, err
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode, nil
-}
-
-// seamHost is host's snapshot ("host:port"), failing the test if it has none.
-func seamHost(t *testing.T, tr *bulwark.Transport, host string) bulwark.HostSnapshot {
-	t.Helper()
-	hs := tr.Snapshot().Host(host)
-	if len(hs) != 1 {
-		t.Fatalf("Snapshot has %d entries for %s, want 1", len(hs), host)
-	}
-	return hs[0]
 }
 
 // seamRoute is the snapshot of pattern's route on host.
@@ -787,10 +693,6 @@ func seamLocalErrorBreaker(t *testing.T) {
 		t.Fatalf("a good request after: %d, %v", code, err)
 	}
 }
-
-type errReader struct{ err error }
-
-func (r errReader) Read([]byte) (int, error) { return 0, r.err }
 
 // ControlBreaker's hold reaches a route's breaker too, and its refusal
 // names the host.
@@ -1795,5 +1697,214 @@ func seamFleetCountsOwnSuccess(t *testing.T) {
 	}
 	if _, err := seamSend(t, b, "GET", "http://api.test/x"); !errors.Is(err, bulwark.ErrBreakerOpen) {
 		t.Fatalf("pod B after its own failure beside the peers' failures: %v, want ErrBreakerOpen", err)
+	}
+}
+
+// A call counts once in CallCounts, by what its caller got: retried to a
+// success, one success; every attempt failed and the fallback answered,
+// one success too (the fallback counts its answer apart); a request that
+// cannot be written, refused before it reaches the host, not at all.
+func seamCallCountsRetryFallback(t *testing.T) {
+	base := &seamBase{answer: func(n int, req *http.Request) (*http.Response, error) {
+		if n == 2 {
+			return seamAnswer(req, 0, 200)
+		}
+		return seamAnswer(req, 0, 503)
+	}}
+	tr := seamNew(t, bulwark.Config{Base: base, Default: bulwark.Policy{
+		Retry:    bulwark.Retry{MaxAttempts: 3, Base: time.Millisecond, Jitter: bulwark.JitterNone},
+		Breaker:  bulwark.Breaker{Disabled: true},
+		Fallback: bulwark.Fallback{Constant: &bulwark.ConstantResponse{Body: []byte("0")}}}})
+	for _, want := range []int{200, 200} {
+		if code, err := seamSend(t, tr, "GET", "http://api.test/"); code != want || err != nil {
+			t.Fatalf("got %d, %v; want %d", code, err, want)
+		}
+	}
+	if _, err := seamSend(t, tr, "GET", "http://api.test/", "X-Bad\x01Name", "v"); !errors.Is(err, bulwark.ErrInvalidRequest) {
+		t.Fatalf("bad header name: %v; want ErrInvalidRequest", err)
+	}
+	h := seamHost(t, tr, "api.test:80")
+	if want := (bulwark.CallCounts{Calls: 2, Succeeded: 2}); h.Calls != want || base.sent() != 5 {
+		t.Errorf("Calls = %+v after %d sends, want %+v after 5 (2 attempts, then 3 answered by the fallback)", h.Calls, base.sent(), want)
+	}
+	if h.Fallback == nil || h.Fallback.Served != 1 {
+		t.Errorf("Fallback = %+v, want 1 served", h.Fallback)
+	}
+}
+
+// The breaker's history is its state's: an Update that moves only its
+// thresholds keeps it (and the window at its last trip), one that changes
+// its window builds a new breaker, with none.
+func seamBreakerHistoryUpdate(t *testing.T) {
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) { return seamAnswer(req, 0, 503) }}
+	cfg := bulwark.Config{Base: base, Default: bulwark.Policy{Retry: bulwark.Retry{Disabled: true}, Breaker: seamBreaker}}
+	tr := seamNew(t, cfg)
+	for range 6 {
+		_, _ = seamSend(t, tr, "GET", "http://api.test/")
+	}
+	b := seamHost(t, tr, "api.test:80").Breaker
+	if len(b.Changes) != 1 || b.LastTrip == nil || b.LastTrip.Calls != 5 {
+		t.Fatalf("after the trip: Changes %+v, LastTrip %+v; want one trip on 5 calls", b.Changes, b.LastTrip)
+	}
+	cfg.Default.Breaker.FailureRate = 0.9
+	if err := tr.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if b := seamHost(t, tr, "api.test:80").Breaker; len(b.Changes) != 1 || b.LastTrip == nil {
+		t.Errorf("after an Update of its rate: Changes %+v, LastTrip %+v; want them kept", b.Changes, b.LastTrip)
+	}
+	cfg.Default.Breaker.WindowCalls = 20
+	if err := tr.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if b := seamHost(t, tr, "api.test:80").Breaker; len(b.Changes) != 0 || b.LastTrip != nil {
+		t.Errorf("after an Update of its window: Changes %+v, LastTrip %+v; want a new breaker's, none", b.Changes, b.LastTrip)
+	}
+}
+
+// An Attempt below the least time a request is sent with (10 ms) is
+// sent, times out and is retried like any other; only the call's own
+// deadline that close refuses it (ErrDeadlineTooShort).
+func seamShortAttemptRetry(t *testing.T) {
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) { return seamAnswer(req, time.Hour, 200) }}
+	tr := seamNew(t, bulwark.Config{Base: base, Default: bulwark.Policy{
+		Timeout: bulwark.Timeout{Attempt: 5 * time.Millisecond},
+		Retry:   bulwark.Retry{MaxAttempts: 3, Base: time.Millisecond, Jitter: bulwark.JitterNone},
+		Breaker: bulwark.Breaker{Disabled: true}}})
+	if _, err := seamSend(t, tr, "GET", "http://api.test/"); !errors.Is(err, bulwark.ErrAttemptTimeout) || base.sent() != 3 {
+		t.Fatalf("got %v after %d sends; want ErrAttemptTimeout after 3", err, base.sent())
+	}
+	h := seamHost(t, tr, "api.test:80")
+	if h.DeadlineTooShort != 0 || h.Calls.TimedOut != 1 {
+		t.Errorf("DeadlineTooShort %d, Calls %+v; want 0 and one call timed out", h.DeadlineTooShort, h.Calls)
+	}
+}
+
+// stainless is the attempt header OpenAI's and Anthropic's SDKs send,
+// with the number of the SDK's retry (0 on its first try).
+const stainless = "X-Stainless-Retry-Count"
+
+// An SDK's request answered 503 is sent once, where the same request
+// unmarked is retried; inside a served request, the SDK's resend that
+// fails marks the record (the SDK retried it below), its first try does
+// not (the layer above may still retry).
+func seamSDKRetry(t *testing.T) {
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) { return seamAnswer(req, 0, 503) }}
+	tr := seamNew(t, bulwark.Config{Base: base})
+	if code, _ := seamSend(t, tr, "GET", "http://sdk.test/", stainless, "0"); code != 503 || base.sent() != 1 {
+		t.Fatalf("SDK-marked GET: %d after %d attempts; want its 503 after 1", code, base.sent())
+	}
+	if code, _ := seamSend(t, tr, "GET", "http://sdk.test/"); code != 503 || base.sent() != 1+bulwark.DefaultMaxAttempts {
+		t.Fatalf("unmarked GET: %d, %d attempts in all; want 503 after %d of its own", code, base.sent(), bulwark.DefaultMaxAttempts)
+	}
+	for _, tc := range []struct {
+		count string
+		want  bool
+	}{{"0", false}, {"2", true}} {
+		var rec bulwark.CallRecord
+		req, _ := http.NewRequestWithContext(rec.Attach(t.Context()), "GET", "http://sdk.test/", nil)
+		req.Header.Set(stainless, tc.count)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if rec.FailedBelow() != tc.want {
+			t.Errorf("SDK try %s failed: record says failed below %v, want %v", tc.count, rec.FailedBelow(), tc.want)
+		}
+	}
+}
+
+// A hedging policy sends no hedge of an SDK's request: the SDK resends it
+// itself, and a hedge would be one more copy than the SDK alone sends.
+func seamSDKHedge(t *testing.T) {
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) {
+		return seamAnswer(req, 100*time.Millisecond, 200)
+	}}
+	tr := seamNew(t, bulwark.Config{Base: base, Default: bulwark.Policy{Hedge: bulwark.Hedge{Delay: 10 * time.Millisecond}}})
+	if code, _ := seamSend(t, tr, "GET", "http://sdk.test/", stainless, "0"); code != 200 || base.sent() != 1 {
+		t.Fatalf("SDK-marked slow GET: %d after %d attempts; want 200 after 1", code, base.sent())
+	}
+	if h := seamHost(t, tr, "sdk.test:80").Hedge; h.Sent != 0 {
+		t.Fatalf("hedge %+v; want none sent", h)
+	}
+	if code, _ := seamSend(t, tr, "GET", "http://sdk.test/"); code != 200 || seamHost(t, tr, "sdk.test:80").Hedge.Sent != 1 {
+		t.Fatalf("unmarked slow GET: %d, hedges %+v; want one sent", code, seamHost(t, tr, "sdk.test:80").Hedge)
+	}
+}
+
+// The budget counts an SDK's requests as calls and draws no retry for
+// them: they give room to the retries of the host's other calls.
+func seamSDKBudget(t *testing.T) {
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) { return seamAnswer(req, 0, 503) }}
+	tr := seamNew(t, bulwark.Config{Base: base})
+	for range 20 {
+		seamSend(t, tr, "GET", "http://sdk.test/", "Amz-Sdk-Request", "attempt=1; max=3")
+	}
+	if b := seamHost(t, tr, "sdk.test:80").Budget; b.Calls != 20 || b.Retries != 0 || b.Refused != 0 {
+		t.Fatalf("budget %+v after 20 failed SDK calls; want 20 calls, no retry drawn or refused", b)
+	}
+}
+
+// The breaker sees an SDK's failed requests: it opens on them, and then
+// refuses the SDK's next try without sending it, as any other request.
+func seamSDKBreaker(t *testing.T) {
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) { return seamAnswer(req, 0, 503) }}
+	tr := seamNew(t, bulwark.Config{Base: base, Default: bulwark.Policy{Breaker: bulwark.Breaker{MinCalls: 10, WindowCalls: 10}}})
+	for i := range 10 {
+		seamSend(t, tr, "GET", "http://sdk.test/", stainless, "0")
+		if i < 9 && seamHost(t, tr, "sdk.test:80").Breaker.State != bulwark.CircuitClosed {
+			t.Fatalf("breaker opened after %d SDK failures, want 10", i+1)
+		}
+	}
+	if st := seamHost(t, tr, "sdk.test:80").Breaker.State; st != bulwark.CircuitOpen {
+		t.Fatalf("breaker %v after 10 failed SDK requests; want open", st)
+	}
+	if _, err := seamSend(t, tr, "GET", "http://sdk.test/", stainless, "1"); !errors.Is(err, bulwark.ErrBreakerOpen) || base.sent() != 10 {
+		t.Fatalf("the SDK's retry: %v, %d sent; want ErrBreakerOpen, nothing more sent", err, base.sent())
+	}
+}
+
+// A 429's retry-after-ms pauses the host as Retry-After does: an unmarked
+// request in the pause is refused unsent, an SDK's waits the pause out
+// and is sent when it ends (refused, it would spend one of the SDK's
+// tries), and the pause shows in the snapshot.
+func seamRetryAfterMsPushback(t *testing.T) {
+	var mu sync.Mutex
+	var at []time.Time
+	base := &seamBase{answer: func(n int, req *http.Request) (*http.Response, error) {
+		mu.Lock()
+		at = append(at, time.Now())
+		mu.Unlock()
+		if n == 1 {
+			return seamAnswer(req, 0, 429, "retry-after-ms", "300")
+		}
+		return seamAnswer(req, 0, 200)
+	}}
+	tr := seamNew(t, bulwark.Config{Base: base, Default: bulwark.Policy{Retry: bulwark.Retry{Disabled: true}}})
+	start := time.Now()
+	if code, _ := seamSend(t, tr, "GET", "http://sdk.test/"); code != 429 {
+		t.Fatalf("first call: %d, want 429", code)
+	}
+	if until := seamHost(t, tr, "sdk.test:80").Pushback.Until; !until.Equal(start.Add(300 * time.Millisecond)) {
+		t.Fatalf("pause until %v, want %v", until, start.Add(300*time.Millisecond))
+	}
+	if _, err := seamSend(t, tr, "GET", "http://sdk.test/"); !errors.Is(err, bulwark.ErrPushback) {
+		t.Fatalf("unmarked call in the pause: %v, want ErrPushback", err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://sdk.test/", nil)
+	req.Header.Set(stainless, "1")
+	if _, err := tr.RoundTrip(req); !errors.Is(err, bulwark.ErrPushback) {
+		t.Fatalf("SDK call whose deadline ends in the pause: %v, want ErrPushback at once", err)
+	}
+	if code, _ := seamSend(t, tr, "GET", "http://sdk.test/", stainless, "1"); code != 200 {
+		t.Fatalf("SDK call in the pause: %d, want 200 once it ends", code)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(at) != 2 || at[1].Sub(at[0]) != 300*time.Millisecond {
+		t.Fatalf("sent at %v; want the SDK's request 300ms after the 429", at)
 	}
 }

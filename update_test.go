@@ -10,13 +10,6 @@ import (
 	"time"
 )
 
-// okBase answers every attempt 200 at once.
-type okBase struct{}
-
-func (okBase) RoundTrip(req *http.Request) (*http.Response, error) {
-	return response(req, http.StatusOK), nil
-}
-
 // countedPolicy is a breaker whose window holds every call of the test and
 // never trips, with a bulkhead of limit: the breaker's Calls then count
 // exactly the requests sent.
@@ -287,6 +280,32 @@ func TestUpdateBalancer(t *testing.T) {
 	}
 	if ejected() != 0 {
 		t.Errorf("after an Update of Bulkhead: %d instances ejected, want a new balancer with none", ejected())
+	}
+}
+
+// TestUpdateKeepsThrottleCounts: an Update that leaves Throttle alone
+// keeps its counts; one that changes it starts them afresh.
+func TestUpdateKeepsThrottleCounts(t *testing.T) {
+	cfg := Config{Base: &statusBase{codes: []int{503}}, Default: only(Policy{Throttle: Throttle{Enabled: true}})}
+	tr := mustNew(t, cfg)
+	tr.randN = func(n int64) int64 { return n - 1 }
+	for range 5 {
+		sendOnce(t, tr, http.MethodGet, "http://th.test/")
+	}
+	reqs := func() int64 { return tr.Snapshot().Host("th.test:80")[0].Throttle.Requests }
+	cfg.Default.Breaker.FailureRate = 0.9 // another layer's change
+	if err := tr.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got := reqs(); got != 5 {
+		t.Errorf("after an unrelated Update: %d requests counted, want the 5 before it", got)
+	}
+	cfg.Default.Throttle.K = 3
+	if err := tr.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got := reqs(); got != 0 {
+		t.Errorf("after a Throttle change: %d requests counted, want 0", got)
 	}
 }
 

@@ -3,6 +3,7 @@ package bulwark
 import (
 	"errors"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -137,6 +138,27 @@ func TestTrailingDotRoutes(t *testing.T) {
 		resp.Body.Close()
 		if got := 1 + retries.Load(); resp.StatusCode != http.StatusServiceUnavailable || got != tt.want {
 			t.Errorf("%s: %d after %d attempts, want 503 after %d", tt.url, resp.StatusCode, got, tt.want)
+		}
+	}
+}
+
+func TestDefaultPortRouting(t *testing.T) {
+	tr, err := New(Config{Upstreams: map[string]Policy{
+		"tax.internal:80": {Timeout: Timeout{Attempt: time.Second}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		url, upstream string
+	}{
+		{"http://tax.internal/", "tax.internal:80"},
+		{"http://tax.internal:80/", "tax.internal:80"},
+		{"https://tax.internal/", "default"}, // port 443
+	} {
+		u, _ := url.Parse(tt.url)
+		if got := tr.lookup(u).upstream; got != tt.upstream {
+			t.Errorf("route(%s) = %q, want %q", tt.url, got, tt.upstream)
 		}
 	}
 }

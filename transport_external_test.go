@@ -1,16 +1,14 @@
 package bulwark_test
 
-// The package defaults under a capacity drop and a healthy burst (issue
-// 28, item 3), with Config{Base: host} and nothing else set, in a synctest
-// bubble where the host's cores are timers: simulated seconds run in
-// fractions of one, and the figures hold on a loaded machine.
-
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,7 +16,63 @@ import (
 	"time"
 
 	"github.com/bulwark-http/bulwark"
+	"github.com/bulwark-http/bulwark/bulwarktest"
 )
+
+// The zero Config is a drop-in for http.DefaultClient.
+func TestNewClientZeroConfig(t *testing.T) {
+	u := bulwarktest.NewUpstream(map[string]bulwarktest.Script{"/orders": {{Body: "created"}}})
+	srv := u.Start(t)
+	c, err := bulwark.NewClient(bulwark.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseIdleConnections()
+	resp, err := c.Post(srv.URL+"/orders", "text/plain", strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "created" {
+		t.Errorf("got %d %q, want 200 \"created\"", resp.StatusCode, b)
+	}
+	r := u.Requests()
+	if len(r) != 1 || r[0].Method != "POST" || r[0].Body != "x" || r[0].Attempt != 1 {
+		t.Errorf("upstream saw %+v, want one POST /orders with body x, attempt 1", r)
+	}
+}
+
+// TestNilHeaderNoPanic: a request with a nil Header gets an error, as from
+// net/http's Transport, on every path (a priority in its context, a
+// route, hedging, a fallback), never a panic.
+func TestNilHeaderNoPanic(t *testing.T) {
+	base := &seamBase{answer: func(_ int, req *http.Request) (*http.Response, error) { return seamAnswer(req, 0, 200) }}
+	for _, cfg := range []bulwark.Config{
+		{Base: base},
+		{Base: base, Routes: map[string]bulwark.Policy{"GET /a": {}}},
+		{Base: base, Default: bulwark.Policy{Hedge: bulwark.Hedge{Delay: 1}, Retry: bulwark.Retry{KeyPOST: true},
+			Fallback: bulwark.Fallback{Constant: &bulwark.ConstantResponse{StatusCode: 200}}}},
+	} {
+		tr := seamNew(t, cfg)
+		for _, method := range []string{"GET", "POST"} {
+			u, _ := url.Parse("http://api.test/a")
+			req := (&http.Request{Method: method, URL: u}).WithContext(bulwark.WithPriority(t.Context(), bulwark.PriorityCritical))
+			resp, err := tr.RoundTrip(req)
+			if resp != nil || !errors.Is(err, bulwark.ErrInvalidRequest) {
+				t.Fatalf("%s with a nil Header: %v, %v; want ErrInvalidRequest", method, resp, err)
+			}
+		}
+	}
+	if base.sent() != 0 {
+		t.Fatalf("sent %d requests with a nil Header", base.sent())
+	}
+}
+
+// The package defaults under a capacity drop and a healthy burst, with
+// Config{Base: host} and nothing else set, in a synctest
+// bubble where the host's cores are timers: simulated seconds run in
+// fractions of one, and the figures hold on a loaded machine.
 
 // coreHost is a host of cores that each serve one request in service, with
 // a FIFO queue in front of them: a request that finds every core busy

@@ -1,68 +1,15 @@
 package bulwark
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
-	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 )
-
-func TestParseRetryAfter(t *testing.T) {
-	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	in := func(d time.Duration) time.Time { return now.Add(d) }
-	tests := []struct {
-		v    []string
-		want time.Duration
-		res  retryAfterResult
-	}{
-		{nil, 0, retryAfterAbsent},
-		{[]string{"0"}, 0, retryAfterValid},
-		{[]string{"5"}, 5 * time.Second, retryAfterValid},
-		{[]string{" 7\t"}, 7 * time.Second, retryAfterValid},
-		{[]string{"86400"}, 24 * time.Hour, retryAfterValid},
-		{[]string{"86401"}, 0, retryAfterIgnored},                // absurd
-		{[]string{"99999999999999999999"}, 0, retryAfterIgnored}, // absurd, would overflow
-		{[]string{"-1"}, 0, retryAfterIgnored},
-		{[]string{"+5"}, 0, retryAfterIgnored},
-		{[]string{"1.5"}, 0, retryAfterIgnored},
-		{[]string{""}, 0, retryAfterIgnored},
-		{[]string{"soon"}, 0, retryAfterIgnored},
-		{[]string{"5", "6"}, 0, retryAfterIgnored},
-		{[]string{in(90 * time.Second).Format(http.TimeFormat)}, 90 * time.Second, retryAfterValid},         // IMF-fixdate
-		{[]string{in(90 * time.Second).Format(time.RFC850)}, 90 * time.Second, retryAfterValid},             // obsolete RFC 850
-		{[]string{in(90 * time.Second).Format(time.ANSIC)}, 90 * time.Second, retryAfterValid},              // asctime
-		{[]string{in(-time.Hour).Format(http.TimeFormat)}, 0, retryAfterValid},                              // past: now
-		{[]string{time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC).Format(http.TimeFormat)}, 0, retryAfterValid}, // far past: now
-		{[]string{in(48 * time.Hour).Format(http.TimeFormat)}, 0, retryAfterIgnored},                        // absurd
-		{[]string{"Sun, 31 Feb 2026 25:61:00 GMT"}, 0, retryAfterIgnored},
-	}
-	for _, tt := range tests {
-		got, res := parseRetryAfter(tt.v, now)
-		if got != tt.want || res != tt.res {
-			t.Errorf("parseRetryAfter(%q) = %v, %d; want %v, %d", tt.v, got, res, tt.want, tt.res)
-		}
-	}
-}
-
-func FuzzParseRetryAfter(f *testing.F) {
-	for _, s := range []string{"5", "-1", "Sun, 01 Mar 2026 12:00:05 GMT", "999999999", "", " 1 "} {
-		f.Add(s)
-	}
-	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	f.Fuzz(func(t *testing.T, s string) {
-		d, res := parseRetryAfter([]string{s}, now)
-		if d < 0 || d > maxRetryAfterHeader || (res != retryAfterValid && d != 0) {
-			t.Fatalf("parseRetryAfter(%q) = %v, %d", s, d, res)
-		}
-	})
-}
 
 // TestPushback: a 503 with Retry-After from one host pauses every request
 // to that host until then, without sending, and leaves other hosts alone.
@@ -303,85 +250,102 @@ func TestPushbackByShedPriority(t *testing.T) {
 	})
 }
 
-// TestPushbackSendsWithPriority: the priority WithPriority sets goes
-// upstream as PriorityHeader on a copy of the request, only when the caller
-// set no such header of its own, and the caller's request is never changed.
-func TestPushbackSendsWithPriority(t *testing.T) {
-	var got []string
-	base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
-		got = append(got, strings.Join(req.Header[PriorityHeader], ","))
-		return response(req, 200), nil
-	}}
-	tr, _, _ := newTestTransport(t, base, Policy{})
-	for _, tc := range []struct {
-		name   string
-		ctx    bool     // WithPriority(PriorityCritical)
-		header []string // the caller's PriorityHeader
-		want   string
+// TestHostileRetryAfter: a 503 with each broken Retry-After is retried on
+// the backoff (the header ignored and counted), never slept on for what it
+// claims, and never pauses the host.
+func TestHostileRetryAfter(t *testing.T) {
+	tests := []struct {
+		name    string
+		vals    []string
+		ignored bool
 	}{
-		{"context only", true, nil, "critical"},
-		{"header wins", true, []string{"low"}, "low"},
-		{"unreadable header kept", true, []string{"urgent"}, "urgent"},
-		{"empty header kept", true, []string{""}, ""},
-		{"neither", false, nil, ""},
-	} {
-		got = nil
-		ctx := t.Context()
-		if tc.ctx {
-			ctx = WithPriority(ctx, PriorityCritical)
-		}
-		req := testRequest(t, ctx, "GET", "http://a.test/", noBody, "")
-		if tc.header != nil {
-			req.Header[PriorityHeader] = slices.Clone(tc.header)
-		}
-		before := req.Header.Clone()
-		resp, err := tr.RoundTrip(req)
-		if err != nil {
-			t.Fatalf("%s: %v", tc.name, err)
-		}
-		resp.Body.Close()
-		if len(got) != 1 || got[0] != tc.want {
-			t.Errorf("%s: upstream saw %s %q, want %q", tc.name, PriorityHeader, got, tc.want)
-		}
-		if !reflect.DeepEqual(req.Header, before) {
-			t.Errorf("%s: caller's header changed to %v, was %v", tc.name, req.Header, before)
-		}
+		{"negative", []string{"-1"}, true},
+		{"eleven digits", []string{"99999999999"}, true},
+		{"date in 1900", []string{"Mon, 01 Jan 1900 00:00:00 GMT"}, false}, // past: retry now
+		{"garbage", []string{"\x00soon™"}, true},
+		{"two conflicting", []string{"1", "3600"}, true},
 	}
-	// The copy keeps the RoundTripper contract: the caller's request
-	// unchanged, its body closed, whatever the method and body.
-	for _, cr := range contractRequests {
-		var bs bodies
-		req := newContractRequest(t, WithPriority(t.Context(), PriorityLow), "http://a.test/c", cr, &bs)
-		if st, _, err := checkContract(t, tr, req, &bs); err != nil || st != 200 {
-			t.Errorf("%s: %d, %v; want 200", cr.name, st, err)
-		}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &scriptBase{step: func(_ int, req *http.Request) (*http.Response, error) {
+					resp := response(req, 503)
+					resp.Header["Retry-After"] = tt.vals
+					return resp, nil
+				}}
+				tr, _, waits := newTestTransport(t, base, Policy{Retry: Retry{MaxAttempts: 2, Base: 10 * time.Millisecond, Cap: 10 * time.Millisecond}})
+				resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, ""))
+				if err != nil {
+					t.Fatalf("err = %v; want the last 503", err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != 503 || base.calls() != 2 {
+					t.Errorf("status %d after %d attempts; want 503 after 2", resp.StatusCode, base.calls())
+				}
+				for _, w := range *waits {
+					if w > 10*time.Millisecond {
+						t.Errorf("slept %v; want at most the 10ms backoff", w)
+					}
+				}
+				if got := tr.Snapshot().RetryAfterIgnored > 0; got != tt.ignored {
+					t.Errorf("RetryAfterIgnored > 0 = %v, want %v", got, tt.ignored)
+				}
+				// The host is not paused: the next call is sent.
+				n := base.calls()
+				if resp, err := tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://api.test/", noBody, "")); err != nil {
+					t.Errorf("next call: %v; want it sent", err)
+				} else {
+					resp.Body.Close()
+				}
+				if base.calls() == n {
+					t.Error("a broken Retry-After paused the host")
+				}
+			})
+		})
 	}
 }
 
-// TestRequestPriority: the client and the Shedder read a request's
-// priority alike: its header, then WithPriority, then its method.
-func TestRequestPriority(t *testing.T) {
-	ctx := WithPriority(t.Context(), PriorityLow)
+// TestRateLimitPausesHost: a 200 saying the quota is spent until a reset
+// pauses the host until then, capped like Retry-After; the pause ends on
+// time.
+func TestRateLimitPausesHost(t *testing.T) {
 	for _, tc := range []struct {
-		ctx     context.Context
-		method  string
-		header  string
-		want    Priority
-		fromCtx bool
+		name  string
+		h     http.Header
+		pause time.Duration
 	}{
-		{t.Context(), "GET", "", PriorityNormal, false},
-		{t.Context(), "POST", "", PriorityHigh, false},
-		{ctx, "POST", "", PriorityLow, true},
-		{ctx, "GET", "Critical", PriorityCritical, false},
-		{ctx, "GET", "urgent", PriorityLow, true},
-		{WithPriority(t.Context(), 200), "GET", "", PriorityTest, true}, // out of range: the least
+		{"x-ratelimit", http.Header{"X-RateLimit-Remaining": {"0"}, "X-RateLimit-Reset": {"5"}}, 5 * time.Second},
+		{"ietf", http.Header{"RateLimit": {`"default";r=0;t=3`}}, 3 * time.Second},
+		{"capped", http.Header{"X-RateLimit-Remaining": {"0"}, "X-RateLimit-Reset": {"3600"}}, 10 * time.Second},
 	} {
-		req := httptest.NewRequestWithContext(tc.ctx, tc.method, "/", nil)
-		if tc.header != "" {
-			req.Header.Set(PriorityHeader, tc.header)
-		}
-		if p, fromCtx := requestPriority(req); p != tc.want || fromCtx != tc.fromCtx || RequestPriority(req) != tc.want {
-			t.Errorf("requestPriority(%s, %q) = %v, %v; want %v, %v", tc.method, tc.header, p, fromCtx, tc.want, tc.fromCtx)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := http.Header{}
+				for k, v := range tc.h {
+					h[http.CanonicalHeaderKey(k)] = v
+				}
+				base := &statusBase{codes: []int{200}, header: h}
+				tr := mustNew(t, Config{Base: base, Default: only(Policy{Retry: Retry{MaxRetryAfter: 10 * time.Second}}, "pushback")})
+				if code, err := sendOnce(t, tr, http.MethodGet, "http://rl.test/"); err != nil || code != 200 {
+					t.Fatalf("first: %d, %v", code, err)
+				}
+				start := time.Now()
+				_, err := sendOnce(t, tr, http.MethodGet, "http://rl.test/")
+				var pe *PushbackError
+				if !errors.As(err, &pe) || pe.Until.Sub(start) != tc.pause {
+					t.Fatalf("second: %v, want a pause of %v", err, tc.pause)
+				}
+				time.Sleep(tc.pause)
+				if _, err := sendOnce(t, tr, http.MethodGet, "http://rl.test/"); err != nil {
+					t.Errorf("after the reset: %v, want it sent", err)
+				}
+				if n := base.sent(); n != 2 {
+					t.Errorf("base got %d, want 2", n)
+				}
+				if s := tr.Snapshot(); s.RetryAfterIgnored != 0 {
+					t.Errorf("ignored %d, want 0", s.RetryAfterIgnored)
+				}
+			})
+		})
 	}
 }

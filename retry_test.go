@@ -12,8 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"pgregory.net/rapid"
-	"reflect"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,143 +20,12 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"pgregory.net/rapid"
 )
-
-// sent is what a scripted base saw of one attempt.
-type sent struct {
-	host, method, body string
-	attempt, key       string
-}
-
-// scriptBase answers each attempt with the outcome its step function gives
-// for that attempt's number (from 1), recording what was sent.
-type scriptBase struct {
-	mu   sync.Mutex
-	sent []sent
-	step func(n int, req *http.Request) (*http.Response, error)
-}
-
-func (s *scriptBase) RoundTrip(req *http.Request) (*http.Response, error) {
-	var b []byte
-	if req.Body != nil {
-		b, _ = io.ReadAll(req.Body)
-		req.Body.Close()
-	}
-	s.mu.Lock()
-	s.sent = append(s.sent, sent{host: req.URL.Host, method: req.Method, body: string(b),
-		attempt: req.Header.Get(AttemptHeader), key: req.Header.Get(IdempotencyKeyHeader)})
-	n := len(s.sent)
-	s.mu.Unlock()
-	return s.step(n, req)
-}
-
-func (s *scriptBase) calls() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.sent)
-}
-
-func (s *scriptBase) all() []sent {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]sent(nil), s.sent...)
-}
-
-// response builds a response with the given status, headers (name, value
-// pairs) and a small body.
-func response(req *http.Request, status int, kv ...string) *http.Response {
-	h := http.Header{}
-	for i := 0; i+1 < len(kv); i += 2 {
-		h.Add(kv[i], kv[i+1])
-	}
-	body := fmt.Sprintf("status %d", status)
-	return &http.Response{
-		StatusCode: status, Status: http.StatusText(status), Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: h, Body: io.NopCloser(strings.NewReader(body)), ContentLength: int64(len(body)), Request: req,
-	}
-}
-
-func always(status int, kv ...string) func(int, *http.Request) (*http.Response, error) {
-	return func(_ int, req *http.Request) (*http.Response, error) { return response(req, status, kv...), nil }
-}
 
 func alwaysErr(err error) func(int, *http.Request) (*http.Response, error) {
 	return func(int, *http.Request) (*http.Response, error) { return nil, err }
-}
-
-var (
-	errReset = &net.OpError{Op: "read", Net: "tcp", Err: &os_SyscallError{"read", syscall.ECONNRESET}}
-	// What the attempt layer returns when an attempt runs past Timeout.Attempt.
-	errAttemptTO = &timeoutError{limit: ErrAttemptTimeout, cause: context.DeadlineExceeded}
-)
-
-// os_SyscallError mirrors *os.SyscallError without importing os for one type.
-type os_SyscallError struct {
-	Syscall string
-	Err     error
-}
-
-func (e *os_SyscallError) Error() string { return e.Syscall + ": " + e.Err.Error() }
-func (e *os_SyscallError) Unwrap() error { return e.Err }
-
-// newTestTransport builds a Transport over base with a random source that
-// always picks the top of the range, and records the waits before retries
-// (through Retry.OnRetry, chained to p's own). Call it inside a
-// testing/synctest bubble, where the waits take no real time: the fake
-// clock it returns is the bubble's.
-func newTestTransport(t testing.TB, base http.RoundTripper, p Policy) (*Transport, *fakeClock, *[]time.Duration) {
-	t.Helper()
-	if reflect.ValueOf(p.Breaker).IsZero() {
-		// These tests are about the retry layer: a breaker opening under
-		// their sustained failures would hide what retry does.
-		p.Breaker.Disabled = true
-	}
-	var mu sync.Mutex
-	waits := new([]time.Duration)
-	user := p.Retry.OnRetry
-	p.Retry.OnRetry = func(req *http.Request, ev RetryEvent) {
-		mu.Lock()
-		*waits = append(*waits, ev.Wait)
-		mu.Unlock()
-		if user != nil {
-			user(req, ev)
-		}
-	}
-	tr, err := New(Config{Base: base, Default: p})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr.randN = func(n int64) int64 { return n - 1 }
-	return tr, newFakeClock(), waits
-}
-
-type bodyKind int
-
-const (
-	noBody bodyKind = iota
-	replayableBody
-	oneShotBody
-)
-
-func testRequest(t testing.TB, ctx context.Context, method, url string, kind bodyKind, body string, kv ...string) *http.Request {
-	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, method, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i+1 < len(kv); i += 2 {
-		req.Header.Set(kv[i], kv[i+1])
-	}
-	switch kind {
-	case replayableBody:
-		req.Body = io.NopCloser(strings.NewReader(body))
-		req.ContentLength = int64(len(body))
-		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(body)), nil }
-	case oneShotBody:
-		// No GetBody and no length: what a streamed body looks like.
-		req.Body = io.NopCloser(strings.NewReader(body))
-	}
-	return req
 }
 
 // TestRetryWhatIsRetried is the table of which requests and outcomes are
@@ -856,10 +724,6 @@ func amplification(t *testing.T, step func(int, *http.Request) (*http.Response, 
 	return ratio, lastErr
 }
 
-// noWait is a Backoff of no wait, for the tests that cannot run in a
-// synctest bubble (a real server, or t.Run) and would otherwise sleep.
-func noWait(time.Duration, time.Duration, int, *http.Response) time.Duration { return 0 }
-
 // TestRetryContract runs outside a bubble (runContract calls t.Run): the
 // retries wait nothing, through Backoff, instead of sleeping for real.
 func TestRetryContract(t *testing.T) {
@@ -1068,4 +932,310 @@ func TestRetryWaitLeavesP99(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestRetryDefaultStatuses: with package defaults, a replayable request is
+// retried on 408, 429, 500, 502, 503 and 504 (Polly's standard pipeline
+// and go-retryablehttp retry the same), and on no other status; a POST
+// without a key is sent once whatever it gets.
+func TestRetryDefaultStatuses(t *testing.T) {
+	for _, tt := range []struct {
+		code  int
+		retry bool
+	}{
+		{408, true}, {429, true}, {500, true}, {502, true}, {503, true}, {504, true},
+		{400, false}, {404, false}, {501, false}, {505, false},
+	} {
+		synctest.Test(t, func(t *testing.T) {
+			base := &statusBase{codes: []int{tt.code, 200}}
+			tr := mustNew(t, Config{Base: base})
+			code, err := sendOnce(t, tr, http.MethodGet, "http://h.test/")
+			want, wantSent := tt.code, 1
+			if tt.retry {
+				want, wantSent = 200, 2
+			}
+			if err != nil || code != want || base.sent() != wantSent {
+				t.Errorf("GET after %d: status %d, err %v, sent %d; want %d, sent %d", tt.code, code, err, base.sent(), want, wantSent)
+			}
+			post := &statusBase{codes: []int{tt.code, 200}}
+			tr = mustNew(t, Config{Base: post})
+			if code, err := sendOnce(t, tr, http.MethodPost, "http://h.test/"); err != nil || code != tt.code || post.sent() != 1 {
+				t.Errorf("POST after %d: status %d, err %v, sent %d; want %d, sent once", tt.code, code, err, post.sent(), tt.code)
+			}
+		})
+	}
+}
+
+// TestRetryAlternating500: a GET to a server failing every other request
+// with 500 succeeds on its retry, with the package defaults.
+func TestRetryAlternating500(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := &statusBase{codes: []int{500, 200}}
+		tr := mustNew(t, Config{Base: base})
+		if code, err := sendOnce(t, tr, http.MethodGet, "http://h.test/"); err != nil || code != 200 || base.sent() != 2 {
+			t.Fatalf("GET: status %d, err %v, sent %d; want 200 after 2 attempts", code, err, base.sent())
+		}
+	})
+}
+
+// TestCheckRetryError: a go-retryablehttp CheckRetry keeps its meaning:
+// the bool decides, and its error is what the caller gets once the call
+// ends after that attempt, with the response closed, as go-retryablehttp's
+// Client.Do does; an error beside a true that a later attempt answers is
+// forgotten.
+func TestCheckRetryError(t *testing.T) {
+	errStop := errors.New("stop here")
+	for _, tc := range []struct {
+		name      string
+		codes     []int
+		retry     bool
+		sent      int
+		wantErr   bool
+		wantClose int
+	}{
+		{"true with an error retries, error after the last", []int{503}, true, 3, true, 3},
+		{"false with an error ends at once", []int{503}, false, 1, true, 1},
+		{"error forgotten when a retry succeeds", []int{503, 200}, true, 2, false, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var seen int
+				base := &statusBase{codes: tc.codes}
+				tr := mustNew(t, Config{Base: base, Default: Policy{Retry: Retry{
+					CheckRetry: func(ctx context.Context, resp *http.Response, err error) (bool, error) {
+						seen++
+						if resp != nil && resp.StatusCode == 503 {
+							return tc.retry, errStop
+						}
+						return false, nil
+					},
+				}}})
+				code, err := sendOnce(t, tr, http.MethodGet, "http://h.test/")
+				if tc.wantErr != errors.Is(err, errStop) || (!tc.wantErr && code != 200) {
+					t.Fatalf("status %d, err = %v; want the CheckRetry error: %v", code, err, tc.wantErr)
+				}
+				if base.sent() != tc.sent || seen != tc.sent {
+					t.Errorf("sent %d, CheckRetry called %d; want %d and %d", base.sent(), seen, tc.sent, tc.sent)
+				}
+				if base.closed != tc.wantClose {
+					t.Errorf("%d response bodies closed, want %d", base.closed, tc.wantClose)
+				}
+			})
+		})
+	}
+}
+
+// TestOnRetry: the hook is told of each retry before its wait, with the
+// request, the attempt about to be sent, the wait and what failed.
+func TestOnRetry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var evs []RetryEvent
+		var reqs []*http.Request
+		base := &statusBase{codes: []int{503, 500, 200}}
+		tr := mustNew(t, Config{Base: base, Default: Policy{Retry: Retry{
+			Jitter: JitterNone, Base: 100 * time.Millisecond,
+			OnRetry: func(req *http.Request, ev RetryEvent) { reqs = append(reqs, req); evs = append(evs, ev) },
+		}}})
+		start := time.Now()
+		if code, err := sendOnce(t, tr, http.MethodGet, "http://h.test/x"); err != nil || code != 200 {
+			t.Fatalf("status %d, err %v; want 200", code, err)
+		}
+		want := []RetryEvent{
+			{Host: "h.test:80", Upstream: "default", Attempt: 2, Wait: 100 * time.Millisecond, StatusCode: 503},
+			{Host: "h.test:80", Upstream: "default", Attempt: 3, Wait: 200 * time.Millisecond, StatusCode: 500},
+		}
+		if len(evs) != len(want) {
+			t.Fatalf("OnRetry called %d times, want %d: %+v", len(evs), len(want), evs)
+		}
+		for i := range want {
+			if evs[i] != want[i] {
+				t.Errorf("event %d = %+v, want %+v", i, evs[i], want[i])
+			}
+			if reqs[i].URL.Path != "/x" {
+				t.Errorf("event %d: request %v, want the caller's", i, reqs[i].URL)
+			}
+		}
+		if took := time.Since(start); took != 300*time.Millisecond {
+			t.Errorf("call took %v, want the two waits, 300ms", took)
+		}
+	})
+}
+
+// TestRetryThrottle: a window's healthy past does not fund a burst of
+// retries into a sudden outage. After 10 s of healthy calls at 200 a
+// second (2,000 in the window: room for 400 retries by the ratio alone), a
+// 2 s outage draws few retries: five failed calls stop the ratio's, and
+// the floor (10 a second) funds the rest. Once the host answers again,
+// successes refill the throttle and a failure is retried again.
+func TestRetryThrottle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var failing atomic.Bool
+		var sent atomic.Int64
+		base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			closeBody(req)
+			sent.Add(1)
+			code := 200
+			if failing.Load() {
+				code = 503
+			}
+			return &http.Response{StatusCode: code, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
+		})
+		tr := mustNew(t, Config{Base: base, Default: Policy{Breaker: Breaker{Disabled: true}}})
+		offer := func(d time.Duration) (calls int64) {
+			end := time.Now().Add(d)
+			for time.Now().Before(end) {
+				go func() { _, _ = send(t, tr, context.Background(), "http://h.test/x", "") }()
+				calls++
+				time.Sleep(5 * time.Millisecond)
+			}
+			synctest.Wait()
+			return calls
+		}
+		offer(10 * time.Second)
+		failing.Store(true)
+		before := sent.Load()
+		calls := offer(2 * time.Second)
+		time.Sleep(time.Second) // the last retries' waits
+		load := float64(sent.Load()-before) / float64(calls)
+		t.Logf("a 2 s outage after 10 s healthy: %.3f requests per call", load)
+		// The floor's 10 a second and its burst of 10, and the ratio's
+		// retries of the first few failures: about 35 retries over 400
+		// calls (1.09); the ratio alone would have allowed 400 (2.0).
+		if load > 1.15 {
+			t.Errorf("%.3f requests per call during the outage, want ≤ 1.15", load)
+		}
+		// Recovered: 100 successes refill the throttle (each gives back
+		// 0.2 of a token), then a lone failure is retried.
+		failing.Store(false)
+		offer(500 * time.Millisecond)
+		failing.Store(true)
+		before = sent.Load()
+		if _, err := send(t, tr, t.Context(), "http://h.test/x", ""); err != nil {
+			t.Fatal(err)
+		}
+		if n := sent.Load() - before; n != DefaultMaxAttempts {
+			t.Errorf("a failure after the host recovered was sent %d times, want %d", n, DefaultMaxAttempts)
+		}
+	})
+}
+
+// lazyBody yields n bytes without holding them: a 1 GB upload that costs
+// no memory to offer.
+type lazyBody struct {
+	left   int64
+	closed atomic.Bool
+}
+
+func (b *lazyBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, io.EOF
+	}
+	n := int64(len(p))
+	if n > b.left {
+		n = b.left
+	}
+	b.left -= n
+	return int(n), nil
+}
+
+func (b *lazyBody) Close() error { b.closed.Store(true); return nil }
+
+// TestHostileHugeBodyWithoutGetBody: a 1 GB body of unknown length without
+// GetBody is sent once, streamed, even with BufferBody on and a retryable
+// failure, and bulwark holds at most BufferBody of it.
+func TestHostileHugeBodyWithoutGetBody(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const size = 1 << 30
+		var read atomic.Int64
+		base := &scriptBase{step: always(503)}
+		counting := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			n, _ := io.Copy(io.Discard, req.Body)
+			read.Add(n)
+			req.Body.Close()
+			req.Body = http.NoBody
+			return base.RoundTrip(req)
+		})
+		tr, _, _ := newTestTransport(t, counting, Policy{Retry: Retry{BufferBody: 1 << 20}})
+		body := &lazyBody{left: size}
+		req := testRequest(t, t.Context(), "PUT", "http://api.test/upload", noBody, "")
+		req.Body, req.ContentLength = body, -1
+
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		resp, err := tr.RoundTrip(req)
+		runtime.ReadMemStats(&after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if base.calls() != 1 || read.Load() != size {
+			t.Errorf("sent %d times, %d bytes; want once, all %d", base.calls(), read.Load(), size)
+		}
+		if !body.closed.Load() {
+			t.Error("the request body was not closed")
+		}
+		if grew := after.TotalAlloc - before.TotalAlloc; grew > 64<<20 {
+			t.Errorf("allocated %d MiB to send it; want the body streamed, not buffered", grew>>20)
+		}
+	})
+}
+
+// TestPropertyAmplification: against a host that always fails, requests
+// reaching it within one budget window never exceed the calls offered times
+// (1 + Ratio), plus the floor's MinPerSecond × Window.
+func TestPropertyAmplification(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		{
+			ratio := rapid.Float64Range(0.01, 1).Draw(rt, "ratio")
+			floor := rapid.SampledFrom([]float64{-1, 0.5, 2}).Draw(rt, "floor")
+			window := 10 * time.Second
+			const backoffCap = 4 * time.Millisecond
+			gap := time.Duration(rapid.IntRange(1, 25).Draw(rt, "gapMs")) * time.Millisecond
+			fault := rapid.SampledFrom([]int{out503, outReset}).Draw(rt, "fault")
+			maxAttempts := rapid.IntRange(2, maxAttemptsLimit).Draw(rt, "maxAttempts")
+			// The bound is for one budget window, so the run is drawn to fit
+			// one: on the virtual clock a call takes its gap and at most
+			// Cap before each retry, the upstream answering at once.
+			perCall := gap + time.Duration(maxAttempts-1)*backoffCap
+			n := rapid.IntRange(20, min(300, int(window/perCall))).Draw(rt, "calls")
+			var f propFailure
+			defer f.report(rt)
+			synctest.Test(t, func(t *testing.T) {
+				rt := &f
+				base := &propBase{scripts: map[string][]int{"": {fault}}, got: map[string][]sent{}}
+				tr, err := New(Config{Base: base, Default: Policy{
+					Retry: Retry{
+						MaxAttempts: maxAttempts,
+						Base:        time.Millisecond, Cap: backoffCap,
+						Budget: Budget{Ratio: ratio, Window: window, MinPerSecond: floor},
+					},
+					Breaker: Breaker{Disabled: true},
+				}})
+				if err != nil {
+					rt.Fatalf("%v", err)
+					return
+				}
+				start := time.Now()
+				for i := 0; i < n; i++ {
+					req, _ := http.NewRequest("GET", "http://amp.test/", nil)
+					if resp, err := tr.RoundTrip(req); err == nil {
+						resp.Body.Close()
+					}
+					time.Sleep(gap)
+				}
+				if took := time.Since(start); took > window {
+					rt.Fatalf("%d calls took %v, past the %v window the bound is for, which the draws rule out", n, took, window)
+					return
+				}
+				sent := len(base.got[""])
+				allowed := float64(n) * (1 + ratio)
+				if floor > 0 {
+					allowed += floor * window.Seconds()
+				}
+				if float64(sent) > allowed+1e-9 {
+					rt.Fatalf("%d calls became %d requests; the budget allows %.1f (ratio %.3f, floor %v)", n, sent, allowed, ratio, floor)
+				}
+			})
+		}
+	})
 }
