@@ -327,7 +327,7 @@ func (e *BreakerOpenError) Unwrap() error { return ErrBreakerOpen }
 
 func (e *BreakerOpenError) refusalKind() kind { return kindBreakerOpen }
 
-// CircuitState is a breaker's state, as BreakerState reports it.
+// CircuitState is a breaker's state, as BreakerSnapshot.State reports it.
 type CircuitState uint8
 
 const (
@@ -1097,8 +1097,8 @@ type BreakerSnapshot struct {
 	Shadow      bool
 	WouldReject uint64
 	// Refused is how many requests it has refused, and TotalTrips how many
-	// times it has opened (not only in a row), since the host's state was
-	// made.
+	// times it has opened (not only in a row), since the breaker was built
+	// (see Transport.Update for what rebuilds it).
 	Refused, TotalTrips uint64
 	// Changes are its last state changes (at most 8), oldest first: a
 	// trip, a probe's outcome, a trip adopted from the fleet, a manual

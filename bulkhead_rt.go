@@ -724,7 +724,7 @@ type BulkheadSnapshot struct {
 	Shadow      bool
 	WouldReject uint64
 	// Refused is how many requests it has refused, full or rate limited,
-	// since the host's state was made.
+	// since the bulkhead was built (see Transport.Update for what rebuilds it).
 	Refused uint64
 	// Rate is the client-side rate limit in force, in requests a second:
 	// Bulkhead.Rate, or the tighter quota the host advertises; 0 without

@@ -112,16 +112,24 @@ const touchEvery = 10 * time.Millisecond
 // (prev nil) and for Update (prev the state it replaces): k's state under
 // policy c and route table, its stack built, keeping what prev's layers
 // and routes may keep (see prior in stack.go) when prev has the same
-// upstream label. A host whose label changes keeps nothing: its state is
-// reported under another label.
+// upstream label. A host whose label changes keeps only its pushback
+// pauses: the rest of its state is reported under another label.
 func (t *Transport) newHost(k hostKey, rawScheme, rawHost string, c *compiled, table *routeTable, prev *hostState) *hostState {
 	hs := &hostState{key: k, name: net.JoinHostPort(k.host, k.port), upstream: c.upstream, policy: &c.policy,
 		rawScheme: rawScheme, rawHost: rawHost, table: table, routes: table.slots()}
 	if prev != nil {
 		hs.lastUsed.Store(prev.lastUsed.Load())
 	}
-	if prev == nil || prev.upstream != hs.upstream {
+	var before prior
+	if prev != nil && prev.upstream != hs.upstream {
+		// A host whose label changes keeps nothing of ours, but the pause
+		// it asked for (Retry-After) is its own word and still holds.
+		if pb := kept[*pushbackStage](prior{parts: prev.parts}); pb != nil {
+			before.parts = []any{pb}
+		}
 		prev = nil
+	}
+	if prev == nil {
 		hs.rep = t.obs.reporter(hs.upstream, hs.name, k.port)
 		hs.faults, hs.learned, hs.deadlines = new(faultCounts), newLearned(hs.rep), new(deadlineCounts)
 	} else {
@@ -129,7 +137,6 @@ func (t *Transport) newHost(k hostKey, rawScheme, rawHost string, c *compiled, t
 	}
 	hs.learned.rep.Store(hs.rep)
 	hs.shared.faults = hs.faults
-	var before prior
 	if prev != nil {
 		before = prior{parts: prev.parts, policy: prev.policy}
 	}
@@ -211,7 +218,7 @@ func (t *Transport) addHost(k hostKey, u *url.URL, now int64) *hostState {
 		return hs
 	}
 	if len(t.hosts) >= t.maxHosts {
-		t.evictLocked(now)
+		t.evictLocked(now, 1)
 	}
 	// The key's strings are slices of a caller's URL: copy them so the map
 	// does not keep that URL alive.
@@ -227,19 +234,19 @@ func (t *Transport) addHost(k hostKey, u *url.URL, now int64) *hostState {
 	return hs
 }
 
-// evictLocked makes room: it drops hosts idle past t.idle, then, if that is
-// not enough, the least recently used down to 7/8 of the cap, so the next
-// inserts do not each pay for a scan. A host with requests in flight is
+// evictLocked makes room for room more hosts: it drops hosts idle past
+// t.idle, then, if that is not enough, the least recently used down to 7/8
+// of the cap less room, so the next inserts do not each pay for a scan. A host with requests in flight is
 // evicted last: its next request would otherwise get a fresh bulkhead
 // beside the one its running requests still hold, and the host would see
 // twice its limit.
-func (t *Transport) evictLocked(now int64) {
+func (t *Transport) evictLocked(now int64, room int) {
 	for _, hs := range t.hosts {
 		if now-hs.lastUsed.Load() > int64(t.idle) && !hs.busy() {
 			t.dropLocked(hs)
 		}
 	}
-	if len(t.hosts) < t.maxHosts {
+	if len(t.hosts)+room <= t.maxHosts {
 		return
 	}
 	type entry struct {
@@ -257,7 +264,7 @@ func (t *Transport) evictLocked(now int64) {
 		}
 		return all[i].used < all[j].used
 	})
-	keep := t.maxHosts - t.maxHosts/8 - 1
+	keep := t.maxHosts - t.maxHosts/8 - room
 	for _, e := range all[:len(all)-keep] {
 		t.dropLocked(e.hs)
 	}

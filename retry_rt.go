@@ -919,8 +919,8 @@ type BudgetSnapshot struct {
 	// fleet's counted: the room under the ratio or, if larger, the
 	// floor's; none while the retry throttle holds.
 	Remaining int64
-	// Refused is how many retries it has refused since the host's state
-	// was made.
+	// Refused is how many retries it has refused since the budget was built
+	// (see Transport.Update for what rebuilds it).
 	Refused uint64
 	// ThrottleTokens is this pod's retry throttle (see Budget), out of
 	// 10; Throttled reports that it holds (5 or fewer): no retry or hedge

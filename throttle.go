@@ -287,8 +287,8 @@ type ThrottleSnapshot struct {
 	// many requests it would have refused and sent instead.
 	Shadow      bool
 	WouldReject uint64
-	// Refused is how many requests it has refused since the host's state
-	// was made.
+	// Refused is how many requests it has refused since the throttle was
+	// built (see Transport.Update for what rebuilds it).
 	Refused uint64
 }
 

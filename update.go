@@ -20,11 +20,12 @@ import "time"
 //	Bulkhead.*, Timeout.*, Fault.*                         → a new bulkhead (the old one's requests keep their slots)
 //	Endpoints.*, Bulkhead.*, Timeout.* of a balanced host  → a new balancer: instances re-resolved, ejections forgotten
 //	Retry.Budget.*, Throttle.*, Fallback.Stale.*           → a new, full retry budget; new throttle counts; an empty stale cache
-//	a host's upstream key                                  → all of the host's state anew
+//	a host's upstream key                                  → all of the host's state anew, its pushback pauses aside
 //
-// Pushback pauses always survive. A kept breaker takes its new thresholds
-// in place, for the requests still in the old stack too. Policy.Classify
-// rebuilds nothing. Equal means reflect.DeepEqual, under which a func is
+// Pushback pauses always survive: they are the host's word, not bulwark's.
+// A kept breaker takes its new thresholds in place, for the requests still
+// in the old stack too. A layer built anew counts its refusals and trips
+// from zero. Policy.Classify rebuilds nothing. Equal means reflect.DeepEqual, under which a func is
 // never equal. Concurrent Updates are applied one after another.
 func (t *Transport) Update(cfg Config) error {
 	rs, err := compileFor(cfg, t.fleet.leasing() != nil)
@@ -92,7 +93,7 @@ func (t *Transport) swap(old, next []*hostState) []idleCloser {
 		}
 	}
 	if len(t.hosts) > t.maxHosts {
-		t.evictLocked(time.Now().UnixNano())
+		t.evictLocked(time.Now().UnixNano(), 0)
 	}
 	t.mu.Unlock()
 	return dropped

@@ -404,3 +404,54 @@ func TestUpdateFaultReachesTheHost(t *testing.T) {
 		})
 	}
 }
+
+// TestUpdatePushbackSurvivesANewUpstreamKey: a pause the host asked for
+// (Retry-After) holds across an Update that moves the host to an upstream
+// key of its own, which otherwise starts its state anew.
+func TestUpdatePushbackSurvivesANewUpstreamKey(t *testing.T) {
+	var sent atomic.Int64
+	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		sent.Add(1)
+		h := http.Header{"Retry-After": []string{"5"}}
+		return &http.Response{StatusCode: 503, Header: h, Body: http.NoBody, Request: req}, nil
+	})
+	cfg := Config{Base: base}
+	cfg.Default.Retry.Disabled = true
+	cfg.Default.Breaker.Disabled = true
+	tr := mustNew(t, cfg)
+	if _, err := sendOnce(t, tr, "GET", "http://a.test/"); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Upstreams = map[string]Policy{"a.test": {}}
+	if err := tr.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sendOnce(t, tr, "GET", "http://a.test/"); !errors.Is(err, ErrPushback) {
+		t.Errorf("after the Update: err = %v, want ErrPushback (the host's 5 s pause)", err)
+	}
+	if n := sent.Load(); n != 1 {
+		t.Errorf("%d requests reached the host, want 1", n)
+	}
+}
+
+// TestUpdateLowersMaxHostsToTheCap: an Update that lowers MaxHosts below
+// the hosts in use keeps as many as the new cap, the least recently used
+// dropped first.
+func TestUpdateLowersMaxHostsToTheCap(t *testing.T) {
+	cfg := Config{Base: okBase{}}
+	tr := mustNew(t, cfg)
+	for i := range 6 {
+		if _, err := sendOnce(t, tr, "GET", fmt.Sprintf("http://h%d.test/", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, max := range []int{5, 4, 3, 2} {
+		cfg.MaxHosts = max
+		if err := tr.Update(cfg); err != nil {
+			t.Fatal(err)
+		}
+		if got := len(tr.Snapshot().Hosts); got != max {
+			t.Errorf("MaxHosts %d by Update: %d hosts kept, want %d", max, got, max)
+		}
+	}
+}
