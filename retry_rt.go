@@ -66,6 +66,8 @@ const (
 	JitterNone
 )
 
+// String returns the strategy's name: "Full", "Equal", "Decorrelated",
+// "None", or "default" for the zero value.
 func (j Jitter) String() string {
 	switch j {
 	case 0:
