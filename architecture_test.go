@@ -211,7 +211,7 @@ var archFloors = []archFloor{
 		{"fallback", []string{"fallback.go"}},
 	}},
 	{"the files that combine them", []archGroup{
-		{"combine", []string{"policy.go", "stack.go", "snapshot.go", "route.go", "update.go", "configversion.go", "metrics.go", "upstreamkey.go", "transport.go"}},
+		{"combine", []string{"policy.go", "stack.go", "snapshot.go", "route.go", "update.go", "configversion.go", "metrics.go", "upstreamkey.go", "transport.go", "via.go"}},
 	}},
 }
 

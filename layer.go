@@ -74,6 +74,9 @@ type call struct {
 	// whether it answered for the call: a failure a fallback answered is
 	// not the service's failure from below (see noteBelow).
 	below *heldNotes
+	// via, when not nil, sends each attempt in place of the base
+	// (Transport.RoundTripVia).
+	via http.RoundTripper
 }
 
 // heldNotes is one call's notes for a CallRecord, held by the fallback
@@ -268,7 +271,11 @@ type deadlineCounts struct {
 // both, never neither.
 type baseStage struct{ rt http.RoundTripper }
 
-func (b baseStage) roundTrip(req *http.Request, _ call) (*http.Response, error) {
+func (b baseStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+	rt := b.rt
+	if c.via != nil {
+		rt = c.via
+	}
 	if req.Body != nil && req.Body != http.NoBody {
 		// The attempt's own copy, so that a failure to read the body is
 		// known for the request's fault by its type (sendBody).
@@ -276,7 +283,7 @@ func (b baseStage) roundTrip(req *http.Request, _ call) (*http.Response, error) 
 		r2.Body = sendBody{req.Body}
 		req = &r2
 	}
-	resp, err := b.rt.RoundTrip(req)
+	resp, err := rt.RoundTrip(req)
 	switch {
 	case err != nil:
 		// Both: the error wins, as in net/http's Client; the response is

@@ -493,6 +493,12 @@ func NewClient(cfg Config) (*http.Client, error) {
 // http.RoundTripper: it never modifies req, always closes req.Body, and
 // returns either a response or an error.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	return t.roundTrip(req, nil)
+}
+
+// roundTrip is RoundTrip with each attempt sent to via (call.via); nil is
+// the base.
+func (t *Transport) roundTrip(req *http.Request, via http.RoundTripper) (*http.Response, error) {
 	// A request that cannot be written is refused before any layer sees
 	// it: its fault is its own, and no layer may count it against the
 	// host nor retry it.
@@ -506,7 +512,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	now := time.Now()
 	hs := t.lookupAt(req.URL, now.UnixNano())
-	rt, rep, c := hs.rt, hs.rep, call{start: now, classify: hs.policy.Classify, above: retriedAbove(req.Header, &t.ignoredRA)}
+	rt, rep, c := hs.rt, hs.rep, call{start: now, classify: hs.policy.Classify, above: retriedAbove(req.Header, &t.ignoredRA), via: via}
 	if hs.table != nil {
 		if r := t.routeStack(hs, req); r != nil {
 			rt, rep, c.classify = r.rt, r.rep, r.classify
