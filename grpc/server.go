@@ -177,7 +177,7 @@ func StreamServerInterceptor(cfg ServerConfig) grpc.StreamServerInterceptor {
 func TapHandle(s *server.Shedder) tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
 		if err := s.Precheck(shedRequest(ctx, info.FullMethodName, info.Header)); err != nil {
-			return ctx, refusal(err).Err()
+			return ctx, shedStatus(err).Err()
 		}
 		return ctx, nil
 	}
@@ -276,12 +276,12 @@ func (h *serverHalf) refused(ctx context.Context, err error, setTrailer func(met
 		mdShedReason:   {se.Reason.String()},
 		mdShedPriority: {se.Priority.String()},
 	})
-	return refusal(err).Err()
+	return shedStatus(err).Err()
 }
 
-// refusal is a Shedder's refusal as a status: RESOURCE_EXHAUSTED, with
+// shedStatus is a Shedder's refusal as a status: RESOURCE_EXHAUSTED, with
 // the wait it asks for as a google.rpc.RetryInfo.
-func refusal(err error) *status.Status {
+func shedStatus(err error) *status.Status {
 	st := status.New(codes.ResourceExhausted, err.Error())
 	if se, ok := err.(*server.ShedError); ok {
 		if d, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(se.RetryAfter)}); derr == nil {

@@ -61,7 +61,7 @@ type callResult struct {
 	trailer metadata.MD
 }
 
-func unary(ctx context.Context, c testpb.TestServiceClient, size int32) callResult {
+func callUnary(ctx context.Context, c testpb.TestServiceClient, size int32) callResult {
 	var tr metadata.MD
 	_, err := c.UnaryCall(ctx, &testpb.SimpleRequest{ResponseSize: size}, grpc.Trailer(&tr))
 	return callResult{err, tr}
@@ -69,7 +69,7 @@ func unary(ctx context.Context, c testpb.TestServiceClient, size int32) callResu
 
 func unaryAsync(ctx context.Context, c testpb.TestServiceClient, size int32) <-chan callResult {
 	ch := make(chan callResult, 1)
-	go func() { ch <- unary(ctx, c, size) }()
+	go func() { ch <- callUnary(ctx, c, size) }()
 	return ch
 }
 
@@ -130,7 +130,7 @@ func TestServerShedsByPriority(t *testing.T) {
 			t.Fatalf("in flight %d, queued %d; want 2 and 1", st.InFlight, st.Queued)
 		}
 
-		tapped := unary(low, c, 0)
+		tapped := callUnary(low, c, 0)
 		if code := status.Code(tapped.err); code != codes.ResourceExhausted {
 			t.Fatalf("low call with the queue full: %v, want ResourceExhausted", tapped.err)
 		}
@@ -182,7 +182,7 @@ func TestServerRefusalCodes(t *testing.T) {
 			held := unaryAsync(ctx, c, blockSize)
 			<-entered
 
-			r := unary(ctx, c, 0)
+			r := callUnary(ctx, c, 0)
 			st, err := c.FullDuplexCall(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -226,7 +226,7 @@ func TestServerQueueDeadline(t *testing.T) {
 		ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(t.Context(), "bulwark-timeout-ms", "40"), 50*time.Millisecond)
 		defer cancel()
 		start := time.Now()
-		r := unary(ctx, c, blockSize)
+		r := callUnary(ctx, c, blockSize)
 		if code := status.Code(r.err); code != codes.DeadlineExceeded || time.Since(start) != 40*time.Millisecond {
 			t.Errorf("queued past its deadline: %v after %v, want DeadlineExceeded after 40ms", r.err, time.Since(start))
 		}
@@ -406,7 +406,7 @@ func TestServerPassUp(t *testing.T) {
 					stream: func(st testpb.TestService_FullDuplexCallServer) error { return fail(st.Context()) },
 				}
 				c := testpb.NewTestServiceClient(serveBufconn(t, svc, ServerOptions(ServerConfig{})...))
-				r := unary(t.Context(), c, 0)
+				r := callUnary(t.Context(), c, 0)
 				st, err := c.FullDuplexCall(t.Context())
 				if err != nil {
 					t.Fatal(err)
@@ -446,7 +446,7 @@ func TestServerStreamHoldsWorker(t *testing.T) {
 				t.Fatalf("stream: %v", err)
 			}
 			time.Sleep(time.Second) // a long-lived stream, in the bubble's time
-			if r := unary(ctx, c, 0); status.Code(r.err) != codes.ResourceExhausted {
+			if r := callUnary(ctx, c, 0); status.Code(r.err) != codes.ResourceExhausted {
 				t.Fatalf("unary call beside an open stream: %v, want ResourceExhausted", r.err)
 			}
 		}
@@ -455,7 +455,7 @@ func TestServerStreamHoldsWorker(t *testing.T) {
 			t.Fatalf("stream end: %v", err)
 		}
 		synctest.Wait()
-		if r := unary(ctx, c, 0); r.err != nil {
+		if r := callUnary(ctx, c, 0); r.err != nil {
 			t.Errorf("unary call after the stream ended: %v, want served", r.err)
 		}
 		if st := s.Stats(); st.InFlight != 0 || st.ShedTotal() != 3 {

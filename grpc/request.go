@@ -1,0 +1,175 @@
+package bulwarkgrpc
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+
+	"github.com/bulwark-http/bulwark"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/descriptorpb"
+)
+
+// idempotencyKey is the metadata key that marks a call as safe to send
+// twice, as the Idempotency-Key header does an HTTP request.
+const idempotencyKey = "idempotency-key"
+
+// request is the HTTP/2 POST a gRPC call is, as the layers see it: POST
+// http://<authority>/<pkg.Service>/<Method>, the call's context, its
+// outgoing metadata as headers (text keys only: bulwark reads no binary
+// metadata, and a binary value is no valid header value), and no body
+// (the message travels beside, in the sender). safe marks it as safe to
+// send twice, by an empty Idempotency-Key unless the metadata has one;
+// once marks it sent once by bulwark because grpc-go retries it itself.
+func request(ctx context.Context, authority, method string, safe, once bool) *http.Request {
+	h := make(http.Header)
+	if md, ok := metadata.FromOutgoingContext(ctx); ok {
+		for k, vs := range md {
+			if strings.HasSuffix(k, "-bin") || strings.HasPrefix(k, ":") || !validValues(vs) {
+				continue
+			}
+			h[http.CanonicalHeaderKey(k)] = vs
+		}
+	}
+	if _, ok := h[bulwark.IdempotencyKeyHeader]; safe && !ok {
+		h[bulwark.IdempotencyKeyHeader] = []string{""}
+	}
+	if once {
+		// grpc-go's retryPolicy retries the call inside each attempt: a
+		// retrying client, which bulwark leaves the retries to (one layer).
+		h[bulwark.AttemptHeader] = []string{"1"}
+	}
+	req := &http.Request{
+		Method: http.MethodPost,
+		URL:    &url.URL{Scheme: "http", Host: authority, Path: method},
+		Proto:  "HTTP/2.0", ProtoMajor: 2,
+		Header: h, Body: http.NoBody, Host: authority,
+	}
+	return req.WithContext(ctx)
+}
+
+// validValues reports whether every value is one net/http would write
+// (no control byte but tab), so that a metadata value bulwark cannot carry
+// is left out rather than failing the call.
+func validValues(vs []string) bool {
+	for _, v := range vs {
+		for i := 0; i < len(v); i++ {
+			if c := v[i]; c < ' ' && c != '\t' || c == 0x7f {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// attemptKey is the idempotency key bulwark's retry layer gave an attempt
+// (Retry.KeyPOST) that the caller's metadata did not carry: sent as
+// idempotency-key metadata, so the server can collapse duplicates.
+func attemptKey(req *http.Request, caller *http.Request) string {
+	v := req.Header[bulwark.IdempotencyKeyHeader]
+	if len(v) != 1 || v[0] == "" {
+		return ""
+	}
+	if w := caller.Header[bulwark.IdempotencyKeyHeader]; len(w) == 1 && w[0] == v[0] {
+		return "" // the caller's own, already in its metadata
+	}
+	return v[0]
+}
+
+// channels remembers what each channel's calls share: its authority.
+// The map is bounded by the channels a process makes, each a long-lived
+// object; it holds the target strings, not the channels.
+type channels struct{ authority sync.Map } // target → authority
+
+// authorityOf is the authority cc's calls carry, which keys their
+// upstream in Config.Upstreams: the endpoint of the channel's canonical
+// target ("dns:///api.internal:443" → "api.internal:443"), as grpc-go
+// derives it for its resolvers, "localhost" for a unix socket. A channel
+// made with grpc.WithAuthority sends that authority on the wire, but is
+// keyed here by its target's endpoint.
+func (ch *channels) authorityOf(cc *grpc.ClientConn) string {
+	target := cc.CanonicalTarget()
+	if a, ok := ch.authority.Load(target); ok {
+		return a.(string)
+	}
+	a := "localhost"
+	if u, err := url.Parse(target); err == nil && u.Scheme != "unix" && u.Scheme != "unix-abstract" {
+		a = strings.TrimPrefix(u.Path, "/")
+		if a == "" {
+			a = u.Opaque
+		}
+	}
+	ch.authority.Store(target, a)
+	return a
+}
+
+// methods remembers, by full method name, whether a method's descriptor
+// says it is safe to repeat. Bounded: past maxMethods names it asks the
+// registry each time.
+type methods struct {
+	mu   sync.RWMutex
+	safe map[string]bool
+}
+
+const maxMethods = 4096
+
+// safe reports whether method ("/pkg.Service/Method") is declared in
+// protoregistry.GlobalFiles with idempotency_level NO_SIDE_EFFECTS or
+// IDEMPOTENT.
+func (m *methods) isSafe(method string) bool {
+	m.mu.RLock()
+	s, ok := m.safe[method]
+	m.mu.RUnlock()
+	if ok {
+		return s
+	}
+	s = declaredSafe(method)
+	m.mu.Lock()
+	if m.safe == nil {
+		m.safe = make(map[string]bool)
+	}
+	if len(m.safe) < maxMethods {
+		m.safe[method] = s
+	}
+	m.mu.Unlock()
+	return s
+}
+
+func declaredSafe(method string) bool {
+	svc, name, ok := strings.Cut(strings.TrimPrefix(method, "/"), "/")
+	if !ok {
+		return false
+	}
+	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
+	if err != nil {
+		return false
+	}
+	sd, ok := d.(protoreflect.ServiceDescriptor)
+	if !ok {
+		return false
+	}
+	md := sd.Methods().ByName(protoreflect.Name(name))
+	if md == nil {
+		return false
+	}
+	opts, ok := md.Options().(*descriptorpb.MethodOptions)
+	if !ok {
+		return false
+	}
+	switch opts.GetIdempotencyLevel() {
+	case descriptorpb.MethodOptions_NO_SIDE_EFFECTS, descriptorpb.MethodOptions_IDEMPOTENT:
+		return true
+	}
+	return false
+}
+
+// grpcRetries reports whether cc's service config gives method a
+// retryPolicy, so that grpc-go retries it below bulwark.
+func grpcRetries(cc *grpc.ClientConn, method string) bool {
+	return cc.GetMethodConfig(method).RetryPolicy != nil
+}

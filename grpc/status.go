@@ -1,0 +1,157 @@
+package bulwarkgrpc
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+
+	"github.com/bulwark-http/bulwark"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// StatusHeader is the header of the response a gRPC attempt is turned into
+// that carries the attempt's gRPC status code, in decimal (as the
+// grpc-status trailer does): what a Policy.Classify reads, with Code, to
+// judge gRPC outcomes its own way.
+const StatusHeader = "Grpc-Status"
+
+// statusNotRetried is the HTTP status a gRPC failure that must not be
+// retried (UNKNOWN, INTERNAL, DATA_LOSS) is given: bulwark's DefaultClassify
+// counts 510 as the host's failure and never retries it. The number
+// carries no meaning of its own: StatusHeader says which code it was.
+const statusNotRetried = http.StatusNotExtended
+
+// httpStatus is the status of the response a gRPC code is turned into, as
+// the package doc's table says: the status DefaultClassify judges the way
+// the code asks to be judged.
+func httpStatus(c codes.Code) int {
+	switch c {
+	case codes.OK:
+		return http.StatusOK
+	case codes.Canceled:
+		return 499 // nginx's "client closed request": the server's end says the call was cancelled
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
+		return http.StatusBadRequest
+	case codes.NotFound:
+		return http.StatusNotFound
+	case codes.AlreadyExists, codes.Aborted:
+		return http.StatusConflict
+	case codes.PermissionDenied:
+		return http.StatusForbidden
+	case codes.Unauthenticated:
+		return http.StatusUnauthorized
+	case codes.Unimplemented:
+		return http.StatusNotImplemented
+	case codes.ResourceExhausted:
+		return http.StatusTooManyRequests
+	case codes.Unavailable:
+		return http.StatusServiceUnavailable
+	case codes.DeadlineExceeded:
+		return http.StatusGatewayTimeout
+	default: // Unknown, Internal, DataLoss, and codes gRPC has not defined
+		return statusNotRetried
+	}
+}
+
+// Code returns the gRPC status code of resp, the response a gRPC attempt
+// was turned into, and whether resp is one: for a Policy.Classify that
+// judges gRPC outcomes its own way.
+//
+//	Classify: func(resp *http.Response, err error) bulwark.Verdict {
+//		if c, ok := bulwarkgrpc.Code(resp); ok && c == codes.Internal {
+//			return bulwark.Verdict{Outcome: bulwark.OutcomeFailure, Retryable: true}
+//		}
+//		return bulwark.DefaultClassify(resp, err)
+//	}
+func Code(resp *http.Response) (codes.Code, bool) {
+	if resp == nil {
+		return 0, false
+	}
+	v, ok := resp.Header[StatusHeader]
+	if !ok || len(v) != 1 {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(v[0], 10, 32)
+	if err != nil {
+		return 0, false
+	}
+	return codes.Code(n), true
+}
+
+// pushbackKey is the trailer by which a gRPC server asks its clients to
+// wait before they retry (gRFC A6), as grpc-go's metadata keys it.
+const pushbackKey = "grpc-retry-pushback-ms"
+
+// response turns an attempt's outcome, its status and trailers, into the
+// response the layers judge: the status by httpStatus, the code in
+// StatusHeader, and the server's pushback both as itself (a negative one
+// stops retries, as gRFC A6 says) and, on RESOURCE_EXHAUSTED and
+// UNAVAILABLE, as Retry-After-Ms, by which bulwark's pushback layer pauses
+// the host's callers.
+func response(req *http.Request, st *status.Status, trailer metadata.MD) *http.Response {
+	code := st.Code()
+	h := make(http.Header, 3)
+	h[StatusHeader] = []string{strconv.Itoa(int(code))}
+	if v := trailer.Get(pushbackKey); len(v) == 1 {
+		h["Grpc-Retry-Pushback-Ms"] = v
+		if n, err := strconv.ParseInt(v[0], 10, 64); err == nil && n >= 0 &&
+			(code == codes.ResourceExhausted || code == codes.Unavailable) {
+			h["Retry-After-Ms"] = v
+		}
+	}
+	return &http.Response{
+		Status: strconv.Itoa(httpStatus(code)) + " " + code.String(), StatusCode: httpStatus(code),
+		Proto: "HTTP/2.0", ProtoMajor: 2,
+		Header: h, Body: http.NoBody, ContentLength: -1, Request: req,
+	}
+}
+
+// refusal is an error of bulwark's own (a refusal, its timeout) as a gRPC
+// caller gets it: a status gRPC code understands (GRPCStatus), that still
+// unwraps to bulwark's sentinel for errors.Is.
+type refusal struct {
+	err  error
+	code codes.Code
+}
+
+func (r *refusal) Error() string { return r.err.Error() }
+
+func (r *refusal) Unwrap() error { return r.err }
+
+// GRPCStatus is the status grpc-go's status.FromError and status.Code read.
+func (r *refusal) GRPCStatus() *status.Status { return status.New(r.code, r.err.Error()) }
+
+// callError turns an error of the stack into what a gRPC caller gets: an
+// error that already has a status keeps it; bulwark's refusals and
+// timeouts become the status the package doc's table gives them, and
+// still unwrap to their sentinels.
+func callError(err error) error {
+	var gs interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &gs) {
+		return err
+	}
+	return &refusal{err: err, code: refusalCode(err)}
+}
+
+// refusalCode is the gRPC code of an error of the stack that carries none.
+func refusalCode(err error) codes.Code {
+	switch {
+	case errors.Is(err, bulwark.ErrBreakerOpen):
+		return codes.Unavailable
+	case errors.Is(err, bulwark.ErrBulkheadFull), errors.Is(err, bulwark.ErrThrottled),
+		errors.Is(err, bulwark.ErrPushback), errors.Is(err, bulwark.ErrRetryBudget):
+		return codes.ResourceExhausted
+	case errors.Is(err, context.Canceled):
+		return codes.Canceled
+	case errors.Is(err, context.DeadlineExceeded):
+		// bulwark's ErrAttemptTimeout, ErrTotalTimeout and
+		// ErrDeadlineTooShort wrap it, as the caller's own deadline does.
+		return codes.DeadlineExceeded
+	case errors.Is(err, bulwark.ErrInvalidRequest):
+		return codes.Internal
+	}
+	return codes.Unavailable
+}

@@ -1,0 +1,216 @@
+package bulwarkgrpc_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	testpb "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/bulwark-http/bulwark"
+)
+
+func fail(c codes.Code) func(context.Context, int, *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+	return func(context.Context, int, *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+		return nil, status.Error(c, "scripted "+c.String())
+	}
+}
+
+// failFirst fails the first n calls with c, then echoes.
+func failFirst(n int, c codes.Code) func(context.Context, int, *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+	return func(_ context.Context, i int, in *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+		if i <= n {
+			return nil, status.Error(c, "scripted "+c.String())
+		}
+		return &testpb.SimpleResponse{Payload: in.GetPayload()}, nil
+	}
+}
+
+// fastRetry retries at once, so the tests over TCP wait for nothing.
+var fastRetry = bulwark.Config{Default: bulwark.Policy{Retry: bulwark.Retry{Base: time.Microsecond, Cap: time.Microsecond}}}
+
+func TestUnaryAnswers(t *testing.T) {
+	s := serveTCP(t, newEcho(), bulwark.Config{})
+	out, err := s.call(t.Context(), mGet, "hello")
+	if err != nil || string(out.GetPayload().GetBody()) != "hello" {
+		t.Fatalf("Get = %v, %v; want hello", out, err)
+	}
+	if h := s.host(t); h.Calls.Calls != 1 || h.Calls.Succeeded != 1 {
+		t.Fatalf("Snapshot calls = %+v, want 1 succeeded", h.Calls)
+	}
+}
+
+// The outcome of each code as the package doc's table says: whether the
+// call is sent again (for a method safe to repeat), and whether the host
+// is charged with it.
+func TestStatusTable(t *testing.T) {
+	for _, tc := range []struct {
+		code    codes.Code
+		retried bool
+		failure bool
+	}{
+		{codes.Unavailable, true, true},
+		{codes.DeadlineExceeded, true, true},
+		{codes.ResourceExhausted, true, true},
+		{codes.Internal, false, true},
+		{codes.Unknown, false, true},
+		{codes.DataLoss, false, true},
+		{codes.InvalidArgument, false, false},
+		{codes.NotFound, false, false},
+		{codes.PermissionDenied, false, false},
+		{codes.Unauthenticated, false, false},
+		{codes.FailedPrecondition, false, false},
+		{codes.Unimplemented, false, false},
+	} {
+		t.Run(tc.code.String(), func(t *testing.T) {
+			e := newEcho()
+			e.on(mGet, fail(tc.code))
+			s := serveTCP(t, e, fastRetry)
+			_, err := s.call(t.Context(), mGet, "x")
+			if status.Code(err) != tc.code {
+				t.Fatalf("Get: %v, want code %v", err, tc.code)
+			}
+			if n := e.count(mGet); (n > 1) != tc.retried {
+				t.Errorf("server got %d calls; retried = %v, want %v", n, n > 1, tc.retried)
+			}
+			h := s.host(t)
+			if failed := h.Calls.Failed > 0; failed != tc.failure {
+				t.Errorf("Snapshot calls %+v: failure = %v, want %v", h.Calls, failed, tc.failure)
+			}
+			if !tc.failure && h.Breaker.Failures != 0 {
+				t.Errorf("breaker window %+v counts a caller's error", h.Breaker)
+			}
+		})
+	}
+}
+
+func TestUnavailableBlipRetried(t *testing.T) {
+	e := newEcho()
+	e.on(mGet, failFirst(2, codes.Unavailable))
+	s := serveTCP(t, e, fastRetry)
+	out, err := s.call(t.Context(), mGet, "hi")
+	if err != nil || string(out.GetPayload().GetBody()) != "hi" {
+		t.Fatalf("Get = %v, %v; want hi after two UNAVAILABLE", out, err)
+	}
+	if n := e.count(mGet); n != 3 {
+		t.Fatalf("server got %d calls, want 3", n)
+	}
+}
+
+// A method whose descriptor declares no idempotency level is sent once,
+// unless its metadata carries an idempotency key.
+func TestNonIdempotentSentOnce(t *testing.T) {
+	e := newEcho()
+	e.on(mPost, fail(codes.Unavailable))
+	s := serveTCP(t, e, fastRetry)
+	if _, err := s.call(t.Context(), mPost, "x"); status.Code(err) != codes.Unavailable {
+		t.Fatalf("Post: %v, want UNAVAILABLE", err)
+	}
+	if n := e.count(mPost); n != 1 {
+		t.Fatalf("Post sent %d times, want once", n)
+	}
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "idempotency-key", "k1")
+	e.on(mPost, failFirst(2, codes.Unavailable))
+	if _, err := s.call(ctx, mPost, "x"); err != nil {
+		t.Fatalf("Post with an idempotency key: %v, want it retried to success", err)
+	}
+	if n := e.count(mPost); n != 1+2 {
+		t.Fatalf("Post with a key sent %d times in all, want 1 + 2", n-1)
+	}
+}
+
+// A route with Retry.KeyPOST marks its methods safe: each attempt carries
+// the same generated idempotency key as metadata, for the server to
+// collapse duplicates.
+func TestRouteKeyMarksSafe(t *testing.T) {
+	e := newEcho()
+	e.on(mPost, failFirst(1, codes.Unavailable))
+	cfg := fastRetry
+	cfg.Routes = map[string]bulwark.Policy{"/bulwark.test.Echo/": {Retry: bulwark.Retry{KeyPOST: true, Base: time.Microsecond, Cap: time.Microsecond}}}
+	s := serveTCP(t, e, cfg)
+	if _, err := s.call(t.Context(), mPost, "x"); err != nil {
+		t.Fatalf("Post under a KeyPOST route: %v", err)
+	}
+	if n := e.count(mPost); n != 2 {
+		t.Fatalf("Post sent %d times, want 2", n)
+	}
+	e.mu.Lock()
+	key := e.meta[mPost]
+	e.mu.Unlock()
+	if len(key) != 1 || key[0] == "" {
+		t.Fatalf("the server saw idempotency-key %q, want the generated key", key)
+	}
+}
+
+// bulwark's own refusals reach the caller as statuses, and errors.Is still
+// finds the sentinel.
+func TestBreakerOpenIsUnavailable(t *testing.T) {
+	e := newEcho()
+	s := serveTCP(t, e, bulwark.Config{})
+	if err := s.t.ControlBreaker(s.authority, bulwark.BreakerForceOpen); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.call(t.Context(), mGet, "x")
+	if status.Code(err) != codes.Unavailable || !errors.Is(err, bulwark.ErrBreakerOpen) {
+		t.Fatalf("Get with the breaker open: %v (code %v), want UNAVAILABLE that is ErrBreakerOpen", err, status.Code(err))
+	}
+	if n := e.count(mGet); n != 0 {
+		t.Fatalf("server got %d calls through an open breaker", n)
+	}
+}
+
+// A gRPC upstream and an HTTP one, from the same Transport, side by side
+// in its Snapshot; Update moves the gRPC one to its own policy.
+func TestSnapshotAndUpdate(t *testing.T) {
+	s := serveTCP(t, newEcho(), bulwark.Config{})
+	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	defer web.Close()
+	resp, err := (&http.Client{Transport: s.t}).Get(web.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if _, err := s.call(t.Context(), mGet, "x"); err != nil {
+		t.Fatal(err)
+	}
+	hosts := map[string]string{}
+	for _, h := range s.t.Snapshot().Hosts {
+		hosts[h.Host] = h.Upstream
+	}
+	webHost := web.Listener.Addr().String()
+	if hosts[webHost] != "default" || hosts[s.authority] != "default" {
+		t.Fatalf("Snapshot hosts %v, want both %s and %s", hosts, webHost, s.authority)
+	}
+	cfg := bulwark.Config{Upstreams: map[string]bulwark.Policy{s.authority: {Breaker: bulwark.Breaker{Disabled: true}}}}
+	if err := s.t.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.call(t.Context(), mGet, "x"); err != nil {
+		t.Fatal(err)
+	}
+	if h := s.host(t); h.Upstream != s.authority || h.Breaker != nil {
+		t.Fatalf("after Update: upstream %q breaker %+v, want %q with no breaker", h.Upstream, h.Breaker, s.authority)
+	}
+}
+
+// With grpc-go's own retryPolicy for the method, grpc-go retries and
+// bulwark sends the call once: retries at one layer.
+func TestGRPCRetryPolicyOneLayer(t *testing.T) {
+	e := newEcho()
+	e.on(mGet, fail(codes.Unavailable))
+	const sc = `{"methodConfig":[{"name":[{"service":"bulwark.test.Echo"}],"retryPolicy":{"maxAttempts":3,"initialBackoff":"0.001s","maxBackoff":"0.001s","backoffMultiplier":1,"retryableStatusCodes":["UNAVAILABLE"]}}]}`
+	s := serveTCP(t, e, fastRetry, grpc.WithDefaultServiceConfig(sc))
+	if _, err := s.call(t.Context(), mGet, "x"); status.Code(err) != codes.Unavailable {
+		t.Fatalf("Get: %v, want UNAVAILABLE", err)
+	}
+	if n := e.count(mGet); n != 3 {
+		t.Fatalf("server got %d calls, want grpc-go's 3 alone", n)
+	}
+}
