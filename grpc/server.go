@@ -169,9 +169,13 @@ func StreamServerInterceptor(cfg ServerConfig) grpc.StreamServerInterceptor {
 // room (server.Shedder.Precheck): under overload the refusals then cost
 // the server no decoding. It never queues nor takes a worker (grpc-go runs
 // it on the connection's reader, where it must not block); the
-// interceptors still admit every call it lets by. Its refusal is
-// RESOURCE_EXHAUSTED with a google.rpc.RetryInfo detail, without the
-// interceptors' trailers: grpc-go sends a tap's refusal as a status alone.
+// interceptors still admit every call it lets by. grpc-go sends a tap's
+// refusal as a status alone, without trailers: it is RESOURCE_EXHAUSTED
+// with what the interceptors' trailers say as details, a
+// google.rpc.RetryInfo (the wait) and a google.rpc.ErrorInfo of domain
+// "bulwark", reason "SHED" (bulwark-no-retry, bulwark-shed-priority,
+// bulwark-shed-reason as its metadata), which bulwark's client reads as
+// it reads the trailers.
 // Install it with grpc.InTapHandle, beside interceptors given the same
 // Shedder.
 func TapHandle(s *server.Shedder) tap.ServerInHandle {
@@ -280,16 +284,28 @@ func (h *serverHalf) refused(ctx context.Context, err error, setTrailer func(met
 }
 
 // shedStatus is a Shedder's refusal as a status: RESOURCE_EXHAUSTED, with
-// the wait it asks for as a google.rpc.RetryInfo.
+// the wait it asks for as a google.rpc.RetryInfo, and the trailers'
+// don't-retry and priority as a google.rpc.ErrorInfo of domain
+// shedDomain: a tap's refusal travels as a status alone, and a bulwark
+// client reads them there (passup.go).
 func shedStatus(err error) *status.Status {
 	st := status.New(codes.ResourceExhausted, err.Error())
 	if se, ok := err.(*server.ShedError); ok {
-		if d, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(se.RetryAfter)}); derr == nil {
+		d, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(se.RetryAfter)},
+			&errdetails.ErrorInfo{Reason: shedReason, Domain: shedDomain, Metadata: map[string]string{
+				mdNoRetry: "1", mdShedPriority: se.Priority.String(), mdShedReason: se.Reason.String()}})
+		if derr == nil {
 			st = d
 		}
 	}
 	return st
 }
+
+// The google.rpc.ErrorInfo of a Shedder's refusal.
+const (
+	shedDomain = "bulwark"
+	shedReason = "SHED"
+)
 
 // passUpTrailer marks an answer passed up from below.
 var passUpTrailer = metadata.MD{mdNoRetry: {bulwark.NoRetryFromBelow}}

@@ -102,7 +102,7 @@ func response(req *http.Request, st *status.Status, trailer metadata.MD) *http.R
 			h["Retry-After-Ms"] = v
 		}
 	}
-	passUpHeaders(h, trailer)
+	passUpHeaders(h, st, trailer)
 	return &http.Response{
 		Status: strconv.Itoa(httpStatus(code)) + " " + code.String(), StatusCode: httpStatus(code),
 		Proto: "HTTP/2.0", ProtoMajor: 2,
