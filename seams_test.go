@@ -80,6 +80,8 @@ var seamRows = []struct {
 	{"SDK attempt header × budget", seamSDKBudget},
 	{"SDK attempt header × breaker", seamSDKBreaker},
 	{"retry-after-ms × pushback", seamRetryAfterMsPushback},
+	{"RoundTripVia × retry, hedge", seamViaRetryHedge},
+	{"RoundTripVia × route, breaker", seamViaRoute},
 }
 
 func TestSeams(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
@@ -111,7 +112,8 @@ type attempt struct {
 // takes. A context that ended is returned as its error, for the layers to
 // tell their own deadline from the caller's.
 func (u *unary) RoundTrip(req *http.Request) (*http.Response, error) {
-	ctx := req.Context()
+	ctx, cancel := attemptContext(req)
+	defer cancel()
 	if k := attemptKey(req, u.caller); k != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, idempotencyKey, k)
 	}
@@ -119,14 +121,20 @@ func (u *unary) RoundTrip(req *http.Request) (*http.Response, error) {
 	if m, ok := u.reply.(proto.Message); ok {
 		a.reply = m.ProtoReflect().New().Interface()
 	}
-	opts := append(u.opts[:len(u.opts):len(u.opts)], grpc.Header(&a.header), grpc.Trailer(&a.trailer))
+	var p peer.Peer
+	opts := append(u.opts[:len(u.opts):len(u.opts)], grpc.Header(&a.header), grpc.Trailer(&a.trailer), grpc.Peer(&p))
 	err := u.invoker(ctx, u.method, u.req, a.reply, u.cc, opts...)
 	st, ok := status.FromError(err)
 	switch {
-	case err != nil && ctx.Err() != nil:
-		return nil, ctx.Err()
+	case err != nil && ended(ctx, st):
+		return nil, attemptEnd(req.Context())
 	case !ok:
 		return nil, err // no status: what failed is below gRPC, as a transport error is
+	case st.Code() == codes.Unavailable && p.Addr == nil:
+		// No connection carried it (refused, none ready): unanswered, as
+		// a refused connection is to an HTTP client, which the breaker's
+		// ConsecutiveFailures counts.
+		return nil, err
 	}
 	a.err, a.resp = err, response(req, st, a.trailer)
 	if err != nil && (a.resp.StatusCode >= 500 || a.resp.StatusCode == http.StatusTooManyRequests) && grpcRetries(u.cc, u.method) {
@@ -171,12 +179,4 @@ func (u *unary) finish(resp *http.Response) error {
 		proto.Merge(m, a.reply.(proto.Message))
 	}
 	return nil
-}
-
-// StreamClientInterceptor returns an interceptor that sends each stream's
-// establishment through t's layers (see the package doc).
-func StreamClientInterceptor(t *bulwark.Transport) grpc.StreamClientInterceptor {
-	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		return streamer(ctx, desc, cc, method, opts...) // skeleton: filled in next
-	}
 }

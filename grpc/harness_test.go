@@ -157,6 +157,9 @@ var echoDesc = grpc.ServiceDesc{
 					return err
 				}
 			}
+			if in.GetFillUsername() {
+				<-ss.Context().Done() // held open until the caller ends it
+			}
 			return nil
 		}},
 	},
@@ -176,6 +179,7 @@ func unaryDesc(name string) grpc.MethodDesc {
 // served is an Echo server with a channel to it through a Transport.
 type served struct {
 	echo      *echo
+	stop      func() // stops the server: a dead host from then on
 	t         *bulwark.Transport
 	cc        *grpc.ClientConn
 	authority string
@@ -219,12 +223,12 @@ func serve(tb testing.TB, e *echo, lis net.Listener, addr string, cfg bulwark.Co
 	if err != nil {
 		tb.Fatal(err)
 	}
+	stop := sync.OnceFunc(func() { srv.Stop(); <-done })
 	tb.Cleanup(func() {
 		_ = cc.Close()
-		srv.Stop()
-		<-done
+		stop()
 	})
-	return &served{echo: e, t: t, cc: cc, authority: addr}
+	return &served{echo: e, t: t, cc: cc, authority: addr, stop: stop}
 }
 
 // call makes a unary call of method with body as payload.

@@ -4,12 +4,16 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/bulwark-http/bulwark"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/descriptorpb"
@@ -172,4 +176,47 @@ func declaredSafe(method string) bool {
 // retryPolicy, so that grpc-go retries it below bulwark.
 func grpcRetries(cc *grpc.ClientConn, method string) bool {
 	return cc.GetMethodConfig(method).RetryPolicy != nil
+}
+
+// attemptContext is the context an attempt's gRPC call is made with: the
+// attempt's own, with the deadline its deadline header tells the server
+// (bulwark's attempt layer bounds an attempt with a timer of its own, not
+// a context deadline, and writes what is left, less a margin for the
+// network, in that header), so that the server's grpc-timeout is the
+// attempt's bound. A policy whose Timeout.Header names another header, or
+// NoDeadlineHeader, leaves the server the caller's deadline.
+func attemptContext(req *http.Request) (context.Context, context.CancelFunc) {
+	ctx := req.Context()
+	v := req.Header[bulwark.DefaultDeadlineHeader]
+	if len(v) != 1 {
+		return ctx, func() {}
+	}
+	ms, err := strconv.ParseInt(v[0], 10, 64)
+	if err != nil || ms <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, time.Duration(ms)*time.Millisecond)
+}
+
+// ended reports whether a gRPC call that failed with st ended with ctx,
+// its attempt's context: ctx is done, or st is DEADLINE_EXCEEDED and ctx's
+// deadline has passed (the server, told that deadline, may answer before
+// the client's own timer fires).
+func ended(ctx context.Context, st *status.Status) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && st.Code() == codes.DeadlineExceeded && !time.Now().Before(d)
+}
+
+// attemptEnd is the error of an attempt whose gRPC call ended with its
+// context: the attempt context's own, once it ends. The deadline
+// attemptContext adds comes a margin before the attempt layer's bound, and
+// the layer tells its own timeout from the caller's end by that context,
+// so the attempt waits the margin out (the attempt's context always ends:
+// the header is written only for a bounded attempt).
+func attemptEnd(ctx context.Context) error {
+	<-ctx.Done()
+	return ctx.Err()
 }

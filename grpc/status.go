@@ -145,11 +145,13 @@ func refusalCode(err error) codes.Code {
 	case errors.Is(err, bulwark.ErrBulkheadFull), errors.Is(err, bulwark.ErrThrottled),
 		errors.Is(err, bulwark.ErrPushback), errors.Is(err, bulwark.ErrRetryBudget):
 		return codes.ResourceExhausted
+	case errors.Is(err, bulwark.ErrAttemptTimeout), errors.Is(err, bulwark.ErrTotalTimeout), errors.Is(err, bulwark.ErrDeadlineTooShort):
+		// Before Canceled: a timeout of bulwark's may end its attempt by
+		// cancelling its context.
+		return codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):
 		return codes.Canceled
 	case errors.Is(err, context.DeadlineExceeded):
-		// bulwark's ErrAttemptTimeout, ErrTotalTimeout and
-		// ErrDeadlineTooShort wrap it, as the caller's own deadline does.
 		return codes.DeadlineExceeded
 	case errors.Is(err, bulwark.ErrInvalidRequest):
 		return codes.Internal
