@@ -110,23 +110,11 @@ func newServerHalf(cfg ServerConfig) *serverHalf {
 func UnaryServerInterceptor(cfg ServerConfig) grpc.UnaryServerInterceptor {
 	h := newServerHalf(cfg)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		md, _ := metadata.FromIncomingContext(ctx)
-		ctx, cancel := h.deadline(ctx, md)
-		if cancel != nil {
-			defer cancel()
-		}
-		if h.shed != nil {
-			release, err := h.shed.Admit(shedRequest(ctx, info.FullMethod, md))
-			if err != nil {
-				return nil, h.refused(ctx, err, func(md metadata.MD) { _ = grpc.SetTrailer(ctx, md) })
-			}
-			defer release()
-		}
-		var rec bulwark.CallRecord
-		resp, err := handler(rec.Attach(ctx), req)
-		if err != nil && passedUp(&rec, err) {
-			grpc.SetTrailer(ctx, passUpTrailer)
-		}
+		var resp any
+		err := h.serve(ctx, info.FullMethod, func(md metadata.MD) { _ = grpc.SetTrailer(ctx, md) }, func(ctx context.Context) (err error) {
+			resp, err = handler(ctx, req)
+			return err
+		})
 		return resp, err
 	}
 }
@@ -142,26 +130,35 @@ func UnaryServerInterceptor(cfg ServerConfig) grpc.UnaryServerInterceptor {
 func StreamServerInterceptor(cfg ServerConfig) grpc.StreamServerInterceptor {
 	h := newServerHalf(cfg)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		ctx := ss.Context()
-		md, _ := metadata.FromIncomingContext(ctx)
-		ctx, cancel := h.deadline(ctx, md)
-		if cancel != nil {
-			defer cancel()
-		}
-		if h.shed != nil {
-			release, err := h.shed.Admit(shedRequest(ctx, info.FullMethod, md))
-			if err != nil {
-				return h.refused(ctx, err, ss.SetTrailer)
-			}
-			defer release()
-		}
-		var rec bulwark.CallRecord
-		err := handler(srv, &serverStream{ServerStream: ss, ctx: rec.Attach(ctx)})
-		if err != nil && passedUp(&rec, err) {
-			ss.SetTrailer(passUpTrailer)
-		}
-		return err
+		return h.serve(ss.Context(), info.FullMethod, ss.SetTrailer, func(ctx context.Context) error {
+			return handler(srv, &serverStream{ServerStream: ss, ctx: ctx})
+		})
 	}
+}
+
+// serve runs one call's handler, run, under the server half: the
+// deadline capped, the Shedder's admission (a refusal's trailers set
+// through setTrailer), and the call record, whose mark on a failure passed
+// up is set through setTrailer too.
+func (h *serverHalf) serve(ctx context.Context, method string, setTrailer func(metadata.MD), run func(context.Context) error) error {
+	md, _ := metadata.FromIncomingContext(ctx)
+	ctx, cancel := h.deadline(ctx, md)
+	if cancel != nil {
+		defer cancel()
+	}
+	if h.shed != nil {
+		release, err := h.shed.Admit(shedRequest(ctx, method, md))
+		if err != nil {
+			return h.refused(ctx, err, setTrailer)
+		}
+		defer release()
+	}
+	var rec bulwark.CallRecord
+	err := run(rec.Attach(ctx))
+	if err != nil && passedUp(&rec, err) {
+		setTrailer(passUpTrailer)
+	}
+	return err
 }
 
 // TapHandle returns a tap.ServerInHandle that refuses, before the call's
