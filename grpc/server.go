@@ -141,12 +141,13 @@ func StreamServerInterceptor(cfg ServerConfig) grpc.StreamServerInterceptor {
 // through setTrailer), and the call record, whose mark on a failure passed
 // up is set through setTrailer too.
 func (h *serverHalf) serve(ctx context.Context, method string, setTrailer func(metadata.MD), run func(context.Context) error) error {
-	md, _ := metadata.FromIncomingContext(ctx)
-	ctx, cancel := h.deadline(ctx, md)
+	ctx, cancel := h.deadline(ctx)
 	if cancel != nil {
 		defer cancel()
 	}
 	if h.shed != nil {
+		// The whole metadata only for the Shedder's request: it is a copy.
+		md, _ := metadata.FromIncomingContext(ctx)
 		release, err := h.shed.Admit(shedRequest(ctx, method, md))
 		if err != nil {
 			return h.refused(ctx, err, setTrailer)
@@ -210,7 +211,7 @@ func (s *serverStream) Context() context.Context { return s.ctx }
 
 // deadline returns ctx bounded by the call's deadline, capped, and the
 // cancel of the context it made (nil when ctx already ends as soon).
-func (h *serverHalf) deadline(ctx context.Context, md metadata.MD) (context.Context, context.CancelFunc) {
+func (h *serverHalf) deadline(ctx context.Context) (context.Context, context.CancelFunc) {
 	now := time.Now()
 	best, found := time.Duration(0), false
 	had, hasDeadline := ctx.Deadline()
@@ -218,7 +219,7 @@ func (h *serverHalf) deadline(ctx context.Context, md metadata.MD) (context.Cont
 		best, found = had.Sub(now), true
 	}
 	for _, key := range [...]string{h.header, mdEnvoyDeadline} {
-		v := md[key]
+		v := metadata.ValueFromIncomingContext(ctx, key)
 		if len(v) == 0 {
 			continue
 		}

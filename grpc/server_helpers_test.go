@@ -44,14 +44,14 @@ func (s *testService) FullDuplexCall(stream testpb.TestService_FullDuplexCallSer
 // serveBufconn serves svc with opts on an in-memory listener and returns
 // a client connected to it, both stopped when the test (or the synctest
 // bubble's function) ends.
-func serveBufconn(t *testing.T, svc testpb.TestServiceServer, opts ...grpc.ServerOption) *grpc.ClientConn {
+func serveBufconn(t testing.TB, svc testpb.TestServiceServer, opts ...grpc.ServerOption) *grpc.ClientConn {
 	t.Helper()
 	lis := bufconn.Listen(1 << 20)
 	return serveOn(t, lis, func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }, "passthrough:///bufnet", svc, opts...)
 }
 
 // serveTCP serves svc on 127.0.0.1 and returns a client connected to it.
-func serveTCP(t *testing.T, svc testpb.TestServiceServer, opts ...grpc.ServerOption) *grpc.ClientConn {
+func serveTCP(t testing.TB, svc testpb.TestServiceServer, opts ...grpc.ServerOption) *grpc.ClientConn {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -60,7 +60,7 @@ func serveTCP(t *testing.T, svc testpb.TestServiceServer, opts ...grpc.ServerOpt
 	return serveOn(t, lis, nil, lis.Addr().String(), svc, opts...)
 }
 
-func serveOn(t *testing.T, lis net.Listener, dial func(context.Context, string) (net.Conn, error), target string,
+func serveOn(t testing.TB, lis net.Listener, dial func(context.Context, string) (net.Conn, error), target string,
 	svc testpb.TestServiceServer, opts ...grpc.ServerOption) *grpc.ClientConn {
 	t.Helper()
 	srv := grpc.NewServer(opts...)
