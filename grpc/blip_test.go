@@ -44,14 +44,14 @@ func TestBlip(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				load, ok := blip(t, tc.bulwark, tc.sc)
-				t.Logf("%-32s load ÷ offered during the blip %.2f; ok from 200 ms after it %.2f %%", tc.name, load, 100*ok)
+				load, ok, okAtEnd := blip(t, tc.bulwark, tc.sc)
+				t.Logf("%-32s load ÷ offered during the blip %.2f; ok from 200 ms after it %.2f %% (from its end %.2f %%)", tc.name, load, 100*ok, 100*okAtEnd)
 			})
 		})
 	}
 }
 
-func blip(t *testing.T, protect bool, sc string) (load, ok float64) {
+func blip(t *testing.T, protect bool, sc string) (load, ok, okAtEnd float64) {
 	const (
 		rate      = 400
 		run       = 6 * time.Second
@@ -96,7 +96,7 @@ func blip(t *testing.T, protect bool, sc string) (load, ok float64) {
 	defer func() { _ = cc.Close(); srv.Stop(); <-done }()
 
 	var wg sync.WaitGroup
-	var offeredBlip, after, afterOK atomic.Int64
+	var offeredBlip, after, afterOK, atEnd, atEndOK atomic.Int64
 	tick := time.NewTicker(time.Second / rate)
 	defer tick.Stop()
 	for time.Since(start) < run {
@@ -109,6 +109,12 @@ func blip(t *testing.T, protect bool, sc string) (load, ok float64) {
 			if at >= blipStart && at < blipEnd {
 				offeredBlip.Add(1)
 			}
+			if at >= blipEnd {
+				atEnd.Add(1)
+				if err == nil {
+					atEndOK.Add(1)
+				}
+			}
 			if at >= blipEnd+200*time.Millisecond {
 				after.Add(1)
 				if err == nil {
@@ -118,5 +124,6 @@ func blip(t *testing.T, protect bool, sc string) (load, ok float64) {
 		})
 	}
 	wg.Wait()
-	return float64(during.Load()) / float64(offeredBlip.Load()), float64(afterOK.Load()) / float64(after.Load())
+	return float64(during.Load()) / float64(offeredBlip.Load()), float64(afterOK.Load()) / float64(after.Load()),
+		float64(atEndOK.Load()) / float64(atEnd.Load())
 }

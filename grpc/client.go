@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
 	"sync"
 
 	"github.com/bulwark-http/bulwark"
@@ -22,19 +23,15 @@ type client struct {
 	methods methods
 }
 
-// prepare is the request for a call of method on cc, and whether bulwark
-// may send it more than once (see the package doc).
-func (c *client) prepare(ctx context.Context, cc *grpc.ClientConn, method string, canCopy bool) *http.Request {
+// prepare fills in req and u with the request for a call of method on cc
+// (see request), and whether bulwark may send it more than once (see the
+// package doc).
+func (c *client) prepare(req *http.Request, u *url.URL, ctx context.Context, cc *grpc.ClientConn, method string, canCopy bool) {
 	once := grpcRetries(cc, method)
 	safe := canCopy && !once && c.methods.isSafe(method)
-	req := request(ctx, c.chans.authorityOf(cc), method, safe, once)
-	if !canCopy {
-		// A reply bulwark cannot make afresh for each attempt would be
-		// written by two at once: sent once, key or not.
-		delete(req.Header, bulwark.IdempotencyKeyHeader)
-		delete(req.Header, "X-Idempotency-Key")
-	}
-	return req
+	// A reply bulwark cannot make afresh for each attempt would be written
+	// by two at once: sent once, key or not.
+	request(req, u, ctx, c.chans.authorityOf(cc), method, safe, once, !canCopy)
 }
 
 // UnaryClientInterceptor returns an interceptor that sends each unary call
@@ -49,10 +46,15 @@ func UnaryClientInterceptor(t *bulwark.Transport) grpc.UnaryClientInterceptor {
 		_, isProto := reply.(proto.Message)
 		u := &unary{method: method, req: req, reply: reply, cc: cc, invoker: invoker}
 		u.opts, u.header, u.trailer = splitOpts(opts)
-		u.caller = c.prepare(ctx, cc, method, isProto)
+		c.prepare(&u.request, &u.url, ctx, cc, method, isProto)
+		u.caller = &u.request
 		resp, err := t.RoundTripVia(u, u.caller)
 		if err != nil {
-			return callError(err)
+			if hasStatus(err) {
+				return err
+			}
+			u.refusal = refusal{err: err, code: refusalCode(err)}
+			return &u.refusal
 		}
 		// Ends the contexts the stack made for the call, and frees the
 		// attempt's bulkhead slot if it still holds one.
@@ -91,7 +93,13 @@ type unary struct {
 	invoker         grpc.UnaryInvoker
 	opts            []grpc.CallOption
 	header, trailer []*metadata.MD // the caller's
-	caller          *http.Request  // the request the call began as
+	caller          *http.Request  // the request the call began as: &request
+
+	// Held here so that a call allocates them with its state: the
+	// request, its URL, and the error of a refusal.
+	request http.Request
+	url     url.URL
+	refusal refusal
 
 	mu       sync.Mutex
 	attempts []*attempt
@@ -103,6 +111,7 @@ type attempt struct {
 	reply           any
 	err             error // the attempt's status error; nil for OK
 	header, trailer metadata.MD
+	peer            peer.Peer // set by grpc-go once a connection carries the attempt
 }
 
 // RoundTrip sends one attempt: the invoker with the attempt's context, so
@@ -114,15 +123,20 @@ type attempt struct {
 func (u *unary) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx, cancel := attemptContext(req)
 	defer cancel()
-	if k := attemptKey(req, u.caller); k != "" {
-		ctx = metadata.AppendToOutgoingContext(ctx, idempotencyKey, k)
+	if kv := added(req, u.caller); kv != nil {
+		ctx = metadata.AppendToOutgoingContext(ctx, kv...)
 	}
 	a := &attempt{reply: u.reply}
 	if m, ok := u.reply.(proto.Message); ok {
 		a.reply = m.ProtoReflect().New().Interface()
 	}
-	var p peer.Peer
-	opts := append(u.opts[:len(u.opts):len(u.opts)], grpc.Header(&a.header), grpc.Trailer(&a.trailer), grpc.Peer(&p))
+	// The trailer for its pushback, the peer to tell an answer from none;
+	// the header only for a caller who asked (grpc-go copies each).
+	opts := append(make([]grpc.CallOption, 0, len(u.opts)+3), u.opts...)
+	opts = append(opts, grpc.Trailer(&a.trailer), grpc.Peer(&a.peer))
+	if u.header != nil {
+		opts = append(opts, grpc.Header(&a.header))
+	}
 	err := u.invoker(ctx, u.method, u.req, a.reply, u.cc, opts...)
 	st, ok := status.FromError(err)
 	switch {
@@ -130,7 +144,7 @@ func (u *unary) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, attemptEnd(req.Context())
 	case !ok:
 		return nil, err // no status: what failed is below gRPC, as a transport error is
-	case st.Code() == codes.Unavailable && p.Addr == nil:
+	case st.Code() == codes.Unavailable && a.peer.Addr == nil:
 		// No connection carried it (refused, none ready): unanswered, as
 		// a refused connection is to an HTTP client, which the breaker's
 		// ConsecutiveFailures counts.

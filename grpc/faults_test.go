@@ -186,3 +186,72 @@ func TestDeadHostTrips(t *testing.T) {
 		}
 	})
 }
+
+// A hedge answers for a slow first attempt: the caller's reply is the
+// hedge's, each attempt having written its own.
+func TestHedgeReply(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEcho()
+		e.on(mGet, func(ctx context.Context, n int, in *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+			if n == 1 {
+				select {
+				case <-time.After(time.Second):
+				case <-ctx.Done():
+					return nil, status.FromContextError(ctx.Err()).Err()
+				}
+				return &testpb.SimpleResponse{Payload: &testpb.Payload{Body: []byte("first")}}, nil
+			}
+			return &testpb.SimpleResponse{Payload: &testpb.Payload{Body: []byte("hedge")}}, nil
+		})
+		s := serveBuf(t, e, bulwark.Config{Default: bulwark.Policy{Hedge: bulwark.Hedge{Delay: 20 * time.Millisecond}}})
+		start := time.Now()
+		out, err := s.call(t.Context(), mGet, "x")
+		if err != nil || string(out.GetPayload().GetBody()) != "hedge" {
+			t.Fatalf("Get = %v, %v; want the hedge's answer", out, err)
+		}
+		if el := time.Since(start); el > 100*time.Millisecond {
+			t.Fatalf("call took %v, want the hedge's answer after about 20ms", el)
+		}
+	})
+}
+
+// A stream whose server sends no headers is bounded by the attempt bound
+// until it is established, and re-established for a method safe to repeat;
+// once established it outlives the bound.
+func TestStreamEstablishmentBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEcho()
+		e.on(mWatch, func(ctx context.Context, n int, in *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+			if n == 1 {
+				<-ctx.Done() // no headers: hung
+				return nil, status.FromContextError(ctx.Err()).Err()
+			}
+			time.Sleep(10 * time.Millisecond)
+			return &testpb.SimpleResponse{}, nil
+		})
+		s := serveBuf(t, e, bulwark.Config{Default: bulwark.Policy{
+			Timeout: bulwark.Timeout{Attempt: 100 * time.Millisecond},
+			Retry:   bulwark.Retry{Base: time.Millisecond, Cap: time.Millisecond},
+		}})
+		start := time.Now()
+		cs, err := s.watch(t.Context(), 2, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if err := cs.RecvMsg(new(testpb.SimpleResponse)); err != nil {
+				t.Fatalf("Watch: %v, want the second attempt's messages", err)
+			}
+		}
+		if el := time.Since(start); el < 100*time.Millisecond || el > 200*time.Millisecond {
+			t.Errorf("established after %v, want one bound (100ms) and a retry", el)
+		}
+		time.Sleep(time.Second) // ten attempt bounds: the established stream stays
+		if n := e.count(mWatch); n != 2 {
+			t.Fatalf("server got %d streams, want 2", n)
+		}
+		if h := s.host(t); h.Bulkhead.InFlight != 1 {
+			t.Fatalf("bulkhead %+v, want the open stream's slot held", h.Bulkhead)
+		}
+	})
+}

@@ -81,7 +81,8 @@ type echo struct {
 	mu     sync.Mutex
 	script map[string]func(ctx context.Context, n int, in *testpb.SimpleRequest) (*testpb.SimpleResponse, error)
 	calls  map[string]int
-	meta   map[string][]string // the last call's idempotency-key, by method
+	meta   map[string][]string    // the last call's idempotency-key, by method
+	md     map[string]metadata.MD // the last call's metadata, by method
 }
 
 type echoer interface {
@@ -89,7 +90,7 @@ type echoer interface {
 }
 
 func newEcho() *echo {
-	return &echo{script: map[string]func(context.Context, int, *testpb.SimpleRequest) (*testpb.SimpleResponse, error){}, calls: map[string]int{}, meta: map[string][]string{}}
+	return &echo{script: map[string]func(context.Context, int, *testpb.SimpleRequest) (*testpb.SimpleResponse, error){}, calls: map[string]int{}, meta: map[string][]string{}, md: map[string]metadata.MD{}}
 }
 
 // on sets method's script: fn gets the call's number, from 1.
@@ -111,6 +112,7 @@ func (e *echo) answer(ctx context.Context, method string, in *testpb.SimpleReque
 	n, fn := e.calls[method], e.script[method]
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		e.meta[method] = md["idempotency-key"]
+		e.md[method] = md
 	}
 	e.mu.Unlock()
 	if fn == nil {

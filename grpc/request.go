@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bulwark-http/bulwark"
@@ -19,43 +20,77 @@ import (
 	"google.golang.org/protobuf/types/descriptorpb"
 )
 
-// idempotencyKey is the metadata key that marks a call as safe to send
-// twice, as the Idempotency-Key header does an HTTP request.
-const idempotencyKey = "idempotency-key"
-
 // request is the HTTP/2 POST a gRPC call is, as the layers see it: POST
 // http://<authority>/<pkg.Service>/<Method>, the call's context, its
 // outgoing metadata as headers (text keys only: bulwark reads no binary
 // metadata, and a binary value is no valid header value), and no body
 // (the message travels beside, in the sender). safe marks it as safe to
 // send twice, by an empty Idempotency-Key unless the metadata has one;
-// once marks it sent once by bulwark because grpc-go retries it itself.
-func request(ctx context.Context, authority, method string, safe, once bool) *http.Request {
-	h := make(http.Header)
-	if md, ok := metadata.FromOutgoingContext(ctx); ok {
+// once marks it sent once by bulwark because grpc-go retries it itself;
+// unkeyed drops the metadata's idempotency keys (a call bulwark must send
+// once whatever it carries).
+//
+// It fills in req and u, which the caller's call state holds, so that a
+// call allocates no request of its own.
+func request(req *http.Request, u *url.URL, ctx context.Context, authority, method string, safe, once, unkeyed bool) {
+	var h http.Header
+	if md, ok := metadata.FromOutgoingContext(ctx); ok && len(md) > 0 {
+		h = make(http.Header, len(md)+1)
 		for k, vs := range md {
 			if strings.HasSuffix(k, "-bin") || strings.HasPrefix(k, ":") || !validValues(vs) {
 				continue
 			}
-			h[http.CanonicalHeaderKey(k)] = vs
+			ck := http.CanonicalHeaderKey(k)
+			switch {
+			case ck == bulwark.DefaultDeadlineHeader:
+				// The attempt layer's to write (attemptContext reads it): a
+				// caller's would bound attempts the layer does not.
+				continue
+			case unkeyed && (ck == bulwark.IdempotencyKeyHeader || ck == "X-Idempotency-Key"):
+				continue
+			}
+			h[ck] = vs
+		}
+		if _, ok := h[bulwark.IdempotencyKeyHeader]; safe && !ok {
+			h[bulwark.IdempotencyKeyHeader] = emptyKey
+		}
+		if once {
+			// grpc-go's retryPolicy retries the call inside each attempt: a
+			// retrying client, which bulwark leaves the retries to (one layer).
+			h[bulwark.AttemptHeader] = firstAttempt
+		}
+	} else {
+		switch {
+		case safe:
+			h = safeHeader
+		case once:
+			h = onceHeader
+		default:
+			h = noHeader
 		}
 	}
-	if _, ok := h[bulwark.IdempotencyKeyHeader]; safe && !ok {
-		h[bulwark.IdempotencyKeyHeader] = []string{""}
-	}
-	if once {
-		// grpc-go's retryPolicy retries the call inside each attempt: a
-		// retrying client, which bulwark leaves the retries to (one layer).
-		h[bulwark.AttemptHeader] = []string{"1"}
-	}
-	req := &http.Request{
-		Method: http.MethodPost,
-		URL:    &url.URL{Scheme: "http", Host: authority, Path: method},
-		Proto:  "HTTP/2.0", ProtoMajor: 2,
+	*u = url.URL{Scheme: "http", Host: authority, Path: method}
+	r := http.Request{
+		Method: http.MethodPost, URL: u,
+		Proto: "HTTP/2.0", ProtoMajor: 2,
 		Header: h, Body: http.NoBody, Host: authority,
 	}
-	return req.WithContext(ctx)
+	// WithContext is the only way to set a request's context; its copy
+	// does not escape, and is copied into req.
+	*req = *r.WithContext(ctx)
 }
+
+// The headers of calls without metadata, shared by all of them: the layers
+// never change a request's header in place (the RoundTripper contract;
+// they copy it first), and the length and capacity of each value keep an
+// append from writing into it. A call with metadata has a map of its own.
+var (
+	emptyKey     = []string{""}
+	firstAttempt = []string{"1"}
+	noHeader     = http.Header{}
+	safeHeader   = http.Header{bulwark.IdempotencyKeyHeader: emptyKey}
+	onceHeader   = http.Header{bulwark.AttemptHeader: firstAttempt}
+)
 
 // validValues reports whether every value is one net/http would write
 // (no control byte but tab), so that a metadata value bulwark cannot carry
@@ -71,24 +106,49 @@ func validValues(vs []string) bool {
 	return true
 }
 
-// attemptKey is the idempotency key bulwark's retry layer gave an attempt
-// (Retry.KeyPOST) that the caller's metadata did not carry: sent as
-// idempotency-key metadata, so the server can collapse duplicates.
-func attemptKey(req *http.Request, caller *http.Request) string {
-	v := req.Header[bulwark.IdempotencyKeyHeader]
-	if len(v) != 1 || v[0] == "" {
-		return ""
+// added is what the layers wrote into an attempt's header that the call's
+// own request does not carry, as metadata pairs for the attempt's gRPC
+// call: the idempotency key the retry layer gave it (Retry.KeyPOST), the
+// priority the pushback layer read from the context (PriorityHeader), the
+// trace context the span layer injected, the attempt's number from the
+// second on. Not the deadline header: grpc-timeout carries the deadline.
+// Nil, allocating nothing, when the layers wrote nothing else.
+func added(req, caller *http.Request) []string {
+	var kv []string
+	for k, vs := range req.Header {
+		if len(vs) != 1 || k == bulwark.DefaultDeadlineHeader {
+			continue
+		}
+		if cv, ok := caller.Header[k]; ok && len(cv) == 1 && cv[0] == vs[0] {
+			continue
+		}
+		switch {
+		case vs[0] == "" && k == bulwark.IdempotencyKeyHeader:
+			continue // the marker of a method safe to repeat
+		case vs[0] == "1" && k == bulwark.AttemptHeader:
+			continue // the first attempt: as if unnumbered
+		case !validValues(vs):
+			continue
+		}
+		kv = append(kv, strings.ToLower(k), vs[0])
 	}
-	if w := caller.Header[bulwark.IdempotencyKeyHeader]; len(w) == 1 && w[0] == v[0] {
-		return "" // the caller's own, already in its metadata
-	}
-	return v[0]
+	return kv
 }
 
-// channels remembers what each channel's calls share: its authority.
-// The map is bounded by the channels a process makes, each a long-lived
-// object; it holds the target strings, not the channels.
-type channels struct{ authority sync.Map } // target → authority
+// channels remembers what each channel's calls share: its authority. The
+// map is bounded by the channels a process makes, each a long-lived
+// object; it holds the target strings, not the channels. last is the
+// channel seen last, which spares most calls the target string that
+// CanonicalTarget builds anew on each call.
+type channels struct {
+	authority sync.Map // target → authority
+	last      atomic.Pointer[channelAuthority]
+}
+
+type channelAuthority struct {
+	cc        *grpc.ClientConn
+	authority string
+}
 
 // authorityOf is the authority cc's calls carry, which keys their
 // upstream in Config.Upstreams: the endpoint of the channel's canonical
@@ -97,8 +157,12 @@ type channels struct{ authority sync.Map } // target → authority
 // made with grpc.WithAuthority sends that authority on the wire, but is
 // keyed here by its target's endpoint.
 func (ch *channels) authorityOf(cc *grpc.ClientConn) string {
+	if l := ch.last.Load(); l != nil && l.cc == cc {
+		return l.authority
+	}
 	target := cc.CanonicalTarget()
 	if a, ok := ch.authority.Load(target); ok {
+		ch.last.Store(&channelAuthority{cc, a.(string)})
 		return a.(string)
 	}
 	a := "localhost"
@@ -109,6 +173,7 @@ func (ch *channels) authorityOf(cc *grpc.ClientConn) string {
 		}
 	}
 	ch.authority.Store(target, a)
+	ch.last.Store(&channelAuthority{cc, a})
 	return a
 }
 

@@ -94,7 +94,11 @@ const pushbackKey = "grpc-retry-pushback-ms"
 func response(req *http.Request, st *status.Status, trailer metadata.MD) *http.Response {
 	code := st.Code()
 	h := make(http.Header, 3)
-	h[StatusHeader] = []string{strconv.Itoa(int(code))}
+	if int(code) < len(codeValues) {
+		h[StatusHeader] = codeValues[code][:1:1]
+	} else {
+		h[StatusHeader] = []string{strconv.Itoa(int(code))}
+	}
 	if v := trailer.Get(pushbackKey); len(v) == 1 {
 		h["Grpc-Retry-Pushback-Ms"] = v
 		if n, err := strconv.ParseInt(v[0], 10, 64); err == nil && n >= 0 &&
@@ -104,11 +108,22 @@ func response(req *http.Request, st *status.Status, trailer metadata.MD) *http.R
 	}
 	passUpHeaders(h, st, trailer)
 	return &http.Response{
-		Status: strconv.Itoa(httpStatus(code)) + " " + code.String(), StatusCode: httpStatus(code),
-		Proto: "HTTP/2.0", ProtoMajor: 2,
+		StatusCode: httpStatus(code),
+		Proto:      "HTTP/2.0", ProtoMajor: 2,
 		Header: h, Body: http.NoBody, ContentLength: -1, Request: req,
 	}
 }
+
+// codeValues are StatusHeader's values for the codes gRPC defines, made
+// once: a response's header shares them, capped so that nothing can
+// append into them.
+var codeValues = func() [][]string {
+	v := make([][]string, 17)
+	for i := range v {
+		v[i] = []string{strconv.Itoa(i)}
+	}
+	return v
+}()
 
 // refusal is an error of bulwark's own (a refusal, its timeout) as a gRPC
 // caller gets it: a status gRPC code understands (GRPCStatus), that still
@@ -130,11 +145,32 @@ func (r *refusal) GRPCStatus() *status.Status { return status.New(r.code, r.err.
 // timeouts become the status the package doc's table gives them, and
 // still unwrap to their sentinels.
 func callError(err error) error {
-	var gs interface{ GRPCStatus() *status.Status }
-	if errors.As(err, &gs) {
+	if hasStatus(err) {
 		return err
 	}
 	return &refusal{err: err, code: refusalCode(err)}
+}
+
+// hasStatus reports whether err, or an error it wraps, has a gRPC status,
+// as status.FromError would find it. Written out rather than errors.As,
+// whose target escapes: an open breaker's refusal would allocate it.
+func hasStatus(err error) bool {
+	type grpcStatus interface{ GRPCStatus() *status.Status }
+	for err != nil {
+		switch e := err.(type) {
+		case grpcStatus:
+			return true
+		case interface{ Unwrap() []error }:
+			for _, x := range e.Unwrap() {
+				if hasStatus(x) {
+					return true
+				}
+			}
+			return false
+		}
+		err = errors.Unwrap(err)
+	}
+	return false
 }
 
 // refusalCode is the gRPC code of an error of the stack that carries none.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/url"
 	"sync"
 
 	"github.com/bulwark-http/bulwark"
@@ -36,7 +37,8 @@ func StreamClientInterceptor(t *bulwark.Transport) grpc.StreamClientInterceptor 
 		}
 		// Each attempt needs the messages sent so far; one that cannot be
 		// sized cannot be kept within the buffer's bound.
-		s.caller = c.prepare(ctx, cc, method, true)
+		c.prepare(&s.request, &s.url, ctx, cc, method, true)
+		s.caller = &s.request
 		go s.establish(t)
 		return s, nil
 	}
@@ -55,7 +57,9 @@ type stream struct {
 	method   string
 	streamer grpc.Streamer
 	opts     []grpc.CallOption
-	caller   *http.Request
+	caller   *http.Request // &request
+	request  http.Request
+	url      url.URL
 
 	mu         sync.Mutex
 	cur        grpc.ClientStream // the attempt under way, once its sends are replayed
@@ -87,6 +91,7 @@ func (s *stream) establish(t *bulwark.Transport) {
 	resp, err := t.RoundTripVia(s, s.caller)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.sent = nil // no attempt replays it any more
 	defer close(s.established)
 	defer s.wake()
 	if err != nil {
@@ -148,8 +153,8 @@ func (s *stream) commitsAtOpen() bool { return s.desc.ClientStreams && s.desc.Se
 // could replay it).
 func (s *stream) RoundTrip(req *http.Request) (*http.Response, error) {
 	sctx, cancel := context.WithCancel(s.ctx)
-	if k := attemptKey(req, s.caller); k != "" {
-		sctx = metadata.AppendToOutgoingContext(sctx, idempotencyKey, k)
+	if kv := added(req, s.caller); kv != nil {
+		sctx = metadata.AppendToOutgoingContext(sctx, kv...)
 	}
 	actx, acancel := attemptContext(req)
 	defer acancel()
@@ -321,7 +326,9 @@ func (s *stream) SendMsg(m any) error {
 			s.over, s.sent = true, nil
 			close(s.overflowed)
 		} else {
-			s.sent = append(s.sent, m)
+			// A copy: grpc-go lets the caller reuse m once SendMsg
+			// returns, as its own retry buffer keeps the encoded bytes.
+			s.sent = append(s.sent, proto.Clone(m.(proto.Message)))
 		}
 	}
 	cs := s.cur

@@ -3,6 +3,7 @@ package bulwarkgrpc_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/bulwark-http/bulwark"
+	bulwarkgrpc "github.com/bulwark-http/bulwark/grpc"
 )
 
 func fail(c codes.Code) func(context.Context, int, *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
@@ -212,5 +214,114 @@ func TestGRPCRetryPolicyOneLayer(t *testing.T) {
 	}
 	if n := e.count(mGet); n != 3 {
 		t.Fatalf("server got %d calls, want grpc-go's 3 alone", n)
+	}
+}
+
+// Policy.Classify can judge a code otherwise, reading it with Code: here
+// INTERNAL is made retryable.
+func TestClassifyOverride(t *testing.T) {
+	e := newEcho()
+	e.on(mGet, failFirst(1, codes.Internal))
+	cfg := fastRetry
+	cfg.Default.Classify = func(resp *http.Response, err error) bulwark.Verdict {
+		if c, ok := bulwarkgrpc.Code(resp); ok && c == codes.Internal {
+			return bulwark.Verdict{Outcome: bulwark.OutcomeFailure, Retryable: true}
+		}
+		return bulwark.DefaultClassify(resp, err)
+	}
+	s := serveTCP(t, e, cfg)
+	if _, err := s.call(t.Context(), mGet, "x"); err != nil {
+		t.Fatalf("Get: %v, want INTERNAL retried to success", err)
+	}
+	if n := e.count(mGet); n != 2 {
+		t.Fatalf("server got %d calls, want 2", n)
+	}
+}
+
+// The caller's grpc.Header and grpc.Trailer options get the metadata of
+// the attempt whose answer the call takes.
+func TestCallerHeaderTrailer(t *testing.T) {
+	e := newEcho()
+	e.on(mGet, func(ctx context.Context, n int, in *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+		_ = grpc.SetHeader(ctx, metadata.Pairs("attempt", fmt.Sprint(n)))
+		_ = grpc.SetTrailer(ctx, metadata.Pairs("done", fmt.Sprint(n)))
+		if n == 1 {
+			return nil, status.Error(codes.Unavailable, "first")
+		}
+		return &testpb.SimpleResponse{}, nil
+	})
+	s := serveTCP(t, e, fastRetry)
+	var hdr, trl metadata.MD
+	if _, err := s.call(t.Context(), mGet, "x", grpc.Header(&hdr), grpc.Trailer(&trl)); err != nil {
+		t.Fatal(err)
+	}
+	if got := hdr.Get("attempt"); len(got) != 1 || got[0] != "2" {
+		t.Errorf("header attempt = %q, want the second attempt's", got)
+	}
+	if got := trl.Get("done"); len(got) != 1 || got[0] != "2" {
+		t.Errorf("trailer done = %q, want the second attempt's", got)
+	}
+}
+
+// Routes match full method names, exactly and by service: a method's own
+// route has its own breaker, judged by that method's calls alone; Update
+// adds a route that then takes the method's calls.
+func TestRoutesByMethod(t *testing.T) {
+	e := newEcho()
+	e.on(mPost, fail(codes.Internal))
+	tight := bulwark.Breaker{MinCalls: 5, WindowCalls: 10}
+	cfg := bulwark.Config{Routes: map[string]bulwark.Policy{"/bulwark.test.Echo/Post": {Breaker: tight}}}
+	s := serveTCP(t, e, cfg)
+	for range 6 {
+		_, _ = s.call(t.Context(), mPost, "x")
+	}
+	if _, err := s.call(t.Context(), mPost, "x"); !errors.Is(err, bulwark.ErrBreakerOpen) || status.Code(err) != codes.Unavailable {
+		t.Fatalf("Post after 6 INTERNAL: %v, want its route's breaker open", err)
+	}
+	if _, err := s.call(t.Context(), mGet, "x"); err != nil {
+		t.Fatalf("Get beside the open route: %v, want it answered", err)
+	}
+	// A service-wide route added by Update takes Get's calls.
+	cfg.Routes["/bulwark.test.Echo/"] = bulwark.Policy{Breaker: tight}
+	if err := s.t.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	e.on(mGet, fail(codes.Internal))
+	for range 6 {
+		_, _ = s.call(t.Context(), mGet, "x")
+	}
+	var patterns []string
+	for _, r := range s.host(t).Routes {
+		if r.Breaker != nil && r.Breaker.State == bulwark.CircuitOpen {
+			patterns = append(patterns, r.Pattern)
+		}
+	}
+	if len(patterns) != 2 {
+		t.Fatalf("open route breakers %v, want the method's and the service's", patterns)
+	}
+}
+
+// What the layers write for the server half reaches it as metadata: the
+// priority from the caller's context, and the attempt's number from the
+// second attempt on.
+func TestLayersHeadersAsMetadata(t *testing.T) {
+	e := newEcho()
+	e.on(mGet, failFirst(1, codes.Unavailable))
+	s := serveTCP(t, e, fastRetry)
+	ctx := bulwark.WithPriority(t.Context(), bulwark.PriorityLow)
+	if _, err := s.call(ctx, mGet, "x"); err != nil {
+		t.Fatal(err)
+	}
+	e.mu.Lock()
+	md := e.md[mGet]
+	e.mu.Unlock()
+	if p := md.Get("bulwark-priority"); len(p) != 1 || p[0] == "" {
+		t.Errorf("server saw bulwark-priority %q, want the caller's priority", p)
+	}
+	if a := md.Get("bulwark-attempt"); len(a) != 1 || a[0] != "2" {
+		t.Errorf("second attempt carried bulwark-attempt %q, want 2", a)
+	}
+	if d := md.Get("bulwark-timeout-ms"); len(d) != 0 {
+		t.Errorf("server saw bulwark-timeout-ms %q, want only grpc-timeout", d)
 	}
 }
