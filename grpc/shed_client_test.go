@@ -107,3 +107,49 @@ func TestShedReadByClient(t *testing.T) {
 
 // sleepPast sleeps d and a millisecond more, in the bubble's time.
 func sleepPast(d time.Duration) { time.Sleep(d + time.Millisecond) }
+
+// TestRetryRankedByShedder: a retry by bulwark's client reaches the
+// server's Shedder as a retry (the attempt's number travels as
+// bulwark-attempt metadata), which ranks it behind first attempts, and
+// its priority (bulwark.WithPriority) as the priority it is served at.
+func TestRetryRankedByShedder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEcho()
+		e.on(mGet, func(ctx context.Context, n int, in *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+			if n == 1 {
+				return nil, status.Error(codes.Unavailable, "blip")
+			}
+			return &testpb.SimpleResponse{}, nil
+		})
+		s, err := server.NewShedder(http.NotFoundHandler(), server.ShedConfig{Workers: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lis := bufconn.Listen(1 << 20)
+		srv := grpc.NewServer(bulwarkgrpc.ServerOptions(bulwarkgrpc.ServerConfig{Shedder: s})...)
+		srv.RegisterService(&interceptedEchoDesc, e)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = srv.Serve(lis) }()
+		defer func() { srv.Stop(); <-done }()
+		tr, err := bulwark.New(bulwark.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tr.Close()
+		cc, err := grpc.NewClient("passthrough:///retry.test:443", grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+			grpc.WithUnaryInterceptor(bulwarkgrpc.UnaryClientInterceptor(tr)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		ctx := bulwark.WithPriority(t.Context(), bulwark.PriorityLow)
+		if err := cc.Invoke(ctx, mGet, &testpb.SimpleRequest{}, new(testpb.SimpleResponse)); err != nil {
+			t.Fatalf("call: %v, want the retry to succeed", err)
+		}
+		st := s.Stats()
+		if e.count(mGet) != 2 || st.Served[bulwark.PriorityLow] != 2 || st.ServedRetries != 1 {
+			t.Errorf("%d attempts reached the handler; the Shedder served %d low, %d of them retries; want 2, 2, 1", e.count(mGet), st.Served[bulwark.PriorityLow], st.ServedRetries)
+		}
+	})
+}
