@@ -62,10 +62,15 @@ type gTier struct {
 	lis  *bufconn.Listener
 }
 
-func startGTier(t *testing.T, name string, e *echo) *gTier {
+// startGTier serves e on bufconn with opts (none: the server half with a
+// zero ServerConfig).
+func startGTier(t *testing.T, name string, e *echo, opts ...grpc.ServerOption) *gTier {
 	t.Helper()
+	if opts == nil {
+		opts = bulwarkgrpc.ServerOptions(bulwarkgrpc.ServerConfig{})
+	}
 	lis := bufconn.Listen(1 << 20)
-	srv := grpc.NewServer(bulwarkgrpc.ServerOptions(bulwarkgrpc.ServerConfig{})...)
+	srv := grpc.NewServer(opts...)
 	srv.RegisterService(&interceptedEchoDesc, e)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(lis) }()

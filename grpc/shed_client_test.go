@@ -3,7 +3,6 @@ package bulwarkgrpc_test
 import (
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"testing"
 	"testing/synctest"
@@ -14,10 +13,8 @@ import (
 	"github.com/bulwark-http/bulwark/server"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 )
 
 // TestShedReadByClient: bulwark's client hears a Shedder's refusal
@@ -52,24 +49,7 @@ func TestShedReadByClient(t *testing.T) {
 				if tap {
 					opts = bulwarkgrpc.ServerOptions(cfg)
 				}
-				lis := bufconn.Listen(1 << 20)
-				srv := grpc.NewServer(opts...)
-				srv.RegisterService(&interceptedEchoDesc, e)
-				done := make(chan struct{})
-				go func() { defer close(done); _ = srv.Serve(lis) }()
-				defer func() { srv.Stop(); <-done }()
-				tr, err := bulwark.New(bulwark.Config{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer tr.Close()
-				cc, err := grpc.NewClient("passthrough:///shed.test:443", grpc.WithTransportCredentials(insecure.NewCredentials()),
-					grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-					grpc.WithUnaryInterceptor(bulwarkgrpc.UnaryClientInterceptor(tr)))
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer cc.Close()
+				cc, _ := dialGTier(t, startGTier(t, "shed.test:443", e, opts...))
 				call := func() error { return cc.Invoke(t.Context(), mGet, &testpb.SimpleRequest{}, new(testpb.SimpleResponse)) }
 
 				held := make(chan error, 1)
@@ -125,24 +105,7 @@ func TestRetryRankedByShedder(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lis := bufconn.Listen(1 << 20)
-		srv := grpc.NewServer(bulwarkgrpc.ServerOptions(bulwarkgrpc.ServerConfig{Shedder: s})...)
-		srv.RegisterService(&interceptedEchoDesc, e)
-		done := make(chan struct{})
-		go func() { defer close(done); _ = srv.Serve(lis) }()
-		defer func() { srv.Stop(); <-done }()
-		tr, err := bulwark.New(bulwark.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tr.Close()
-		cc, err := grpc.NewClient("passthrough:///retry.test:443", grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-			grpc.WithUnaryInterceptor(bulwarkgrpc.UnaryClientInterceptor(tr)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cc.Close()
+		cc, _ := dialGTier(t, startGTier(t, "retry.test:443", e, bulwarkgrpc.ServerOptions(bulwarkgrpc.ServerConfig{Shedder: s})...))
 		ctx := bulwark.WithPriority(t.Context(), bulwark.PriorityLow)
 		if err := cc.Invoke(ctx, mGet, &testpb.SimpleRequest{}, new(testpb.SimpleResponse)); err != nil {
 			t.Fatalf("call: %v, want the retry to succeed", err)
