@@ -86,7 +86,7 @@ func TestAdmit(t *testing.T) {
 }
 
 // TestAdmitShadow: in shadow mode a refusal is counted and the work
-// admitted on no worker.
+// admitted on no worker; Precheck counts and lets by.
 func TestAdmitShadow(t *testing.T) {
 	s, err := NewShedder(newGate(), ShedConfig{Workers: 1, Queue: -1, ReservedCritical: -1, Shadow: true})
 	if err != nil {
@@ -97,10 +97,13 @@ func TestAdmitShadow(t *testing.T) {
 	if err1 != nil || err2 != nil {
 		t.Fatalf("shadow Admit: %v, %v; want both admitted", err1, err2)
 	}
+	if err := s.Precheck(newReq("POST", "/a", "")); err != nil {
+		t.Errorf("shadow Precheck with the worker held and no queue: %v, want nil (counted, let by)", err)
+	}
 	rel2()
 	rel1()
-	if st := s.Stats(); st.InFlight != 0 || st.ShedTotal() != 1 || st.Served[bulwark.PriorityHigh] != 1 {
-		t.Errorf("stats %+v: want nothing in flight, one refusal counted, one served (a POST is high)", st)
+	if st := s.Stats(); st.InFlight != 0 || st.ShedTotal() != 2 || st.Served[bulwark.PriorityHigh] != 1 {
+		t.Errorf("stats %+v: want nothing in flight, two refusals counted (Admit's, Precheck's), one served (a POST is high)", st)
 	}
 }
 
