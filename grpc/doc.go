@@ -26,6 +26,10 @@
 // keys only), its context the request's; each attempt calls grpc-go's
 // invoker, or streamer, with the attempt's context, and its outcome comes
 // back to the layers as a response whose status says how to judge it.
+// What the layers add to an attempt's headers for a server (the priority
+// from bulwark.WithPriority, the trace context, the attempt's number from
+// the second on, a generated idempotency key) goes as that attempt's
+// metadata; the deadline goes as grpc-timeout.
 //
 // # Status codes
 //

@@ -255,3 +255,46 @@ func TestStreamEstablishmentBound(t *testing.T) {
 		}
 	})
 }
+
+// The bound bulwark learns from a gRPC host's healthy latency applies to
+// each attempt, as an HTTP host's does: after enough 5 ms answers, a hung
+// call is cut at the learned bound, far below the cold-start default.
+func TestLearnedBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEcho()
+		hung := false
+		var mu sync.Mutex
+		e.on(mGet, func(ctx context.Context, n int, in *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+			mu.Lock()
+			h := hung
+			mu.Unlock()
+			if h {
+				return hang(ctx, n, in)
+			}
+			time.Sleep(5 * time.Millisecond)
+			return &testpb.SimpleResponse{}, nil
+		})
+		s := serveBuf(t, e, bulwark.Config{Default: bulwark.Policy{Retry: bulwark.Retry{Disabled: true}}})
+		for range 300 {
+			if _, err := s.call(t.Context(), mGet, "x"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		l := s.host(t).Learned
+		if l == nil || l.AttemptFrom != bulwark.FromLearned || l.AttemptTimeout >= time.Second {
+			t.Fatalf("learned %+v after 300 answers of 5 ms, want a learned attempt bound", l)
+		}
+		t.Logf("learned attempt bound %v (baseline %v, %d samples)", l.AttemptTimeout, l.Baseline, l.Samples)
+		mu.Lock()
+		hung = true
+		mu.Unlock()
+		start := time.Now()
+		_, err := s.call(t.Context(), mGet, "x")
+		if !errors.Is(err, bulwark.ErrAttemptTimeout) || status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("hung call: %v, want DEADLINE_EXCEEDED that is ErrAttemptTimeout", err)
+		}
+		if el := time.Since(start); el > l.AttemptTimeout+10*time.Millisecond {
+			t.Fatalf("hung call cut after %v, want the learned %v", el, l.AttemptTimeout)
+		}
+	})
+}
