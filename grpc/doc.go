@@ -137,6 +137,24 @@
 // Bulkhead.MaxConcurrent for the streams a host keeps open, or give them a
 // route of their own with Bulkhead.Disabled.
 //
+// # The server half
+//
+// ServerOptions (or UnaryServerInterceptor, StreamServerInterceptor and
+// TapHandle) give a gRPC server what package server gives an HTTP
+// handler: the call's deadline capped (grpc-timeout, bulwark's deadline
+// key, Envoy's; server.DeadlineOptions.Max), a server.Shedder in front of
+// the handlers, with the priority the bulwark-priority metadata names, and
+// a bulwark.CallRecord on the handler's context, so that a failure the
+// tier below already dealt with goes back marked with the trailer
+// bulwark-no-retry: below, which this package's client reads as the HTTP
+// client reads bulwark.NoRetryHeader: a chain of gRPC services retries at
+// one layer and trips at one layer. A Shedder's refusal is
+// RESOURCE_EXHAUSTED with grpc-retry-pushback-ms and bulwark-no-retry "1"
+// (and the same as status details, for a refusal by the tap, which has no
+// trailers): this package's client does not retry it and pauses the
+// priorities refused for the wait it asks for. A stream the Shedder
+// admits holds its worker for its whole life.
+//
 // # What does not apply
 //
 // Policy.Endpoints: grpc-go balances a channel's calls itself. A Fallback

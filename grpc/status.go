@@ -106,6 +106,7 @@ func response(req *http.Request, st *status.Status, trailer metadata.MD) *http.R
 			h["Retry-After-Ms"] = v
 		}
 	}
+	passUpHeaders(h, st, trailer)
 	return &http.Response{
 		StatusCode: httpStatus(code),
 		Proto:      "HTTP/2.0", ProtoMajor: 2,

@@ -22,6 +22,11 @@
 // layer retries and one layer trips (see bulwark.NoRetryFromBelow for the
 // rules).
 //
+// A Shedder also admits work that is not an http.Handler's: Admit (and
+// Precheck, which never waits) take a request that stands for the work, so
+// that a gRPC server (the nested module github.com/bulwark-http/bulwark/grpc)
+// and an HTTP handler can share one Shedder and one pool of workers.
+//
 // The two compose with the deadline outermost, so that the patience a
 // queued request is allowed is the deadline its caller sent:
 //

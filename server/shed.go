@@ -429,57 +429,67 @@ func formatValue(v any) string {
 func (s *Shedder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p := clamp(s.classify(r))
 	rk := rankOf(p, isRetry(r.Header))
-
-	s.mu.Lock()
-	workers, limit := s.capacityLocked()
-	if p == bulwark.PriorityCritical {
-		limit = workers
+	if ok, why := s.admit(r.Context(), rk); !ok {
+		s.refuseRank(w, r, rk, why)
+		return
 	}
+	s.serve(w, r, p, rk)
+}
+
+// admit asks for a worker for a request of rank rk whose context is ctx:
+// a free one it may use, or one that becomes free while it waits in the
+// queue within its patience (its context's deadline if sooner than
+// MaxQueueWait). It reports whether the request holds a worker, and if
+// not, why.
+func (s *Shedder) admit(ctx context.Context, rk rank) (ok bool, why ShedReason) {
+	s.mu.Lock()
 	// Every change of state hands free workers to the waiters who may use
 	// them (dispatchLocked), so a free worker this request may use means no
 	// waiter of its priority or above is being passed over.
-	if s.inflight < limit {
+	if s.inflight < s.limitLocked(rk.priority()) {
 		s.inflight++
 		s.statInflight.Store(int64(s.inflight))
 		s.mu.Unlock()
-		s.serve(w, r, p, rk)
-		return
+		return true, 0
 	}
 	// No worker: queue, unless the request's patience is already spent.
-	// Patience is the caller's deadline if sooner than MaxQueueWait.
-	ctx := r.Context()
 	if err := ctx.Err(); err != nil {
 		s.mu.Unlock()
-		s.refuseRank(w, r, rk, doneReason(ctx))
-		return
+		return false, doneReason(ctx)
 	}
 	now := s.now()
 	patience := now.Add(s.maxWait)
-	d, ok := ctx.Deadline()
-	byDeadline := ok && d.Before(patience)
+	d, hasDeadline := ctx.Deadline()
+	byDeadline := hasDeadline && d.Before(patience)
 	if byDeadline {
 		patience = d
 	}
 	if !now.Before(patience) {
 		s.mu.Unlock()
-		s.refuseRank(w, r, rk, ShedWaitedTooLong)
-		return
+		return false, ShedWaitedTooLong
 	}
-	wt, ok := s.enqueueLocked(rk, patience)
+	wt, queued := s.enqueueLocked(rk, patience)
 	s.mu.Unlock()
-	if !ok {
-		s.refuseRank(w, r, rk, ShedQueueFull)
-		return
+	if !queued {
+		return false, ShedQueueFull
 	}
-	s.wait(w, r, wt, !byDeadline)
+	return s.wait(ctx, wt, !byDeadline)
+}
+
+// limitLocked is how many workers a request of priority p may find busy
+// and still start: every worker for bulwark.PriorityCritical, the shared
+// ones for the others.
+func (s *Shedder) limitLocked(p bulwark.Priority) int {
+	workers, shared := s.capacityLocked()
+	if p == bulwark.PriorityCritical {
+		return workers
+	}
+	return shared
 }
 
 // serve runs the wrapped handler on a worker this request holds.
 func (s *Shedder) serve(w http.ResponseWriter, r *http.Request, p bulwark.Priority, rk rank) {
-	s.served[p].Add(1)
-	if rk.retry() {
-		s.servedRetry.Add(1)
-	}
+	s.started(p, rk)
 	if s.lim != nil {
 		defer s.sample(time.Now())
 	}
@@ -487,6 +497,14 @@ func (s *Shedder) serve(w http.ResponseWriter, r *http.Request, p bulwark.Priori
 	// gives its worker back.
 	defer s.release()
 	s.next.ServeHTTP(w, r)
+}
+
+// started counts a request of priority p and rank rk handed its worker.
+func (s *Shedder) started(p bulwark.Priority, rk rank) {
+	s.served[p].Add(1)
+	if rk.retry() {
+		s.servedRetry.Add(1)
+	}
 }
 
 // release gives a worker back and hands it on.
@@ -502,8 +520,7 @@ func (s *Shedder) release() {
 // hot rejection path allocates nothing of its own: every header value is
 // shared.
 func (s *Shedder) refuse(w http.ResponseWriter, r *http.Request, p bulwark.Priority, why ShedReason) {
-	s.shed[why][p].Add(1)
-	if s.shadow && why != ShedCanceled {
+	if s.counted(p, why) {
 		// Counted as a refusal, served anyway, on no worker: the queue
 		// and the workers stay what an enforcing Shedder's would be. A
 		// caller who went away is not the Shedder's refusal.
@@ -520,6 +537,14 @@ func (s *Shedder) refuse(w http.ResponseWriter, r *http.Request, p bulwark.Prior
 	h["X-Content-Type-Options"] = shedNoSniff
 	w.WriteHeader(http.StatusServiceUnavailable)
 	w.Write(shedBody)
+}
+
+// counted counts a refusal of priority p for why, and reports whether
+// the request is served anyway: in shadow mode, every refusal but a caller
+// who went away (ShedCanceled), which is not the Shedder's.
+func (s *Shedder) counted(p bulwark.Priority, why ShedReason) (serveAnyway bool) {
+	s.shed[why][p].Add(1)
+	return s.shadow && why != ShedCanceled
 }
 
 // doneReason tells a deadline that passed from a caller that went away.
@@ -557,16 +582,7 @@ func (w *waiter) FIFOLinks() *fifo.Links[waiter] { return &w.links }
 func (s *Shedder) enqueueLocked(rk rank, patience time.Time) (*waiter, bool) {
 	p := rk.priority()
 	if s.queued >= s.queueCap {
-		// The least important waiter gives way to a more important arrival:
-		// the newest of the lowest rank, so that those who have waited
-		// longest keep their place. A first attempt outranks a retry of
-		// its own priority.
-		victim := (*waiter)(nil)
-		for q := numRanks - 1; q > int(rk); q-- {
-			if victim = s.queue[q].Back(); victim != nil {
-				break
-			}
-		}
+		victim := s.victimLocked(rk)
 		if victim == nil {
 			return nil, false
 		}
@@ -577,6 +593,20 @@ func (s *Shedder) enqueueLocked(rk rank, patience time.Time) (*waiter, bool) {
 	s.queued++
 	s.statQueued.Store(int64(s.queued))
 	return w, true
+}
+
+// victimLocked is the waiter a full queue gives up for an arrival of rank
+// rk, nil if none: the least important waiter gives way to a more
+// important arrival, the newest of the lowest rank, so that those who have
+// waited longest keep their place. A first attempt outranks a retry of
+// its own priority.
+func (s *Shedder) victimLocked(rk rank) *waiter {
+	for q := numRanks - 1; q > int(rk); q-- {
+		if v := s.queue[q].Back(); v != nil {
+			return v
+		}
+	}
+	return nil
 }
 
 // settleLocked takes w out of the queue in state st and wakes it.
@@ -614,16 +644,15 @@ func (s *Shedder) dispatchLocked() {
 	}
 }
 
-// wait blocks a queued request until it is granted a worker, displaced, or
-// its patience or context runs out, and then serves or refuses it.
-// The context's Done ends a wait bounded by its deadline; a wait bounded by
-// MaxQueueWait (useTimer) needs a timer of its own.
-func (s *Shedder) wait(w http.ResponseWriter, r *http.Request, wt *waiter, useTimer bool) {
-	ctx := r.Context()
+// wait blocks a queued request until it is granted a worker, displaced,
+// or its patience or context runs out, and reports whether it holds a
+// worker, and if not, why. The context's Done ends a wait bounded by its
+// deadline; a wait bounded by MaxQueueWait (useTimer) needs a timer of its
+// own.
+func (s *Shedder) wait(ctx context.Context, wt *waiter, useTimer bool) (ok bool, why ShedReason) {
 	var (
 		t     *time.Timer
 		timer <-chan time.Time // nil, and never ready, without a timer
-		why   ShedReason
 	)
 	if useTimer {
 		t = time.NewTimer(s.maxWait)
@@ -652,17 +681,15 @@ func (s *Shedder) wait(w http.ResponseWriter, r *http.Request, wt *waiter, useTi
 			// Granted as the context ended: the caller is gone, so give
 			// the worker to someone still waiting for an answer.
 			s.release()
-			s.refuseRank(w, r, wt.rank, doneReason(ctx))
-			return
+			return false, doneReason(ctx)
 		}
-		s.serve(w, r, wt.prio, wt.rank)
+		return true, 0
 	case dropped:
-		s.refuseRank(w, r, wt.rank, ShedDisplaced)
+		return false, ShedDisplaced
 	case expired:
-		s.refuseRank(w, r, wt.rank, ShedWaitedTooLong)
-	default: // left on its own
-		s.refuseRank(w, r, wt.rank, why)
+		return false, ShedWaitedTooLong
 	}
+	return false, why // left on its own
 }
 
 // Stats returns a snapshot of the Shedder's state and counters. It takes no

@@ -22,6 +22,7 @@ type spec struct {
 // scenarios is the lab's registry, in the order "all" runs them.
 var scenarios = []spec{
 	tuesdaySpec,
+	tuesdayGRPCSpec,
 	stormSpec,
 	deadlinesSpec,
 	outlierSpec,

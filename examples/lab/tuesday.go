@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/bulwark-http/bulwark"
+	"google.golang.org/grpc"
 )
 
 // The Tuesday of Michael Nygard's Release It! (2nd ed.), scaled: a
@@ -175,6 +176,10 @@ type tuesdayRun struct {
 	taxClient *http.Client
 	bulwark   *bulwark.Transport // the tax client's transport; nil for plain
 	taxHost   string             // host:port of this run's tax service
+	// overGRPC: checkout calls tax over gRPC (tuesday_grpc.go), through
+	// taxConn, with bulwark's client interceptor when protected.
+	overGRPC bool
+	taxConn  *grpc.ClientConn
 	// learned is what bulwark had learned of tax when it turned sick (the
 	// first breaker sample in the sick period); nil for plain.
 	learned *bulwark.LearnedSnapshot
@@ -201,7 +206,12 @@ func (r *tuesdayRun) learnedNote() string {
 // sick reports whether the tax service is slow at instant t.
 func (r *tuesdayRun) sick(t time.Time) bool { return !t.Before(r.sickAt) && t.Before(r.healAt) }
 
-func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
+func (l *lab) tuesday(ctx context.Context) (*scenario, error) { return l.tuesdayOver(ctx, false) }
+
+// tuesdayOver runs the scenario with checkout calling tax over HTTP, or
+// over gRPC (without the hand-tuned run: its fallback and policy are the
+// HTTP run's).
+func (l *lab) tuesdayOver(ctx context.Context, overGRPC bool) (*scenario, error) {
 	s := l.set
 	length := s.runLen(9 * time.Second)
 	sickFrom, sickTo := length*15/100, length*50/100
@@ -220,23 +230,29 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 			"the outage of a slow dependency told in Michael Nygard's Release It! (2nd ed.): slow is worse than down, because a slow service holds its callers' threads",
 			fmt.Sprintf("checkout: %d workers (%d threads ÷ %d), %.0f req/s offered, half POST /checkout (calls tax), half GET /orders/{id} (local, %v)",
 				workers, refPoolThreads, poolDivisor, s.load, max(s.ref(refOrderTime), 500*time.Microsecond)),
-			fmt.Sprintf("tax answers in %v, then %v from %.1fs to %.1fs; users give up after %v; the three runs side by side, each with its own servers",
+			fmt.Sprintf("tax answers in %v, then %v from %.1fs to %.1fs; users give up after %v; the runs side by side, each with its own servers",
 				s.ref(refTaxHealthy), s.ref(refTaxSick), sickFrom.Seconds(), sickTo.Seconds(), patience),
 		},
 	}
 
-	// Calibrate on a healthy tax service: the tuned attempt timeout comes from its
-	// measured p99.9, never below 150 ms (scaled).
-	p999, err := l.taxP999(ctx)
-	if err != nil {
-		return nil, err
+	runs := []*tuesdayRun{{protected: false}, {protected: true}, {protected: true, tuned: true}}
+	var attempt time.Duration
+	if overGRPC {
+		runs = []*tuesdayRun{{overGRPC: true}, {overGRPC: true, protected: true}}
+		sc.intro = append(sc.intro, grpcIntro)
+	} else {
+		// Calibrate on a healthy tax service: the tuned attempt timeout comes from its
+		// measured p99.9, never below 150 ms (scaled).
+		p999, err := l.taxP999(ctx)
+		if err != nil {
+			return nil, err
+		}
+		// Rounded up: a timeout below the measured p99.9 would cut healthy calls.
+		attempt = roundUp(max(s.ref(refTaxTimeout), p999), time.Millisecond)
+		sc.intro = append(sc.intro, fmt.Sprintf("healthy tax p99.9 measured %v → tuned bulwark's attempt timeout %v (the larger of it and 150 ms scaled, rounded up); the zero-config bulwark learns its own", roundUp(p999, 100*time.Microsecond), attempt))
 	}
-	// Rounded up: a timeout below the measured p99.9 would cut healthy calls.
-	attempt := roundUp(max(s.ref(refTaxTimeout), p999), time.Millisecond)
-	sc.intro = append(sc.intro, fmt.Sprintf("healthy tax p99.9 measured %v → tuned bulwark's attempt timeout %v (the larger of it and 150 ms scaled, rounded up); the zero-config bulwark learns its own", roundUp(p999, 100*time.Microsecond), attempt))
 
 	start := time.Now().Add(50 * time.Millisecond)
-	runs := []*tuesdayRun{{protected: false}, {protected: true}, {protected: true, tuned: true}}
 	for _, r := range runs {
 		r.tl = newTimeline(start, 100*time.Millisecond, length+patience+time.Second)
 		r.sickAt, r.healAt = start.Add(sickFrom), start.Add(sickTo)
@@ -259,7 +275,11 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 		r.tl.define("breaker open", kindRate, r.protected, true)
 	}
 
-	if err := l.sideBySide("tuesday: plain, bulwark and bulwark tuned side by side", length+patience, len(runs), func(i int) error {
+	what := "tuesday: plain, bulwark and bulwark tuned side by side"
+	if overGRPC {
+		what = "tuesday over gRPC: plain channel and bulwark side by side"
+	}
+	if err := l.sideBySide(what, length+patience, len(runs), func(i int) error {
 		return l.tuesdayRun(ctx, runs[i], start, length, patience, attempt, workers)
 	}); err != nil {
 		return nil, err
@@ -269,6 +289,8 @@ func (l *lab) tuesday(ctx context.Context) (*scenario, error) {
 	for _, r := range runs {
 		out := &run{tl: r.tl}
 		switch {
+		case r.overGRPC:
+			out.name, out.short, out.notes = grpcRunNames(r)
 		case r.protected && !r.tuned:
 			out.name, out.short = "bulwark client, zero config: package defaults, only a fallback set on the tax call", "bulwark"
 			out.notes = []string{
@@ -373,47 +395,15 @@ func jitter(d time.Duration) time.Duration {
 
 func (l *lab) tuesdayRun(ctx context.Context, r *tuesdayRun, start time.Time, length, patience, attempt time.Duration, workers int) error {
 	s := l.set
-	tax, err := startServer(func(srv *server) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-			now := time.Now()
-			r.tl.count("tax recv", now)
-			d := jitter(s.ref(refTaxHealthy))
-			if r.sick(now) {
-				r.taxSick.Add(1)
-				d = s.ref(refTaxSick) // slow, and then correct
-			}
-			if !srv.sleep(req.Context(), d) {
-				http.Error(w, "gave up", http.StatusServiceUnavailable)
-				return
-			}
-			_, _ = w.Write([]byte("0.0825"))
-		})
-	})
+	startTax := r.startHTTPTax
+	if r.overGRPC {
+		startTax = r.startGRPCTax
+	}
+	stopTax, err := startTax(s, attempt)
 	if err != nil {
 		return err
 	}
-	defer tax.close()
-	r.taxHost = tax.host
-
-	taxBase := loopbackTransport()
-	defer taxBase.CloseIdleConnections()
-	lastGood := func() string { return r.lastRate.Load().(string) }
-	switch {
-	case r.tuned:
-		r.bulwark, err = tunedTaxClient(taxBase, tax.host, attempt, refTaxBulkhead/poolDivisor, s, lastGood)
-		if err != nil {
-			return err
-		}
-		r.taxClient = &http.Client{Transport: r.bulwark}
-	case r.protected:
-		r.bulwark, err = protectedTaxClient(taxBase, lastGood)
-		if err != nil {
-			return err
-		}
-		r.taxClient = &http.Client{Transport: r.bulwark}
-	default:
-		r.taxClient = &http.Client{Transport: taxBase} // no timeout: the default
-	}
+	defer stopTax()
 
 	checkout, err := startServer(func(srv *server) http.Handler { return r.checkoutMux(srv, s) })
 	if err != nil {
@@ -440,7 +430,7 @@ func (l *lab) tuesdayRun(ctx context.Context, r *tuesdayRun, start time.Time, le
 			stale = ok && bytes.HasPrefix(body, []byte(staleAnswer))
 		}
 		r.tl.outcome(series, at, ok)
-		if r.protected && series == "checkout ok" {
+		if r.protected && !r.overGRPC && series == "checkout ok" {
 			r.tl.outcome("checkout fallback", at, stale)
 		}
 		if series == "orders ok" {
@@ -448,6 +438,57 @@ func (l *lab) tuesdayRun(ctx context.Context, r *tuesdayRun, start time.Time, le
 		}
 	})
 	return nil
+}
+
+// taxDelay counts a request reaching tax at now and returns how long tax
+// takes to answer it: healthy, or sick (slow, and then correct).
+func (r *tuesdayRun) taxDelay(s settings, now time.Time) time.Duration {
+	r.tl.count("tax recv", now)
+	if r.sick(now) {
+		r.taxSick.Add(1)
+		return s.ref(refTaxSick)
+	}
+	return jitter(s.ref(refTaxHealthy))
+}
+
+// startHTTPTax starts the tax service over HTTP and the client checkout
+// calls it with: plain, bulwark with zero config, or tuned with the
+// attempt timeout given.
+func (r *tuesdayRun) startHTTPTax(s settings, attempt time.Duration) (stop func(), err error) {
+	tax, err := startServer(func(srv *server) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			if !srv.sleep(req.Context(), r.taxDelay(s, time.Now())) {
+				http.Error(w, "gave up", http.StatusServiceUnavailable)
+				return
+			}
+			_, _ = w.Write([]byte("0.0825"))
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.taxHost = tax.host
+	taxBase := loopbackTransport()
+	stop = func() {
+		taxBase.CloseIdleConnections()
+		tax.close()
+	}
+	lastGood := func() string { return r.lastRate.Load().(string) }
+	switch {
+	case r.tuned:
+		r.bulwark, err = tunedTaxClient(taxBase, tax.host, attempt, refTaxBulkhead/poolDivisor, s, lastGood)
+		r.taxClient = &http.Client{Transport: r.bulwark}
+	case r.protected:
+		r.bulwark, err = protectedTaxClient(taxBase, lastGood)
+		r.taxClient = &http.Client{Transport: r.bulwark}
+	default:
+		r.taxClient = &http.Client{Transport: taxBase} // no timeout: the default
+	}
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	return stop, nil
 }
 
 // checkoutMux is the checkout service. Both runs use this same code; only
@@ -504,6 +545,9 @@ const staleAnswer = "charged with last known tax rate"
 // body, and the response's bulwark.FallbackHeader ("" when the tax service
 // itself answered).
 func (r *tuesdayRun) callTax(ctx context.Context) (code int, rate []byte, fallback string, err error) {
+	if r.overGRPC {
+		return r.callGRPCTax(ctx)
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+r.taxHost+"/rate", nil)
 	if err != nil {
 		return 0, nil, "", err
