@@ -435,7 +435,6 @@ const (
 // one ordered list of checks; splitting them is left to changes of their
 // own, with the layer's tests and benchmarks at hand.
 var archBigFuncs = map[string]struct{ lines, cyclo int }{
-	"attemptStage.roundTrip":   {145, 38}, // the attempt deadline's hot path: one attempt's context, headers and abandonment
 	"retryStage.decide":        {132, 29}, // the retry decision, one ordered list of checks (as grpc-go's shouldRetry)
 	"retryStage.roundTrip":     {112, 30}, // the attempt loop with hedges
 	"bulkheadStage.acquire":    {70, 19},  // slot, queue and rate, under one lock
