@@ -435,7 +435,6 @@ const (
 // one ordered list of checks; splitting them is left to changes of their
 // own, with the layer's tests and benchmarks at hand.
 var archBigFuncs = map[string]struct{ lines, cyclo int }{
-	"observeStage.roundTrip":   {66, 14}, // the attempt span's hot path
 	"shareable":                {54, 29}, // RFC 9111's rules, in the order the RFC gives them
 	"classify":                 {55, 23}, // the one classification, in its documented order
 	"retriedAbove":             {38, 19}, // the SDKs' attempt headers, one per case
