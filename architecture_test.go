@@ -439,7 +439,6 @@ var archBigFuncs = map[string]struct{ lines, cyclo int }{
 	"classify":                 {55, 23}, // the one classification, in its documented order
 	"retriedAbove":             {38, 19}, // the SDKs' attempt headers, one per case
 	"FleetSink.Apply":          {56, 18}, // one case per kind of fleet update
-	"breakerCore.record":       {45, 18}, // the breaker's window update
 	"pushbackStage.adoptPause": {45, 17}, // weighing another pod's pause
 	"balancerStage.pick":       {41, 17}, // power of two choices with ejections
 	"retryStage.prepare":       {30, 16}, // the replay rules, in order
