@@ -440,7 +440,6 @@ var archBigFuncs = map[string]struct{ lines, cyclo int }{
 	"retriedAbove":             {38, 19}, // the SDKs' attempt headers, one per case
 	"FleetSink.Apply":          {56, 18}, // one case per kind of fleet update
 	"pushbackStage.adoptPause": {45, 17}, // weighing another pod's pause
-	"balancerStage.pick":       {41, 17}, // power of two choices with ejections
 	"retryStage.prepare":       {30, 16}, // the replay rules, in order
 }
 
