@@ -475,7 +475,7 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 	for attempt := 1; ; attempt++ {
 		c.attempt = attempt
 		c.sent = firstSent
-		resp, n, k, err := r.round(cur, req, c, replayable)
+		resp, n, k, err := r.round(cur, req, &c, replayable)
 		attempt = n
 		if attempt == 1 && refusedBelow(k) {
 			// A first attempt refused on purpose is the call's outcome
@@ -494,7 +494,7 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 		}
 		d := r.decide(req, c, replayable, attempt, j, resp, err, &prevWait)
 		if d.v != retryAgain {
-			return r.end(ctx, c, attempt, d, j, resp, err)
+			return r.end(ctx, &c, attempt, d, j, resp, err)
 		}
 		next, gerr := replay(first)
 		if gerr != nil {
@@ -513,18 +513,19 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 }
 
 // round sends one round of the call: attempt number c.attempt, and in the
-// first round the hedges beside it, if any. n is the number of the last
-// attempt sent, k the outcome's kind.
-func (r *retryStage) round(cur, req *http.Request, c call, replayable bool) (resp *http.Response, n int, k kind, err error) {
+// first round the hedges beside it, if any; a later attempt's send time
+// goes in c.sent. n is the number of the last attempt sent, k the
+// outcome's kind.
+func (r *retryStage) round(cur, req *http.Request, c *call, replayable bool) (resp *http.Response, n int, k kind, err error) {
 	if c.attempt == 1 && r.hedge != nil && replayable {
-		resp, n, err = r.hedged(cur, req, c)
+		resp, n, err = r.hedged(cur, req, *c)
 		return resp, n, classify(resp, err), err
 	}
 	if c.attempt > 1 {
 		c.sent = time.Now()
 	}
 	start := c.sent
-	resp, err = r.next.roundTrip(cur, c)
+	resp, err = r.next.roundTrip(cur, *c)
 	k = classify(resp, err)
 	r.record(k, start)
 	return resp, c.attempt, k, err
@@ -532,7 +533,7 @@ func (r *retryStage) round(cur, req *http.Request, c call, replayable bool) (res
 
 // end ends the call after attempt number attempt, whose outcome was judged
 // j, as d, a verdict other than retryAgain, says.
-func (r *retryStage) end(ctx context.Context, c call, attempt int, d decision, j judged, resp *http.Response, err error) (*http.Response, error) {
+func (r *retryStage) end(ctx context.Context, c *call, attempt int, d decision, j judged, resp *http.Response, err error) (*http.Response, error) {
 	if d.v == giveUp && (attempt > 1 || d.late || c.above == aboveResend) && j.v.Outcome == OutcomeFailure {
 		// Retried here and still failed, due for a retry the
 		// deadline left no room for, or a client above's resend that
