@@ -190,13 +190,7 @@ func (b *balancerStage) pick(set *endpointSet, tried *triedSet) *instance {
 		return act[0]
 	}
 	if b.rr {
-		start := int(b.rrNext.Add(1) % uint64(n))
-		for k := 0; k < n; k++ {
-			if in := act[(start+k)%n]; !tried.has(in.id) {
-				return in
-			}
-		}
-		return act[start]
+		return b.inTurn(act, tried)
 	}
 	i := b.rand(n)
 	j := b.rand(n - 1)
@@ -205,24 +199,49 @@ func (b *balancerStage) pick(set *endpointSet, tried *triedSet) *instance {
 	}
 	x, y := act[i], act[j]
 	if tried != nil && tried.n > 0 {
-		tx, ty := tried.has(x.id), tried.has(y.id)
-		switch {
-		case tx && !ty:
-			return y
-		case ty && !tx:
-			return x
-		case tx && ty:
-			for k := 1; k < n; k++ {
-				if in := act[(i+k)%n]; !tried.has(in.id) {
-					return in
-				}
-			}
+		if in := untried(act, i, j, tried); in != nil {
+			return in
 		}
 	}
 	if y.inflight.Load() < x.inflight.Load() {
 		return y
 	}
 	return x
+}
+
+// inTurn is RoundRobin's pick: the next instance in turn that the call has
+// not tried, or the next in turn if it tried them all.
+func (b *balancerStage) inTurn(act []*instance, tried *triedSet) *instance {
+	n := len(act)
+	start := int(b.rrNext.Add(1) % uint64(n))
+	for k := 0; k < n; k++ {
+		if in := act[(start+k)%n]; !tried.has(in.id) {
+			return in
+		}
+	}
+	return act[start]
+}
+
+// untried settles the two choices act[i] and act[j] for a call that tried
+// some instances already: the one it did not try, or, when it tried both,
+// the first after act[i] that it did not; nil when neither was tried, or
+// when every instance was (the two choices then stand).
+func untried(act []*instance, i, j int, tried *triedSet) *instance {
+	x, y := act[i], act[j]
+	tx, ty := tried.has(x.id), tried.has(y.id)
+	switch {
+	case tx && !ty:
+		return y
+	case ty && !tx:
+		return x
+	case tx && ty:
+		for k := 1; k < len(act); k++ {
+			if in := act[(i+k)%len(act)]; !tried.has(in.id) {
+				return in
+			}
+		}
+	}
+	return nil
 }
 
 // record counts an attempt's outcome, judged j by the call's classifier,

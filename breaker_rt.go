@@ -834,21 +834,7 @@ func (c *breakerClock) now() int64 {
 // runs of failures; own marks a failure that was this pod's own (fleet.go).
 // Under winMu.
 func (b *breakerCore) record(verdict error, own bool, clk *breakerClock) {
-	var c window.Counts
-	c[winCalls] = 1
-	if verdict != nil && verdict != errVerdictSlow {
-		c[winFailures] = 1
-	}
-	if verdict == errVerdictSlow || verdict == errVerdictSlowFailure || verdict == errVerdictSlowUnanswered || verdict == errVerdictSlowTimeout {
-		c[winSlow] = 1
-	}
-	timedOut := verdict == errVerdictTimeout || verdict == errVerdictSlowTimeout
-	if timedOut {
-		c[winTimeout] = 1
-	}
-	if own {
-		c[winOwn] = 1
-	}
+	c := verdictCounts(verdict, own)
 	// The run ConsecutiveFailures counts is of attempts the host never
 	// answered: a host that answers, even with a 503, is alive, and
 	// its failure rate is the rate rules' to judge (a Shedder refusing
@@ -860,7 +846,7 @@ func (b *breakerCore) record(verdict error, own bool, clk *breakerClock) {
 		b.consec = 0
 	}
 	switch transport := verdict == errVerdictUnanswered || verdict == errVerdictSlowUnanswered; {
-	case transport || timedOut:
+	case transport || c[winTimeout] > 0:
 		if b.unans == 0 {
 			b.unansAt, b.unansErr = clk.now(), false
 		}
@@ -877,6 +863,26 @@ func (b *breakerCore) record(verdict error, own bool, clk *breakerClock) {
 	if c[winFailures]+c[winSlow] > 0 {
 		b.shareCounts()
 	}
+}
+
+// verdictCounts is what one call judged verdict adds to the window; own
+// marks a failure that was this pod's own.
+func verdictCounts(verdict error, own bool) window.Counts {
+	var c window.Counts
+	c[winCalls] = 1
+	if verdict != nil && verdict != errVerdictSlow {
+		c[winFailures] = 1
+	}
+	if verdict == errVerdictSlow || verdict == errVerdictSlowFailure || verdict == errVerdictSlowUnanswered || verdict == errVerdictSlowTimeout {
+		c[winSlow] = 1
+	}
+	if verdict == errVerdictTimeout || verdict == errVerdictSlowTimeout {
+		c[winTimeout] = 1
+	}
+	if own {
+		c[winOwn] = 1
+	}
+	return c
 }
 
 // pos is the window's position now: the time for a time window; a count

@@ -2,6 +2,7 @@ package bulwark
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -377,29 +378,42 @@ func (b *bulkheadStage) roundTrip(req *http.Request, c call) (*http.Response, er
 // host share the host's slots.
 func (b *bulkheadStage) pass(next stage, req *http.Request, c call) (*http.Response, error) {
 	if b.quota != nil && !b.quota.take(time.Now(), b.limiter != nil) {
-		if !b.shadowed(req, b.limited) {
-			b.refused(req, b.limited)
-			closeBody(req)
+		if !b.refuse(req, b.limited) {
 			return nil, b.limited
 		}
 	} else if b.limiter != nil {
 		if err := b.waitRate(req, c); err != nil {
-			if b.shadowed(req, err) {
+			if b.refuse(req, err) {
 				return b.next.roundTrip(req, c)
 			}
-			b.refused(req, err)
-			closeBody(req)
 			return nil, err
 		}
 	}
 	if err := b.acquire(req, c); err != nil {
-		if b.shadowed(req, err) {
+		if b.refuse(req, err) {
 			return b.next.roundTrip(req, c)
 		}
-		b.refused(req, err)
-		closeBody(req)
 		return nil, err
 	}
+	return b.hold(next, req, c)
+}
+
+// refuse settles a refusal err of the bulkhead's: true when, in shadow
+// mode, the request goes through all the same; else the refusal is counted
+// and the request's body closed.
+func (b *bulkheadStage) refuse(req *http.Request, err error) bool {
+	if b.shadowed(req, err) {
+		return true
+	}
+	b.refused(req, err)
+	closeBody(req)
+	return false
+}
+
+// hold sends the attempt through next on the slot acquired for it, and
+// releases the slot when the attempt is over: at once on an error, else
+// when the response's body is.
+func (b *bulkheadStage) hold(next stage, req *http.Request, c call) (*http.Response, error) {
 	returned := false
 	defer func() {
 		if !returned {
@@ -533,43 +547,59 @@ func (b *bulkheadStage) bodyEnd() { b.release() }
 // acquire takes a slot, queueing for one if the bulkhead allows it.
 func (b *bulkheadStage) acquire(req *http.Request, c call) error {
 	if b.maxQueue == 0 {
-		for {
-			n := b.inFlight.Load()
-			if n >= b.limitNow() && !b.admitOver(n) {
-				return b.full
-			}
-			if b.inFlight.CompareAndSwap(n, n+1) {
-				return nil
-			}
+		return b.take()
+	}
+	w, wait, bounded, err := b.enqueue(req, c)
+	if w == nil {
+		return err
+	}
+	return b.await(req.Context(), w, wait, bounded)
+}
+
+// take takes a free slot, or refuses: a bulkhead with no queue, whose
+// state is the count of slots held alone, changed with atomics.
+func (b *bulkheadStage) take() error {
+	for {
+		n := b.inFlight.Load()
+		if n >= b.limitNow() && !b.admitOver(n) {
+			return b.full
+		}
+		if b.inFlight.CompareAndSwap(n, n+1) {
+			return nil
 		}
 	}
+}
+
+// enqueue takes a free slot, or queues w for one, waiting at most wait
+// when bounded; w is nil when the slot was taken (err nil) or refused.
+func (b *bulkheadStage) enqueue(req *http.Request, c call) (w *slotWaiter, wait time.Duration, bounded bool, err error) {
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	// A free slot goes to the queue first: taking it past waiters would
 	// break FIFO order (and a releaser hands slots to waiters directly, so
 	// a free slot with waiters only exists for an instant anyway).
 	if n := b.inFlight.Load(); (n < b.limitNow() || b.admitOver(n)) && b.queue.Front() == nil {
 		b.inFlight.Store(n + 1)
-		b.mu.Unlock()
-		return nil
+		return nil, 0, false, nil
 	}
 	if b.queue.Len() >= b.maxQueue {
-		b.mu.Unlock()
-		return b.full
+		return nil, 0, false, b.full
 	}
-	ctx := req.Context()
-	if ctx.Err() != nil {
-		b.mu.Unlock()
-		return doneError(ctx)
+	if ctx := req.Context(); ctx.Err() != nil {
+		return nil, 0, false, doneError(ctx)
 	}
-	wait, bounded := b.waitBound(req, c)
+	wait, bounded = b.waitBound(req, c)
 	if bounded && wait <= 0 {
-		b.mu.Unlock()
-		return b.full
+		return nil, 0, false, b.full
 	}
-	w := &slotWaiter{ready: make(chan struct{})}
+	w = &slotWaiter{ready: make(chan struct{})}
 	b.queue.Push(w)
-	b.mu.Unlock()
+	return w, wait, bounded, nil
+}
 
+// await waits for w's slot, until ctx ends or, when bounded, wait has
+// passed.
+func (b *bulkheadStage) await(ctx context.Context, w *slotWaiter, wait time.Duration, bounded bool) error {
 	var timeout <-chan time.Time
 	if bounded {
 		tm := time.NewTimer(wait)

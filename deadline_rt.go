@@ -256,8 +256,43 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	if c.sendAt != nil {
 		c.sendAt.at = now
 	}
-	bound := a.attempt
-	unbounded := false
+	b, ok := a.bounds(ctx, &c, now)
+	if !ok {
+		closeBody(req)
+		a.rep.rejected(ctx, layerDeadline)
+		if a.counts != nil {
+			a.counts.tooShort.Add(1)
+		}
+		return nil, ErrDeadlineTooShort
+	}
+	r := a.start(ctx, &c, now, &b)
+	out, own := a.request(req, r, &c, &b)
+	if own {
+		c.ownHeader = true
+	}
+	return a.send(r, out, c, now)
+}
+
+// attemptBounds is what bounds one attempt, as attemptStage.bounds works
+// it out.
+type attemptBounds struct {
+	// bound is the attempt's own: Attempt, or the learned timeout;
+	// unbounded marks one bulwark does not set (a retrying client above).
+	bound     time.Duration
+	unbounded bool
+	// ours is when the wait for headers ends: bound's end, or Total's if
+	// sooner; limit names which.
+	ours  time.Time
+	limit *wrapError
+	// left is the time to ours, or to the caller's deadline if sooner: the
+	// deadline header's value.
+	left time.Duration
+}
+
+// bounds works out the attempt's bounds at now; ok is false when too
+// little time is left to send it at all.
+func (a *attemptStage) bounds(ctx context.Context, c *call, now time.Time) (b attemptBounds, ok bool) {
+	b.bound = a.attempt
 	if a.learn {
 		if c.above != aboveNone {
 			// The learned timeout is the timer of bulwark's own retries,
@@ -266,20 +301,19 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 			// context) and by what the policy sets, so that a long
 			// computation on a host of quick calls is not cut at their
 			// p99.9 on each of that client's tries (sdk.go).
-			bound, unbounded = unboundedAttempt, true
+			b.bound, b.unbounded = unboundedAttempt, true
 		} else {
-			bound, _ = a.learned.timeout(c.attempt, a.attempt)
+			b.bound, _ = a.learned.timeout(c.attempt, a.attempt)
 		}
 	}
-	// Our bound on the wait for headers: Attempt, or Total's end if sooner.
-	ours, limit := now.Add(bound), errAttemptTimeout
-	if !c.total.IsZero() && c.total.Before(ours) {
-		ours, limit = c.total, errTotalTimeout
+	b.ours, b.limit = now.Add(b.bound), errAttemptTimeout
+	if !c.total.IsZero() && c.total.Before(b.ours) {
+		b.ours, b.limit = c.total, errTotalTimeout
 	}
-	left := ours.Sub(now)
+	b.left = b.ours.Sub(now)
 	cd, hasCD := ctx.Deadline()
-	if hasCD && cd.Before(ours) {
-		left = cd.Sub(now)
+	if hasCD && cd.Before(b.ours) {
+		b.left = cd.Sub(now)
 	}
 	// Too little time is judged against the call's deadline (the
 	// caller's, or Total's end), not the attempt's own bound: nobody waits
@@ -287,27 +321,27 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	// minSendTime is the policy's choice of a short wait, sent as chosen.
 	// Judged by left, such a policy would send nothing at all.
 	if end, ok := c.end(cd, hasCD); ok && end.Sub(now) < minSendTime {
-		closeBody(req)
-		a.rep.rejected(ctx, layerDeadline)
-		if a.counts != nil {
-			a.counts.tooShort.Add(1)
-		}
-		return nil, ErrDeadlineTooShort
+		return b, false
 	}
+	return b, true
+}
 
+// start makes the attempt's run: its context, and its one timer, which
+// first sends the call's hedge when one is due before the attempt's bound.
+func (a *attemptStage) start(ctx context.Context, c *call, now time.Time, b *attemptBounds) *attemptRun {
 	r := &attemptRun{idle: a.idle, parent: ctx}
 	if a.bodyTotal {
 		r.bodyUntil = c.total
 	}
 	r.ctx, r.cancel = context.WithCancelCause(ctx)
-	r.limit.Store(limit)
-	wait := ours.Sub(now)
+	r.limit.Store(b.limit)
+	wait := b.ours.Sub(now)
 	if s := c.slot; s != nil {
 		s.set(r.cancel)
 		if s.delay > 0 && s.delay < wait {
 			// The attempt's one timer first fires at the hedge delay, to
 			// send a hedge, then bounds the attempt: no second timer.
-			r.hedge, r.until = s, ours
+			r.hedge, r.until = s, b.ours
 			s.arm.Store(slotArmed)
 			wait = s.delay
 		}
@@ -320,45 +354,64 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	} else {
 		r.timer = time.AfterFunc(wait, r.expire)
 	}
+	return r
+}
+
+// request is the attempt's request under its context; own reports that its
+// header is the attempt's own copy, with the per-attempt headers written.
+func (a *attemptStage) request(req *http.Request, r *attemptRun, c *call, b *attemptBounds) (out *http.Request, own bool) {
 	// No deadline header when the attempt is unbounded: a request a
 	// retrying client above marks, with no deadline of its own (sdk.go).
-	writeHeader := a.header != "" && !(unbounded && left == bound)
-	var out *http.Request
+	own = a.header != "" && !(b.unbounded && b.left == b.bound)
 	switch {
 	case a.abandon:
 		// An abandoned attempt's base may read its request after the
 		// caller has it back and changes it: a copy of its own, URL and
 		// header included (the body is the base's to close, as ever).
 		out = req.Clone(r.ctx)
-	case writeHeader:
+	case own:
 		out = req.WithContext(r.ctx)
 		out.Header = cloneHeader(req.Header)
 	default:
 		out = req.WithContext(r.ctx)
 	}
-	if writeHeader {
-		vals := r.vals[:]
-		if left == a.attempt {
-			vals[0] = a.attemptMs
-		} else if h := a.learnedMs.Load(); h != nil && h.left == left {
-			vals[0] = h.ms
-		} else if left == bound && c.attempt <= 1 {
-			h := &headerValue{left: left, ms: deadlineValue(left)}
-			a.learnedMs.Store(h)
-			vals[0] = h.ms
-		} else {
-			vals[0] = deadlineValue(left)
-		}
-		out.Header[a.header] = vals[0:1:1]
-		if c.attempt > 0 && c.above == aboveNone {
-			// A client above numbers its own tries (another bulwark's
-			// Bulwark-Attempt is kept as it sent it).
-			vals[1] = strconv.Itoa(c.attempt)
-			out.Header[AttemptHeader] = vals[1:2:2]
-		}
-		c.ownHeader = true
+	if !own {
+		return out, false
 	}
+	vals := r.vals[:]
+	vals[0] = a.deadlineMs(b, c.attempt)
+	out.Header[a.header] = vals[0:1:1]
+	if c.attempt > 0 && c.above == aboveNone {
+		// A client above numbers its own tries (another bulwark's
+		// Bulwark-Attempt is kept as it sent it).
+		vals[1] = strconv.Itoa(c.attempt)
+		out.Header[AttemptHeader] = vals[1:2:2]
+	}
+	return out, true
+}
 
+// deadlineMs is the deadline header's value for attempt number attempt:
+// Attempt's, or the learned first attempt's, cached; else worked out.
+func (a *attemptStage) deadlineMs(b *attemptBounds, attempt int) string {
+	left := b.left
+	if left == a.attempt {
+		return a.attemptMs
+	}
+	if h := a.learnedMs.Load(); h != nil && h.left == left {
+		return h.ms
+	}
+	if left == b.bound && attempt <= 1 {
+		h := &headerValue{left: left, ms: deadlineValue(left)}
+		a.learnedMs.Store(h)
+		return h.ms
+	}
+	return deadlineValue(left)
+}
+
+// send passes the attempt to the layers below (from a goroutine of its own
+// when it may be abandoned) and ties the end of its run to its response
+// body's.
+func (a *attemptStage) send(r *attemptRun, out *http.Request, c call, now time.Time) (*http.Response, error) {
 	returned := false
 	defer func() {
 		if !returned {

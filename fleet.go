@@ -506,11 +506,23 @@ func (s *FleetSink) Apply(u FleetUpdate) {
 		}
 		return
 	}
-	k := fleetKey{kind: u.Kind, host: u.Host, shed: u.Shed, priority: u.Priority}
 	// Kept before the hosts are looked at, so that a host created
 	// meanwhile finds it (attach runs under the Transport's lock, after
 	// the host is in its map).
+	applied := l.keepPending(u, now)
+	l.hosts.applyFleet(u, now)
+	if applied {
+		l.applied.Add(1)
+	}
+}
+
+// keepPending keeps the hold u for a host first called later, unless one
+// of its kind that lasts as long is kept already or the store is full of
+// holds still in force; it reports whether u was kept.
+func (l *fleetLink) keepPending(u FleetUpdate, now time.Time) bool {
+	k := fleetKey{kind: u.Kind, host: u.Host, shed: u.Shed, priority: u.Priority}
 	l.pendMu.Lock()
+	defer l.pendMu.Unlock()
 	if len(l.pending) >= maxFleetPending {
 		for pk, pu := range l.pending {
 			if !pu.Until.After(now) {
@@ -518,18 +530,13 @@ func (s *FleetSink) Apply(u FleetUpdate) {
 			}
 		}
 	}
-	applied := false
 	if old, ok := l.pending[k]; ok || len(l.pending) < maxFleetPending {
 		if !ok || u.Until.After(old.Until) {
 			l.pending[k] = u
-			applied = true
+			return true
 		}
 	}
-	l.pendMu.Unlock()
-	l.hosts.applyFleet(u, now)
-	if applied {
-		l.applied.Add(1)
-	}
+	return false
 }
 
 // dropPendingOpen forgets the hold kept for a host not called yet when it

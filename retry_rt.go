@@ -477,25 +477,8 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 	for attempt := 1; ; attempt++ {
 		c.attempt = attempt
 		c.sent = firstSent
-		var resp *http.Response
-		var err error
-		var k kind
-		if attempt == 1 && r.hedge != nil && replayable {
-			// The first round may send hedges: attempt becomes the
-			// number of the last attempt it sent.
-			var n int
-			resp, n, err = r.hedged(cur, req, c)
-			attempt = n
-			k = classify(resp, err)
-		} else {
-			if attempt > 1 {
-				c.sent = time.Now()
-			}
-			start := c.sent
-			resp, err = r.next.roundTrip(cur, c)
-			k = classify(resp, err)
-			r.record(k, start)
-		}
+		resp, n, k, err := r.round(cur, req, &c, replayable)
+		attempt = n
 		if attempt == 1 && refusedBelow(k) {
 			// A first attempt refused on purpose is the call's outcome
 			// as it stands (decide's step 3): the host saw nothing for
@@ -512,62 +495,103 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 			r.budget.call(c.start, j.v.Outcome)
 		}
 		d := r.decide(req, c, replayable, attempt, j, resp, err, &prevWait)
-		if d.v == giveUp && (attempt > 1 || d.late || c.above == aboveResend) && j.v.Outcome == OutcomeFailure {
-			// Retried here and still failed, due for a retry the
-			// deadline left no room for, or a client above's resend that
-			// failed (that client retried, sdk.go): the layer above
-			// should not try again (CallRecord).
-			c.noteBelow(ctx, noteRetried)
-		}
-		if d.v != retryAgain && d.err != nil {
-			// The call ends after an attempt the user's CheckRetry
-			// returned an error for: that error is the call's, as in
-			// go-retryablehttp, and the response goes.
-			discard(resp)
-			resp, err = nil, d.err
-		}
-		switch d.v {
-		case budgetSpent:
-			r.budget.refused.Add(1)
-			r.e.rep.rejected(ctx, layerBudget)
-			c.noteBelow(ctx, noteRefused)
-			return r.finish(attempt, resp, err, true)
-		case giveUp:
-			return r.finish(attempt, resp, err, false)
+		if d.v != retryAgain {
+			return r.end(ctx, &c, attempt, d, j, resp, err)
 		}
 		next, gerr := replay(first)
 		if gerr != nil {
 			// Nothing to send: the caller gets this attempt's result.
 			return r.finish(attempt, resp, err, false)
 		}
-		r.e.rep.retryScheduled(ctx, attempt+1, d.wait, retryReason(resp, err), d.fromRA)
-		if r.onRetry != nil {
-			ev := RetryEvent{Host: r.e.host, Upstream: r.e.upstream, Attempt: attempt + 1, Wait: d.wait, FromRetryAfter: d.fromRA, Err: err}
-			if resp != nil {
-				ev.StatusCode = resp.StatusCode
-			}
-			r.onRetry(req, ev)
-		}
+		r.announce(ctx, req, attempt, d, resp, err)
 		// Drained and closed before the wait, so the connection is back
 		// in the pool while we sleep.
 		discard(resp)
-		if werr := wait(ctx, d.wait); werr != nil {
-			closeBody(next)
-			return nil, &RetryError{Attempts: attempt, Err: doneError(ctx)}
-		}
-		if r.prepareRetry != nil {
-			// After the wait, as go-retryablehttp calls it, so that what
-			// it signs is fresh when sent; on a copy of the attempt's
-			// own, header and URL included, so that the caller's request
-			// is never changed.
-			next = next.Clone(ctx)
-			if perr := r.prepareRetry(next); perr != nil {
-				closeBody(next)
-				return nil, &RetryError{Attempts: attempt, Err: fmt.Errorf("bulwark: Retry.PrepareRetry before attempt %d: %w", attempt+1, perr)}
-			}
+		if next, err = r.await(ctx, next, attempt, d.wait); err != nil {
+			return nil, err
 		}
 		cur = next
 	}
+}
+
+// round sends one round of the call: attempt number c.attempt, and in the
+// first round the hedges beside it, if any; a later attempt's send time
+// goes in c.sent. n is the number of the last attempt sent, k the
+// outcome's kind.
+func (r *retryStage) round(cur, req *http.Request, c *call, replayable bool) (resp *http.Response, n int, k kind, err error) {
+	if c.attempt == 1 && r.hedge != nil && replayable {
+		resp, n, err = r.hedged(cur, req, *c)
+		return resp, n, classify(resp, err), err
+	}
+	if c.attempt > 1 {
+		c.sent = time.Now()
+	}
+	start := c.sent
+	resp, err = r.next.roundTrip(cur, *c)
+	k = classify(resp, err)
+	r.record(k, start)
+	return resp, c.attempt, k, err
+}
+
+// end ends the call after attempt number attempt, whose outcome was judged
+// j, as d, a verdict other than retryAgain, says.
+func (r *retryStage) end(ctx context.Context, c *call, attempt int, d decision, j judged, resp *http.Response, err error) (*http.Response, error) {
+	if d.v == giveUp && (attempt > 1 || d.late || c.above == aboveResend) && j.v.Outcome == OutcomeFailure {
+		// Retried here and still failed, due for a retry the
+		// deadline left no room for, or a client above's resend that
+		// failed (that client retried, sdk.go): the layer above
+		// should not try again (CallRecord).
+		c.noteBelow(ctx, noteRetried)
+	}
+	if d.err != nil {
+		// The call ends after an attempt the user's CheckRetry
+		// returned an error for: that error is the call's, as in
+		// go-retryablehttp, and the response goes.
+		discard(resp)
+		resp, err = nil, d.err
+	}
+	if d.v == budgetSpent {
+		r.budget.refused.Add(1)
+		r.e.rep.rejected(ctx, layerBudget)
+		c.noteBelow(ctx, noteRefused)
+		return r.finish(attempt, resp, err, true)
+	}
+	return r.finish(attempt, resp, err, false)
+}
+
+// announce reports the retry of attempt, due in d.wait: to the metrics and
+// logs, and to Retry.OnRetry.
+func (r *retryStage) announce(ctx context.Context, req *http.Request, attempt int, d decision, resp *http.Response, err error) {
+	r.e.rep.retryScheduled(ctx, attempt+1, d.wait, retryReason(resp, err), d.fromRA)
+	if r.onRetry != nil {
+		ev := RetryEvent{Host: r.e.host, Upstream: r.e.upstream, Attempt: attempt + 1, Wait: d.wait, FromRetryAfter: d.fromRA, Err: err}
+		if resp != nil {
+			ev.StatusCode = resp.StatusCode
+		}
+		r.onRetry(req, ev)
+	}
+}
+
+// await waits d before the retry of attempt, then readies next, the
+// request to send: with Retry.PrepareRetry's changes, when it is set. The
+// error ends the call.
+func (r *retryStage) await(ctx context.Context, next *http.Request, attempt int, d time.Duration) (*http.Request, error) {
+	if werr := wait(ctx, d); werr != nil {
+		closeBody(next)
+		return nil, &RetryError{Attempts: attempt, Err: doneError(ctx)}
+	}
+	if r.prepareRetry == nil {
+		return next, nil
+	}
+	// After the wait, as go-retryablehttp calls it, so that what it signs
+	// is fresh when sent; on a copy of the attempt's own, header and URL
+	// included, so that the caller's request is never changed.
+	next = next.Clone(ctx)
+	if perr := r.prepareRetry(next); perr != nil {
+		closeBody(next)
+		return nil, &RetryError{Attempts: attempt, Err: fmt.Errorf("bulwark: Retry.PrepareRetry before attempt %d: %w", attempt+1, perr)}
+	}
+	return next, nil
 }
 
 // refusedBelow reports an outcome of kind k that a layer below chose on
@@ -650,47 +674,78 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 	if refusedBelow(j.k) {
 		return decision{}
 	}
-	// 4. The server said not to retry: it is shedding load, or passing up
-	// a failure below, and wants only one layer of the stack to try again
-	// (NoRetryHeader, or Envoy's and gRPC's signals: see noRetry). A
-	// gRPC pushback that asks for a delay is kept for step 7.
-	var pushback time.Duration
-	if resp != nil {
-		stop, wait, bad := noRetry(resp.Header)
-		if bad && r.hostile != nil {
-			r.hostile.Add(1)
-		}
-		if stop {
-			return decision{}
-		}
-		pushback = wait
-	}
-	// 5. Only outcomes another try may change: the user's CheckRetry, or
-	// the Verdict of the policy's Classify. CheckRetry has
-	// go-retryablehttp's meaning: its bool decides, and its error, if
-	// any, is what the call returns should it end after this attempt,
-	// whichever check below ends it. It is handed a transport error
-	// wrapped in a *url.Error, as http.Client would hand it, since that is
-	// how go-retryablehttp's policies recognise certificate, scheme and
-	// header errors.
-	var cerr error
-	if r.check != nil {
-		var ok bool
-		ok, cerr = r.check(ctx, resp, clientError(req, err))
-		if !ok {
-			return decision{err: cerr}
-		}
-	} else if !j.v.Retryable {
+	// 4. The server said not to retry (see serverSaysStop).
+	pushback, stop := r.serverSaysStop(resp)
+	if stop {
 		return decision{}
+	}
+	// 5. Only outcomes another try may change (see worthRetry).
+	retry, cerr := r.worthRetry(ctx, req, j, resp, err)
+	if !retry {
+		return decision{err: cerr}
 	}
 	// 6. Attempts exhausted.
 	if attempt >= r.max {
 		return decision{err: cerr}
 	}
-	// 7. How long to wait: a valid Retry-After on 429 or 503 replaces the
-	// backoff (the server knows when it will have room; guessing is worse),
-	// and a pause of the whole host lengthens any wait.
+	// 7. How long to wait (see retryWait).
 	now := time.Now()
+	dl, hasDL := c.deadline(req)
+	d := r.retryWait(req, attempt, resp, err, pushback, prevWait, now, dl, hasDL)
+	// 8. The deadline: a wait that would end past it, or leave less than
+	// the host's median latency (at least minSendTime) to answer in, means
+	// returning the last outcome now rather than sleeping into a timeout
+	// and losing the response we have (see ownWait for the draw's room).
+	if hasDL && now.Add(d.wait+r.sendTime()).After(dl) {
+		return decision{err: cerr, late: true}
+	}
+	// 9. The budget, last, so that no token is spent on a retry another
+	// check would refuse.
+	if r.budget != nil && !r.budget.withdraw(now) {
+		return decision{v: budgetSpent, err: cerr}
+	}
+	return d
+}
+
+// serverSaysStop reports whether the response says not to retry: the
+// server is shedding load, or passing up a failure below, and wants only
+// one layer of the stack to try again (NoRetryHeader, or Envoy's and
+// gRPC's signals: see noRetry). pushback is a gRPC pushback's delay,
+// which retryWait honours. A malformed pushback is counted.
+func (r *retryStage) serverSaysStop(resp *http.Response) (pushback time.Duration, stop bool) {
+	if resp == nil {
+		return 0, false
+	}
+	stop, wait, bad := noRetry(resp.Header)
+	if bad && r.hostile != nil {
+		r.hostile.Add(1)
+	}
+	if stop {
+		return 0, true
+	}
+	return wait, false
+}
+
+// worthRetry reports whether another try may change the outcome: the
+// user's CheckRetry says so, or else the Verdict of the policy's Classify.
+// CheckRetry has go-retryablehttp's meaning: its bool decides, and its
+// error cerr, if any, is what the call returns should it end after this
+// attempt, whichever check of decide ends it. It is handed a transport
+// error wrapped in a *url.Error, as http.Client would hand it, since that
+// is how go-retryablehttp's policies recognise certificate, scheme and
+// header errors.
+func (r *retryStage) worthRetry(ctx context.Context, req *http.Request, j judged, resp *http.Response, err error) (retry bool, cerr error) {
+	if r.check != nil {
+		return r.check(ctx, resp, clientError(req, err))
+	}
+	return j.v.Retryable, nil
+}
+
+// retryWait is a retry's wait at now: a valid Retry-After on 429 or 503
+// replaces the backoff (the server knows when it will have room; guessing
+// is worse), as a gRPC pushback does; and a pause of the whole host
+// lengthens any wait.
+func (r *retryStage) retryWait(req *http.Request, attempt int, resp *http.Response, err error, pushback time.Duration, prevWait *time.Duration, now, dl time.Time, hasDL bool) decision {
 	d := decision{v: retryAgain}
 	if resp != nil {
 		if ra, ok := retryAfter(resp, now, r.ignored); ok {
@@ -703,57 +758,51 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 		d.wait = max(d.wait, min(pushback, r.maxRA))
 		d.fromRA = true
 	}
-	dl, hasDL := c.deadline(req)
 	if !d.fromRA {
-		// The jitter draws the wait among those that leave the host's
-		// median to answer in before the deadline, when some of its range
-		// does: a deadline handed down from a caller that learned its
-		// host's latency (45 ms, say) leaves a fast host's caller room for
-		// a retry that a draw from the whole range (up to Base, 100 ms)
-		// would mostly skip as late, passing a transient failure up the
-		// chain that no layer retries.
-		room := time.Duration(math.MaxInt64)
-		if hasDL && dl.Sub(now) >= r.sendTime() {
-			// The draw leaves the host's p99 to answer in, not its
-			// median: a retry slower than the median, common on a host
-			// whose latency spreads (10 to 30 ms, say), would otherwise
-			// be cut by the deadline after a wait that fitted the
-			// median. A timer that fires a little late, as on a loaded
-			// machine, must not leave the retry less than it needs
-			// (ErrDeadlineTooShort refuses it below minSendTime): the
-			// draw keeps a margin too, down to a wait of none.
-			room = max(dl.Sub(now)-r.tailTime()-retryFitMargin, 0)
-		}
-		d.wait = r.backoffWait(attempt-1, resp, prevWait, room)
-		if connRefused(err) {
-			// A refused connection cost the host nothing: backing off
-			// spares it no work and only makes a dead host slow to judge
-			// (the breaker counts each refusal, ConsecutiveFailures in a
-			// row open it). A little jitter still spreads a fleet's retries.
-			d.wait = min(d.wait, refusedWait)
-		}
+		d.wait = r.ownWait(attempt, resp, err, prevWait, now, dl, hasDL)
 	}
 	if r.pause != nil {
 		if until := r.pause.pausedUntil(req); until.After(now) {
 			d.wait = max(d.wait, until.Sub(now))
 		}
 	}
-	// 8. The deadline: a wait that would end past it, or leave less than
-	// the host's median latency (at least minSendTime) to answer in, means
-	// returning the last outcome now rather than sleeping into a timeout
-	// and losing the response we have. The backoff's draw fitted the
-	// room where its range allows, so this is a retry no wait the policy
-	// allows would fit: a Retry-After or a pause too long, or a room
-	// shorter than the least wait of the jitter (Equal's half, say).
-	if hasDL && now.Add(d.wait+r.sendTime()).After(dl) {
-		return decision{err: cerr, late: true}
-	}
-	// 9. The budget, last, so that no token is spent on a retry another
-	// check would refuse.
-	if r.budget != nil && !r.budget.withdraw(now) {
-		return decision{v: budgetSpent, err: cerr}
-	}
 	return d
+}
+
+// ownWait is the backoff's wait before the retry of attempt, when the
+// server named none. Its draw fits the room before the deadline where the
+// jitter's range allows, so a retry decide finds late is one no wait the
+// policy allows would fit: a Retry-After or a pause too long, or a room
+// shorter than the least wait of the jitter (Equal's half, say).
+func (r *retryStage) ownWait(attempt int, resp *http.Response, err error, prevWait *time.Duration, now, dl time.Time, hasDL bool) time.Duration {
+	// The jitter draws the wait among those that leave the host's
+	// median to answer in before the deadline, when some of its range
+	// does: a deadline handed down from a caller that learned its
+	// host's latency (45 ms, say) leaves a fast host's caller room for
+	// a retry that a draw from the whole range (up to Base, 100 ms)
+	// would mostly skip as late, passing a transient failure up the
+	// chain that no layer retries.
+	room := time.Duration(math.MaxInt64)
+	if hasDL && dl.Sub(now) >= r.sendTime() {
+		// The draw leaves the host's p99 to answer in, not its
+		// median: a retry slower than the median, common on a host
+		// whose latency spreads (10 to 30 ms, say), would otherwise
+		// be cut by the deadline after a wait that fitted the
+		// median. A timer that fires a little late, as on a loaded
+		// machine, must not leave the retry less than it needs
+		// (ErrDeadlineTooShort refuses it below minSendTime): the
+		// draw keeps a margin too, down to a wait of none.
+		room = max(dl.Sub(now)-r.tailTime()-retryFitMargin, 0)
+	}
+	wait := r.backoffWait(attempt-1, resp, prevWait, room)
+	if connRefused(err) {
+		// A refused connection cost the host nothing: backing off
+		// spares it no work and only makes a dead host slow to judge
+		// (the breaker counts each refusal, ConsecutiveFailures in a
+		// row open it). A little jitter still spreads a fleet's retries.
+		wait = min(wait, refusedWait)
+	}
+	return wait
 }
 
 // clientError is err as http.Client returns a transport error: wrapped

@@ -314,8 +314,7 @@ func (p *pushbackStage) adoptPause(u FleetUpdate, now time.Time) bool {
 	slot, i := p.slotOf(u.Shed, u.Priority)
 	answers := p.answers.Load()
 	p.mu.Lock()
-	if p.okLast.Load() && now.UnixNano()-p.lastOK.Load() <= int64(fleetFresh) &&
-		(!u.Shed || Priority(p.okPrio.Load()) >= u.Priority) {
+	if p.hasRoomFor(u, now) {
 		if until.After(p.declined[i]) {
 			p.declined[i] = until
 		}
@@ -350,6 +349,14 @@ func (p *pushbackStage) adoptPause(u FleetUpdate, now time.Time) bool {
 	}
 	p.mu.Unlock()
 	return true
+}
+
+// hasRoomFor reports whether this pod's own latest answer from the host,
+// within fleetFresh of now, had no 429 or 503 (for a shedding pause u, at
+// u's priority or above): the host has room for this pod, which declines u.
+func (p *pushbackStage) hasRoomFor(u FleetUpdate, now time.Time) bool {
+	return p.okLast.Load() && now.UnixNano()-p.lastOK.Load() <= int64(fleetFresh) &&
+		(!u.Shed || Priority(p.okPrio.Load()) >= u.Priority)
 }
 
 // weighAnswer notes this pod's own answer from the host, of status code

@@ -37,40 +37,13 @@ type attemptObs struct {
 }
 
 func (r *observeStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
-	o := r.e.rep.o
-	state := o.state.Load()
+	state := r.e.rep.o.state.Load()
 	if state == 0 {
 		resp, err := r.next.roundTrip(req, c)
 		r.countPassedUp(resp)
 		return resp, err
 	}
-	tracing, metering := state&obsTracing != 0, state&obsMetering != 0
-	var prop propagation.TextMapPropagator
-	if state&obsPropagating != 0 {
-		prop = o.prop
-	}
-	ctx := req.Context()
-	a := &attemptObs{rep: r.e.rep}
-	out := req
-	if tracing {
-		ctx, a.span = o.tracer.Start(ctx, spanName(req.Method),
-			trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(r.attrs(req, c.attempt, c.hedge)...))
-		out = req.WithContext(ctx)
-	}
-	if prop != nil {
-		a.carrier = lazyHeader{h: req.Header, owned: c.ownHeader}
-		prop.Inject(ctx, &a.carrier)
-		if !c.ownHeader && a.carrier.owned {
-			// Copied on write: the copy needs a request of its own.
-			if out == req {
-				out = req.WithContext(ctx)
-			}
-			out.Header = a.carrier.h
-		}
-	}
-	if metering {
-		a.start = time.Now()
-	}
+	out, a := r.begin(req, &c, state)
 	returned := false
 	defer func() {
 		if !returned {
@@ -101,6 +74,39 @@ func (r *observeStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	}
 	onBodyEnd(resp, a)
 	return resp, nil
+}
+
+// begin starts the attempt's observation as state says: its span, its
+// trace context in the request to send (out), its clock.
+func (r *observeStage) begin(req *http.Request, c *call, state uint32) (out *http.Request, a *attemptObs) {
+	o := r.e.rep.o
+	ctx := req.Context()
+	a = &attemptObs{rep: r.e.rep}
+	out = req
+	if state&obsTracing != 0 {
+		ctx, a.span = o.tracer.Start(ctx, spanName(req.Method),
+			trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(r.attrs(req, c.attempt, c.hedge)...))
+		out = req.WithContext(ctx)
+	}
+	var prop propagation.TextMapPropagator
+	if state&obsPropagating != 0 {
+		prop = o.prop
+	}
+	if prop != nil {
+		a.carrier = lazyHeader{h: req.Header, owned: c.ownHeader}
+		prop.Inject(ctx, &a.carrier)
+		if !c.ownHeader && a.carrier.owned {
+			// Copied on write: the copy needs a request of its own.
+			if out == req {
+				out = req.WithContext(ctx)
+			}
+			out.Header = a.carrier.h
+		}
+	}
+	if state&obsMetering != 0 {
+		a.start = time.Now()
+	}
+	return out, a
 }
 
 // countPassedUp counts an attempt answered with a failure passed up from
