@@ -12,7 +12,7 @@ import (
 // resilience4j's defaults (its slow-call rate is 100 %), or that the
 // adaptive limit never refuses a healthy burst.
 func TestDocsTellPeersTruly(t *testing.T) {
-	for _, f := range []string{"README.md", "classify.go", "retry_rt.go", "breaker_rt.go", "bulkhead_rt.go"} {
+	for _, f := range []string{"README.md", "classify.go", "retry.go", "breaker.go", "bulkhead.go"} {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)

@@ -51,7 +51,7 @@ type Transport struct {
 
 	config configRecord // the Version in force and the last refused (Snapshot.Config)
 
-	// breakerControls is ControlBreaker (breaker_rt.go), which hands its
+	// breakerControls is ControlBreaker (breaker.go), which hands its
 	// control to applyControl.
 	breakerControls
 }

@@ -80,8 +80,8 @@ func TestRetryWhatIsRetried(t *testing.T) {
 		{name: "GET no such host", method: "GET", step: alwaysErr(noHost), wantCalls: 1},
 		{name: "GET DNS timeout", method: "GET", step: alwaysErr(dnsTimeout), wantCalls: 3},
 		{name: "GET EOF", method: "GET", step: alwaysErr(io.ErrUnexpectedEOF), wantCalls: 3},
-		{name: "GET breaker open", method: "GET", step: alwaysErr(fmt.Errorf("breaker_rt: %w", ErrBreakerOpen)), wantCalls: 1},
-		{name: "GET bulkhead full", method: "GET", step: alwaysErr(fmt.Errorf("bulkhead_rt: %w", ErrBulkheadFull)), wantCalls: 1},
+		{name: "GET breaker open", method: "GET", step: alwaysErr(fmt.Errorf("breaker: %w", ErrBreakerOpen)), wantCalls: 1},
+		{name: "GET bulkhead full", method: "GET", step: alwaysErr(fmt.Errorf("bulkhead: %w", ErrBulkheadFull)), wantCalls: 1},
 		{name: "GET deadline too short", method: "GET", step: alwaysErr(ErrDeadlineTooShort), wantCalls: 1},
 		{name: "GET unsupported scheme", method: "GET", url: "ftp://files.test/x", step: alwaysErr(errors.New("unsupported protocol scheme")), wantCalls: 1},
 		{name: "GET 503 then 200", method: "GET", step: func(n int, req *http.Request) (*http.Response, error) {

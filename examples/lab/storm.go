@@ -130,7 +130,7 @@ func backoff(base, cap time.Duration, retry int) time.Duration {
 }
 
 // bulwarkRetryClient is the client the "bulwark" row of the storm uses:
-// bulwark's own Retry layer (retry_rt.go), not a lab loop. The caller
+// bulwark's own Retry layer (retry.go), not a lab loop. The caller
 // sends each call once; bulwark retries underneath.
 //
 // It is set up like the baselines so that the comparison is about how
