@@ -437,7 +437,7 @@ var archBigFuncs = map[string]struct{ lines, cyclo int }{
 	"shareable":          {54, 29}, // RFC 9111's rules, in the order the RFC gives them
 	"classify":           {55, 23}, // the one classification, in its documented order
 	"retriedAbove":       {38, 19}, // the SDKs' attempt headers, one per case
-	"retryStage.prepare": {30, 16}, // the replay rules, in order
+	"retryLayer.prepare": {30, 16}, // the replay rules, in order
 }
 
 // archCyclo is fn's cyclomatic complexity as gocyclo counts it: one, plus

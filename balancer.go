@@ -19,11 +19,11 @@ const resolveTimeout = 10 * time.Second
 type instance struct {
 	id   uint32 // unique within the balancer, never 0
 	addr string
-	rt   stage
+	rt   layer
 	own  *http.Transport // the clone rt ends in; nil when the base is shared
 	// limit is the layer on top of rt that bounds what the instance gets
 	// (its bulkhead), nil when none: see instanceBuilder.
-	limit stage
+	limit layer
 
 	inflight atomic.Int64
 	consec   atomic.Int32
@@ -50,10 +50,10 @@ type endpointSet struct {
 	active []*instance
 }
 
-// balancerStage, per logical host, resolves the upstream's
+// balancerLayer, per logical host, resolves the upstream's
 // instances, sends each attempt to one of them (a retry to one the call has
 // not tried, when there is one), and ejects the sick ones.
-type balancerStage struct {
+type balancerLayer struct {
 	e        env
 	base     http.RoundTripper
 	build    instanceBuilder
@@ -88,10 +88,10 @@ type balancerStage struct {
 // in its piece of Snapshot (endpointView), for the side that built it to
 // show: one layer never names another's types, so the balancer cannot ask
 // a bulkhead for its snapshot itself.
-type instanceBuilder func(e env, base http.RoundTripper, name string) (rt, limit stage)
+type instanceBuilder func(e env, base http.RoundTripper, name string) (rt, limit layer)
 
-func newBalancer(env env, e Endpoints, base http.RoundTripper, build instanceBuilder) *balancerStage {
-	b := &balancerStage{
+func newBalancer(env env, e Endpoints, base http.RoundTripper, build instanceBuilder) *balancerLayer {
+	b := &balancerLayer{
 		e: env, base: base, build: build, resolver: e.Resolver, every: e.ResolveEvery,
 		rr: e.RoundRobin, od: e.Outlier, odOff: e.Outlier.Disabled,
 	}
@@ -104,14 +104,14 @@ func newBalancer(env env, e Endpoints, base http.RoundTripper, build instanceBui
 	return b
 }
 
-func (b *balancerStage) rand(n int) int {
+func (b *balancerLayer) rand(n int) int {
 	if b.randN != nil {
 		return int(b.randN(uint64(n)))
 	}
 	return int(rand.Uint64N(uint64(n)))
 }
 
-func (b *balancerStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+func (b *balancerLayer) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	now := time.Now()
 	set := b.set.Load()
 	if set == nil {
@@ -170,7 +170,7 @@ type outReq struct {
 // outgoing copies req with the instance as URL host. Host stays the
 // logical name: it goes in the Host header, and the instance's transport
 // verifies TLS against it.
-func (b *balancerStage) outgoing(req *http.Request, in *instance) *http.Request {
+func (b *balancerLayer) outgoing(req *http.Request, in *instance) *http.Request {
 	o := &outReq{r: *req, u: *req.URL}
 	o.u.Host = in.addr
 	o.r.URL = &o.u
@@ -183,7 +183,7 @@ func (b *balancerStage) outgoing(req *http.Request, in *instance) *http.Request 
 // pick chooses the instance for one attempt: among active instances, not
 // one the call tried when another is available; then by the power of two
 // choices (or in turn, with RoundRobin). set.active is never empty.
-func (b *balancerStage) pick(set *endpointSet, tried *triedSet) *instance {
+func (b *balancerLayer) pick(set *endpointSet, tried *triedSet) *instance {
 	act := set.active
 	n := len(act)
 	if n == 1 {
@@ -211,7 +211,7 @@ func (b *balancerStage) pick(set *endpointSet, tried *triedSet) *instance {
 
 // inTurn is RoundRobin's pick: the next instance in turn that the call has
 // not tried, or the next in turn if it tried them all.
-func (b *balancerStage) inTurn(act []*instance, tried *triedSet) *instance {
+func (b *balancerLayer) inTurn(act []*instance, tried *triedSet) *instance {
 	n := len(act)
 	start := int(b.rrNext.Add(1) % uint64(n))
 	for k := 0; k < n; k++ {
@@ -246,7 +246,7 @@ func untried(act []*instance, i, j int, tried *triedSet) *instance {
 
 // record counts an attempt's outcome, judged j by the call's classifier,
 // toward its instance's ejection.
-func (b *balancerStage) record(ctx context.Context, in *instance, j judged) {
+func (b *balancerLayer) record(ctx context.Context, in *instance, j judged) {
 	h := j.v.Outcome
 	if h == OutcomeIgnored {
 		// The caller's own end, a local refusal, or what the classifier
@@ -269,7 +269,7 @@ func (b *balancerStage) record(ctx context.Context, in *instance, j judged) {
 
 // ejectConsecutive ejects in for its run of failures; ctx is the request
 // whose failure completed the run, where the event goes.
-func (b *balancerStage) ejectConsecutive(ctx context.Context, in *instance) {
+func (b *balancerLayer) ejectConsecutive(ctx context.Context, in *instance) {
 	var evs [1]endpointEvent
 	n := 0
 	b.mu.Lock()
@@ -283,7 +283,7 @@ func (b *balancerStage) ejectConsecutive(ctx context.Context, in *instance) {
 }
 
 // ejectLocked takes in out of the active set if the cap allows it.
-func (b *balancerStage) ejectLocked(in *instance, now time.Time) bool {
+func (b *balancerLayer) ejectLocked(in *instance, now time.Time) bool {
 	set := b.set.Load()
 	ejected := len(set.all) - len(set.active)
 	if ejected >= ejectCap(len(set.all), b.od.MaxEjectedPercent) {
@@ -301,14 +301,14 @@ func (b *balancerStage) ejectLocked(in *instance, now time.Time) bool {
 	return true
 }
 
-func (b *balancerStage) ejectEvent(in *instance, reason string) endpointEvent {
+func (b *balancerLayer) ejectEvent(in *instance, reason string) endpointEvent {
 	return endpointEvent{addr: in.addr, ejected: true, reason: reason, duration: in.lastFor, times: in.times}
 }
 
 // rebuildLocked publishes a new snapshot of all. Should every instance be
 // ejected (the set shrank under them), all take requests again: sending to
 // a sick instance beats sending nowhere, and the breaker is there for it.
-func (b *balancerStage) rebuildLocked(all []*instance) {
+func (b *balancerLayer) rebuildLocked(all []*instance) {
 	active := make([]*instance, 0, len(all))
 	for _, in := range all {
 		if !in.ejected {
@@ -325,7 +325,7 @@ func (b *balancerStage) rebuildLocked(all []*instance) {
 // end, runs the success-rate check. It reports whether the set changed.
 // One request sweeps at a time; others carry on with the current set. The
 // events go on ctx's span: the sweeping request's.
-func (b *balancerStage) sweep(ctx context.Context, now time.Time) bool {
+func (b *balancerLayer) sweep(ctx context.Context, now time.Time) bool {
 	if !b.mu.TryLock() {
 		return false
 	}
@@ -363,7 +363,7 @@ func (b *balancerStage) sweep(ctx context.Context, now time.Time) bool {
 
 // intervalLocked closes an interval: the success-rate check, and a lower
 // count for instances that have stayed in as long as they were last out.
-func (b *balancerStage) intervalLocked(set *endpointSet, now time.Time, evs []endpointEvent) []endpointEvent {
+func (b *balancerLayer) intervalLocked(set *endpointSet, now time.Time, evs []endpointEvent) []endpointEvent {
 	var samples []rateSample
 	for _, in := range set.all {
 		reqs, fails := in.reqs.Swap(0), in.fails.Swap(0)
@@ -387,7 +387,7 @@ func (b *balancerStage) intervalLocked(set *endpointSet, now time.Time, evs []en
 }
 
 // log logs and reports evs, outside the balancer's lock.
-func (b *balancerStage) log(ctx context.Context, evs []endpointEvent) {
+func (b *balancerLayer) log(ctx context.Context, evs []endpointEvent) {
 	for _, ev := range evs {
 		b.e.rep.endpointChanged(ctx, ev)
 	}
@@ -395,7 +395,7 @@ func (b *balancerStage) log(ctx context.Context, evs []endpointEvent) {
 
 // resolveFirst resolves the instances before the first request, bounded by
 // the request's context; concurrent first requests share one lookup.
-func (b *balancerStage) resolveFirst(req *http.Request, c call, now time.Time) (*endpointSet, error) {
+func (b *balancerLayer) resolveFirst(req *http.Request, c call, now time.Time) (*endpointSet, error) {
 	b.resolveMu.Lock()
 	defer b.resolveMu.Unlock()
 	if set := b.set.Load(); set != nil {
@@ -417,7 +417,7 @@ func (b *balancerStage) resolveFirst(req *http.Request, c call, now time.Time) (
 }
 
 // refreshAsync starts one background lookup when the last is old enough.
-func (b *balancerStage) refreshAsync(now int64) {
+func (b *balancerLayer) refreshAsync(now int64) {
 	if !b.resolving.CompareAndSwap(false, true) {
 		return
 	}
@@ -436,7 +436,7 @@ func (b *balancerStage) refreshAsync(now int64) {
 
 // refresh asks the resolver again; a failed or empty answer keeps the
 // last good set.
-func (b *balancerStage) refresh(ctx context.Context) {
+func (b *balancerLayer) refresh(ctx context.Context) {
 	addrs, err := b.resolver.Resolve(ctx, b.e.host)
 	if err != nil || len(addrs) == 0 {
 		kept := 0
@@ -452,7 +452,7 @@ func (b *balancerStage) refresh(ctx context.Context) {
 
 // install makes addrs the set, keeping the state of instances already in
 // it. Instances that left have their idle connections closed.
-func (b *balancerStage) install(addrs []string, now time.Time) {
+func (b *balancerLayer) install(addrs []string, now time.Time) {
 	b.mu.Lock()
 	old := map[string]*instance{}
 	if set := b.set.Load(); set != nil {
@@ -483,7 +483,7 @@ func (b *balancerStage) install(addrs []string, now time.Time) {
 	}
 }
 
-func (b *balancerStage) newInstance(addr string) *instance {
+func (b *balancerLayer) newInstance(addr string) *instance {
 	b.nextID++
 	in := &instance{id: b.nextID, addr: addr}
 	base := b.base
@@ -505,7 +505,7 @@ func (b *balancerStage) newInstance(addr string) *instance {
 }
 
 // busy reports whether any instance has requests in flight.
-func (b *balancerStage) busy() bool {
+func (b *balancerLayer) busy() bool {
 	set := b.set.Load()
 	if set == nil {
 		return b.resolving.Load()
@@ -518,7 +518,7 @@ func (b *balancerStage) busy() bool {
 	return false
 }
 
-func (b *balancerStage) closeIdle() {
+func (b *balancerLayer) closeIdle() {
 	if set := b.set.Load(); set != nil {
 		for _, in := range set.all {
 			if in.own != nil {
@@ -539,12 +539,12 @@ type endpointView struct {
 	inFlight            int
 	consecutiveFailures int
 	requests            uint64
-	limit               stage
+	limit               layer
 }
 
 // snapshot is the balancer's piece of Snapshot: the instances, in the
 // order the resolver or Addrs gave them; nil before the first resolve.
-func (b *balancerStage) snapshot() []endpointView {
+func (b *balancerLayer) snapshot() []endpointView {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	set := b.set.Load()
@@ -572,4 +572,4 @@ func hostOnly(hostport string) string {
 }
 
 // show hands Snapshot the instances, each with its limit (shower).
-func (b *balancerStage) show(put func(any)) { put(b.snapshot()) }
+func (b *balancerLayer) show(put func(any)) { put(b.snapshot()) }

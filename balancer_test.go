@@ -22,7 +22,7 @@ import (
 // (Endpoints filled in by the caller), a seeded picker and a log buffer. It
 // returns the logical host's balancer too. Tests that wait (ejections,
 // resolves, retry backoff) call it inside a testing/synctest bubble.
-func balancedTransport(t *testing.T, base http.RoundTripper, p Policy) (*Transport, *balancerStage, *syncBuffer) {
+func balancedTransport(t *testing.T, base http.RoundTripper, p Policy) (*Transport, *balancerLayer, *syncBuffer) {
 	t.Helper()
 	logs := new(syncBuffer)
 	tr := mustNew(t, Config{
@@ -31,7 +31,7 @@ func balancedTransport(t *testing.T, base http.RoundTripper, p Policy) (*Transpo
 		Logger:    slog.New(slog.NewTextHandler(logs, nil)),
 	})
 	t.Cleanup(tr.CloseIdleConnections)
-	bal := layerOf[*balancerStage](t, tr, "http://tax.internal/rate")
+	bal := layerOf[*balancerLayer](t, tr, "http://tax.internal/rate")
 	var mu sync.Mutex
 	rng := mrand.New(mrand.NewPCG(1, 2))
 	bal.randN = func(n uint64) uint64 {
@@ -276,9 +276,9 @@ func balancerOnly(t testing.TB, base http.RoundTripper, upstream string, e Endpo
 }
 
 // testBalancer is the balancer of balancerOnly's "tax.internal".
-func testBalancer(t testing.TB, base http.RoundTripper, e Endpoints) *balancerStage {
+func testBalancer(t testing.TB, base http.RoundTripper, e Endpoints) *balancerLayer {
 	t.Helper()
-	return layerOf[*balancerStage](t, balancerOnly(t, base, "tax.internal", e), "http://tax.internal/")
+	return layerOf[*balancerLayer](t, balancerOnly(t, base, "tax.internal", e), "http://tax.internal/")
 }
 
 func TestBalancerSuccessRate(t *testing.T) {
@@ -675,7 +675,7 @@ func BenchmarkBalancerPick(b *testing.B) {
 	tr := mustNew(b, Config{Base: wrappedBenchBase{}, Upstreams: map[string]Policy{
 		"tax.internal": only(Policy{Endpoints: Endpoints{Addrs: addrs}}),
 	}})
-	bal := layerOf[*balancerStage](b, tr, "http://tax.internal/")
+	bal := layerOf[*balancerLayer](b, tr, "http://tax.internal/")
 	req, _ := http.NewRequest(http.MethodGet, "http://tax.internal/rate", nil)
 	b.Run("layer", func(b *testing.B) {
 		b.ReportAllocs()

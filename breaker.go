@@ -423,7 +423,7 @@ func (c *BreakerControl) UnmarshalText(text []byte) error {
 	return fmt.Errorf("bulwark: unknown breaker control %q", text)
 }
 
-// The verdicts breakerStage hands gobreaker's Execute. They are sentinels,
+// The verdicts breakerLayer hands gobreaker's Execute. They are sentinels,
 // not errors anyone sees: gobreaker only passes them back to the
 // IsExcluded and IsSuccessful hooks below.
 var (
@@ -457,29 +457,29 @@ const (
 	winTimeout
 )
 
-// breakerStage is one host's circuit breaker: gobreaker's state machine
+// breakerLayer is one host's circuit breaker: gobreaker's state machine
 // around the rest of the attempt, fed through its Settings by a window of
 // bulwark's (gobreaker counts no slow calls), with two things gobreaker
 // does not do, in front of it: a manual control, and an open time that
 // grows on trips in a row. gobreaker's own open time is the shortest one
 // possible; while a longer one runs, this layer refuses without asking it.
 //
-// The stage is one stack's link to the host's breaker: what it sends to
+// The layer is one stack's link to the host's breaker: what it sends to
 // and its per-attempt settings are fixed when the stack is built; how an
 // attempt is judged is the call's (Policy.Classify). The
 // state (window, state machine, control) is in the shared *breakerCore, so
 // Transport.Update can build a new stack around the same breaker when only
 // its thresholds move.
-type breakerStage struct {
+type breakerLayer struct {
 	*breakerCore
-	next     stage
+	next     layer
 	slow     time.Duration // the slow-call threshold, or its ceiling when learned
 	learn    bool          // the threshold is learned from the host (e.learned)
 	onChange func(host string, from, to CircuitState)
 	shadow   bool
 }
 
-// breakerCore is a breaker's state, shared by the stages of successive
+// breakerCore is a breaker's state, shared by the layers of successive
 // stacks of one host (see Transport.Update).
 type breakerCore struct {
 	e     env
@@ -493,7 +493,7 @@ type breakerCore struct {
 	fleet  fleetPublisher
 	peers  peers.Table // the other pods' windows
 	queued atomic.Bool // counts queued for publishing (countsChanged)
-	// shadow is the newest stage's Breaker.Shadow: a shadow breaker's trip
+	// shadow is the newest layer's Breaker.Shadow: a shadow breaker's trip
 	// is not published, or the pods that enforce would refuse on a
 	// threshold only being watched (a canary in shadow mode).
 	shadow atomic.Bool
@@ -620,7 +620,7 @@ type breakerEvent struct {
 	calls, failures, slow int64
 }
 
-func newBreaker(next stage, p Breaker, e env, randN func(int64) int64) *breakerStage {
+func newBreaker(next layer, p Breaker, e env, randN func(int64) int64) *breakerLayer {
 	c := &breakerCore{e: e, randN: randN, shape: shapeOf(p), heldErr: &BreakerOpenError{Host: e.host}}
 	c.probes.calls = int32(max(p.HalfOpenCalls, 1))
 	c.weigh.probes.calls = c.probes.calls
@@ -650,11 +650,11 @@ func newBreaker(next stage, p Breaker, e env, randN func(int64) int64) *breakerS
 	return c.link(next, p)
 }
 
-// link is a stage over next that shares c's state, with p's per-attempt
+// link is a layer over next that shares c's state, with p's per-attempt
 // settings.
-func (c *breakerCore) link(next stage, p Breaker) *breakerStage {
+func (c *breakerCore) link(next layer, p Breaker) *breakerLayer {
 	c.shadow.Store(p.Shadow)
-	return &breakerStage{breakerCore: c, next: next, slow: p.SlowCall, learn: p.learn, onChange: p.OnStateChange, shadow: p.Shadow}
+	return &breakerLayer{breakerCore: c, next: next, slow: p.SlowCall, learn: p.learn, onChange: p.OnStateChange, shadow: p.Shadow}
 }
 
 // keptFor is the breaker an Update's new stack puts over next under p,
@@ -662,7 +662,7 @@ func (c *breakerCore) link(next stage, p Breaker) *breakerStage {
 // core, keeping its window, state, trips and manual control, with p's
 // rates, MinCalls, MaxOpenFor, SlowCall, OnStateChange and Shadow set in
 // place. Nil when b is not kept.
-func (b *breakerStage) keptFor(next stage, p Breaker) *breakerStage {
+func (b *breakerLayer) keptFor(next layer, p Breaker) *breakerLayer {
 	if b == nil || b.shape != shapeOf(p) {
 		return nil
 	}
@@ -671,7 +671,7 @@ func (b *breakerStage) keptFor(next stage, p Breaker) *breakerStage {
 }
 
 // show hands Snapshot the breaker's state (shower).
-func (b *breakerStage) show(put func(any)) { put(b.snapshot()) }
+func (b *breakerLayer) show(put func(any)) { put(b.snapshot()) }
 
 // retune sets the thresholds p gives: the rates, MinCalls and the open
 // times of later trips. The window keeps what it holds.
@@ -684,7 +684,7 @@ func (c *breakerCore) retune(p Breaker) {
 	c.winMu.Unlock()
 }
 
-func (b *breakerStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+func (b *breakerLayer) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	switch BreakerControl(b.control.Load()) {
 	case BreakerForceOpen:
 		return b.refuse(req, c, true)
@@ -747,7 +747,7 @@ func (b *breakerStage) roundTrip(req *http.Request, c call) (*http.Response, err
 // not have seen it either. held is a refusal by ControlBreaker's
 // BreakerForceOpen, which has no probe time: the last trip's does not
 // apply to it.
-func (b *breakerStage) refuse(req *http.Request, c call, held bool) (*http.Response, error) {
+func (b *breakerLayer) refuse(req *http.Request, c call, held bool) (*http.Response, error) {
 	if b.shadow {
 		b.wouldReject.Add(1)
 		b.e.rep.shadowRejected(req.Context(), layerBreaker)
@@ -764,7 +764,7 @@ func (b *breakerStage) refuse(req *http.Request, c call, held bool) (*http.Respo
 
 // verdict is what gobreaker is told of an attempt judged j that took took:
 // one of the errVerdict sentinels, or nil for a fast success.
-func (b *breakerStage) verdict(j judged, took time.Duration) error {
+func (b *breakerLayer) verdict(j judged, took time.Duration) error {
 	threshold := b.slow
 	if b.learn {
 		threshold, _ = b.e.learned.slowCall(b.slow)
@@ -1048,7 +1048,7 @@ func (b *breakerCore) openTime(n int) time.Duration {
 // flush reports the queued state changes, outside gobreaker's mutex: the
 // log line, the metric and the user's hook. One goroutine reports at a
 // time, in order; another that finds it busy leaves the queue to it.
-func (b *breakerStage) flush() {
+func (b *breakerLayer) flush() {
 	if !b.flushMu.TryLock() {
 		return
 	}
@@ -1117,7 +1117,7 @@ type BreakerSnapshot struct {
 }
 
 // snapshot is the breaker's piece of Snapshot.
-func (b *breakerStage) snapshot() *BreakerSnapshot {
+func (b *breakerLayer) snapshot() *BreakerSnapshot {
 	s := b.state()
 	s.Refused, s.TotalTrips = b.refused.Load(), b.opened.Load()
 	s.Changes, s.LastTrip = b.hist.read()
@@ -1126,7 +1126,7 @@ func (b *breakerStage) snapshot() *BreakerSnapshot {
 
 // state reads the breaker. Asking gobreaker may move an open breaker whose
 // open time has passed to half-open, as the next request would.
-func (b *breakerStage) state() BreakerSnapshot {
+func (b *breakerLayer) state() BreakerSnapshot {
 	// While this layer holds the breaker open, gobreaker is not asked: its
 	// own open time is shorter than the hold, and asking would move it to
 	// half-open (and record the change) while every request is refused.
@@ -1175,7 +1175,7 @@ type breakerController interface{ setControl(BreakerControl) }
 // open), so that the retry layer sends no hedge into it. One atomic load
 // or two; a half-open breaker answers false and lets its probes decide,
 // and so does one in shadow mode, which refuses nothing.
-func (b *breakerStage) open() bool {
+func (b *breakerLayer) open() bool {
 	if b.shadow {
 		return false
 	}
@@ -1588,7 +1588,7 @@ func breakerCounts(u FleetUpdate) window.Counts {
 // attempt succeeded is not stopped (the counts are weighed as a trip is,
 // see Fleet): its next failure lets them count. It costs one atomic load
 // while no other pod has published counts for the host (a healthy host).
-func (b *breakerStage) fleetTrip() bool {
+func (b *breakerLayer) fleetTrip() bool {
 	if b.fleet == nil || !b.peers.Any() || b.ownAnswers(time.Now()) {
 		return false
 	}
@@ -1744,7 +1744,7 @@ func (b *breakerCore) heldState() CircuitState {
 // err are its outcome. A success ends the open time at once; the
 // half-open round that follows decides whether the breaker closes. A
 // failure changes nothing: the open time runs on.
-func (b *breakerStage) spacedProbe(req *http.Request, c call) (resp *http.Response, err error, ok bool) {
+func (b *breakerLayer) spacedProbe(req *http.Request, c call) (resp *http.Response, err error, ok bool) {
 	// The retry layer's reading of the clock, when it just took one: no
 	// layer between waits, and a refusal, what an open breaker mostly
 	// does, then reads no clock of its own.

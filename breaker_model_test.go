@@ -421,11 +421,11 @@ func runBreakerModel(f *propFailure, t *testing.T, b Breaker, latency time.Durat
 	m := &breakerModel{windowCalls: b.WindowCalls, minCalls: b.MinCalls, halfOpenCalls: b.HalfOpenCalls,
 		consecutive: b.ConsecutiveFailures, failureRate: b.FailureRate, slowRate: b.SlowCallRate,
 		openFor: b.OpenFor, maxOpenFor: b.MaxOpenFor, learned: b.SlowCall == 0, window: b.Window}
-	stage := layerOf[*breakerStage](t, tr, breakerURL)
+	bl := layerOf[*breakerLayer](t, tr, breakerURL)
 	// The hold in force: the learned third attempt's timeout, which the
 	// learned bounds give (read when the call is judged), capped at the
 	// attempt timeout.
-	hold := func() time.Duration { return min(stage.e.learned.failingFor(), modelAttempt) }
+	hold := func() time.Duration { return min(bl.e.learned.failingFor(), modelAttempt) }
 	call := func(op modelOp, wait bool) (sent bool, refused bool, err error) {
 		req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, breakerURL, nil)
 		req.Header.Set("X-Op", string(op))

@@ -468,7 +468,7 @@ func TestBreakerHalfOpen(t *testing.T) {
 				base := &opBase{slow: 2 * time.Second}
 				tr := testBreaker(t, Breaker{MinCalls: 1, OpenFor: openFor, HalfOpenCalls: 3, SlowCall: time.Second}, base)
 				trip(t, tr)
-				b := layerOf[*breakerStage](t, tr, breakerURL)
+				b := layerOf[*breakerLayer](t, tr, breakerURL)
 				opened := b.openErr.Load()
 				// The first open time is at most OpenFor.
 				time.Sleep(openFor)
@@ -1067,7 +1067,7 @@ func BenchmarkBreakerJudge(b *testing.B) {
 			}
 			b.Run(name, func(b *testing.B) {
 				tr := mustNew(b, Config{Base: &staticBase{}, Default: only(Policy{Breaker: Breaker{ConsecutiveFailures: -1, FailureRate: 1}}, "breaker")})
-				c := layerOf[*breakerStage](b, tr, breakerURL).breakerCore
+				c := layerOf[*breakerLayer](b, tr, breakerURL).breakerCore
 				b.ReportAllocs()
 				n := 0
 				for b.Loop() {
@@ -1099,7 +1099,7 @@ func BenchmarkBreakerHooks(b *testing.B) {
 	}{{"healthy", 0}, {"a third failing", 3}} {
 		b.Run(mix.name, func(b *testing.B) {
 			tr := mustNew(b, Config{Base: &staticBase{}, Default: only(Policy{Breaker: Breaker{ConsecutiveFailures: -1, FailureRate: 1}}, "breaker")})
-			c := layerOf[*breakerStage](b, tr, breakerURL).breakerCore
+			c := layerOf[*breakerLayer](b, tr, breakerURL).breakerCore
 			b.ReportAllocs()
 			n := 0
 			for b.Loop() {

@@ -277,7 +277,7 @@ func (e *RateLimitError) Error() string { return "bulwark: rate limit reached fo
 // Unwrap returns ErrRateLimited and ErrBulkheadFull.
 func (e *RateLimitError) Unwrap() []error { return []error{ErrRateLimited, ErrBulkheadFull} }
 
-// bulkheadStage is per host (per instance when balanced), just outside the
+// bulkheadLayer is per host (per instance when balanced), just outside the
 // attempt deadline, so a slot covers exactly one attempt and a retry's
 // backoff holds none. The semaphore and its FIFO are hand-written, not
 // golang.org/x/sync/semaphore's: the layer needs a queue cap with an
@@ -285,8 +285,8 @@ func (e *RateLimitError) Unwrap() []error { return []error{ErrRateLimited, ErrBu
 // closure per request. With a queue, the slot count changes under the
 // queue's mutex, so a release handing its slot to the first waiter cannot
 // race with that waiter giving up; without one, a CAS counter does.
-type bulkheadStage struct {
-	next          stage
+type bulkheadLayer struct {
+	next          layer
 	rep           *reporter
 	name          string
 	max           int
@@ -335,8 +335,8 @@ func (w *slotWaiter) FIFOLinks() *fifo.Links[slotWaiter] { return &w.links }
 // newBulkhead builds the bulkhead p describes for a host, or for one
 // instance of a balanced upstream; name ("host:port") goes in its errors,
 // and its refusals go to rep.
-func newBulkhead(next stage, p Bulkhead, name string, rep *reporter, ignored *atomic.Uint64) *bulkheadStage {
-	b := &bulkheadStage{
+func newBulkhead(next layer, p Bulkhead, name string, rep *reporter, ignored *atomic.Uint64) *bulkheadLayer {
+	b := &bulkheadLayer{
 		next:     next,
 		rep:      rep,
 		name:     name,
@@ -369,14 +369,14 @@ func newBulkhead(next stage, p Bulkhead, name string, rep *reporter, ignored *at
 	return b
 }
 
-func (b *bulkheadStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+func (b *bulkheadLayer) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	return b.pass(b.next, req, c)
 }
 
 // pass holds a slot of this bulkhead for an attempt sent through next: its
-// own layer below, or a route's (see sharedStage), so that the routes of a
+// own layer below, or a route's (see sharedLayer), so that the routes of a
 // host share the host's slots.
-func (b *bulkheadStage) pass(next stage, req *http.Request, c call) (*http.Response, error) {
+func (b *bulkheadLayer) pass(next layer, req *http.Request, c call) (*http.Response, error) {
 	if b.quota != nil && !b.quota.take(time.Now(), b.limiter != nil) {
 		if !b.refuse(req, b.limited) {
 			return nil, b.limited
@@ -401,7 +401,7 @@ func (b *bulkheadStage) pass(next stage, req *http.Request, c call) (*http.Respo
 // refuse settles a refusal err of the bulkhead's: true when, in shadow
 // mode, the request goes through all the same; else the refusal is counted
 // and the request's body closed.
-func (b *bulkheadStage) refuse(req *http.Request, err error) bool {
+func (b *bulkheadLayer) refuse(req *http.Request, err error) bool {
 	if b.shadowed(req, err) {
 		return true
 	}
@@ -413,7 +413,7 @@ func (b *bulkheadStage) refuse(req *http.Request, err error) bool {
 // hold sends the attempt through next on the slot acquired for it, and
 // releases the slot when the attempt is over: at once on an error, else
 // when the response's body is.
-func (b *bulkheadStage) hold(next stage, req *http.Request, c call) (*http.Response, error) {
+func (b *bulkheadLayer) hold(next layer, req *http.Request, c call) (*http.Response, error) {
 	returned := false
 	defer func() {
 		if !returned {
@@ -457,7 +457,7 @@ func (b *bulkheadStage) hold(next stage, req *http.Request, c call) (*http.Respo
 // is the caller's, not the host's), the slots held, and whether it was
 // dropped (judged.dropped): with the default classifier, bulwark's own
 // timeout, or a 429 or 503, the host saying it has too much to do.
-func (b *bulkheadStage) sample(start time.Time, resp *http.Response, j judged) {
+func (b *bulkheadLayer) sample(start time.Time, resp *http.Response, j judged) {
 	now := time.Now()
 	if !j.k.fromHost() {
 		// Refused below, or the caller gave up: nothing about the host.
@@ -481,7 +481,7 @@ func (b *bulkheadStage) sample(start time.Time, resp *http.Response, j judged) {
 // followPolicy sets the rate limit to the tightest policy h advertises,
 // never above Rate (see Bulkhead.Rate). The common case, no policy or the
 // one already followed, takes no lock.
-func (b *bulkheadStage) followPolicy(h http.Header) {
+func (b *bulkheadLayer) followPolicy(h http.Header) {
 	r, res := advertisedRate(h)
 	switch res {
 	case retryAfterAbsent:
@@ -507,13 +507,13 @@ func (b *bulkheadStage) followPolicy(h http.Header) {
 // admitOver reports whether a request that finds n in flight, at or past
 // the limit, goes all the same: a soft adaptive limit while the host shows
 // no queue (limit.Gradient.Admit), which then rises to n + 1.
-func (b *bulkheadStage) admitOver(n int64) bool {
+func (b *bulkheadLayer) admitOver(n int64) bool {
 	return b.lim != nil && b.lim.Admit(time.Now().UnixNano(), int(n))
 }
 
 // limitNow is the limit in force: the adaptive one's current value, or the
 // fixed one.
-func (b *bulkheadStage) limitNow() int64 {
+func (b *bulkheadLayer) limitNow() int64 {
 	if b.lim != nil {
 		return int64(b.lim.Limit())
 	}
@@ -522,7 +522,7 @@ func (b *bulkheadStage) limitNow() int64 {
 
 // refused reports a refusal of the bulkhead's own (full, or rate limited),
 // not a caller who gave up while queued.
-func (b *bulkheadStage) refused(req *http.Request, err error) {
+func (b *bulkheadLayer) refused(req *http.Request, err error) {
 	if err == error(b.full) || err == error(b.limited) {
 		b.refusals.Add(1)
 		b.rep.rejected(req.Context(), layerBulkhead)
@@ -532,7 +532,7 @@ func (b *bulkheadStage) refused(req *http.Request, err error) {
 // shadowed reports whether a bulkhead in shadow mode lets a request it
 // would have refused with err through (without a slot), and counts it. A
 // caller who gave up is not the bulkhead's refusal: it ends as it would.
-func (b *bulkheadStage) shadowed(req *http.Request, err error) bool {
+func (b *bulkheadLayer) shadowed(req *http.Request, err error) bool {
 	if !b.shadow || (err != error(b.full) && err != error(b.limited)) {
 		return false
 	}
@@ -542,10 +542,10 @@ func (b *bulkheadStage) shadowed(req *http.Request, err error) bool {
 }
 
 // bodyEnd releases the slot of a response whose body is finished.
-func (b *bulkheadStage) bodyEnd() { b.release() }
+func (b *bulkheadLayer) bodyEnd() { b.release() }
 
 // acquire takes a slot, queueing for one if the bulkhead allows it.
-func (b *bulkheadStage) acquire(req *http.Request, c call) error {
+func (b *bulkheadLayer) acquire(req *http.Request, c call) error {
 	if b.maxQueue == 0 {
 		return b.take()
 	}
@@ -558,7 +558,7 @@ func (b *bulkheadStage) acquire(req *http.Request, c call) error {
 
 // take takes a free slot, or refuses: a bulkhead with no queue, whose
 // state is the count of slots held alone, changed with atomics.
-func (b *bulkheadStage) take() error {
+func (b *bulkheadLayer) take() error {
 	for {
 		n := b.inFlight.Load()
 		if n >= b.limitNow() && !b.admitOver(n) {
@@ -572,7 +572,7 @@ func (b *bulkheadStage) take() error {
 
 // enqueue takes a free slot, or queues w for one, waiting at most wait
 // when bounded; w is nil when the slot was taken (err nil) or refused.
-func (b *bulkheadStage) enqueue(req *http.Request, c call) (w *slotWaiter, wait time.Duration, bounded bool, err error) {
+func (b *bulkheadLayer) enqueue(req *http.Request, c call) (w *slotWaiter, wait time.Duration, bounded bool, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	// A free slot goes to the queue first: taking it past waiters would
@@ -599,7 +599,7 @@ func (b *bulkheadStage) enqueue(req *http.Request, c call) (w *slotWaiter, wait 
 
 // await waits for w's slot, until ctx ends or, when bounded, wait has
 // passed.
-func (b *bulkheadStage) await(ctx context.Context, w *slotWaiter, wait time.Duration, bounded bool) error {
+func (b *bulkheadLayer) await(ctx context.Context, w *slotWaiter, wait time.Duration, bounded bool) error {
 	var timeout <-chan time.Time
 	if bounded {
 		tm := time.NewTimer(wait)
@@ -635,7 +635,7 @@ func (b *bulkheadStage) await(ctx context.Context, w *slotWaiter, wait time.Dura
 // waitBound is how long a waiter may queue: MaxWait, cut to the call's
 // deadline less the minimum worth sending. bounded is false when neither
 // applies and only the context can end the wait.
-func (b *bulkheadStage) waitBound(req *http.Request, c call) (wait time.Duration, bounded bool) {
+func (b *bulkheadLayer) waitBound(req *http.Request, c call) (wait time.Duration, bounded bool) {
 	wait, bounded = b.maxWait, b.maxWait > 0
 	if dl, ok := c.deadline(req); ok {
 		if left := time.Until(dl) - minSendTime; !bounded || left < wait {
@@ -648,7 +648,7 @@ func (b *bulkheadStage) waitBound(req *http.Request, c call) (wait time.Duration
 // release returns a slot: to the first waiter if there is one (the slot
 // changes hands without ever being free, so nobody can jump the queue),
 // else to the pool.
-func (b *bulkheadStage) release() {
+func (b *bulkheadLayer) release() {
 	if b.maxQueue == 0 {
 		b.inFlight.Add(-1)
 		return
@@ -669,7 +669,7 @@ func (b *bulkheadStage) release() {
 
 // grantWaiters hands the slots an adaptive limit's rise freed to waiters,
 // in order.
-func (b *bulkheadStage) grantWaiters() {
+func (b *bulkheadLayer) grantWaiters() {
 	for {
 		b.mu.Lock()
 		w := b.queue.Front()
@@ -688,7 +688,7 @@ func (b *bulkheadStage) grantWaiters() {
 // waitRate takes a rate-limit token, waiting for it only when the wait ends
 // in time for the call's deadline. It runs before a slot is taken, so a
 // request waiting for its turn holds no slot.
-func (b *bulkheadStage) waitRate(req *http.Request, c call) error {
+func (b *bulkheadLayer) waitRate(req *http.Request, c call) error {
 	ctx := req.Context()
 	// A bulkhead that would refuse anyway should not spend a token. (With
 	// a queue, a waiter may leave any moment: let acquire decide.)
@@ -723,14 +723,14 @@ func (b *bulkheadStage) waitRate(req *http.Request, c call) error {
 }
 
 // stats reports the slots held and the requests queued.
-func (b *bulkheadStage) stats() (inFlight, queued int) {
+func (b *bulkheadLayer) stats() (inFlight, queued int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return int(b.inFlight.Load()), b.queue.Len()
 }
 
 // busy reports whether requests hold slots or wait for one.
-func (b *bulkheadStage) busy() bool {
+func (b *bulkheadLayer) busy() bool {
 	in, queued := b.stats()
 	return in > 0 || queued > 0
 }
@@ -765,13 +765,13 @@ type BulkheadSnapshot struct {
 // snapshot is the bulkhead's piece of Snapshot, and the piece of the
 // fleet quota it takes from (nil without one), which is the host's,
 // shared by its bulkheads.
-func (b *bulkheadStage) snapshot() (*BulkheadSnapshot, *QuotaSnapshot) {
+func (b *bulkheadLayer) snapshot() (*BulkheadSnapshot, *QuotaSnapshot) {
 	s := b.state()
 	s.Refused = b.refusals.Load()
 	return &s, b.quota.snapshot(time.Now())
 }
 
-func (b *bulkheadStage) state() BulkheadSnapshot {
+func (b *bulkheadLayer) state() BulkheadSnapshot {
 	in, q := b.stats()
 	s := BulkheadSnapshot{InFlight: in, Queued: q, MaxConcurrent: b.max, MaxQueue: b.maxQueue, Limit: int(b.limitNow()),
 		Shadow: b.shadow, WouldReject: b.wouldReject.Load()}
@@ -796,13 +796,13 @@ func abs(n int64) int64 {
 // slot a first attempt needs: the last tenth of the slots (at least one
 // when there are ten or more) is kept for calls, not hedges. A racy read:
 // it is advice.
-func (b *bulkheadStage) isFull() bool {
+func (b *bulkheadLayer) isFull() bool {
 	limit := b.limitNow() // the limit in force (adaptive or fixed)
 	return b.inFlight.Load() >= limit-limit/10
 }
 
 // show hands Snapshot the bulkhead's state and its fleet quota (shower).
-func (b *bulkheadStage) show(put func(any)) {
+func (b *bulkheadLayer) show(put func(any)) {
 	bh, quota := b.snapshot()
 	put(bh)
 	put(quota)

@@ -577,9 +577,9 @@ func TestBulkheadConfig(t *testing.T) {
 func BenchmarkBulkhead(b *testing.B) {
 	// The bulkhead alone, built by the real builder; below it only what
 	// every instance stack has (the base adapter and the attempt span).
-	layer := func(bh Bulkhead) stageRT {
+	layer := func(bh Bulkhead) layerRT {
 		tr := mustNew(b, Config{Base: wrappedBenchBase{}, Default: only(Policy{Bulkhead: bh}, "bulkhead")})
-		return stageRT{layerOf[*bulkheadStage](b, tr, "http://bench.test/")}
+		return layerRT{layerOf[*bulkheadLayer](b, tr, "http://bench.test/")}
 	}
 	req, _ := http.NewRequest(http.MethodGet, "http://bench.test/", nil)
 	run := func(b *testing.B, rt http.RoundTripper, wantErr bool) {
@@ -611,7 +611,7 @@ func BenchmarkBulkhead(b *testing.B) {
 	})
 	// slot is the bulkhead's own cost, without a base: take and give back.
 	b.Run("slot", func(b *testing.B) {
-		rt := layer(Bulkhead{MaxConcurrent: 1 << 20}).s.(*bulkheadStage)
+		rt := layer(Bulkhead{MaxConcurrent: 1 << 20}).s.(*bulkheadLayer)
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
@@ -639,7 +639,7 @@ func BenchmarkBulkhead(b *testing.B) {
 			}
 		}()
 		for i := 0; ; i++ {
-			if _, q := rt.s.(*bulkheadStage).stats(); q == 1 {
+			if _, q := rt.s.(*bulkheadLayer).stats(); q == 1 {
 				break
 			}
 			if i == 5000 {

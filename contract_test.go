@@ -360,7 +360,7 @@ func TestPropertyCalls(t *testing.T) {
 			tr.mu.RLock()
 			for _, hs := range tr.hosts {
 				for _, p := range hs.parts {
-					if b, ok := p.(*breakerStage); ok && b.state().State == CircuitHalfOpen {
+					if b, ok := p.(*breakerLayer); ok && b.state().State == CircuitHalfOpen {
 						c := b.cb.Counts()
 						if out := int64(c.Requests) - int64(c.TotalSuccesses+c.TotalFailures+c.TotalExclusions); out != 0 {
 							rt.Fatalf("half-open breaker has %d probes outstanding after all calls", out)

@@ -155,16 +155,16 @@ func validHeaderName(s string) bool {
 	return s != ""
 }
 
-// totalStage starts the clock on Timeout.Total. It sets no timer of its
+// totalLayer starts the clock on Timeout.Total. It sets no timer of its
 // own: the bound goes in the call state, every attempt's context is bounded
-// by it (attemptStage) and so is every wait between attempts.
-type totalStage struct {
-	next  stage
+// by it (attemptLayer) and so is every wait between attempts.
+type totalLayer struct {
+	next  layer
 	total time.Duration
 	set   bool // Total was given, not the default
 }
 
-func (d *totalStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+func (d *totalLayer) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	if c.above != aboveNone && !d.set {
 		// A call that a retrying client above sends again, with a
 		// deadline of that client's, is that client's to bound (sdk.go).
@@ -182,13 +182,13 @@ func (d *totalStage) roundTrip(req *http.Request, c call) (*http.Response, error
 	return d.next.roundTrip(req, c)
 }
 
-// attemptStage is the innermost of bulwark's deadline work: it bounds one
+// attemptLayer is the innermost of bulwark's deadline work: it bounds one
 // attempt's wait for headers by the sooner of Total's end and Attempt,
 // bounds each read of its body, refuses to send when too little time is
 // left, and writes the per-attempt headers (time left and attempt number)
 // on the attempt's copy of the request.
-type attemptStage struct {
-	next      stage
+type attemptLayer struct {
+	next      layer
 	attempt   time.Duration
 	attemptMs string        // deadlineValue(attempt), the usual first attempt's header value
 	idle      time.Duration // ≤ 0: reads are not bounded
@@ -217,8 +217,8 @@ type headerValue struct {
 	ms   string
 }
 
-func newAttemptStage(next stage, t Timeout, rep *reporter, l *learned) *attemptStage {
-	a := &attemptStage{next: next, attempt: t.Attempt, idle: t.BodyIdle, bodyTotal: t.totalSet, rep: rep, learned: l, learn: t.learn && l != nil}
+func newAttemptLayer(next layer, t Timeout, rep *reporter, l *learned) *attemptLayer {
+	a := &attemptLayer{next: next, attempt: t.Attempt, idle: t.BodyIdle, bodyTotal: t.totalSet, rep: rep, learned: l, learn: t.learn && l != nil}
 	if t.Header != NoDeadlineHeader {
 		a.header = t.Header
 		a.attemptMs = deadlineValue(t.Attempt)
@@ -246,7 +246,7 @@ var (
 	errTotalTimeout   = ErrTotalTimeout.(*wrapError)
 )
 
-func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+func (a *attemptLayer) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	ctx := req.Context()
 	if err := ctx.Err(); err != nil {
 		closeBody(req)
@@ -273,7 +273,7 @@ func (a *attemptStage) roundTrip(req *http.Request, c call) (*http.Response, err
 	return a.send(r, out, c, now)
 }
 
-// attemptBounds is what bounds one attempt, as attemptStage.bounds works
+// attemptBounds is what bounds one attempt, as attemptLayer.bounds works
 // it out.
 type attemptBounds struct {
 	// bound is the attempt's own: Attempt, or the learned timeout;
@@ -291,7 +291,7 @@ type attemptBounds struct {
 
 // bounds works out the attempt's bounds at now; ok is false when too
 // little time is left to send it at all.
-func (a *attemptStage) bounds(ctx context.Context, c *call, now time.Time) (b attemptBounds, ok bool) {
+func (a *attemptLayer) bounds(ctx context.Context, c *call, now time.Time) (b attemptBounds, ok bool) {
 	b.bound = a.attempt
 	if a.learn {
 		if c.above != aboveNone {
@@ -328,7 +328,7 @@ func (a *attemptStage) bounds(ctx context.Context, c *call, now time.Time) (b at
 
 // start makes the attempt's run: its context, and its one timer, which
 // first sends the call's hedge when one is due before the attempt's bound.
-func (a *attemptStage) start(ctx context.Context, c *call, now time.Time, b *attemptBounds) *attemptRun {
+func (a *attemptLayer) start(ctx context.Context, c *call, now time.Time, b *attemptBounds) *attemptRun {
 	r := &attemptRun{idle: a.idle, parent: ctx}
 	if a.bodyTotal {
 		r.bodyUntil = c.total
@@ -359,7 +359,7 @@ func (a *attemptStage) start(ctx context.Context, c *call, now time.Time, b *att
 
 // request is the attempt's request under its context; own reports that its
 // header is the attempt's own copy, with the per-attempt headers written.
-func (a *attemptStage) request(req *http.Request, r *attemptRun, c *call, b *attemptBounds) (out *http.Request, own bool) {
+func (a *attemptLayer) request(req *http.Request, r *attemptRun, c *call, b *attemptBounds) (out *http.Request, own bool) {
 	// No deadline header when the attempt is unbounded: a request a
 	// retrying client above marks, with no deadline of its own (sdk.go).
 	own = a.header != "" && !(b.unbounded && b.left == b.bound)
@@ -392,7 +392,7 @@ func (a *attemptStage) request(req *http.Request, r *attemptRun, c *call, b *att
 
 // deadlineMs is the deadline header's value for attempt number attempt:
 // Attempt's, or the learned first attempt's, cached; else worked out.
-func (a *attemptStage) deadlineMs(b *attemptBounds, attempt int) string {
+func (a *attemptLayer) deadlineMs(b *attemptBounds, attempt int) string {
 	left := b.left
 	if left == a.attempt {
 		return a.attemptMs
@@ -411,7 +411,7 @@ func (a *attemptStage) deadlineMs(b *attemptBounds, attempt int) string {
 // send passes the attempt to the layers below (from a goroutine of its own
 // when it may be abandoned) and ties the end of its run to its response
 // body's.
-func (a *attemptStage) send(r *attemptRun, out *http.Request, c call, now time.Time) (*http.Response, error) {
+func (a *attemptLayer) send(r *attemptRun, out *http.Request, c call, now time.Time) (*http.Response, error) {
 	returned := false
 	defer func() {
 		if !returned {
@@ -582,7 +582,7 @@ type lateRun struct {
 // second case the attempt is abandoned: its error is an *abandonedError
 // over the context's cause, which the attempt layer names as usual
 // (ErrAttemptTimeout, ErrTotalTimeout, the caller's own).
-func (r *attemptRun) guarded(next stage, req *http.Request, c call) (*http.Response, error) {
+func (r *attemptRun) guarded(next layer, req *http.Request, c call) (*http.Response, error) {
 	// Its own allocation rather than a field of attemptRun: the attempts
 	// of a base that honours its context should not carry it.
 	l := &lateRun{done: make(chan struct{})}
@@ -606,7 +606,7 @@ func (r *attemptRun) guarded(next stage, req *http.Request, c call) (*http.Respo
 var errBaseGoexit = errors.New("bulwark: the base ended its goroutine (runtime.Goexit) without an answer")
 
 // run is the attempt's goroutine.
-func (l *lateRun) run(next stage, req *http.Request, c call) {
+func (l *lateRun) run(next layer, req *http.Request, c call) {
 	returned := false
 	defer func() {
 		if returned {

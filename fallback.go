@@ -202,11 +202,11 @@ func (f Fallback) enabled() bool {
 	return !f.Disabled && (f.Stale.MaxAge > 0 || f.Func != nil || f.Constant != nil)
 }
 
-// fallbackStage is the outermost of a host's layers: it sees the call's
+// fallbackLayer is the outermost of a host's layers: it sees the call's
 // final outcome, records good GET answers for the stale cache and answers
 // failed calls from a fallback.
-type fallbackStage struct {
-	next     stage
+type fallbackLayer struct {
+	next     layer
 	e        env
 	stale    *staleCache // nil: no stale cache
 	fn       func(*http.Request, error) (*http.Response, error)
@@ -231,7 +231,7 @@ type FallbackSnapshot struct {
 }
 
 // snapshot is the fallback's piece of Snapshot.
-func (f *fallbackStage) snapshot() *FallbackSnapshot {
+func (f *fallbackLayer) snapshot() *FallbackSnapshot {
 	s := &FallbackSnapshot{Served: f.served.Load()}
 	if c := f.stale; c != nil {
 		s.StaleEntries, s.StaleBytes, s.StaleOldest = c.size()
@@ -239,8 +239,8 @@ func (f *fallbackStage) snapshot() *FallbackSnapshot {
 	return s
 }
 
-func newFallback(next stage, p Fallback, e env) *fallbackStage {
-	f := &fallbackStage{next: next, e: e, fn: p.Func}
+func newFallback(next layer, p Fallback, e env) *fallbackLayer {
+	f := &fallbackLayer{next: next, e: e, fn: p.Func}
 	if p.Stale.MaxAge > 0 {
 		f.stale = newStaleCache(p.Stale)
 	}
@@ -258,7 +258,7 @@ func newFallback(next stage, p Fallback, e env) *fallbackStage {
 	return f
 }
 
-func (f *fallbackStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+func (f *fallbackLayer) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	// The notes for the incoming request's CallRecord (retried and still
 	// failed, refused by the budget) wait for the outcome: a failure this
 	// layer answers for is not passed up as one from below.
@@ -279,7 +279,7 @@ func (f *fallbackStage) roundTrip(req *http.Request, c call) (*http.Response, er
 
 // final is the call's outcome: the host's, or the fallbacks' answer for a
 // failure.
-func (f *fallbackStage) final(req *http.Request, c call, resp *http.Response, err error) (*http.Response, error) {
+func (f *fallbackLayer) final(req *http.Request, c call, resp *http.Response, err error) (*http.Response, error) {
 	j := c.judge(resp, err)
 	if !j.failed() || req.Context().Err() != nil {
 		// Served, what the classifier ignores (by default a wrong
@@ -307,7 +307,7 @@ func (f *fallbackStage) final(req *http.Request, c call, resp *http.Response, er
 }
 
 // answer asks the fallbacks in order; (nil, nil) means none had an answer.
-func (f *fallbackStage) answer(req *http.Request, cause error) (*http.Response, error) {
+func (f *fallbackLayer) answer(req *http.Request, cause error) (*http.Response, error) {
 	if f.stale != nil {
 		if resp := f.stale.serve(req, time.Now()); resp != nil {
 			return resp, nil
@@ -686,11 +686,11 @@ func (c *staleCache) serve(req *http.Request, now time.Time) *http.Response {
 
 // keepFrom takes the stale cache of prev, the old stack's fallback (nil:
 // none), when it was built for the same Fallback.Stale.
-func (f *fallbackStage) keepFrom(prev *fallbackStage) {
+func (f *fallbackLayer) keepFrom(prev *fallbackLayer) {
 	if prev != nil && prev.stale != nil && f.stale != nil && reflect.DeepEqual(prev.stale.cfg, f.stale.cfg) {
 		f.stale = prev.stale
 	}
 }
 
 // show hands Snapshot the fallback's state (shower).
-func (f *fallbackStage) show(put func(any)) { put(f.snapshot()) }
+func (f *fallbackLayer) show(put func(any)) { put(f.snapshot()) }

@@ -618,7 +618,7 @@ func TestStaleServedOnlyWhileFresh(t *testing.T) {
 		}
 		// Seen past its lifetime, the entry is dropped, not kept for later.
 		u, _ := neturl.Parse(url)
-		c := tr.lookup(u).rt.(*fallbackStage).stale
+		c := tr.lookup(u).rt.(*fallbackLayer).stale
 		c.mu.Lock()
 		n := len(c.entries)
 		c.mu.Unlock()

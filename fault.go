@@ -145,10 +145,10 @@ const (
 	faultRefused = "refused" // a header trigger without AllowHeaders
 )
 
-// faultStage injects the faults of a Fault policy into the attempts that
+// faultLayer injects the faults of a Fault policy into the attempts that
 // pass through it.
-type faultStage struct {
-	next   stage
+type faultLayer struct {
+	next   layer
 	p      Fault
 	e      env
 	counts *faultCounts // the host's, shared by its fault layers
@@ -159,7 +159,7 @@ type faultStage struct {
 
 // newFault makes the fault layer of p over next; it counts what it injects
 // in counts, the host's (nil: its own).
-func newFault(next stage, p Fault, e env, counts *faultCounts) *faultStage {
+func newFault(next layer, p Fault, e env, counts *faultCounts) *faultLayer {
 	seed := p.Seed
 	if seed == 0 {
 		seed = rand.Uint64()
@@ -168,7 +168,7 @@ func newFault(next stage, p Fault, e env, counts *faultCounts) *faultStage {
 		counts = new(faultCounts)
 	}
 	counts.on.Store(true)
-	return &faultStage{next: next, p: p, e: e, counts: counts, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+	return &faultLayer{next: next, p: p, e: e, counts: counts, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
 }
 
 // FaultSnapshot is what fault injection did on a host since its state was
@@ -219,7 +219,7 @@ func (f *faultCounts) snapshot() *FaultSnapshot {
 // draw reports whether an event of probability rate happens. A rate of
 // zero draws nothing, so the sequence of a run with one kind of fault does
 // not depend on the other kinds' being configured.
-func (f *faultStage) draw(rate float64) bool {
+func (f *faultLayer) draw(rate float64) bool {
 	if rate <= 0 {
 		return false
 	}
@@ -229,7 +229,7 @@ func (f *faultStage) draw(rate float64) bool {
 	return x < rate
 }
 
-func (f *faultStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+func (f *faultLayer) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	delay, abort, reset := f.fromHeaders(req, c)
 	// What the headers asked for, so the counts can tell it from a draw.
 	hDelay, hAbort, hReset := delay > 0, abort != 0, reset
@@ -276,7 +276,7 @@ func (f *faultStage) roundTrip(req *http.Request, c call) (*http.Response, error
 // attempt's own copy of the header so that the upstream does not see them;
 // a shared one is left as it is, since a RoundTripper must not change its
 // caller's request.
-func (f *faultStage) fromHeaders(req *http.Request, c call) (delay time.Duration, abort int, reset bool) {
+func (f *faultLayer) fromHeaders(req *http.Request, c call) (delay time.Duration, abort int, reset bool) {
 	h := req.Header
 	d, a, r := h[faultDelayHeader], h[faultAbortHeader], h[faultResetHeader]
 	if d == nil && a == nil && r == nil {
@@ -307,7 +307,7 @@ func (f *faultStage) fromHeaders(req *http.Request, c call) (delay time.Duration
 
 // injected marks the attempt's span and counts the fault (i indexes
 // faultCounts; header: a header trigger asked for it).
-func (f *faultStage) injected(req *http.Request, kind string, i int, header bool) {
+func (f *faultLayer) injected(req *http.Request, kind string, i int, header bool) {
 	f.counts.injected[i].Add(1)
 	if header {
 		f.counts.fromHeaders[i].Add(1)

@@ -214,13 +214,13 @@ func TestFaultOffNotInStack(t *testing.T) {
 	tr := mustNew(t, Config{Base: &statusBase{codes: []int{200}}})
 	p := Policy{}.withDefaults()
 	s := tr.attemptStack(&p, env{rep: tr.obs.reporter("default", "h:80", "80")}, tr.base, new(faultCounts))
-	o := s.(*attemptStage).next.(*observeStage)
-	if _, ok := o.next.(baseStage); !ok {
-		t.Errorf("below the attempt span: %T, want baseStage", o.next)
+	o := s.(*attemptLayer).next.(*spanLayer)
+	if _, ok := o.next.(baseLayer); !ok {
+		t.Errorf("below the attempt span: %T, want baseLayer", o.next)
 	}
 	p.Fault = Fault{ResetRate: 0.5}
 	s = tr.attemptStack(&p, env{rep: tr.obs.reporter("default", "h:80", "80")}, tr.base, new(faultCounts))
-	if _, ok := s.(*attemptStage).next.(*observeStage).next.(*faultStage); !ok {
+	if _, ok := s.(*attemptLayer).next.(*spanLayer).next.(*faultLayer); !ok {
 		t.Errorf("with a Fault policy, no fault layer under the attempt span")
 	}
 }

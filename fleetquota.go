@@ -145,7 +145,7 @@ type QuotaSnapshot struct {
 }
 
 // snapshot is the quota's piece of Snapshot, which the host's bulkheads
-// hand on (see bulkheadStage.snapshot); nil without a quota, and nil while
+// hand on (see bulkheadLayer.snapshot); nil without a quota, and nil while
 // the lease loop has forgotten it for want of use (until a take puts it
 // back), as it is then no quota the process holds.
 func (q *fleetQuota) snapshot(now time.Time) *QuotaSnapshot {

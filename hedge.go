@@ -196,7 +196,7 @@ func (h *hedger) delay(lat *latency.Tracker) (time.Duration, bool) {
 // When no hedge fires it is reused through the hedger's pool, so the round
 // allocates nothing.
 type hedgeRun struct {
-	r     *retryStage
+	r     *retryLayer
 	req   *http.Request // the caller's
 	first *http.Request // what replay copies
 	c     call
@@ -222,7 +222,7 @@ type hedgeRun struct {
 
 // hedged runs a call's first round and returns its outcome and how many
 // attempts it sent.
-func (r *retryStage) hedged(first *http.Request, req *http.Request, c call) (*http.Response, int, error) {
+func (r *retryLayer) hedged(first *http.Request, req *http.Request, c call) (*http.Response, int, error) {
 	h := r.hedge
 	d, ok := h.delay(r.lat)
 	if !ok {
@@ -341,7 +341,7 @@ var errHedgePanicked = errors.New("bulwark: a hedge attempt panicked")
 // sendRecovering sends one hedge attempt on the timer's goroutine, where a
 // panic would take the process down: it returns the panic's value instead,
 // the layers below having released what they held on the way out.
-func sendRecovering(next stage, req *http.Request, c call) (resp *http.Response, p any, err error) {
+func sendRecovering(next layer, req *http.Request, c call) (resp *http.Response, p any, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			resp, p, err = nil, v, errHedgePanicked
@@ -399,7 +399,7 @@ func (run *hedgeRun) finish(i int, resp *http.Response, err error) {
 // hedgeBlocked is why a hedge may not be sent now, or skipNone. The budget
 // is asked last, so that no token is spent on a hedge another check
 // refuses.
-func (r *retryStage) hedgeBlocked(req *http.Request, c call) uint8 {
+func (r *retryLayer) hedgeBlocked(req *http.Request, c call) uint8 {
 	h := r.hedge
 	now := time.Now()
 	switch {
@@ -423,7 +423,7 @@ func (r *retryStage) hedgeBlocked(req *http.Request, c call) uint8 {
 
 // sendTime is the least time an attempt needs: the host's median latency,
 // or minSendTime while it is unknown or shorter.
-func (r *retryStage) sendTime() time.Duration {
+func (r *retryLayer) sendTime() time.Duration {
 	if r.lat != nil {
 		if m, ok := r.lat.Median(); ok && m > minSendTime {
 			return m
@@ -434,7 +434,7 @@ func (r *retryStage) sendTime() time.Duration {
 
 // tailTime is the time a retry's wait leaves it to answer in: the host's
 // recent p99 latency, or sendTime when that is longer or unknown.
-func (r *retryStage) tailTime() time.Duration {
+func (r *retryLayer) tailTime() time.Duration {
 	if r.lat != nil {
 		if q, ok := r.lat.Quantile(); ok {
 			return max(q, r.sendTime())
@@ -446,7 +446,7 @@ func (r *retryStage) tailTime() time.Duration {
 // record adds an attempt's latency to the host's tracker, when its outcome
 // says how long the host takes: an answer or a failure from the host, not a
 // refusal by bulwark nor a cancellation (whose time is the canceller's).
-func (r *retryStage) record(k kind, start time.Time) {
+func (r *retryLayer) record(k kind, start time.Time) {
 	if r.lat == nil || !reached(k) || k == kindCanceled || k == kindDeadline || !r.lat.Want() {
 		return
 	}
@@ -472,7 +472,7 @@ type LatencySnapshot struct {
 
 // latency is the retry layer's piece of Snapshot for the host's recent
 // latency; nil while nothing was recorded in its window.
-func (r *retryStage) latency(now time.Time) *LatencySnapshot {
+func (r *retryLayer) latency(now time.Time) *LatencySnapshot {
 	if r.lat == nil {
 		return nil
 	}

@@ -252,14 +252,14 @@ func TestHedgeNotIntoRefusal(t *testing.T) {
 			_ = tr.ControlBreaker("hedge.test:80", BreakerForceOpen)
 		}, func(s HedgeSkips) uint64 { return s.Breaker }, nil},
 		{"pushback", []string{"pushback"}, func(tr *Transport) {
-			pb := layerOf[*pushbackStage](t, tr, "http://hedge.test/")
+			pb := layerOf[*pushbackLayer](t, tr, "http://hedge.test/")
 			pb.pauseIn(&pb.paused, time.Now().Add(time.Minute))
 		}, func(s HedgeSkips) uint64 { return s.Pushback }, nil},
 		{"bulkhead", []string{"bulkhead"}, nil, func(s HedgeSkips) uint64 { return s.Bulkhead }, nil},
 		{"throttle", nil, func(tr *Transport) {
 			// Ten refused requests in the window: the throttle refuses
 			// with probability 10/11 now.
-			th := layerOf[*throttleStage](t, tr, "http://hedge.test/")
+			th := layerOf[*throttleLayer](t, tr, "http://hedge.test/")
 			th.record(time.Now().UnixNano(), 10, 0)
 		}, func(s HedgeSkips) uint64 { return s.Throttle }, func(p *Policy) { p.Throttle.Enabled = true }},
 	} {
@@ -350,7 +350,7 @@ func TestHedgeDeadlineAware(t *testing.T) {
 		}
 		// A retry after a 503 at 5 ms with 30 ms left and a 20 ms median
 		// fits; with 22 ms left it does not.
-		r := layerOf[*retryStage](t, tr, "http://hedge.test/")
+		r := layerOf[*retryLayer](t, tr, "http://hedge.test/")
 		req, _ := http.NewRequest(http.MethodGet, "http://hedge.test/x", nil)
 		prev := time.Duration(0)
 		resp := &http.Response{StatusCode: 503, Header: http.Header{}}

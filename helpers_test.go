@@ -29,11 +29,11 @@ import (
 	"pgregory.net/rapid"
 )
 
-// stageRT serves a stage as an http.RoundTripper, as the start of a call:
+// layerRT serves a layer as an http.RoundTripper, as the start of a call:
 // for tests that drive a stack below the router.
-type stageRT struct{ s stage }
+type layerRT struct{ s layer }
 
-func (r stageRT) RoundTrip(req *http.Request) (*http.Response, error) {
+func (r layerRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	return r.s.roundTrip(req, call{start: time.Now()})
 }
 

@@ -70,7 +70,7 @@ type hostState struct {
 	name     string // "host:port", for errors and logs
 	upstream string
 	policy   *Policy
-	rt       stage
+	rt       layer
 	rep      *reporter
 	// shared holds the layers the host's routes share with it.
 	shared hostShared
@@ -124,7 +124,7 @@ func (t *Transport) newHost(k hostKey, rawScheme, rawHost string, c *compiled, t
 	if prev != nil && prev.upstream != hs.upstream {
 		// A host whose label changes keeps nothing of ours, but the pause
 		// it asked for (Retry-After) is its own word and still holds.
-		if pb := kept[*pushbackStage](prior{parts: prev.parts}); pb != nil {
+		if pb := kept[*pushbackLayer](prior{parts: prev.parts}); pb != nil {
 			before.parts = []any{pb}
 		}
 		prev = nil
@@ -385,7 +385,7 @@ func controlParts(parts []any, c BreakerControl) {
 // routeState is one route's stack on one host.
 type routeState struct {
 	pattern  string
-	rt       stage
+	rt       layer
 	rep      *reporter  // the host's, with bulwark.route
 	parts    []any      // as hostState.parts
 	classify Classifier // the route's Policy.Classify

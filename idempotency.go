@@ -60,7 +60,7 @@ func bodyReplayable(req *http.Request) bool {
 // base may not even support, and that answer will not change. Nor is a
 // request that a retrying client above will send again (call.above,
 // sdk.go): retries happen at one layer, that client's.
-func (r *retryStage) prepare(req *http.Request, c call) (*http.Request, bool, error) {
+func (r *retryLayer) prepare(req *http.Request, c call) (*http.Request, bool, error) {
 	if req.URL.Scheme != "http" && req.URL.Scheme != "https" || c.above != aboveNone {
 		// A client above that retries sends it again: one layer retries.
 		return req, false, nil

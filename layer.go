@@ -10,13 +10,13 @@ import (
 	"github.com/bulwark-http/bulwark/internal/learn"
 )
 
-// stage is one layer of a host's stack. Every layer of bulwark implements
+// layer is one layer of a host's stack. Every layer of bulwark implements
 // it, and each wraps the next; the router, the Transport, is the one
 // http.RoundTripper the caller sees. A layer gets the call's state as an
 // argument instead of from the request's context, so the caller's request
 // travels down unchanged to the attempt layer, which makes the one copy an
 // attempt needs.
-type stage interface {
+type layer interface {
 	roundTrip(req *http.Request, c call) (*http.Response, error)
 }
 
@@ -251,7 +251,7 @@ type env struct {
 	// and the breaker learn their bounds from; nil: nothing is learned.
 	learned *learned
 	// deadlines counts the host's attempts refused for too little time
-	// left and abandoned (attemptStage); nil: not counted.
+	// left and abandoned (attemptLayer); nil: not counted.
 	deadlines *deadlineCounts
 	// passedUp counts the host's answers that pass a failure up from
 	// below (NoRetryFromBelow), which no layer counts against it: the
@@ -259,19 +259,19 @@ type env struct {
 	passedUp *atomic.Uint64
 }
 
-// deadlineCounts is what a host's attempt deadlines did (attemptStage),
+// deadlineCounts is what a host's attempt deadlines did (attemptLayer),
 // for its snapshot.
 type deadlineCounts struct {
 	tooShort  atomic.Uint64 // refused: too little time left (ErrDeadlineTooShort)
 	abandoned atomic.Uint64 // left behind at their deadline, the base still running
 }
 
-// baseStage adapts the base http.RoundTripper, and holds it to the
+// baseLayer adapts the base http.RoundTripper, and holds it to the
 // contract that the layers above rely on: a response or an error, never
 // both, never neither.
-type baseStage struct{ rt http.RoundTripper }
+type baseLayer struct{ rt http.RoundTripper }
 
-func (b baseStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+func (b baseLayer) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	rt := b.rt
 	if c.via != nil {
 		rt = c.via

@@ -564,20 +564,20 @@ func TestObserveHeaderOwned(t *testing.T) {
 	}
 }
 
-// observeStageOf walks a stack of the deadline layers down to its attempt
+// spanLayerOf walks a stack of the deadline layers down to its attempt
 // span layer.
-func observeStageOf(t *testing.T, s stage) *observeStage {
+func spanLayerOf(t *testing.T, s layer) *spanLayer {
 	t.Helper()
 	for {
 		switch l := s.(type) {
-		case *totalStage:
+		case *totalLayer:
 			s = l.next
-		case *attemptStage:
+		case *attemptLayer:
 			s = l.next
-		case *observeStage:
+		case *spanLayer:
 			return l
 		default:
-			t.Fatalf("no observeStage above %T", s)
+			t.Fatalf("no spanLayer above %T", s)
 			return nil
 		}
 	}
@@ -598,14 +598,14 @@ func TestObserveNoProvidersAllocatesNothing(t *testing.T) {
 	if !isPlaceholder(otel.GetTracerProvider()) || !isPlaceholder(otel.GetMeterProvider()) || !isPlaceholder(otel.GetTextMapPropagator()) {
 		t.Skip("global providers were set in this process")
 	}
-	// Only the deadline layers, so observeStageOf can walk to the span layer.
+	// Only the deadline layers, so spanLayerOf can walk to the span layer.
 	tr := mustNew(t, Config{Base: benchBase{}, Default: only(Policy{}, "timeout")})
 	if tr.obs.state.Load() != 0 {
 		t.Fatalf("observer on with placeholder globals: state %b", tr.obs.state.Load())
 	}
 	u, _ := url.Parse("http://stub.internal/x")
 	hs := tr.lookup(u)
-	obs := observeStageOf(t, hs.rt)
+	obs := spanLayerOf(t, hs.rt)
 	req, _ := http.NewRequest("GET", u.String(), nil)
 	run := func(rt http.RoundTripper) float64 {
 		return testing.AllocsPerRun(200, func() {
@@ -619,7 +619,7 @@ func TestObserveNoProvidersAllocatesNothing(t *testing.T) {
 	}
 	// The span layer as the builder made it, and what it wraps: the same
 	// stack without it.
-	if with, without := run(stageRT{obs}), run(stageRT{obs.next}); with != without {
+	if with, without := run(layerRT{obs}), run(layerRT{obs.next}); with != without {
 		t.Errorf("the attempt span layer allocates %v times with the observer, %v without", with, without)
 	}
 	ctx := t.Context()

@@ -26,7 +26,7 @@ func (e *PushbackError) Unwrap() error { return ErrPushback }
 
 func (e *PushbackError) refusalKind() kind { return kindPushback }
 
-// pushbackStage pauses a host: a 429 or 503 with a valid Retry-After
+// pushbackLayer pauses a host: a 429 or 503 with a valid Retry-After
 // pauses every request to the host until the time the server named, capped
 // at Retry.MaxRetryAfter, and so does a response whose rate-limit fields
 // say a quota is spent until a reset (fields.go reads them). During the
@@ -38,8 +38,8 @@ func (e *PushbackError) refusalKind() kind { return kindPushback }
 //
 // It also sends a priority set with WithPriority upstream as PriorityHeader,
 // so that the server's Shedder sees what the client's pushback saw.
-type pushbackStage struct {
-	next    stage
+type pushbackLayer struct {
+	next    layer
 	e       env
 	max     time.Duration
 	ignored *atomic.Uint64 // the Transport's count of ignored Retry-After values
@@ -87,17 +87,17 @@ type fleetPause struct {
 	answers uint64
 }
 
-func newPushback(next stage, max time.Duration, e env, ignored *atomic.Uint64) *pushbackStage {
-	return &pushbackStage{next: next, e: e, max: max, ignored: ignored, pauses: new(pauses)}
+func newPushback(next layer, max time.Duration, e env, ignored *atomic.Uint64) *pushbackLayer {
+	return &pushbackLayer{next: next, e: e, max: max, ignored: ignored, pauses: new(pauses)}
 }
 
-func (p *pushbackStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+func (p *pushbackLayer) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	return p.pass(p.next, req, c)
 }
 
 // pass is the pushback layer over next: its own layer below, or a route's
-// (see sharedStage), so that the routes of a host share its pauses.
-func (p *pushbackStage) pass(next stage, req *http.Request, c call) (*http.Response, error) {
+// (see sharedLayer), so that the routes of a host share its pauses.
+func (p *pushbackLayer) pass(next layer, req *http.Request, c call) (*http.Response, error) {
 	prio, fromContext := requestPriority(req)
 	if e := p.pausedFor(prio); e != nil && !p.waitOut(req, c, prio, e) {
 		p.refused.Add(1)
@@ -153,7 +153,7 @@ const maxPauseWaits = 4
 // alone. Waited out, it goes no sooner than the host asked, as the client
 // itself would have waited had it seen the answer. A pause that ends past
 // the call's deadline is refused at once, as are other requests.
-func (p *pushbackStage) waitOut(req *http.Request, c call, prio Priority, e *PushbackError) bool {
+func (p *pushbackLayer) waitOut(req *http.Request, c call, prio Priority, e *PushbackError) bool {
 	if c.above == aboveNone {
 		return false
 	}
@@ -186,7 +186,7 @@ func shedPriority(h http.Header) (Priority, bool) {
 	return 0, false
 }
 
-func (p *pushbackStage) pausedUntil(req *http.Request) time.Time {
+func (p *pushbackLayer) pausedUntil(req *http.Request) time.Time {
 	prio, _ := requestPriority(req)
 	if e := p.pausedFor(prio); e != nil {
 		return e.Until
@@ -198,7 +198,7 @@ func (p *pushbackStage) pausedUntil(req *http.Request) time.Time {
 // or nil: the host's, or a Shedder's of prio or a more important priority,
 // whichever lasts longest. A host that never asked for a pause costs an
 // atomic load per slot looked at, without reading the clock.
-func (p *pushbackStage) pausedFor(prio Priority) *PushbackError {
+func (p *pushbackLayer) pausedFor(prio Priority) *PushbackError {
 	var now time.Time
 	e := p.pausedIn(&p.paused, &now)
 	for q := range prio.clamp() + 1 {
@@ -213,7 +213,7 @@ func (p *pushbackStage) pausedFor(prio Priority) *PushbackError {
 // reads the clock into *now only when there is a pause to compare, and at
 // most once for several slots. The first request to see a pause over
 // clears it and reports the end.
-func (p *pushbackStage) pausedIn(slot *atomic.Pointer[PushbackError], now *time.Time) *PushbackError {
+func (p *pushbackLayer) pausedIn(slot *atomic.Pointer[PushbackError], now *time.Time) *PushbackError {
 	e := slot.Load()
 	if e == nil {
 		return nil
@@ -234,7 +234,7 @@ func (p *pushbackStage) pausedIn(slot *atomic.Pointer[PushbackError], now *time.
 // pauseIn extends the pause in slot to until; a shorter Retry-After
 // arriving later (from a request already in flight) does not cut the pause
 // short. It reports whether the pause was extended.
-func (p *pushbackStage) pauseIn(slot *atomic.Pointer[PushbackError], until time.Time) bool {
+func (p *pushbackLayer) pauseIn(slot *atomic.Pointer[PushbackError], until time.Time) bool {
 	p.mu.Lock()
 	e := slot.Load()
 	if e != nil && !until.After(e.Until) {
@@ -266,7 +266,7 @@ type PushbackSnapshot struct {
 }
 
 // snapshot is the pushback's piece of Snapshot.
-func (p *pushbackStage) snapshot() *PushbackSnapshot {
+func (p *pushbackLayer) snapshot() *PushbackSnapshot {
 	s := &PushbackSnapshot{Refused: p.refused.Load()}
 	if e := p.paused.Load(); e != nil {
 		s.Until = e.Until
@@ -285,12 +285,12 @@ func (p *pushbackStage) snapshot() *PushbackSnapshot {
 // between two of its own answers.
 
 // applyFleet weighs another pod's pause (fleetMember).
-func (p *pushbackStage) applyFleet(u FleetUpdate, now time.Time) bool {
+func (p *pushbackLayer) applyFleet(u FleetUpdate, now time.Time) bool {
 	return u.Kind == FleetPushback && p.adoptPause(u, now)
 }
 
 // slotOf is the slot of a pause: a Shedder's tier, or the whole host.
-func (p *pushbackStage) slotOf(shed bool, prio Priority) (*atomic.Pointer[PushbackError], int) {
+func (p *pushbackLayer) slotOf(shed bool, prio Priority) (*atomic.Pointer[PushbackError], int) {
 	if shed {
 		return &p.tiers[prio], int(prio)
 	}
@@ -306,7 +306,7 @@ func (p *pushbackStage) slotOf(shed bool, prio Priority) (*atomic.Pointer[Pushba
 // back; once that run ended, no pause is adopted again before this pod's
 // next answer from the host (which weighs it). So a chain of pauses from
 // one pod holds another for MaxRetryAfter at most before it sends again.
-func (p *pushbackStage) adoptPause(u FleetUpdate, now time.Time) bool {
+func (p *pushbackLayer) adoptPause(u FleetUpdate, now time.Time) bool {
 	until := u.Until
 	if cap := now.Add(p.max); until.After(cap) {
 		until = cap
@@ -354,7 +354,7 @@ func (p *pushbackStage) adoptPause(u FleetUpdate, now time.Time) bool {
 // hasRoomFor reports whether this pod's own latest answer from the host,
 // within fleetFresh of now, had no 429 or 503 (for a shedding pause u, at
 // u's priority or above): the host has room for this pod, which declines u.
-func (p *pushbackStage) hasRoomFor(u FleetUpdate, now time.Time) bool {
+func (p *pushbackLayer) hasRoomFor(u FleetUpdate, now time.Time) bool {
 	return p.okLast.Load() && now.UnixNano()-p.lastOK.Load() <= int64(fleetFresh) &&
 		(!u.Shed || Priority(p.okPrio.Load()) >= u.Priority)
 }
@@ -364,7 +364,7 @@ func (p *pushbackStage) hasRoomFor(u FleetUpdate, now time.Time) bool {
 // other pods publish: an answer below 500 and not 429 ends each pause
 // adopted from them that would have held the request (the host had room
 // for it), and a 429 or 503 adopts the pauses it declined.
-func (p *pushbackStage) weighAnswer(code int, prio Priority) {
+func (p *pushbackLayer) weighAnswer(code int, prio Priority) {
 	now := time.Now()
 	p.answers.Add(1)
 	switch {
@@ -407,7 +407,7 @@ func (p *pushbackStage) weighAnswer(code int, prio Priority) {
 }
 
 // publishPause shares a local Retry-After pause.
-func (p *pushbackStage) publishPause(until time.Time, shed bool, prio Priority) {
+func (p *pushbackLayer) publishPause(until time.Time, shed bool, prio Priority) {
 	if p.fleet == nil {
 		return
 	}
@@ -417,7 +417,7 @@ func (p *pushbackStage) publishPause(until time.Time, shed bool, prio Priority) 
 // obeyRateLimit pauses the host, as a Retry-After does and capped the same
 // way, when resp says its quota is spent until a reset; a malformed field
 // is counted in the Transport's ignored count.
-func (p *pushbackStage) obeyRateLimit(resp *http.Response) {
+func (p *pushbackLayer) obeyRateLimit(resp *http.Response) {
 	h := resp.Header
 	if h == nil {
 		return
@@ -442,11 +442,11 @@ func (p *pushbackStage) obeyRateLimit(resp *http.Response) {
 
 // keepFrom takes the pauses of prev, the old stack's pushback layer (nil:
 // none), whatever the policy: they are the host's word, not the policy's.
-func (p *pushbackStage) keepFrom(prev *pushbackStage) {
+func (p *pushbackLayer) keepFrom(prev *pushbackLayer) {
 	if prev != nil {
 		p.pauses = prev.pauses
 	}
 }
 
 // show hands Snapshot the pauses (shower).
-func (p *pushbackStage) show(put func(any)) { put(p.snapshot()) }
+func (p *pushbackLayer) show(put func(any)) { put(p.snapshot()) }

@@ -123,7 +123,7 @@ func TestPushbackTerminalForRetry(t *testing.T) {
 		resp.Body.Close()
 
 		// Another request's 503 paused the host: no retry, no wait.
-		pb := layerOf[*pushbackStage](t, tr, "http://a.test/")
+		pb := layerOf[*pushbackLayer](t, tr, "http://a.test/")
 		pb.pauseIn(&pb.paused, clk.now().Add(5*time.Second))
 		*waits = nil
 		_, err = tr.RoundTrip(testRequest(t, t.Context(), "GET", "http://a.test/", noBody, ""))
@@ -147,7 +147,7 @@ func BenchmarkPushbackRejection(b *testing.B) {
 	req := testRequest(b, b.Context(), "GET", "http://a.test/", noBody, "")
 	resp, _ := tr.RoundTrip(req)
 	resp.Body.Close()
-	pb := layerOf[*pushbackStage](b, tr, "http://a.test/")
+	pb := layerOf[*pushbackLayer](b, tr, "http://a.test/")
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := pb.roundTrip(req, call{start: time.Now()}); err == nil {

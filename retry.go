@@ -394,13 +394,13 @@ func (e *RetryError) Unwrap() []error {
 	return []error{e.Err}
 }
 
-// retryStage sends a call up to MaxAttempts times, waiting between
+// retryLayer sends a call up to MaxAttempts times, waiting between
 // attempts, when the request is safe to replay and the outcome is worth
 // another try. It sits outside the pushback, breaker and bulkhead layers,
 // so a waiting retry holds no permit and every attempt is seen by the
 // breaker.
-type retryStage struct {
-	next     stage
+type retryLayer struct {
+	next     layer
 	e        env
 	pause    pauser         // the host's pushback; nil when off
 	ignored  *atomic.Uint64 // Retry-After values ignored, when pushback does not count them
@@ -428,8 +428,8 @@ type retryStage struct {
 	lat *latency.Tracker
 }
 
-func newRetry(next stage, p Retry, e env, pause pauser, ignored *atomic.Uint64, randN func(int64) int64, balanced bool) *retryStage {
-	r := &retryStage{
+func newRetry(next layer, p Retry, e env, pause pauser, ignored *atomic.Uint64, randN func(int64) int64, balanced bool) *retryLayer {
+	r := &retryLayer{
 		next: next, e: e, pause: pause, randN: randN, balanced: balanced,
 		max: p.MaxAttempts, base: p.Base, cap: p.Cap, maxRA: p.MaxRetryAfter, jitter: p.Jitter,
 		keyPOST: p.KeyPOST, bufferBody: p.BufferBody, check: p.CheckRetry, backoff: p.Backoff, onRetry: p.OnRetry,
@@ -457,7 +457,7 @@ const (
 	budgetSpent
 )
 
-func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+func (r *retryLayer) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	ctx := req.Context()
 	first, replayable, err := r.prepare(req, c)
 	if err != nil {
@@ -518,7 +518,7 @@ func (r *retryStage) roundTrip(req *http.Request, c call) (*http.Response, error
 // first round the hedges beside it, if any; a later attempt's send time
 // goes in c.sent. n is the number of the last attempt sent, k the
 // outcome's kind.
-func (r *retryStage) round(cur, req *http.Request, c *call, replayable bool) (resp *http.Response, n int, k kind, err error) {
+func (r *retryLayer) round(cur, req *http.Request, c *call, replayable bool) (resp *http.Response, n int, k kind, err error) {
 	if c.attempt == 1 && r.hedge != nil && replayable {
 		resp, n, err = r.hedged(cur, req, *c)
 		return resp, n, classify(resp, err), err
@@ -535,7 +535,7 @@ func (r *retryStage) round(cur, req *http.Request, c *call, replayable bool) (re
 
 // end ends the call after attempt number attempt, whose outcome was judged
 // j, as d, a verdict other than retryAgain, says.
-func (r *retryStage) end(ctx context.Context, c *call, attempt int, d decision, j judged, resp *http.Response, err error) (*http.Response, error) {
+func (r *retryLayer) end(ctx context.Context, c *call, attempt int, d decision, j judged, resp *http.Response, err error) (*http.Response, error) {
 	if d.v == giveUp && (attempt > 1 || d.late || c.above == aboveResend) && j.v.Outcome == OutcomeFailure {
 		// Retried here and still failed, due for a retry the
 		// deadline left no room for, or a client above's resend that
@@ -561,7 +561,7 @@ func (r *retryStage) end(ctx context.Context, c *call, attempt int, d decision, 
 
 // announce reports the retry of attempt, due in d.wait: to the metrics and
 // logs, and to Retry.OnRetry.
-func (r *retryStage) announce(ctx context.Context, req *http.Request, attempt int, d decision, resp *http.Response, err error) {
+func (r *retryLayer) announce(ctx context.Context, req *http.Request, attempt int, d decision, resp *http.Response, err error) {
 	r.e.rep.retryScheduled(ctx, attempt+1, d.wait, retryReason(resp, err), d.fromRA)
 	if r.onRetry != nil {
 		ev := RetryEvent{Host: r.e.host, Upstream: r.e.upstream, Attempt: attempt + 1, Wait: d.wait, FromRetryAfter: d.fromRA, Err: err}
@@ -575,7 +575,7 @@ func (r *retryStage) announce(ctx context.Context, req *http.Request, attempt in
 // await waits d before the retry of attempt, then readies next, the
 // request to send: with Retry.PrepareRetry's changes, when it is set. The
 // error ends the call.
-func (r *retryStage) await(ctx context.Context, next *http.Request, attempt int, d time.Duration) (*http.Request, error) {
+func (r *retryLayer) await(ctx context.Context, next *http.Request, attempt int, d time.Duration) (*http.Request, error) {
 	if werr := wait(ctx, d); werr != nil {
 		closeBody(next)
 		return nil, &RetryError{Attempts: attempt, Err: doneError(ctx)}
@@ -622,7 +622,7 @@ func wait(ctx context.Context, d time.Duration) error {
 
 // finish hands the caller the last attempt's outcome: a response untouched,
 // or an error that says how many attempts were made.
-func (r *retryStage) finish(attempts int, resp *http.Response, err error, budget bool) (*http.Response, error) {
+func (r *retryLayer) finish(attempts int, resp *http.Response, err error, budget bool) (*http.Response, error) {
 	if err == nil {
 		return resp, nil
 	}
@@ -647,7 +647,7 @@ type decision struct {
 // decide is the retry decision after attempt number attempt, whose
 // outcome was judged j: a list of checks in a fixed order, the first that
 // applies settling it.
-func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt int, j judged, resp *http.Response, err error, prevWait *time.Duration) decision {
+func (r *retryLayer) decide(req *http.Request, c call, replayable bool, attempt int, j judged, resp *http.Response, err error, prevWait *time.Duration) decision {
 	// Retries off: the layer is here for the first round's hedges, and
 	// that round was the call.
 	if r.noRetry {
@@ -712,7 +712,7 @@ func (r *retryStage) decide(req *http.Request, c call, replayable bool, attempt 
 // one layer of the stack to try again (NoRetryHeader, or Envoy's and
 // gRPC's signals: see noRetry). pushback is a gRPC pushback's delay,
 // which retryWait honours. A malformed pushback is counted.
-func (r *retryStage) serverSaysStop(resp *http.Response) (pushback time.Duration, stop bool) {
+func (r *retryLayer) serverSaysStop(resp *http.Response) (pushback time.Duration, stop bool) {
 	if resp == nil {
 		return 0, false
 	}
@@ -734,7 +734,7 @@ func (r *retryStage) serverSaysStop(resp *http.Response) (pushback time.Duration
 // error wrapped in a *url.Error, as http.Client would hand it, since that
 // is how go-retryablehttp's policies recognise certificate, scheme and
 // header errors.
-func (r *retryStage) worthRetry(ctx context.Context, req *http.Request, j judged, resp *http.Response, err error) (retry bool, cerr error) {
+func (r *retryLayer) worthRetry(ctx context.Context, req *http.Request, j judged, resp *http.Response, err error) (retry bool, cerr error) {
 	if r.check != nil {
 		return r.check(ctx, resp, clientError(req, err))
 	}
@@ -745,7 +745,7 @@ func (r *retryStage) worthRetry(ctx context.Context, req *http.Request, j judged
 // replaces the backoff (the server knows when it will have room; guessing
 // is worse), as a gRPC pushback does; and a pause of the whole host
 // lengthens any wait.
-func (r *retryStage) retryWait(req *http.Request, attempt int, resp *http.Response, err error, pushback time.Duration, prevWait *time.Duration, now, dl time.Time, hasDL bool) decision {
+func (r *retryLayer) retryWait(req *http.Request, attempt int, resp *http.Response, err error, pushback time.Duration, prevWait *time.Duration, now, dl time.Time, hasDL bool) decision {
 	d := decision{v: retryAgain}
 	if resp != nil {
 		if ra, ok := retryAfter(resp, now, r.ignored); ok {
@@ -774,7 +774,7 @@ func (r *retryStage) retryWait(req *http.Request, attempt int, resp *http.Respon
 // jitter's range allows, so a retry decide finds late is one no wait the
 // policy allows would fit: a Retry-After or a pause too long, or a room
 // shorter than the least wait of the jitter (Equal's half, say).
-func (r *retryStage) ownWait(attempt int, resp *http.Response, err error, prevWait *time.Duration, now, dl time.Time, hasDL bool) time.Duration {
+func (r *retryLayer) ownWait(attempt int, resp *http.Response, err error, prevWait *time.Duration, now, dl time.Time, hasDL bool) time.Duration {
 	// The jitter draws the wait among those that leave the host's
 	// median to answer in before the deadline, when some of its range
 	// does: a deadline handed down from a caller that learned its
@@ -825,7 +825,7 @@ func clientError(req *http.Request, err error) error {
 }
 
 // rand returns a uniform number in [0, n), from randN when a test set it.
-func (r *retryStage) rand(n int64) int64 {
+func (r *retryLayer) rand(n int64) int64 {
 	if n <= 0 {
 		return 0
 	}
@@ -842,7 +842,7 @@ func (r *retryStage) rand(n int64) int64 {
 // that a tight deadline shortens the wait rather than skipping the retry;
 // a range wholly above it (None's fixed wait, Equal's half, Decorrelated's
 // Base) and the user's Backoff are drawn as ever, and decide finds them late.
-func (r *retryStage) backoffWait(n int, resp *http.Response, prevWait *time.Duration, room time.Duration) time.Duration {
+func (r *retryLayer) backoffWait(n int, resp *http.Response, prevWait *time.Duration, room time.Duration) time.Duration {
 	if r.backoff != nil {
 		return max(r.backoff(r.base, r.cap, n, resp), 0)
 	}
@@ -1017,7 +1017,7 @@ func (b *retryBudget) withdraw(now time.Time) bool {
 
 // snapshot is the retry layer's pieces of Snapshot: its budget's and its
 // hedger's, each nil when it has none.
-func (r *retryStage) snapshot() (budget *BudgetSnapshot, hedge *HedgeSnapshot) {
+func (r *retryLayer) snapshot() (budget *BudgetSnapshot, hedge *HedgeSnapshot) {
 	if r.budget != nil {
 		s := r.budget.state(time.Now())
 		s.Refused = r.budget.refused.Load()
@@ -1039,7 +1039,7 @@ func (r *retryStage) snapshot() (budget *BudgetSnapshot, hedge *HedgeSnapshot) {
 const fleetBudgetAnswer = time.Second
 
 // applyFleet keeps another pod's budget counts (fleetMember).
-func (r *retryStage) applyFleet(u FleetUpdate, now time.Time) bool {
+func (r *retryLayer) applyFleet(u FleetUpdate, now time.Time) bool {
 	return u.Kind == FleetBudgetCounts && r.budget != nil && r.budget.fleet != nil && r.budget.adoptCounts(u, now)
 }
 
@@ -1098,7 +1098,7 @@ type pauser interface {
 
 // keepFrom takes the budget of prev, the old stack's retry layer (nil:
 // none), when it was built for the same Retry.Budget.
-func (r *retryStage) keepFrom(prev *retryStage) {
+func (r *retryLayer) keepFrom(prev *retryLayer) {
 	if prev != nil && prev.budget != nil && r.budget != nil && reflect.DeepEqual(prev.budget.policy, r.budget.policy) {
 		r.budget = prev.budget
 	}
@@ -1106,7 +1106,7 @@ func (r *retryStage) keepFrom(prev *retryStage) {
 
 // show hands Snapshot the budget, the hedges and the recent latency
 // (shower).
-func (r *retryStage) show(put func(any)) {
+func (r *retryLayer) show(put func(any)) {
 	budget, hedge := r.snapshot()
 	put(budget)
 	put(hedge)

@@ -283,7 +283,7 @@ func TestRetryBackoffJitter(t *testing.T) {
 				}
 				return 0
 			}
-			r := layerOf[*retryStage](t, tr, "http://api.test/")
+			r := layerOf[*retryLayer](t, tr, "http://api.test/")
 			prev := base
 			for n, want := range tt.want {
 				if got := r.backoffWait(n, nil, &prev, math.MaxInt64); got != want {
@@ -294,7 +294,7 @@ func TestRetryBackoffJitter(t *testing.T) {
 	}
 	// Huge Base and many retries must not overflow.
 	tr := mustNew(t, Config{Base: &stubBase{}, Default: only(Policy{Retry: Retry{Base: time.Hour, Cap: 2 * time.Hour, Jitter: JitterNone}}, "retry")})
-	r := layerOf[*retryStage](t, tr, "http://api.test/")
+	r := layerOf[*retryLayer](t, tr, "http://api.test/")
 	prev := r.base
 	if got := r.backoffWait(9, nil, &prev, math.MaxInt64); got != 2*time.Hour {
 		t.Errorf("backoffWait with a huge base = %v, want the cap", got)
@@ -323,7 +323,7 @@ func TestRetryBackoffRoom(t *testing.T) {
 	} {
 		tr := mustNew(t, Config{Base: &stubBase{}, Default: only(Policy{Retry: Retry{Base: base, Cap: cap, Jitter: tc.jitter}}, "retry")})
 		tr.randN = func(n int64) int64 { return n - 1 }
-		r := layerOf[*retryStage](t, tr, "http://api.test/")
+		r := layerOf[*retryLayer](t, tr, "http://api.test/")
 		prev := base
 		if got := r.backoffWait(0, nil, &prev, tc.room); got != tc.want {
 			t.Errorf("%v: backoffWait(0) with %v of room = %v, want %v", tc.jitter, tc.room, got, tc.want)
@@ -350,7 +350,7 @@ func TestRetryBackoffRoomProperty(t *testing.T) {
 			rt.Fatal(err)
 		}
 		tr.randN = func(k int64) int64 { return min(int64(picks[0]*float64(k)), k-1) }
-		r := layerOf[*retryStage](t, tr, "http://api.test/")
+		r := layerOf[*retryLayer](t, tr, "http://api.test/")
 		// The jitter's range, as its documentation gives it.
 		exp := min(cap, base<<min(n, 40))
 		if n > 40 || base > cap>>min(n, 62) {
@@ -852,7 +852,7 @@ func BenchmarkRetry(b *testing.B) {
 func BenchmarkRetryLayers(b *testing.B) {
 	base := &staticBase{resp: &http.Response{StatusCode: 200, Body: http.NoBody, Header: http.Header{}}}
 	tr := mustNew(b, Config{Base: base, Default: only(Policy{}, "retry", "pushback")})
-	layers := layerOf[*retryStage](b, tr, "http://api.test/x")
+	layers := layerOf[*retryLayer](b, tr, "http://api.test/x")
 	req, _ := http.NewRequestWithContext(context.Background(), "GET", "http://api.test/x", nil)
 	now := time.Now()
 	c := call{start: now, total: now.Add(DefaultTotalTimeout)} // as the router and the total deadline layer set it
@@ -902,7 +902,7 @@ func TestRetryWaitLeavesP99(t *testing.T) {
 					t.Fatal(err)
 				}
 				tr.randN = func(k int64) int64 { return k - 1 }
-				r := layerOf[*retryStage](t, tr, "http://api.test/")
+				r := layerOf[*retryLayer](t, tr, "http://api.test/")
 				now := time.Now()
 				for i := range 100 {
 					d := 10 * time.Millisecond

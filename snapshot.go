@@ -243,7 +243,7 @@ func showEndpoints(vs []endpointView) (_ []EndpointState, quota *QuotaSnapshot) 
 	for i, v := range vs {
 		out[i] = EndpointState{Addr: v.addr, Ejected: v.ejected, EjectedUntil: v.ejectedUntil, Ejections: v.ejections,
 			InFlight: v.inFlight, ConsecutiveFailures: v.consecutiveFailures, Requests: v.requests}
-		if bh, ok := v.limit.(*bulkheadStage); ok {
+		if bh, ok := v.limit.(*bulkheadLayer); ok {
 			var q *QuotaSnapshot
 			out[i].Bulkhead, q = bh.snapshot()
 			if quota == nil {

@@ -15,19 +15,19 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// observeStage makes one CLIENT span per attempt, injects the attempt's
+// spanLayer makes one CLIENT span per attempt, injects the attempt's
 // trace context into the outgoing request, and measures the attempt's
 // duration. It sits between the attempt deadline (which may already have
 // copied the header) and the base, so that it measures the exchange itself.
-type observeStage struct {
-	next stage
+type spanLayer struct {
+	next layer
 	e    env
 }
 
-func newObserveStage(next stage, e env) *observeStage { return &observeStage{next: next, e: e} }
+func newSpanLayer(next layer, e env) *spanLayer { return &spanLayer{next: next, e: e} }
 
 // attemptObs is one attempt's observation, finished when its body is; it is
-// the only allocation observeStage makes, and only when something is on.
+// the only allocation spanLayer makes, and only when something is on.
 type attemptObs struct {
 	rep     *reporter
 	span    trace.Span // nil: not tracing
@@ -36,7 +36,7 @@ type attemptObs struct {
 	carrier lazyHeader
 }
 
-func (r *observeStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+func (r *spanLayer) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	state := r.e.rep.o.state.Load()
 	if state == 0 {
 		resp, err := r.next.roundTrip(req, c)
@@ -78,7 +78,7 @@ func (r *observeStage) roundTrip(req *http.Request, c call) (*http.Response, err
 
 // begin starts the attempt's observation as state says: its span, its
 // trace context in the request to send (out), its clock.
-func (r *observeStage) begin(req *http.Request, c *call, state uint32) (out *http.Request, a *attemptObs) {
+func (r *spanLayer) begin(req *http.Request, c *call, state uint32) (out *http.Request, a *attemptObs) {
 	o := r.e.rep.o
 	ctx := req.Context()
 	a = &attemptObs{rep: r.e.rep}
@@ -112,7 +112,7 @@ func (r *observeStage) begin(req *http.Request, c *call, state uint32) (out *htt
 // countPassedUp counts an attempt answered with a failure passed up from
 // below: here, where every attempt passes, whatever a fallback or a hedge
 // above makes of it.
-func (r *observeStage) countPassedUp(resp *http.Response) {
+func (r *spanLayer) countPassedUp(resp *http.Response) {
 	if resp != nil && r.e.passedUp != nil && (resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests) &&
 		classify(resp, nil) == kindPassedUp {
 		r.e.passedUp.Add(1)
@@ -158,7 +158,7 @@ func errorType(outcome string, err error) string {
 }
 
 // attrs are an attempt span's start attributes.
-func (r *observeStage) attrs(req *http.Request, attemptNo int, hedge bool) []attribute.KeyValue {
+func (r *spanLayer) attrs(req *http.Request, attemptNo int, hedge bool) []attribute.KeyValue {
 	kv := make([]attribute.KeyValue, 0, 8)
 	kv = append(kv, methodAttr(req.Method))
 	if req.Method != "" && spanName(req.Method) == "HTTP" {

@@ -69,7 +69,7 @@ type build struct {
 	own  bool // the host's own stack, which makes sh's layers; false: a route's
 	prev prior
 
-	s     stage // the stack so far, its outermost layer
+	s     layer // the stack so far, its outermost layer
 	parts []any // its layers with state, inner first
 	// What the hedger asks before sending a hedge: is the breaker open,
 	// the bulkhead full, the throttle refusing? And what the retry layer
@@ -83,7 +83,7 @@ type build struct {
 // compose builds the stack that steps make for p, over sh's shared
 // layers, keeping what prev's layers may keep. It returns the outermost
 // layer and the parts, outer first.
-func (b *stackBuilder) compose(steps []func(*build), p *Policy, e env, sh *hostShared, own bool, prev prior) (stage, []any) {
+func (b *stackBuilder) compose(steps []func(*build), p *Policy, e env, sh *hostShared, own bool, prev prior) (layer, []any) {
 	bd := &build{stackBuilder: b, p: p, e: e, sh: sh, own: own, prev: prev}
 	for _, step := range steps {
 		step(bd)
@@ -93,7 +93,7 @@ func (b *stackBuilder) compose(steps []func(*build), p *Policy, e env, sh *hostS
 }
 
 // add puts l over the stack, with state to keep or show.
-func (bd *build) add(l stage) {
+func (bd *build) add(l layer) {
 	bd.s = l
 	bd.parts = append(bd.parts, l)
 }
@@ -123,7 +123,7 @@ func bottomKept(q, p *Policy) bool {
 func (bd *build) hostBottom() {
 	p, keep := bd.p, bottomKept(bd.prev.policy, bd.p)
 	if p.Endpoints.enabled() {
-		b := kept[*balancerStage](bd.prev)
+		b := kept[*balancerLayer](bd.prev)
 		if b == nil || !keep {
 			b = newBalancer(bd.e, p.Endpoints, bd.base, bd.instanceBuilder(p, bd.sh.faults))
 		}
@@ -131,7 +131,7 @@ func (bd *build) hostBottom() {
 		bd.add(b)
 		return
 	}
-	bh := kept[*bulkheadStage](bd.prev)
+	bh := kept[*bulkheadLayer](bd.prev)
 	if bh != nil && keep && !p.Bulkhead.Disabled {
 		bd.s = bh
 	} else {
@@ -152,7 +152,7 @@ func (bd *build) routeBottom() {
 	}
 	bd.s = bd.attemptStack(bd.p, bd.e, bd.base, bd.sh.faults)
 	if bh := bd.sh.bulkhead; bh != nil {
-		bd.s, bd.full = sharedStage{via: bh, next: bd.s}, bh
+		bd.s, bd.full = sharedLayer{via: bh, next: bd.s}, bh
 	}
 }
 
@@ -160,7 +160,7 @@ func (bd *build) breaker() {
 	if bd.p.Breaker.Disabled {
 		return
 	}
-	b := kept[*breakerStage](bd.prev).keptFor(bd.s, bd.p.Breaker)
+	b := kept[*breakerLayer](bd.prev).keptFor(bd.s, bd.p.Breaker)
 	if b == nil {
 		b = newBreaker(bd.s, bd.p.Breaker, bd.e, bd.randN)
 		if bd.own {
@@ -176,7 +176,7 @@ func (bd *build) throttle() {
 		return
 	}
 	th := newThrottle(bd.s, bd.p.Throttle, bd.e, bd.randN)
-	th.keepFrom(kept[*throttleStage](bd.prev))
+	th.keepFrom(kept[*throttleLayer](bd.prev))
 	if !bd.p.Throttle.Shadow {
 		bd.shed = th
 	}
@@ -191,7 +191,7 @@ func (bd *build) pushback() {
 	}
 	pb := newPushback(bd.s, bd.p.Retry.MaxRetryAfter, bd.e, &bd.ignoredRA)
 	pb.fleet = bd.fleet.publisher()
-	pb.keepFrom(kept[*pushbackStage](bd.prev))
+	pb.keepFrom(kept[*pushbackLayer](bd.prev))
 	bd.pause, bd.sh.pushback = pb, pb
 	bd.add(pb)
 }
@@ -199,7 +199,7 @@ func (bd *build) pushback() {
 // sharedPushback passes a route's calls through the host's pushback.
 func (bd *build) sharedPushback() {
 	if pb := bd.sh.pushback; pb != nil {
-		bd.s, bd.pause = sharedStage{via: pb, next: bd.s}, pb
+		bd.s, bd.pause = sharedLayer{via: pb, next: bd.s}, pb
 	}
 }
 
@@ -212,7 +212,7 @@ func (bd *build) retry() {
 		return
 	}
 	r := newRetry(bd.s, p.Retry, bd.e, bd.pause, &bd.ignoredRA, bd.randN, p.Endpoints.enabled())
-	r.keepFrom(kept[*retryStage](bd.prev))
+	r.keepFrom(kept[*retryLayer](bd.prev))
 	if r.budget != nil && bd.own && r.budget.fleet == nil {
 		// The host's budget is the fleet's; a route's stays local.
 		r.budget.fleet, r.budget.host = bd.fleet.publisher(), bd.e.host
@@ -226,7 +226,7 @@ func (bd *build) retry() {
 
 func (bd *build) total() {
 	if t := bd.p.Timeout; !t.Disabled {
-		bd.s = &totalStage{next: bd.s, total: t.Total, set: t.totalSet}
+		bd.s = &totalLayer{next: bd.s, total: t.Total, set: t.totalSet}
 	}
 }
 
@@ -235,7 +235,7 @@ func (bd *build) fallback() {
 		return
 	}
 	f := newFallback(bd.s, bd.p.Fallback, bd.e)
-	f.keepFrom(kept[*fallbackStage](bd.prev))
+	f.keepFrom(kept[*fallbackLayer](bd.prev))
 	bd.add(f)
 }
 
@@ -245,35 +245,35 @@ func (bd *build) fallback() {
 // (breaker, retry and its budget, deadlines, fallback, fault) judge the
 // route's calls. Nil fields are layers the host's policy turns off.
 type hostShared struct {
-	bulkhead *bulkheadStage
-	pushback *pushbackStage
-	balancer *balancerStage
+	bulkhead *bulkheadLayer
+	pushback *pushbackLayer
+	balancer *balancerLayer
 	// faults counts the faults injected on the host, by every fault layer
 	// it has (its own, its instances', its routes'); never nil.
 	faults *faultCounts
 }
 
 // passer is a shared layer that a route's stack passes through with its
-// own layers below (bulkheadStage.pass, pushbackStage.pass).
+// own layers below (bulkheadLayer.pass, pushbackLayer.pass).
 type passer interface {
-	pass(next stage, req *http.Request, c call) (*http.Response, error)
+	pass(next layer, req *http.Request, c call) (*http.Response, error)
 }
 
-// sharedStage puts a host's shared layer into a route's stack, over the
+// sharedLayer puts a host's shared layer into a route's stack, over the
 // route's own layers below it.
-type sharedStage struct {
+type sharedLayer struct {
 	via  passer
-	next stage
+	next layer
 }
 
-func (s sharedStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+func (s sharedLayer) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	return s.via.pass(s.next, req, c)
 }
 
 // instanceStack composes the per-attempt layers over base for one host,
 // or for one instance of a balanced upstream (name is its "host:port"):
 // bulkhead over attemptStack. The bulkhead is nil when disabled.
-func (b *stackBuilder) instanceStack(p *Policy, e env, base http.RoundTripper, name string, faults *faultCounts) (stage, *bulkheadStage) {
+func (b *stackBuilder) instanceStack(p *Policy, e env, base http.RoundTripper, name string, faults *faultCounts) (layer, *bulkheadLayer) {
 	s := b.attemptStack(p, e, base, faults)
 	if p.Bulkhead.Disabled {
 		return s, nil
@@ -286,10 +286,10 @@ func (b *stackBuilder) instanceStack(p *Policy, e env, base http.RoundTripper, n
 // instanceBuilder is instanceStack for p, as the balancer builds its
 // instances: with the bulkhead, when there is one, as their limit.
 func (b *stackBuilder) instanceBuilder(p *Policy, faults *faultCounts) instanceBuilder {
-	return func(e env, base http.RoundTripper, name string) (stage, stage) {
+	return func(e env, base http.RoundTripper, name string) (layer, layer) {
 		s, bh := b.instanceStack(p, e, base, name, faults)
 		if bh == nil {
-			return s, nil // a nil limit, not a nil *bulkheadStage in one
+			return s, nil // a nil limit, not a nil *bulkheadLayer in one
 		}
 		return s, bh
 	}
@@ -300,14 +300,14 @@ func (b *stackBuilder) instanceBuilder(p *Policy, faults *faultCounts) instanceB
 // faults), the attempt span, the attempt deadline. The fault layer sits
 // below the span and the deadline so that an injected fault is marked in
 // the span and an injected delay counts against the deadline.
-func (b *stackBuilder) attemptStack(p *Policy, e env, base http.RoundTripper, faults *faultCounts) stage {
-	var s stage = baseStage{base}
+func (b *stackBuilder) attemptStack(p *Policy, e env, base http.RoundTripper, faults *faultCounts) layer {
+	var s layer = baseLayer{base}
 	if p.Fault.enabled() {
 		s = newFault(s, p.Fault, e, faults)
 	}
-	s = newObserveStage(s, e)
+	s = newSpanLayer(s, e)
 	if !p.Timeout.Disabled {
-		a := newAttemptStage(s, p.Timeout, e.rep, e.learned)
+		a := newAttemptLayer(s, p.Timeout, e.rep, e.learned)
 		a.counts, a.abandon = e.deadlines, b.abandon
 		s = a
 	}

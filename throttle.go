@@ -137,14 +137,14 @@ const (
 	thAccepts
 )
 
-// throttleStage is per host, just above the breaker: below pushback, whose
+// throttleLayer is per host, just above the breaker: below pushback, whose
 // pause is the host's explicit word and refuses first, and outside the
 // breaker, so that a breaker refusal is not counted as a request the host
 // turned down and a throttle refusal never reaches the breaker's window,
 // since it says nothing about the host. Below the retry layer, it counts
 // attempts, as the host receives them.
-type throttleStage struct {
-	next     stage
+type throttleLayer struct {
+	next     layer
 	e        env
 	k, maxP  float64
 	randN    func(int64) int64
@@ -171,29 +171,29 @@ type throttleCounts struct {
 	refused     atomic.Uint64 // since the state was made
 }
 
-func newThrottle(next stage, p Throttle, e env, randN func(int64) int64) *throttleStage {
+func newThrottle(next layer, p Throttle, e env, randN func(int64) int64) *throttleLayer {
 	// Validated: Window ≥ 100 ms, so ten buckets fit.
 	w, _ := window.New(int64(p.Window), throttleBuckets)
-	return &throttleStage{next: next, e: e, k: p.K, maxP: p.MaxProbability, randN: randN,
+	return &throttleLayer{next: next, e: e, k: p.K, maxP: p.MaxProbability, randN: randN,
 		rejected: &ThrottledError{Host: e.host}, shadow: p.Shadow, policy: p, throttleCounts: &throttleCounts{w: w}}
 }
 
 // probability is the SRE formula on the counts, capped.
-func (t *throttleStage) probability(c window.Counts) float64 {
+func (t *throttleLayer) probability(c window.Counts) float64 {
 	req, acc := float64(c[thRequests]), float64(c[thAccepts])
 	return min(t.maxP, max(0, (req-t.k*acc)/(req+1)))
 }
 
 // randUnit draws uniformly from [0, 1): from the Transport's randN when a
 // test set it, else from math/rand/v2's global source.
-func (t *throttleStage) randUnit() float64 {
+func (t *throttleLayer) randUnit() float64 {
 	if t.randN != nil {
 		return float64(t.randN(1<<53)) / (1 << 53)
 	}
 	return rand.Float64()
 }
 
-func (t *throttleStage) roundTrip(req *http.Request, c call) (*http.Response, error) {
+func (t *throttleLayer) roundTrip(req *http.Request, c call) (*http.Response, error) {
 	// The window's position is when the attempt was sent: the retry
 	// layer's reading when there is one, since a clock reading costs some
 	// 70 ns on a VM. The answer is counted there too: a window of ten
@@ -220,13 +220,13 @@ func (t *throttleStage) roundTrip(req *http.Request, c call) (*http.Response, er
 
 // shedding reports whether the throttle refuses some requests now: the
 // hedger sends no hedge then.
-func (t *throttleStage) shedding() bool {
+func (t *throttleLayer) shedding() bool {
 	return t.current(time.Now().UnixNano()) > 0
 }
 
 // current is the refusal probability at now: the published one while it
 // holds, else computed (and published) under mu.
-func (t *throttleStage) current(now int64) float64 {
+func (t *throttleLayer) current(now int64) float64 {
 	if now < t.pubUntil.Load() {
 		return math.Float64frombits(t.pubP.Load())
 	}
@@ -238,7 +238,7 @@ func (t *throttleStage) current(now int64) float64 {
 }
 
 // send sends req and counts the host's answer at now.
-func (t *throttleStage) send(req *http.Request, c call, now int64) (*http.Response, error) {
+func (t *throttleLayer) send(req *http.Request, c call, now int64) (*http.Response, error) {
 	resp, err := t.next.roundTrip(req, c)
 	switch j := c.judge(resp, err); {
 	case !j.k.fromHost():
@@ -253,7 +253,7 @@ func (t *throttleStage) send(req *http.Request, c call, now int64) (*http.Respon
 
 // record counts requests and accepts at now, and reports the probability
 // when it has moved by 0.1 or more since last reported.
-func (t *throttleStage) record(now int64, requests, accepts int64) {
+func (t *throttleLayer) record(now int64, requests, accepts int64) {
 	t.mu.Lock()
 	t.w.Add(now, window.Counts{thRequests: requests, thAccepts: accepts})
 	p := t.probability(t.w.Sum(now))
@@ -272,7 +272,7 @@ func (t *throttleStage) record(now int64, requests, accepts int64) {
 // publish makes p the decision until the counts may change without mu.
 // The caller holds mu. p is stored before pubUntil, so a reader that sees
 // the new bound sees p or a later value.
-func (t *throttleStage) publish(p float64) {
+func (t *throttleLayer) publish(p float64) {
 	t.pubP.Store(math.Float64bits(p))
 	t.pubUntil.Store(t.w.Steady())
 }
@@ -293,7 +293,7 @@ type ThrottleSnapshot struct {
 }
 
 // snapshot is the throttle's piece of Snapshot.
-func (t *throttleStage) snapshot() *ThrottleSnapshot {
+func (t *throttleLayer) snapshot() *ThrottleSnapshot {
 	t.mu.Lock()
 	c := t.w.Sum(time.Now().UnixNano())
 	t.mu.Unlock()
@@ -303,11 +303,11 @@ func (t *throttleStage) snapshot() *ThrottleSnapshot {
 
 // keepFrom takes the counts of prev, the old stack's throttle (nil: none),
 // when it was built for the same Throttle policy.
-func (t *throttleStage) keepFrom(prev *throttleStage) {
+func (t *throttleLayer) keepFrom(prev *throttleLayer) {
 	if prev != nil && reflect.DeepEqual(prev.policy, t.policy) {
 		t.throttleCounts = prev.throttleCounts
 	}
 }
 
 // show hands Snapshot the throttle's state (shower).
-func (t *throttleStage) show(put func(any)) { put(t.snapshot()) }
+func (t *throttleLayer) show(put func(any)) { put(t.snapshot()) }

@@ -151,7 +151,7 @@ func (t *Transport) CloseIdleConnections() {
 // with the route's reporter rep), with the call's state c: it counts the
 // call's final outcome (in rep.calls, and in the metrics if on) and, when the caller's context has no span, wraps
 // the call in a logical span so that its attempts share one trace.
-func (t *Transport) send(rep *reporter, rt stage, req *http.Request, c call) (*http.Response, error) {
+func (t *Transport) send(rep *reporter, rt layer, req *http.Request, c call) (*http.Response, error) {
 	o := rep.begin(req)
 	if o == nil {
 		resp, err := rt.roundTrip(req, c)

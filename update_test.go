@@ -40,7 +40,7 @@ func TestUpdateKeepsAndRebuilds(t *testing.T) {
 	if got := calls(); got != 7 {
 		t.Errorf("after a threshold change the window holds %d calls, want the 7 before it", got)
 	}
-	b := layerOf[*breakerStage](t, tr, "http://a.test/")
+	b := layerOf[*breakerLayer](t, tr, "http://a.test/")
 	if b.failRate != 0.9 {
 		t.Errorf("failure rate after Update = %v, want 0.9", b.failRate)
 	}
@@ -50,7 +50,7 @@ func TestUpdateKeepsAndRebuilds(t *testing.T) {
 	if err := tr.Update(bad); !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("Update(FailureRate 2) = %v, want a ConfigError", err)
 	}
-	if b := layerOf[*breakerStage](t, tr, "http://a.test/"); b.failRate != 0.9 || tr.def.policy.Breaker.FailureRate != 0.9 {
+	if b := layerOf[*breakerLayer](t, tr, "http://a.test/"); b.failRate != 0.9 || tr.def.policy.Breaker.FailureRate != 0.9 {
 		t.Errorf("a refused Update changed the policy: failure rate %v", b.failRate)
 	}
 
@@ -89,13 +89,13 @@ func TestUpdateInFlightFinishesOnOldStack(t *testing.T) {
 		done <- err
 	}()
 	<-g.entered
-	oldBH := layerOf[*bulkheadStage](t, tr, "http://a.test/")
+	oldBH := layerOf[*bulkheadLayer](t, tr, "http://a.test/")
 	cfg.Default.Breaker.FailureRate = 0.7
 	cfg.Default.Bulkhead.MaxConcurrent = 2 // a new bulkhead
 	if err := tr.Update(cfg); err != nil {
 		t.Fatal(err)
 	}
-	newBH := layerOf[*bulkheadStage](t, tr, "http://a.test/")
+	newBH := layerOf[*bulkheadLayer](t, tr, "http://a.test/")
 	if newBH == oldBH || newBH.max != 2 {
 		t.Fatalf("bulkhead after Update: same %v, max %d; want a new one of 2", newBH == oldBH, newBH.max)
 	}
@@ -222,7 +222,7 @@ func TestUpdateDoesNotBlockRequests(t *testing.T) {
 	}
 	// A new host meanwhile gets the new policy at once.
 	sendOnce(t, tr, "GET", "http://new.test/")
-	if b := layerOf[*breakerStage](t, tr, "http://new.test/"); b.failRate != 0.8 {
+	if b := layerOf[*breakerLayer](t, tr, "http://new.test/"); b.failRate != 0.8 {
 		t.Errorf("a host added during Update has failure rate %v, want the new 0.8", b.failRate)
 	}
 	close(release)
@@ -230,7 +230,7 @@ func TestUpdateDoesNotBlockRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	for h := range 4 {
-		if b := layerOf[*breakerStage](t, tr, fmt.Sprintf("http://h%d.test/", h)); b.failRate != 0.8 {
+		if b := layerOf[*breakerLayer](t, tr, fmt.Sprintf("http://h%d.test/", h)); b.failRate != 0.8 {
 			t.Errorf("h%d: failure rate %v after Update, want 0.8", h, b.failRate)
 		}
 	}
