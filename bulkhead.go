@@ -384,14 +384,14 @@ func (b *bulkheadLayer) pass(next layer, req *http.Request, c call) (*http.Respo
 	} else if b.limiter != nil {
 		if err := b.waitRate(req, c); err != nil {
 			if b.refuse(req, err) {
-				return b.next.roundTrip(req, c)
+				return next.roundTrip(req, c)
 			}
 			return nil, err
 		}
 	}
 	if err := b.acquire(req, c); err != nil {
 		if b.refuse(req, err) {
-			return b.next.roundTrip(req, c)
+			return next.roundTrip(req, c)
 		}
 		return nil, err
 	}

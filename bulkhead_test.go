@@ -1142,3 +1142,42 @@ func TestBulkheadRateFollowsPolicy(t *testing.T) {
 		}
 	})
 }
+
+// TestBulkheadShadowKeepsTheRoutesLayers: a route's request that a shadow
+// bulkhead would refuse goes on through the route's own layers below the
+// bulkhead (here its Fault), not the host's.
+func TestBulkheadShadowKeepsTheRoutesLayers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			if req.URL.Path == "/hold" {
+				<-release
+			}
+			return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
+		})
+		cfg := Config{Base: base, Default: Policy{
+			Bulkhead: Bulkhead{MaxConcurrent: 1, Shadow: true},
+			Retry:    Retry{Disabled: true},
+			Breaker:  Breaker{Disabled: true},
+		}, Routes: map[string]Policy{"/r/": {Fault: Fault{AbortStatus: 418, AbortRate: 1}}}}
+		tr := mustNew(t, cfg)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			get(t, tr, "http://a.test/hold")
+		}()
+		synctest.Wait() // the host's one slot is held
+		code, err := sendOnce(t, tr, "GET", "http://a.test/r/x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code != 418 {
+			t.Errorf("a route's request past a full shadow bulkhead: %d, want the route's injected 418", code)
+		}
+		if w := tr.Snapshot().Hosts[0].Bulkhead.WouldReject; w != 1 {
+			t.Errorf("WouldReject = %d, want 1", w)
+		}
+		close(release)
+		<-done
+	})
+}
