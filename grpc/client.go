@@ -27,7 +27,7 @@ type client struct {
 // (see request), and whether bulwark may send it more than once (see the
 // package doc).
 func (c *client) prepare(req *http.Request, u *url.URL, ctx context.Context, cc *grpc.ClientConn, method string, canCopy bool) {
-	once := grpcRetries(cc, method)
+	once := grpcRetries(ctx, cc, method)
 	safe := canCopy && !once && c.methods.isSafe(method)
 	// A reply bulwark cannot make afresh for each attempt would be written
 	// by two at once: sent once, key or not.
@@ -151,7 +151,7 @@ func (u *unary) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	a.err, a.resp = err, response(req, st, a.trailer)
-	if err != nil && (a.resp.StatusCode >= 500 || a.resp.StatusCode == http.StatusTooManyRequests) && grpcRetries(u.cc, u.method) {
+	if err != nil && (a.resp.StatusCode >= 500 || a.resp.StatusCode == http.StatusTooManyRequests) && u.cc.GetMethodConfig(u.method).RetryPolicy != nil {
 		// grpc-go retried it below, by the channel's retryPolicy, which
 		// it may only have read once the channel resolved (after the call
 		// began): retries at one layer, grpc-go's.

@@ -2,6 +2,7 @@ package bulwarkgrpc
 
 import (
 	"context"
+	"google.golang.org/grpc/connectivity"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -238,8 +239,21 @@ func declaredSafe(method string) bool {
 }
 
 // grpcRetries reports whether cc's service config gives method a
-// retryPolicy, so that grpc-go retries it below bulwark.
-func grpcRetries(cc *grpc.ClientConn, method string) bool {
+// retryPolicy, so that grpc-go retries it below bulwark. A channel reads
+// its service config only once its resolver answers: on a channel not yet
+// connected, it waits for that (within ctx), as the call itself would wait
+// for the channel, so that a fresh channel's first calls are not retried
+// or hedged at two layers.
+func grpcRetries(ctx context.Context, cc *grpc.ClientConn, method string) bool {
+	if cc.GetMethodConfig(method).RetryPolicy != nil {
+		return true
+	}
+	for s := cc.GetState(); s == connectivity.Idle || s == connectivity.Connecting; s = cc.GetState() {
+		cc.Connect()
+		if !cc.WaitForStateChange(ctx, s) {
+			break
+		}
+	}
 	return cc.GetMethodConfig(method).RetryPolicy != nil
 }
 

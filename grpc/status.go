@@ -99,10 +99,13 @@ func response(req *http.Request, st *status.Status, trailer metadata.MD) *http.R
 	} else {
 		h[StatusHeader] = []string{strconv.Itoa(int(code))}
 	}
-	if v := trailer.Get(pushbackKey); len(v) == 1 {
+	if v := trailer.Get(pushbackKey); len(v) > 0 {
+		// Every value goes to the retry layer, which stops on two or on
+		// one that does not parse, as gRFC A6 says, and counts it. Only
+		// a plain count of milliseconds up to a day pauses the host, as
+		// Retry-After-Ms would: no sign, no second count of a bad one.
 		h["Grpc-Retry-Pushback-Ms"] = v
-		if n, err := strconv.ParseInt(v[0], 10, 64); err == nil && n >= 0 &&
-			(code == codes.ResourceExhausted || code == codes.Unavailable) {
+		if len(v) == 1 && pauseMs(v[0]) && (code == codes.ResourceExhausted || code == codes.Unavailable) {
 			h["Retry-After-Ms"] = v
 		}
 	}
@@ -112,6 +115,21 @@ func response(req *http.Request, st *status.Status, trailer metadata.MD) *http.R
 		Proto:      "HTTP/2.0", ProtoMajor: 2,
 		Header: h, Body: http.NoBody, ContentLength: -1, Request: req,
 	}
+}
+
+// pauseMs reports whether v, a grpc-retry-pushback-ms value, is digits
+// alone and at most a day of milliseconds: one that may pause the host.
+func pauseMs(v string) bool {
+	if v == "" || len(v) > 8 {
+		return false
+	}
+	for _, c := range []byte(v) {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	n, _ := strconv.Atoi(v)
+	return n <= 24*60*60*1000
 }
 
 // codeValues are StatusHeader's values for the codes gRPC defines, made
