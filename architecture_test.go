@@ -59,6 +59,25 @@ func archLoad(t *testing.T) (*token.FileSet, []*ast.File, *types.Info) {
 		}
 	}
 	fset := token.NewFileSet()
+	files := archParse(t, fset)
+	imp := importer.ForCompiler(fset, "gc", func(path string) (io.ReadCloser, error) {
+		file, ok := exports[path]
+		if !ok {
+			return nil, fmt.Errorf("no export data for %s", path)
+		}
+		return os.Open(file)
+	})
+	info := &types.Info{Uses: map[*ast.Ident]types.Object{}}
+	conf := types.Config{Importer: imp}
+	if _, err := conf.Check("github.com/bulwark-http/bulwark", fset, files, info); err != nil {
+		t.Fatalf("type-checking the root package: %v", err)
+	}
+	return fset, files, info
+}
+
+// archParse parses the root package's non-test files into fset.
+func archParse(t *testing.T, fset *token.FileSet) []*ast.File {
+	t.Helper()
 	names, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)
@@ -74,19 +93,7 @@ func archLoad(t *testing.T) (*token.FileSet, []*ast.File, *types.Info) {
 		}
 		files = append(files, f)
 	}
-	imp := importer.ForCompiler(fset, "gc", func(path string) (io.ReadCloser, error) {
-		file, ok := exports[path]
-		if !ok {
-			return nil, fmt.Errorf("no export data for %s", path)
-		}
-		return os.Open(file)
-	})
-	info := &types.Info{Uses: map[*ast.Ident]types.Object{}}
-	conf := types.Config{Importer: imp}
-	if _, err := conf.Check("github.com/bulwark-http/bulwark", fset, files, info); err != nil {
-		t.Fatalf("type-checking the root package: %v", err)
-	}
-	return fset, files, info
+	return files
 }
 
 // archRef is one file's use of a name another file of the root declares.
@@ -530,21 +537,7 @@ func f(a, b bool, xs []int) {
 	}
 
 	fset := token.NewFileSet()
-	names, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var files []*ast.File
-	for _, name := range names {
-		if strings.HasSuffix(name, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, name, nil, parser.SkipObjectResolution)
-		if err != nil {
-			t.Fatal(err)
-		}
-		files = append(files, f)
-	}
+	files := archParse(t, fset)
 	sizes := archFuncSizes(fset, files)
 	var largest string
 	for name, s := range sizes {
