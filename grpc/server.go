@@ -98,15 +98,10 @@ func newServerHalf(cfg ServerConfig) *serverHalf {
 //     bulwark client above neither retries it nor counts it against this
 //     service.
 //
-// Why RESOURCE_EXHAUSTED and not UNAVAILABLE: a shed is the server saying
-// it has no room now, not that it is down. UNAVAILABLE is the code gRPC
-// clients retry, at once and transparently where the retry policy lists
-// it (nearly every service config does), which multiplies the overload the
-// refusal was meant to relieve; RESOURCE_EXHAUSTED is retried by no
-// default policy, and with grpc-retry-pushback-ms (gRFC A6) tells a client
-// that does retry it how long to wait, as Retry-After does on HTTP. A call
-// whose own caller gave up or whose deadline passed while it waited gets
-// CANCELLED or DEADLINE_EXCEEDED instead: that is what its caller sees.
+// A shed call gets RESOURCE_EXHAUSTED, not UNAVAILABLE, which gRPC clients
+// retry at once (see docs/design.md, "gRPC"); one whose caller gave up or
+// whose deadline passed while it waited gets CANCELLED or
+// DEADLINE_EXCEEDED.
 func UnaryServerInterceptor(cfg ServerConfig) grpc.UnaryServerInterceptor {
 	h := newServerHalf(cfg)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
