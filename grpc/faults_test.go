@@ -3,6 +3,7 @@ package bulwarkgrpc_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -130,6 +131,84 @@ func TestPushbackPausesHost(t *testing.T) {
 		time.Sleep(600 * time.Millisecond)
 		if _, err := s.call(t.Context(), mGet, "x"); err != nil {
 			t.Fatalf("Get after the pause: %v", err)
+		}
+	})
+}
+
+// pushbackFirst answers the first call RESOURCE_EXHAUSTED with the
+// grpc-retry-pushback-ms values vs, then echoes.
+func pushbackFirst(vs ...string) func(context.Context, int, *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+	return func(ctx context.Context, n int, in *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+		if n == 1 {
+			_ = grpc.SetTrailer(ctx, metadata.MD{"grpc-retry-pushback-ms": vs})
+			return nil, status.Error(codes.ResourceExhausted, "slow down")
+		}
+		return &testpb.SimpleResponse{Payload: in.GetPayload()}, nil
+	}
+}
+
+// notPaused fails the test if s's host is paused at now.
+func notPaused(t *testing.T, s *served) {
+	t.Helper()
+	if h := s.host(t); h.Pushback != nil && h.Pushback.Until.After(time.Now()) {
+		t.Errorf("host paused until %v, want no pause", h.Pushback.Until)
+	}
+}
+
+// A grpc-retry-pushback-ms that does not parse as gRFC A6 reads it stops
+// the retry and is counted once in Snapshot.RetryAfterIgnored, whatever
+// makes it bad: two values (which contradict each other), a sign, a
+// letter. It pauses no one.
+func TestPushbackMalformed(t *testing.T) {
+	for _, vs := range [][]string{{"300", "400"}, {"+300"}, {"abc"}} {
+		t.Run(strings.Join(vs, ","), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e := newEcho()
+				e.on(mGet, pushbackFirst(vs...))
+				s := serveBuf(t, e, fastRetry)
+				if _, err := s.call(t.Context(), mGet, "x"); status.Code(err) != codes.ResourceExhausted {
+					t.Fatalf("Get: %v, want the server's RESOURCE_EXHAUSTED", err)
+				}
+				if n := e.count(mGet); n != 1 {
+					t.Errorf("server got %d calls, want one: no retry", n)
+				}
+				if n := s.t.Snapshot().RetryAfterIgnored; n != 1 {
+					t.Errorf("RetryAfterIgnored = %d, want 1", n)
+				}
+				notPaused(t, s)
+			})
+		})
+	}
+}
+
+// A pushback over a day is a valid gRFC A6 pushback, waited within
+// Retry.MaxRetryAfter before the retry, and counted as nothing ignored;
+// but it pauses no other call, as a Retry-After-Ms over a day would not.
+func TestPushbackOverADay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEcho()
+		e.on(mGet, pushbackFirst("86400001"))
+		cfg := bulwark.Config{Default: bulwark.Policy{Retry: bulwark.Retry{Base: time.Microsecond, Cap: time.Microsecond, MaxRetryAfter: 2 * time.Second}}}
+		s := serveBuf(t, e, cfg)
+		start := time.Now()
+		done := make(chan error)
+		go func() { _, err := s.call(t.Context(), mGet, "x"); done <- err }()
+		time.Sleep(100 * time.Millisecond)
+		if _, err := s.call(t.Context(), mPost, "x"); err != nil {
+			t.Errorf("Post while Get waits out its pushback: %v, want it answered", err)
+		}
+		notPaused(t, s)
+		if err := <-done; err != nil {
+			t.Fatalf("Get: %v, want it retried to success", err)
+		}
+		if el := time.Since(start); el != 2*time.Second {
+			t.Errorf("Get took %v, want the retry after MaxRetryAfter, 2s", el)
+		}
+		if n := e.count(mGet); n != 2 {
+			t.Errorf("server got %d calls, want 2", n)
+		}
+		if n := s.t.Snapshot().RetryAfterIgnored; n != 0 {
+			t.Errorf("RetryAfterIgnored = %d, want 0", n)
 		}
 	})
 }

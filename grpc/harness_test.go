@@ -185,6 +185,8 @@ type served struct {
 	t         *bulwark.Transport
 	cc        *grpc.ClientConn
 	authority string
+	target    string
+	dial      []grpc.DialOption // the channel's options: interceptors of t, dialer
 }
 
 // serveTCP serves e on 127.0.0.1 and dials it through t's interceptors.
@@ -230,7 +232,22 @@ func serve(tb testing.TB, e *echo, lis net.Listener, addr string, cfg bulwark.Co
 		_ = cc.Close()
 		stop()
 	})
-	return &served{echo: e, t: t, cc: cc, authority: addr, stop: stop}
+	return &served{echo: e, t: t, cc: cc, authority: addr, target: "passthrough:///" + addr, dial: opts, stop: stop}
+}
+
+// channel is s with a channel of its own to the same server, through the
+// same Transport, made with dial besides s's options: a fresh channel,
+// not yet connected, on a host the Transport already knows.
+func (s *served) channel(tb testing.TB, dial ...grpc.DialOption) *served {
+	tb.Helper()
+	cc, err := grpc.NewClient(s.target, append(s.dial[:len(s.dial):len(s.dial)], dial...)...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = cc.Close() })
+	c := *s
+	c.cc = cc
+	return &c
 }
 
 // call makes a unary call of method with body as payload.

@@ -70,6 +70,7 @@ type stream struct {
 	over       bool          // more than ReplayBuffer sent: never replayed
 	overflowed chan struct{} // closed when over is set
 	closeSent  bool
+	closedOn   grpc.ClientStream // the attempt closeSent was given to
 	attempts   []*streamAttempt
 
 	established chan struct{} // closed when final and err are set
@@ -113,6 +114,16 @@ func (s *stream) establish(t *bulwark.Transport) {
 		s.err = a.err
 	default:
 		s.final, s.body = a.cs, resp.Body
+		if s.closeSent && s.closedOn != a.cs {
+			// The caller closed its side after the attempt returned
+			// (established once the buffer overflowed) and before this:
+			// its CloseSend found no attempt to give it to, and the
+			// server would wait for the end of the stream for good.
+			// Nothing else calls the stream now: the caller has closed
+			// its side, and its next CloseSend waits for established.
+			_ = a.cs.CloseSend()
+			s.closedOn = a.cs
+		}
 		// A caller that cancels the stream rather than read it to its end
 		// ends it too.
 		s.stop = context.AfterFunc(s.ctx, s.end)
@@ -221,6 +232,7 @@ func (s *stream) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	if s.closeSent {
 		_ = cs.CloseSend()
+		s.closedOn = cs
 	}
 	s.cur = cs
 	s.wake()
@@ -343,6 +355,9 @@ func (s *stream) CloseSend() error {
 	s.mu.Lock()
 	s.closeSent = true
 	cs := s.cur
+	if cs != nil {
+		s.closedOn = cs
+	}
 	s.mu.Unlock()
 	if cs != nil {
 		_ = cs.CloseSend()

@@ -1,11 +1,16 @@
 package bulwarkgrpc_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
+	"net/http"
 	"strings"
+	"sync"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -139,6 +144,50 @@ func TestClientStreamPastBufferSentOnce(t *testing.T) {
 	if n := e.count(mUpload); n != 1 {
 		t.Fatalf("server got %d streams, want 1", n)
 	}
+}
+
+// A client stream that overflows the buffer is established at once, while
+// its caller may still be sending: a CloseSend that comes after its
+// attempt returned, before the layers above hand the stream over, still
+// reaches the server, which answers once it has read the whole stream. A
+// Classify that waits holds the layers in that moment.
+func TestClientStreamPastBufferCloseSendInHandover(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEcho()
+		inHandover, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		cfg := bulwark.Config{Default: bulwark.Policy{Classify: func(resp *http.Response, err error) bulwark.Verdict {
+			once.Do(func() {
+				close(inHandover)
+				<-release
+			})
+			return bulwark.DefaultClassify(resp, err)
+		}}}
+		s := serveBuf(t, e, cfg)
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		defer cancel()
+		cs, err := s.cc.NewStream(ctx, uploadDesc, mUpload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := bytes.Repeat([]byte("u"), bulwarkgrpc.ReplayBuffer)
+		if err := cs.SendMsg(&testpb.SimpleRequest{Payload: &testpb.Payload{Body: body}}); err != nil {
+			t.Fatal(err)
+		}
+		<-inHandover // the attempt has returned the stream as established
+		err = cs.CloseSend()
+		close(release)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := new(testpb.SimpleResponse)
+		if err := cs.RecvMsg(out); err != nil || len(out.GetPayload().GetBody()) != len(body) {
+			t.Fatalf("Upload past the buffer: %d bytes back, %v; want the %d sent", len(out.GetPayload().GetBody()), err, len(body))
+		}
+		if n := e.count(mUpload); n != 1 {
+			t.Fatalf("server got %d streams, want 1", n)
+		}
+	})
 }
 
 // An open breaker refuses a stream as UNAVAILABLE that is ErrBreakerOpen.

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc"
@@ -202,19 +204,99 @@ func TestSnapshotAndUpdate(t *testing.T) {
 	}
 }
 
+// retryPolicy is a service config that gives Echo's methods grpc-go's own
+// retryPolicy (3 attempts, on UNAVAILABLE): grpc-go retries them, and
+// bulwark sends each call once.
+const retryPolicy = `{"methodConfig":[{"name":[{"service":"bulwark.test.Echo"}],"retryPolicy":{"maxAttempts":3,"initialBackoff":"0.001s","maxBackoff":"0.001s","backoffMultiplier":1,"retryableStatusCodes":["UNAVAILABLE"]}}]}`
+
 // With grpc-go's own retryPolicy for the method, grpc-go retries and
 // bulwark sends the call once: retries at one layer.
 func TestGRPCRetryPolicyOneLayer(t *testing.T) {
 	e := newEcho()
 	e.on(mGet, fail(codes.Unavailable))
-	const sc = `{"methodConfig":[{"name":[{"service":"bulwark.test.Echo"}],"retryPolicy":{"maxAttempts":3,"initialBackoff":"0.001s","maxBackoff":"0.001s","backoffMultiplier":1,"retryableStatusCodes":["UNAVAILABLE"]}}]}`
-	s := serveTCP(t, e, fastRetry, grpc.WithDefaultServiceConfig(sc))
+	s := serveTCP(t, e, fastRetry, grpc.WithDefaultServiceConfig(retryPolicy))
 	if _, err := s.call(t.Context(), mGet, "x"); status.Code(err) != codes.Unavailable {
 		t.Fatalf("Get: %v, want UNAVAILABLE", err)
 	}
 	if n := e.count(mGet); n != 3 {
 		t.Fatalf("server got %d calls, want grpc-go's 3 alone", n)
 	}
+}
+
+// A fresh channel reads its service config only once its resolver has
+// answered, after its first call began: that call is still sent once by
+// bulwark, neither cut by the attempt bound learned from the host's
+// healthy latency nor retried (the retryPolicy's retries are grpc-go's).
+func TestGRPCRetryPolicyFreshChannel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEcho()
+		var slow atomic.Bool
+		e.on(mGet, func(ctx context.Context, _ int, in *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+			d := 5 * time.Millisecond
+			if slow.Load() {
+				d = 200 * time.Millisecond
+			}
+			select {
+			case <-time.After(d):
+			case <-ctx.Done():
+				return nil, status.FromContextError(ctx.Err()).Err()
+			}
+			return &testpb.SimpleResponse{Payload: in.GetPayload()}, nil
+		})
+		s := serveBuf(t, e, bulwark.Config{})
+		for range 300 {
+			if _, err := s.call(t.Context(), mGet, "x"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		l := s.host(t).Learned
+		if l == nil || l.AttemptFrom != bulwark.FromLearned || l.AttemptTimeout >= 200*time.Millisecond {
+			t.Fatalf("learned %+v after 300 answers of 5 ms, want a learned attempt bound under 200ms", l)
+		}
+		slow.Store(true)
+		fresh := s.channel(t, grpc.WithDefaultServiceConfig(retryPolicy))
+		before := e.count(mGet)
+		start := time.Now()
+		out, err := fresh.call(t.Context(), mGet, "slow")
+		if err != nil || string(out.GetPayload().GetBody()) != "slow" {
+			t.Fatalf("Get on a fresh channel with a retryPolicy = %v, %v; want the 200ms answer, not cut by the learned %v", out, err, l.AttemptTimeout)
+		}
+		if n := e.count(mGet) - before; n != 1 {
+			t.Fatalf("server got the call %d times, want once", n)
+		}
+		if el := time.Since(start); el != 200*time.Millisecond {
+			t.Errorf("call took %v, want the server's 200ms", el)
+		}
+	})
+}
+
+// Nor is a fresh channel's first call hedged when its service config gives
+// the method a retryPolicy: sent once means no hedge either.
+func TestGRPCRetryPolicyFreshChannelNoHedge(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEcho()
+		e.on(mGet, func(ctx context.Context, _ int, in *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+			select {
+			case <-time.After(150 * time.Millisecond):
+			case <-ctx.Done(): // a hedge's loser, cancelled
+				return nil, status.FromContextError(ctx.Err()).Err()
+			}
+			return &testpb.SimpleResponse{Payload: in.GetPayload()}, nil
+		})
+		cfg := bulwark.Config{Default: bulwark.Policy{Hedge: bulwark.Hedge{Delay: 20 * time.Millisecond}}}
+		s := serveBuf(t, e, cfg, grpc.WithDefaultServiceConfig(retryPolicy))
+		for i := range 2 {
+			if _, err := s.call(t.Context(), mGet, "x"); err != nil {
+				t.Fatalf("Get %d: %v", i+1, err)
+			}
+			if n := e.count(mGet); n != i+1 {
+				t.Fatalf("after call %d the server got %d calls, want one each", i+1, n)
+			}
+		}
+		if h := s.host(t).Hedge; h != nil && h.Sent != 0 {
+			t.Fatalf("hedges %+v, want none sent", h)
+		}
+	})
 }
 
 // Policy.Classify can judge a code otherwise, reading it with Code: here
