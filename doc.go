@@ -11,6 +11,7 @@
 //	bulwark/bulwarktest    a scripted upstream and a Recorder of the hooks, for tests of code that uses bulwark
 //	bulwark/redisfleet     a nested module: the Fleet over Redis (shared trips, pauses, quota, retry budget)
 //	bulwark/config         a nested module: a Config from a YAML or JSON file, reloaded live (Watch), and its JSON Schema
+//	bulwark/grpc           a nested module: gRPC client and server interceptors over a Transport (package bulwarkgrpc)
 //
 // New builds a Transport, an http.RoundTripper, from a Config of policies
 // per upstream; NewClient wraps it in an *http.Client, a drop-in for
