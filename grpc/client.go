@@ -151,7 +151,7 @@ func (u *unary) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	a.err, a.resp = err, response(req, st, a.trailer)
-	if err != nil && (a.resp.StatusCode >= 500 || a.resp.StatusCode == http.StatusTooManyRequests) && u.cc.GetMethodConfig(u.method).RetryPolicy != nil {
+	if err != nil && (a.resp.StatusCode >= 500 || a.resp.StatusCode == http.StatusTooManyRequests) && hasRetryPolicy(u.cc, u.method) {
 		// grpc-go retried it below, by the channel's retryPolicy, which
 		// it may only have read once the channel resolved (after the call
 		// began): retries at one layer, grpc-go's.

@@ -245,7 +245,7 @@ func declaredSafe(method string) bool {
 // for the channel, so that a fresh channel's first calls are not retried
 // or hedged at two layers.
 func grpcRetries(ctx context.Context, cc *grpc.ClientConn, method string) bool {
-	if cc.GetMethodConfig(method).RetryPolicy != nil {
+	if hasRetryPolicy(cc, method) {
 		return true
 	}
 	for s := cc.GetState(); s == connectivity.Idle || s == connectivity.Connecting; s = cc.GetState() {
@@ -254,6 +254,12 @@ func grpcRetries(ctx context.Context, cc *grpc.ClientConn, method string) bool {
 			break
 		}
 	}
+	return hasRetryPolicy(cc, method)
+}
+
+// hasRetryPolicy reports whether cc's service config, as far as cc has
+// read it, gives method a retryPolicy.
+func hasRetryPolicy(cc *grpc.ClientConn, method string) bool {
 	return cc.GetMethodConfig(method).RetryPolicy != nil
 }
 
